@@ -1,0 +1,85 @@
+//! The stable error codes of the outside contract (seed 000 sections 1.5 and 8.1).
+
+use serde::{Deserialize, Serialize};
+
+/// One code per refusal. The wire form is the SCREAMING_SNAKE_CASE name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ErrorCode {
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    RateLimitExceeded,
+    DailyLimitExceeded,
+    DailyAmountExceeded,
+    SystemError,
+    BadRequest,
+    SameAccount,
+    InvalidAccountType,
+    UnsupportedAccountType,
+    InvalidAmount,
+    PrecisionOverflow,
+    AmountTooSmall,
+    AmountTooLarge,
+    Overflow,
+    InvalidAsset,
+    AssetSuspended,
+    TransferNotAllowed,
+    InvalidUserId,
+    InvalidStatus,
+    SourceAccountNotFound,
+    TargetAccountNotFound,
+    AccountFrozen,
+    AccountDisabled,
+    InsufficientBalance,
+    DuplicateRequest,
+    IdempotencyKeyReused,
+    InvalidIdempotencyKey,
+    ServiceHalted,
+    Conflict,
+}
+
+impl ErrorCode {
+    /// The wire name, e.g. `INSUFFICIENT_BALANCE`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unauthorized => "UNAUTHORIZED",
+            Self::Forbidden => "FORBIDDEN",
+            Self::NotFound => "NOT_FOUND",
+            Self::RateLimitExceeded => "RATE_LIMIT_EXCEEDED",
+            Self::DailyLimitExceeded => "DAILY_LIMIT_EXCEEDED",
+            Self::DailyAmountExceeded => "DAILY_AMOUNT_EXCEEDED",
+            Self::SystemError => "SYSTEM_ERROR",
+            Self::BadRequest => "BAD_REQUEST",
+            Self::SameAccount => "SAME_ACCOUNT",
+            Self::InvalidAccountType => "INVALID_ACCOUNT_TYPE",
+            Self::UnsupportedAccountType => "UNSUPPORTED_ACCOUNT_TYPE",
+            Self::InvalidAmount => "INVALID_AMOUNT",
+            Self::PrecisionOverflow => "PRECISION_OVERFLOW",
+            Self::AmountTooSmall => "AMOUNT_TOO_SMALL",
+            Self::AmountTooLarge => "AMOUNT_TOO_LARGE",
+            Self::Overflow => "OVERFLOW",
+            Self::InvalidAsset => "INVALID_ASSET",
+            Self::AssetSuspended => "ASSET_SUSPENDED",
+            Self::TransferNotAllowed => "TRANSFER_NOT_ALLOWED",
+            Self::InvalidUserId => "INVALID_USER_ID",
+            Self::InvalidStatus => "INVALID_STATUS",
+            Self::SourceAccountNotFound => "SOURCE_ACCOUNT_NOT_FOUND",
+            Self::TargetAccountNotFound => "TARGET_ACCOUNT_NOT_FOUND",
+            Self::AccountFrozen => "ACCOUNT_FROZEN",
+            Self::AccountDisabled => "ACCOUNT_DISABLED",
+            Self::InsufficientBalance => "INSUFFICIENT_BALANCE",
+            Self::DuplicateRequest => "DUPLICATE_REQUEST",
+            Self::IdempotencyKeyReused => "IDEMPOTENCY_KEY_REUSED",
+            Self::InvalidIdempotencyKey => "INVALID_IDEMPOTENCY_KEY",
+            Self::ServiceHalted => "SERVICE_HALTED",
+            Self::Conflict => "CONFLICT",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

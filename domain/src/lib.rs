@@ -1,0 +1,17 @@
+//! The ledger's core: value types, the Transfer aggregate and its state machine, error codes and
+//! the adapter port. It does no I/O, so nothing in here can fail for an outside reason.
+
+pub mod assets;
+pub mod codes;
+pub mod port;
+pub mod transfer;
+pub mod values;
+
+pub use assets::{AssetConfig, AssetRegistry, AssetStatus};
+pub use codes::ErrorCode;
+pub use port::{AccountPort, AdapterOutcome, Movement};
+pub use transfer::{
+    StepOutcome, Transfer, TransferCommand, TransferData, TransferError, TransferEvent,
+    TransferState,
+};
+pub use values::{AccountType, Amount, AssetSymbol, ReqId, UserId};

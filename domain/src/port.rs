@@ -1,0 +1,49 @@
+//! The adapter port: what the coordinator asks of an account system, and the outcome it gets.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::values::{AccountType, Amount, AssetSymbol, ReqId, UserId};
+
+/// One movement of money in one account system, keyed by the transfer's `req_id`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Movement {
+    pub req_id: ReqId,
+    pub user_id: UserId,
+    pub asset: AssetSymbol,
+    pub amount: Amount,
+}
+
+/// What an adapter call came to. Only `ExplicitFail` proves nothing was applied; every other
+/// non-success means the outcome is unknown and the call must be retried, never compensated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdapterOutcome {
+    Success,
+    /// A definite business refusal: nothing changed, and a retry would be refused again.
+    ExplicitFail { code: String, message: String },
+    Timeout,
+    Pending,
+    NetworkError(String),
+    Unknown(String),
+}
+
+impl AdapterOutcome {
+    /// True when the call may or may not have been applied.
+    pub fn is_unknown(&self) -> bool {
+        !matches!(self, Self::Success | Self::ExplicitFail { .. })
+    }
+}
+
+/// An account system seen through one account type. Every method is idempotent by
+/// (`req_id`, operation): calling it again returns the first result and changes nothing.
+#[async_trait]
+pub trait AccountPort: Send + Sync {
+    fn account_type(&self) -> AccountType;
+    /// Takes money out of the account (the source step).
+    async fn withdraw(&self, movement: &Movement) -> AdapterOutcome;
+    /// Puts money into the account (the target step); may create a SPOT account.
+    async fn deposit(&self, movement: &Movement) -> AdapterOutcome;
+    /// Gives back a withdraw of the same `req_id` (compensation). Refused unless that withdraw
+    /// was applied with the same user, asset and amount.
+    async fn refund(&self, movement: &Movement) -> AdapterOutcome;
+}

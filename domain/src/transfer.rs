@@ -1,0 +1,400 @@
+//! The Transfer aggregate: its states (seed 000 section 2.1), commands, versioned past-tense
+//! events, and the transition table. All business rules live in `handle`; `apply` only folds.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use cqrs_es::event_sink::EventSink;
+use cqrs_es::{Aggregate, DomainEvent};
+use serde::{Deserialize, Serialize};
+
+use crate::codes::ErrorCode;
+use crate::values::{AccountType, Amount, AssetSymbol, ReqId, UserId};
+
+/// The states of a transfer with their stable numeric ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum TransferState {
+    Init,
+    SourcePending,
+    SourceDone,
+    TargetPending,
+    Committed,
+    Failed,
+    Compensating,
+    RolledBack,
+}
+
+impl TransferState {
+    pub const ALL: [TransferState; 8] = [
+        Self::Init,
+        Self::SourcePending,
+        Self::SourceDone,
+        Self::TargetPending,
+        Self::Committed,
+        Self::Failed,
+        Self::Compensating,
+        Self::RolledBack,
+    ];
+
+    pub fn id(self) -> i16 {
+        match self {
+            Self::Init => 0,
+            Self::SourcePending => 10,
+            Self::SourceDone => 20,
+            Self::TargetPending => 30,
+            Self::Committed => 40,
+            Self::Failed => -10,
+            Self::Compensating => -20,
+            Self::RolledBack => -30,
+        }
+    }
+
+    pub fn from_id(id: i16) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.id() == id)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Init => "INIT",
+            Self::SourcePending => "SOURCE_PENDING",
+            Self::SourceDone => "SOURCE_DONE",
+            Self::TargetPending => "TARGET_PENDING",
+            Self::Committed => "COMMITTED",
+            Self::Failed => "FAILED",
+            Self::Compensating => "COMPENSATING",
+            Self::RolledBack => "ROLLED_BACK",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Committed | Self::Failed | Self::RolledBack)
+    }
+
+    /// Money has left the source and not reached the target (seed 000's in-flight states).
+    pub fn is_in_flight(self) -> bool {
+        matches!(self, Self::SourceDone | Self::TargetPending | Self::Compensating)
+    }
+}
+
+impl fmt::Display for TransferState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What an account system definitely said about one step. Unknown outcomes are not commands:
+/// they change nothing, so the coordinator records nothing for them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StepOutcome {
+    Succeeded,
+    Refused { code: String, message: String },
+}
+
+/// Commands carry the time they happen at; the domain never reads a clock.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TransferCommand {
+    Create {
+        req_id: ReqId,
+        user_id: UserId,
+        from: AccountType,
+        to: AccountType,
+        asset: AssetSymbol,
+        amount: Amount,
+        cid: Option<String>,
+        at: DateTime<Utc>,
+    },
+    /// Persisted before the source adapter is called.
+    StartSourceWithdraw { at: DateTime<Utc> },
+    RecordSourceOutcome { outcome: StepOutcome, at: DateTime<Utc> },
+    /// Persisted before the target adapter is called.
+    StartTargetDeposit { at: DateTime<Utc> },
+    RecordTargetOutcome { outcome: StepOutcome, at: DateTime<Utc> },
+    /// The refund of a compensating transfer was applied.
+    RecordRefund { at: DateTime<Utc> },
+}
+
+impl TransferCommand {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Create { .. } => "Create",
+            Self::StartSourceWithdraw { .. } => "StartSourceWithdraw",
+            Self::RecordSourceOutcome { .. } => "RecordSourceOutcome",
+            Self::StartTargetDeposit { .. } => "StartTargetDeposit",
+            Self::RecordTargetOutcome { .. } => "RecordTargetOutcome",
+            Self::RecordRefund { .. } => "RecordRefund",
+        }
+    }
+}
+
+/// Events, past tense, each carrying what projections need. Version "1" for all; a later change
+/// to a payload gets a new version and an upcaster, never an edit of stored rows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum TransferEvent {
+    TransferCreated {
+        req_id: ReqId,
+        user_id: UserId,
+        from: AccountType,
+        to: AccountType,
+        asset: AssetSymbol,
+        amount: Amount,
+        cid: Option<String>,
+        at: DateTime<Utc>,
+    },
+    SourceWithdrawStarted { at: DateTime<Utc> },
+    SourceWithdrawn { at: DateTime<Utc> },
+    TransferFailed { code: String, message: String, at: DateTime<Utc> },
+    TargetDepositStarted { at: DateTime<Utc> },
+    TransferCommitted { at: DateTime<Utc> },
+    CompensationStarted { code: String, message: String, at: DateTime<Utc> },
+    TransferRolledBack { at: DateTime<Utc> },
+}
+
+impl TransferEvent {
+    pub fn at(&self) -> DateTime<Utc> {
+        match self {
+            Self::TransferCreated { at, .. }
+            | Self::SourceWithdrawStarted { at }
+            | Self::SourceWithdrawn { at }
+            | Self::TransferFailed { at, .. }
+            | Self::TargetDepositStarted { at }
+            | Self::TransferCommitted { at }
+            | Self::CompensationStarted { at, .. }
+            | Self::TransferRolledBack { at } => *at,
+        }
+    }
+
+    /// The state a transfer is in right after this event.
+    pub fn resulting_state(&self) -> TransferState {
+        match self {
+            Self::TransferCreated { .. } => TransferState::Init,
+            Self::SourceWithdrawStarted { .. } => TransferState::SourcePending,
+            Self::SourceWithdrawn { .. } => TransferState::SourceDone,
+            Self::TransferFailed { .. } => TransferState::Failed,
+            Self::TargetDepositStarted { .. } => TransferState::TargetPending,
+            Self::TransferCommitted { .. } => TransferState::Committed,
+            Self::CompensationStarted { .. } => TransferState::Compensating,
+            Self::TransferRolledBack { .. } => TransferState::RolledBack,
+        }
+    }
+}
+
+impl DomainEvent for TransferEvent {
+    fn event_type(&self) -> String {
+        let name = match self {
+            Self::TransferCreated { .. } => "TransferCreated",
+            Self::SourceWithdrawStarted { .. } => "SourceWithdrawStarted",
+            Self::SourceWithdrawn { .. } => "SourceWithdrawn",
+            Self::TransferFailed { .. } => "TransferFailed",
+            Self::TargetDepositStarted { .. } => "TargetDepositStarted",
+            Self::TransferCommitted { .. } => "TransferCommitted",
+            Self::CompensationStarted { .. } => "CompensationStarted",
+            Self::TransferRolledBack { .. } => "TransferRolledBack",
+        };
+        name.to_owned()
+    }
+
+    fn event_version(&self) -> String {
+        "1".to_owned()
+    }
+}
+
+/// Refusals of the aggregate. Each is a typed value so tests can expect the exact one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransferError {
+    #[error("transfer already exists")]
+    AlreadyExists,
+    #[error("transfer does not exist")]
+    NotCreated,
+    #[error("transfer is in terminal state {state} and never changes")]
+    Terminal { state: TransferState },
+    #[error("{command} is not allowed in state {state}")]
+    IllegalTransition { state: TransferState, command: &'static str },
+    #[error("invalid transfer: {0}")]
+    Invalid(ErrorCode),
+}
+
+/// Everything known about one transfer, folded from its events.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TransferData {
+    pub req_id: ReqId,
+    pub user_id: UserId,
+    pub from: AccountType,
+    pub to: AccountType,
+    pub asset: AssetSymbol,
+    pub amount: Amount,
+    pub cid: Option<String>,
+    pub state: TransferState,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    /// The refusal that ended or reversed the transfer, if any: (code, message).
+    pub failure: Option<(String, String)>,
+}
+
+/// The aggregate root. `None` until `TransferCreated`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Transfer {
+    pub data: Option<TransferData>,
+}
+
+impl Transfer {
+    pub fn state(&self) -> Option<TransferState> {
+        self.data.as_ref().map(|d| d.state)
+    }
+
+    /// The transition table. Returns the events a command produces in `state`, or the refusal.
+    fn decide(
+        state: TransferState,
+        command: TransferCommand,
+    ) -> Result<Vec<TransferEvent>, TransferError> {
+        use TransferCommand as C;
+        use TransferState as S;
+        if state.is_terminal() {
+            return Err(TransferError::Terminal { state });
+        }
+        let name = command.name();
+        let events = match (state, command) {
+            (S::Init, C::StartSourceWithdraw { at }) => {
+                vec![TransferEvent::SourceWithdrawStarted { at }]
+            }
+            (S::SourcePending, C::RecordSourceOutcome { outcome, at }) => match outcome {
+                StepOutcome::Succeeded => vec![TransferEvent::SourceWithdrawn { at }],
+                StepOutcome::Refused { code, message } => {
+                    vec![TransferEvent::TransferFailed { code, message, at }]
+                }
+            },
+            (S::SourceDone, C::StartTargetDeposit { at }) => {
+                vec![TransferEvent::TargetDepositStarted { at }]
+            }
+            (S::TargetPending, C::RecordTargetOutcome { outcome, at }) => match outcome {
+                StepOutcome::Succeeded => vec![TransferEvent::TransferCommitted { at }],
+                StepOutcome::Refused { code, message } => {
+                    vec![TransferEvent::CompensationStarted { code, message, at }]
+                }
+            },
+            (S::Compensating, C::RecordRefund { at }) => {
+                vec![TransferEvent::TransferRolledBack { at }]
+            }
+            (state, C::Create { .. }) => {
+                let _ = state;
+                return Err(TransferError::AlreadyExists);
+            }
+            (state, _) => {
+                return Err(TransferError::IllegalTransition {
+                    state,
+                    command: name,
+                })
+            }
+        };
+        Ok(events)
+    }
+
+    /// Checks of a new transfer that need no outside data: the coordinator's own defence in
+    /// depth, so a caller that bypasses the API is refused the same way.
+    fn validate_create(from: AccountType, to: AccountType) -> Result<(), TransferError> {
+        if from == to {
+            return Err(TransferError::Invalid(ErrorCode::SameAccount));
+        }
+        if !from.is_supported() || !to.is_supported() {
+            return Err(TransferError::Invalid(ErrorCode::UnsupportedAccountType));
+        }
+        Ok(())
+    }
+}
+
+impl Aggregate for Transfer {
+    const TYPE: &'static str = "Transfer";
+    type Command = TransferCommand;
+    type Event = TransferEvent;
+    type Error = TransferError;
+    type Services = ();
+
+    async fn handle(
+        &mut self,
+        command: Self::Command,
+        _service: &Self::Services,
+        sink: &EventSink<Self>,
+    ) -> Result<(), Self::Error> {
+        let events = match (&self.data, command) {
+            (
+                None,
+                TransferCommand::Create {
+                    req_id,
+                    user_id,
+                    from,
+                    to,
+                    asset,
+                    amount,
+                    cid,
+                    at,
+                },
+            ) => {
+                Self::validate_create(from, to)?;
+                vec![TransferEvent::TransferCreated {
+                    req_id,
+                    user_id,
+                    from,
+                    to,
+                    asset,
+                    amount,
+                    cid,
+                    at,
+                }]
+            }
+            (None, _) => return Err(TransferError::NotCreated),
+            (Some(data), command) => Self::decide(data.state, command)?,
+        };
+        for event in events {
+            sink.write(event, self).await;
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, event: Self::Event) {
+        let state = event.resulting_state();
+        let at = event.at();
+        match event {
+            TransferEvent::TransferCreated {
+                req_id,
+                user_id,
+                from,
+                to,
+                asset,
+                amount,
+                cid,
+                at,
+            } => {
+                self.data = Some(TransferData {
+                    req_id,
+                    user_id,
+                    from,
+                    to,
+                    asset,
+                    amount,
+                    cid,
+                    state,
+                    created_at: at,
+                    updated_at: at,
+                    failure: None,
+                });
+            }
+            other => {
+                let data = self
+                    .data
+                    .as_mut()
+                    .expect("events after TransferCreated only follow a created transfer");
+                if let TransferEvent::TransferFailed { code, message, .. }
+                | TransferEvent::CompensationStarted { code, message, .. } = other
+                {
+                    data.failure = Some((code, message));
+                }
+                data.state = state;
+                data.updated_at = at;
+            }
+        }
+    }
+}

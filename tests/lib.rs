@@ -1,0 +1,1 @@
+//! Integration-test package: the acceptance catalogue lives in `it/`.
