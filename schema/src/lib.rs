@@ -1,1 +1,71 @@
-//! schema
+//! The SQL schema: migrations live in `schema/migrations/` and are embedded here, so every binary
+//! and test applies exactly the same ones. A landed migration is never edited.
+
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgPool};
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::Context;
+
+/// Every migration of the project, in order.
+pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+/// The database used when `DATABASE_URL` is unset.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/ledger";
+
+/// Creates the database named in `url` if it does not exist yet, by connecting to the server's
+/// `postgres` database.
+pub async fn ensure_database(url: &str) -> anyhow::Result<()> {
+    let options = PgConnectOptions::from_str(url).context("parse DATABASE_URL")?;
+    let name = options
+        .get_database()
+        .context("DATABASE_URL names no database")?
+        .to_owned();
+    let admin = options.clone().database("postgres");
+    let mut conn = admin
+        .connect()
+        .await
+        .context("connect to the PostgreSQL server (is it running?)")?;
+    let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
+        .bind(&name)
+        .fetch_optional(&mut conn)
+        .await?;
+    if exists.is_none() {
+        let quoted = name.replace('"', "\"\"");
+        let created = sqlx::query(&format!("CREATE DATABASE \"{quoted}\""))
+            .execute(&mut conn)
+            .await;
+        // Another process may have created it between the check and here.
+        if let Err(e) = created {
+            let raced = e
+                .as_database_error()
+                .and_then(|d| d.code())
+                .is_some_and(|c| c == "42P04" || c == "23505");
+            if !raced {
+                return Err(e).context("create database");
+            }
+        }
+    }
+    conn.close().await.ok();
+    Ok(())
+}
+
+/// Connects a pool of at most `max_connections`, with bounded waits.
+pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect(url)
+        .await
+        .context("connect to PostgreSQL")
+}
+
+/// Creates the database if needed, connects, and applies every migration.
+pub async fn prepare(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
+    ensure_database(url).await?;
+    let pool = connect(url, max_connections).await?;
+    MIGRATOR.run(&pool).await.context("apply migrations")?;
+    Ok(pool)
+}

@@ -1,0 +1,477 @@
+//! The funding ledger (DESIGN section 4): balances per (user, asset) in PostgreSQL, every change a
+//! journal row keyed by (req_id, operation), each operation one transaction.
+
+use async_trait::async_trait;
+use domain::{AccountPort, AccountType, AdapterOutcome, Amount, AssetSymbol, Movement, UserId};
+use rust_decimal::Decimal;
+use sqlx::PgPool;
+
+/// Status of a funding account.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccountStatus {
+    Active,
+    Frozen,
+    Disabled,
+}
+
+impl AccountStatus {
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "ACTIVE" => Some(Self::Active),
+            "FROZEN" => Some(Self::Frozen),
+            "DISABLED" => Some(Self::Disabled),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "ACTIVE",
+            Self::Frozen => "FROZEN",
+            Self::Disabled => "DISABLED",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FundingError {
+    /// The same external id was already used for a different deposit.
+    #[error("external id already used for a different deposit")]
+    ExternalIdReused,
+    #[error("account not found")]
+    AccountNotFound,
+    #[error("balance would exceed the ledger's ceiling")]
+    Overflow,
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// What an external deposit came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DepositReceipt {
+    /// False when the external id had been seen before and nothing changed.
+    pub applied_now: bool,
+    pub balance: Decimal,
+}
+
+/// One funding balance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FundingBalance {
+    pub asset: String,
+    pub balance: Decimal,
+    pub status: String,
+}
+
+/// The journal's record of one (req_id, operation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalEntry {
+    pub operation: String,
+    pub user_id: i64,
+    pub asset: String,
+    pub amount: Decimal,
+    pub applied: bool,
+    pub code: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Withdraw,
+    Deposit,
+    Refund,
+}
+
+impl Op {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Withdraw => "WITHDRAW",
+            Self::Deposit => "DEPOSIT",
+            Self::Refund => "REFUND",
+        }
+    }
+}
+
+/// The funding ledger over one PostgreSQL pool.
+#[derive(Clone)]
+pub struct FundingLedger {
+    pool: PgPool,
+}
+
+/// The most a funding balance may hold, the column's own bound (numeric(38,18)).
+fn balance_ceiling() -> Decimal {
+    Decimal::from_i128_with_scale(100_000_000_000_000_000_000, 0)
+}
+
+impl FundingLedger {
+    pub fn new(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Credits money arriving from outside, once per `external_id`. A repeat with the same
+    /// details changes nothing; a repeat with other details is refused.
+    pub async fn external_deposit(
+        &self,
+        external_id: &str,
+        user_id: UserId,
+        asset: &AssetSymbol,
+        amount: Amount,
+    ) -> Result<DepositReceipt, FundingError> {
+        let mut tx = self.pool.begin().await?;
+        let inserted = sqlx::query(
+            "INSERT INTO external_deposits (external_id, user_id, asset, amount)
+             VALUES ($1, $2, $3, $4) ON CONFLICT (external_id) DO NOTHING",
+        )
+        .bind(external_id)
+        .bind(user_id.as_i64())
+        .bind(asset.as_str())
+        .bind(amount.value())
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if inserted == 0 {
+            let (u, a, amt): (i64, String, Decimal) = sqlx::query_as(
+                "SELECT user_id, asset, amount FROM external_deposits WHERE external_id = $1",
+            )
+            .bind(external_id)
+            .fetch_one(&mut *tx)
+            .await?;
+            tx.rollback().await?;
+            if u != user_id.as_i64() || a != asset.as_str() || amt != amount.value() {
+                return Err(FundingError::ExternalIdReused);
+            }
+            let balance = self.balance(user_id, asset).await?.unwrap_or_default();
+            return Ok(DepositReceipt {
+                applied_now: false,
+                balance,
+            });
+        }
+        let balance: Decimal = sqlx::query_scalar(
+            "INSERT INTO funding_accounts (user_id, asset, balance) VALUES ($1, $2, $3)
+             ON CONFLICT (user_id, asset)
+             DO UPDATE SET balance = funding_accounts.balance + EXCLUDED.balance, updated_at = now()
+             RETURNING balance",
+        )
+        .bind(user_id.as_i64())
+        .bind(asset.as_str())
+        .bind(amount.value())
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(map_overflow)?;
+        if balance >= balance_ceiling() {
+            tx.rollback().await?;
+            return Err(FundingError::Overflow);
+        }
+        tx.commit().await?;
+        Ok(DepositReceipt {
+            applied_now: true,
+            balance,
+        })
+    }
+
+    /// Sets an existing account's status.
+    pub async fn set_status(
+        &self,
+        user_id: UserId,
+        asset: &AssetSymbol,
+        status: AccountStatus,
+    ) -> Result<(), FundingError> {
+        let n = sqlx::query(
+            "UPDATE funding_accounts SET status = $3, updated_at = now()
+             WHERE user_id = $1 AND asset = $2",
+        )
+        .bind(user_id.as_i64())
+        .bind(asset.as_str())
+        .bind(status.as_str())
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        if n == 0 {
+            return Err(FundingError::AccountNotFound);
+        }
+        Ok(())
+    }
+
+    pub async fn balance(
+        &self,
+        user_id: UserId,
+        asset: &AssetSymbol,
+    ) -> Result<Option<Decimal>, FundingError> {
+        Ok(sqlx::query_scalar(
+            "SELECT balance FROM funding_accounts WHERE user_id = $1 AND asset = $2",
+        )
+        .bind(user_id.as_i64())
+        .bind(asset.as_str())
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    pub async fn balances(&self, user_id: UserId) -> Result<Vec<FundingBalance>, FundingError> {
+        let rows: Vec<(String, Decimal, String)> = sqlx::query_as(
+            "SELECT asset, balance, status FROM funding_accounts WHERE user_id = $1 ORDER BY asset",
+        )
+        .bind(user_id.as_i64())
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(asset, balance, status)| FundingBalance {
+                asset,
+                balance: balance.normalize(),
+                status,
+            })
+            .collect())
+    }
+
+    /// What the journal holds for one `req_id`: the answer to "what happened to X?".
+    pub async fn journal_for(&self, req_id: &str) -> Result<Vec<JournalEntry>, FundingError> {
+        let rows: Vec<(String, i64, String, Decimal, String, Option<String>)> = sqlx::query_as(
+            "SELECT operation, user_id, asset, amount, outcome, code FROM funding_journal
+             WHERE req_id = $1 ORDER BY id",
+        )
+        .bind(req_id)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(operation, user_id, asset, amount, outcome, code)| JournalEntry {
+                operation,
+                user_id,
+                asset,
+                amount,
+                applied: outcome == "APPLIED",
+                code,
+            })
+            .collect())
+    }
+
+    /// One movement in one transaction: claim (req_id, op) in the journal, then decide and apply.
+    /// A claim that already exists returns the first decision and changes nothing.
+    async fn movement(&self, op: Op, m: &Movement) -> Result<AdapterOutcome, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        // The unique key serialises concurrent calls with one req_id: the second INSERT waits for
+        // the first transaction and then does nothing.
+        let claimed: Option<i64> = sqlx::query_scalar(
+            "INSERT INTO funding_journal (req_id, operation, user_id, asset, amount, outcome)
+             VALUES ($1, $2, $3, $4, $5, 'APPLIED')
+             ON CONFLICT (req_id, operation) DO NOTHING RETURNING id",
+        )
+        .bind(m.req_id.to_string())
+        .bind(op.as_str())
+        .bind(m.user_id.as_i64())
+        .bind(m.asset.as_str())
+        .bind(m.amount.value())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(journal_id) = claimed else {
+            let first: (i64, String, Decimal, String, Option<String>) = sqlx::query_as(
+                "SELECT user_id, asset, amount, outcome, code FROM funding_journal
+                 WHERE req_id = $1 AND operation = $2",
+            )
+            .bind(m.req_id.to_string())
+            .bind(op.as_str())
+            .fetch_one(&mut *tx)
+            .await?;
+            tx.rollback().await?;
+            let (user_id, asset, amount, outcome, code) = first;
+            if user_id != m.user_id.as_i64() || asset != m.asset.as_str() || amount != m.amount.value() {
+                // Never decide a different movement under a used key: a bug or an attack, so the
+                // caller must not treat it as a clean refusal either.
+                return Ok(AdapterOutcome::Unknown(format!(
+                    "req_id {} already used for a different {} movement",
+                    m.req_id,
+                    op.as_str()
+                )));
+            }
+            return Ok(match (outcome.as_str(), code) {
+                ("APPLIED", _) => AdapterOutcome::Success,
+                (_, code) => refusal(code.unwrap_or_else(|| "REFUSED".into())),
+            });
+        };
+
+        let refusal_code = match op {
+            Op::Withdraw => self.try_withdraw(&mut tx, m).await?,
+            Op::Deposit => self.try_deposit(&mut tx, m).await?,
+            Op::Refund => self.try_refund(&mut tx, m).await?,
+        };
+        if let Some(code) = &refusal_code {
+            sqlx::query("UPDATE funding_journal SET outcome = 'REFUSED', code = $2 WHERE id = $1")
+                .bind(journal_id)
+                .bind(code)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(match refusal_code {
+            None => AdapterOutcome::Success,
+            Some(code) => refusal(code),
+        })
+    }
+
+    /// Locks the account row and debits it; returns the refusal code if it must not.
+    async fn try_withdraw(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        m: &Movement,
+    ) -> Result<Option<String>, sqlx::Error> {
+        let row: Option<(Decimal, String)> = sqlx::query_as(
+            "SELECT balance, status FROM funding_accounts WHERE user_id = $1 AND asset = $2 FOR UPDATE",
+        )
+        .bind(m.user_id.as_i64())
+        .bind(m.asset.as_str())
+        .fetch_optional(&mut **tx)
+        .await?;
+        let Some((balance, status)) = row else {
+            return Ok(Some("SOURCE_ACCOUNT_NOT_FOUND".into()));
+        };
+        match status.as_str() {
+            "FROZEN" => return Ok(Some("ACCOUNT_FROZEN".into())),
+            "DISABLED" => return Ok(Some("ACCOUNT_DISABLED".into())),
+            _ => {}
+        }
+        if balance < m.amount.value() {
+            return Ok(Some("INSUFFICIENT_BALANCE".into()));
+        }
+        sqlx::query(
+            "UPDATE funding_accounts SET balance = balance - $3, updated_at = now()
+             WHERE user_id = $1 AND asset = $2",
+        )
+        .bind(m.user_id.as_i64())
+        .bind(m.asset.as_str())
+        .bind(m.amount.value())
+        .execute(&mut **tx)
+        .await?;
+        Ok(None)
+    }
+
+    /// Credits an existing, not disabled account (a FUNDING target must exist).
+    async fn try_deposit(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        m: &Movement,
+    ) -> Result<Option<String>, sqlx::Error> {
+        let row: Option<(Decimal, String)> = sqlx::query_as(
+            "SELECT balance, status FROM funding_accounts WHERE user_id = $1 AND asset = $2 FOR UPDATE",
+        )
+        .bind(m.user_id.as_i64())
+        .bind(m.asset.as_str())
+        .fetch_optional(&mut **tx)
+        .await?;
+        let Some((balance, status)) = row else {
+            return Ok(Some("TARGET_ACCOUNT_NOT_FOUND".into()));
+        };
+        if status == "DISABLED" {
+            return Ok(Some("ACCOUNT_DISABLED".into()));
+        }
+        if balance + m.amount.value() >= balance_ceiling() {
+            return Ok(Some("OVERFLOW".into()));
+        }
+        credit(tx, m).await?;
+        Ok(None)
+    }
+
+    /// Gives back an applied withdraw of the same req_id and details, whatever the account's
+    /// status: the money returns where it came from.
+    async fn try_refund(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        m: &Movement,
+    ) -> Result<Option<String>, sqlx::Error> {
+        let matching: Option<i64> = sqlx::query_scalar(
+            "SELECT id FROM funding_journal
+             WHERE req_id = $1 AND operation = 'WITHDRAW' AND outcome = 'APPLIED'
+               AND user_id = $2 AND asset = $3 AND amount = $4",
+        )
+        .bind(m.req_id.to_string())
+        .bind(m.user_id.as_i64())
+        .bind(m.asset.as_str())
+        .bind(m.amount.value())
+        .fetch_optional(&mut **tx)
+        .await?;
+        if matching.is_none() {
+            return Ok(Some("NO_MATCHING_WITHDRAW".into()));
+        }
+        sqlx::query(
+            "SELECT 1 FROM funding_accounts WHERE user_id = $1 AND asset = $2 FOR UPDATE",
+        )
+        .bind(m.user_id.as_i64())
+        .bind(m.asset.as_str())
+        .execute(&mut **tx)
+        .await?;
+        credit(tx, m).await?;
+        Ok(None)
+    }
+}
+
+async fn credit(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    m: &Movement,
+) -> Result<(), sqlx::Error> {
+    let n = sqlx::query(
+        "UPDATE funding_accounts SET balance = balance + $3, updated_at = now()
+         WHERE user_id = $1 AND asset = $2",
+    )
+    .bind(m.user_id.as_i64())
+    .bind(m.asset.as_str())
+    .bind(m.amount.value())
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    // The account was locked or checked in this transaction, so it exists.
+    assert_eq!(n, 1, "credit must touch exactly one funding account");
+    Ok(())
+}
+
+fn refusal(code: String) -> AdapterOutcome {
+    let message = match code.as_str() {
+        "INSUFFICIENT_BALANCE" => "funding balance is below the amount",
+        "SOURCE_ACCOUNT_NOT_FOUND" => "no funding account for this asset",
+        "TARGET_ACCOUNT_NOT_FOUND" => "no funding account for this asset",
+        "ACCOUNT_FROZEN" => "funding account is frozen",
+        "ACCOUNT_DISABLED" => "funding account is disabled",
+        "NO_MATCHING_WITHDRAW" => "no applied withdraw to refund",
+        _ => "refused by the funding ledger",
+    };
+    AdapterOutcome::ExplicitFail {
+        code,
+        message: message.into(),
+    }
+}
+
+fn map_overflow(e: sqlx::Error) -> FundingError {
+    // numeric_value_out_of_range: the sum no longer fits numeric(38,18).
+    if e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == "22003") {
+        return FundingError::Overflow;
+    }
+    FundingError::Database(e)
+}
+
+fn classify(e: sqlx::Error) -> AdapterOutcome {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Tls(_) => {
+            AdapterOutcome::NetworkError(e.to_string())
+        }
+        other => AdapterOutcome::Unknown(other.to_string()),
+    }
+}
+
+#[async_trait]
+impl AccountPort for FundingLedger {
+    fn account_type(&self) -> AccountType {
+        AccountType::Funding
+    }
+
+    async fn withdraw(&self, m: &Movement) -> AdapterOutcome {
+        self.movement(Op::Withdraw, m).await.unwrap_or_else(classify)
+    }
+
+    async fn deposit(&self, m: &Movement) -> AdapterOutcome {
+        self.movement(Op::Deposit, m).await.unwrap_or_else(classify)
+    }
+
+    async fn refund(&self, m: &Movement) -> AdapterOutcome {
+        self.movement(Op::Refund, m).await.unwrap_or_else(classify)
+    }
+}

@@ -1,0 +1,373 @@
+//! The coordinator: creates transfers and drives them step by step. Every step commits its event
+//! before the adapter call it announces, and the aggregate is kept in memory between steps, so a
+//! transfer's events are read once per drive; the event table's key still refuses a competing
+//! writer (optimistic concurrency).
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use chrono::{DateTime, Utc};
+use cqrs_es::event_sink::EventSink;
+use cqrs_es::persist::{EventStoreAggregateContext, PersistedEventStore};
+use cqrs_es::{Aggregate, AggregateError, EventStore};
+use domain::{
+    AccountPort, AccountType, AdapterOutcome, Amount, AssetRegistry, ErrorCode, Movement, ReqId,
+    StepOutcome, Transfer, TransferCommand, TransferData, TransferError, TransferState, UserId,
+};
+use postgres_es::PostgresEventRepository;
+use projections::TransferView;
+use sqlx::PgPool;
+
+/// The event store in plain event-store mode (postgres-es's snapshot modes double-apply events).
+pub type TransferStore = PersistedEventStore<PostgresEventRepository, Transfer>;
+
+/// A request for a new transfer, already parsed into domain types.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewTransfer {
+    pub user_id: UserId,
+    pub from: AccountType,
+    pub to: AccountType,
+    pub asset: String,
+    pub amount: Amount,
+    /// The client's idempotency key, scoped to `user_id`.
+    pub cid: Option<String>,
+}
+
+impl NewTransfer {
+    /// The canonical body a `cid` is bound to.
+    fn fingerprint(&self) -> String {
+        format!("{}|{}|{}|{}", self.from, self.to, self.asset, self.amount)
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum CoordinatorError {
+    /// The request is refused with this contract code; nothing was created.
+    #[error("refused: {0}")]
+    Refused(ErrorCode),
+    /// Another writer changed the transfer first; this one stopped without acting.
+    #[error("another writer changed the transfer first")]
+    Conflict,
+    #[error("transfer not found")]
+    NotFound,
+    /// The aggregate refused a command: a bug in the caller's sequencing.
+    #[error("transition refused: {0}")]
+    Transition(TransferError),
+    /// The store could not be reached or answered strangely; the outcome of a write is unknown.
+    #[error("store: {0}")]
+    Store(String),
+}
+
+impl From<AggregateError<TransferError>> for CoordinatorError {
+    fn from(e: AggregateError<TransferError>) -> Self {
+        match e {
+            AggregateError::UserError(e) => Self::Transition(e),
+            AggregateError::AggregateConflict => Self::Conflict,
+            other => Self::Store(other.to_string()),
+        }
+    }
+}
+
+impl From<sqlx::Error> for CoordinatorError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Store(e.to_string())
+    }
+}
+
+type Context = EventStoreAggregateContext<Transfer>;
+
+/// Drives transfers. Cheap to clone.
+#[derive(Clone)]
+pub struct Coordinator {
+    store: Arc<TransferStore>,
+    pool: PgPool,
+    view: TransferView,
+    funding: Arc<dyn AccountPort>,
+    spot: Arc<dyn AccountPort>,
+    assets: Arc<RwLock<AssetRegistry>>,
+    clock: fn() -> DateTime<Utc>,
+}
+
+impl Coordinator {
+    pub fn new(
+        pool: PgPool,
+        funding: Arc<dyn AccountPort>,
+        spot: Arc<dyn AccountPort>,
+        assets: Arc<RwLock<AssetRegistry>>,
+    ) -> Self {
+        let repo = PostgresEventRepository::new(pool.clone());
+        Self {
+            store: Arc::new(PersistedEventStore::new_event_store(repo)),
+            view: TransferView::new(pool.clone()),
+            pool,
+            funding,
+            spot,
+            assets,
+            clock: Utc::now,
+        }
+    }
+
+    pub fn view(&self) -> &TransferView {
+        &self.view
+    }
+
+    pub fn assets(&self) -> &Arc<RwLock<AssetRegistry>> {
+        &self.assets
+    }
+
+    /// The current state of a transfer, folded from its events (the source of truth).
+    pub async fn load(&self, req_id: &ReqId) -> Result<Option<TransferData>, CoordinatorError> {
+        let ctx = self.store.load_aggregate(&req_id.to_string()).await?;
+        Ok(ctx.aggregate.data)
+    }
+
+    /// Creates a transfer and drives it as far as it goes now. With a `cid`, a repeat of the same
+    /// body returns the original transfer, and the same `cid` with another body is refused.
+    pub async fn submit(&self, request: NewTransfer) -> Result<TransferData, CoordinatorError> {
+        self.validate(&request)?;
+        let req_id = match &request.cid {
+            None => ReqId::generate(),
+            Some(cid) => match self.claim_cid(&request, cid).await? {
+                Claim::New(id) => id,
+                Claim::Existing(id) => {
+                    // The first request may have died between claiming the key and creating the
+                    // transfer; creating it now is safe because the key fixed its req_id.
+                    if let Some(existing) = self.load(&id).await? {
+                        return Ok(existing);
+                    }
+                    id
+                }
+            },
+        };
+        let ctx = match self.create(req_id, &request).await {
+            Ok(ctx) => ctx,
+            // A concurrent duplicate created it first: answer with that transfer.
+            Err(CoordinatorError::Conflict | CoordinatorError::Transition(TransferError::AlreadyExists)) => {
+                return self.load(&req_id).await?.ok_or(CoordinatorError::NotFound);
+            }
+            Err(e) => return Err(e),
+        };
+        match self.drive_context(ctx).await {
+            // Another worker (the sweeper) took the next step first; report where it stands.
+            Err(CoordinatorError::Conflict) => {
+                self.load(&req_id).await?.ok_or(CoordinatorError::NotFound)
+            }
+            other => other,
+        }
+    }
+
+    /// Resumes a transfer from whatever state its events say, and drives it as far as it goes:
+    /// to a terminal state, or to a step whose outcome is unknown (left as it is).
+    pub async fn drive(&self, req_id: &ReqId) -> Result<TransferData, CoordinatorError> {
+        let ctx = self.store.load_aggregate(&req_id.to_string()).await?;
+        if ctx.aggregate.data.is_none() {
+            return Err(CoordinatorError::NotFound);
+        }
+        self.drive_context(ctx).await
+    }
+
+    /// The coordinator's own checks (defence in depth): a caller that skips the API is refused
+    /// the same way. Account state and balance are the adapters' to check.
+    fn validate(&self, request: &NewTransfer) -> Result<(), CoordinatorError> {
+        let refuse = CoordinatorError::Refused;
+        if request.from == request.to {
+            return Err(refuse(ErrorCode::SameAccount));
+        }
+        if !request.from.is_supported() || !request.to.is_supported() {
+            return Err(refuse(ErrorCode::UnsupportedAccountType));
+        }
+        let assets = self.assets.read().expect("asset registry lock poisoned");
+        let asset = assets.get(&request.asset).map_err(refuse)?;
+        asset.check_transferable().map_err(refuse)?;
+        asset.check_amount(request.amount).map_err(refuse)?;
+        if let Some(cid) = &request.cid {
+            let ok = !cid.is_empty()
+                && cid.len() <= 64
+                && cid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+            if !ok {
+                return Err(refuse(ErrorCode::InvalidIdempotencyKey));
+            }
+        }
+        Ok(())
+    }
+
+    async fn claim_cid(&self, request: &NewTransfer, cid: &str) -> Result<Claim, CoordinatorError> {
+        let fresh = ReqId::generate();
+        let inserted = sqlx::query(
+            "INSERT INTO transfer_cids (user_id, cid, req_id, fingerprint) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (user_id, cid) DO NOTHING",
+        )
+        .bind(request.user_id.as_i64())
+        .bind(cid)
+        .bind(fresh.to_string())
+        .bind(request.fingerprint())
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        if inserted == 1 {
+            return Ok(Claim::New(fresh));
+        }
+        let (req_id, fingerprint): (String, String) = sqlx::query_as(
+            "SELECT req_id, fingerprint FROM transfer_cids WHERE user_id = $1 AND cid = $2",
+        )
+        .bind(request.user_id.as_i64())
+        .bind(cid)
+        .fetch_one(&self.pool)
+        .await?;
+        if fingerprint != request.fingerprint() {
+            return Err(CoordinatorError::Refused(ErrorCode::IdempotencyKeyReused));
+        }
+        let req_id = ReqId::parse(&req_id)
+            .map_err(|_| CoordinatorError::Store("stored req_id is malformed".into()))?;
+        Ok(Claim::Existing(req_id))
+    }
+
+    async fn create(&self, req_id: ReqId, r: &NewTransfer) -> Result<Context, CoordinatorError> {
+        let ctx = self.store.load_aggregate(&req_id.to_string()).await?;
+        let asset = domain::AssetSymbol::parse(&r.asset).map_err(CoordinatorError::Refused)?;
+        let command = TransferCommand::Create {
+            req_id,
+            user_id: r.user_id,
+            from: r.from,
+            to: r.to,
+            asset,
+            amount: r.amount,
+            cid: r.cid.clone(),
+            at: (self.clock)(),
+        };
+        let ctx = self.execute(ctx, command).await?;
+        tracing::info!(%req_id, user_id = %r.user_id, from = %r.from, to = %r.to, asset = %r.asset, amount = %r.amount, "transfer created");
+        Ok(ctx)
+    }
+
+    /// Handles one command on the in-memory aggregate and commits its events; returns the
+    /// context advanced past them. A competing writer makes the commit fail with `Conflict`.
+    async fn execute(
+        &self,
+        mut ctx: Context,
+        command: TransferCommand,
+    ) -> Result<Context, CoordinatorError> {
+        let sink = EventSink::default();
+        ctx.aggregate
+            .handle(command, &(), &sink)
+            .await
+            .map_err(CoordinatorError::Transition)?;
+        let events = sink.collect().await;
+        let aggregate = ctx.aggregate.clone();
+        let aggregate_id = ctx.aggregate_id.clone();
+        let committed = self.store.commit(events, ctx, HashMap::new()).await?;
+        let current_sequence = committed.last().map_or(0, |e| e.sequence);
+        // The read model follows the log; if this write is lost, a later event or a replay
+        // brings it up to date, because every update is keyed by sequence.
+        if let Err(e) = self.view.apply(&committed).await {
+            tracing::warn!(req_id = %aggregate_id, error = %e, "transfer view update failed");
+        }
+        Ok(Context {
+            aggregate_id,
+            aggregate,
+            current_sequence,
+            current_snapshot: None,
+        })
+    }
+
+    async fn drive_context(&self, mut ctx: Context) -> Result<TransferData, CoordinatorError> {
+        loop {
+            let data = ctx
+                .aggregate
+                .data
+                .clone()
+                .expect("a driven transfer has been created");
+            if data.state.is_terminal() {
+                return Ok(data);
+            }
+            match self.step(ctx, &data).await? {
+                Some(next) => ctx = next,
+                // An unknown outcome: the state stays, the transfer waits for a retry.
+                None => return Ok(self.load(&data.req_id).await?.unwrap_or(data)),
+            }
+        }
+    }
+
+    /// One step by state (seed 000 section 6.3). `None` means the adapter's outcome was unknown
+    /// and nothing was recorded.
+    async fn step(
+        &self,
+        ctx: Context,
+        data: &TransferData,
+    ) -> Result<Option<Context>, CoordinatorError> {
+        let now = self.clock;
+        let movement = Movement {
+            req_id: data.req_id,
+            user_id: data.user_id,
+            asset: data.asset.clone(),
+            amount: data.amount,
+        };
+        let source = self.port(data.from);
+        let target = self.port(data.to);
+        let command = match data.state {
+            TransferState::Init => TransferCommand::StartSourceWithdraw { at: now() },
+            TransferState::SourcePending => {
+                let outcome = source.withdraw(&movement).await;
+                match self.definite(data, "source withdraw", outcome) {
+                    Some(outcome) => TransferCommand::RecordSourceOutcome { outcome, at: now() },
+                    None => return Ok(None),
+                }
+            }
+            TransferState::SourceDone => TransferCommand::StartTargetDeposit { at: now() },
+            TransferState::TargetPending => {
+                let outcome = target.deposit(&movement).await;
+                match self.definite(data, "target deposit", outcome) {
+                    Some(outcome) => TransferCommand::RecordTargetOutcome { outcome, at: now() },
+                    None => return Ok(None),
+                }
+            }
+            TransferState::Compensating => match source.refund(&movement).await {
+                AdapterOutcome::Success => TransferCommand::RecordRefund { at: now() },
+                other => {
+                    // A refund is never given up: it stays COMPENSATING until it succeeds.
+                    tracing::error!(req_id = %data.req_id, outcome = ?other, "refund not applied; transfer stays COMPENSATING");
+                    return Ok(None);
+                }
+            },
+            TransferState::Committed | TransferState::Failed | TransferState::RolledBack => {
+                unreachable!("terminal states are not stepped")
+            }
+        };
+        Ok(Some(self.execute(ctx, command).await?))
+    }
+
+    /// Turns an adapter outcome into a recordable one, or `None` when it is unknown.
+    fn definite(
+        &self,
+        data: &TransferData,
+        what: &str,
+        outcome: AdapterOutcome,
+    ) -> Option<StepOutcome> {
+        match outcome {
+            AdapterOutcome::Success => Some(StepOutcome::Succeeded),
+            AdapterOutcome::ExplicitFail { code, message } => {
+                tracing::info!(req_id = %data.req_id, %code, "{what} refused");
+                Some(StepOutcome::Refused { code, message })
+            }
+            unknown => {
+                tracing::warn!(req_id = %data.req_id, state = %data.state, outcome = ?unknown, "{what} outcome unknown; state kept for retry");
+                None
+            }
+        }
+    }
+
+    fn port(&self, account: AccountType) -> &dyn AccountPort {
+        match account {
+            AccountType::Funding => self.funding.as_ref(),
+            AccountType::Spot => self.spot.as_ref(),
+            AccountType::Future | AccountType::Margin => {
+                unreachable!("unsupported account types are refused at creation")
+            }
+        }
+    }
+}
+
+enum Claim {
+    New(ReqId),
+    Existing(ReqId),
+}

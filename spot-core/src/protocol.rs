@@ -1,0 +1,448 @@
+//! Wire types of the spot-core protocol (newline-delimited JSON over TCP) and of its WAL records.
+//!
+//! These types are shared by the server, the WAL, the client and other crates of the workspace,
+//! so everything here is plain serde data with no behaviour that depends on engine state.
+
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+
+/// Largest `limit` a `journal` request may ask for; bigger values are capped.
+pub const MAX_JOURNAL_LIMIT: u32 = 10_000;
+/// `limit` used when a `journal` request omits it.
+pub const DEFAULT_JOURNAL_LIMIT: u32 = 1_000;
+/// A request line longer than this closes the connection.
+pub const MAX_LINE_BYTES: usize = 64 * 1024;
+
+/// One request line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    Withdraw(MovementRequest),
+    Deposit(MovementRequest),
+    Refund(MovementRequest),
+    Lookup {
+        req_id: String,
+    },
+    Balances {
+        user_id: u64,
+    },
+    SetStatus {
+        user_id: u64,
+        asset: String,
+        status: AccountStatus,
+    },
+    // Empty struct variants (not unit variants) so that unknown fields are rejected.
+    Ping {},
+    Totals {},
+    Journal {
+        #[serde(default)]
+        after_seq: u64,
+        #[serde(default = "default_journal_limit")]
+        limit: u32,
+    },
+}
+
+fn default_journal_limit() -> u32 {
+    DEFAULT_JOURNAL_LIMIT
+}
+
+impl Request {
+    /// A movement request; `amount` is rendered in canonical plain notation.
+    pub fn movement(
+        op: MovementOp,
+        req_id: impl Into<String>,
+        user_id: u64,
+        asset: impl Into<String>,
+        amount: Decimal,
+    ) -> Request {
+        let body = MovementRequest::new(req_id, user_id, asset, amount);
+        match op {
+            MovementOp::Withdraw => Request::Withdraw(body),
+            MovementOp::Deposit => Request::Deposit(body),
+            MovementOp::Refund => Request::Refund(body),
+        }
+    }
+
+    pub fn withdraw(req_id: impl Into<String>, user_id: u64, asset: impl Into<String>, amount: Decimal) -> Request {
+        Request::movement(MovementOp::Withdraw, req_id, user_id, asset, amount)
+    }
+
+    pub fn deposit(req_id: impl Into<String>, user_id: u64, asset: impl Into<String>, amount: Decimal) -> Request {
+        Request::movement(MovementOp::Deposit, req_id, user_id, asset, amount)
+    }
+
+    pub fn refund(req_id: impl Into<String>, user_id: u64, asset: impl Into<String>, amount: Decimal) -> Request {
+        Request::movement(MovementOp::Refund, req_id, user_id, asset, amount)
+    }
+
+    /// The movement kind and body, when this request moves money.
+    pub fn as_movement(&self) -> Option<(MovementOp, &MovementRequest)> {
+        match self {
+            Request::Withdraw(m) => Some((MovementOp::Withdraw, m)),
+            Request::Deposit(m) => Some((MovementOp::Deposit, m)),
+            Request::Refund(m) => Some((MovementOp::Refund, m)),
+            _ => None,
+        }
+    }
+}
+
+/// Body of withdraw / deposit / refund.
+///
+/// `amount` stays a string on this side of the wire so the engine can refuse non-canonical
+/// spellings (`"1e3"`, `"+1"`, `" 1"`) with `INVALID_AMOUNT` instead of silently accepting them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MovementRequest {
+    pub req_id: String,
+    pub user_id: u64,
+    pub asset: String,
+    pub amount: String,
+}
+
+impl MovementRequest {
+    pub fn new(req_id: impl Into<String>, user_id: u64, asset: impl Into<String>, amount: Decimal) -> Self {
+        MovementRequest {
+            req_id: req_id.into(),
+            user_id,
+            asset: asset.into(),
+            amount: canonical_amount(amount),
+        }
+    }
+}
+
+/// Plain decimal notation without trailing fractional zeros, as the engine expects it.
+pub fn canonical_amount(amount: Decimal) -> String {
+    amount.normalize().to_string()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MovementOp {
+    Withdraw,
+    Deposit,
+    Refund,
+}
+
+impl MovementOp {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MovementOp::Withdraw => "withdraw",
+            MovementOp::Deposit => "deposit",
+            MovementOp::Refund => "refund",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum AccountStatus {
+    Active,
+    Frozen,
+    Disabled,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Applied,
+    Refused,
+}
+
+/// Why a request was refused. Every refusal means "nothing changed".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum RefusalCode {
+    // Validation refusals: decided from the request alone, never recorded.
+    InvalidReqId,
+    InvalidUserId,
+    InvalidAsset,
+    InvalidAmount,
+    PrecisionOverflow,
+    /// The amount itself is above 10^20 (validation), or the resulting balance would be
+    /// (business, recorded).
+    Overflow,
+    /// The (req_id, op) was already used with a different user_id/asset/amount. Not recorded.
+    ReqIdConflict,
+    // Business refusals: depend on state, recorded in the WAL.
+    SourceAccountNotFound,
+    AccountFrozen,
+    AccountDisabled,
+    InsufficientBalance,
+    NoMatchingWithdraw,
+}
+
+impl RefusalCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusalCode::InvalidReqId => "INVALID_REQ_ID",
+            RefusalCode::InvalidUserId => "INVALID_USER_ID",
+            RefusalCode::InvalidAsset => "INVALID_ASSET",
+            RefusalCode::InvalidAmount => "INVALID_AMOUNT",
+            RefusalCode::PrecisionOverflow => "PRECISION_OVERFLOW",
+            RefusalCode::Overflow => "OVERFLOW",
+            RefusalCode::ReqIdConflict => "REQ_ID_CONFLICT",
+            RefusalCode::SourceAccountNotFound => "SOURCE_ACCOUNT_NOT_FOUND",
+            RefusalCode::AccountFrozen => "ACCOUNT_FROZEN",
+            RefusalCode::AccountDisabled => "ACCOUNT_DISABLED",
+            RefusalCode::InsufficientBalance => "INSUFFICIENT_BALANCE",
+            RefusalCode::NoMatchingWithdraw => "NO_MATCHING_WITHDRAW",
+        }
+    }
+
+    /// Human-readable text; derived from the code only, so a duplicate repeats it exactly.
+    pub fn message(self) -> &'static str {
+        match self {
+            RefusalCode::InvalidReqId => "req_id must be 1..64 characters of [0-9A-Za-z_-]",
+            RefusalCode::InvalidUserId => "user_id must be between 1 and 9223372036854775807",
+            RefusalCode::InvalidAsset => "asset is not configured",
+            RefusalCode::InvalidAmount => "amount must be a positive plain decimal string",
+            RefusalCode::PrecisionOverflow => "amount has more fractional digits than the asset allows",
+            RefusalCode::Overflow => "amount or resulting balance exceeds 10^20",
+            RefusalCode::ReqIdConflict => "req_id was already used for this op with different parameters",
+            RefusalCode::SourceAccountNotFound => "no spot account for this user and asset",
+            RefusalCode::AccountFrozen => "account is frozen",
+            RefusalCode::AccountDisabled => "account is disabled",
+            RefusalCode::InsufficientBalance => "insufficient available balance",
+            RefusalCode::NoMatchingWithdraw => "no applied withdraw with this req_id, user, asset and amount",
+        }
+    }
+}
+
+impl std::fmt::Display for RefusalCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ErrorCode {
+    /// Malformed JSON, unknown op, unknown or missing fields, oversized line.
+    BadRequest,
+}
+
+/// One response line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Response {
+    /// A movement took effect (now, or earlier when `duplicate` is true).
+    Applied {
+        balance: Decimal,
+        duplicate: bool,
+        seq: u64,
+    },
+    /// Nothing changed. `seq` is present when the refusal is recorded in the WAL.
+    Refused {
+        code: RefusalCode,
+        message: String,
+        duplicate: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seq: Option<u64>,
+    },
+    /// The request could not be understood; nothing changed.
+    Error { code: ErrorCode, message: String },
+    /// Successful non-movement request; exactly the field belonging to the op is set.
+    Ok {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ops: Option<Vec<LookupOp>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        balances: Option<Vec<BalanceEntry>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        totals: Option<Vec<TotalEntry>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        records: Option<Vec<JournalRecord>>,
+    },
+}
+
+impl Response {
+    /// `{"status":"ok"}` with no payload.
+    pub fn ok() -> Response {
+        Response::Ok {
+            ops: None,
+            balances: None,
+            totals: None,
+            records: None,
+        }
+    }
+
+    pub fn refused(code: RefusalCode, duplicate: bool, seq: Option<u64>) -> Response {
+        Response::Refused {
+            code,
+            message: code.message().to_string(),
+            duplicate,
+            seq,
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Response {
+        Response::Error {
+            code: ErrorCode::BadRequest,
+            message: message.into(),
+        }
+    }
+}
+
+/// One entry of a `lookup` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LookupOp {
+    pub op: MovementOp,
+    pub user_id: u64,
+    pub asset: String,
+    pub amount: Decimal,
+    pub outcome: Outcome,
+    pub code: Option<RefusalCode>,
+    pub seq: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BalanceEntry {
+    pub asset: String,
+    pub available: Decimal,
+    pub status: AccountStatus,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TotalEntry {
+    pub asset: String,
+    pub sum: Decimal,
+}
+
+/// One WAL record; also what `journal` returns. Its JSON is the WAL payload, so changing
+/// it means keeping old records readable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum JournalRecord {
+    Withdraw(MovementRecord),
+    Deposit(MovementRecord),
+    Refund(MovementRecord),
+    SetStatus(StatusRecord),
+}
+
+impl JournalRecord {
+    pub fn seq(&self) -> u64 {
+        match self {
+            JournalRecord::Withdraw(m) | JournalRecord::Deposit(m) | JournalRecord::Refund(m) => m.seq,
+            JournalRecord::SetStatus(s) => s.seq,
+        }
+    }
+
+    pub fn as_movement(&self) -> Option<(MovementOp, &MovementRecord)> {
+        match self {
+            JournalRecord::Withdraw(m) => Some((MovementOp::Withdraw, m)),
+            JournalRecord::Deposit(m) => Some((MovementOp::Deposit, m)),
+            JournalRecord::Refund(m) => Some((MovementOp::Refund, m)),
+            JournalRecord::SetStatus(_) => None,
+        }
+    }
+
+    pub fn from_movement(op: MovementOp, rec: MovementRecord) -> JournalRecord {
+        match op {
+            MovementOp::Withdraw => JournalRecord::Withdraw(rec),
+            MovementOp::Deposit => JournalRecord::Deposit(rec),
+            MovementOp::Refund => JournalRecord::Refund(rec),
+        }
+    }
+}
+
+/// A withdraw / deposit / refund that was accepted (applied or refused for a business reason).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MovementRecord {
+    pub seq: u64,
+    pub req_id: String,
+    pub user_id: u64,
+    pub asset: String,
+    pub amount: Decimal,
+    pub outcome: Outcome,
+    /// Set exactly when `outcome` is `refused`.
+    pub code: Option<RefusalCode>,
+    /// Available balance right after an applied movement; kept so a duplicate can return
+    /// the first answer verbatim. `None` for refusals.
+    pub balance: Option<Decimal>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatusRecord {
+    pub seq: u64,
+    pub user_id: u64,
+    pub asset: String,
+    pub status: AccountStatus,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::str::FromStr;
+
+    fn parse(line: &str) -> Result<Request, serde_json::Error> {
+        serde_json::from_str(line)
+    }
+
+    #[test]
+    fn requests_parse_from_the_documented_shapes() {
+        let r = parse(r#"{"op":"withdraw","req_id":"a-1","user_id":7,"asset":"USDT","amount":"10.5"}"#).unwrap();
+        assert_eq!(r, Request::Withdraw(MovementRequest::new("a-1", 7, "USDT", Decimal::from_str("10.5").unwrap())));
+        assert_eq!(parse(r#"{"op":"ping"}"#).unwrap(), Request::Ping {});
+        assert_eq!(parse(r#"{"op":"totals"}"#).unwrap(), Request::Totals {});
+        assert_eq!(
+            parse(r#"{"op":"journal"}"#).unwrap(),
+            Request::Journal { after_seq: 0, limit: DEFAULT_JOURNAL_LIMIT }
+        );
+        assert_eq!(
+            parse(r#"{"op":"set_status","user_id":1,"asset":"BTC","status":"FROZEN"}"#).unwrap(),
+            Request::SetStatus { user_id: 1, asset: "BTC".into(), status: AccountStatus::Frozen }
+        );
+    }
+
+    #[test]
+    fn unknown_ops_and_fields_are_rejected() {
+        assert!(parse(r#"{"op":"steal"}"#).is_err());
+        assert!(parse(r#"{"op":"ping","x":1}"#).is_err());
+        assert!(parse(r#"{"op":"totals","x":1}"#).is_err());
+        assert!(parse(r#"{"op":"lookup","req_id":"a","x":1}"#).is_err());
+        assert!(parse(r#"{"op":"deposit","req_id":"a","user_id":1,"asset":"BTC","amount":"1","x":1}"#).is_err());
+        assert!(parse(r#"{"op":"deposit","req_id":"a","user_id":1,"asset":"BTC"}"#).is_err());
+        // A float on the wire is not money.
+        assert!(parse(r#"{"op":"deposit","req_id":"a","user_id":1,"asset":"BTC","amount":1.5}"#).is_err());
+        assert!(parse(r#"{"op":"balances","user_id":-1}"#).is_err());
+    }
+
+    #[test]
+    fn responses_use_strings_for_amounts() {
+        let r = Response::Applied { balance: Decimal::from_str("10.5").unwrap(), duplicate: false, seq: 3 };
+        assert_eq!(
+            serde_json::to_string(&r).unwrap(),
+            r#"{"status":"applied","balance":"10.5","duplicate":false,"seq":3}"#
+        );
+        assert_eq!(serde_json::to_string(&Response::ok()).unwrap(), r#"{"status":"ok"}"#);
+        let refused = Response::refused(RefusalCode::InsufficientBalance, true, None);
+        let text = serde_json::to_string(&refused).unwrap();
+        assert!(text.starts_with(r#"{"status":"refused","code":"INSUFFICIENT_BALANCE","#), "{text}");
+        assert_eq!(serde_json::from_str::<Response>(&text).unwrap(), refused);
+    }
+
+    #[test]
+    fn lookup_entries_serialize_null_code() {
+        let op = LookupOp {
+            op: MovementOp::Withdraw,
+            user_id: 7,
+            asset: "USDT".into(),
+            amount: Decimal::from_str("10.5").unwrap(),
+            outcome: Outcome::Applied,
+            code: None,
+            seq: 12,
+        };
+        assert_eq!(
+            serde_json::to_string(&op).unwrap(),
+            r#"{"op":"withdraw","user_id":7,"asset":"USDT","amount":"10.5","outcome":"applied","code":null,"seq":12}"#
+        );
+    }
+
+    #[test]
+    fn canonical_amount_drops_trailing_zeros() {
+        assert_eq!(canonical_amount(Decimal::from_str("10.500").unwrap()), "10.5");
+        assert_eq!(canonical_amount(Decimal::from_str("100").unwrap()), "100");
+        assert_eq!(canonical_amount(Decimal::from_str("0.00000001").unwrap()), "0.00000001");
+    }
+}
