@@ -5,4 +5,4 @@ pub mod funding;
 pub mod spot;
 
 pub use funding::{AccountStatus, FundingError, FundingLedger};
-pub use spot::SpotAdapter;
+pub use spot::{SpotAdapter, SpotBalance, SpotError};

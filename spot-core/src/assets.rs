@@ -29,14 +29,26 @@ pub struct Assets {
 
 impl Assets {
     pub fn parse(json: &str) -> anyhow::Result<Assets> {
-        let entries: Vec<AssetEntry> = serde_json::from_str(json).context("asset config is not a JSON array of assets")?;
+        let entries: Vec<AssetEntry> =
+            serde_json::from_str(json).context("asset config is not a JSON array of assets")?;
         let mut precision = BTreeMap::new();
         for e in entries {
-            if e.symbol.is_empty() || e.symbol.len() > 32 || !e.symbol.bytes().all(|b| b.is_ascii_alphanumeric()) {
-                bail!("asset symbol {:?} must be 1..32 ASCII letters or digits", e.symbol);
+            if e.symbol.is_empty()
+                || e.symbol.len() > 32
+                || !e.symbol.bytes().all(|b| b.is_ascii_alphanumeric())
+            {
+                bail!(
+                    "asset symbol {:?} must be 1..32 ASCII letters or digits",
+                    e.symbol
+                );
             }
             if e.precision > MAX_PRECISION {
-                bail!("asset {} has precision {} above the supported {}", e.symbol, e.precision, MAX_PRECISION);
+                bail!(
+                    "asset {} has precision {} above the supported {}",
+                    e.symbol,
+                    e.precision,
+                    MAX_PRECISION
+                );
             }
             if precision.insert(e.symbol.clone(), e.precision).is_some() {
                 bail!("asset {} is listed twice", e.symbol);
@@ -49,7 +61,8 @@ impl Assets {
     }
 
     pub fn load(path: &Path) -> anyhow::Result<Assets> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading asset config {}", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading asset config {}", path.display()))?;
         Assets::parse(&text).with_context(|| format!("in asset config {}", path.display()))
     }
 
@@ -84,7 +97,10 @@ mod tests {
     fn bad_configs_are_rejected() {
         assert!(Assets::parse("[]").is_err());
         assert!(Assets::parse(r#"[{"symbol":"X","precision":9}]"#).is_err());
-        assert!(Assets::parse(r#"[{"symbol":"X","precision":2},{"symbol":"X","precision":2}]"#).is_err());
+        assert!(
+            Assets::parse(r#"[{"symbol":"X","precision":2},{"symbol":"X","precision":2}]"#)
+                .is_err()
+        );
         assert!(Assets::parse(r#"[{"symbol":"","precision":2}]"#).is_err());
         assert!(Assets::parse(r#"{"symbol":"X","precision":2}"#).is_err());
         let ok = Assets::parse(r#"[{"symbol":"JPY","precision":0,"status":"ACTIVE"}]"#).unwrap();

@@ -11,8 +11,9 @@ use rust_decimal::Decimal;
 
 use crate::assets::{Assets, MAX_PRECISION};
 use crate::protocol::{
-    AccountStatus, BalanceEntry, JournalRecord, LookupOp, MovementOp, MovementRecord, MovementRequest, Outcome,
-    RefusalCode, Request, Response, StatusRecord, TotalEntry, MAX_JOURNAL_LIMIT,
+    AccountStatus, BalanceEntry, JournalRecord, LookupOp, MovementOp, MovementRecord,
+    MovementRequest, Outcome, RefusalCode, Request, Response, StatusRecord, TotalEntry,
+    MAX_JOURNAL_LIMIT,
 };
 
 /// 10^20: no amount and no balance may exceed it.
@@ -33,7 +34,10 @@ pub struct Effect {
 
 impl Effect {
     fn reply(response: Response) -> Effect {
-        Effect { response, record: None }
+        Effect {
+            response,
+            record: None,
+        }
     }
 
     fn refuse(code: RefusalCode) -> Effect {
@@ -97,7 +101,11 @@ impl Engine {
             Request::Withdraw(m) => self.movement(MovementOp::Withdraw, m),
             Request::Deposit(m) => self.movement(MovementOp::Deposit, m),
             Request::Refund(m) => self.movement(MovementOp::Refund, m),
-            Request::SetStatus { user_id, asset, status } => self.set_status(*user_id, asset, *status),
+            Request::SetStatus {
+                user_id,
+                asset,
+                status,
+            } => self.set_status(*user_id, asset, *status),
             Request::Lookup { req_id } => self.lookup(req_id),
             Request::Balances { user_id } => Effect::reply(Response::Ok {
                 ops: None,
@@ -175,7 +183,12 @@ impl Engine {
     }
 
     /// Business rules: the new available balance, or the refusal to record.
-    fn decide(&self, op: MovementOp, m: &MovementRequest, amount: Decimal) -> Result<Decimal, RefusalCode> {
+    fn decide(
+        &self,
+        op: MovementOp,
+        m: &MovementRequest,
+        amount: Decimal,
+    ) -> Result<Decimal, RefusalCode> {
         let account = self.accounts.get(&(m.user_id, m.asset.clone()));
         match op {
             MovementOp::Withdraw => {
@@ -198,9 +211,14 @@ impl Engine {
             }
             MovementOp::Refund => {
                 // Status is ignored: a refund puts money back where it was taken from.
-                let matching = self.find_movement(&m.req_id, MovementOp::Withdraw).is_some_and(|w| {
-                    w.outcome == Outcome::Applied && w.user_id == m.user_id && w.asset == m.asset && w.amount == amount
-                });
+                let matching = self
+                    .find_movement(&m.req_id, MovementOp::Withdraw)
+                    .is_some_and(|w| {
+                        w.outcome == Outcome::Applied
+                            && w.user_id == m.user_id
+                            && w.asset == m.asset
+                            && w.amount == amount
+                    });
                 if !matching {
                     return Err(RefusalCode::NoMatchingWithdraw);
                 }
@@ -272,7 +290,8 @@ impl Engine {
 
     /// Per-asset sum of balances, listing every configured asset even at zero.
     pub fn totals(&self) -> Vec<TotalEntry> {
-        let mut all: BTreeMap<&str, Decimal> = self.assets.symbols().map(|s| (s, Decimal::ZERO)).collect();
+        let mut all: BTreeMap<&str, Decimal> =
+            self.assets.symbols().map(|s| (s, Decimal::ZERO)).collect();
         for (asset, sum) in &self.totals {
             all.insert(asset, *sum);
         }
@@ -285,7 +304,9 @@ impl Engine {
     }
 
     pub fn journal(&self, after_seq: u64, limit: u32) -> Vec<JournalRecord> {
-        let start = usize::try_from(after_seq).unwrap_or(usize::MAX).min(self.records.len());
+        let start = usize::try_from(after_seq)
+            .unwrap_or(usize::MAX)
+            .min(self.records.len());
         let limit = limit.min(MAX_JOURNAL_LIMIT) as usize;
         self.records[start..].iter().take(limit).cloned().collect()
     }
@@ -322,7 +343,8 @@ impl Engine {
                 if self.find_movement(&m.req_id, op).is_some() {
                     return fail(format!("second {} for req_id {}", op.as_str(), m.req_id));
                 }
-                if !valid_req_id(&m.req_id) || m.amount <= Decimal::ZERO || m.amount > max_amount() {
+                if !valid_req_id(&m.req_id) || m.amount <= Decimal::ZERO || m.amount > max_amount()
+                {
                     return fail("invalid req_id or amount".into());
                 }
                 match (m.outcome, m.code, m.balance) {
@@ -332,8 +354,12 @@ impl Engine {
                         let current = self.accounts.get(&key).map(|a| a.available);
                         let new = match (op, current) {
                             (MovementOp::Withdraw, Some(cur)) if cur >= m.amount => cur - m.amount,
-                            (MovementOp::Withdraw, _) => return fail("withdraw exceeds the balance".into()),
-                            (MovementOp::Refund, None) => return fail("refund into a missing account".into()),
+                            (MovementOp::Withdraw, _) => {
+                                return fail("withdraw exceeds the balance".into())
+                            }
+                            (MovementOp::Refund, None) => {
+                                return fail("refund into a missing account".into())
+                            }
                             (_, cur) => match credit(cur.unwrap_or(Decimal::ZERO), m.amount) {
                                 Ok(v) => v,
                                 Err(_) => return fail("credit exceeds 10^20".into()),
@@ -425,7 +451,9 @@ pub fn parse_amount(s: &str, precision: u32) -> Result<Decimal, RefusalCode> {
     if frac.len() > precision.min(MAX_PRECISION) as usize {
         return Err(RefusalCode::PrecisionOverflow);
     }
-    if int.len() > MAX_AMOUNT_INT.len() || (int.len() == MAX_AMOUNT_INT.len() && (int != MAX_AMOUNT_INT || !frac.is_empty())) {
+    if int.len() > MAX_AMOUNT_INT.len()
+        || (int.len() == MAX_AMOUNT_INT.len() && (int != MAX_AMOUNT_INT || !frac.is_empty()))
+    {
         return Err(RefusalCode::Overflow);
     }
     // At most 21 + 8 digits here, which fits an i128 and Decimal's 96-bit mantissa.
@@ -433,7 +461,8 @@ pub fn parse_amount(s: &str, precision: u32) -> Result<Decimal, RefusalCode> {
         .bytes()
         .chain(frac.bytes())
         .fold(0i128, |acc, b| acc * 10 + i128::from(b - b'0'));
-    Decimal::try_from_i128_with_scale(mantissa, frac.len() as u32).map_err(|_| RefusalCode::Overflow)
+    Decimal::try_from_i128_with_scale(mantissa, frac.len() as u32)
+        .map_err(|_| RefusalCode::Overflow)
 }
 
 #[cfg(test)]
@@ -518,7 +547,9 @@ mod tests {
         let rec = effect.record.expect("business refusals are recorded");
         let (_, m) = rec.as_movement().unwrap();
         assert_eq!((m.outcome, m.code), (Outcome::Refused, Some(expected)));
-        assert!(matches!(effect.response, Response::Refused { seq: Some(s), duplicate: false, .. } if s == m.seq));
+        assert!(
+            matches!(effect.response, Response::Refused { seq: Some(s), duplicate: false, .. } if s == m.seq)
+        );
         assert_eq!(e.accounts, balances_before);
     }
 
@@ -529,18 +560,37 @@ mod tests {
         assert_eq!(parse_amount("0.00000001", 8), Ok(d("0.00000001")));
         assert_eq!(parse_amount("1.000000000000", 2), Ok(d("1")));
         assert_eq!(parse_amount("100000000000000000000", 8), Ok(max_amount()));
-        assert_eq!(parse_amount("99999999999999999999.99999999", 8), Ok(d("99999999999999999999.99999999")));
+        assert_eq!(
+            parse_amount("99999999999999999999.99999999", 8),
+            Ok(d("99999999999999999999.99999999"))
+        );
         for bad in [
-            "", "0", "0.0", "00.5", "01", "-1", "+1", "1e5", "1E5", " 1", "1 ", "1.", ".5", "1.2.3", "abc", "1,5", "٣", "0x10",
-            "-0.5", "NaN", "inf",
+            "", "0", "0.0", "00.5", "01", "-1", "+1", "1e5", "1E5", " 1", "1 ", "1.", ".5",
+            "1.2.3", "abc", "1,5", "٣", "0x10", "-0.5", "NaN", "inf",
         ] {
-            assert_eq!(parse_amount(bad, 8), Err(RefusalCode::InvalidAmount), "{bad:?}");
+            assert_eq!(
+                parse_amount(bad, 8),
+                Err(RefusalCode::InvalidAmount),
+                "{bad:?}"
+            );
         }
-        assert_eq!(parse_amount("0.000000001", 8), Err(RefusalCode::PrecisionOverflow));
+        assert_eq!(
+            parse_amount("0.000000001", 8),
+            Err(RefusalCode::PrecisionOverflow)
+        );
         assert_eq!(parse_amount("1.5", 0), Err(RefusalCode::PrecisionOverflow));
-        assert_eq!(parse_amount("100000000000000000000.00000001", 8), Err(RefusalCode::Overflow));
-        assert_eq!(parse_amount("100000000000000000001", 8), Err(RefusalCode::Overflow));
-        assert_eq!(parse_amount("999999999999999999999999999999999999", 8), Err(RefusalCode::Overflow));
+        assert_eq!(
+            parse_amount("100000000000000000000.00000001", 8),
+            Err(RefusalCode::Overflow)
+        );
+        assert_eq!(
+            parse_amount("100000000000000000001", 8),
+            Err(RefusalCode::Overflow)
+        );
+        assert_eq!(
+            parse_amount("999999999999999999999999999999999999", 8),
+            Err(RefusalCode::Overflow)
+        );
     }
 
     #[test]
@@ -549,32 +599,107 @@ mod tests {
         deposit(&mut e, "seed", 1, "USDT", "100");
         let w = MovementOp::Withdraw;
         assert_unrecorded(&mut e, mv(w, "", 1, "USDT", "1"), RefusalCode::InvalidReqId);
-        assert_unrecorded(&mut e, mv(w, &"a".repeat(65), 1, "USDT", "1"), RefusalCode::InvalidReqId);
-        assert_unrecorded(&mut e, mv(w, "bad id", 1, "USDT", "1"), RefusalCode::InvalidReqId);
-        assert_unrecorded(&mut e, mv(w, "é", 1, "USDT", "1"), RefusalCode::InvalidReqId);
-        assert_unrecorded(&mut e, mv(w, "r1", 0, "USDT", "1"), RefusalCode::InvalidUserId);
-        assert_unrecorded(&mut e, mv(w, "r1", i64::MAX as u64 + 1, "USDT", "1"), RefusalCode::InvalidUserId);
-        assert_unrecorded(&mut e, mv(w, "r1", 1, "DOGE", "1"), RefusalCode::InvalidAsset);
-        assert_unrecorded(&mut e, mv(w, "r1", 1, "usdt", "1"), RefusalCode::InvalidAsset);
-        assert_unrecorded(&mut e, mv(w, "r1", 1, "USDT", "-1"), RefusalCode::InvalidAmount);
-        assert_unrecorded(&mut e, mv(w, "r1", 1, "USDT", "0"), RefusalCode::InvalidAmount);
-        assert_unrecorded(&mut e, mv(w, "r1", 1, "USDT", "1e2"), RefusalCode::InvalidAmount);
-        assert_unrecorded(&mut e, mv(w, "r1", 1, "USDT", "0.123456789"), RefusalCode::PrecisionOverflow);
-        assert_unrecorded(&mut e, mv(w, "r1", 1, "USDT", "100000000000000000001"), RefusalCode::Overflow);
-        assert_unrecorded(&mut e, mv(MovementOp::Deposit, "r1", 1, "USDT", "100000000000000000001"), RefusalCode::Overflow);
         assert_unrecorded(
             &mut e,
-            Request::SetStatus { user_id: 0, asset: "USDT".into(), status: AccountStatus::Frozen },
+            mv(w, &"a".repeat(65), 1, "USDT", "1"),
+            RefusalCode::InvalidReqId,
+        );
+        assert_unrecorded(
+            &mut e,
+            mv(w, "bad id", 1, "USDT", "1"),
+            RefusalCode::InvalidReqId,
+        );
+        assert_unrecorded(
+            &mut e,
+            mv(w, "é", 1, "USDT", "1"),
+            RefusalCode::InvalidReqId,
+        );
+        assert_unrecorded(
+            &mut e,
+            mv(w, "r1", 0, "USDT", "1"),
             RefusalCode::InvalidUserId,
         );
         assert_unrecorded(
             &mut e,
-            Request::SetStatus { user_id: 1, asset: "DOGE".into(), status: AccountStatus::Frozen },
+            mv(w, "r1", i64::MAX as u64 + 1, "USDT", "1"),
+            RefusalCode::InvalidUserId,
+        );
+        assert_unrecorded(
+            &mut e,
+            mv(w, "r1", 1, "DOGE", "1"),
             RefusalCode::InvalidAsset,
         );
-        assert_unrecorded(&mut e, Request::Lookup { req_id: "no good".into() }, RefusalCode::InvalidReqId);
+        assert_unrecorded(
+            &mut e,
+            mv(w, "r1", 1, "usdt", "1"),
+            RefusalCode::InvalidAsset,
+        );
+        assert_unrecorded(
+            &mut e,
+            mv(w, "r1", 1, "USDT", "-1"),
+            RefusalCode::InvalidAmount,
+        );
+        assert_unrecorded(
+            &mut e,
+            mv(w, "r1", 1, "USDT", "0"),
+            RefusalCode::InvalidAmount,
+        );
+        assert_unrecorded(
+            &mut e,
+            mv(w, "r1", 1, "USDT", "1e2"),
+            RefusalCode::InvalidAmount,
+        );
+        assert_unrecorded(
+            &mut e,
+            mv(w, "r1", 1, "USDT", "0.123456789"),
+            RefusalCode::PrecisionOverflow,
+        );
+        assert_unrecorded(
+            &mut e,
+            mv(w, "r1", 1, "USDT", "100000000000000000001"),
+            RefusalCode::Overflow,
+        );
+        assert_unrecorded(
+            &mut e,
+            mv(
+                MovementOp::Deposit,
+                "r1",
+                1,
+                "USDT",
+                "100000000000000000001",
+            ),
+            RefusalCode::Overflow,
+        );
+        assert_unrecorded(
+            &mut e,
+            Request::SetStatus {
+                user_id: 0,
+                asset: "USDT".into(),
+                status: AccountStatus::Frozen,
+            },
+            RefusalCode::InvalidUserId,
+        );
+        assert_unrecorded(
+            &mut e,
+            Request::SetStatus {
+                user_id: 1,
+                asset: "DOGE".into(),
+                status: AccountStatus::Frozen,
+            },
+            RefusalCode::InvalidAsset,
+        );
+        assert_unrecorded(
+            &mut e,
+            Request::Lookup {
+                req_id: "no good".into(),
+            },
+            RefusalCode::InvalidReqId,
+        );
         // The req_id stays free after a validation refusal.
-        assert_eq!(applied_balance(&withdraw(&mut e, "r1", 1, "USDT", "1")), d("99"));
+        assert_eq!(
+            applied_balance(&withdraw(&mut e, "r1", 1, "USDT", "1")),
+            d("99")
+        );
     }
 
     #[test]
@@ -582,11 +707,22 @@ mod tests {
         let mut e = engine();
         assert_eq!(e.balances(5), vec![]);
         let eff = deposit(&mut e, "d1", 5, "BTC", "1.25");
-        assert_eq!(eff.response, Response::Applied { balance: d("1.25"), duplicate: false, seq: 1 });
+        assert_eq!(
+            eff.response,
+            Response::Applied {
+                balance: d("1.25"),
+                duplicate: false,
+                seq: 1
+            }
+        );
         assert!(matches!(eff.record, Some(JournalRecord::Deposit(_))));
         assert_eq!(
             e.balances(5),
-            vec![BalanceEntry { asset: "BTC".into(), available: d("1.25"), status: AccountStatus::Active }]
+            vec![BalanceEntry {
+                asset: "BTC".into(),
+                available: d("1.25"),
+                status: AccountStatus::Active
+            }]
         );
     }
 
@@ -603,7 +739,11 @@ mod tests {
         set_status(&mut e, 1, "USDT", AccountStatus::Disabled);
         assert_recorded_refusal(&mut e, w("w3", "100"), RefusalCode::AccountDisabled);
         set_status(&mut e, 1, "USDT", AccountStatus::Active);
-        assert_recorded_refusal(&mut e, w("w4", "10.00000001"), RefusalCode::InsufficientBalance);
+        assert_recorded_refusal(
+            &mut e,
+            w("w4", "10.00000001"),
+            RefusalCode::InsufficientBalance,
+        );
         assert_eq!(applied_balance(&e.apply(&w("w5", "10"))), Decimal::ZERO);
         assert_eq!(balance(&e, 1, "USDT"), Some(Decimal::ZERO));
     }
@@ -612,23 +752,47 @@ mod tests {
     fn deposit_status_rules() {
         let mut e = engine();
         set_status(&mut e, 2, "ETH", AccountStatus::Frozen);
-        assert_eq!(e.account(2, "ETH"), Some((Decimal::ZERO, AccountStatus::Frozen)));
+        assert_eq!(
+            e.account(2, "ETH"),
+            Some((Decimal::ZERO, AccountStatus::Frozen))
+        );
         // A frozen account may still receive.
-        assert_eq!(applied_balance(&deposit(&mut e, "d1", 2, "ETH", "3")), d("3"));
+        assert_eq!(
+            applied_balance(&deposit(&mut e, "d1", 2, "ETH", "3")),
+            d("3")
+        );
         set_status(&mut e, 2, "ETH", AccountStatus::Disabled);
-        assert_recorded_refusal(&mut e, mv(MovementOp::Deposit, "d2", 2, "ETH", "1"), RefusalCode::AccountDisabled);
+        assert_recorded_refusal(
+            &mut e,
+            mv(MovementOp::Deposit, "d2", 2, "ETH", "1"),
+            RefusalCode::AccountDisabled,
+        );
         assert_eq!(balance(&e, 2, "ETH"), Some(d("3")));
     }
 
     #[test]
     fn resulting_balance_overflow_is_a_recorded_refusal() {
         let mut e = engine();
-        assert_eq!(applied_balance(&deposit(&mut e, "d1", 3, "BTC", "100000000000000000000")), max_amount());
-        assert_recorded_refusal(&mut e, mv(MovementOp::Deposit, "d2", 3, "BTC", "0.00000001"), RefusalCode::Overflow);
+        assert_eq!(
+            applied_balance(&deposit(&mut e, "d1", 3, "BTC", "100000000000000000000")),
+            max_amount()
+        );
+        assert_recorded_refusal(
+            &mut e,
+            mv(MovementOp::Deposit, "d2", 3, "BTC", "0.00000001"),
+            RefusalCode::Overflow,
+        );
         withdraw(&mut e, "w1", 3, "BTC", "1");
         // The recorded refusal sticks even though the deposit would fit now.
         let again = deposit(&mut e, "d2", 3, "BTC", "0.00000001");
-        assert!(matches!(again.response, Response::Refused { code: RefusalCode::Overflow, duplicate: true, .. }));
+        assert!(matches!(
+            again.response,
+            Response::Refused {
+                code: RefusalCode::Overflow,
+                duplicate: true,
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -636,13 +800,27 @@ mod tests {
         let mut e = engine();
         deposit(&mut e, "d1", 1, "USDT", "100");
         let first = withdraw(&mut e, "t1", 1, "USDT", "30");
-        assert_eq!(first.response, Response::Applied { balance: d("70"), duplicate: false, seq: 2 });
+        assert_eq!(
+            first.response,
+            Response::Applied {
+                balance: d("70"),
+                duplicate: false,
+                seq: 2
+            }
+        );
         withdraw(&mut e, "t2", 1, "USDT", "5");
         let before = e.clone();
         // Same request, and an equal amount spelled differently.
         for amount in ["30", "30.000"] {
             let dup = withdraw(&mut e, "t1", 1, "USDT", amount);
-            assert_eq!(dup.response, Response::Applied { balance: d("70"), duplicate: true, seq: 2 });
+            assert_eq!(
+                dup.response,
+                Response::Applied {
+                    balance: d("70"),
+                    duplicate: true,
+                    seq: 2
+                }
+            );
             assert!(dup.record.is_none());
         }
         assert_eq!(e, before);
@@ -654,8 +832,21 @@ mod tests {
         let mut e = engine();
         let first = deposit(&mut e, "d1", 1, "ETH", "2.5");
         let dup = deposit(&mut e, "d1", 1, "ETH", "2.5");
-        assert_eq!(dup.response, Response::Applied { balance: d("2.5"), duplicate: true, seq: 1 });
-        assert!(matches!(first.response, Response::Applied { duplicate: false, .. }));
+        assert_eq!(
+            dup.response,
+            Response::Applied {
+                balance: d("2.5"),
+                duplicate: true,
+                seq: 1
+            }
+        );
+        assert!(matches!(
+            first.response,
+            Response::Applied {
+                duplicate: false,
+                ..
+            }
+        ));
         assert_eq!(balance(&e, 1, "ETH"), Some(d("2.5")));
         assert_eq!(e.last_seq(), 1);
     }
@@ -668,7 +859,10 @@ mod tests {
         assert_eq!(code(&first), Some(RefusalCode::InsufficientBalance));
         deposit(&mut e, "d2", 1, "USDT", "100");
         let dup = withdraw(&mut e, "w1", 1, "USDT", "10");
-        assert_eq!(dup.response, Response::refused(RefusalCode::InsufficientBalance, true, Some(2)));
+        assert_eq!(
+            dup.response,
+            Response::refused(RefusalCode::InsufficientBalance, true, Some(2))
+        );
         assert!(dup.record.is_none());
         assert_eq!(balance(&e, 1, "USDT"), Some(d("105")));
     }
@@ -679,14 +873,37 @@ mod tests {
         deposit(&mut e, "d0", 1, "USDT", "100");
         withdraw(&mut e, "t1", 1, "USDT", "10");
         let w = MovementOp::Withdraw;
-        assert_unrecorded(&mut e, mv(w, "t1", 1, "USDT", "11"), RefusalCode::ReqIdConflict);
-        assert_unrecorded(&mut e, mv(w, "t1", 2, "USDT", "10"), RefusalCode::ReqIdConflict);
-        assert_unrecorded(&mut e, mv(w, "t1", 1, "BTC", "10"), RefusalCode::ReqIdConflict);
-        assert_unrecorded(&mut e, mv(w, "t1", 1, "USDT", "1e1"), RefusalCode::ReqIdConflict);
-        assert_unrecorded(&mut e, mv(MovementOp::Deposit, "d0", 2, "USDT", "100"), RefusalCode::ReqIdConflict);
+        assert_unrecorded(
+            &mut e,
+            mv(w, "t1", 1, "USDT", "11"),
+            RefusalCode::ReqIdConflict,
+        );
+        assert_unrecorded(
+            &mut e,
+            mv(w, "t1", 2, "USDT", "10"),
+            RefusalCode::ReqIdConflict,
+        );
+        assert_unrecorded(
+            &mut e,
+            mv(w, "t1", 1, "BTC", "10"),
+            RefusalCode::ReqIdConflict,
+        );
+        assert_unrecorded(
+            &mut e,
+            mv(w, "t1", 1, "USDT", "1e1"),
+            RefusalCode::ReqIdConflict,
+        );
+        assert_unrecorded(
+            &mut e,
+            mv(MovementOp::Deposit, "d0", 2, "USDT", "100"),
+            RefusalCode::ReqIdConflict,
+        );
         assert_eq!(e.account(2, "USDT"), None);
         // Another op with the same req_id is a different key.
-        assert!(matches!(refund(&mut e, "t1", 1, "USDT", "10").response, Response::Applied { .. }));
+        assert!(matches!(
+            refund(&mut e, "t1", 1, "USDT", "10").response,
+            Response::Applied { .. }
+        ));
     }
 
     #[test]
@@ -694,27 +911,63 @@ mod tests {
         let mut e = engine();
         deposit(&mut e, "d1", 1, "USDT", "100");
         // No withdraw at all.
-        assert_recorded_refusal(&mut e, mv(MovementOp::Refund, "x1", 1, "USDT", "1"), RefusalCode::NoMatchingWithdraw);
+        assert_recorded_refusal(
+            &mut e,
+            mv(MovementOp::Refund, "x1", 1, "USDT", "1"),
+            RefusalCode::NoMatchingWithdraw,
+        );
         // A refused withdraw cannot be refunded.
         withdraw(&mut e, "big", 1, "USDT", "1000");
-        assert_recorded_refusal(&mut e, mv(MovementOp::Refund, "big", 1, "USDT", "1000"), RefusalCode::NoMatchingWithdraw);
+        assert_recorded_refusal(
+            &mut e,
+            mv(MovementOp::Refund, "big", 1, "USDT", "1000"),
+            RefusalCode::NoMatchingWithdraw,
+        );
         // Mismatched user, asset or amount.
         withdraw(&mut e, "t1", 1, "USDT", "40");
-        assert_recorded_refusal(&mut e, mv(MovementOp::Refund, "t2", 1, "USDT", "40"), RefusalCode::NoMatchingWithdraw);
+        assert_recorded_refusal(
+            &mut e,
+            mv(MovementOp::Refund, "t2", 1, "USDT", "40"),
+            RefusalCode::NoMatchingWithdraw,
+        );
         let mut probe = e.clone();
-        assert_recorded_refusal(&mut probe, mv(MovementOp::Refund, "t1", 1, "USDT", "39"), RefusalCode::NoMatchingWithdraw);
+        assert_recorded_refusal(
+            &mut probe,
+            mv(MovementOp::Refund, "t1", 1, "USDT", "39"),
+            RefusalCode::NoMatchingWithdraw,
+        );
         let mut probe = e.clone();
-        assert_recorded_refusal(&mut probe, mv(MovementOp::Refund, "t1", 2, "USDT", "40"), RefusalCode::NoMatchingWithdraw);
+        assert_recorded_refusal(
+            &mut probe,
+            mv(MovementOp::Refund, "t1", 2, "USDT", "40"),
+            RefusalCode::NoMatchingWithdraw,
+        );
         let mut probe = e.clone();
-        assert_recorded_refusal(&mut probe, mv(MovementOp::Refund, "t1", 1, "BTC", "40"), RefusalCode::NoMatchingWithdraw);
+        assert_recorded_refusal(
+            &mut probe,
+            mv(MovementOp::Refund, "t1", 1, "BTC", "40"),
+            RefusalCode::NoMatchingWithdraw,
+        );
         // A refund ignores account status.
         set_status(&mut e, 1, "USDT", AccountStatus::Disabled);
         let r = refund(&mut e, "t1", 1, "USDT", "40");
-        assert!(matches!(r.response, Response::Applied { duplicate: false, .. }));
+        assert!(matches!(
+            r.response,
+            Response::Applied {
+                duplicate: false,
+                ..
+            }
+        ));
         assert_eq!(applied_balance(&r), d("100"));
         // And it is idempotent: the second refund gives nothing more back.
         let dup = refund(&mut e, "t1", 1, "USDT", "40");
-        assert!(matches!(dup.response, Response::Applied { duplicate: true, .. }));
+        assert!(matches!(
+            dup.response,
+            Response::Applied {
+                duplicate: true,
+                ..
+            }
+        ));
         assert_eq!(applied_balance(&dup), d("100"));
         assert_eq!(balance(&e, 1, "USDT"), Some(d("100")));
     }
@@ -726,17 +979,41 @@ mod tests {
         withdraw(&mut e, "t1", 7, "USDT", "10.5");
         refund(&mut e, "t1", 7, "USDT", "10.5");
         withdraw(&mut e, "t2", 7, "USDT", "999");
-        let Response::Ok { ops: Some(ops), .. } = e.apply(&Request::Lookup { req_id: "t1".into() }).response else {
+        let Response::Ok { ops: Some(ops), .. } = e
+            .apply(&Request::Lookup {
+                req_id: "t1".into(),
+            })
+            .response
+        else {
             panic!("lookup failed")
         };
         assert_eq!(ops.len(), 2);
-        assert_eq!((ops[0].op, ops[0].outcome, ops[0].seq, ops[0].amount), (MovementOp::Withdraw, Outcome::Applied, 2, d("10.5")));
-        assert_eq!((ops[1].op, ops[1].outcome, ops[1].seq), (MovementOp::Refund, Outcome::Applied, 3));
-        let Response::Ok { ops: Some(ops), .. } = e.apply(&Request::Lookup { req_id: "t2".into() }).response else {
+        assert_eq!(
+            (ops[0].op, ops[0].outcome, ops[0].seq, ops[0].amount),
+            (MovementOp::Withdraw, Outcome::Applied, 2, d("10.5"))
+        );
+        assert_eq!(
+            (ops[1].op, ops[1].outcome, ops[1].seq),
+            (MovementOp::Refund, Outcome::Applied, 3)
+        );
+        let Response::Ok { ops: Some(ops), .. } = e
+            .apply(&Request::Lookup {
+                req_id: "t2".into(),
+            })
+            .response
+        else {
             panic!("lookup failed")
         };
-        assert_eq!((ops[0].outcome, ops[0].code), (Outcome::Refused, Some(RefusalCode::InsufficientBalance)));
-        let Response::Ok { ops: Some(ops), .. } = e.apply(&Request::Lookup { req_id: "never".into() }).response else {
+        assert_eq!(
+            (ops[0].outcome, ops[0].code),
+            (Outcome::Refused, Some(RefusalCode::InsufficientBalance))
+        );
+        let Response::Ok { ops: Some(ops), .. } = e
+            .apply(&Request::Lookup {
+                req_id: "never".into(),
+            })
+            .response
+        else {
             panic!("lookup failed")
         };
         assert!(ops.is_empty());
@@ -756,18 +1033,40 @@ mod tests {
         assert_eq!(
             e.totals(),
             vec![
-                TotalEntry { asset: "BTC".into(), sum: d("2") },
-                TotalEntry { asset: "ETH".into(), sum: Decimal::ZERO },
-                TotalEntry { asset: "USDT".into(), sum: d("4") },
+                TotalEntry {
+                    asset: "BTC".into(),
+                    sum: d("2")
+                },
+                TotalEntry {
+                    asset: "ETH".into(),
+                    sum: Decimal::ZERO
+                },
+                TotalEntry {
+                    asset: "USDT".into(),
+                    sum: d("4")
+                },
             ]
         );
         let all = e.journal(0, 1000);
-        assert_eq!(all.iter().map(JournalRecord::seq).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5]);
-        assert_eq!(e.journal(3, 1).iter().map(JournalRecord::seq).collect::<Vec<_>>(), vec![4]);
+        assert_eq!(
+            all.iter().map(JournalRecord::seq).collect::<Vec<_>>(),
+            vec![1, 2, 3, 4, 5]
+        );
+        assert_eq!(
+            e.journal(3, 1)
+                .iter()
+                .map(JournalRecord::seq)
+                .collect::<Vec<_>>(),
+            vec![4]
+        );
         assert!(e.journal(5, 10).is_empty());
         assert!(e.journal(u64::MAX, 10).is_empty());
         for _ in 0..(MAX_JOURNAL_LIMIT + 10) {
-            e.apply(&Request::SetStatus { user_id: 9, asset: "BTC".into(), status: AccountStatus::Active });
+            e.apply(&Request::SetStatus {
+                user_id: 9,
+                asset: "BTC".into(),
+                status: AccountStatus::Active,
+            });
         }
         assert_eq!(e.journal(0, u32::MAX).len(), MAX_JOURNAL_LIMIT as usize);
     }
@@ -793,22 +1092,33 @@ mod tests {
         let rec = deposit(&mut e, "a", 1, "USDT", "10").record.unwrap();
         let mut fresh = engine();
         // Gap in seq.
-        let JournalRecord::Deposit(mut m) = rec.clone() else { unreachable!() };
+        let JournalRecord::Deposit(mut m) = rec.clone() else {
+            unreachable!()
+        };
         m.seq = 2;
-        assert!(fresh.apply_record(JournalRecord::Deposit(m.clone())).is_err());
+        assert!(fresh
+            .apply_record(JournalRecord::Deposit(m.clone()))
+            .is_err());
         // Wrong balance.
         m.seq = 1;
         m.balance = Some(d("11"));
         assert!(fresh.apply_record(JournalRecord::Deposit(m)).is_err());
         // Withdraw more than there is.
-        let JournalRecord::Deposit(m) = rec.clone() else { unreachable!() };
+        let JournalRecord::Deposit(m) = rec.clone() else {
+            unreachable!()
+        };
         assert!(fresh
-            .apply_record(JournalRecord::Withdraw(MovementRecord { balance: Some(d("-10")), ..m }))
+            .apply_record(JournalRecord::Withdraw(MovementRecord {
+                balance: Some(d("-10")),
+                ..m
+            }))
             .is_err());
         assert_eq!(fresh, engine());
         fresh.apply_record(rec.clone()).unwrap();
         // The same (req_id, op) twice.
-        let JournalRecord::Deposit(mut m) = rec else { unreachable!() };
+        let JournalRecord::Deposit(mut m) = rec else {
+            unreachable!()
+        };
         m.seq = 2;
         m.balance = Some(d("20"));
         assert!(fresh.apply_record(JournalRecord::Deposit(m)).is_err());

@@ -1,1 +1,161 @@
-//! spot-core
+//! spot-core: the SPOT account engine (RAM balances made durable by a checksummed WAL),
+//! served over TCP, plus the client and wire types other crates use to talk to it.
+
+pub mod assets;
+pub mod client;
+pub mod engine;
+pub mod protocol;
+pub mod server;
+pub mod wal;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+
+pub use client::{ClientError, SpotClient};
+pub use protocol::{Request, Response};
+
+use assets::Assets;
+use engine::Engine;
+use wal::{EngineHandle, FailPoints, Wal};
+
+/// Command line of the `spot-core` binary (and of anything embedding it).
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "spot-core",
+    about = "SPOT account engine: RAM balances, durable WAL, newline-delimited JSON over TCP"
+)]
+pub struct Args {
+    /// Address to listen on, e.g. 127.0.0.1:7400 (port 0 picks a free one).
+    #[arg(long)]
+    pub listen: String,
+    /// Directory holding wal.log (created if missing).
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    /// Asset config JSON (the format of config/assets.json); the built-in default when absent.
+    #[arg(long)]
+    pub assets: Option<PathBuf>,
+}
+
+/// A replayed engine with its listener bound, not yet serving.
+#[derive(Debug)]
+pub struct Bound {
+    pub local_addr: SocketAddr,
+    listener: TcpListener,
+    engine: EngineHandle,
+}
+
+impl Bound {
+    /// Serve until the process ends.
+    pub async fn serve(self) -> anyhow::Result<()> {
+        server::serve(self.listener, self.engine).await?;
+        Ok(())
+    }
+}
+
+/// Load the assets, replay the WAL, start the engine thread and bind the listener.
+pub async fn bind(args: &Args) -> anyhow::Result<Bound> {
+    let assets = match &args.assets {
+        Some(path) => Assets::load(path)?,
+        None => Assets::builtin(),
+    };
+    let data_dir = args.data_dir.clone();
+    let (engine, wal) = tokio::task::spawn_blocking(move || open_engine(assets, &data_dir))
+        .await
+        .context("replay task failed")??;
+    let fail = FailPoints::from_env();
+    if fail != FailPoints::default() {
+        tracing::warn!(?fail, "fail points enabled");
+    }
+    let (engine, _thread) =
+        wal::spawn_committer(engine, wal, fail).context("starting the engine thread")?;
+    let listener = TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let local_addr = listener.local_addr()?;
+    Ok(Bound {
+        local_addr,
+        listener,
+        engine,
+    })
+}
+
+/// Replay `<data_dir>/wal.log` into a fresh engine.
+pub fn open_engine(assets: Assets, data_dir: &Path) -> anyhow::Result<(Engine, Wal)> {
+    let mut engine = Engine::new(assets);
+    let (wal, report) = Wal::open(data_dir, |record| Ok(engine.apply_record(record)?))?;
+    tracing::info!(
+        path = %wal.path().display(),
+        records = report.records,
+        dropped_bytes = report.dropped_bytes,
+        last_seq = engine.last_seq(),
+        "WAL replayed"
+    );
+    Ok((engine, wal))
+}
+
+/// Run the engine until SIGINT/SIGTERM. Prints `spot-core listening on <addr>` to stdout once
+/// connections are accepted, so a parent that asked for port 0 can learn the port.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let bound = bind(&args).await?;
+    let addr = bound.local_addr;
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "spot-core listening on {addr}")?;
+        out.flush()?;
+    }
+    tracing::info!(%addr, data_dir = %args.data_dir.display(), "spot-core listening");
+    // Stopping abruptly is safe: every acknowledged change is already synced, and a request
+    // caught mid-batch was never acknowledged.
+    tokio::select! {
+        r = bound.serve() => r,
+        s = shutdown_signal() => {
+            s?;
+            tracing::info!("shutting down");
+            Ok(())
+        }
+    }
+}
+
+async fn shutdown_signal() -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r?,
+            _ = term.recv() => {}
+        }
+        Ok(())
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::signal::ctrl_c().await?;
+        Ok(())
+    }
+}
+
+/// Log to stderr (stdout carries the "listening on" line), filtered by RUST_LOG, default info.
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
+/// Everything `main` does: parse the command line, set up logging, run.
+pub fn main_entry() -> anyhow::Result<()> {
+    use clap::Parser;
+    let args = Args::parse();
+    init_tracing();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("building the tokio runtime")?
+        .block_on(run(args))
+}

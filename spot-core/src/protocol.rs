@@ -63,15 +63,30 @@ impl Request {
         }
     }
 
-    pub fn withdraw(req_id: impl Into<String>, user_id: u64, asset: impl Into<String>, amount: Decimal) -> Request {
+    pub fn withdraw(
+        req_id: impl Into<String>,
+        user_id: u64,
+        asset: impl Into<String>,
+        amount: Decimal,
+    ) -> Request {
         Request::movement(MovementOp::Withdraw, req_id, user_id, asset, amount)
     }
 
-    pub fn deposit(req_id: impl Into<String>, user_id: u64, asset: impl Into<String>, amount: Decimal) -> Request {
+    pub fn deposit(
+        req_id: impl Into<String>,
+        user_id: u64,
+        asset: impl Into<String>,
+        amount: Decimal,
+    ) -> Request {
         Request::movement(MovementOp::Deposit, req_id, user_id, asset, amount)
     }
 
-    pub fn refund(req_id: impl Into<String>, user_id: u64, asset: impl Into<String>, amount: Decimal) -> Request {
+    pub fn refund(
+        req_id: impl Into<String>,
+        user_id: u64,
+        asset: impl Into<String>,
+        amount: Decimal,
+    ) -> Request {
         Request::movement(MovementOp::Refund, req_id, user_id, asset, amount)
     }
 
@@ -100,7 +115,12 @@ pub struct MovementRequest {
 }
 
 impl MovementRequest {
-    pub fn new(req_id: impl Into<String>, user_id: u64, asset: impl Into<String>, amount: Decimal) -> Self {
+    pub fn new(
+        req_id: impl Into<String>,
+        user_id: u64,
+        asset: impl Into<String>,
+        amount: Decimal,
+    ) -> Self {
         MovementRequest {
             req_id: req_id.into(),
             user_id,
@@ -196,14 +216,20 @@ impl RefusalCode {
             RefusalCode::InvalidUserId => "user_id must be between 1 and 9223372036854775807",
             RefusalCode::InvalidAsset => "asset is not configured",
             RefusalCode::InvalidAmount => "amount must be a positive plain decimal string",
-            RefusalCode::PrecisionOverflow => "amount has more fractional digits than the asset allows",
+            RefusalCode::PrecisionOverflow => {
+                "amount has more fractional digits than the asset allows"
+            }
             RefusalCode::Overflow => "amount or resulting balance exceeds 10^20",
-            RefusalCode::ReqIdConflict => "req_id was already used for this op with different parameters",
+            RefusalCode::ReqIdConflict => {
+                "req_id was already used for this op with different parameters"
+            }
             RefusalCode::SourceAccountNotFound => "no spot account for this user and asset",
             RefusalCode::AccountFrozen => "account is frozen",
             RefusalCode::AccountDisabled => "account is disabled",
             RefusalCode::InsufficientBalance => "insufficient available balance",
-            RefusalCode::NoMatchingWithdraw => "no applied withdraw with this req_id, user, asset and amount",
+            RefusalCode::NoMatchingWithdraw => {
+                "no applied withdraw with this req_id, user, asset and amount"
+            }
         }
     }
 }
@@ -321,7 +347,9 @@ pub enum JournalRecord {
 impl JournalRecord {
     pub fn seq(&self) -> u64 {
         match self {
-            JournalRecord::Withdraw(m) | JournalRecord::Deposit(m) | JournalRecord::Refund(m) => m.seq,
+            JournalRecord::Withdraw(m) | JournalRecord::Deposit(m) | JournalRecord::Refund(m) => {
+                m.seq
+            }
             JournalRecord::SetStatus(s) => s.seq,
         }
     }
@@ -381,17 +409,34 @@ mod tests {
 
     #[test]
     fn requests_parse_from_the_documented_shapes() {
-        let r = parse(r#"{"op":"withdraw","req_id":"a-1","user_id":7,"asset":"USDT","amount":"10.5"}"#).unwrap();
-        assert_eq!(r, Request::Withdraw(MovementRequest::new("a-1", 7, "USDT", Decimal::from_str("10.5").unwrap())));
+        let r =
+            parse(r#"{"op":"withdraw","req_id":"a-1","user_id":7,"asset":"USDT","amount":"10.5"}"#)
+                .unwrap();
+        assert_eq!(
+            r,
+            Request::Withdraw(MovementRequest::new(
+                "a-1",
+                7,
+                "USDT",
+                Decimal::from_str("10.5").unwrap()
+            ))
+        );
         assert_eq!(parse(r#"{"op":"ping"}"#).unwrap(), Request::Ping {});
         assert_eq!(parse(r#"{"op":"totals"}"#).unwrap(), Request::Totals {});
         assert_eq!(
             parse(r#"{"op":"journal"}"#).unwrap(),
-            Request::Journal { after_seq: 0, limit: DEFAULT_JOURNAL_LIMIT }
+            Request::Journal {
+                after_seq: 0,
+                limit: DEFAULT_JOURNAL_LIMIT
+            }
         );
         assert_eq!(
             parse(r#"{"op":"set_status","user_id":1,"asset":"BTC","status":"FROZEN"}"#).unwrap(),
-            Request::SetStatus { user_id: 1, asset: "BTC".into(), status: AccountStatus::Frozen }
+            Request::SetStatus {
+                user_id: 1,
+                asset: "BTC".into(),
+                status: AccountStatus::Frozen
+            }
         );
     }
 
@@ -401,24 +446,40 @@ mod tests {
         assert!(parse(r#"{"op":"ping","x":1}"#).is_err());
         assert!(parse(r#"{"op":"totals","x":1}"#).is_err());
         assert!(parse(r#"{"op":"lookup","req_id":"a","x":1}"#).is_err());
-        assert!(parse(r#"{"op":"deposit","req_id":"a","user_id":1,"asset":"BTC","amount":"1","x":1}"#).is_err());
+        assert!(parse(
+            r#"{"op":"deposit","req_id":"a","user_id":1,"asset":"BTC","amount":"1","x":1}"#
+        )
+        .is_err());
         assert!(parse(r#"{"op":"deposit","req_id":"a","user_id":1,"asset":"BTC"}"#).is_err());
         // A float on the wire is not money.
-        assert!(parse(r#"{"op":"deposit","req_id":"a","user_id":1,"asset":"BTC","amount":1.5}"#).is_err());
+        assert!(
+            parse(r#"{"op":"deposit","req_id":"a","user_id":1,"asset":"BTC","amount":1.5}"#)
+                .is_err()
+        );
         assert!(parse(r#"{"op":"balances","user_id":-1}"#).is_err());
     }
 
     #[test]
     fn responses_use_strings_for_amounts() {
-        let r = Response::Applied { balance: Decimal::from_str("10.5").unwrap(), duplicate: false, seq: 3 };
+        let r = Response::Applied {
+            balance: Decimal::from_str("10.5").unwrap(),
+            duplicate: false,
+            seq: 3,
+        };
         assert_eq!(
             serde_json::to_string(&r).unwrap(),
             r#"{"status":"applied","balance":"10.5","duplicate":false,"seq":3}"#
         );
-        assert_eq!(serde_json::to_string(&Response::ok()).unwrap(), r#"{"status":"ok"}"#);
+        assert_eq!(
+            serde_json::to_string(&Response::ok()).unwrap(),
+            r#"{"status":"ok"}"#
+        );
         let refused = Response::refused(RefusalCode::InsufficientBalance, true, None);
         let text = serde_json::to_string(&refused).unwrap();
-        assert!(text.starts_with(r#"{"status":"refused","code":"INSUFFICIENT_BALANCE","#), "{text}");
+        assert!(
+            text.starts_with(r#"{"status":"refused","code":"INSUFFICIENT_BALANCE","#),
+            "{text}"
+        );
         assert_eq!(serde_json::from_str::<Response>(&text).unwrap(), refused);
     }
 
@@ -441,8 +502,14 @@ mod tests {
 
     #[test]
     fn canonical_amount_drops_trailing_zeros() {
-        assert_eq!(canonical_amount(Decimal::from_str("10.500").unwrap()), "10.5");
+        assert_eq!(
+            canonical_amount(Decimal::from_str("10.500").unwrap()),
+            "10.5"
+        );
         assert_eq!(canonical_amount(Decimal::from_str("100").unwrap()), "100");
-        assert_eq!(canonical_amount(Decimal::from_str("0.00000001").unwrap()), "0.00000001");
+        assert_eq!(
+            canonical_amount(Decimal::from_str("0.00000001").unwrap()),
+            "0.00000001"
+        );
     }
 }

@@ -1,0 +1,222 @@
+//! Async client for spot-core, used by the coordinator's adapter.
+//!
+//! Its errors separate "never sent" (`Connect`) from "sent, outcome unknown" (`Timeout`,
+//! `Io`, `Protocol`): only the first proves nothing happened; for the others the caller
+//! must retry the same req_id or ask `lookup`.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::time::{timeout_at, Instant};
+
+use crate::protocol::{Request, Response};
+
+/// Idle connections kept for reuse; more concurrent calls simply open more connections.
+pub const MAX_IDLE_CONNECTIONS: usize = 32;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientError {
+    /// The deadline passed after the request may have been sent; outcome unknown.
+    #[error("spot-core did not answer before the deadline; outcome unknown")]
+    Timeout,
+    /// No connection could be made; the request was never sent.
+    #[error("could not connect to spot-core: {0}")]
+    Connect(String),
+    /// The connection broke after the request may have been sent; outcome unknown.
+    #[error("connection to spot-core failed: {0}; outcome unknown")]
+    Io(String),
+    /// The answer could not be understood; outcome unknown.
+    #[error("unintelligible answer from spot-core: {0}")]
+    Protocol(String),
+}
+
+impl ClientError {
+    /// True unless the request provably never reached spot-core.
+    pub fn outcome_unknown(&self) -> bool {
+        !matches!(self, ClientError::Connect(_))
+    }
+}
+
+#[derive(Debug)]
+struct Conn {
+    stream: BufReader<TcpStream>,
+}
+
+impl Conn {
+    async fn connect(addr: &str) -> Result<Conn, ClientError> {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| ClientError::Connect(e.to_string()))?;
+        stream
+            .set_nodelay(true)
+            .map_err(|e| ClientError::Connect(e.to_string()))?;
+        Ok(Conn {
+            stream: BufReader::new(stream),
+        })
+    }
+
+    /// Whether an idle pooled connection still looks usable. A server restart closes idle
+    /// connections; noticing that before sending avoids turning a harmless reconnect into an
+    /// "outcome unknown" error.
+    fn looks_alive(&self) -> bool {
+        if !self.stream.buffer().is_empty() {
+            return false;
+        }
+        let mut probe = [0u8; 1];
+        matches!(self.stream.get_ref().try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+
+    async fn exchange(&mut self, line: &[u8]) -> Result<Response, ClientError> {
+        let io = |e: std::io::Error| ClientError::Io(e.to_string());
+        self.stream.get_mut().write_all(line).await.map_err(io)?;
+        let mut answer = Vec::with_capacity(256);
+        self.stream
+            .read_until(b'\n', &mut answer)
+            .await
+            .map_err(io)?;
+        if answer.last() != Some(&b'\n') {
+            return Err(ClientError::Io(
+                "connection closed before a complete answer".into(),
+            ));
+        }
+        serde_json::from_slice(&answer).map_err(|e| ClientError::Protocol(e.to_string()))
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    addr: String,
+    timeout: Duration,
+    idle: Mutex<Vec<Conn>>,
+}
+
+/// Cheap to clone; clones share one connection pool.
+#[derive(Debug, Clone)]
+pub struct SpotClient {
+    inner: Arc<Inner>,
+}
+
+impl SpotClient {
+    /// `timeout` bounds each `call` from start to answer, connecting included.
+    pub fn new(addr: String, timeout: Duration) -> SpotClient {
+        SpotClient {
+            inner: Arc::new(Inner {
+                addr,
+                timeout,
+                idle: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.inner.addr
+    }
+
+    /// Send one request and wait for its answer.
+    pub async fn call(&self, req: &Request) -> Result<Response, ClientError> {
+        let deadline = Instant::now() + self.inner.timeout;
+        let mut line = serde_json::to_vec(req).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        line.push(b'\n');
+        let mut conn = match self.take_idle() {
+            Some(c) => c,
+            None => match timeout_at(deadline, Conn::connect(&self.inner.addr)).await {
+                Ok(c) => c?,
+                Err(_) => return Err(ClientError::Connect("timed out while connecting".into())),
+            },
+        };
+        // On any error the connection is dropped here: it may still carry a late answer
+        // that would be mistaken for the answer to the next request.
+        let response = match timeout_at(deadline, conn.exchange(&line)).await {
+            Ok(r) => r?,
+            Err(_) => return Err(ClientError::Timeout),
+        };
+        self.put_idle(conn);
+        Ok(response)
+    }
+
+    fn take_idle(&self) -> Option<Conn> {
+        let mut idle = self.inner.idle.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some(conn) = idle.pop() {
+            if conn.looks_alive() {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    fn put_idle(&self, conn: Conn) {
+        let mut idle = self.inner.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < MAX_IDLE_CONNECTIONS {
+            idle.push(conn);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    #[tokio::test]
+    async fn refused_connection_is_a_connect_error() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        drop(listener);
+        let client = SpotClient::new(addr, Duration::from_secs(5));
+        let err = client.call(&Request::Ping {}).await.unwrap_err();
+        assert!(matches!(err, ClientError::Connect(_)), "{err:?}");
+        assert!(!err.outcome_unknown());
+    }
+
+    #[tokio::test]
+    async fn silent_server_is_a_timeout_and_the_connection_is_not_reused() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (accepted_tx, mut accepted_rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            loop {
+                let (s, _) = listener.accept().await.unwrap();
+                accepted_tx.send(s).unwrap();
+            }
+        });
+        let client = SpotClient::new(addr, Duration::from_millis(200));
+        let err = client.call(&Request::Ping {}).await.unwrap_err();
+        assert_eq!(err, ClientError::Timeout);
+        assert!(err.outcome_unknown());
+        let first = accepted_rx.recv().await.unwrap();
+        // The second call must open a new connection rather than reuse the timed-out one.
+        let err = client.call(&Request::Ping {}).await.unwrap_err();
+        assert_eq!(err, ClientError::Timeout);
+        let second = accepted_rx.recv().await.unwrap();
+        assert_ne!(first.peer_addr().unwrap(), second.peer_addr().unwrap());
+    }
+
+    #[tokio::test]
+    async fn garbage_and_hangups_are_reported_as_unknown_outcomes() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            // First connection answers garbage, second hangs up after reading the request.
+            let (s, _) = listener.accept().await.unwrap();
+            let mut s = BufReader::new(s);
+            let mut req = Vec::new();
+            s.read_until(b'\n', &mut req).await.unwrap();
+            s.get_mut()
+                .write_all(b"{\"status\":\"what\"}\n")
+                .await
+                .unwrap();
+            let (s, _) = listener.accept().await.unwrap();
+            let mut s = BufReader::new(s);
+            let mut req = Vec::new();
+            s.read_until(b'\n', &mut req).await.unwrap();
+            drop(s);
+        });
+        let client = SpotClient::new(addr, Duration::from_secs(5));
+        let err = client.call(&Request::Ping {}).await.unwrap_err();
+        assert!(matches!(err, ClientError::Protocol(_)), "{err:?}");
+        let err = client.call(&Request::Ping {}).await.unwrap_err();
+        assert!(matches!(err, ClientError::Io(_)), "{err:?}");
+    }
+}

@@ -1,0 +1,197 @@
+//! TCP front end: newline-delimited JSON, pipelined, answered in request order.
+//!
+//! Each connection has a reader task that parses lines and queues them to the engine thread,
+//! and a writer that awaits the answers in the order the requests arrived.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::protocol::{Request, Response, MAX_LINE_BYTES};
+use crate::wal::EngineHandle;
+
+/// Requests a single connection may have in flight before its reader stops reading, so a
+/// client that never reads its answers cannot make the server buffer without bound.
+const MAX_IN_FLIGHT_PER_CONN: usize = 1024;
+
+enum Pending {
+    Ready(Response),
+    Waiting(oneshot::Receiver<Response>),
+}
+
+/// Accept connections forever.
+pub async fn serve(listener: TcpListener, engine: EngineHandle) -> std::io::Result<()> {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                tracing::debug!(%peer, "connection accepted");
+                let engine = engine.clone();
+                tokio::spawn(async move {
+                    handle_connection(stream, engine).await;
+                    tracing::debug!(%peer, "connection closed");
+                });
+            }
+            Err(e) => {
+                // Typically EMFILE: back off instead of spinning, the listener stays valid.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn handle_connection(stream: TcpStream, engine: EngineHandle) {
+    let _ = stream.set_nodelay(true);
+    let (rd, wr) = stream.into_split();
+    let (queue_tx, queue_rx) = mpsc::channel(MAX_IN_FLIGHT_PER_CONN);
+    let writer = tokio::spawn(write_loop(wr, queue_rx));
+    read_loop(rd, engine, queue_tx).await;
+    let _ = writer.await;
+}
+
+async fn read_loop(rd: OwnedReadHalf, engine: EngineHandle, queue: mpsc::Sender<Pending>) {
+    let mut reader = BufReader::with_capacity(64 * 1024, rd);
+    let mut line = Vec::with_capacity(1024);
+    loop {
+        line.clear();
+        match read_line_limited(&mut reader, &mut line, MAX_LINE_BYTES).await {
+            Ok(LineRead::Line) => {}
+            Ok(LineRead::Eof) | Err(_) => return,
+            Ok(LineRead::TooLong) => {
+                let msg =
+                    format!("request line longer than {MAX_LINE_BYTES} bytes; closing connection");
+                let _ = queue.send(Pending::Ready(Response::bad_request(msg))).await;
+                return;
+            }
+        }
+        let text = line.trim_ascii();
+        if text.is_empty() {
+            continue;
+        }
+        let pending = match serde_json::from_slice::<Request>(text) {
+            Ok(request) => match engine.submit(request).await {
+                Some(rx) => Pending::Waiting(rx),
+                None => return,
+            },
+            Err(e) => Pending::Ready(Response::bad_request(format!("invalid request: {e}"))),
+        };
+        if queue.send(pending).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn write_loop(wr: OwnedWriteHalf, mut queue: mpsc::Receiver<Pending>) {
+    let mut out = BufWriter::with_capacity(64 * 1024, wr);
+    let mut buf = Vec::with_capacity(1024);
+    while let Some(pending) = queue.recv().await {
+        let response = match pending {
+            Pending::Ready(r) => r,
+            Pending::Waiting(mut rx) => match rx.try_recv() {
+                Ok(r) => r,
+                Err(oneshot::error::TryRecvError::Empty) => {
+                    // Push out what is ready before waiting for the next batch's fsync.
+                    if out.flush().await.is_err() {
+                        return;
+                    }
+                    match rx.await {
+                        Ok(r) => r,
+                        Err(_) => return,
+                    }
+                }
+                // The engine dropped the request without answering: we cannot say what
+                // happened, so closing the connection (outcome unknown) is the honest answer.
+                Err(oneshot::error::TryRecvError::Closed) => return,
+            },
+        };
+        buf.clear();
+        serde_json::to_writer(&mut buf, &response).expect("responses serialize");
+        buf.push(b'\n');
+        if out.write_all(&buf).await.is_err() {
+            return;
+        }
+        if queue.is_empty() && out.flush().await.is_err() {
+            return;
+        }
+    }
+    let _ = out.flush().await;
+    let _ = out.shutdown().await;
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum LineRead {
+    Line,
+    Eof,
+    TooLong,
+}
+
+/// Read up to `\n` (not included) without ever buffering more than `max` bytes of one line.
+/// A final line without a newline still counts as a line.
+async fn read_line_limited<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    line: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<LineRead> {
+    loop {
+        let buf = r.fill_buf().await?;
+        if buf.is_empty() {
+            return Ok(if line.is_empty() {
+                LineRead::Eof
+            } else {
+                LineRead::Line
+            });
+        }
+        let (chunk, consumed, done) = match buf.iter().position(|&b| b == b'\n') {
+            Some(pos) => (&buf[..pos], pos + 1, true),
+            None => (buf, buf.len(), false),
+        };
+        if line.len() + chunk.len() > max {
+            return Ok(LineRead::TooLong);
+        }
+        line.extend_from_slice(chunk);
+        r.consume(consumed);
+        if done {
+            return Ok(LineRead::Line);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn lines(input: &[u8], max: usize) -> Vec<(LineRead, Vec<u8>)> {
+        // A tiny buffer forces lines to span several fill_buf calls.
+        let mut r = BufReader::with_capacity(3, input);
+        let mut out = Vec::new();
+        loop {
+            let mut line = Vec::new();
+            let res = read_line_limited(&mut r, &mut line, max).await.unwrap();
+            let stop = res != LineRead::Line;
+            out.push((res, line));
+            if stop {
+                return out;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn lines_are_split_and_limited() {
+        let got = lines(b"ab\ncdefg\n\nxyz", 5).await;
+        let expect: Vec<(LineRead, Vec<u8>)> = vec![
+            (LineRead::Line, b"ab".to_vec()),
+            (LineRead::Line, b"cdefg".to_vec()),
+            (LineRead::Line, b"".to_vec()),
+            (LineRead::Line, b"xyz".to_vec()),
+            (LineRead::Eof, b"".to_vec()),
+        ];
+        assert_eq!(got, expect);
+        let got = lines(b"ok\ntoolong\nnext\n", 5).await;
+        assert_eq!(got[0], (LineRead::Line, b"ok".to_vec()));
+        assert_eq!(got[1].0, LineRead::TooLong);
+        assert_eq!(got.len(), 2);
+    }
+}
