@@ -119,12 +119,30 @@ impl SpotClient {
         let deadline = Instant::now() + self.inner.timeout;
         let mut line = serde_json::to_vec(req).map_err(|e| ClientError::Protocol(e.to_string()))?;
         line.push(b'\n');
-        let mut conn = match self.take_idle() {
-            Some(c) => c,
-            None => match timeout_at(deadline, Conn::connect(&self.inner.addr)).await {
-                Ok(c) => c?,
-                Err(_) => return Err(ClientError::Connect("timed out while connecting".into())),
-            },
+        // A pooled connection may have been closed by a server restart without the reactor having
+        // noticed yet. Every request is idempotent (movements by req_id), so when a pooled
+        // connection breaks, sending once more on a fresh connection is safe.
+        let mut first_failure = None;
+        if let Some(mut conn) = self.take_idle() {
+            match timeout_at(deadline, conn.exchange(&line)).await {
+                Ok(Ok(response)) => {
+                    self.put_idle(conn);
+                    return Ok(response);
+                }
+                Ok(Err(e @ ClientError::Io(_))) => first_failure = Some(e),
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(ClientError::Timeout),
+            }
+        }
+        let connected = match timeout_at(deadline, Conn::connect(&self.inner.addr)).await {
+            Ok(c) => c,
+            Err(_) => Err(ClientError::Connect("timed out while connecting".into())),
+        };
+        let mut conn = match (connected, first_failure) {
+            (Ok(c), _) => c,
+            // The first send may have been applied: "never sent" would be a lie now.
+            (Err(_), Some(first)) => return Err(first),
+            (Err(e), None) => return Err(e),
         };
         // On any error the connection is dropped here: it may still carry a late answer
         // that would be mistaken for the answer to the next request.

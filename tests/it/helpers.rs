@@ -1,0 +1,294 @@
+//! Test harness: a fresh PostgreSQL database per test, a real spot-core process with its own
+//! data directory, and a coordinator wired to both.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::{Duration, Instant};
+
+use adapters::{FundingLedger, SpotAdapter};
+use domain::{AccountType, Amount, AssetRegistry, AssetSymbol, UserId};
+use recovery::{Coordinator, NewTransfer};
+use rust_decimal::Decimal;
+use sqlx::PgPool;
+
+/// The server every test database lives on.
+pub fn server_url() -> String {
+    std::env::var("TEST_DATABASE_SERVER")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned())
+}
+
+/// A database of its own for one test, migrated.
+pub struct TestDb {
+    pub url: String,
+    pub pool: PgPool,
+}
+
+impl TestDb {
+    pub async fn new() -> Self {
+        let name = format!("it_{}", ulid::Ulid::new().to_string().to_lowercase());
+        let url = format!("{}/{}", server_url(), name);
+        let pool = schema::prepare(&url, 20).await.expect("prepare test database");
+        Self { url, pool }
+    }
+}
+
+/// Where the workspace's binaries are built: beside the test binary's `deps/` directory.
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let deps = exe.parent().expect("deps dir");
+    deps.parent().expect("target profile dir").to_path_buf()
+}
+
+/// The path of a workspace binary, building the workspace's binaries once if it is missing
+/// (plain `cargo test` builds only the test's own dependencies' libraries).
+pub fn bin(name: &str) -> PathBuf {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    let path = bin_dir().join(name);
+    if !path.exists() {
+        BUILT.get_or_init(|| {
+            let status = Command::new(env!("CARGO"))
+                .args(["build", "--bins", "--workspace"])
+                .status()
+                .expect("run cargo build");
+            assert!(status.success(), "cargo build --bins failed");
+        });
+    }
+    assert!(path.exists(), "{} not found", path.display());
+    path
+}
+
+/// A running spot-core process with a real WAL on disk.
+pub struct SpotProcess {
+    pub data_dir: PathBuf,
+    pub addr: String,
+    child: Option<Child>,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+impl SpotProcess {
+    pub fn start() -> Self {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data_dir = tmp.path().join("spot");
+        let (child, addr) = spawn_spot(&data_dir, "127.0.0.1:0", &[]);
+        Self {
+            data_dir,
+            addr,
+            child: Some(child),
+            _tmp: Some(tmp),
+        }
+    }
+
+    /// Kills the process with SIGKILL: no chance to flush or say goodbye.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().expect("SIGKILL spot-core");
+            child.wait().expect("reap spot-core");
+        }
+    }
+
+    /// Starts it again on the same data directory and the same address.
+    pub fn restart(&mut self) {
+        self.kill();
+        let (child, addr) = spawn_spot(&self.data_dir, &self.addr, &[]);
+        assert_eq!(addr, self.addr);
+        self.child = Some(child);
+    }
+
+    /// Starts it again with extra environment (fail points).
+    pub fn restart_with_env(&mut self, env: &[(&str, &str)]) {
+        self.kill();
+        let (child, addr) = spawn_spot(&self.data_dir, &self.addr, env);
+        assert_eq!(addr, self.addr);
+        self.child = Some(child);
+    }
+
+    pub fn adapter(&self) -> SpotAdapter {
+        SpotAdapter::new(self.addr.clone(), Duration::from_secs(3))
+    }
+}
+
+impl Drop for SpotProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn spawn_spot(data_dir: &Path, listen: &str, env: &[(&str, &str)]) -> (Child, String) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let mut cmd = Command::new(bin("spot-core"));
+        cmd.arg("--listen")
+            .arg(listen)
+            .arg("--data-dir")
+            .arg(data_dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn spot-core");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).ok();
+        if let Some(addr) = line.trim().strip_prefix("spot-core listening on ") {
+            return (child, addr.to_owned());
+        }
+        // The old process's port may not be free yet after a kill; try again until the deadline.
+        child.kill().ok();
+        child.wait().ok();
+        assert!(Instant::now() < deadline, "spot-core did not start: {line:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A database, a spot-core process and a coordinator over both.
+pub struct Stack {
+    pub db: TestDb,
+    pub spot: SpotProcess,
+    pub funding: FundingLedger,
+    pub spot_adapter: SpotAdapter,
+    pub assets: Arc<RwLock<AssetRegistry>>,
+    pub coordinator: Coordinator,
+}
+
+impl Stack {
+    pub async fn start() -> Self {
+        let db = TestDb::new().await;
+        let spot = SpotProcess::start();
+        let funding = FundingLedger::new(db.pool.clone());
+        let spot_adapter = spot.adapter();
+        let assets = Arc::new(RwLock::new(AssetRegistry::default_assets()));
+        let coordinator = Coordinator::new(
+            db.pool.clone(),
+            Arc::new(funding.clone()),
+            Arc::new(spot_adapter.clone()),
+            assets.clone(),
+        );
+        Self {
+            db,
+            spot,
+            funding,
+            spot_adapter,
+            assets,
+            coordinator,
+        }
+    }
+
+    /// A second coordinator over the same database and spot-core, as another process would have.
+    pub fn another_coordinator(&self) -> Coordinator {
+        Coordinator::new(
+            self.db.pool.clone(),
+            Arc::new(self.funding.clone()),
+            Arc::new(self.spot.adapter()),
+            self.assets.clone(),
+        )
+    }
+
+    /// Money from outside into FUNDING.
+    pub async fn deposit(&self, user: u64, asset: &str, amount: &str) {
+        self.funding
+            .external_deposit(
+                &format!("ext-{}", ulid::Ulid::new()),
+                UserId::new(user).unwrap(),
+                &AssetSymbol::parse(asset).unwrap(),
+                Amount::parse(amount).unwrap(),
+            )
+            .await
+            .expect("external deposit");
+    }
+
+    pub async fn funding_balance(&self, user: u64, asset: &str) -> Decimal {
+        self.funding
+            .balance(UserId::new(user).unwrap(), &AssetSymbol::parse(asset).unwrap())
+            .await
+            .unwrap()
+            .unwrap_or_default()
+    }
+
+    pub async fn spot_balance(&self, user: u64, asset: &str) -> Decimal {
+        self.spot_adapter
+            .balances(UserId::new(user).unwrap())
+            .await
+            .expect("spot balances")
+            .into_iter()
+            .find(|b| b.asset == asset)
+            .map(|b| b.available)
+            .unwrap_or_default()
+    }
+
+    pub async fn in_flight(&self, user: u64, asset: &str) -> Decimal {
+        self.coordinator
+            .view()
+            .in_flight(i64::try_from(user).unwrap())
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|(a, _)| a == asset)
+            .map(|(_, v)| v)
+            .unwrap_or_default()
+    }
+
+    pub async fn external_total(&self, user: u64, asset: &str) -> Decimal {
+        sqlx::query_scalar::<_, Option<Decimal>>(
+            "SELECT SUM(amount) FROM external_deposits WHERE user_id = $1 AND asset = $2",
+        )
+        .bind(i64::try_from(user).unwrap())
+        .bind(asset)
+        .fetch_one(&self.db.pool)
+        .await
+        .unwrap()
+        .unwrap_or_default()
+    }
+
+    /// Fund conservation for one user and asset: FUNDING + SPOT + in-flight = net deposits.
+    pub async fn assert_conserved(&self, user: u64, asset: &str) {
+        let funding = self.funding_balance(user, asset).await;
+        let spot = self.spot_balance(user, asset).await;
+        let in_flight = self.in_flight(user, asset).await;
+        let external = self.external_total(user, asset).await;
+        assert_eq!(
+            funding + spot + in_flight,
+            external,
+            "conservation broken for user {user} {asset}: funding {funding} + spot {spot} + in-flight {in_flight} != deposits {external}"
+        );
+    }
+
+    pub async fn transfer(
+        &self,
+        user: u64,
+        from: AccountType,
+        to: AccountType,
+        asset: &str,
+        amount: &str,
+    ) -> domain::TransferData {
+        self.coordinator
+            .submit(NewTransfer {
+                user_id: UserId::new(user).unwrap(),
+                from,
+                to,
+                asset: asset.to_owned(),
+                amount: Amount::parse(amount).unwrap(),
+                cid: None,
+            })
+            .await
+            .expect("submit transfer")
+    }
+
+    /// The event types stored for one transfer, in order: each state change is a row.
+    pub async fn event_types(&self, req_id: &str) -> Vec<String> {
+        sqlx::query_scalar(
+            "SELECT event_type FROM events WHERE aggregate_type = 'Transfer' AND aggregate_id = $1
+             ORDER BY sequence",
+        )
+        .bind(req_id)
+        .fetch_all(&self.db.pool)
+        .await
+        .unwrap()
+    }
+}
+
+pub fn dec(s: &str) -> Decimal {
+    s.parse().unwrap()
+}
