@@ -236,14 +236,16 @@ impl FundingLedger {
         .await?;
         Ok(rows
             .into_iter()
-            .map(|(operation, user_id, asset, amount, outcome, code)| JournalEntry {
-                operation,
-                user_id,
-                asset,
-                amount,
-                applied: outcome == "APPLIED",
-                code,
-            })
+            .map(
+                |(operation, user_id, asset, amount, outcome, code)| JournalEntry {
+                    operation,
+                    user_id,
+                    asset,
+                    amount,
+                    applied: outcome == "APPLIED",
+                    code,
+                },
+            )
             .collect())
     }
 
@@ -276,7 +278,10 @@ impl FundingLedger {
             .await?;
             tx.rollback().await?;
             let (user_id, asset, amount, outcome, code) = first;
-            if user_id != m.user_id.as_i64() || asset != m.asset.as_str() || amount != m.amount.value() {
+            if user_id != m.user_id.as_i64()
+                || asset != m.asset.as_str()
+                || amount != m.amount.value()
+            {
                 // Never decide a different movement under a used key: a bug or an attack, so the
                 // caller must not treat it as a clean refusal either.
                 return Ok(AdapterOutcome::Unknown(format!(
@@ -393,13 +398,11 @@ impl FundingLedger {
         if matching.is_none() {
             return Ok(Some("NO_MATCHING_WITHDRAW".into()));
         }
-        sqlx::query(
-            "SELECT 1 FROM funding_accounts WHERE user_id = $1 AND asset = $2 FOR UPDATE",
-        )
-        .bind(m.user_id.as_i64())
-        .bind(m.asset.as_str())
-        .execute(&mut **tx)
-        .await?;
+        sqlx::query("SELECT 1 FROM funding_accounts WHERE user_id = $1 AND asset = $2 FOR UPDATE")
+            .bind(m.user_id.as_i64())
+            .bind(m.asset.as_str())
+            .execute(&mut **tx)
+            .await?;
         credit(tx, m).await?;
         Ok(None)
     }
@@ -442,7 +445,10 @@ fn refusal(code: String) -> AdapterOutcome {
 
 fn map_overflow(e: sqlx::Error) -> FundingError {
     // numeric_value_out_of_range: the sum no longer fits numeric(38,18).
-    if e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == "22003") {
+    if e.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|c| c == "22003")
+    {
         return FundingError::Overflow;
     }
     FundingError::Database(e)
@@ -450,9 +456,10 @@ fn map_overflow(e: sqlx::Error) -> FundingError {
 
 fn classify(e: sqlx::Error) -> AdapterOutcome {
     match e {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Tls(_) => {
-            AdapterOutcome::NetworkError(e.to_string())
-        }
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Tls(_) => AdapterOutcome::NetworkError(e.to_string()),
         other => AdapterOutcome::Unknown(other.to_string()),
     }
 }
@@ -464,7 +471,9 @@ impl AccountPort for FundingLedger {
     }
 
     async fn withdraw(&self, m: &Movement) -> AdapterOutcome {
-        self.movement(Op::Withdraw, m).await.unwrap_or_else(classify)
+        self.movement(Op::Withdraw, m)
+            .await
+            .unwrap_or_else(classify)
     }
 
     async fn deposit(&self, m: &Movement) -> AdapterOutcome {

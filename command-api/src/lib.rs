@@ -1,1 +1,13 @@
-//! command-api
+//! The HTTP edge of the ledger: the only crate that knows HTTP and JSON. It turns requests into
+//! coordinator and adapter calls, answers in the contract's shapes, and holds the `ledger` binary.
+
+pub mod app;
+pub mod auth;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod routes;
+
+pub use app::{build_app, serve_with, serve_with_shutdown, spawn_sweeper, AppState};
+pub use auth::{mint, AdminUser, AuthUser};
+pub use error::ApiError;

@@ -20,7 +20,10 @@ pub struct Movement {
 pub enum AdapterOutcome {
     Success,
     /// A definite business refusal: nothing changed, and a retry would be refused again.
-    ExplicitFail { code: String, message: String },
+    ExplicitFail {
+        code: String,
+        message: String,
+    },
     Timeout,
     Pending,
     NetworkError(String),

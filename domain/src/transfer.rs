@@ -77,7 +77,10 @@ impl TransferState {
 
     /// Money has left the source and not reached the target (seed 000's in-flight states).
     pub fn is_in_flight(self) -> bool {
-        matches!(self, Self::SourceDone | Self::TargetPending | Self::Compensating)
+        matches!(
+            self,
+            Self::SourceDone | Self::TargetPending | Self::Compensating
+        )
     }
 }
 
@@ -110,10 +113,16 @@ pub enum TransferCommand {
     },
     /// Persisted before the source adapter is called.
     StartSourceWithdraw { at: DateTime<Utc> },
-    RecordSourceOutcome { outcome: StepOutcome, at: DateTime<Utc> },
+    RecordSourceOutcome {
+        outcome: StepOutcome,
+        at: DateTime<Utc>,
+    },
     /// Persisted before the target adapter is called.
     StartTargetDeposit { at: DateTime<Utc> },
-    RecordTargetOutcome { outcome: StepOutcome, at: DateTime<Utc> },
+    RecordTargetOutcome {
+        outcome: StepOutcome,
+        at: DateTime<Utc>,
+    },
     /// The refund of a compensating transfer was applied.
     RecordRefund { at: DateTime<Utc> },
 }
@@ -145,13 +154,31 @@ pub enum TransferEvent {
         cid: Option<String>,
         at: DateTime<Utc>,
     },
-    SourceWithdrawStarted { at: DateTime<Utc> },
-    SourceWithdrawn { at: DateTime<Utc> },
-    TransferFailed { code: String, message: String, at: DateTime<Utc> },
-    TargetDepositStarted { at: DateTime<Utc> },
-    TransferCommitted { at: DateTime<Utc> },
-    CompensationStarted { code: String, message: String, at: DateTime<Utc> },
-    TransferRolledBack { at: DateTime<Utc> },
+    SourceWithdrawStarted {
+        at: DateTime<Utc>,
+    },
+    SourceWithdrawn {
+        at: DateTime<Utc>,
+    },
+    TransferFailed {
+        code: String,
+        message: String,
+        at: DateTime<Utc>,
+    },
+    TargetDepositStarted {
+        at: DateTime<Utc>,
+    },
+    TransferCommitted {
+        at: DateTime<Utc>,
+    },
+    CompensationStarted {
+        code: String,
+        message: String,
+        at: DateTime<Utc>,
+    },
+    TransferRolledBack {
+        at: DateTime<Utc>,
+    },
 }
 
 impl TransferEvent {
@@ -213,7 +240,10 @@ pub enum TransferError {
     #[error("transfer is in terminal state {state} and never changes")]
     Terminal { state: TransferState },
     #[error("{command} is not allowed in state {state}")]
-    IllegalTransition { state: TransferState, command: &'static str },
+    IllegalTransition {
+        state: TransferState,
+        command: &'static str,
+    },
     #[error("invalid transfer: {0}")]
     Invalid(ErrorCode),
 }

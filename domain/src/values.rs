@@ -47,7 +47,11 @@ impl From<UserId> for u64 {
 impl FromStr for UserId {
     type Err = ErrorCode;
     fn from_str(s: &str) -> Result<Self, ErrorCode> {
-        if s.is_empty() || s.len() > 19 || !s.bytes().all(|b| b.is_ascii_digit()) || s.starts_with('0') {
+        if s.is_empty()
+            || s.len() > 19
+            || !s.bytes().all(|b| b.is_ascii_digit())
+            || s.starts_with('0')
+        {
             return Err(ErrorCode::InvalidUserId);
         }
         s.parse::<u64>()
@@ -115,7 +119,9 @@ impl AssetSymbol {
     pub fn parse(text: &str) -> Result<Self, ErrorCode> {
         let ok = !text.is_empty()
             && text.len() <= 16
-            && text.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit());
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit());
         if !ok {
             return Err(ErrorCode::InvalidAsset);
         }
@@ -290,13 +296,18 @@ mod tests {
     fn amount_parses_plain_decimals_canonically() {
         assert_eq!(Amount::parse("100.50").unwrap().to_string(), "100.5");
         assert_eq!(Amount::parse("100").unwrap().to_string(), "100");
-        assert_eq!(Amount::parse("0.00000001").unwrap().to_string(), "0.00000001");
+        assert_eq!(
+            Amount::parse("0.00000001").unwrap().to_string(),
+            "0.00000001"
+        );
         assert_eq!(Amount::parse("1.000").unwrap().to_string(), "1");
     }
 
     #[test]
     fn amount_refuses_bad_shapes() {
-        for bad in ["", "-1", "+1", "1e5", "0x10", " 1", "1 ", ".5", "5.", "01", "1,5", "NaN", "1.2.3"] {
+        for bad in [
+            "", "-1", "+1", "1e5", "0x10", " 1", "1 ", ".5", "5.", "01", "1,5", "NaN", "1.2.3",
+        ] {
             assert_eq!(Amount::parse(bad), Err(ErrorCode::InvalidAmount), "{bad:?}");
         }
         assert_eq!(Amount::parse("0"), Err(ErrorCode::InvalidAmount));
@@ -305,11 +316,20 @@ mod tests {
 
     #[test]
     fn amount_refuses_overflow_and_precision() {
-        assert_eq!(Amount::parse("18446744073709551616"), Err(ErrorCode::Overflow));
+        assert_eq!(
+            Amount::parse("18446744073709551616"),
+            Err(ErrorCode::Overflow)
+        );
         assert_eq!(Amount::parse("100000000000"), Err(ErrorCode::Overflow));
         assert!(Amount::parse("99999999999.99999999").is_ok());
-        assert_eq!(Amount::parse("99999999999999999999999999999999"), Err(ErrorCode::Overflow));
-        assert_eq!(Amount::parse("0.0000000000000000001"), Err(ErrorCode::PrecisionOverflow));
+        assert_eq!(
+            Amount::parse("99999999999999999999999999999999"),
+            Err(ErrorCode::Overflow)
+        );
+        assert_eq!(
+            Amount::parse("0.0000000000000000001"),
+            Err(ErrorCode::PrecisionOverflow)
+        );
     }
 
     #[test]

@@ -3,8 +3,8 @@
 use chrono::{DateTime, TimeZone, Utc};
 use cqrs_es::test::TestFramework;
 use domain::{
-    AccountType, Amount, AssetSymbol, ReqId, StepOutcome, Transfer, TransferCommand,
-    TransferError, TransferEvent, TransferState, UserId,
+    AccountType, Amount, AssetSymbol, ReqId, StepOutcome, Transfer, TransferCommand, TransferError,
+    TransferEvent, TransferState, UserId,
 };
 
 type Fw = TestFramework<Transfer>;
@@ -108,11 +108,23 @@ fn all_commands() -> Vec<TransferCommand> {
     vec![
         create_cmd(AccountType::Funding, AccountType::Spot),
         TransferCommand::StartSourceWithdraw { at: t(9) },
-        TransferCommand::RecordSourceOutcome { outcome: StepOutcome::Succeeded, at: t(9) },
-        TransferCommand::RecordSourceOutcome { outcome: refused(), at: t(9) },
+        TransferCommand::RecordSourceOutcome {
+            outcome: StepOutcome::Succeeded,
+            at: t(9),
+        },
+        TransferCommand::RecordSourceOutcome {
+            outcome: refused(),
+            at: t(9),
+        },
         TransferCommand::StartTargetDeposit { at: t(9) },
-        TransferCommand::RecordTargetOutcome { outcome: StepOutcome::Succeeded, at: t(9) },
-        TransferCommand::RecordTargetOutcome { outcome: refused(), at: t(9) },
+        TransferCommand::RecordTargetOutcome {
+            outcome: StepOutcome::Succeeded,
+            at: t(9),
+        },
+        TransferCommand::RecordTargetOutcome {
+            outcome: refused(),
+            at: t(9),
+        },
         TransferCommand::RecordRefund { at: t(9) },
     ]
 }
@@ -134,7 +146,9 @@ fn create_refuses_same_account_and_unsupported_types() {
     Fw::with(())
         .given_no_previous_events()
         .when(create_cmd(AccountType::Funding, AccountType::Future))
-        .then_expect_error(TransferError::Invalid(domain::ErrorCode::UnsupportedAccountType));
+        .then_expect_error(TransferError::Invalid(
+            domain::ErrorCode::UnsupportedAccountType,
+        ));
 }
 
 #[test]
@@ -157,7 +171,10 @@ fn init_to_source_pending() {
 fn source_pending_to_source_done_on_success() {
     Fw::with(())
         .given(history_to(TransferState::SourcePending))
-        .when(TransferCommand::RecordSourceOutcome { outcome: StepOutcome::Succeeded, at: t(2) })
+        .when(TransferCommand::RecordSourceOutcome {
+            outcome: StepOutcome::Succeeded,
+            at: t(2),
+        })
         .then_expect_events(vec![TransferEvent::SourceWithdrawn { at: t(2) }]);
 }
 
@@ -165,7 +182,10 @@ fn source_pending_to_source_done_on_success() {
 fn source_pending_to_failed_on_explicit_refusal() {
     Fw::with(())
         .given(history_to(TransferState::SourcePending))
-        .when(TransferCommand::RecordSourceOutcome { outcome: refused(), at: t(2) })
+        .when(TransferCommand::RecordSourceOutcome {
+            outcome: refused(),
+            at: t(2),
+        })
         .then_expect_events(vec![TransferEvent::TransferFailed {
             code: "INSUFFICIENT_BALANCE".into(),
             message: "no".into(),
@@ -185,7 +205,10 @@ fn source_done_to_target_pending() {
 fn target_pending_to_committed_on_success() {
     Fw::with(())
         .given(history_to(TransferState::TargetPending))
-        .when(TransferCommand::RecordTargetOutcome { outcome: StepOutcome::Succeeded, at: t(4) })
+        .when(TransferCommand::RecordTargetOutcome {
+            outcome: StepOutcome::Succeeded,
+            at: t(4),
+        })
         .then_expect_events(vec![TransferEvent::TransferCommitted { at: t(4) }]);
 }
 
@@ -193,7 +216,10 @@ fn target_pending_to_committed_on_success() {
 fn target_pending_to_compensating_on_explicit_refusal() {
     Fw::with(())
         .given(history_to(TransferState::TargetPending))
-        .when(TransferCommand::RecordTargetOutcome { outcome: refused(), at: t(4) })
+        .when(TransferCommand::RecordTargetOutcome {
+            outcome: refused(),
+            at: t(4),
+        })
         .then_expect_events(vec![TransferEvent::CompensationStarted {
             code: "INSUFFICIENT_BALANCE".into(),
             message: "no".into(),
@@ -237,7 +263,10 @@ fn every_other_pair_is_refused_and_terminal_states_never_change() {
             } else if name == "Create" {
                 TransferError::AlreadyExists
             } else {
-                TransferError::IllegalTransition { state, command: name }
+                TransferError::IllegalTransition {
+                    state,
+                    command: name,
+                }
             };
             assert_eq!(err, expected, "{state} {name}");
         }

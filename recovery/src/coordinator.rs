@@ -142,7 +142,10 @@ impl Coordinator {
         let ctx = match self.create(req_id, &request).await {
             Ok(ctx) => ctx,
             // A concurrent duplicate created it first: answer with that transfer.
-            Err(CoordinatorError::Conflict | CoordinatorError::Transition(TransferError::AlreadyExists)) => {
+            Err(
+                CoordinatorError::Conflict
+                | CoordinatorError::Transition(TransferError::AlreadyExists),
+            ) => {
                 return self.load(&req_id).await?.ok_or(CoordinatorError::NotFound);
             }
             Err(e) => return Err(e),
@@ -183,7 +186,9 @@ impl Coordinator {
         if let Some(cid) = &request.cid {
             let ok = !cid.is_empty()
                 && cid.len() <= 64
-                && cid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+                && cid
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
             if !ok {
                 return Err(refuse(ErrorCode::InvalidIdempotencyKey));
             }

@@ -32,7 +32,11 @@ impl Sweeper {
     pub async fn sweep_once(&self) -> Result<usize, CoordinatorError> {
         let cutoff = Utc::now()
             - chrono::Duration::from_std(self.stale_after).unwrap_or(chrono::Duration::zero());
-        let rows = self.coordinator.view().open_transfers(cutoff, self.batch_max).await?;
+        let rows = self
+            .coordinator
+            .view()
+            .open_transfers(cutoff, self.batch_max)
+            .await?;
         let count = rows.len();
         for row in rows {
             let Ok(req_id) = ReqId::parse(&row.req_id) else {
@@ -40,7 +44,9 @@ impl Sweeper {
                 continue;
             };
             match self.coordinator.drive(&req_id).await {
-                Ok(data) => tracing::info!(%req_id, state = %data.state, "sweeper resumed transfer"),
+                Ok(data) => {
+                    tracing::info!(%req_id, state = %data.state, "sweeper resumed transfer")
+                }
                 Err(CoordinatorError::Conflict) => {}
                 Err(e) => tracing::warn!(%req_id, error = %e, "sweeper could not resume transfer"),
             }

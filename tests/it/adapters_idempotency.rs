@@ -32,7 +32,9 @@ async fn idp_001_withdraw_twice_debits_once() {
     // A refusal is remembered too: the same req_id stays refused even once money arrives.
     let big = movement(11, "USDT", "100");
     let first = s.funding.withdraw(&big).await;
-    assert!(matches!(&first, AdapterOutcome::ExplicitFail { code, .. } if code == "INSUFFICIENT_BALANCE"));
+    assert!(
+        matches!(&first, AdapterOutcome::ExplicitFail { code, .. } if code == "INSUFFICIENT_BALANCE")
+    );
     s.deposit(11, "USDT", "1000").await;
     assert_eq!(s.funding.withdraw(&big).await, first);
 }
@@ -58,7 +60,9 @@ async fn idp_003_refund_twice_credits_once_and_needs_a_withdraw() {
     s.deposit(13, "ETH", "4").await;
     let m = movement(13, "ETH", "1");
     // No withdraw under this req_id yet: a refund would mint money, so it is refused.
-    assert!(matches!(s.funding.refund(&m).await, AdapterOutcome::ExplicitFail { code, .. } if code == "NO_MATCHING_WITHDRAW"));
+    assert!(
+        matches!(s.funding.refund(&m).await, AdapterOutcome::ExplicitFail { code, .. } if code == "NO_MATCHING_WITHDRAW")
+    );
     let m = movement(13, "ETH", "1");
     assert_eq!(s.funding.withdraw(&m).await, AdapterOutcome::Success);
     assert_eq!(s.funding.refund(&m).await, AdapterOutcome::Success);

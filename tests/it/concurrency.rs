@@ -5,7 +5,9 @@ use std::collections::HashMap;
 
 use cqrs_es::persist::PersistedEventStore;
 use cqrs_es::{AggregateError, EventStore};
-use domain::{AccountType, Amount, AssetSymbol, ReqId, Transfer, TransferCommand, TransferState, UserId};
+use domain::{
+    AccountType, Amount, AssetSymbol, ReqId, Transfer, TransferCommand, TransferState, UserId,
+};
 use postgres_es::PostgresEventRepository;
 
 use crate::helpers::{dec, Stack};
@@ -28,7 +30,9 @@ async fn con_001_two_writers_on_one_transfer_one_wins_the_loser_is_told() {
         at: chrono::Utc::now(),
     };
     let cqrs = cqrs_es::CqrsFramework::new(
-        PersistedEventStore::<_, Transfer>::new_event_store(PostgresEventRepository::new(s.db.pool.clone())),
+        PersistedEventStore::<_, Transfer>::new_event_store(PostgresEventRepository::new(
+            s.db.pool.clone(),
+        )),
         vec![],
         (),
     );
@@ -37,12 +41,17 @@ async fn con_001_two_writers_on_one_transfer_one_wins_the_loser_is_told() {
     // Both writers load the same version, then both try to commit the next step.
     let a = store.load_aggregate(&id).await.unwrap();
     let b = store.load_aggregate(&id).await.unwrap();
-    let event = domain::TransferEvent::SourceWithdrawStarted { at: chrono::Utc::now() };
+    let event = domain::TransferEvent::SourceWithdrawStarted {
+        at: chrono::Utc::now(),
+    };
     let first = store.commit(vec![event.clone()], a, HashMap::new()).await;
     let second = store.commit(vec![event], b, HashMap::new()).await;
     assert!(first.is_ok());
     assert!(matches!(second, Err(AggregateError::AggregateConflict)));
-    assert_eq!(s.event_types(&id).await, ["TransferCreated", "SourceWithdrawStarted"]);
+    assert_eq!(
+        s.event_types(&id).await,
+        ["TransferCreated", "SourceWithdrawStarted"]
+    );
 }
 
 /// Creates a transfer without driving it, as a crashed API would leave it.
@@ -97,7 +106,10 @@ async fn con_001_two_coordinators_drive_one_req_id_and_money_moves_once() {
         assert_eq!(journal.len(), 1, "one withdraw only");
         s.assert_conserved(22, "USDT").await;
     }
-    assert!(conflicts > 0, "the race never happened; the test proves nothing");
+    assert!(
+        conflicts > 0,
+        "the race never happened; the test proves nothing"
+    );
     assert_eq!(s.funding_balance(22, "USDT").await, dec("30"));
     assert_eq!(s.spot_balance(22, "USDT").await, dec("70"));
 }

@@ -92,13 +92,19 @@ async fn fsm_004_inv_003_spot_target_refusal_compensates_and_rolls_back() {
         .unwrap();
     let t = s.transfer(4, Funding, Spot, "ETH", "2").await;
     assert_eq!(t.state, TransferState::RolledBack);
-    assert_eq!(t.failure.as_ref().map(|f| f.0.as_str()), Some("ACCOUNT_DISABLED"));
+    assert_eq!(
+        t.failure.as_ref().map(|f| f.0.as_str()),
+        Some("ACCOUNT_DISABLED")
+    );
     assert_eq!(s.event_types(&t.req_id.to_string()).await, ROLLED_BACK);
     assert_eq!(s.funding_balance(4, "ETH").await, dec("5"));
     assert_eq!(s.spot_balance(4, "ETH").await, dec("0"));
     s.assert_conserved(4, "ETH").await;
     let journal = s.funding.journal_for(&t.req_id.to_string()).await.unwrap();
-    let ops: Vec<_> = journal.iter().map(|j| (j.operation.as_str(), j.applied)).collect();
+    let ops: Vec<_> = journal
+        .iter()
+        .map(|j| (j.operation.as_str(), j.applied))
+        .collect();
     assert_eq!(ops, [("WITHDRAW", true), ("REFUND", true)]);
 }
 

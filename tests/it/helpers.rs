@@ -21,6 +21,7 @@ pub fn server_url() -> String {
 
 /// A database of its own for one test, migrated.
 pub struct TestDb {
+    /// The connection string, for child processes that need the same database.
     pub url: String,
     pub pool: PgPool,
 }
@@ -29,7 +30,9 @@ impl TestDb {
     pub async fn new() -> Self {
         let name = format!("it_{}", ulid::Ulid::new().to_string().to_lowercase());
         let url = format!("{}/{}", server_url(), name);
-        let pool = schema::prepare(&url, 20).await.expect("prepare test database");
+        let pool = schema::prepare(&url, 20)
+            .await
+            .expect("prepare test database");
         Self { url, pool }
     }
 }
@@ -96,14 +99,6 @@ impl SpotProcess {
         self.child = Some(child);
     }
 
-    /// Starts it again with extra environment (fail points).
-    pub fn restart_with_env(&mut self, env: &[(&str, &str)]) {
-        self.kill();
-        let (child, addr) = spawn_spot(&self.data_dir, &self.addr, env);
-        assert_eq!(addr, self.addr);
-        self.child = Some(child);
-    }
-
     pub fn adapter(&self) -> SpotAdapter {
         SpotAdapter::new(self.addr.clone(), Duration::from_secs(3))
     }
@@ -138,7 +133,10 @@ fn spawn_spot(data_dir: &Path, listen: &str, env: &[(&str, &str)]) -> (Child, St
         // The old process's port may not be free yet after a kill; try again until the deadline.
         child.kill().ok();
         child.wait().ok();
-        assert!(Instant::now() < deadline, "spot-core did not start: {line:?}");
+        assert!(
+            Instant::now() < deadline,
+            "spot-core did not start: {line:?}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -201,7 +199,10 @@ impl Stack {
 
     pub async fn funding_balance(&self, user: u64, asset: &str) -> Decimal {
         self.funding
-            .balance(UserId::new(user).unwrap(), &AssetSymbol::parse(asset).unwrap())
+            .balance(
+                UserId::new(user).unwrap(),
+                &AssetSymbol::parse(asset).unwrap(),
+            )
             .await
             .unwrap()
             .unwrap_or_default()
@@ -291,4 +292,65 @@ impl Stack {
 
 pub fn dec(s: &str) -> Decimal {
     s.parse().unwrap()
+}
+
+/// The HMAC secret the in-process API verifies tokens with.
+pub const JWT_SECRET: &[u8] = b"integration-test-secret-of-at-least-32-bytes";
+
+/// A stack with the HTTP API served in-process on a free port.
+pub struct ApiStack {
+    pub stack: Stack,
+    pub base: String,
+    pub http: reqwest::Client,
+}
+
+impl ApiStack {
+    pub async fn start() -> Self {
+        let stack = Stack::start().await;
+        let state = command_api::AppState::new(
+            stack.db.pool.clone(),
+            stack.spot.adapter(),
+            AssetRegistry::default_assets(),
+            JWT_SECRET,
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(command_api::serve_with(listener, state));
+        Self {
+            stack,
+            base,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    pub fn token(&self, user: u64, admin: bool) -> String {
+        command_api::mint(
+            JWT_SECRET,
+            UserId::new(user).unwrap(),
+            admin,
+            Duration::from_secs(600),
+        )
+    }
+
+    /// Sends a request and returns (status, JSON body).
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<serde_json::Value>,
+    ) -> (u16, serde_json::Value) {
+        let mut req = self.http.request(method, format!("{}{}", self.base, path));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.expect("http call");
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        let json = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
+        (status, json)
+    }
 }

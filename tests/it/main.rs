@@ -4,6 +4,7 @@
 mod helpers;
 
 mod adapters_idempotency;
+mod api;
 mod concurrency;
 mod fsm;
 mod spot_durability;

@@ -1,7 +1,9 @@
 //! spot-core killed with SIGKILL and started again keeps every acknowledged balance and its memory
 //! of processed req_ids.
 
-use domain::{AccountPort, AccountType, AdapterOutcome, Amount, AssetSymbol, Movement, ReqId, UserId};
+use domain::{
+    AccountPort, AccountType, AdapterOutcome, Amount, AssetSymbol, Movement, ReqId, UserId,
+};
 
 use crate::helpers::{dec, Stack};
 
@@ -10,7 +12,8 @@ async fn spot_core_sigkill_restart_keeps_balances_and_req_ids() {
     let mut s = Stack::start().await;
     s.deposit(31, "USDT", "100").await;
     for _ in 0..5 {
-        s.transfer(31, AccountType::Funding, AccountType::Spot, "USDT", "10").await;
+        s.transfer(31, AccountType::Funding, AccountType::Spot, "USDT", "10")
+            .await;
     }
     let w = Movement {
         req_id: ReqId::generate(),
@@ -27,7 +30,9 @@ async fn spot_core_sigkill_restart_keeps_balances_and_req_ids() {
     assert_eq!(s.spot_adapter.withdraw(&w).await, AdapterOutcome::Success);
     assert_eq!(s.spot_balance(31, "USDT").await, dec("47"));
     // And transfers keep working after the restart.
-    let t = s.transfer(31, AccountType::Spot, AccountType::Funding, "USDT", "7").await;
+    let t = s
+        .transfer(31, AccountType::Spot, AccountType::Funding, "USDT", "7")
+        .await;
     assert_eq!(t.state, domain::TransferState::Committed);
     assert_eq!(s.spot_balance(31, "USDT").await, dec("40"));
 }

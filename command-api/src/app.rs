@@ -1,0 +1,119 @@
+//! The application: shared state, the router with its limits and fallbacks, and the functions that
+//! serve it (used by the `ledger` binary and by in-process integration tests).
+
+use std::any::Any;
+use std::future::Future;
+use std::sync::{Arc, RwLock};
+
+use adapters::{FundingLedger, SpotAdapter};
+use axum::extract::DefaultBodyLimit;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::Router;
+use domain::{AccountPort, AssetConfig, AssetRegistry, ErrorCode};
+use recovery::{Coordinator, Sweeper};
+use sqlx::PgPool;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::trace::TraceLayer;
+
+use crate::auth::JwtKeys;
+use crate::config::BODY_BYTES_MAX;
+use crate::error::ApiError;
+use crate::routes;
+
+/// What every handler shares. Cheap to clone: every field is a handle.
+#[derive(Clone)]
+pub struct AppState {
+    pub coordinator: Coordinator,
+    pub funding: FundingLedger,
+    pub spot: SpotAdapter,
+    /// The same registry the coordinator validates against.
+    pub assets: Arc<RwLock<AssetRegistry>>,
+    pub jwt: Arc<JwtKeys>,
+}
+
+impl AppState {
+    /// Wires the funding ledger over `pool`, the spot adapter and the asset list into a
+    /// coordinator, and keeps `jwt_secret` for verifying tokens (HS256).
+    pub fn new(pool: PgPool, spot: SpotAdapter, assets: AssetRegistry, jwt_secret: &[u8]) -> Self {
+        let funding = FundingLedger::new(pool.clone());
+        let assets = Arc::new(RwLock::new(assets));
+        let coordinator = Coordinator::new(
+            pool,
+            Arc::new(funding.clone()) as Arc<dyn AccountPort>,
+            Arc::new(spot.clone()) as Arc<dyn AccountPort>,
+            assets.clone(),
+        );
+        Self {
+            coordinator,
+            funding,
+            spot,
+            assets,
+            jwt: Arc::new(JwtKeys::new(jwt_secret)),
+        }
+    }
+
+    /// One asset's configuration, copied out so no lock is held across an await.
+    pub fn asset(&self, symbol: &str) -> Result<AssetConfig, ErrorCode> {
+        // A poisoned lock only means a writer panicked mid-update of a plain map; the map itself
+        // is still whole, so reading on is safe.
+        let registry = self.assets.read().unwrap_or_else(|e| e.into_inner());
+        registry.get(symbol).cloned()
+    }
+}
+
+/// The router with every route, the body limit, panic catching and request tracing.
+pub fn build_app(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(routes::healthz))
+        .route("/api/v1/internal_transfer", post(routes::create_transfer))
+        .route(
+            "/api/v1/internal_transfer/{req_id}",
+            get(routes::get_transfer),
+        )
+        .route("/api/v1/balances", get(routes::balances))
+        .route("/api/v1/admin/deposits", post(routes::admin_deposit))
+        .route(
+            "/api/v1/admin/accounts/{user_id}/{account_type}/status",
+            put(routes::admin_set_status),
+        )
+        .fallback(routes::not_found)
+        .method_not_allowed_fallback(routes::method_not_allowed)
+        .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
+        .layer(CatchPanicLayer::custom(panic_response))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+/// A handler panic still answers in the error shape; the panic text goes to the log only.
+fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response {
+    let detail = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("non-text panic");
+    ApiError::Internal(format!("handler panicked: {detail}")).into_response()
+}
+
+/// Serves the API on `listener` until the process ends. Does not run the sweeper (see
+/// [`spawn_sweeper`]).
+pub async fn serve_with(listener: tokio::net::TcpListener, state: AppState) -> anyhow::Result<()> {
+    serve_with_shutdown(listener, state, std::future::pending()).await
+}
+
+/// Serves the API on `listener` until `shutdown` completes, then lets requests in progress finish.
+pub async fn serve_with_shutdown(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    axum::serve(listener, build_app(state))
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    Ok(())
+}
+
+/// Runs the sweeper (resumes transfers left open) in the background until the handle is aborted.
+pub fn spawn_sweeper(coordinator: Coordinator) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(Sweeper::new(coordinator).run())
+}

@@ -1,0 +1,345 @@
+//! Bearer-token authentication: HS256 JWTs with a required `exp`, an honoured `nbf`, `sub` as the
+//! decimal user id and `role: "admin"` for admin routes, exposed as the `AuthUser` and `AdminUser`
+//! extractors.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::FromRequestParts;
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+use domain::UserId;
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use serde::{Deserialize, Serialize};
+
+use crate::app::AppState;
+use crate::error::ApiError;
+
+/// Clock skew tolerated on `exp` and `nbf`; small, so an expired token dies quickly.
+pub const LEEWAY_SECS: u64 = 5;
+
+/// The role claim that opens admin routes.
+pub const ADMIN_ROLE: &str = "admin";
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Claims {
+    sub: String,
+    exp: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    nbf: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    iat: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    role: Option<String>,
+}
+
+/// Who a verified token speaks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    pub user_id: UserId,
+    pub admin: bool,
+}
+
+/// The verifying side of the configured secret.
+#[derive(Clone)]
+pub struct JwtKeys {
+    decoding: DecodingKey,
+    validation: Validation,
+}
+
+impl std::fmt::Debug for JwtKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The key is a secret: never print it, not even in a debug dump.
+        f.write_str("JwtKeys(..)")
+    }
+}
+
+impl JwtKeys {
+    pub fn new(secret: &[u8]) -> Self {
+        // One algorithm only: a token naming any other (or `none`) is refused before its
+        // signature is looked at, which closes algorithm-confusion attacks.
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.leeway = LEEWAY_SECS;
+        validation.validate_exp = true;
+        validation.validate_nbf = true;
+        validation.set_required_spec_claims(&["exp", "sub"]);
+        Self {
+            decoding: DecodingKey::from_secret(secret),
+            validation,
+        }
+    }
+
+    /// Verifies a compact JWT. Every failure is UNAUTHORIZED; the reason goes to the debug log.
+    pub fn verify(&self, token: &str) -> Result<Identity, ApiError> {
+        let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)
+            .map_err(|e| {
+                tracing::debug!(error = %e, "token refused");
+                ApiError::Unauthorized
+            })?;
+        let user_id: UserId = data.claims.sub.parse().map_err(|_| {
+            tracing::debug!("token refused: sub is not a user id");
+            ApiError::Unauthorized
+        })?;
+        Ok(Identity {
+            user_id,
+            admin: data.claims.role.as_deref() == Some(ADMIN_ROLE),
+        })
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Mints an HS256 token for `user`, valid for `ttl` from now; `admin` adds `role: "admin"`.
+pub fn mint(secret: &[u8], user: UserId, admin: bool, ttl: Duration) -> String {
+    let now = now_secs();
+    let claims = Claims {
+        sub: user.to_string(),
+        exp: now.saturating_add(ttl.as_secs()),
+        nbf: None,
+        iat: Some(now),
+        role: admin.then(|| ADMIN_ROLE.to_owned()),
+    };
+    jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &claims,
+        &EncodingKey::from_secret(secret),
+    )
+    .expect("HS256 signing with an HMAC key cannot fail")
+}
+
+/// The bearer token of a request, if the header is well formed.
+fn bearer(parts: &Parts) -> Option<&str> {
+    let value = parts.headers.get(AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    // The scheme name is case-insensitive (RFC 9110 section 11.1).
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let token = token.trim();
+    (!token.is_empty()).then_some(token)
+}
+
+fn identify(parts: &Parts, state: &AppState) -> Result<Identity, ApiError> {
+    let token = bearer(parts).ok_or(ApiError::Unauthorized)?;
+    state.jwt.verify(token)
+}
+
+/// Any authenticated caller. Rejects with 401 UNAUTHORIZED.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuthUser {
+    pub user_id: UserId,
+    pub admin: bool,
+}
+
+impl FromRequestParts<AppState> for AuthUser {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let id = identify(parts, state)?;
+        Ok(Self {
+            user_id: id.user_id,
+            admin: id.admin,
+        })
+    }
+}
+
+/// An authenticated admin. Rejects with 401 UNAUTHORIZED without a valid token and with 403
+/// FORBIDDEN for a valid token without the admin role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdminUser {
+    pub user_id: UserId,
+}
+
+impl FromRequestParts<AppState> for AdminUser {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let id = identify(parts, state)?;
+        if !id.admin {
+            return Err(ApiError::Forbidden);
+        }
+        Ok(Self {
+            user_id: id.user_id,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine;
+    use serde_json::json;
+
+    const SECRET: &[u8] = b"unit-test-secret-unit-test-secret";
+
+    fn user(n: u64) -> UserId {
+        UserId::new(n).unwrap()
+    }
+
+    fn keys() -> JwtKeys {
+        JwtKeys::new(SECRET)
+    }
+
+    fn signed(alg: Algorithm, claims: &serde_json::Value, secret: &[u8]) -> String {
+        jsonwebtoken::encode(&Header::new(alg), claims, &EncodingKey::from_secret(secret)).unwrap()
+    }
+
+    #[test]
+    fn a_minted_token_verifies_with_its_user_and_role() {
+        let token = mint(SECRET, user(7), false, Duration::from_secs(60));
+        assert_eq!(
+            keys().verify(&token),
+            Ok(Identity {
+                user_id: user(7),
+                admin: false
+            })
+        );
+        let admin = mint(SECRET, user(1), true, Duration::from_secs(60));
+        assert_eq!(
+            keys().verify(&admin),
+            Ok(Identity {
+                user_id: user(1),
+                admin: true
+            })
+        );
+    }
+
+    #[test]
+    fn atk_012_an_expired_token_is_unauthorized() {
+        let exp = now_secs() - LEEWAY_SECS - 60;
+        let token = signed(Algorithm::HS256, &json!({"sub": "7", "exp": exp}), SECRET);
+        assert_eq!(keys().verify(&token), Err(ApiError::Unauthorized));
+    }
+
+    #[test]
+    fn atk_013_a_token_signed_with_another_secret_is_unauthorized() {
+        let token = mint(
+            b"another-secret-another-secret-xx",
+            user(7),
+            true,
+            Duration::from_secs(60),
+        );
+        assert_eq!(keys().verify(&token), Err(ApiError::Unauthorized));
+    }
+
+    #[test]
+    fn a_tampered_payload_is_unauthorized() {
+        let token = mint(SECRET, user(7), false, Duration::from_secs(60));
+        let mut parts: Vec<&str> = token.split('.').collect();
+        let forged = URL_SAFE_NO_PAD
+            .encode(json!({"sub": "7", "exp": now_secs() + 60, "role": "admin"}).to_string());
+        parts[1] = &forged;
+        assert_eq!(keys().verify(&parts.join(".")), Err(ApiError::Unauthorized));
+    }
+
+    #[test]
+    fn alg_none_is_unauthorized() {
+        let header = URL_SAFE_NO_PAD.encode(r#"{"alg":"none","typ":"JWT"}"#);
+        let claims = URL_SAFE_NO_PAD
+            .encode(json!({"sub": "7", "exp": now_secs() + 60, "role": "admin"}).to_string());
+        for token in [format!("{header}.{claims}."), format!("{header}.{claims}")] {
+            assert_eq!(
+                keys().verify(&token),
+                Err(ApiError::Unauthorized),
+                "{token}"
+            );
+        }
+    }
+
+    #[test]
+    fn hs512_is_unauthorized_even_with_the_right_secret() {
+        let token = signed(
+            Algorithm::HS512,
+            &json!({"sub": "7", "exp": now_secs() + 60}),
+            SECRET,
+        );
+        assert_eq!(keys().verify(&token), Err(ApiError::Unauthorized));
+    }
+
+    #[test]
+    fn a_token_without_exp_is_unauthorized() {
+        let token = signed(Algorithm::HS256, &json!({"sub": "7"}), SECRET);
+        assert_eq!(keys().verify(&token), Err(ApiError::Unauthorized));
+    }
+
+    #[test]
+    fn a_string_exp_is_unauthorized() {
+        let exp = (now_secs() + 60).to_string();
+        let token = signed(Algorithm::HS256, &json!({"sub": "7", "exp": exp}), SECRET);
+        assert_eq!(keys().verify(&token), Err(ApiError::Unauthorized));
+    }
+
+    #[test]
+    fn a_token_not_yet_valid_is_unauthorized() {
+        let now = now_secs();
+        let token = signed(
+            Algorithm::HS256,
+            &json!({"sub": "7", "exp": now + 3600, "nbf": now + 600}),
+            SECRET,
+        );
+        assert_eq!(keys().verify(&token), Err(ApiError::Unauthorized));
+        let valid_now = signed(
+            Algorithm::HS256,
+            &json!({"sub": "7", "exp": now + 3600, "nbf": now - 1}),
+            SECRET,
+        );
+        assert!(keys().verify(&valid_now).is_ok());
+    }
+
+    #[test]
+    fn a_sub_that_is_not_a_user_id_is_unauthorized() {
+        let exp = now_secs() + 60;
+        for sub in [
+            json!("0"),
+            json!("-1"),
+            json!("alice"),
+            json!("007"),
+            json!(7),
+        ] {
+            let token = signed(Algorithm::HS256, &json!({"sub": sub, "exp": exp}), SECRET);
+            assert_eq!(keys().verify(&token), Err(ApiError::Unauthorized), "{sub}");
+        }
+    }
+
+    #[test]
+    fn garbage_is_unauthorized() {
+        for token in ["", "a.b.c", "not-a-token", "..."] {
+            assert_eq!(
+                keys().verify(token),
+                Err(ApiError::Unauthorized),
+                "{token:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_the_admin_role_is_admin() {
+        let exp = now_secs() + 60;
+        let token = signed(
+            Algorithm::HS256,
+            &json!({"sub": "7", "exp": exp, "role": "Admin"}),
+            SECRET,
+        );
+        assert_eq!(keys().verify(&token).map(|i| i.admin), Ok(false));
+    }
+
+    #[test]
+    fn the_bearer_header_is_parsed_strictly() {
+        let parts_with = |value: &str| {
+            let request = axum::http::Request::builder()
+                .header(AUTHORIZATION, value)
+                .body(())
+                .unwrap();
+            request.into_parts().0
+        };
+        assert_eq!(bearer(&parts_with("Bearer abc")), Some("abc"));
+        assert_eq!(bearer(&parts_with("bearer abc")), Some("abc"));
+        assert_eq!(bearer(&parts_with("Basic abc")), None);
+        assert_eq!(bearer(&parts_with("Bearer ")), None);
+        assert_eq!(bearer(&parts_with("abc")), None);
+    }
+}

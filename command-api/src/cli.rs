@@ -1,0 +1,493 @@
+//! The `ledger` command line: `up` (the whole stack, spot-core as a child process), `serve` (API
+//! and process manager only), `token`, `migrate`, and the hidden `spot-core` used by `up` when no
+//! spot-core binary is installed beside `ledger`.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use adapters::SpotAdapter;
+use anyhow::{anyhow, bail, Context};
+use clap::{Args, Parser, Subcommand};
+use domain::UserId;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::TcpListener;
+use tokio::process::{Child, Command as ChildCommand};
+
+use crate::app::{serve_with_shutdown, spawn_sweeper, AppState};
+use crate::auth::mint;
+use crate::config::{self, JwtSecret, SecretSource};
+
+/// The line spot-core prints on stdout once it accepts connections.
+pub const SPOT_READY_PREFIX: &str = "spot-core listening on ";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ledger",
+    version,
+    about = "Event-sourced internal-transfer ledger"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the whole stack here: database (created if missing), migrations, spot-core as a child
+    /// process, the API and the process manager; prints ready-to-use tokens.
+    Up(UpArgs),
+    /// Run the API and the process manager against an existing database and spot-core; several
+    /// may run against one database. Needs LEDGER_JWT_SECRET.
+    Serve(ServeArgs),
+    /// Print a token minted with LEDGER_JWT_SECRET or the data dir's stored secret.
+    Token(TokenArgs),
+    /// Apply the database migrations and exit.
+    Migrate,
+    /// Run the spot-core engine in this process.
+    #[command(name = "spot-core", hide = true)]
+    SpotCore(SpotCoreArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Address the API listens on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    /// Where the JWT secret and spot-core's data live.
+    #[arg(long, default_value = "./.ledger")]
+    pub data_dir: PathBuf,
+    /// A spot-core already running (HOST:PORT); when absent one is started as a child process.
+    #[arg(long)]
+    pub spot_url: Option<String>,
+    /// Asset configuration (JSON array); the shipped default when absent.
+    #[arg(long)]
+    pub assets: Option<PathBuf>,
+    /// How long one spot-core call may take before its outcome counts as unknown.
+    #[arg(long, default_value_t = config::SPOT_TIMEOUT_DEFAULT.as_millis() as u64)]
+    pub spot_timeout_ms: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address the API listens on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    /// The spot-core to use (HOST:PORT).
+    #[arg(long)]
+    pub spot_url: String,
+    /// Asset configuration (JSON array); the shipped default when absent.
+    #[arg(long)]
+    pub assets: Option<PathBuf>,
+    /// How long one spot-core call may take before its outcome counts as unknown.
+    #[arg(long, default_value_t = config::SPOT_TIMEOUT_DEFAULT.as_millis() as u64)]
+    pub spot_timeout_ms: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct TokenArgs {
+    /// The user id the token speaks for (`sub`).
+    #[arg(long)]
+    pub user: u64,
+    /// Add `role: "admin"`.
+    #[arg(long)]
+    pub admin: bool,
+    /// Lifetime in seconds.
+    #[arg(long, default_value_t = config::TOKEN_TTL_DEFAULT.as_secs())]
+    pub ttl_secs: u64,
+    /// The data dir whose stored secret to use when LEDGER_JWT_SECRET is unset.
+    #[arg(long, default_value = "./.ledger")]
+    pub data_dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct SpotCoreArgs {
+    #[arg(long)]
+    pub listen: String,
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    #[arg(long)]
+    pub assets: Option<PathBuf>,
+}
+
+/// Logs go to stderr, filtered by RUST_LOG (default `info`), so stdout carries only what a
+/// command prints for its user (tokens, the ready line).
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // try_init: a second initialisation (an engine run in-process that sets up its own) is not
+    // an error worth dying for.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
+/// Runs one command to completion.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Up(args) => up(args).await,
+        Command::Serve(args) => serve(args).await,
+        Command::Token(args) => token(args),
+        Command::Migrate => migrate().await,
+        Command::SpotCore(args) => {
+            spot_core::run(spot_core::Args {
+                listen: args.listen,
+                data_dir: args.data_dir,
+                assets: args.assets,
+            })
+            .await
+        }
+    }
+}
+
+async fn migrate() -> anyhow::Result<()> {
+    let url = config::database_url();
+    let pool = schema::prepare(&url, 2).await?;
+    pool.close().await;
+    println!("migrations applied to {}", config::redact_url(&url));
+    Ok(())
+}
+
+fn token(args: TokenArgs) -> anyhow::Result<()> {
+    let user = UserId::new(args.user).map_err(|_| anyhow!("--user must be a positive integer"))?;
+    let secret = match config::secret_from_env()? {
+        Some(secret) => secret,
+        None => config::secret_from_file(&args.data_dir)?.with_context(|| {
+            format!(
+                "no secret: set {} or run `ledger up --data-dir {}` once to generate one",
+                config::JWT_SECRET_ENV,
+                args.data_dir.display()
+            )
+        })?,
+    };
+    println!(
+        "{}",
+        mint(
+            &secret.bytes,
+            user,
+            args.admin,
+            Duration::from_secs(args.ttl_secs)
+        )
+    );
+    Ok(())
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let secret = config::secret_from_env()?.with_context(|| {
+        format!(
+            "`ledger serve` needs {} (shared by every instance)",
+            config::JWT_SECRET_ENV
+        )
+    })?;
+    let assets = config::load_assets(args.assets.as_deref())?;
+    let spot_addr = config::spot_addr(&args.spot_url)?;
+    let url = config::database_url();
+    let pool = schema::prepare(&url, config::POOL_CONNECTIONS_MAX).await?;
+    let spot = SpotAdapter::new(
+        spot_addr.clone(),
+        Duration::from_millis(args.spot_timeout_ms),
+    );
+    // Serving while spot-core is down is allowed: transfers wait and the sweeper retries.
+    if let Err(e) = spot.ping().await {
+        tracing::warn!(spot = %spot_addr, error = %e, "spot-core does not answer yet");
+    }
+    let listener = TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("listen on {}", args.listen))?;
+    let local = listener.local_addr()?;
+    let state = AppState::new(pool, spot, assets, &secret.bytes);
+    println!("ledger serving on http://{local} (spot-core at {spot_addr})");
+    run_until_stopped(listener, state, None).await
+}
+
+async fn up(args: UpArgs) -> anyhow::Result<()> {
+    let assets = config::load_assets(args.assets.as_deref())?;
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("create data dir {}", args.data_dir.display()))?;
+    let secret = config::secret_for_data_dir(&args.data_dir)?;
+    let url = config::database_url();
+    let pool = schema::prepare(&url, config::POOL_CONNECTIONS_MAX).await?;
+
+    let timeout = Duration::from_millis(args.spot_timeout_ms);
+    let (spot_addr, child) = match &args.spot_url {
+        Some(given) => (config::spot_addr(given)?, None),
+        None => {
+            let child =
+                SpotChild::start(&args.data_dir.join("spot"), args.assets.as_deref()).await?;
+            (child.addr.clone(), Some(child))
+        }
+    };
+    let spot = SpotAdapter::new(spot_addr.clone(), timeout);
+    spot.ping()
+        .await
+        .map_err(|e| anyhow!("spot-core at {spot_addr} does not answer: {e}"))?;
+
+    let listener = TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("listen on {}", args.listen))?;
+    let local = listener.local_addr()?;
+    let state = AppState::new(pool, spot, assets, &secret.bytes);
+
+    print_banner(&Banner {
+        base: format!("http://{local}"),
+        database: config::redact_url(&url),
+        spot: match &child {
+            Some(_) => format!(
+                "{spot_addr} (child process, data in {})",
+                args.data_dir.join("spot").display()
+            ),
+            None => format!("{spot_addr} (already running)"),
+        },
+        secret: &secret,
+    });
+    run_until_stopped(listener, state, child).await
+}
+
+struct Banner<'a> {
+    base: String,
+    database: String,
+    spot: String,
+    secret: &'a JwtSecret,
+}
+
+fn print_banner(b: &Banner<'_>) {
+    let ttl = config::TOKEN_TTL_DEFAULT;
+    let hours = ttl.as_secs() / 3600;
+    let user_one = UserId::new(1).expect("1 is a valid user id");
+    let admin = mint(&b.secret.bytes, user_one, true, ttl);
+    let user = mint(&b.secret.bytes, user_one, false, ttl);
+    let secret_line = match &b.secret.source {
+        SecretSource::Environment => format!("from {}", config::JWT_SECRET_ENV),
+        SecretSource::StoredFile(path) => format!(
+            "{} is unset; using the secret stored in {}",
+            config::JWT_SECRET_ENV,
+            path.display()
+        ),
+        SecretSource::GeneratedFile(path) => format!(
+            "{} is unset; generated a random secret and stored it in {} (mode 0600)",
+            config::JWT_SECRET_ENV,
+            path.display()
+        ),
+    };
+    let base = &b.base;
+    println!("ledger is up");
+    println!("  API:        {base}");
+    println!("  database:   {}", b.database);
+    println!("  spot-core:  {}", b.spot);
+    println!("  JWT secret: {secret_line}");
+    println!();
+    println!("admin token (user 1, role admin, valid {hours} h):");
+    println!("  {admin}");
+    println!("user token (user 1, valid {hours} h):");
+    println!("  {user}");
+    println!();
+    println!("try it:");
+    println!("  export ADMIN_TOKEN={admin}");
+    println!("  export USER_TOKEN={user}");
+    println!(
+        "  curl -s -X POST {base}/api/v1/admin/deposits -H \"Authorization: Bearer $ADMIN_TOKEN\" \
+         -H 'Content-Type: application/json' \
+         -d '{{\"user_id\":1,\"asset\":\"USDT\",\"amount\":\"100\",\"external_id\":\"demo-1\"}}'"
+    );
+    println!(
+        "  curl -s -X POST {base}/api/v1/internal_transfer -H \"Authorization: Bearer $USER_TOKEN\" \
+         -H 'Content-Type: application/json' \
+         -d '{{\"from\":\"FUNDING\",\"to\":\"SPOT\",\"asset\":\"USDT\",\"amount\":\"25\"}}'"
+    );
+    println!("  curl -s {base}/api/v1/balances -H \"Authorization: Bearer $USER_TOKEN\"");
+}
+
+/// Serves the API and runs the sweeper until ctrl-c or SIGTERM (or until the spot-core child
+/// dies: the stack is not whole without it), then stops in order: no new requests, requests in
+/// progress finish (bounded), the sweeper stops, the child is killed and reaped.
+async fn run_until_stopped(
+    listener: TcpListener,
+    state: AppState,
+    mut child: Option<SpotChild>,
+) -> anyhow::Result<()> {
+    let sweeper = spawn_sweeper(state.coordinator.clone());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut server = tokio::spawn(serve_with_shutdown(listener, state, async move {
+        let _ = stop_rx.await;
+    }));
+
+    let outcome = tokio::select! {
+        () = shutdown_signal() => {
+            tracing::info!("shutting down");
+            Ok(())
+        }
+        ended = &mut server => Err(match ended {
+            Ok(Ok(())) => anyhow!("the API server stopped unexpectedly"),
+            Ok(Err(e)) => e.context("the API server failed"),
+            Err(e) => anyhow!("the API server task ended abnormally: {e}"),
+        }),
+        status = child_exit(&mut child) => Err(anyhow!("spot-core exited unexpectedly ({status})")),
+    };
+
+    let _ = stop_tx.send(());
+    if !server.is_finished()
+        && tokio::time::timeout(config::SHUTDOWN_GRACE, &mut server)
+            .await
+            .is_err()
+    {
+        tracing::warn!("requests still in progress after the grace period; stopping anyway");
+        server.abort();
+    }
+    sweeper.abort();
+    if let Some(child) = child {
+        child.stop().await;
+    }
+    outcome
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGTERM; only ctrl-c stops the ledger");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+async fn child_exit(child: &mut Option<SpotChild>) -> String {
+    match child {
+        Some(c) => match c.child.wait().await {
+            Ok(status) => status.to_string(),
+            Err(e) => format!("cannot wait for it: {e}"),
+        },
+        None => std::future::pending().await,
+    }
+}
+
+/// A spot-core engine running as a child of `ledger up`.
+struct SpotChild {
+    child: Child,
+    addr: String,
+}
+
+impl SpotChild {
+    /// Starts spot-core on an ephemeral port: the `spot-core` binary beside this executable if
+    /// there is one, else this executable's hidden `spot-core` subcommand. Returns once the child
+    /// has printed its ready line, or fails after [`config::SPOT_START_TIMEOUT`].
+    async fn start(data_dir: &Path, assets: Option<&Path>) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(data_dir)
+            .with_context(|| format!("create spot-core data dir {}", data_dir.display()))?;
+        let exe = std::env::current_exe().context("locate the ledger executable")?;
+        let beside = exe.with_file_name("spot-core");
+        let mut command = if beside.is_file() {
+            ChildCommand::new(&beside)
+        } else {
+            let mut c = ChildCommand::new(&exe);
+            c.arg("spot-core");
+            c
+        };
+        command
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--data-dir")
+            .arg(data_dir);
+        if let Some(assets) = assets {
+            command.arg("--assets").arg(assets);
+        }
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            // Any early return below (or a panic) must not leave an orphan engine running.
+            .kill_on_drop(true);
+        let mut child = command.spawn().context("start spot-core")?;
+        let stdout = child
+            .stdout
+            .take()
+            .context("spot-core's stdout was not captured")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let ready = async {
+            while let Some(line) = lines.next_line().await? {
+                if let Some(addr) = line.strip_prefix(SPOT_READY_PREFIX) {
+                    return Ok(addr.trim().to_owned());
+                }
+                eprintln!("spot-core: {line}");
+            }
+            bail!("spot-core exited before saying where it listens")
+        };
+        let addr = tokio::time::timeout(config::SPOT_START_TIMEOUT, ready)
+            .await
+            .map_err(|_| {
+                anyhow!(
+                    "spot-core did not say where it listens within {} s",
+                    config::SPOT_START_TIMEOUT.as_secs()
+                )
+            })??;
+        // Keep draining its stdout: a full pipe would block the engine.
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                eprintln!("spot-core: {line}");
+            }
+        });
+        tracing::info!(%addr, data_dir = %data_dir.display(), "spot-core child started");
+        Ok(Self { child, addr })
+    }
+
+    /// Kills the engine and reaps it. Killing is safe by design: spot-core acknowledges nothing
+    /// before its WAL record is fsynced, and replays the WAL on the next start.
+    async fn stop(mut self) {
+        match self.child.kill().await {
+            Ok(()) => tracing::info!("spot-core child stopped"),
+            Err(e) => tracing::warn!(error = %e, "could not stop the spot-core child"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn up_has_local_defaults() {
+        let cli = Cli::try_parse_from(["ledger", "up"]).unwrap();
+        let Command::Up(args) = cli.command else {
+            panic!("not up");
+        };
+        assert_eq!(args.listen, "127.0.0.1:8080");
+        assert_eq!(args.data_dir, PathBuf::from("./.ledger"));
+        assert!(args.spot_url.is_none());
+    }
+
+    #[test]
+    fn serve_requires_a_spot_url() {
+        assert!(Cli::try_parse_from(["ledger", "serve"]).is_err());
+        assert!(Cli::try_parse_from(["ledger", "serve", "--spot-url", "127.0.0.1:7001"]).is_ok());
+    }
+
+    #[test]
+    fn token_takes_user_admin_and_ttl() {
+        let cli = Cli::try_parse_from([
+            "ledger",
+            "token",
+            "--user",
+            "5",
+            "--admin",
+            "--ttl-secs",
+            "60",
+        ])
+        .unwrap();
+        let Command::Token(args) = cli.command else {
+            panic!("not token");
+        };
+        assert_eq!((args.user, args.admin, args.ttl_secs), (5, true, 60));
+    }
+}

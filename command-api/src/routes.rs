@@ -1,0 +1,771 @@
+//! The HTTP handlers of DESIGN section 5. Request bodies are read as raw JSON objects and checked
+//! field by field, so the checks run in seed 000's order (section 1.5.8) and every refusal has the
+//! contract's code rather than a deserializer's text.
+
+use std::collections::BTreeMap;
+
+use adapters::spot::SpotError;
+use adapters::{AccountStatus, FundingError};
+use axum::body::Bytes;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{FromRequest, Path, Query, Request, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use chrono::{DateTime, SecondsFormat, Utc};
+use domain::{
+    AccountType, Amount, AssetRegistry, AssetStatus, ErrorCode, ReqId, TransferData, TransferState,
+    UserId,
+};
+use recovery::{CoordinatorError, NewTransfer};
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+use crate::app::AppState;
+use crate::auth::{AdminUser, AuthUser};
+use crate::error::ApiError;
+
+/// Longest external deposit id.
+pub const EXTERNAL_ID_CHARS_MAX: usize = 128;
+
+/// Longest field name echoed back in a BAD_REQUEST message.
+const FIELD_ECHO_CHARS_MAX: usize = 64;
+
+/// Longest refusal code passed through from an account system.
+const REFUSAL_CODE_CHARS_MAX: usize = 64;
+
+/// A request body that is declared `application/json`, fits the body limit, parses, and is a JSON
+/// object. Its fields are the handler's to check, in the contract's order.
+#[derive(Debug)]
+pub struct JsonObject(pub Map<String, Value>);
+
+fn declares_json(headers: &HeaderMap) -> bool {
+    let Some(value) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or("").trim();
+    essence.eq_ignore_ascii_case("application/json")
+}
+
+impl<S: Send + Sync> FromRequest<S> for JsonObject {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+        if !declares_json(request.headers()) {
+            return Err(ApiError::UnsupportedMediaType);
+        }
+        let bytes = Bytes::from_request(request, state).await.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::PayloadTooLarge
+            } else {
+                ApiError::BadRequest("could not read the request body".into())
+            }
+        })?;
+        let value: Value = serde_json::from_slice(&bytes)
+            .map_err(|_| ApiError::BadRequest("request body is not valid JSON".into()))?;
+        match value {
+            Value::Object(map) => Ok(Self(map)),
+            _ => Err(ApiError::BadRequest(
+                "request body must be a JSON object".into(),
+            )),
+        }
+    }
+}
+
+/// The fields of a JSON object body, taken one by one. `null` counts as absent.
+struct Fields(Map<String, Value>);
+
+impl Fields {
+    /// Refuses any field not in `allowed`: a misspelt optional field must not be ignored silently.
+    fn deny_unknown(&self, allowed: &[&str]) -> Result<(), ApiError> {
+        match self.0.keys().find(|k| !allowed.contains(&k.as_str())) {
+            None => Ok(()),
+            Some(key) => {
+                let shown: String = key.chars().take(FIELD_ECHO_CHARS_MAX).collect();
+                Err(ApiError::BadRequest(format!("unknown field `{shown}`")))
+            }
+        }
+    }
+
+    fn optional(&mut self, name: &str) -> Option<Value> {
+        self.0.remove(name).filter(|v| !v.is_null())
+    }
+
+    fn required(&mut self, name: &str) -> Result<Value, ApiError> {
+        self.optional(name)
+            .ok_or_else(|| ApiError::BadRequest(format!("missing field `{name}`")))
+    }
+
+    fn required_str(&mut self, name: &str) -> Result<String, ApiError> {
+        match self.required(name)? {
+            Value::String(s) => Ok(s),
+            _ => Err(ApiError::BadRequest(format!("`{name}` must be a string"))),
+        }
+    }
+
+    fn optional_str(&mut self, name: &str) -> Result<Option<String>, ApiError> {
+        match self.optional(name) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(_) => Err(ApiError::BadRequest(format!("`{name}` must be a string"))),
+        }
+    }
+}
+
+/// An amount must arrive as a JSON string: a JSON number has already passed through a float in
+/// many clients, so it is refused rather than guessed at.
+fn parse_amount(value: &Value) -> Result<Amount, ApiError> {
+    match value {
+        Value::String(text) => Ok(Amount::parse(text)?),
+        _ => Err(ApiError::Refused(ErrorCode::InvalidAmount)),
+    }
+}
+
+/// A user id given as a JSON integer or a decimal string.
+fn parse_user_id(value: &Value) -> Result<UserId, ErrorCode> {
+    match value {
+        Value::Number(n) => n
+            .as_u64()
+            .ok_or(ErrorCode::InvalidUserId)
+            .and_then(UserId::new),
+        Value::String(s) => s.parse(),
+        _ => Err(ErrorCode::InvalidUserId),
+    }
+}
+
+fn money(value: Decimal) -> String {
+    value.normalize().to_string()
+}
+
+fn rfc3339(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// Checks a transfer request in seed 000's order (section 1.5.8) after authentication:
+/// authorization (a body `user_id` must be the caller), format, account types, asset, amount.
+/// Idempotency and balance are the coordinator's and the adapters' to check.
+pub fn parse_transfer(
+    body: Map<String, Value>,
+    caller: UserId,
+    assets: &AssetRegistry,
+) -> Result<NewTransfer, ApiError> {
+    let mut fields = Fields(body);
+
+    // ATK-001/002: a body naming another user is refused before anything else is looked at.
+    if let Some(claimed) = fields.optional("user_id") {
+        if parse_user_id(&claimed) != Ok(caller) {
+            return Err(ApiError::Forbidden);
+        }
+    }
+
+    fields.deny_unknown(&["from", "to", "asset", "amount", "cid"])?;
+    let from = fields.required_str("from")?;
+    let to = fields.required_str("to")?;
+    let asset = fields.required_str("asset")?;
+    let amount = fields.required("amount")?;
+    let cid = fields.optional_str("cid")?;
+
+    let from = AccountType::parse(&from)?;
+    let to = AccountType::parse(&to)?;
+    if from == to {
+        return Err(ErrorCode::SameAccount.into());
+    }
+    if !from.is_supported() || !to.is_supported() {
+        return Err(ErrorCode::UnsupportedAccountType.into());
+    }
+
+    let config = assets.get(&asset)?;
+    config.check_transferable()?;
+
+    let amount = parse_amount(&amount)?;
+    config.check_amount(amount)?;
+
+    Ok(NewTransfer {
+        user_id: caller,
+        from,
+        to,
+        asset: config.symbol.to_string(),
+        amount,
+        cid,
+    })
+}
+
+fn coordinator_error(e: CoordinatorError) -> ApiError {
+    match e {
+        CoordinatorError::Refused(code) => ApiError::Refused(code),
+        CoordinatorError::Conflict => ApiError::Refused(ErrorCode::Conflict),
+        CoordinatorError::NotFound => {
+            ApiError::Internal("transfer not found right after it was created".into())
+        }
+        CoordinatorError::Transition(e) => ApiError::Internal(format!("transition refused: {e}")),
+        CoordinatorError::Store(e) => ApiError::Internal(format!("event store: {e}")),
+    }
+}
+
+/// A refusal code from an account system, passed on only if it looks like a code; anything else
+/// could be internal text.
+fn refusal_code(code: &str) -> String {
+    let plausible = !code.is_empty()
+        && code.len() <= REFUSAL_CODE_CHARS_MAX
+        && code
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+    if plausible {
+        code.to_owned()
+    } else {
+        "REFUSED".to_owned()
+    }
+}
+
+/// The answer to a transfer request.
+#[derive(Debug, Serialize)]
+pub struct TransferResponse {
+    pub transfer_id: String,
+    pub req_id: String,
+    pub from: &'static str,
+    pub to: &'static str,
+    pub asset: String,
+    pub amount: String,
+    pub state: &'static str,
+    pub message: String,
+    /// Why the target refused, for a transfer that was rolled back (or is being).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure_code: Option<String>,
+}
+
+fn state_message(data: &TransferData) -> String {
+    let code = data.failure.as_ref().map(|(c, _)| refusal_code(c));
+    match data.state {
+        TransferState::Committed => "transfer committed".to_owned(),
+        TransferState::RolledBack => format!(
+            "the target account refused the transfer ({}); the amount was returned to the source account",
+            code.unwrap_or_else(|| "REFUSED".into())
+        ),
+        TransferState::Compensating => format!(
+            "the target account refused the transfer ({}); the amount is being returned to the source account",
+            code.unwrap_or_else(|| "REFUSED".into())
+        ),
+        TransferState::Failed => "transfer failed".to_owned(),
+        TransferState::Init
+        | TransferState::SourcePending
+        | TransferState::SourceDone
+        | TransferState::TargetPending => format!(
+            "transfer accepted and in progress; query GET /api/v1/internal_transfer/{} for its outcome",
+            data.req_id
+        ),
+    }
+}
+
+/// `POST /api/v1/internal_transfer`.
+pub async fn create_transfer(
+    State(state): State<AppState>,
+    user: AuthUser,
+    JsonObject(body): JsonObject,
+) -> Result<Json<TransferResponse>, ApiError> {
+    let request = {
+        let assets = state.assets.read().unwrap_or_else(|e| e.into_inner());
+        parse_transfer(body, user.user_id, &assets)?
+    };
+    let coordinator = state.coordinator.clone();
+    // The drive runs in its own task so a client hanging up cannot cancel it between a step's
+    // commit and its adapter call; the transfer then ends as soon as possible rather than at the
+    // sweeper's next pass.
+    let data = tokio::spawn(async move { coordinator.submit(request).await })
+        .await
+        .map_err(|e| ApiError::Internal(format!("transfer task ended abnormally: {e}")))?
+        .map_err(coordinator_error)?;
+    if data.state == TransferState::Failed {
+        let code = data
+            .failure
+            .as_ref()
+            .map_or_else(|| "REFUSED".to_owned(), |(c, _)| refusal_code(c));
+        return Err(ApiError::TransferFailed {
+            code,
+            req_id: data.req_id,
+        });
+    }
+    let failure_code = match data.state {
+        TransferState::RolledBack | TransferState::Compensating => {
+            data.failure.as_ref().map(|(c, _)| refusal_code(c))
+        }
+        _ => None,
+    };
+    Ok(Json(TransferResponse {
+        transfer_id: data.req_id.to_string(),
+        req_id: data.req_id.to_string(),
+        from: data.from.as_str(),
+        to: data.to.as_str(),
+        asset: data.asset.to_string(),
+        amount: data.amount.to_string(),
+        state: data.state.as_str(),
+        message: state_message(&data),
+        failure_code,
+    }))
+}
+
+/// One transfer as `GET /api/v1/internal_transfer/{req_id}` shows it.
+#[derive(Debug, Serialize)]
+pub struct TransferDetail {
+    pub transfer_id: String,
+    pub req_id: String,
+    pub from: &'static str,
+    pub to: &'static str,
+    pub asset: String,
+    pub amount: String,
+    pub state: &'static str,
+    pub created_at: String,
+    pub updated_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure_code: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure_message: Option<String>,
+}
+
+/// `GET /api/v1/internal_transfer/{req_id}`: the owner's transfer, folded from its events.
+pub async fn get_transfer(
+    State(state): State<AppState>,
+    user: AuthUser,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<TransferDetail>, ApiError> {
+    let Ok(Path(raw)) = path else {
+        return Err(ApiError::NotFound);
+    };
+    let req_id = ReqId::parse(&raw).map_err(|_| ApiError::NotFound)?;
+    let data = state
+        .coordinator
+        .load(&req_id)
+        .await
+        .map_err(coordinator_error)?
+        .ok_or(ApiError::NotFound)?;
+    // Another user's transfer is indistinguishable from a missing one.
+    if data.user_id != user.user_id {
+        return Err(ApiError::NotFound);
+    }
+    let (failure_code, failure_message) = match &data.failure {
+        Some((code, _)) => {
+            let code = refusal_code(code);
+            // The message is rebuilt from the code: an account system's own text stays inside.
+            let message = match crate::error::parse_code(&code) {
+                Some(known) => crate::error::describe(known).to_owned(),
+                None => "refused by the account system".to_owned(),
+            };
+            (Some(code), Some(message))
+        }
+        None => (None, None),
+    };
+    Ok(Json(TransferDetail {
+        transfer_id: data.req_id.to_string(),
+        req_id: data.req_id.to_string(),
+        from: data.from.as_str(),
+        to: data.to.as_str(),
+        asset: data.asset.to_string(),
+        amount: data.amount.to_string(),
+        state: data.state.as_str(),
+        created_at: rfc3339(data.created_at),
+        updated_at: rfc3339(data.updated_at),
+        failure_code,
+        failure_message,
+    }))
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct BalanceEntry {
+    pub asset: String,
+    pub funding: String,
+    pub spot: String,
+    pub in_flight: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BalancesResponse {
+    pub user_id: u64,
+    pub balances: Vec<BalanceEntry>,
+}
+
+/// `GET /api/v1/balances`: FUNDING, SPOT and in-flight amounts per asset for the caller. If
+/// spot-core cannot answer, the whole request fails: a missing SPOT balance must never read as
+/// zero.
+pub async fn balances(
+    State(state): State<AppState>,
+    user: AuthUser,
+) -> Result<Json<BalancesResponse>, ApiError> {
+    let (funding, spot, in_flight) = tokio::join!(
+        state.funding.balances(user.user_id),
+        state.spot.balances(user.user_id),
+        state.coordinator.view().in_flight(user.user_id.as_i64()),
+    );
+    let funding = funding.map_err(|e| ApiError::Internal(format!("funding balances: {e}")))?;
+    let spot = spot.map_err(|e| spot_error("balances", e))?;
+    let in_flight = in_flight.map_err(|e| ApiError::Internal(format!("in-flight sums: {e}")))?;
+
+    let mut per_asset: BTreeMap<String, [Decimal; 3]> = BTreeMap::new();
+    for row in funding {
+        per_asset.entry(row.asset).or_default()[0] += row.balance;
+    }
+    for row in spot {
+        per_asset.entry(row.asset).or_default()[1] += row.available;
+    }
+    for (asset, amount) in in_flight {
+        per_asset.entry(asset).or_default()[2] += amount;
+    }
+    let balances = per_asset
+        .into_iter()
+        .map(|(asset, [funding, spot, in_flight])| BalanceEntry {
+            asset,
+            funding: money(funding),
+            spot: money(spot),
+            in_flight: money(in_flight),
+        })
+        .collect();
+    Ok(Json(BalancesResponse {
+        user_id: user.user_id.get(),
+        balances,
+    }))
+}
+
+/// spot-core out of reach is 503 (retry later); an answer the adapter did not expect is a bug
+/// or a configuration mismatch between the two systems, so 500.
+fn spot_error(call: &str, e: SpotError) -> ApiError {
+    match e {
+        SpotError::Transport(_) => ApiError::Unavailable(format!("spot {call}: {e}")),
+        SpotError::Unexpected(_) => ApiError::Internal(format!("spot {call}: {e}")),
+    }
+}
+
+fn funding_error(e: FundingError) -> ApiError {
+    match e {
+        FundingError::ExternalIdReused => ApiError::Refused(ErrorCode::IdempotencyKeyReused),
+        FundingError::AccountNotFound => ApiError::NotFound,
+        FundingError::Overflow => ApiError::Refused(ErrorCode::Overflow),
+        FundingError::Database(e) => ApiError::Internal(format!("funding ledger: {e}")),
+    }
+}
+
+fn check_external_id(id: &str) -> Result<(), ApiError> {
+    let ok = !id.is_empty()
+        && id.len() <= EXTERNAL_ID_CHARS_MAX
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::BadRequest(format!(
+            "external_id must be 1 to {EXTERNAL_ID_CHARS_MAX} characters of [A-Za-z0-9_.:-]"
+        )))
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct DepositResponse {
+    pub external_id: String,
+    pub user_id: u64,
+    pub asset: String,
+    pub amount: String,
+    /// False when this `external_id` had been applied before and nothing changed now.
+    pub applied: bool,
+    pub funding_balance: String,
+}
+
+/// `POST /api/v1/admin/deposits`: credits FUNDING from outside, once per `external_id`.
+pub async fn admin_deposit(
+    State(state): State<AppState>,
+    _admin: AdminUser,
+    JsonObject(body): JsonObject,
+) -> Result<Json<DepositResponse>, ApiError> {
+    let mut fields = Fields(body);
+    fields.deny_unknown(&["user_id", "asset", "amount", "external_id"])?;
+    let user_id = fields.required("user_id")?;
+    let asset = fields.required_str("asset")?;
+    let amount = fields.required("amount")?;
+    let external_id = fields.required_str("external_id")?;
+
+    let user_id = parse_user_id(&user_id)?;
+    let config = state.asset(&asset)?;
+    // A delisted asset takes no new money in; internal_transfer_enabled is about transfers only.
+    if config.status != AssetStatus::Active {
+        return Err(ErrorCode::AssetSuspended.into());
+    }
+    let amount = parse_amount(&amount)?;
+    config.check_precision(amount)?;
+    check_external_id(&external_id)?;
+
+    let receipt = state
+        .funding
+        .external_deposit(&external_id, user_id, &config.symbol, amount)
+        .await
+        .map_err(funding_error)?;
+    tracing::info!(%external_id, %user_id, asset = %config.symbol, %amount, applied = receipt.applied_now, "external deposit");
+    Ok(Json(DepositResponse {
+        external_id,
+        user_id: user_id.get(),
+        asset: config.symbol.to_string(),
+        amount: amount.to_string(),
+        applied: receipt.applied_now,
+        funding_balance: money(receipt.balance),
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct AssetQuery {
+    pub asset: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct StatusResponse {
+    pub user_id: u64,
+    pub account_type: &'static str,
+    pub asset: String,
+    pub status: &'static str,
+}
+
+/// `PUT /api/v1/admin/accounts/{user_id}/{account_type}/status`: body `{status, asset?}`, the
+/// asset in the body or as `?asset=` (the body wins).
+pub async fn admin_set_status(
+    State(state): State<AppState>,
+    _admin: AdminUser,
+    path: Result<Path<(String, String)>, PathRejection>,
+    query: Result<Query<AssetQuery>, QueryRejection>,
+    JsonObject(body): JsonObject,
+) -> Result<Json<StatusResponse>, ApiError> {
+    let Ok(Path((user_id, account_type))) = path else {
+        return Err(ApiError::NotFound);
+    };
+    let Ok(Query(query)) = query else {
+        return Err(ApiError::BadRequest("malformed query string".into()));
+    };
+    let user_id: UserId = user_id.parse()?;
+    let account_type = AccountType::parse(&account_type)?;
+    if !account_type.is_supported() {
+        return Err(ErrorCode::UnsupportedAccountType.into());
+    }
+
+    let mut fields = Fields(body);
+    fields.deny_unknown(&["status", "asset"])?;
+    let status = fields.required_str("status")?;
+    let asset = fields
+        .optional_str("asset")?
+        .or(query.asset)
+        .ok_or_else(|| {
+            ApiError::BadRequest("`asset` is required, in the body or as ?asset=".into())
+        })?;
+    let status = AccountStatus::parse(&status).ok_or(ErrorCode::InvalidStatus)?;
+    let config = state.asset(&asset)?;
+
+    match account_type {
+        AccountType::Funding => state
+            .funding
+            .set_status(user_id, &config.symbol, status)
+            .await
+            .map_err(funding_error)?,
+        AccountType::Spot => state
+            .spot
+            .set_status(user_id, &config.symbol, status)
+            .await
+            .map_err(|e| spot_error("set_status", e))?,
+        AccountType::Future | AccountType::Margin => {
+            unreachable!("unsupported account types were refused above")
+        }
+    }
+    tracing::info!(%user_id, %account_type, asset = %config.symbol, status = status.as_str(), "account status set");
+    Ok(Json(StatusResponse {
+        user_id: user_id.get(),
+        account_type: account_type.as_str(),
+        asset: config.symbol.to_string(),
+        status: status.as_str(),
+    }))
+}
+
+/// `GET /healthz`: the process is alive.
+pub async fn healthz() -> Json<Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+/// Any route that does not exist.
+pub async fn not_found() -> ApiError {
+    ApiError::NotFound
+}
+
+/// A route that exists, called with the wrong method.
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(n: u64) -> UserId {
+        UserId::new(n).unwrap()
+    }
+
+    fn body(value: Value) -> Map<String, Value> {
+        match value {
+            Value::Object(map) => map,
+            other => panic!("not an object: {other}"),
+        }
+    }
+
+    fn parse(value: Value) -> Result<NewTransfer, ApiError> {
+        parse_transfer(body(value), user(7), &AssetRegistry::default_assets())
+    }
+
+    fn refused(code: ErrorCode) -> Result<NewTransfer, ApiError> {
+        Err(ApiError::Refused(code))
+    }
+
+    #[test]
+    fn a_good_request_becomes_a_new_transfer() {
+        let parsed = parse(json!({
+            "from": "FUNDING", "to": "SPOT", "asset": "USDT", "amount": "100.50",
+            "cid": "c-1", "user_id": 7
+        }))
+        .unwrap();
+        assert_eq!(parsed.user_id, user(7));
+        assert_eq!(parsed.from, AccountType::Funding);
+        assert_eq!(parsed.to, AccountType::Spot);
+        assert_eq!(parsed.asset, "USDT");
+        assert_eq!(parsed.amount.to_string(), "100.5");
+        assert_eq!(parsed.cid.as_deref(), Some("c-1"));
+        assert!(parse(
+            json!({"from": "SPOT", "to": "FUNDING", "asset": "BTC", "amount": "1", "user_id": "7"})
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn atk_002_another_users_id_is_forbidden_before_anything_else() {
+        assert_eq!(
+            parse(json!({"user_id": 8, "from": "X", "amount": 5, "extra": 1})).unwrap_err(),
+            ApiError::Forbidden
+        );
+        for other in [json!("8"), json!(-7), json!("07"), json!(true), json!(7.0)] {
+            assert_eq!(
+                parse(json!({"user_id": other, "from": "FUNDING", "to": "SPOT", "asset": "USDT", "amount": "1"})).unwrap_err(),
+                ApiError::Forbidden,
+                "{other}"
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_requests_are_bad_request() {
+        let bad = |v: Value| matches!(parse(v), Err(ApiError::BadRequest(_)));
+        assert!(bad(
+            json!({"from": "FUNDING", "to": "SPOT", "asset": "USDT", "amount": "1", "memo": "x"})
+        ));
+        assert!(bad(json!({"to": "SPOT", "asset": "USDT", "amount": "1"})));
+        assert!(bad(
+            json!({"from": "FUNDING", "to": "SPOT", "asset": "USDT"})
+        ));
+        assert!(bad(
+            json!({"from": 1, "to": "SPOT", "asset": "USDT", "amount": "1"})
+        ));
+        assert!(bad(
+            json!({"from": "FUNDING", "to": "SPOT", "asset": "USDT", "amount": "1", "cid": 5})
+        ));
+    }
+
+    #[test]
+    fn atk_007_008_account_types_are_checked_in_order() {
+        assert_eq!(
+            parse(json!({"from": "INVALID", "to": "INVALID", "asset": "NOPE", "amount": "-1"})),
+            refused(ErrorCode::InvalidAccountType)
+        );
+        assert_eq!(
+            parse(json!({"from": "SPOT", "to": "SPOT", "asset": "NOPE", "amount": "-1"})),
+            refused(ErrorCode::SameAccount)
+        );
+        assert_eq!(
+            parse(json!({"from": "FUNDING", "to": "FUTURE", "asset": "NOPE", "amount": "-1"})),
+            refused(ErrorCode::UnsupportedAccountType)
+        );
+    }
+
+    #[test]
+    fn atk_009_an_unknown_asset_is_checked_before_the_amount() {
+        assert_eq!(
+            parse(json!({"from": "FUNDING", "to": "SPOT", "asset": "999999", "amount": "-1"})),
+            refused(ErrorCode::InvalidAsset)
+        );
+        assert_eq!(
+            parse(json!({"from": "FUNDING", "to": "SPOT", "asset": "usdt", "amount": "1"})),
+            refused(ErrorCode::InvalidAsset)
+        );
+    }
+
+    #[test]
+    fn atk_003_to_006_amounts_are_refused_with_their_codes() {
+        let with = |amount: Value| {
+            parse(json!({"from": "FUNDING", "to": "SPOT", "asset": "USDT", "amount": amount}))
+        };
+        assert_eq!(with(json!("-100")), refused(ErrorCode::InvalidAmount));
+        assert_eq!(with(json!("0")), refused(ErrorCode::InvalidAmount));
+        assert_eq!(with(json!(100)), refused(ErrorCode::InvalidAmount));
+        assert_eq!(with(json!(1.5)), refused(ErrorCode::InvalidAmount));
+        assert_eq!(with(json!("1e3")), refused(ErrorCode::InvalidAmount));
+        assert_eq!(
+            with(json!("0.000000001")),
+            refused(ErrorCode::PrecisionOverflow)
+        );
+        assert_eq!(
+            with(json!("18446744073709551616")),
+            refused(ErrorCode::Overflow)
+        );
+        assert_eq!(with(json!("100000001")), refused(ErrorCode::AmountTooLarge));
+    }
+
+    #[test]
+    fn suspended_and_untransferable_assets_are_refused() {
+        let mut assets = AssetRegistry::default_assets();
+        let mut btc = assets.get("BTC").unwrap().clone();
+        btc.status = AssetStatus::Suspended;
+        assets.upsert(btc);
+        let mut eth = assets.get("ETH").unwrap().clone();
+        eth.internal_transfer_enabled = false;
+        assets.upsert(eth);
+        let request = |asset: &str| {
+            parse_transfer(
+                body(json!({"from": "FUNDING", "to": "SPOT", "asset": asset, "amount": "1"})),
+                user(7),
+                &assets,
+            )
+        };
+        assert_eq!(request("BTC"), refused(ErrorCode::AssetSuspended));
+        assert_eq!(request("ETH"), refused(ErrorCode::TransferNotAllowed));
+    }
+
+    #[test]
+    fn only_plausible_refusal_codes_pass_through() {
+        assert_eq!(refusal_code("INSUFFICIENT_BALANCE"), "INSUFFICIENT_BALANCE");
+        assert_eq!(
+            refusal_code("ERROR: relation \"x\" does not exist"),
+            "REFUSED"
+        );
+        assert_eq!(refusal_code(""), "REFUSED");
+    }
+
+    #[test]
+    fn external_ids_are_bounded_and_plain() {
+        assert!(check_external_id("chain:tx-0x1.2_3").is_ok());
+        assert!(check_external_id("").is_err());
+        assert!(check_external_id(&"a".repeat(EXTERNAL_ID_CHARS_MAX + 1)).is_err());
+        assert!(check_external_id("a b").is_err());
+        assert!(check_external_id("a/b").is_err());
+    }
+
+    #[test]
+    fn json_content_type_allows_parameters_only() {
+        let headers = |value: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(CONTENT_TYPE, value.parse().unwrap());
+            h
+        };
+        assert!(declares_json(&headers("application/json")));
+        assert!(declares_json(&headers("application/json; charset=utf-8")));
+        assert!(!declares_json(&headers("text/plain")));
+        assert!(!declares_json(&headers("application/jsonx")));
+        assert!(!declares_json(&HeaderMap::new()));
+    }
+}
