@@ -1,1 +1,3 @@
 //! Integration-test package: the acceptance catalogue lives in `it/`.
+
+pub mod chaos;

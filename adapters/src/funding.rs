@@ -2,7 +2,12 @@
 //! journal row keyed by (req_id, operation), each operation one transaction.
 
 use async_trait::async_trait;
-use domain::{AccountPort, AccountType, AdapterOutcome, Amount, AssetSymbol, Movement, UserId};
+use std::sync::{Arc, RwLock};
+
+use domain::{
+    AccountPort, AccountType, AdapterOutcome, Amount, AssetRegistry, AssetSymbol, Movement,
+    Operation, Recorded, UserId,
+};
 use rust_decimal::Decimal;
 use sqlx::PgPool;
 
@@ -94,6 +99,9 @@ impl Op {
 #[derive(Clone)]
 pub struct FundingLedger {
     pool: PgPool,
+    /// When set, withdraw and deposit re-check the asset and the amount's precision themselves
+    /// (defence in depth: a caller that skips the API and the coordinator is still refused).
+    assets: Option<Arc<RwLock<AssetRegistry>>>,
 }
 
 /// The most a funding balance may hold, the column's own bound (numeric(38,18)).
@@ -103,7 +111,27 @@ fn balance_ceiling() -> Decimal {
 
 impl FundingLedger {
     pub fn new(pool: PgPool) -> Self {
-        Self { pool }
+        Self { pool, assets: None }
+    }
+
+    /// Checks every fresh withdraw and deposit against this registry: an unknown asset is
+    /// refused INVALID_ASSET, too many decimals PRECISION_OVERFLOW. Status and transfer
+    /// permission are not checked here on purpose: they gate new transfers (API, coordinator),
+    /// and a transfer already under way must still be able to finish or be refunded.
+    pub fn with_assets(mut self, assets: Arc<RwLock<AssetRegistry>>) -> Self {
+        self.assets = Some(assets);
+        self
+    }
+
+    /// The adapter's own parameter check for a fresh movement; `None` when it passes.
+    fn invalid(&self, m: &Movement) -> Option<String> {
+        let registry = self.assets.as_ref()?;
+        // A poisoned lock means a writer panicked mid-update of a plain map that is still whole.
+        let registry = registry.read().unwrap_or_else(|e| e.into_inner());
+        let checked = registry
+            .get(m.asset.as_str())
+            .and_then(|asset| asset.check_precision(m.amount));
+        checked.err().map(|code| code.as_str().to_owned())
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -296,7 +324,11 @@ impl FundingLedger {
             });
         };
 
+        // Checked only for a fresh claim, so a retry of something already decided gets that
+        // decision even if the asset configuration changed since. A refund is bound to an
+        // applied withdraw of the same details, which is the stronger check.
         let refusal_code = match op {
+            Op::Withdraw | Op::Deposit if self.invalid(m).is_some() => self.invalid(m),
             Op::Withdraw => self.try_withdraw(&mut tx, m).await?,
             Op::Deposit => self.try_deposit(&mut tx, m).await?,
             Op::Refund => self.try_refund(&mut tx, m).await?,
@@ -435,6 +467,8 @@ fn refusal(code: String) -> AdapterOutcome {
         "ACCOUNT_FROZEN" => "funding account is frozen",
         "ACCOUNT_DISABLED" => "funding account is disabled",
         "NO_MATCHING_WITHDRAW" => "no applied withdraw to refund",
+        "INVALID_ASSET" => "unknown asset",
+        "PRECISION_OVERFLOW" => "amount has more decimals than the asset allows",
         _ => "refused by the funding ledger",
     };
     AdapterOutcome::ExplicitFail {
@@ -482,5 +516,39 @@ impl AccountPort for FundingLedger {
 
     async fn refund(&self, m: &Movement) -> AdapterOutcome {
         self.movement(Op::Refund, m).await.unwrap_or_else(classify)
+    }
+
+    /// The journal row is written in the same transaction as the balance change, so "no row"
+    /// means nothing was applied when the query ran.
+    async fn lookup(&self, m: &Movement, operation: Operation) -> Recorded {
+        let op = match operation {
+            Operation::Withdraw => Op::Withdraw,
+            Operation::Deposit => Op::Deposit,
+            Operation::Refund => Op::Refund,
+        };
+        let entries = match self.journal_for(&m.req_id.to_string()).await {
+            Ok(entries) => entries,
+            Err(e) => return Recorded::Unavailable(e.to_string()),
+        };
+        let Some(entry) = entries.into_iter().find(|e| e.operation == op.as_str()) else {
+            return Recorded::NotSeen;
+        };
+        if entry.user_id != m.user_id.as_i64()
+            || entry.asset != m.asset.as_str()
+            || entry.amount != m.amount.value()
+        {
+            return Recorded::Unavailable(format!(
+                "req_id {} recorded for a different {} movement",
+                m.req_id,
+                op.as_str()
+            ));
+        }
+        if entry.applied {
+            return Recorded::Applied;
+        }
+        match refusal(entry.code.unwrap_or_else(|| "REFUSED".into())) {
+            AdapterOutcome::ExplicitFail { code, message } => Recorded::Refused { code, message },
+            other => Recorded::Unavailable(format!("unexpected journal refusal {other:?}")),
+        }
     }
 }

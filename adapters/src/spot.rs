@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use domain::{AccountPort, AccountType, AdapterOutcome, AssetSymbol, Movement, UserId};
+use domain::{
+    AccountPort, AccountType, AdapterOutcome, AssetSymbol, Movement, Operation, Recorded, UserId,
+};
 use rust_decimal::Decimal;
 use spot_core::client::{ClientError, SpotClient};
 use spot_core::protocol::{self, MovementOp, RefusalCode, Request, Response};
@@ -155,5 +157,43 @@ impl AccountPort for SpotAdapter {
 
     async fn refund(&self, m: &Movement) -> AdapterOutcome {
         self.movement(MovementOp::Refund, m).await
+    }
+
+    /// spot-core answers `lookup` from the records it rebuilt from its WAL, after the same sync
+    /// as any movement, so "never seen" covers everything it ever acknowledged.
+    async fn lookup(&self, m: &Movement, operation: Operation) -> Recorded {
+        let op = match operation {
+            Operation::Withdraw => MovementOp::Withdraw,
+            Operation::Deposit => MovementOp::Deposit,
+            Operation::Refund => MovementOp::Refund,
+        };
+        let request = Request::Lookup {
+            req_id: m.req_id.to_string(),
+        };
+        let ops = match self.client.call(&request).await {
+            Ok(Response::Ok { ops: Some(ops), .. }) => ops,
+            Ok(other) => return Recorded::Unavailable(format!("unexpected answer: {other:?}")),
+            Err(e) => return Recorded::Unavailable(e.to_string()),
+        };
+        let Some(found) = ops.into_iter().find(|o| o.op == op) else {
+            return Recorded::NotSeen;
+        };
+        if found.user_id != m.user_id.get()
+            || found.asset != m.asset.as_str()
+            || found.amount != m.amount.value()
+        {
+            return Recorded::Unavailable(format!(
+                "req_id {} recorded for a different movement",
+                m.req_id
+            ));
+        }
+        match (found.outcome, found.code) {
+            (protocol::Outcome::Applied, _) => Recorded::Applied,
+            (_, Some(code)) => Recorded::Refused {
+                code: code.as_str().to_owned(),
+                message: code.message().to_owned(),
+            },
+            (_, None) => Recorded::Unavailable("refusal recorded without a code".to_owned()),
+        }
     }
 }

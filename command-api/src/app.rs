@@ -30,14 +30,16 @@ pub struct AppState {
     /// The same registry the coordinator validates against.
     pub assets: Arc<RwLock<AssetRegistry>>,
     pub jwt: Arc<JwtKeys>,
+    /// Requests per second per user (this process); the daily limits live in the coordinator.
+    pub rate: Arc<crate::ratelimit::RateLimiter>,
 }
 
 impl AppState {
     /// Wires the funding ledger over `pool`, the spot adapter and the asset list into a
     /// coordinator, and keeps `jwt_secret` for verifying tokens (HS256).
     pub fn new(pool: PgPool, spot: SpotAdapter, assets: AssetRegistry, jwt_secret: &[u8]) -> Self {
-        let funding = FundingLedger::new(pool.clone());
         let assets = Arc::new(RwLock::new(assets));
+        let funding = FundingLedger::new(pool.clone()).with_assets(assets.clone());
         let coordinator = Coordinator::new(
             pool,
             Arc::new(funding.clone()) as Arc<dyn AccountPort>,
@@ -50,7 +52,18 @@ impl AppState {
             spot,
             assets,
             jwt: Arc::new(JwtKeys::new(jwt_secret)),
+            rate: Arc::new(crate::ratelimit::RateLimiter::new(None)),
         }
+    }
+
+    /// Applies rate limits: per second here, daily counts and amounts in the coordinator.
+    /// `new` starts without limits; the `ledger` commands apply the configured ones.
+    pub fn with_limits(mut self, limits: crate::ratelimit::LimitsConfig) -> Self {
+        self.rate = Arc::new(crate::ratelimit::RateLimiter::new(
+            limits.requests_per_second,
+        ));
+        self.coordinator = self.coordinator.with_daily_limits(limits.daily);
+        self
     }
 
     /// One asset's configuration, copied out so no lock is held across an await.
@@ -76,6 +89,15 @@ pub fn build_app(state: AppState) -> Router {
         .route(
             "/api/v1/admin/accounts/{user_id}/{account_type}/status",
             put(routes::admin_set_status),
+        )
+        .merge(crate::admin_assets::routes())
+        .merge(crate::openapi::routes())
+        .merge(crate::metrics::routes())
+        .merge(crate::admin_recovery::routes())
+        .merge(
+            crate::feed::routes()
+                .merge(crate::invariant::routes())
+                .merge(crate::graphql::routes()),
         )
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
@@ -107,9 +129,18 @@ pub async fn serve_with_shutdown(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    axum::serve(listener, build_app(state))
+    // Admin asset changes stored by any instance are laid over the file's defaults before the
+    // first request, then kept current while serving.
+    crate::admin_assets::load_persisted(&state).await?;
+    let reloader = crate::admin_assets::spawn_reloader(state.clone());
+    // The projector and the periodic fund-conservation check run while this process serves.
+    let read_side = crate::feed::spawn_read_side(&state);
+    let served = axum::serve(listener, build_app(state))
         .with_graceful_shutdown(shutdown)
-        .await?;
+        .await;
+    reloader.abort();
+    drop(read_side);
+    served?;
     Ok(())
 }
 

@@ -44,6 +44,9 @@ pub enum Command {
     Token(TokenArgs),
     /// Apply the database migrations and exit.
     Migrate,
+    /// Rebuild every projection from the event log into fresh tables and report whether they
+    /// equal the live ones; or show one transfer / one user's balances as of a position or time.
+    Replay(crate::replay::ReplayArgs),
     /// Run the spot-core engine in this process.
     #[command(name = "spot-core", hide = true)]
     SpotCore(SpotCoreArgs),
@@ -131,6 +134,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => serve(args).await,
         Command::Token(args) => token(args),
         Command::Migrate => migrate().await,
+        Command::Replay(args) => crate::replay::run(args).await,
         Command::SpotCore(args) => {
             spot_core::run(spot_core::Args {
                 listen: args.listen,
@@ -197,7 +201,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listen on {}", args.listen))?;
     let local = listener.local_addr()?;
-    let state = AppState::new(pool, spot, assets, &secret.bytes);
+    let state = AppState::new(pool, spot, assets, &secret.bytes)
+        .with_limits(crate::ratelimit::LimitsConfig::from_env()?);
     println!("ledger serving on http://{local} (spot-core at {spot_addr})");
     run_until_stopped(listener, state, None).await
 }
@@ -228,7 +233,8 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listen on {}", args.listen))?;
     let local = listener.local_addr()?;
-    let state = AppState::new(pool, spot, assets, &secret.bytes);
+    let state = AppState::new(pool, spot, assets, &secret.bytes)
+        .with_limits(crate::ratelimit::LimitsConfig::from_env()?);
 
     print_banner(&Banner {
         base: format!("http://{local}"),

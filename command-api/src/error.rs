@@ -31,7 +31,8 @@ pub enum ApiError {
     MethodNotAllowed,
     /// A refusal with a contract code; the status follows the code (see [`status_of`]): 422 for
     /// business and validation refusals (INSUFFICIENT_BALANCE, SAME_ACCOUNT, INVALID_AMOUNT...),
-    /// 409 for IDEMPOTENCY_KEY_REUSED and CONFLICT, 429 for RATE_LIMIT_EXCEEDED, and the statuses
+    /// 409 for IDEMPOTENCY_KEY_REUSED and CONFLICT, 429 with `Retry-After` for
+    /// RATE_LIMIT_EXCEEDED, DAILY_LIMIT_EXCEEDED and DAILY_AMOUNT_EXCEEDED, and the statuses
     /// of the variants above for their codes.
     Refused(ErrorCode),
     /// 422 with the refusal code the source account system gave: the transfer exists and ended
@@ -50,14 +51,14 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         C::Unauthorized => StatusCode::UNAUTHORIZED,
         C::Forbidden => StatusCode::FORBIDDEN,
         C::NotFound => StatusCode::NOT_FOUND,
-        C::RateLimitExceeded => StatusCode::TOO_MANY_REQUESTS,
+        C::RateLimitExceeded | C::DailyLimitExceeded | C::DailyAmountExceeded => {
+            StatusCode::TOO_MANY_REQUESTS
+        }
         C::SystemError => StatusCode::INTERNAL_SERVER_ERROR,
         C::ServiceHalted => StatusCode::SERVICE_UNAVAILABLE,
         C::BadRequest => StatusCode::BAD_REQUEST,
         C::IdempotencyKeyReused | C::Conflict | C::DuplicateRequest => StatusCode::CONFLICT,
-        C::DailyLimitExceeded
-        | C::DailyAmountExceeded
-        | C::SameAccount
+        C::SameAccount
         | C::InvalidAccountType
         | C::UnsupportedAccountType
         | C::InvalidAmount
@@ -206,7 +207,21 @@ impl IntoResponse for ApiError {
             Self::Unavailable(detail) => tracing::warn!(%detail, "backing service unavailable"),
             _ => {}
         }
-        (self.status(), Json(self.body())).into_response()
+        // A limit refusal says when to come back: the next second, or the next UTC day.
+        let retry_after = match &self {
+            Self::Refused(ErrorCode::RateLimitExceeded) => Some(1),
+            Self::Refused(ErrorCode::DailyLimitExceeded | ErrorCode::DailyAmountExceeded) => {
+                Some(recovery::limits::secs_until_next_day(chrono::Utc::now()))
+            }
+            _ => None,
+        };
+        let mut response = (self.status(), Json(self.body())).into_response();
+        if let Some(secs) = retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        response
     }
 }
 

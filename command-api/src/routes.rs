@@ -267,6 +267,26 @@ pub async fn create_transfer(
         let assets = state.assets.read().unwrap_or_else(|e| e.into_inner());
         parse_transfer(body, user.user_id, &assets)?
     };
+    // Seed 000 section 1.5.8, step 7: counted only for requests that passed the checks before it.
+    state.rate.check(user.user_id)?;
+    // MON-003: after a fund-conservation violation no new transfer starts until an admin clears
+    // it. Checked after the request's own checks, so a bad request gets its own code.
+    crate::invariant::refuse_if_halted(state.funding.pool()).await?;
+    // A FUNDING target must exist (SPOT is created lazily). Checked here, before anything is
+    // created, so the refusal costs no withdraw and refund; the funding adapter still refuses
+    // on its own if the account is missing when the deposit runs.
+    if request.to == AccountType::Funding {
+        let asset = domain::AssetSymbol::parse(&request.asset)?;
+        let exists = state
+            .funding
+            .balance(request.user_id, &asset)
+            .await
+            .map_err(funding_error)?
+            .is_some();
+        if !exists {
+            return Err(ErrorCode::TargetAccountNotFound.into());
+        }
+    }
     let coordinator = state.coordinator.clone();
     // The drive runs in its own task so a client hanging up cannot cancel it between a step's
     // commit and its adapter call; the transfer then ends as soon as possible rather than at the
@@ -544,12 +564,19 @@ pub async fn admin_set_status(
     let mut fields = Fields(body);
     fields.deny_unknown(&["status", "asset"])?;
     let status = fields.required_str("status")?;
-    let asset = fields
-        .optional_str("asset")?
-        .or(query.asset)
-        .ok_or_else(|| {
-            ApiError::BadRequest("`asset` is required, in the body or as ?asset=".into())
-        })?;
+    let body_asset = fields.optional_str("asset")?;
+    // Given in both places, they must agree: a malformed or different `?asset=` is refused,
+    // never silently ignored (found by scripts/schemathesis).
+    if let (Some(in_body), Some(in_query)) = (&body_asset, &query.asset) {
+        if in_body != in_query {
+            return Err(ApiError::BadRequest(
+                "`asset` in the body and in the query differ".into(),
+            ));
+        }
+    }
+    let asset = body_asset.or(query.asset).ok_or_else(|| {
+        ApiError::BadRequest("`asset` is required, in the body or as ?asset=".into())
+    })?;
     let status = AccountStatus::parse(&status).ok_or(ErrorCode::InvalidStatus)?;
     let config = state.asset(&asset)?;
 

@@ -33,6 +33,33 @@ pub struct AssetConfig {
 }
 
 impl AssetConfig {
+    /// The configuration's own consistency: precision within what an amount can carry, a
+    /// positive minimum, a maximum not below it, and bounds expressible at the asset's precision.
+    /// Both the configuration file and an admin's change pass through this.
+    pub fn check_consistent(&self) -> Result<(), String> {
+        if self.precision > crate::values::AMOUNT_SCALE_MAX {
+            return Err(format!("asset {}: precision above 18", self.symbol));
+        }
+        if self.min_transfer_amount <= Decimal::ZERO
+            || self.max_transfer_amount < self.min_transfer_amount
+        {
+            return Err(format!("asset {}: bad transfer bounds", self.symbol));
+        }
+        if self.min_transfer_amount.normalize().scale() > self.precision {
+            return Err(format!(
+                "asset {}: minimum has more decimals than the precision",
+                self.symbol
+            ));
+        }
+        if self.max_transfer_amount >= crate::values::amount_ceiling() {
+            return Err(format!(
+                "asset {}: maximum at or above the amount ceiling",
+                self.symbol
+            ));
+        }
+        Ok(())
+    }
+
     /// Asset-level checks, in the order of seed 000 section 1.5.8: status, permission.
     pub fn check_transferable(&self) -> Result<(), ErrorCode> {
         if self.status != AssetStatus::Active {
@@ -80,14 +107,7 @@ impl AssetRegistry {
             serde_json::from_str(text).map_err(|e| format!("asset config: {e}"))?;
         let mut assets = BTreeMap::new();
         for asset in list {
-            if asset.precision > crate::values::AMOUNT_SCALE_MAX {
-                return Err(format!("asset {}: precision above 18", asset.symbol));
-            }
-            if asset.min_transfer_amount <= Decimal::ZERO
-                || asset.max_transfer_amount < asset.min_transfer_amount
-            {
-                return Err(format!("asset {}: bad transfer bounds", asset.symbol));
-            }
+            asset.check_consistent()?;
             let symbol = asset.symbol.clone();
             if assets.insert(symbol.clone(), asset).is_some() {
                 return Err(format!("asset {symbol} listed twice"));

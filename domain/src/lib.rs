@@ -9,9 +9,9 @@ pub mod values;
 
 pub use assets::{AssetConfig, AssetRegistry, AssetStatus};
 pub use codes::ErrorCode;
-pub use port::{AccountPort, AdapterOutcome, Movement};
+pub use port::{AccountPort, AdapterOutcome, Movement, Operation, Recorded};
 pub use transfer::{
-    StepOutcome, Transfer, TransferCommand, TransferData, TransferError, TransferEvent,
-    TransferState,
+    manual_resolution_target, Resolution, StepOutcome, Transfer, TransferCommand, TransferData,
+    TransferError, TransferEvent, TransferState,
 };
 pub use values::{AccountType, Amount, AssetSymbol, ReqId, UserId};

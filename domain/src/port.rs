@@ -37,6 +37,28 @@ impl AdapterOutcome {
     }
 }
 
+/// The three movements a transfer asks of an account system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    Withdraw,
+    Deposit,
+    Refund,
+}
+
+/// What an account system's own records say about one (`req_id`, operation): the answer to
+/// "what happened to X?" that lets a caller resolve an unknown outcome without a blind retry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recorded {
+    /// Applied, with the same user, asset and amount.
+    Applied,
+    /// Decided and refused; the refusal stands for any repeat.
+    Refused { code: String, message: String },
+    /// Never decided: nothing was applied under this key (as of the answer).
+    NotSeen,
+    /// The system could not answer, or its record does not match the movement: nothing is known.
+    Unavailable(String),
+}
+
 /// An account system seen through one account type. Every method is idempotent by
 /// (`req_id`, operation): calling it again returns the first result and changes nothing.
 #[async_trait]
@@ -49,4 +71,10 @@ pub trait AccountPort: Send + Sync {
     /// Gives back a withdraw of the same `req_id` (compensation). Refused unless that withdraw
     /// was applied with the same user, asset and amount.
     async fn refund(&self, movement: &Movement) -> AdapterOutcome;
+    /// What the system recorded for `operation` of `movement.req_id`. Changes nothing. A system
+    /// that cannot tell answers `Unavailable`, and the caller falls back to an idempotent retry.
+    async fn lookup(&self, movement: &Movement, operation: Operation) -> Recorded {
+        let _ = (movement, operation);
+        Recorded::Unavailable("this account system cannot look up past operations".to_owned())
+    }
 }

@@ -98,6 +98,60 @@ pub enum StepOutcome {
     Refused { code: String, message: String },
 }
 
+/// What an operator confirmed about the adapter call a transfer is waiting on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Resolution {
+    /// The pending call was applied in its account system.
+    Applied,
+    /// The pending call was not applied and never will be.
+    NotApplied,
+}
+
+impl Resolution {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Applied => "APPLIED",
+            Self::NotApplied => "NOT_APPLIED",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "APPLIED" => Some(Self::Applied),
+            "NOT_APPLIED" => Some(Self::NotApplied),
+            _ => None,
+        }
+    }
+}
+
+/// Where a manual resolution may take a transfer: the state the confirmed fact proves, never
+/// further. Returns `None` where the state allows no manual resolution with this fact.
+///
+/// - SOURCE_PENDING, withdraw applied → SOURCE_DONE (the deposit is then driven as usual);
+///   withdraw not applied → FAILED (nothing left the source).
+/// - TARGET_PENDING, deposit applied → COMMITTED; deposit not applied → COMPENSATING (the refund
+///   is then driven and retried until it succeeds).
+/// - COMPENSATING, refund applied → ROLLED_BACK; "refund not applied" proves nothing new (the
+///   refund keeps being retried), so it is refused.
+/// - INIT and SOURCE_DONE wait on no outside call (the worker advances them without asking
+///   anyone), and terminal states never change: refused.
+pub fn manual_resolution_target(
+    state: TransferState,
+    resolution: Resolution,
+) -> Option<TransferState> {
+    use Resolution as R;
+    use TransferState as S;
+    match (state, resolution) {
+        (S::SourcePending, R::Applied) => Some(S::SourceDone),
+        (S::SourcePending, R::NotApplied) => Some(S::Failed),
+        (S::TargetPending, R::Applied) => Some(S::Committed),
+        (S::TargetPending, R::NotApplied) => Some(S::Compensating),
+        (S::Compensating, R::Applied) => Some(S::RolledBack),
+        _ => None,
+    }
+}
+
 /// Commands carry the time they happen at; the domain never reads a clock.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TransferCommand {
@@ -125,6 +179,14 @@ pub enum TransferCommand {
     },
     /// The refund of a compensating transfer was applied.
     RecordRefund { at: DateTime<Utc> },
+    /// An operator confirmed what happened to the pending call (see
+    /// [`manual_resolution_target`] for what each state allows).
+    ManuallyResolve {
+        resolution: Resolution,
+        operator: String,
+        reason: String,
+        at: DateTime<Utc>,
+    },
 }
 
 impl TransferCommand {
@@ -136,6 +198,7 @@ impl TransferCommand {
             Self::StartTargetDeposit { .. } => "StartTargetDeposit",
             Self::RecordTargetOutcome { .. } => "RecordTargetOutcome",
             Self::RecordRefund { .. } => "RecordRefund",
+            Self::ManuallyResolve { .. } => "ManuallyResolve",
         }
     }
 }
@@ -179,6 +242,15 @@ pub enum TransferEvent {
     TransferRolledBack {
         at: DateTime<Utc>,
     },
+    /// An operator resolved the pending call; `from_state` → `to_state`, with who and why.
+    TransferManuallyResolved {
+        resolution: Resolution,
+        from_state: TransferState,
+        to_state: TransferState,
+        operator: String,
+        reason: String,
+        at: DateTime<Utc>,
+    },
 }
 
 impl TransferEvent {
@@ -191,7 +263,8 @@ impl TransferEvent {
             | Self::TargetDepositStarted { at }
             | Self::TransferCommitted { at }
             | Self::CompensationStarted { at, .. }
-            | Self::TransferRolledBack { at } => *at,
+            | Self::TransferRolledBack { at }
+            | Self::TransferManuallyResolved { at, .. } => *at,
         }
     }
 
@@ -206,6 +279,7 @@ impl TransferEvent {
             Self::TransferCommitted { .. } => TransferState::Committed,
             Self::CompensationStarted { .. } => TransferState::Compensating,
             Self::TransferRolledBack { .. } => TransferState::RolledBack,
+            Self::TransferManuallyResolved { to_state, .. } => *to_state,
         }
     }
 }
@@ -221,6 +295,7 @@ impl DomainEvent for TransferEvent {
             Self::TransferCommitted { .. } => "TransferCommitted",
             Self::CompensationStarted { .. } => "CompensationStarted",
             Self::TransferRolledBack { .. } => "TransferRolledBack",
+            Self::TransferManuallyResolved { .. } => "TransferManuallyResolved",
         };
         name.to_owned()
     }
@@ -309,6 +384,35 @@ impl Transfer {
             (S::Compensating, C::RecordRefund { at }) => {
                 vec![TransferEvent::TransferRolledBack { at }]
             }
+            (
+                state,
+                C::ManuallyResolve {
+                    resolution,
+                    operator,
+                    reason,
+                    at,
+                },
+            ) => match manual_resolution_target(state, resolution) {
+                // An operator's word is recorded with who and why; an empty name or reason
+                // would make the record worthless.
+                Some(_) if operator.trim().is_empty() || reason.trim().is_empty() => {
+                    return Err(TransferError::Invalid(ErrorCode::BadRequest))
+                }
+                Some(to_state) => vec![TransferEvent::TransferManuallyResolved {
+                    resolution,
+                    from_state: state,
+                    to_state,
+                    operator,
+                    reason,
+                    at,
+                }],
+                None => {
+                    return Err(TransferError::IllegalTransition {
+                        state,
+                        command: name,
+                    })
+                }
+            },
             (state, C::Create { .. }) => {
                 let _ = state;
                 return Err(TransferError::AlreadyExists);
@@ -417,10 +521,20 @@ impl Aggregate for Transfer {
                     .data
                     .as_mut()
                     .expect("events after TransferCreated only follow a created transfer");
-                if let TransferEvent::TransferFailed { code, message, .. }
-                | TransferEvent::CompensationStarted { code, message, .. } = other
-                {
-                    data.failure = Some((code, message));
+                match other {
+                    TransferEvent::TransferFailed { code, message, .. }
+                    | TransferEvent::CompensationStarted { code, message, .. } => {
+                        data.failure = Some((code, message));
+                    }
+                    // A manual FAILED or COMPENSATING carries the operator's reason as its cause.
+                    TransferEvent::TransferManuallyResolved {
+                        to_state: TransferState::Failed | TransferState::Compensating,
+                        reason,
+                        ..
+                    } => {
+                        data.failure = Some(("MANUALLY_RESOLVED".to_owned(), reason));
+                    }
+                    _ => {}
                 }
                 data.state = state;
                 data.updated_at = at;

@@ -228,8 +228,9 @@ impl Amount {
                 return Err(ErrorCode::InvalidAmount);
             }
         }
-        // Past 12 integer digits the value is above the ceiling whatever follows.
-        if int_part.len() > 12 {
+        // With no redundant leading zero, 12 or more integer digits is at or above the ceiling
+        // (10^11) whatever follows.
+        if int_part.len() > 11 {
             return Err(ErrorCode::Overflow);
         }
         let frac = frac_part.unwrap_or("").trim_end_matches('0');
@@ -241,7 +242,10 @@ impl Amount {
         } else {
             format!("{int_part}.{frac}")
         };
-        let value = Decimal::from_str_exact(&canonical).map_err(|_| ErrorCode::Overflow)?;
+        // Below the ceiling, the only way not to fit Decimal's 28-digit mantissa exactly is too
+        // many fractional digits: more precision than can be kept, never a rounded value.
+        let value =
+            Decimal::from_str_exact(&canonical).map_err(|_| ErrorCode::PrecisionOverflow)?;
         Self::from_decimal(value)
     }
 
@@ -328,6 +332,11 @@ mod tests {
         );
         assert_eq!(
             Amount::parse("0.0000000000000000001"),
+            Err(ErrorCode::PrecisionOverflow)
+        );
+        // 29 significant digits do not fit Decimal exactly: refused, never rounded.
+        assert_eq!(
+            Amount::parse("79228162514.264400000000000001"),
             Err(ErrorCode::PrecisionOverflow)
         );
     }

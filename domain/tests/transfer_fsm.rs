@@ -3,8 +3,8 @@
 use chrono::{DateTime, TimeZone, Utc};
 use cqrs_es::test::TestFramework;
 use domain::{
-    AccountType, Amount, AssetSymbol, ReqId, StepOutcome, Transfer, TransferCommand, TransferError,
-    TransferEvent, TransferState, UserId,
+    manual_resolution_target, AccountType, Amount, AssetSymbol, ReqId, Resolution, StepOutcome,
+    Transfer, TransferCommand, TransferError, TransferEvent, TransferState, UserId,
 };
 
 type Fw = TestFramework<Transfer>;
@@ -126,7 +126,124 @@ fn all_commands() -> Vec<TransferCommand> {
             at: t(9),
         },
         TransferCommand::RecordRefund { at: t(9) },
+        resolve_cmd(Resolution::Applied),
+        resolve_cmd(Resolution::NotApplied),
     ]
+}
+
+fn resolve_cmd(resolution: Resolution) -> TransferCommand {
+    TransferCommand::ManuallyResolve {
+        resolution,
+        operator: "admin:1".into(),
+        reason: "confirmed with the spot-core journal".into(),
+        at: t(9),
+    }
+}
+
+fn resolved(resolution: Resolution, from: TransferState, to: TransferState) -> TransferEvent {
+    TransferEvent::TransferManuallyResolved {
+        resolution,
+        from_state: from,
+        to_state: to,
+        operator: "admin:1".into(),
+        reason: "confirmed with the spot-core journal".into(),
+        at: t(9),
+    }
+}
+
+/// Each manual resolution the table allows, given/when/then: the event records who and why and
+/// moves exactly to the state the confirmed fact proves.
+#[test]
+fn manual_resolutions_move_to_the_state_the_confirmed_fact_proves() {
+    use Resolution::{Applied, NotApplied};
+    use TransferState as S;
+    let cases = [
+        (S::SourcePending, Applied, S::SourceDone),
+        (S::SourcePending, NotApplied, S::Failed),
+        (S::TargetPending, Applied, S::Committed),
+        (S::TargetPending, NotApplied, S::Compensating),
+        (S::Compensating, Applied, S::RolledBack),
+    ];
+    for (from, resolution, to) in cases {
+        Fw::with(())
+            .given(history_to(from))
+            .when(resolve_cmd(resolution))
+            .then_expect_events(vec![resolved(resolution, from, to)]);
+        assert_eq!(manual_resolution_target(from, resolution), Some(to));
+    }
+}
+
+#[test]
+fn manual_resolution_is_refused_where_nothing_is_pending_or_the_fact_proves_nothing() {
+    use TransferState as S;
+    for (state, resolution) in [
+        (S::Init, Resolution::Applied),
+        (S::Init, Resolution::NotApplied),
+        (S::SourceDone, Resolution::Applied),
+        (S::SourceDone, Resolution::NotApplied),
+        (S::Compensating, Resolution::NotApplied),
+    ] {
+        Fw::with(())
+            .given(history_to(state))
+            .when(resolve_cmd(resolution))
+            .then_expect_error(TransferError::IllegalTransition {
+                state,
+                command: "ManuallyResolve",
+            });
+    }
+    for state in [S::Committed, S::Failed, S::RolledBack] {
+        Fw::with(())
+            .given(history_to(state))
+            .when(resolve_cmd(Resolution::Applied))
+            .then_expect_error(TransferError::Terminal { state });
+    }
+}
+
+#[test]
+fn manual_resolution_needs_an_operator_and_a_reason() {
+    Fw::with(())
+        .given(history_to(TransferState::TargetPending))
+        .when(TransferCommand::ManuallyResolve {
+            resolution: Resolution::Applied,
+            operator: "admin:1".into(),
+            reason: "  ".into(),
+            at: t(9),
+        })
+        .then_expect_error(TransferError::Invalid(domain::ErrorCode::BadRequest));
+    Fw::with(())
+        .given(history_to(TransferState::TargetPending))
+        .when(TransferCommand::ManuallyResolve {
+            resolution: Resolution::Applied,
+            operator: String::new(),
+            reason: "seen in the journal".into(),
+            at: t(9),
+        })
+        .then_expect_error(TransferError::Invalid(domain::ErrorCode::BadRequest));
+}
+
+/// A manual FAILED carries the operator's reason as its cause, and the folded state follows the
+/// event's `to_state`.
+#[test]
+fn a_manual_resolution_folds_into_state_and_cause() {
+    use cqrs_es::Aggregate;
+    let mut transfer = Transfer::default();
+    for e in history_to(TransferState::SourcePending) {
+        transfer.apply(e);
+    }
+    transfer.apply(resolved(
+        Resolution::NotApplied,
+        TransferState::SourcePending,
+        TransferState::Failed,
+    ));
+    let data = transfer.data.expect("created");
+    assert_eq!(data.state, TransferState::Failed);
+    assert_eq!(
+        data.failure,
+        Some((
+            "MANUALLY_RESOLVED".to_owned(),
+            "confirmed with the spot-core journal".to_owned()
+        ))
+    );
 }
 
 #[test]
@@ -249,11 +366,17 @@ fn every_other_pair_is_refused_and_terminal_states_never_change() {
     for state in TransferState::ALL {
         for command in all_commands() {
             let name = command.name();
+            let manual_ok = match &command {
+                TransferCommand::ManuallyResolve { resolution, .. } => {
+                    manual_resolution_target(state, *resolution).is_some()
+                }
+                _ => false,
+            };
             let result = Fw::with(())
                 .given(history_to(state))
                 .when(command)
                 .inspect_result();
-            if legal.contains(&(state, name)) {
+            if legal.contains(&(state, name)) || manual_ok {
                 assert!(result.is_ok(), "{state} {name} should be legal");
                 continue;
             }

@@ -1,6 +1,12 @@
-//! Read models built from the event log. A projection reads events and writes its own tables;
-//! it never writes the event table.
+//! Read models built from the event log. The projector reads events in a commit-safe order and
+//! writes its own tables with its position in the same transaction (exactly once); nothing here
+//! ever writes the event table. `replay` rebuilds everything from scratch and compares, and
+//! answers point-in-time questions for audits.
 
+pub mod feed;
+pub mod projector;
+pub mod replay;
 pub mod transfers;
 
-pub use transfers::{TransferRow, TransferView};
+pub use projector::{Fold, Pass, ProjectionError, Projector, StoredEvent};
+pub use transfers::{BalanceRow, HistoryFilter, PageCursor, TransferRow, TransferView};

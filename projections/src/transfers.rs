@@ -1,11 +1,21 @@
-//! The transfer read model (`transfers_view`): one row per transfer with its current state, for
-//! history, in-flight totals and finding open transfers.
+//! The transfer read models, as the API reads them: `transfers_view` (one row per transfer with
+//! its current state, for history and open transfers), `transfer_balances` (in-flight amounts)
+//! and `transfer_state_counts`. The projector writes them; this type only reads, catching the
+//! projector up first where a caller needs to read its own writes.
+
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use cqrs_es::EventEnvelope;
-use domain::{Transfer, TransferEvent, TransferState};
 use rust_decimal::Decimal;
 use sqlx::PgPool;
+
+use crate::projector::Projector;
+
+/// How long a read that must see the caller's own writes waits for the projector.
+pub const READ_YOUR_WRITES_WAIT_MAX: Duration = Duration::from_secs(5);
+
+/// The largest page of history one query returns.
+pub const HISTORY_PAGE_SIZE_MAX: i64 = 100;
 
 /// One row of `transfers_view`.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
@@ -26,91 +36,92 @@ pub struct TransferRow {
     pub last_sequence: i64,
 }
 
-/// Folds committed events into `transfers_view`.
-#[derive(Clone)]
+/// Every field a user filters history by. `None` means "any".
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HistoryFilter {
+    /// The owner; `None` only for an admin asking about everyone.
+    pub user_id: Option<i64>,
+    pub state_id: Option<i16>,
+    pub asset: Option<String>,
+    pub from_account: Option<String>,
+    pub to_account: Option<String>,
+    /// Created at or after.
+    pub created_from: Option<DateTime<Utc>>,
+    /// Created strictly before.
+    pub created_until: Option<DateTime<Utc>>,
+}
+
+/// Where a history page starts: after this (created_at, req_id) in newest-first order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageCursor {
+    pub created_at: DateTime<Utc>,
+    pub req_id: String,
+}
+
+/// One user's per-asset totals from `transfer_balances`.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct BalanceRow {
+    pub user_id: i64,
+    pub asset: String,
+    pub funding_net: Decimal,
+    pub spot_net: Decimal,
+    pub in_flight: Decimal,
+}
+
+/// Reads the transfer read models.
+#[derive(Debug, Clone)]
 pub struct TransferView {
     pool: PgPool,
+    projector: Projector,
 }
 
 impl TransferView {
     pub fn new(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            projector: Projector::new(pool.clone()),
+            pool,
+        }
     }
 
-    /// Applies committed events of one transfer, in order. Idempotent: an event at or below the
-    /// row's `last_sequence` changes nothing, so replaying or re-dispatching is harmless.
-    pub async fn apply(&self, events: &[EventEnvelope<Transfer>]) -> Result<(), sqlx::Error> {
-        for envelope in events {
-            let seq = i64::try_from(envelope.sequence).unwrap_or(i64::MAX);
-            match &envelope.payload {
-                TransferEvent::TransferCreated {
-                    req_id,
-                    user_id,
-                    from,
-                    to,
-                    asset,
-                    amount,
-                    cid,
-                    at,
-                } => {
-                    sqlx::query(
-                        "INSERT INTO transfers_view (req_id, user_id, from_account, to_account, asset,
-                            amount, cid, state, state_id, created_at, updated_at, last_sequence)
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11)
-                         ON CONFLICT (req_id) DO NOTHING",
-                    )
-                    .bind(req_id.to_string())
-                    .bind(user_id.as_i64())
-                    .bind(from.as_str())
-                    .bind(to.as_str())
-                    .bind(asset.as_str())
-                    .bind(amount.value())
-                    .bind(cid.as_deref())
-                    .bind(TransferState::Init.as_str())
-                    .bind(TransferState::Init.id())
-                    .bind(at)
-                    .bind(seq)
-                    .execute(&self.pool)
-                    .await?;
-                }
-                other => {
-                    let state = other.resulting_state();
-                    let (code, message) = match other {
-                        TransferEvent::TransferFailed { code, message, .. }
-                        | TransferEvent::CompensationStarted { code, message, .. } => {
-                            (Some(code.as_str()), Some(message.as_str()))
-                        }
-                        _ => (None, None),
-                    };
-                    sqlx::query(
-                        "UPDATE transfers_view SET state = $2, state_id = $3, updated_at = $4,
-                            last_sequence = $5,
-                            failure_code = COALESCE($6, failure_code),
-                            failure_message = COALESCE($7, failure_message)
-                         WHERE req_id = $1 AND last_sequence < $5",
-                    )
-                    .bind(&envelope.aggregate_id)
-                    .bind(state.as_str())
-                    .bind(state.id())
-                    .bind(other.at())
-                    .bind(seq)
-                    .bind(code)
-                    .bind(message)
-                    .execute(&self.pool)
-                    .await?;
-                }
+    pub fn projector(&self) -> &Projector {
+        &self.projector
+    }
+
+    /// Brings the read models up to every event committed before this call, waiting at most
+    /// `wait_max`. If that fails or times out the read goes ahead on what is there (a little
+    /// stale), and the reason is logged: a read model is never the source of truth.
+    pub async fn catch_up(&self, wait_max: Duration) {
+        match self.projector.catch_up(wait_max).await {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(
+                "projections still behind the log after waiting; reading them as they are"
+            ),
+            Err(e) => {
+                tracing::error!(error = %e, "projector could not catch up; reading the read models as they are")
             }
         }
-        Ok(())
     }
 
-    /// Sums of in-flight amounts (seed 000: SOURCE_DONE, TARGET_PENDING, COMPENSATING) per asset
-    /// for one user.
+    /// Sums of in-flight amounts (money withdrawn from the source, not yet deposited or
+    /// refunded: seed 000's SOURCE_DONE, TARGET_PENDING and COMPENSATING) per asset for one
+    /// user, including every transfer step committed before the call.
     pub async fn in_flight(&self, user_id: i64) -> Result<Vec<(String, Decimal)>, sqlx::Error> {
+        self.catch_up(READ_YOUR_WRITES_WAIT_MAX).await;
         sqlx::query_as(
-            "SELECT asset, SUM(amount) FROM transfers_view
-             WHERE user_id = $1 AND state_id IN (20, 30, -20)
-             GROUP BY asset ORDER BY asset",
+            "SELECT asset, in_flight FROM transfer_balances
+             WHERE user_id = $1 AND in_flight <> 0 ORDER BY asset",
+        )
+        .bind(user_id)
+        .fetch_all(&self.pool)
+        .await
+    }
+
+    /// One user's (or, with `None`, everyone's) transfer-driven balance totals per asset.
+    pub async fn balances(&self, user_id: Option<i64>) -> Result<Vec<BalanceRow>, sqlx::Error> {
+        self.catch_up(READ_YOUR_WRITES_WAIT_MAX).await;
+        sqlx::query_as(
+            "SELECT user_id, asset, funding_net, spot_net, in_flight FROM transfer_balances
+             WHERE $1::bigint IS NULL OR user_id = $1 ORDER BY user_id, asset",
         )
         .bind(user_id)
         .fetch_all(&self.pool)
@@ -124,6 +135,8 @@ impl TransferView {
         older_than: DateTime<Utc>,
         limit: i64,
     ) -> Result<Vec<TransferRow>, sqlx::Error> {
+        // The sweeper polls again later, so a short wait is enough here.
+        self.catch_up(Duration::from_millis(500)).await;
         sqlx::query_as(
             "SELECT * FROM transfers_view
              WHERE state_id NOT IN (40, -10, -30) AND updated_at < $1
@@ -140,5 +153,52 @@ impl TransferView {
             .bind(req_id)
             .fetch_optional(&self.pool)
             .await
+    }
+
+    /// A page of history, newest first, after `after`, at most `limit` (bounded by
+    /// [`HISTORY_PAGE_SIZE_MAX`]) rows.
+    pub async fn history(
+        &self,
+        filter: &HistoryFilter,
+        after: Option<&PageCursor>,
+        limit: i64,
+    ) -> Result<Vec<TransferRow>, sqlx::Error> {
+        self.catch_up(READ_YOUR_WRITES_WAIT_MAX).await;
+        let limit = limit.clamp(0, HISTORY_PAGE_SIZE_MAX);
+        sqlx::query_as(
+            "SELECT * FROM transfers_view
+             WHERE ($1::bigint IS NULL OR user_id = $1)
+               AND ($2::smallint IS NULL OR state_id = $2)
+               AND ($3::text IS NULL OR asset = $3)
+               AND ($4::text IS NULL OR from_account = $4)
+               AND ($5::text IS NULL OR to_account = $5)
+               AND ($6::timestamptz IS NULL OR created_at >= $6)
+               AND ($7::timestamptz IS NULL OR created_at < $7)
+               AND ($8::timestamptz IS NULL OR (created_at, req_id) < ($8, $9))
+             ORDER BY created_at DESC, req_id DESC
+             LIMIT $10",
+        )
+        .bind(filter.user_id)
+        .bind(filter.state_id)
+        .bind(filter.asset.as_deref())
+        .bind(filter.from_account.as_deref())
+        .bind(filter.to_account.as_deref())
+        .bind(filter.created_from)
+        .bind(filter.created_until)
+        .bind(after.map(|c| c.created_at))
+        .bind(after.map(|c| c.req_id.clone()).unwrap_or_default())
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await
+    }
+
+    /// How many transfers are in each state: (state id, state, count), by state id.
+    pub async fn state_counts(&self) -> Result<Vec<(i16, String, i64)>, sqlx::Error> {
+        self.catch_up(READ_YOUR_WRITES_WAIT_MAX).await;
+        sqlx::query_as(
+            "SELECT state_id, state, count FROM transfer_state_counts ORDER BY state_id DESC",
+        )
+        .fetch_all(&self.pool)
+        .await
     }
 }

@@ -11,11 +11,19 @@ use cqrs_es::event_sink::EventSink;
 use cqrs_es::persist::{EventStoreAggregateContext, PersistedEventStore};
 use cqrs_es::{Aggregate, AggregateError, EventStore};
 use domain::{
-    AccountPort, AccountType, AdapterOutcome, Amount, AssetRegistry, ErrorCode, Movement, ReqId,
-    StepOutcome, Transfer, TransferCommand, TransferData, TransferError, TransferState, UserId,
+    AccountPort, AccountType, AdapterOutcome, Amount, AssetRegistry, ErrorCode, Movement,
+    Operation, ReqId, StepOutcome, Transfer, TransferCommand, TransferData, TransferError,
+    TransferState, UserId,
 };
 use postgres_es::PostgresEventRepository;
 use projections::TransferView;
+
+use crate::failpoint::failpoint;
+use crate::limits::DailyLimits;
+use resume::call_or_lookup;
+
+mod resume;
+pub use resume::{ManualResolutionError, Resumed};
 use sqlx::PgPool;
 
 /// The event store in plain event-store mode (postgres-es's snapshot modes double-apply events).
@@ -85,6 +93,7 @@ pub struct Coordinator {
     funding: Arc<dyn AccountPort>,
     spot: Arc<dyn AccountPort>,
     assets: Arc<RwLock<AssetRegistry>>,
+    daily: Arc<DailyLimits>,
     clock: fn() -> DateTime<Utc>,
 }
 
@@ -103,8 +112,16 @@ impl Coordinator {
             funding,
             spot,
             assets,
+            daily: Arc::new(DailyLimits::default()),
             clock: Utc::now,
         }
+    }
+
+    /// Holds new transfers to per-user daily limits, counted in PostgreSQL (shared by every
+    /// process). Without it the coordinator sets no daily limit.
+    pub fn with_daily_limits(mut self, limits: DailyLimits) -> Self {
+        self.daily = Arc::new(limits);
+        self
     }
 
     pub fn view(&self) -> &TransferView {
@@ -139,6 +156,24 @@ impl Coordinator {
                 }
             },
         };
+        // Only a transfer about to be created is charged: a repeat answered above is not. A
+        // refused request keeps its cid claim, so retrying it later still creates exactly one
+        // transfer under the same req_id.
+        if !self.daily.is_unlimited() {
+            let asset =
+                domain::AssetSymbol::parse(&request.asset).map_err(CoordinatorError::Refused)?;
+            let day = crate::limits::day_of((self.clock)());
+            crate::limits::reserve(
+                &self.pool,
+                &self.daily,
+                request.user_id,
+                &asset,
+                request.amount,
+                day,
+            )
+            .await?
+            .map_err(CoordinatorError::Refused)?;
+        }
         let ctx = match self.create(req_id, &request).await {
             Ok(ctx) => ctx,
             // A concurrent duplicate created it first: answer with that transfer.
@@ -262,11 +297,8 @@ impl Coordinator {
         let aggregate_id = ctx.aggregate_id.clone();
         let committed = self.store.commit(events, ctx, HashMap::new()).await?;
         let current_sequence = committed.last().map_or(0, |e| e.sequence);
-        // The read model follows the log; if this write is lost, a later event or a replay
-        // brings it up to date, because every update is keyed by sequence.
-        if let Err(e) = self.view.apply(&committed).await {
-            tracing::warn!(req_id = %aggregate_id, error = %e, "transfer view update failed");
-        }
+        // No read-model write here: the projector (projections::Projector) applies every
+        // committed event exactly once, in a commit-safe order, from the log itself.
         Ok(Context {
             aggregate_id,
             aggregate,
@@ -285,21 +317,25 @@ impl Coordinator {
             if data.state.is_terminal() {
                 return Ok(data);
             }
-            match self.step(ctx, &data).await? {
-                Some(next) => ctx = next,
+            match self.step(ctx, &data, false).await? {
+                Stepped::Next(next) => ctx = next,
                 // An unknown outcome: the state stays, the transfer waits for a retry.
-                None => return Ok(self.load(&data.req_id).await?.unwrap_or(data)),
+                Stepped::Unknown(_) => return Ok(self.load(&data.req_id).await?.unwrap_or(data)),
             }
         }
     }
 
-    /// One step by state (seed 000 section 6.3). `None` means the adapter's outcome was unknown
-    /// and nothing was recorded.
+    /// One step by state (seed 000 section 6.3). `Unknown` means the adapter's outcome was
+    /// unknown and nothing was recorded. With `lookup_first` (the recovery worker resuming a
+    /// transfer someone else left), the account system is asked what it recorded for the call
+    /// before the call is retried (see `resume.rs`). The fail points are the CRA-001..006 crash
+    /// points.
     async fn step(
         &self,
         ctx: Context,
         data: &TransferData,
-    ) -> Result<Option<Context>, CoordinatorError> {
+        lookup_first: bool,
+    ) -> Result<Stepped, CoordinatorError> {
         let now = self.clock;
         let movement = Movement {
             req_id: data.req_id,
@@ -310,35 +346,55 @@ impl Coordinator {
         let source = self.port(data.from);
         let target = self.port(data.to);
         let command = match data.state {
-            TransferState::Init => TransferCommand::StartSourceWithdraw { at: now() },
+            TransferState::Init => {
+                failpoint("after_init");
+                TransferCommand::StartSourceWithdraw { at: now() }
+            }
             TransferState::SourcePending => {
-                let outcome = source.withdraw(&movement).await;
+                failpoint("source_pending_before_call");
+                let outcome =
+                    call_or_lookup(source, Operation::Withdraw, &movement, lookup_first).await;
+                failpoint("source_after_call");
+                let reason = format!("source withdraw: {outcome:?}");
                 match self.definite(data, "source withdraw", outcome) {
                     Some(outcome) => TransferCommand::RecordSourceOutcome { outcome, at: now() },
-                    None => return Ok(None),
+                    None => return Ok(Stepped::Unknown(reason)),
                 }
             }
-            TransferState::SourceDone => TransferCommand::StartTargetDeposit { at: now() },
+            TransferState::SourceDone => {
+                failpoint("after_source_done");
+                TransferCommand::StartTargetDeposit { at: now() }
+            }
             TransferState::TargetPending => {
-                let outcome = target.deposit(&movement).await;
+                failpoint("target_pending_before_call");
+                let outcome =
+                    call_or_lookup(target, Operation::Deposit, &movement, lookup_first).await;
+                failpoint("target_after_call");
+                let reason = format!("target deposit: {outcome:?}");
                 match self.definite(data, "target deposit", outcome) {
                     Some(outcome) => TransferCommand::RecordTargetOutcome { outcome, at: now() },
-                    None => return Ok(None),
+                    None => return Ok(Stepped::Unknown(reason)),
                 }
             }
-            TransferState::Compensating => match source.refund(&movement).await {
-                AdapterOutcome::Success => TransferCommand::RecordRefund { at: now() },
-                other => {
-                    // A refund is never given up: it stays COMPENSATING until it succeeds.
-                    tracing::error!(req_id = %data.req_id, outcome = ?other, "refund not applied; transfer stays COMPENSATING");
-                    return Ok(None);
+            TransferState::Compensating => {
+                failpoint("compensating_before_refund");
+                let outcome =
+                    call_or_lookup(source, Operation::Refund, &movement, lookup_first).await;
+                failpoint("compensating_after_refund");
+                match outcome {
+                    AdapterOutcome::Success => TransferCommand::RecordRefund { at: now() },
+                    other => {
+                        // A refund is never given up: it stays COMPENSATING until it succeeds.
+                        tracing::error!(req_id = %data.req_id, outcome = ?other, "refund not applied; transfer stays COMPENSATING");
+                        return Ok(Stepped::Unknown(format!("source refund: {other:?}")));
+                    }
                 }
-            },
+            }
             TransferState::Committed | TransferState::Failed | TransferState::RolledBack => {
                 unreachable!("terminal states are not stepped")
             }
         };
-        Ok(Some(self.execute(ctx, command).await?))
+        Ok(Stepped::Next(self.execute(ctx, command).await?))
     }
 
     /// Turns an adapter outcome into a recordable one, or `None` when it is unknown.
@@ -375,4 +431,13 @@ impl Coordinator {
 enum Claim {
     New(ReqId),
     Existing(ReqId),
+}
+
+/// What one step came to.
+enum Stepped {
+    /// The step's event is committed; the context is advanced past it.
+    Next(Context),
+    /// The adapter's outcome was unknown; nothing was recorded. Says what happened, for the
+    /// worker's retry record.
+    Unknown(String),
 }

@@ -3,7 +3,12 @@
 //! sweeper that resumes transfers left open.
 
 pub mod coordinator;
+pub mod event_log;
+pub mod failpoint;
+pub mod limits;
 pub mod sweeper;
 
 pub use coordinator::{Coordinator, CoordinatorError, NewTransfer, TransferStore};
+pub use limits::DailyLimits;
 pub use sweeper::Sweeper;
+pub use sweeper::{RecoveryConfig, StuckTransfer, Worker};

@@ -1,66 +1,472 @@
-//! The sweeper: periodically resumes transfers that have sat in a non-terminal state for longer
-//! than a threshold. The full retry engine (backoff, leases, alerts) builds on this.
+//! The recovery worker (seed 000 section 6): finds transfers left in a non-terminal state longer
+//! than a threshold and resumes each by its state, at start-up and then periodically.
+//!
+//! - Leases: a transfer is worked only under a lease taken with one conditional upsert on
+//!   `transfer_retries`, so several `ledger serve` processes never drive one transfer at once; a
+//!   crashed holder's lease expires. The aggregate's optimistic concurrency is the backstop (a
+//!   request still driving its own transfer, or a lease outlived by a very slow drive).
+//! - Unknown outcomes are retried forever with exponential backoff and a cap; every attempt is
+//!   recorded (`transfer_retries`: attempts, last error, next retry; `recovery_attempts`: one row
+//!   per attempt with worker and times).
+//! - Before a pending call is retried, the account system is asked what it recorded
+//!   (`Coordinator::resume`).
+//! - Alerts (MON-001, MON-002): a CRITICAL log line, once per transfer, when a transfer sits in
+//!   TARGET_PENDING longer than a threshold or a refund has failed 3 times.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
-use domain::ReqId;
+use chrono::{DateTime, Utc};
+use domain::{ReqId, TransferState};
+use rust_decimal::Decimal;
+use sqlx::PgPool;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
 
-use crate::coordinator::{Coordinator, CoordinatorError};
+use crate::coordinator::{Coordinator, CoordinatorError, Resumed};
 
-/// Resumes stale open transfers every `interval`.
-pub struct Sweeper {
-    coordinator: Coordinator,
-    /// How long a transfer must sit unchanged before the sweeper touches it; keeps the sweeper out
-    /// of the way of a request that is still driving its own transfer.
+/// The worker's knobs. Every one has a limit; names carry their unit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoveryConfig {
+    /// How long a transfer must sit unchanged before the worker touches it; keeps the worker out
+    /// of the way of a request still driving its own transfer.
     pub stale_after: Duration,
+    /// Time between passes.
     pub interval: Duration,
+    /// Most transfers claimed in one pass.
     pub batch_max: i64,
+    /// Most transfers driven at once by one worker.
+    pub concurrency_max: usize,
+    /// How long a claim holds. Longer than any drive (a few adapter calls, each with a timeout).
+    pub lease: Duration,
+    /// First retry delay after an unknown outcome; doubles per attempt up to `backoff_ms_max`.
+    pub backoff_ms_base: u64,
+    pub backoff_ms_max: u64,
+    /// MON-001: a transfer in TARGET_PENDING longer than this raises a CRITICAL alert.
+    pub target_pending_alert_after: Duration,
+    /// MON-002: this many failed refunds of one transfer raise a CRITICAL alert.
+    pub refund_failures_alert: i32,
 }
 
-impl Sweeper {
+impl Default for RecoveryConfig {
+    fn default() -> Self {
+        Self {
+            stale_after: Duration::from_secs(5),
+            interval: Duration::from_secs(1),
+            batch_max: 100,
+            concurrency_max: 8,
+            lease: Duration::from_secs(60),
+            backoff_ms_base: 500,
+            backoff_ms_max: 60_000,
+            target_pending_alert_after: Duration::from_secs(60),
+            refund_failures_alert: 3,
+        }
+    }
+}
+
+/// Environment variables that override the defaults (milliseconds unless named otherwise).
+pub const ENV_STALE_MS: &str = "LEDGER_RECOVERY_STALE_MS";
+pub const ENV_INTERVAL_MS: &str = "LEDGER_RECOVERY_INTERVAL_MS";
+pub const ENV_LEASE_MS: &str = "LEDGER_RECOVERY_LEASE_MS";
+pub const ENV_BATCH_MAX: &str = "LEDGER_RECOVERY_BATCH_MAX";
+pub const ENV_BACKOFF_MS_BASE: &str = "LEDGER_RETRY_BACKOFF_MS_BASE";
+pub const ENV_BACKOFF_MS_MAX: &str = "LEDGER_RETRY_BACKOFF_MS_MAX";
+pub const ENV_ALERT_TARGET_PENDING_MS: &str = "LEDGER_ALERT_TARGET_PENDING_MS";
+
+/// Upper bounds on what the environment may ask for, so a typo cannot stall recovery for years.
+const MS_MAX: u64 = 24 * 60 * 60 * 1000;
+const BATCH_MAX_MAX: i64 = 10_000;
+
+impl RecoveryConfig {
+    /// The defaults, overridden by the `LEDGER_RECOVERY_*`, `LEDGER_RETRY_*` and
+    /// `LEDGER_ALERT_*` environment variables. A malformed value is ignored with a warning.
+    pub fn from_env() -> Self {
+        let mut c = Self::default();
+        let ms = |name: &str| -> Option<u64> {
+            let text = std::env::var(name).ok()?;
+            match text.trim().parse::<u64>() {
+                Ok(v) => Some(v.min(MS_MAX)),
+                Err(_) => {
+                    tracing::warn!(%name, value = %text, "ignoring malformed setting");
+                    None
+                }
+            }
+        };
+        if let Some(v) = ms(ENV_STALE_MS) {
+            c.stale_after = Duration::from_millis(v);
+        }
+        if let Some(v) = ms(ENV_INTERVAL_MS) {
+            c.interval = Duration::from_millis(v.max(10));
+        }
+        if let Some(v) = ms(ENV_LEASE_MS) {
+            c.lease = Duration::from_millis(v.max(1000));
+        }
+        if let Some(v) = ms(ENV_BATCH_MAX) {
+            c.batch_max = i64::try_from(v)
+                .unwrap_or(BATCH_MAX_MAX)
+                .clamp(1, BATCH_MAX_MAX);
+        }
+        if let Some(v) = ms(ENV_BACKOFF_MS_BASE) {
+            c.backoff_ms_base = v.max(1);
+        }
+        if let Some(v) = ms(ENV_BACKOFF_MS_MAX) {
+            c.backoff_ms_max = v.max(1);
+        }
+        if let Some(v) = ms(ENV_ALERT_TARGET_PENDING_MS) {
+            c.target_pending_alert_after = Duration::from_millis(v);
+        }
+        c.backoff_ms_max = c.backoff_ms_max.max(c.backoff_ms_base);
+        c
+    }
+
+    /// The delay before retry number `attempts + 1`: base × 2^(attempts − 1), capped.
+    pub fn backoff_ms(&self, attempts: i32) -> u64 {
+        let exponent = u32::try_from(attempts.saturating_sub(1).max(0)).unwrap_or(0);
+        let factor = 1u64.checked_shl(exponent.min(62)).unwrap_or(u64::MAX);
+        self.backoff_ms_base
+            .saturating_mul(factor)
+            .min(self.backoff_ms_max)
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// How long a pass waits for the read model to catch up with the event log.
+const VIEW_CATCH_UP_WAIT_MAX: Duration = Duration::from_secs(5);
+
+/// What one pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PassReport {
+    /// Transfers claimed and driven.
+    pub driven: usize,
+    /// Of those, the ones that reached a terminal state.
+    pub finished: usize,
+    /// CRITICAL alerts raised in this pass.
+    pub alerts: usize,
+}
+
+/// One open transfer as the worker and the admin routes see it.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct StuckTransfer {
+    pub req_id: String,
+    pub user_id: i64,
+    pub from_account: String,
+    pub to_account: String,
+    pub asset: String,
+    pub amount: Decimal,
+    pub state: String,
+    pub updated_at: DateTime<Utc>,
+    pub age_ms: i64,
+    pub attempts: i32,
+    pub refund_failures: i32,
+    pub last_error: Option<String>,
+    pub last_attempt_at: Option<DateTime<Utc>>,
+    pub next_retry_at: Option<DateTime<Utc>>,
+    pub lease_owner: Option<String>,
+    pub lease_until: Option<DateTime<Utc>>,
+}
+
+/// Open transfers unchanged for at least `older_than`, oldest first, with their retry records.
+pub async fn stuck_transfers(
+    pool: &PgPool,
+    older_than: Duration,
+    limit: i64,
+) -> Result<Vec<StuckTransfer>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT v.req_id, v.user_id, v.from_account, v.to_account, v.asset, v.amount, v.state,
+                v.updated_at,
+                (EXTRACT(EPOCH FROM (now() - v.updated_at)) * 1000)::bigint AS age_ms,
+                COALESCE(r.attempts, 0) AS attempts,
+                COALESCE(r.refund_failures, 0) AS refund_failures,
+                r.last_error, r.last_attempt_at, r.next_retry_at, r.lease_owner, r.lease_until
+         FROM transfers_view v LEFT JOIN transfer_retries r USING (req_id)
+         WHERE v.state_id NOT IN (40, -10, -30)
+           AND v.updated_at <= now() - $1 * interval '1 millisecond'
+         ORDER BY v.updated_at LIMIT $2",
+    )
+    .bind(millis(older_than))
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+/// The recovery worker. Cheap to clone.
+#[derive(Clone)]
+pub struct Worker {
+    coordinator: Coordinator,
+    pool: PgPool,
+    pub config: RecoveryConfig,
+    /// Names this worker in leases and the attempt log.
+    pub id: String,
+}
+
+/// The name the rest of the code base knew this by.
+pub type Sweeper = Worker;
+
+impl Worker {
+    /// A worker with the configuration from the environment (see [`RecoveryConfig::from_env`]).
     pub fn new(coordinator: Coordinator) -> Self {
+        Self::with_config(coordinator, RecoveryConfig::from_env())
+    }
+
+    pub fn with_config(coordinator: Coordinator, config: RecoveryConfig) -> Self {
+        let pool = coordinator.pool().clone();
+        let id = format!("pid{}-{}", std::process::id(), ReqId::generate());
         Self {
             coordinator,
-            stale_after: Duration::from_secs(5),
-            interval: Duration::from_secs(2),
-            batch_max: 100,
+            pool,
+            config,
+            id,
         }
     }
 
-    /// One pass: drives every stale open transfer once. Returns how many it touched.
-    pub async fn sweep_once(&self) -> Result<usize, CoordinatorError> {
-        let cutoff = Utc::now()
-            - chrono::Duration::from_std(self.stale_after).unwrap_or(chrono::Duration::zero());
-        let rows = self
-            .coordinator
+    /// Runs forever: one pass at start-up, then one per interval. A failing pass (database down)
+    /// is logged and the next one tries again.
+    pub async fn run(self) {
+        tracing::info!(worker = %self.id, config = ?self.config, "recovery worker started");
+        loop {
+            if let Err(e) = self.pass().await {
+                tracing::warn!(error = %e, "recovery pass failed");
+            }
+            tokio::time::sleep(self.config.interval).await;
+        }
+    }
+
+    /// One pass: raise due alerts, then claim and drive every due open transfer once.
+    pub async fn pass(&self) -> Result<PassReport, sqlx::Error> {
+        // The worker finds open transfers through the read model; the projector brings it up to
+        // every committed event first, so a transfer whose writer crashed is never missed.
+        self.coordinator
             .view()
-            .open_transfers(cutoff, self.batch_max)
-            .await?;
-        let count = rows.len();
-        for row in rows {
-            let Ok(req_id) = ReqId::parse(&row.req_id) else {
-                tracing::error!(req_id = %row.req_id, "malformed req_id in transfers_view");
+            .catch_up(VIEW_CATCH_UP_WAIT_MAX)
+            .await;
+        let mut report = PassReport {
+            alerts: self.alert_stuck_target_pending().await?,
+            ..PassReport::default()
+        };
+        let due: Vec<(String, String)> = sqlx::query_as(
+            "SELECT v.req_id, v.state FROM transfers_view v
+             LEFT JOIN transfer_retries r USING (req_id)
+             WHERE v.state_id NOT IN (40, -10, -30)
+               AND v.updated_at <= now() - $1 * interval '1 millisecond'
+               AND (r.req_id IS NULL OR (r.next_retry_at <= now()
+                    AND (r.lease_until IS NULL OR r.lease_until < now())))
+             ORDER BY COALESCE(r.next_retry_at, v.updated_at) LIMIT $2",
+        )
+        .bind(millis(self.config.stale_after))
+        .bind(self.config.batch_max)
+        .fetch_all(&self.pool)
+        .await?;
+
+        let permits = Arc::new(Semaphore::new(self.config.concurrency_max.max(1)));
+        let mut tasks = JoinSet::new();
+        for (req_id, state) in due {
+            let Ok(req_id) = ReqId::parse(&req_id) else {
+                tracing::error!(%req_id, "malformed req_id in transfers_view");
                 continue;
             };
-            match self.coordinator.drive(&req_id).await {
-                Ok(data) => {
-                    tracing::info!(%req_id, state = %data.state, "sweeper resumed transfer")
+            let Ok(permit) = permits.clone().acquire_owned().await else {
+                break;
+            };
+            let worker = self.clone();
+            tasks.spawn(async move {
+                let _permit = permit;
+                worker.work_one(req_id, state).await
+            });
+        }
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok(Ok(Some(terminal))) => {
+                    report.driven += 1;
+                    report.finished += usize::from(terminal);
                 }
-                Err(CoordinatorError::Conflict) => {}
-                Err(e) => tracing::warn!(%req_id, error = %e, "sweeper could not resume transfer"),
+                Ok(Ok(None)) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "recovery of one transfer failed"),
+                Err(e) => tracing::error!(error = %e, "recovery task ended abnormally"),
             }
         }
-        Ok(count)
+        Ok(report)
     }
 
-    /// Runs forever: one pass at start-up, then one per interval.
-    pub async fn run(self) {
-        loop {
-            if let Err(e) = self.sweep_once().await {
-                tracing::warn!(error = %e, "sweep failed");
-            }
-            tokio::time::sleep(self.interval).await;
+    /// Claims one transfer and drives it. `None` when another worker holds it or it is not due;
+    /// otherwise whether it reached a terminal state.
+    async fn work_one(&self, req_id: ReqId, state: String) -> Result<Option<bool>, sqlx::Error> {
+        let key = req_id.to_string();
+        let claimed: Option<(i32,)> = sqlx::query_as(
+            "INSERT INTO transfer_retries (req_id, state, lease_owner, lease_until)
+             VALUES ($1, $2, $3, clock_timestamp() + $4 * interval '1 millisecond')
+             ON CONFLICT (req_id) DO UPDATE
+               SET lease_owner = EXCLUDED.lease_owner, lease_until = EXCLUDED.lease_until,
+                   updated_at = now()
+               WHERE (transfer_retries.lease_until IS NULL
+                      OR transfer_retries.lease_until < clock_timestamp())
+                 AND transfer_retries.next_retry_at <= clock_timestamp()
+             RETURNING attempts",
+        )
+        .bind(&key)
+        .bind(&state)
+        .bind(&self.id)
+        .bind(millis(self.config.lease))
+        .fetch_optional(&self.pool)
+        .await?;
+        if claimed.is_none() {
+            return Ok(None);
         }
+        let attempt_id: i64 = sqlx::query_scalar(
+            "INSERT INTO recovery_attempts (req_id, worker, state_before)
+             VALUES ($1, $2, $3) RETURNING id",
+        )
+        .bind(&key)
+        .bind(&self.id)
+        .bind(&state)
+        .fetch_one(&self.pool)
+        .await?;
+
+        let result = self.coordinator.resume(&req_id).await;
+        let terminal = matches!(&result, Ok(Resumed { unknown: None, .. }));
+        self.record(&key, attempt_id, result).await?;
+        Ok(Some(terminal))
+    }
+
+    /// Records how an attempt ended and releases the lease, in one transaction: the attempt's end
+    /// is visible no later than the lease's release, so a later holder's attempt starts after it.
+    async fn record(
+        &self,
+        key: &str,
+        attempt_id: i64,
+        result: Result<Resumed, CoordinatorError>,
+    ) -> Result<(), sqlx::Error> {
+        let (state_after, outcome, error, counts, backoff) = match &result {
+            Ok(Resumed {
+                data,
+                unknown: None,
+            }) => {
+                tracing::info!(req_id = %key, state = %data.state, "recovery finished transfer");
+                (Some(data.state), "TERMINAL", None, true, false)
+            }
+            Ok(Resumed {
+                data,
+                unknown: Some(why),
+            }) => (Some(data.state), "UNKNOWN", Some(why.clone()), true, true),
+            // Someone else moved it first: not a failure, and no reason to wait longer.
+            Err(CoordinatorError::Conflict) => (None, "CONFLICT", None, false, false),
+            Err(e) => (None, "ERROR", Some(e.to_string()), true, true),
+        };
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "UPDATE recovery_attempts SET finished_at = clock_timestamp(), state_after = $2,
+                outcome = $3, error = $4 WHERE id = $1",
+        )
+        .bind(attempt_id)
+        .bind(state_after.map(TransferState::as_str))
+        .bind(outcome)
+        .bind(error.as_deref())
+        .execute(&mut *tx)
+        .await?;
+        let refund_failed = backoff && state_after == Some(TransferState::Compensating);
+        let row: (i32, i32, bool) = sqlx::query_as(
+            "UPDATE transfer_retries SET
+                state = COALESCE($2, state),
+                attempts = attempts + $3,
+                refund_failures = refund_failures + $4,
+                last_error = COALESCE($5, last_error),
+                last_attempt_at = CASE WHEN $3 = 1 THEN clock_timestamp() ELSE last_attempt_at END,
+                lease_owner = NULL, lease_until = NULL, updated_at = now()
+             WHERE req_id = $1 RETURNING attempts, refund_failures, refund_alerted_at IS NULL",
+        )
+        .bind(key)
+        .bind(state_after.map(TransferState::as_str))
+        .bind(i32::from(counts))
+        .bind(i32::from(refund_failed))
+        .bind(error.as_deref())
+        .fetch_one(&mut *tx)
+        .await?;
+        let (attempts, refund_failures, refund_not_alerted) = row;
+        if backoff {
+            let delay = self.config.backoff_ms(attempts);
+            sqlx::query(
+                "UPDATE transfer_retries
+                 SET next_retry_at = clock_timestamp() + $2 * interval '1 millisecond'
+                 WHERE req_id = $1",
+            )
+            .bind(key)
+            .bind(i64::try_from(delay).unwrap_or(i64::MAX))
+            .execute(&mut *tx)
+            .await?;
+            tracing::warn!(req_id = %key, attempts, next_retry_ms = delay, error = error.as_deref().unwrap_or(""), "transfer still open; retry scheduled");
+        }
+        let alert_refund = refund_failed
+            && refund_not_alerted
+            && refund_failures >= self.config.refund_failures_alert;
+        if alert_refund {
+            sqlx::query("UPDATE transfer_retries SET refund_alerted_at = now() WHERE req_id = $1")
+                .bind(key)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        if alert_refund {
+            tracing::error!(
+                alert = "CRITICAL",
+                code = "MON-002",
+                req_id = %key,
+                refund_failures,
+                last_error = error.as_deref().unwrap_or(""),
+                "CRITICAL MON-002: refund of transfer {key} failed {refund_failures} times; it stays COMPENSATING and is retried"
+            );
+        }
+        Ok(())
+    }
+
+    /// MON-001: raises a CRITICAL alert, once per transfer across all workers, for each transfer
+    /// in TARGET_PENDING longer than the threshold. Returns how many it raised.
+    async fn alert_stuck_target_pending(&self) -> Result<usize, sqlx::Error> {
+        let raised: Vec<(String, i64)> = sqlx::query_as(
+            "WITH stuck AS (
+                SELECT req_id, state, updated_at FROM transfers_view
+                WHERE state_id = 30 AND updated_at <= now() - $1 * interval '1 millisecond'
+             ), marked AS (
+                INSERT INTO transfer_retries (req_id, state, stuck_alerted_at)
+                SELECT req_id, state, now() FROM stuck
+                ON CONFLICT (req_id) DO UPDATE SET stuck_alerted_at = now()
+                  WHERE transfer_retries.stuck_alerted_at IS NULL
+                RETURNING req_id
+             )
+             SELECT m.req_id, (EXTRACT(EPOCH FROM (now() - s.updated_at)) * 1000)::bigint
+             FROM marked m JOIN stuck s USING (req_id)",
+        )
+        .bind(millis(self.config.target_pending_alert_after))
+        .fetch_all(&self.pool)
+        .await?;
+        for (req_id, age_ms) in &raised {
+            tracing::error!(
+                alert = "CRITICAL",
+                code = "MON-001",
+                %req_id,
+                age_ms,
+                "CRITICAL MON-001: transfer {req_id} stuck in TARGET_PENDING for {age_ms} ms"
+            );
+        }
+        Ok(raised.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_the_base_and_stops_at_the_cap() {
+        let c = RecoveryConfig {
+            backoff_ms_base: 100,
+            backoff_ms_max: 1_000,
+            ..RecoveryConfig::default()
+        };
+        let delays: Vec<u64> = (1..=7).map(|a| c.backoff_ms(a)).collect();
+        assert_eq!(delays, [100, 200, 400, 800, 1_000, 1_000, 1_000]);
+        assert_eq!(c.backoff_ms(0), 100);
+        assert_eq!(c.backoff_ms(i32::MAX), 1_000);
     }
 }

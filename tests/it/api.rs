@@ -10,7 +10,10 @@ use crate::helpers::ApiStack;
 #[tokio::test]
 async fn walk_through_deposit_transfer_both_ways_read_back() {
     let api = ApiStack::start().await;
-    assert!(api.stack.db.url.contains("/it_"), "each test has its own database");
+    assert!(
+        api.stack.db.url.contains("/it_"),
+        "each test has its own database"
+    );
     let admin = api.token(1, true);
     let user = api.token(1, false);
 

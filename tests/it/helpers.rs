@@ -243,6 +243,25 @@ impl Stack {
         .unwrap_or_default()
     }
 
+    /// Brings every projection up to the events committed so far (the projector runs apart from
+    /// the coordinator, so a read model may lag the log by a few milliseconds).
+    pub async fn wait_for_projections(&self) {
+        let caught_up = projections::Projector::new(self.db.pool.clone())
+            .catch_up(Duration::from_secs(30))
+            .await
+            .expect("projector");
+        assert!(caught_up, "projections did not catch up within 30 s");
+    }
+
+    /// DESIGN section 6, exact: reconciles both account systems' records by req_id with the
+    /// events, system-wide, and fails on any difference or disagreeing transfer.
+    pub async fn assert_invariant_exact(&self) {
+        let report = command_api::invariant::check(&self.db.pool, &self.spot_adapter)
+            .await
+            .expect("the fund-conservation check runs");
+        assert!(report.ok, "fund conservation violated: {report:#?}");
+    }
+
     /// Fund conservation for one user and asset: FUNDING + SPOT + in-flight = net deposits.
     pub async fn assert_conserved(&self, user: u64, asset: &str) {
         let funding = self.funding_balance(user, asset).await;
@@ -254,6 +273,8 @@ impl Stack {
             external,
             "conservation broken for user {user} {asset}: funding {funding} + spot {spot} + in-flight {in_flight} != deposits {external}"
         );
+        // INV-001..003 also hold under the exact, req_id-reconciled check.
+        self.assert_invariant_exact().await;
     }
 
     pub async fn transfer(
@@ -306,13 +327,19 @@ pub struct ApiStack {
 
 impl ApiStack {
     pub async fn start() -> Self {
+        Self::start_with_limits(command_api::ratelimit::LimitsConfig::unlimited()).await
+    }
+
+    /// The same, with rate and daily limits applied.
+    pub async fn start_with_limits(limits: command_api::ratelimit::LimitsConfig) -> Self {
         let stack = Stack::start().await;
         let state = command_api::AppState::new(
             stack.db.pool.clone(),
             stack.spot.adapter(),
             AssetRegistry::default_assets(),
             JWT_SECRET,
-        );
+        )
+        .with_limits(limits);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(command_api::serve_with(listener, state));

@@ -2,9 +2,21 @@
 //! PostgreSQL and real spot-core processes. Test names carry the seed's ids.
 
 mod helpers;
+mod procs;
 
 mod adapters_idempotency;
 mod api;
+mod attacks;
+mod balance;
+mod chaos;
 mod concurrency;
+mod concurrency_api;
+mod crash;
+mod defense;
+mod feed;
 mod fsm;
+mod graphql;
+mod invariant;
+mod projections;
+mod recovery;
 mod spot_durability;

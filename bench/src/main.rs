@@ -1,0 +1,43 @@
+//! `ledger-bench`: the performance benchmark. Prints figures; asserts nothing about speed.
+//!
+//! - `transfers`: a clean database, a real `ledger serve` and `spot-core` process, N concurrent
+//!   HTTP clients moving money both ways; transfers/s, latency percentiles, CPU per 1,000
+//!   transfers, peak memory, fund conservation, and the raw durable-commit baseline measured in
+//!   the same run at the same concurrency.
+//! - `spot`: spot-core alone: durable operations per second in-process and over TCP, and memory
+//!   per million accounts.
+
+// Figures for people to read (rates, percentiles, MiB) are floats; no money is computed here.
+#![allow(clippy::float_arithmetic)]
+
+mod procstat;
+mod spot;
+mod transfers;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ledger-bench",
+    about = "Benchmarks of the ledger (figures, not assertions)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Transfers end to end over HTTP, beside the raw PostgreSQL commit baseline.
+    Transfers(transfers::Args),
+    /// spot-core alone: in-process and network durable operations, memory per account.
+    Spot(spot::Args),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Transfers(args) => transfers::run(args).await,
+        Command::Spot(args) => spot::run(args).await,
+    }
+}

@@ -1,0 +1,351 @@
+//! The end-to-end transfer benchmark and its same-run baseline of raw durable commits.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use domain::UserId;
+use rust_decimal::Decimal;
+use serde_json::json;
+use spot_core::protocol::{Request, Response};
+use spot_core::SpotClient;
+use tokio::sync::Mutex;
+
+use crate::procstat;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Concurrent HTTP clients (each moves its own user's money).
+    #[arg(long, default_value_t = 32)]
+    clients: usize,
+    /// How long to drive transfers.
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
+    /// How long to measure the raw commit baseline.
+    #[arg(long, default_value_t = 10)]
+    baseline_seconds: u64,
+    /// The PostgreSQL server; the benchmark makes its own database `ledger_bench` there.
+    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
+    server: String,
+}
+
+const SECRET: &str = "bench-secret-bench-secret-bench-secret-0123456789";
+
+pub struct Proc {
+    pub child: Child,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.child.kill().ok();
+        self.child.wait().ok();
+    }
+}
+
+pub fn bin(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let path = exe.parent().context("exe dir")?.join(name);
+    if !path.exists() {
+        bail!(
+            "{} not found: build the workspace binaries first (cargo build --release --bins)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// Spawns a child and waits for the stdout line starting with `prefix`; returns the rest.
+pub fn spawn_ready(mut cmd: Command, prefix: &str) -> anyhow::Result<(Proc, String)> {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+    let mut child = cmd.spawn().context("spawn")?;
+    let stdout = child.stdout.take().context("stdout")?;
+    let mut reader = BufReader::new(stdout);
+    let mut line = String::new();
+    let proc = Proc { child };
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            bail!("child exited before printing {prefix:?}");
+        }
+        if let Some(rest) = line.trim().strip_prefix(prefix) {
+            let rest = rest.to_owned();
+            // Keep draining stdout so the child never blocks on a full pipe.
+            std::thread::spawn(move || for _ in reader.lines() {});
+            return Ok((proc, rest));
+        }
+    }
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let url = format!("{}/ledger_bench", args.server);
+    let admin = url
+        .parse::<sqlx::postgres::PgConnectOptions>()
+        .context("parse server URL")?
+        .database("postgres");
+    {
+        use sqlx::ConnectOptions;
+        let mut conn = admin.connect().await.context("connect to PostgreSQL")?;
+        sqlx::query("DROP DATABASE IF EXISTS ledger_bench WITH (FORCE)")
+            .execute(&mut conn)
+            .await?;
+    }
+    let pool = schema::prepare(&url, args.clients as u32 + 4).await?;
+    println!("clean database: {url}");
+
+    let data = std::env::temp_dir().join(format!("ledger-bench-{}", ulid::Ulid::new()));
+    let mut spot_cmd = Command::new(bin("spot-core")?);
+    spot_cmd
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data.join("spot"));
+    let (spot, spot_addr) = spawn_ready(spot_cmd, "spot-core listening on ")?;
+    let mut ledger_cmd = Command::new(bin("ledger")?);
+    ledger_cmd
+        .args(["serve", "--listen", "127.0.0.1:0", "--spot-url", &spot_addr])
+        .env("DATABASE_URL", &url)
+        .env("LEDGER_JWT_SECRET", SECRET)
+        .env("RUST_LOG", "warn");
+    let (ledger, serving) = spawn_ready(ledger_cmd, "ledger serving on ")?;
+    let base = serving
+        .split_whitespace()
+        .next()
+        .context("address")?
+        .to_owned();
+    println!(
+        "ledger serve: {base} (pid {}), spot-core: {spot_addr} (pid {})",
+        ledger.child.id(),
+        spot.child.id()
+    );
+
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.clients * 2)
+        .build()?;
+    let admin_token = command_api::mint(
+        SECRET.as_bytes(),
+        UserId::new(1).unwrap(),
+        true,
+        Duration::from_secs(3600),
+    );
+    let seed_amount = "1000000";
+    for c in 0..args.clients {
+        let user = 1000 + c as u64;
+        let r = http
+            .post(format!("{base}/api/v1/admin/deposits"))
+            .bearer_auth(&admin_token)
+            .json(&json!({"user_id": user, "asset": "USDT", "amount": seed_amount, "external_id": format!("bench-seed-{user}")}))
+            .send()
+            .await?;
+        if !r.status().is_success() {
+            bail!("seed deposit failed: {}", r.text().await?);
+        }
+    }
+    println!("seeded {} users with {seed_amount} USDT each", args.clients);
+
+    // Transfers.
+    let latencies = Arc::new(Mutex::new(Vec::<Duration>::new()));
+    let not_committed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let cpu_before = (
+        procstat::process_cpu(ledger.child.id()),
+        procstat::process_cpu(spot.child.id()),
+        procstat::postgres_cpu(),
+        procstat::machine_busy(),
+    );
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(args.seconds);
+    let mut tasks = Vec::new();
+    for c in 0..args.clients {
+        let http = http.clone();
+        let base = base.clone();
+        let latencies = latencies.clone();
+        let not_committed = not_committed.clone();
+        let user = UserId::new(1000 + c as u64).unwrap();
+        let token = command_api::mint(SECRET.as_bytes(), user, false, Duration::from_secs(3600));
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            let mut to_spot = true;
+            while Instant::now() < deadline {
+                let (from, to) = if to_spot {
+                    ("FUNDING", "SPOT")
+                } else {
+                    ("SPOT", "FUNDING")
+                };
+                let t0 = Instant::now();
+                let r = http
+                    .post(format!("{base}/api/v1/internal_transfer"))
+                    .bearer_auth(&token)
+                    .json(&json!({"from": from, "to": to, "asset": "USDT", "amount": "1"}))
+                    .send()
+                    .await;
+                let committed = match r {
+                    Ok(r) => r
+                        .json::<serde_json::Value>()
+                        .await
+                        .map(|b| b["state"] == "COMMITTED")
+                        .unwrap_or(false),
+                    Err(_) => false,
+                };
+                if committed {
+                    mine.push(t0.elapsed());
+                    to_spot = !to_spot;
+                } else {
+                    not_committed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            latencies.lock().await.extend(mine);
+        }));
+    }
+    for t in tasks {
+        t.await?;
+    }
+    let elapsed = started.elapsed();
+    let cpu_after = (
+        procstat::process_cpu(ledger.child.id()),
+        procstat::process_cpu(spot.child.id()),
+        procstat::postgres_cpu(),
+        procstat::machine_busy(),
+    );
+    let mut lat = latencies.lock().await.clone();
+    lat.sort();
+    let committed = lat.len();
+    let tps = committed as f64 / elapsed.as_secs_f64();
+    let pct = |p: f64| -> f64 {
+        if lat.is_empty() {
+            return 0.0;
+        }
+        let i = ((lat.len() as f64 - 1.0) * p).round() as usize;
+        lat[i].as_secs_f64() * 1000.0
+    };
+    let per_k = |d: Duration| d.as_secs_f64() * 1000.0 / committed.max(1) as f64;
+    let ledger_peak = procstat::peak_rss(ledger.child.id());
+    let spot_peak = procstat::peak_rss(spot.child.id());
+
+    // Fund conservation, system-wide for the asset: deposits = funding + spot + in-flight.
+    let conservation = conservation(&pool, &spot_addr).await?;
+
+    drop(ledger);
+    drop(spot);
+    std::fs::remove_dir_all(&data).ok();
+
+    // Baseline: single-row durable INSERT commits at the same concurrency.
+    let baseline = baseline(
+        &pool,
+        args.clients,
+        Duration::from_secs(args.baseline_seconds),
+    )
+    .await?;
+
+    println!();
+    println!(
+        "== transfers ({} clients, {:.1} s) ==",
+        args.clients,
+        elapsed.as_secs_f64()
+    );
+    println!("committed transfers:        {committed}");
+    println!(
+        "not committed (answers):    {}",
+        not_committed.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    println!("committed transfers/s:      {tps:.0}");
+    println!(
+        "latency to COMMITTED ms:    p50 {:.1}  p95 {:.1}  p99 {:.1}  max {:.1}",
+        pct(0.50),
+        pct(0.95),
+        pct(0.99),
+        pct(1.0)
+    );
+    println!(
+        "CPU s per 1,000 transfers:  ledger {:.3}  spot-core {:.3}  postgres {:.3}  whole machine {:.3}",
+        per_k(cpu_after.0 - cpu_before.0),
+        per_k(cpu_after.1 - cpu_before.1),
+        per_k(cpu_after.2.saturating_sub(cpu_before.2)),
+        per_k(cpu_after.3 - cpu_before.3),
+    );
+    println!(
+        "peak memory:                ledger {:.1} MiB  spot-core {:.1} MiB",
+        procstat::mib(ledger_peak),
+        procstat::mib(spot_peak)
+    );
+    println!("fund conservation:          {conservation}");
+    println!();
+    println!(
+        "== baseline: single-row durable INSERT commits ({} clients) ==",
+        args.clients
+    );
+    println!("commits/s:                  {baseline:.0}");
+    println!(
+        "ratio transfers/s : commits/s = {:.3}",
+        tps / baseline.max(1.0)
+    );
+    Ok(())
+}
+
+/// Exact, system-wide: the sum of external deposits equals FUNDING + SPOT + in-flight, per asset.
+async fn conservation(pool: &sqlx::PgPool, spot_addr: &str) -> anyhow::Result<String> {
+    let deposits: Option<Decimal> =
+        sqlx::query_scalar("SELECT SUM(amount) FROM external_deposits WHERE asset = 'USDT'")
+            .fetch_one(pool)
+            .await?;
+    let funding: Option<Decimal> =
+        sqlx::query_scalar("SELECT SUM(balance) FROM funding_accounts WHERE asset = 'USDT'")
+            .fetch_one(pool)
+            .await?;
+    // In flight: withdrawn from one side and not (yet) deposited on the other, from what each
+    // system actually applied, keyed by req_id: funding withdraws minus refunds, minus spot
+    // deposits for those req_ids, and the mirror for SPOT→FUNDING. Nothing is in flight once
+    // every request has answered COMMITTED, so the plain sums must already agree.
+    let client = SpotClient::new(spot_addr.to_owned(), Duration::from_secs(5));
+    let spot = match client.call(&Request::Totals {}).await? {
+        Response::Ok {
+            totals: Some(t), ..
+        } => t
+            .into_iter()
+            .find(|t| t.asset == "USDT")
+            .map(|t| t.sum)
+            .unwrap_or_default(),
+        other => bail!("spot totals: {other:?}"),
+    };
+    let open: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM transfers_view WHERE state_id NOT IN (40, -10, -30)",
+    )
+    .fetch_one(pool)
+    .await?;
+    let deposits = deposits.unwrap_or_default();
+    let funding = funding.unwrap_or_default();
+    let diff = deposits - funding - spot;
+    Ok(format!(
+        "deposits {deposits} = funding {funding} + spot {spot} (+ {open} open transfers); difference {diff} -> {}",
+        if diff.is_zero() && open == 0 { "HOLDS" } else if open > 0 { "open transfers in flight" } else { "VIOLATED" }
+    ))
+}
+
+async fn baseline(pool: &sqlx::PgPool, clients: usize, duration: Duration) -> anyhow::Result<f64> {
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS bench_baseline (id bigserial PRIMARY KEY, v bigint NOT NULL)",
+    )
+    .execute(pool)
+    .await?;
+    let deadline = Instant::now() + duration;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                sqlx::query("INSERT INTO bench_baseline (v) VALUES ($1)")
+                    .bind(c as i64)
+                    .execute(&pool)
+                    .await?;
+                n += 1;
+            }
+            Ok::<u64, sqlx::Error>(n)
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await??;
+    }
+    Ok(total as f64 / started.elapsed().as_secs_f64())
+}

@@ -1,0 +1,175 @@
+//! Manual intervention (seed 000 section 4.2, "manual intervention"): admin routes to list stuck
+//! transfers with their retry records, and to resolve one whose outcome an operator has
+//! confirmed. A resolution is recorded as an event with who (the admin's token) and why.
+//!
+//! - `GET /api/v1/admin/transfers/stuck?older_than_ms=N&limit=M`
+//! - `POST /api/v1/admin/transfers/{req_id}/resolve` with `{"resolution": "APPLIED" |
+//!   "NOT_APPLIED", "reason": "..."}`
+
+use std::time::Duration;
+
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use chrono::{DateTime, SecondsFormat, Utc};
+use domain::{ReqId, Resolution, TransferError};
+use recovery::coordinator::ManualResolutionError;
+use recovery::sweeper::stuck_transfers;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::app::AppState;
+use crate::auth::AdminUser;
+use crate::error::ApiError;
+use crate::routes::JsonObject;
+
+/// Most rows one listing returns.
+pub const STUCK_PAGE_SIZE_MAX: i64 = 500;
+/// Default age a transfer must have to count as stuck.
+const STUCK_OLDER_THAN_MS_DEFAULT: u64 = 60_000;
+/// Longest reason an operator may record.
+pub const REASON_CHARS_MAX: usize = 1_000;
+
+/// The routes of this module, merged into the app by `build_app`.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/admin/transfers/stuck", get(list_stuck))
+        .route("/api/v1/admin/transfers/{req_id}/resolve", post(resolve))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StuckQuery {
+    older_than_ms: Option<u64>,
+    limit: Option<i64>,
+}
+
+fn rfc3339(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+async fn list_stuck(
+    State(state): State<AppState>,
+    _admin: AdminUser,
+    query: Result<Query<StuckQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Ok(Query(q)) = query else {
+        return Err(ApiError::BadRequest("malformed query string".into()));
+    };
+    let older_than = Duration::from_millis(q.older_than_ms.unwrap_or(STUCK_OLDER_THAN_MS_DEFAULT));
+    let limit = q.limit.unwrap_or(100).clamp(1, STUCK_PAGE_SIZE_MAX);
+    let rows = stuck_transfers(state.funding.pool(), older_than, limit)
+        .await
+        .map_err(|e| ApiError::Internal(format!("list stuck transfers: {e}")))?;
+    let transfers: Vec<Value> = rows
+        .into_iter()
+        .map(|r| {
+            json!({
+                "req_id": r.req_id,
+                "user_id": r.user_id,
+                "from": r.from_account,
+                "to": r.to_account,
+                "asset": r.asset,
+                "amount": r.amount.normalize().to_string(),
+                "state": r.state,
+                "updated_at": rfc3339(r.updated_at),
+                "age_ms": r.age_ms,
+                "attempts": r.attempts,
+                "refund_failures": r.refund_failures,
+                "last_error": r.last_error,
+                "last_attempt_at": r.last_attempt_at.map(rfc3339),
+                "next_retry_at": r.next_retry_at.map(rfc3339),
+                "lease_owner": r.lease_owner,
+                "lease_until": r.lease_until.map(rfc3339),
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "transfers": transfers })))
+}
+
+/// A refusal in the error shape with a fixed, specific sentence (no internal text).
+fn conflict(message: String) -> Response {
+    (
+        StatusCode::CONFLICT,
+        Json(json!({ "code": "CONFLICT", "message": message })),
+    )
+        .into_response()
+}
+
+async fn resolve(
+    State(state): State<AppState>,
+    admin: AdminUser,
+    path: Result<Path<String>, PathRejection>,
+    JsonObject(mut body): JsonObject,
+) -> Result<Response, ApiError> {
+    let Ok(Path(req_id)) = path else {
+        return Err(ApiError::NotFound);
+    };
+    let req_id = ReqId::parse(&req_id).map_err(|_| ApiError::NotFound)?;
+    if let Some(unknown) = body.keys().find(|k| *k != "resolution" && *k != "reason") {
+        return Err(ApiError::BadRequest(format!(
+            "unknown field `{}`",
+            unknown.chars().take(64).collect::<String>()
+        )));
+    }
+    let resolution = match body.remove("resolution") {
+        Some(Value::String(text)) => Resolution::parse(&text).ok_or_else(|| {
+            ApiError::BadRequest("`resolution` must be APPLIED or NOT_APPLIED".into())
+        })?,
+        _ => {
+            return Err(ApiError::BadRequest(
+                "`resolution` (APPLIED or NOT_APPLIED) is required".into(),
+            ))
+        }
+    };
+    let reason = match body.remove("reason") {
+        Some(Value::String(text))
+            if !text.trim().is_empty() && text.chars().count() <= REASON_CHARS_MAX =>
+        {
+            text
+        }
+        _ => {
+            return Err(ApiError::BadRequest(format!(
+                "`reason` is required: 1 to {REASON_CHARS_MAX} characters"
+            )))
+        }
+    };
+    let operator = format!("admin:{}", admin.user_id);
+    match state
+        .coordinator
+        .manually_resolve(&req_id, resolution, &operator, &reason)
+        .await
+    {
+        Ok(resumed) => Ok(Json(json!({
+            "req_id": req_id.to_string(),
+            "state": resumed.data.state.as_str(),
+            "resolution": resolution.as_str(),
+            "operator": operator,
+            "pending": resumed.unknown.is_some(),
+        }))
+        .into_response()),
+        Err(ManualResolutionError::NotFound) => Err(ApiError::NotFound),
+        Err(ManualResolutionError::Refused(TransferError::Terminal { state })) => Ok(conflict(
+            format!("transfer is {state}, a terminal state; it never changes"),
+        )),
+        Err(ManualResolutionError::Refused(TransferError::IllegalTransition { state, .. })) => {
+            Ok(conflict(format!(
+                "a {} resolution is not allowed in state {state}",
+                resolution.as_str()
+            )))
+        }
+        Err(ManualResolutionError::Refused(_)) => Err(ApiError::BadRequest(
+            "operator and reason are required".into(),
+        )),
+        Err(ManualResolutionError::Contradicted(_)) => Ok(conflict(format!(
+            "the account system's own record contradicts {}; nothing was recorded",
+            resolution.as_str()
+        ))),
+        Err(ManualResolutionError::Coordinator(e)) => {
+            Err(ApiError::Internal(format!("manual resolution: {e}")))
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! The event feed for consumers (admin): `GET /api/v1/events?after=N&limit=M` returns events in
+//! their dense feed order, each with its `event_id` for de-duplication (seed 001), and
+//! `GET /api/v1/events/stream` sends the same as server-sent events. Also the read side's
+//! background work (the projector and the periodic fund-conservation check) that every serving
+//! process runs.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::routing::get;
+use axum::{Json, Router};
+use chrono::SecondsFormat;
+use futures_util::stream::{self, Stream};
+use projections::feed::{self as feed_store, FeedEvent, FEED_PAGE_SIZE_MAX};
+use projections::Projector;
+use serde_json::{json, Value};
+use sqlx::PgPool;
+
+use crate::app::AppState;
+use crate::auth::AdminUser;
+use crate::error::ApiError;
+
+/// Page size when `limit` is not given.
+pub const FEED_PAGE_SIZE_DEFAULT: i64 = 100;
+
+/// How often a stream with nothing new looks at the feed again.
+pub const STREAM_POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Events sent per look by a stream.
+const STREAM_BATCH_MAX: i64 = 500;
+
+/// The feed's routes; merged into the application router.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/events", get(events))
+        .route("/api/v1/events/stream", get(stream_events))
+}
+
+/// One event in the wire shape consumers get.
+pub fn event_json(e: &FeedEvent) -> Value {
+    json!({
+        "position": e.position,
+        "event_id": e.event_id,
+        "aggregate_type": e.aggregate_type,
+        "aggregate_id": e.aggregate_id,
+        "sequence": e.sequence,
+        "event_type": e.event_type,
+        "event_version": e.event_version,
+        "payload": e.payload,
+        "user_id": e.user_id,
+        "occurred_at": e.occurred_at.to_rfc3339_opts(SecondsFormat::Micros, true),
+    })
+}
+
+/// A non-negative integer query parameter, or BAD_REQUEST naming it.
+fn int_param(params: &HashMap<String, String>, name: &str, default: i64) -> Result<i64, ApiError> {
+    match params.get(name) {
+        None => Ok(default),
+        Some(text) => text.parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(|| {
+            ApiError::BadRequest(format!("`{name}` must be a non-negative integer"))
+        }),
+    }
+}
+
+fn db_error(e: sqlx::Error) -> ApiError {
+    ApiError::Internal(format!("feed: {e}"))
+}
+
+/// `GET /api/v1/events?after=N&limit=M` (admin): events with `position > N`, in order, at most
+/// `M` (1..=1000, default 100). `next_after` is what to ask with next; `head` is the last
+/// position handed out so far.
+async fn events(
+    State(state): State<AppState>,
+    _admin: AdminUser,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let after = int_param(&params, "after", 0)?;
+    let limit = int_param(&params, "limit", FEED_PAGE_SIZE_DEFAULT)?;
+    if limit == 0 || limit > FEED_PAGE_SIZE_MAX {
+        return Err(ApiError::BadRequest(format!(
+            "`limit` must be between 1 and {FEED_PAGE_SIZE_MAX}"
+        )));
+    }
+    let pool = state.funding.pool();
+    let rows = feed_store::read_after(pool, after, limit, None)
+        .await
+        .map_err(db_error)?;
+    let head = feed_store::head(pool).await.map_err(db_error)?;
+    let next_after = rows.last().map_or(after, |e| e.position);
+    Ok(Json(json!({
+        "events": rows.iter().map(event_json).collect::<Vec<_>>(),
+        "next_after": next_after,
+        "head": head,
+    })))
+}
+
+/// `GET /api/v1/events/stream?after=N` (admin): server-sent events from `position > N` (or after
+/// the `Last-Event-ID` a reconnecting client sends), each with `id` = its position and `event` =
+/// its type, then new events as they are projected.
+async fn stream_events(
+    State(state): State<AppState>,
+    _admin: AdminUser,
+    headers: HeaderMap,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let resume = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<i64>().ok())
+        .filter(|n| *n >= 0);
+    let after = match resume {
+        Some(n) => n,
+        None => int_param(&params, "after", 0)?,
+    };
+    let pool = state.funding.pool().clone();
+    Ok(Sse::new(feed_stream(pool, after, None)).keep_alive(KeepAlive::default()))
+}
+
+/// Feed events after `after` as SSE events, forever; waits [`STREAM_POLL_INTERVAL`] whenever
+/// it has sent everything there is. A database error ends the stream (the client reconnects
+/// with `Last-Event-ID`).
+fn feed_stream(
+    pool: PgPool,
+    after: i64,
+    user_id: Option<i64>,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let state = (pool, after, Vec::<FeedEvent>::new().into_iter());
+    stream::unfold(Some(state), move |state| async move {
+        let (pool, mut after, mut pending) = state?;
+        loop {
+            if let Some(e) = pending.next() {
+                after = e.position;
+                let event = Event::default()
+                    .id(e.position.to_string())
+                    .event(e.event_type.clone())
+                    .data(event_json(&e).to_string());
+                return Some((Ok(event), Some((pool, after, pending))));
+            }
+            match feed_store::read_after(&pool, after, STREAM_BATCH_MAX, user_id).await {
+                Ok(rows) if rows.is_empty() => tokio::time::sleep(STREAM_POLL_INTERVAL).await,
+                Ok(rows) => pending = rows.into_iter(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "event stream ends: feed unreadable");
+                    return None;
+                }
+            }
+        }
+    })
+}
+
+/// Background work of the read side. Dropping it stops the work.
+#[derive(Debug)]
+pub struct ReadSide {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for ReadSide {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Starts the projector (one per process; an advisory lock lets only one write at a time across
+/// processes) and the periodic fund-conservation check.
+pub fn spawn_read_side(state: &AppState) -> ReadSide {
+    let pool = state.funding.pool().clone();
+    let projector = tokio::spawn(Projector::new(pool).run());
+    let monitor = tokio::spawn(crate::invariant::monitor(state.clone()));
+    ReadSide {
+        tasks: vec![projector, monitor],
+    }
+}

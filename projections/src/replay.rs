@@ -1,0 +1,320 @@
+//! Replay: rebuilds every projection from the event log from scratch into fresh tables (a schema
+//! of their own) with the same projector code, then compares them with the live projections at
+//! the same log position. Also point-in-time answers for audits: one transfer, or one user's
+//! balances, as of a feed position or a time.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use cqrs_es::Aggregate;
+use domain::{Transfer, TransferData, TransferEvent};
+use rust_decimal::Decimal;
+use sqlx::PgPool;
+
+use crate::feed::{self, FeedEvent};
+use crate::projector::{
+    BalanceDelta, Fold, ProjectionError, Projector, StoredEvent, LIVE_LOCK_KEY, TRANSFER_AGGREGATE,
+};
+
+/// The advisory lock a replay's own projector takes (distinct from the live one).
+const REPLAY_LOCK_KEY: i64 = 0x4c45_4447_4552_0002;
+
+/// Each projection table and the columns compared (a feed row's `recorded_at` is when it was
+/// projected, which a replay cannot reproduce, so it is left out), with the filter that drops
+/// rows meaning "nothing" (a zero sum may or may not have a row, depending on batching).
+const TABLES: [(&str, &str, &str); 4] = [
+    (
+        "feed",
+        "position, event_id, global_position, aggregate_type, aggregate_id, sequence, event_type, \
+         event_version, payload, user_id, occurred_at",
+        "true",
+    ),
+    ("transfers_view", "*", "true"),
+    (
+        "transfer_balances",
+        "user_id, asset, funding_net, spot_net, in_flight",
+        "NOT (funding_net = 0 AND spot_net = 0 AND in_flight = 0)",
+    ),
+    (
+        "transfer_state_counts",
+        "state_id, state, count",
+        "count <> 0",
+    ),
+];
+
+/// How one table compares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableComparison {
+    pub table: String,
+    pub live_rows: i64,
+    pub replay_rows: i64,
+    /// Rows in the live table with no equal row in the replay, and the other way round.
+    pub only_live: i64,
+    pub only_replay: i64,
+}
+
+impl TableComparison {
+    pub fn equal(&self) -> bool {
+        self.only_live == 0 && self.only_replay == 0
+    }
+}
+
+/// The outcome of a full replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayReport {
+    /// Where the rebuilt tables were written (dropped afterwards unless kept).
+    pub schema: String,
+    pub events_replayed: i64,
+    /// The feed position both sides were compared at.
+    pub feed_position: i64,
+    pub tables: Vec<TableComparison>,
+}
+
+impl ReplayReport {
+    pub fn equal(&self) -> bool {
+        self.tables.iter().all(TableComparison::equal)
+    }
+}
+
+async fn live_cursor(executor: &PgPool) -> Result<(i64, i64), sqlx::Error> {
+    sqlx::query_as(
+        "SELECT tx_id::text::bigint, global_position FROM projector_cursor WHERE projector = 'main'",
+    )
+    .fetch_one(executor)
+    .await
+}
+
+/// Rebuilds every projection from the log into a fresh schema and compares it with the live
+/// projections at one log position. `progress(applied, total)` is called after every batch.
+/// The live projector is paused only for the final catch-up and the comparison.
+pub async fn replay(
+    pool: &PgPool,
+    keep: bool,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<ReplayReport, ProjectionError> {
+    let schema = format!("replay_{}", Utc::now().format("%Y%m%d_%H%M%S_%6f"));
+    let mut setup = pool.begin().await?;
+    sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
+        .execute(&mut *setup)
+        .await?;
+    for table in [
+        "projector_cursor",
+        "feed",
+        "transfers_view",
+        "transfer_balances",
+        "transfer_state_counts",
+    ] {
+        sqlx::query(&format!(
+            "CREATE TABLE \"{schema}\".{table} (LIKE public.{table} INCLUDING ALL)"
+        ))
+        .execute(&mut *setup)
+        .await?;
+    }
+    sqlx::query(&format!(
+        "INSERT INTO \"{schema}\".projector_cursor (projector, tx_id, global_position, feed_position, events_applied)
+         VALUES ('main', '0', 0, 0, 0)"
+    ))
+    .execute(&mut *setup)
+    .await?;
+    setup.commit().await?;
+
+    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
+        .fetch_one(pool)
+        .await?;
+    let total = u64::try_from(total).unwrap_or(0);
+    let projector = Projector::in_schema(pool.clone(), schema.clone(), REPLAY_LOCK_KEY);
+    let mut applied: u64 = 0;
+
+    // Phase 1, without pausing anything: up to where the live projector stood when we began.
+    let target = live_cursor(pool).await?;
+    loop {
+        let pass = projector.pass(Some(target)).await?;
+        applied += pass.applied as u64;
+        progress(applied, total.max(applied));
+        if pass.exhausted {
+            break;
+        }
+    }
+
+    // Phase 2: hold the live projector's lock so the live tables stand still, bring the replay
+    // to exactly the live position, and compare.
+    let mut hold = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(LIVE_LOCK_KEY)
+        .execute(&mut *hold)
+        .await?;
+    let target = live_cursor(pool).await?;
+    loop {
+        let pass = projector.pass(Some(target)).await?;
+        applied += pass.applied as u64;
+        progress(applied, total.max(applied));
+        if pass.exhausted {
+            break;
+        }
+    }
+    let feed_position: i64 =
+        sqlx::query_scalar("SELECT feed_position FROM projector_cursor WHERE projector = 'main'")
+            .fetch_one(&mut *hold)
+            .await?;
+    let mut tables = Vec::new();
+    for (table, columns, meaningful) in TABLES {
+        let count = |from: String| format!("SELECT {columns} FROM {from} WHERE {meaningful}");
+        let live = count(format!("public.{table}"));
+        let rebuilt = count(format!("\"{schema}\".{table}"));
+        let (live_rows, replay_rows, only_live, only_replay): (i64, i64, i64, i64) =
+            sqlx::query_as(&format!(
+                "SELECT (SELECT count(*) FROM ({live}) a),
+                        (SELECT count(*) FROM ({rebuilt}) b),
+                        (SELECT count(*) FROM ({live} EXCEPT ALL {rebuilt}) c),
+                        (SELECT count(*) FROM ({rebuilt} EXCEPT ALL {live}) d)"
+            ))
+            .fetch_one(&mut *hold)
+            .await?;
+        tables.push(TableComparison {
+            table: table.to_owned(),
+            live_rows,
+            replay_rows,
+            only_live,
+            only_replay,
+        });
+    }
+    hold.commit().await?;
+    if !keep {
+        sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+            .execute(pool)
+            .await?;
+    }
+    Ok(ReplayReport {
+        schema,
+        events_replayed: i64::try_from(applied).unwrap_or(i64::MAX),
+        feed_position,
+        tables,
+    })
+}
+
+/// "As of": a feed position, or a time (events that happened at or before it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AsOf {
+    Now,
+    Position(i64),
+    Time(DateTime<Utc>),
+}
+
+impl AsOf {
+    fn bounds(self) -> (Option<i64>, Option<DateTime<Utc>>) {
+        match self {
+            Self::Now => (None, None),
+            Self::Position(p) => (Some(p), None),
+            Self::Time(t) => (None, Some(t)),
+        }
+    }
+}
+
+fn stored(e: &FeedEvent) -> StoredEvent {
+    StoredEvent {
+        tx_id: 0,
+        global_position: e.global_position,
+        aggregate_type: e.aggregate_type.clone(),
+        aggregate_id: e.aggregate_id.clone(),
+        sequence: e.sequence,
+        event_type: e.event_type.clone(),
+        event_version: e.event_version.clone(),
+        payload: e.payload.clone(),
+    }
+}
+
+/// One transfer as it stood at `as_of`, folded by the aggregate itself from the events up to
+/// then, with those events. `None` if it did not exist yet.
+pub async fn transfer_as_of(
+    pool: &PgPool,
+    req_id: &str,
+    as_of: AsOf,
+) -> Result<Option<(TransferData, Vec<FeedEvent>)>, ProjectionError> {
+    let (position, time) = as_of.bounds();
+    let events = feed::aggregate_events(pool, TRANSFER_AGGREGATE, req_id, position, time).await?;
+    let mut transfer = Transfer::default();
+    for e in &events {
+        let event: Option<TransferEvent> = stored(e).transfer_event()?;
+        if let Some(event) = event {
+            transfer.apply(event);
+        }
+    }
+    Ok(transfer.data.map(|data| (data, events)))
+}
+
+/// One user's balances per asset as of a moment: money deposited from outside up to then, what
+/// transfers had done to FUNDING and SPOT, and what was in flight.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BalanceAsOf {
+    pub asset: String,
+    pub deposits: Decimal,
+    /// deposits + funding net of transfers.
+    pub funding: Decimal,
+    pub spot: Decimal,
+    pub in_flight: Decimal,
+}
+
+/// One user's balances as of a feed position or a time. External deposits are not events; they
+/// count up to the time given, or for a position up to the time of the event at that position.
+pub async fn balances_as_of(
+    pool: &PgPool,
+    user_id: i64,
+    as_of: AsOf,
+) -> Result<Vec<BalanceAsOf>, ProjectionError> {
+    let (position, time) = as_of.bounds();
+    let events: Vec<FeedEvent> = sqlx::query_as(
+        "SELECT * FROM feed WHERE user_id = $1
+           AND ($2::bigint IS NULL OR position <= $2)
+           AND ($3::timestamptz IS NULL OR occurred_at <= $3)
+         ORDER BY position",
+    )
+    .bind(user_id)
+    .bind(position)
+    .bind(time)
+    .fetch_all(pool)
+    .await?;
+    let mut fold = Fold::default();
+    for e in &events {
+        fold.apply(&stored(e))?;
+    }
+    let deposits_until: Option<DateTime<Utc>> = match as_of {
+        AsOf::Now => None,
+        AsOf::Time(t) => Some(t),
+        AsOf::Position(p) => sqlx::query_scalar::<_, Option<DateTime<Utc>>>(
+            "SELECT max(occurred_at) FROM feed WHERE position <= $1",
+        )
+        .bind(p)
+        .fetch_one(pool)
+        .await?
+        .or(Some(DateTime::<Utc>::MIN_UTC)),
+    };
+    let deposits: Vec<(String, Decimal)> = sqlx::query_as(
+        "SELECT asset, SUM(amount) FROM external_deposits
+         WHERE user_id = $1 AND ($2::timestamptz IS NULL OR created_at <= $2)
+         GROUP BY asset",
+    )
+    .bind(user_id)
+    .bind(deposits_until)
+    .fetch_all(pool)
+    .await?;
+    let mut per_asset: BTreeMap<String, (Decimal, BalanceDelta)> = BTreeMap::new();
+    for (asset, amount) in deposits {
+        per_asset.entry(asset).or_default().0 += amount;
+    }
+    for ((_, asset), delta) in fold.balances {
+        let entry = per_asset.entry(asset).or_default();
+        entry.1.funding_net += delta.funding_net;
+        entry.1.spot_net += delta.spot_net;
+        entry.1.in_flight += delta.in_flight;
+    }
+    Ok(per_asset
+        .into_iter()
+        .map(|(asset, (deposits, d))| BalanceAsOf {
+            asset,
+            deposits: deposits.normalize(),
+            funding: (deposits + d.funding_net).normalize(),
+            spot: d.spot_net.normalize(),
+            in_flight: d.in_flight.normalize(),
+        })
+        .collect())
+}

@@ -1,0 +1,198 @@
+//! Real `ledger serve` processes for the recovery and crash tests: started against a test's
+//! database and spot-core, with a fail point or recovery settings in their environment, and
+//! killed or waited for like any process.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use domain::{ReqId, TransferData, TransferState};
+
+use crate::helpers::{bin, Stack, JWT_SECRET};
+
+/// The line `ledger serve` prints on stdout once it listens.
+const SERVE_READY_PREFIX: &str = "ledger serving on ";
+
+/// A `ledger serve` child process.
+pub struct LedgerProcess {
+    pub base: String,
+    child: Option<Child>,
+    stderr_path: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+impl LedgerProcess {
+    /// Starts `ledger serve` on a free port against `db_url` and the spot-core at `spot_addr`,
+    /// with `env` added to its environment; returns once it listens.
+    pub fn start(db_url: &str, spot_addr: &str, env: &[(&str, &str)]) -> Self {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let stderr_path = tmp.path().join("stderr.log");
+        let stderr = File::create(&stderr_path).expect("stderr file");
+        let mut cmd = Command::new(bin("ledger"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--spot-url", spot_addr])
+            .args(["--spot-timeout-ms", "1000"])
+            .env("DATABASE_URL", db_url)
+            .env(
+                "LEDGER_JWT_SECRET",
+                std::str::from_utf8(JWT_SECRET).expect("ascii secret"),
+            )
+            .env("RUST_LOG", "info")
+            // Rate and daily limits are another issue's; these tests send bursts on purpose.
+            .env("LEDGER_RATE_PER_SECOND", "off")
+            .env("LEDGER_DAILY_COUNT_MAX", "off")
+            .env_remove("LEDGER_FAILPOINT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(stderr));
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn ledger serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let base = loop {
+            match lines.next() {
+                Some(Ok(line)) => {
+                    if let Some(rest) = line.strip_prefix(SERVE_READY_PREFIX) {
+                        let url = rest.split_whitespace().next().expect("address");
+                        break url.to_owned();
+                    }
+                }
+                _ => {
+                    let log = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+                    panic!("ledger serve exited before listening:\n{log}");
+                }
+            }
+        };
+        // Keep draining stdout so a later line can never block or kill it with EPIPE.
+        std::thread::spawn(move || for _ in lines {});
+        Self {
+            base,
+            child: Some(child),
+            stderr_path,
+            _tmp: tmp,
+        }
+    }
+
+    /// Its log so far (stderr).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// SIGKILL, then reap.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().ok();
+            child.wait().ok();
+        }
+    }
+
+    /// Waits for the process to end by itself (a fail point aborts it).
+    pub fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        let child = self.child.as_mut().expect("running");
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                self.child = None;
+                return status;
+            }
+            assert!(Instant::now() < deadline, "ledger did not exit in time");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until its log contains `needle`.
+    pub async fn wait_log(&self, needle: &str, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let log = self.log();
+            if log.contains(needle) {
+                return log;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "log never contained {needle:?}:\n{log}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for LedgerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Settings that make a restarted process's recovery worker pick up everything at once.
+pub const RECOVER_NOW: [(&str, &str); 4] = [
+    ("LEDGER_RECOVERY_STALE_MS", "0"),
+    ("LEDGER_RECOVERY_INTERVAL_MS", "100"),
+    ("LEDGER_RETRY_BACKOFF_MS_BASE", "50"),
+    ("LEDGER_RETRY_BACKOFF_MS_MAX", "500"),
+];
+
+/// Waits until the transfer is in a terminal state (its events are the truth), and returns it.
+pub async fn wait_terminal(s: &Stack, req_id: &ReqId, within: Duration) -> TransferData {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok(Some(t)) = s.coordinator.load(req_id).await {
+            if t.state.is_terminal() {
+                return t;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "transfer {req_id} still {} after {within:?}",
+                t.state
+            );
+        } else {
+            assert!(Instant::now() < deadline, "transfer {req_id} not found");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The req_ids of every transfer in the test's database, oldest first.
+pub async fn all_req_ids(s: &Stack) -> Vec<ReqId> {
+    let ids: Vec<String> = sqlx::query_scalar(
+        "SELECT aggregate_id FROM events WHERE event_type = 'TransferCreated'
+         ORDER BY payload->'TransferCreated'->>'at', aggregate_id",
+    )
+    .fetch_all(&s.db.pool)
+    .await
+    .expect("list transfers");
+    ids.iter()
+        .map(|i| ReqId::parse(i).expect("req_id"))
+        .collect()
+}
+
+/// The state a transfer's events fold to.
+pub async fn state_of(s: &Stack, req_id: &ReqId) -> TransferState {
+    s.coordinator
+        .load(req_id)
+        .await
+        .expect("load")
+        .expect("exists")
+        .state
+}
+
+/// How many times spot-core recorded each op for `req_id` (from its `lookup`).
+pub async fn spot_ops(s: &Stack, req_id: &ReqId) -> Vec<(String, String)> {
+    let req = spot_core::protocol::Request::Lookup {
+        req_id: req_id.to_string(),
+    };
+    match s.spot_adapter.client().call(&req).await.expect("lookup") {
+        spot_core::protocol::Response::Ok { ops: Some(ops), .. } => ops
+            .into_iter()
+            .map(|o| {
+                (
+                    format!("{:?}", o.op).to_uppercase(),
+                    format!("{:?}", o.outcome).to_uppercase(),
+                )
+            })
+            .collect(),
+        other => panic!("lookup answered {other:?}"),
+    }
+}
