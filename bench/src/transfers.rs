@@ -106,6 +106,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .args(["serve", "--listen", "127.0.0.1:0", "--spot-url", &spot_addr])
         .env("DATABASE_URL", &url)
         .env("LEDGER_JWT_SECRET", SECRET)
+        // The benchmark measures throughput, so the per-user rate limits are off.
+        .env("LEDGER_RATE_PER_SECOND", "off")
+        .env("LEDGER_DAILY_COUNT_MAX", "off")
         .env("RUST_LOG", "warn");
     let (ledger, serving) = spawn_ready(ledger_cmd, "ledger serving on ")?;
     let base = serving

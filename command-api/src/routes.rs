@@ -267,6 +267,15 @@ pub async fn create_transfer(
         let assets = state.assets.read().unwrap_or_else(|e| e.into_inner());
         parse_transfer(body, user.user_id, &assets)?
     };
+    // A repeat of a cid gets its original transfer whatever else has changed since (rate, halt).
+    if let Some(existing) = state
+        .coordinator
+        .existing_for_cid(&request)
+        .await
+        .map_err(coordinator_error)?
+    {
+        return transfer_answer(existing);
+    }
     // Seed 000 section 1.5.8, step 7: counted only for requests that passed the checks before it.
     state.rate.check(user.user_id)?;
     // MON-003: after a fund-conservation violation no new transfer starts until an admin clears
@@ -295,6 +304,12 @@ pub async fn create_transfer(
         .await
         .map_err(|e| ApiError::Internal(format!("transfer task ended abnormally: {e}")))?
         .map_err(coordinator_error)?;
+    transfer_answer(data)
+}
+
+/// The answer for a transfer as submitted: FAILED is the source's refusal with its code (and
+/// the req_id, so it can be looked up); any other state is 200 with where the transfer stands.
+fn transfer_answer(data: TransferData) -> Result<Json<TransferResponse>, ApiError> {
     if data.state == TransferState::Failed {
         let code = data
             .failure

@@ -15,7 +15,7 @@ use domain::{
     Operation, ReqId, StepOutcome, Transfer, TransferCommand, TransferData, TransferError,
     TransferState, UserId,
 };
-use postgres_es::PostgresEventRepository;
+use crate::event_log::BatchingEventRepository;
 use projections::TransferView;
 
 use crate::failpoint::failpoint;
@@ -26,8 +26,9 @@ mod resume;
 pub use resume::{ManualResolutionError, Resumed};
 use sqlx::PgPool;
 
-/// The event store in plain event-store mode (postgres-es's snapshot modes double-apply events).
-pub type TransferStore = PersistedEventStore<PostgresEventRepository, Transfer>;
+/// The event store in plain event-store mode (postgres-es's snapshot modes double-apply events),
+/// over the batching repository: postgres-es's table and reads, group-committed appends.
+pub type TransferStore = PersistedEventStore<BatchingEventRepository, Transfer>;
 
 /// A request for a new transfer, already parsed into domain types.
 #[derive(Debug, Clone, PartialEq)]
@@ -104,7 +105,7 @@ impl Coordinator {
         spot: Arc<dyn AccountPort>,
         assets: Arc<RwLock<AssetRegistry>>,
     ) -> Self {
-        let repo = PostgresEventRepository::new(pool.clone());
+        let repo = BatchingEventRepository::new(pool.clone());
         Self {
             store: Arc::new(PersistedEventStore::new_event_store(repo)),
             view: TransferView::new(pool.clone()),
@@ -141,6 +142,11 @@ impl Coordinator {
     /// Creates a transfer and drives it as far as it goes now. With a `cid`, a repeat of the same
     /// body returns the original transfer, and the same `cid` with another body is refused.
     pub async fn submit(&self, request: NewTransfer) -> Result<TransferData, CoordinatorError> {
+        // A repeat of a cid answers with the original transfer before anything else is checked:
+        // conditions may have changed since (limits, asset settings), but the answer must not.
+        if let Some(existing) = self.existing_for_cid(&request).await? {
+            return Ok(existing);
+        }
         self.validate(&request)?;
         let req_id = match &request.cid {
             None => ReqId::generate(),
@@ -185,13 +191,51 @@ impl Coordinator {
             }
             Err(e) => return Err(e),
         };
-        match self.drive_context(ctx).await {
-            // Another worker (the sweeper) took the next step first; report where it stands.
-            Err(CoordinatorError::Conflict) => {
-                self.load(&req_id).await?.ok_or(CoordinatorError::NotFound)
+        // From here on the transfer exists, so the caller must always get its req_id back: an
+        // error without it would invite a client retry that creates a second transfer. Whatever
+        // stops the drive, the answer is the last state known; the worker finishes the rest.
+        let mut last = ctx.aggregate.data.clone();
+        match self.drive_tracking(ctx, &mut last).await {
+            Ok(data) => Ok(data),
+            Err(e) => {
+                if !matches!(e, CoordinatorError::Conflict) {
+                    tracing::warn!(%req_id, error = %e, "drive stopped; the recovery worker resumes it");
+                }
+                let reloaded = self.load(&req_id).await.ok().flatten();
+                reloaded
+                    .or(last)
+                    .ok_or_else(|| CoordinatorError::Store("created transfer has no state".into()))
             }
-            other => other,
         }
+    }
+
+    /// The transfer a cid already names for this user, if the body is the same; a different
+    /// body under the same cid is refused. `None` when the cid is new (or there is none).
+    pub async fn existing_for_cid(
+        &self,
+        request: &NewTransfer,
+    ) -> Result<Option<TransferData>, CoordinatorError> {
+        let Some(cid) = &request.cid else {
+            return Ok(None);
+        };
+        let found: Option<(String, String)> = sqlx::query_as(
+            "SELECT req_id, fingerprint FROM transfer_cids WHERE user_id = $1 AND cid = $2",
+        )
+        .bind(request.user_id.as_i64())
+        .bind(cid)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some((req_id, fingerprint)) = found else {
+            return Ok(None);
+        };
+        if fingerprint != request.fingerprint() {
+            return Err(CoordinatorError::Refused(ErrorCode::IdempotencyKeyReused));
+        }
+        let req_id = ReqId::parse(&req_id)
+            .map_err(|_| CoordinatorError::Store("stored req_id is malformed".into()))?;
+        // A claim without a transfer (the first request died in between) is created by the
+        // normal path, under the claimed req_id.
+        self.load(&req_id).await
     }
 
     /// Resumes a transfer from whatever state its events say, and drives it as far as it goes:
@@ -263,7 +307,15 @@ impl Coordinator {
     }
 
     async fn create(&self, req_id: ReqId, r: &NewTransfer) -> Result<Context, CoordinatorError> {
-        let ctx = self.store.load_aggregate(&req_id.to_string()).await?;
+        // A new transfer has no events to read: start from the empty aggregate at sequence 0.
+        // If the req_id does exist (a cid claimed by a request that died), the commit of
+        // sequence 1 conflicts and the caller loads what is there.
+        let ctx = Context {
+            aggregate_id: req_id.to_string(),
+            aggregate: Transfer::default(),
+            current_sequence: 0,
+            current_snapshot: None,
+        };
         let asset = domain::AssetSymbol::parse(&r.asset).map_err(CoordinatorError::Refused)?;
         let command = TransferCommand::Create {
             req_id,
@@ -307,20 +359,32 @@ impl Coordinator {
         })
     }
 
-    async fn drive_context(&self, mut ctx: Context) -> Result<TransferData, CoordinatorError> {
+    async fn drive_context(&self, ctx: Context) -> Result<TransferData, CoordinatorError> {
+        let mut last = None;
+        self.drive_tracking(ctx, &mut last).await
+    }
+
+    /// Drives as far as it goes, keeping in `last` the newest state known to be committed.
+    async fn drive_tracking(
+        &self,
+        mut ctx: Context,
+        last: &mut Option<TransferData>,
+    ) -> Result<TransferData, CoordinatorError> {
         loop {
             let data = ctx
                 .aggregate
                 .data
                 .clone()
                 .expect("a driven transfer has been created");
+            *last = Some(data.clone());
             if data.state.is_terminal() {
                 return Ok(data);
             }
             match self.step(ctx, &data, false).await? {
                 Stepped::Next(next) => ctx = next,
-                // An unknown outcome: the state stays, the transfer waits for a retry.
-                Stepped::Unknown(_) => return Ok(self.load(&data.req_id).await?.unwrap_or(data)),
+                // An unknown outcome: the state stays (the in-memory aggregate is current), and
+                // the transfer waits for a retry.
+                Stepped::Unknown(_) => return Ok(data),
             }
         }
     }

@@ -169,3 +169,65 @@ async fn unknown_source_outcome_keeps_source_pending() {
     assert_eq!(s.funding_balance(7, "USDT").await, dec("7"));
     s.assert_conserved(7, "USDT").await;
 }
+
+/// Once a transfer exists, the caller always gets its req_id back: a store failure while driving
+/// answers with the last known state, not an error that would invite a second transfer.
+#[tokio::test]
+async fn a_store_failure_after_creation_still_answers_with_the_transfer() {
+    let s = Stack::start().await;
+    s.deposit(8, "USDT", "10").await;
+    // A real database error on the next step's commit, injected by a trigger.
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse_step() RETURNS trigger AS $$
+         BEGIN RAISE EXCEPTION 'injected store failure'; END $$ LANGUAGE plpgsql;
+         CREATE TRIGGER refuse_step BEFORE INSERT ON events FOR EACH ROW
+         WHEN (NEW.event_type = 'SourceWithdrawStarted') EXECUTE FUNCTION refuse_step();",
+    )
+    .execute(&s.db.pool)
+    .await
+    .unwrap();
+    let t = s.transfer(8, Funding, Spot, "USDT", "3").await;
+    assert_eq!(t.state, TransferState::Init);
+    assert_eq!(s.funding_balance(8, "USDT").await, dec("10"));
+
+    sqlx::raw_sql("DROP TRIGGER refuse_step ON events")
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    let t = s.coordinator.drive(&t.req_id).await.unwrap();
+    assert_eq!(t.state, TransferState::Committed);
+    s.assert_conserved(8, "USDT").await;
+}
+
+/// A repeat of a cid returns the original transfer even after conditions changed (here the
+/// asset was suspended), instead of a refusal the first request never got.
+#[tokio::test]
+async fn a_cid_repeat_returns_the_original_even_after_the_asset_is_suspended() {
+    let s = Stack::start().await;
+    s.deposit(10, "ETH", "5").await;
+    let request = recovery::NewTransfer {
+        user_id: UserId::new(10).unwrap(),
+        from: Funding,
+        to: Spot,
+        asset: "ETH".into(),
+        amount: domain::Amount::parse("1").unwrap(),
+        cid: Some("once-1".into()),
+    };
+    let first = s.coordinator.submit(request.clone()).await.unwrap();
+    assert_eq!(first.state, TransferState::Committed);
+    {
+        let mut assets = s.assets.write().unwrap();
+        let mut eth = assets.get("ETH").unwrap().clone();
+        eth.status = domain::AssetStatus::Suspended;
+        assets.upsert(eth);
+    }
+    let again = s.coordinator.submit(request.clone()).await.unwrap();
+    assert_eq!(again.req_id, first.req_id);
+    let mut other = request;
+    other.cid = Some("once-2".into());
+    assert_eq!(
+        s.coordinator.submit(other).await,
+        Err(recovery::CoordinatorError::Refused(domain::ErrorCode::AssetSuspended))
+    );
+    assert_eq!(s.funding_balance(10, "ETH").await, dec("4"));
+}
