@@ -280,6 +280,97 @@ impl FundingLedger {
     /// One movement in one transaction: claim (req_id, op) in the journal, then decide and apply.
     /// A claim that already exists returns the first decision and changes nothing.
     async fn movement(&self, op: Op, m: &Movement) -> Result<AdapterOutcome, sqlx::Error> {
+        // The common case, a fresh movement of a valid asset, is decided and applied by one
+        // statement; repeats and invalid assets take the general path below.
+        if self.invalid(m).is_none() {
+            if let Some(outcome) = self.fresh_movement(op, m).await? {
+                return Ok(outcome);
+            }
+        }
+        self.movement_general(op, m).await
+    }
+
+    /// Claims (req_id, operation), decides and applies in ONE statement, so one round trip and
+    /// one commit: the account row is locked first (`FOR UPDATE`, which sees its newest committed
+    /// version), the decision is made from it, the journal row records the decision, and the
+    /// balance changes only if the claim was inserted as APPLIED. `None` when the key was
+    /// already claimed: nothing changed, and the general path answers with the first decision.
+    async fn fresh_movement(
+        &self,
+        op: Op,
+        m: &Movement,
+    ) -> Result<Option<AdapterOutcome>, sqlx::Error> {
+        let (decision, change) = match op {
+            Op::Withdraw => (
+                "CASE WHEN NOT EXISTS (SELECT 1 FROM acct) THEN 'SOURCE_ACCOUNT_NOT_FOUND'
+                      WHEN (SELECT status FROM acct) = 'FROZEN' THEN 'ACCOUNT_FROZEN'
+                      WHEN (SELECT status FROM acct) = 'DISABLED' THEN 'ACCOUNT_DISABLED'
+                      WHEN (SELECT balance FROM acct) < $5 THEN 'INSUFFICIENT_BALANCE' END",
+                "balance - $5",
+            ),
+            Op::Deposit => (
+                "CASE WHEN NOT EXISTS (SELECT 1 FROM acct) THEN 'TARGET_ACCOUNT_NOT_FOUND'
+                      WHEN (SELECT status FROM acct) = 'DISABLED' THEN 'ACCOUNT_DISABLED'
+                      WHEN (SELECT balance FROM acct) + $5 >= 100000000000000000000 THEN 'OVERFLOW' END",
+                "balance + $5",
+            ),
+            Op::Refund => (
+                "CASE WHEN NOT EXISTS (SELECT 1 FROM funding_journal
+                                       WHERE req_id = $1 AND operation = 'WITHDRAW'
+                                         AND outcome = 'APPLIED' AND user_id = $3
+                                         AND asset = $4 AND amount = $5)
+                        OR NOT EXISTS (SELECT 1 FROM acct) THEN 'NO_MATCHING_WITHDRAW' END",
+                "balance + $5",
+            ),
+        };
+        let sql = format!(
+            "WITH acct AS (
+                 SELECT balance, status FROM funding_accounts
+                 WHERE user_id = $3 AND asset = $4 FOR UPDATE
+             ), decision AS (
+                 SELECT {decision} AS code
+             ), claim AS (
+                 INSERT INTO funding_journal (req_id, operation, user_id, asset, amount, outcome, code)
+                 SELECT $1, $2, $3, $4, $5,
+                        CASE WHEN code IS NULL THEN 'APPLIED' ELSE 'REFUSED' END, code
+                 FROM decision
+                 ON CONFLICT (req_id, operation) DO NOTHING
+                 RETURNING outcome, code
+             ), moved AS (
+                 UPDATE funding_accounts SET balance = {change}, updated_at = now()
+                 WHERE user_id = $3 AND asset = $4
+                   AND EXISTS (SELECT 1 FROM claim WHERE outcome = 'APPLIED')
+                 RETURNING 1
+             )
+             SELECT outcome, code, (SELECT count(*) FROM moved) FROM claim"
+        );
+        let row: Option<(String, Option<String>, i64)> = sqlx::query_as(&sql)
+            .bind(m.req_id.to_string())
+            .bind(op.as_str())
+            .bind(m.user_id.as_i64())
+            .bind(m.asset.as_str())
+            .bind(m.amount.value())
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some((outcome, code, moved)) = row else {
+            return Ok(None);
+        };
+        if outcome == "APPLIED" {
+            // One statement, one transaction: an applied claim without its balance change
+            // cannot commit unless the account vanished, which nothing ever does.
+            if moved != 1 {
+                tracing::error!(req_id = %m.req_id, op = op.as_str(), moved, "CRITICAL applied funding movement touched no single account");
+                return Ok(Some(AdapterOutcome::Unknown(
+                    "funding movement inconsistent".into(),
+                )));
+            }
+            return Ok(Some(AdapterOutcome::Success));
+        }
+        Ok(Some(refusal(code.unwrap_or_else(|| "REFUSED".into()))))
+    }
+
+    /// The general path: claim, then decide and apply, in one multi-statement transaction.
+    async fn movement_general(&self, op: Op, m: &Movement) -> Result<AdapterOutcome, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         // The unique key serialises concurrent calls with one req_id: the second INSERT waits for
         // the first transaction and then does nothing.
@@ -440,6 +531,26 @@ impl FundingLedger {
     }
 }
 
+impl FundingLedger {
+    /// Records a `CANCELLED` refusal for (req_id, op) if nothing is recorded under that key yet.
+    /// A movement transaction still holding the key makes this wait for it, and then do nothing.
+    async fn cancel_movement(&self, op: Op, m: &Movement) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO funding_journal (req_id, operation, user_id, asset, amount, outcome, code)
+             VALUES ($1, $2, $3, $4, $5, 'REFUSED', 'CANCELLED')
+             ON CONFLICT (req_id, operation) DO NOTHING",
+        )
+        .bind(m.req_id.to_string())
+        .bind(op.as_str())
+        .bind(m.user_id.as_i64())
+        .bind(m.asset.as_str())
+        .bind(m.amount.value())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
+
 async fn credit(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     m: &Movement,
@@ -469,6 +580,7 @@ fn refusal(code: String) -> AdapterOutcome {
         "NO_MATCHING_WITHDRAW" => "no applied withdraw to refund",
         "INVALID_ASSET" => "unknown asset",
         "PRECISION_OVERFLOW" => "amount has more decimals than the asset allows",
+        "CANCELLED" => "cancelled before it was applied; it never will be",
         _ => "refused by the funding ledger",
     };
     AdapterOutcome::ExplicitFail {
@@ -537,7 +649,7 @@ impl AccountPort for FundingLedger {
             || entry.asset != m.asset.as_str()
             || entry.amount != m.amount.value()
         {
-            return Recorded::Unavailable(format!(
+            return Recorded::Mismatch(format!(
                 "req_id {} recorded for a different {} movement",
                 m.req_id,
                 op.as_str()
@@ -550,5 +662,19 @@ impl AccountPort for FundingLedger {
             AdapterOutcome::ExplicitFail { code, message } => Recorded::Refused { code, message },
             other => Recorded::Unavailable(format!("unexpected journal refusal {other:?}")),
         }
+    }
+
+    /// Claims (req_id, op) with a `CANCELLED` refusal unless something holds it already; the
+    /// journal's unique key then answers every later copy of the call with that refusal.
+    async fn cancel(&self, m: &Movement, operation: Operation) -> Recorded {
+        let op = match operation {
+            Operation::Withdraw => Op::Withdraw,
+            Operation::Deposit => Op::Deposit,
+            Operation::Refund => Op::Refund,
+        };
+        if let Err(e) = self.cancel_movement(op, m).await {
+            return Recorded::Unavailable(e.to_string());
+        }
+        self.lookup(m, operation).await
     }
 }

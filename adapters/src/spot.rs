@@ -43,9 +43,15 @@ pub struct SpotAdapter {
 }
 
 impl SpotAdapter {
+    /// Without a token: for a spot-core on loopback that has none.
     pub fn new(addr: String, timeout: Duration) -> Self {
+        Self::with_token(addr, timeout, None)
+    }
+
+    /// With `Some(token)`, every connection authenticates with spot-core's `hello` first.
+    pub fn with_token(addr: String, timeout: Duration, token: Option<String>) -> Self {
         Self {
-            client: SpotClient::new(addr, timeout),
+            client: SpotClient::with_token(addr, timeout, token),
         }
     }
 
@@ -99,6 +105,35 @@ impl SpotAdapter {
         match self.client.call(&request).await? {
             Response::Ok { .. } => Ok(()),
             other => Err(SpotError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// Settle (`req_id`, `operation`) for good. If spot-core has recorded nothing under that key,
+    /// it durably records a `CANCELLED` refusal, which every later copy of the movement gets as
+    /// a duplicate; the answer is then `Refused { code: "CANCELLED" }`, exactly what `lookup`
+    /// reports from now on. If something is recorded already, it is reported unchanged, read
+    /// the same way `lookup` reads it (`Applied`, `Refused`, or `Mismatch` for other details).
+    /// `Unavailable` means nothing is settled: no answer (retrying is safe, `cancel` is
+    /// idempotent) or the cancel itself was refused as invalid.
+    pub async fn cancel(&self, m: &Movement, operation: Operation) -> Recorded {
+        let op = movement_op(operation);
+        let request = Request::Cancel {
+            req_id: m.req_id.to_string(),
+            movement: op,
+            user_id: m.user_id.get(),
+            asset: m.asset.as_str().to_owned(),
+            amount: protocol::canonical_amount(m.amount.value()),
+        };
+        match self.client.call(&request).await {
+            Ok(Response::Ok { ops: Some(ops), .. }) => match ops.as_slice() {
+                [found] if found.op == op => recorded(found, m),
+                _ => Recorded::Unavailable(format!("unexpected cancel answer: {ops:?}")),
+            },
+            Ok(Response::Refused { code, message, .. }) => Recorded::Unavailable(format!(
+                "cancel refused, nothing settled: {code}: {message}"
+            )),
+            Ok(other) => Recorded::Unavailable(format!("unexpected answer: {other:?}")),
+            Err(e) => Recorded::Unavailable(e.to_string()),
         }
     }
 
@@ -162,11 +197,7 @@ impl AccountPort for SpotAdapter {
     /// spot-core answers `lookup` from the records it rebuilt from its WAL, after the same sync
     /// as any movement, so "never seen" covers everything it ever acknowledged.
     async fn lookup(&self, m: &Movement, operation: Operation) -> Recorded {
-        let op = match operation {
-            Operation::Withdraw => MovementOp::Withdraw,
-            Operation::Deposit => MovementOp::Deposit,
-            Operation::Refund => MovementOp::Refund,
-        };
+        let op = movement_op(operation);
         let request = Request::Lookup {
             req_id: m.req_id.to_string(),
         };
@@ -178,22 +209,192 @@ impl AccountPort for SpotAdapter {
         let Some(found) = ops.into_iter().find(|o| o.op == op) else {
             return Recorded::NotSeen;
         };
-        if found.user_id != m.user_id.get()
-            || found.asset != m.asset.as_str()
-            || found.amount != m.amount.value()
-        {
-            return Recorded::Unavailable(format!(
-                "req_id {} recorded for a different movement",
-                m.req_id
-            ));
+        recorded(&found, m)
+    }
+
+    async fn cancel(&self, m: &Movement, operation: Operation) -> Recorded {
+        SpotAdapter::cancel(self, m, operation).await
+    }
+}
+
+fn movement_op(operation: Operation) -> MovementOp {
+    match operation {
+        Operation::Withdraw => MovementOp::Withdraw,
+        Operation::Deposit => MovementOp::Deposit,
+        Operation::Refund => MovementOp::Refund,
+    }
+}
+
+/// What spot-core's record of (`req_id`, op) says about `m`; shared by `lookup` and `cancel` so
+/// both read a record the same way.
+fn recorded(found: &protocol::LookupOp, m: &Movement) -> Recorded {
+    if found.user_id != m.user_id.get()
+        || found.asset != m.asset.as_str()
+        || found.amount != m.amount.value()
+    {
+        return Recorded::Mismatch(format!(
+            "req_id {} recorded for a different movement",
+            m.req_id
+        ));
+    }
+    match (found.outcome, found.code) {
+        (protocol::Outcome::Applied, _) => Recorded::Applied,
+        (_, Some(code)) => Recorded::Refused {
+            code: code.as_str().to_owned(),
+            message: code.message().to_owned(),
+        },
+        (_, None) => Recorded::Unavailable("refusal recorded without a code".to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use domain::{Amount, ReqId};
+
+    /// A spot-core served in this process on loopback, with its own data dir.
+    struct Spot {
+        addr: String,
+        dir: std::path::PathBuf,
+        server: tokio::task::JoinHandle<()>,
+    }
+
+    impl Spot {
+        async fn start(token: Option<&str>) -> Spot {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos();
+            let dir =
+                std::env::temp_dir().join(format!("adapters-spot-{}-{nanos}", std::process::id()));
+            let token_file = token.map(|t| {
+                std::fs::create_dir_all(&dir).unwrap();
+                let path = dir.join("spot.token");
+                std::fs::write(&path, t).unwrap();
+                path
+            });
+            let bound = spot_core::bind(&spot_core::Args {
+                listen: "127.0.0.1:0".into(),
+                data_dir: dir.join("spot"),
+                assets: None,
+                token_file,
+            })
+            .await
+            .unwrap();
+            let addr = bound.local_addr.to_string();
+            let server = tokio::spawn(async move {
+                let _ = bound.serve().await;
+            });
+            Spot { addr, dir, server }
         }
-        match (found.outcome, found.code) {
-            (protocol::Outcome::Applied, _) => Recorded::Applied,
-            (_, Some(code)) => Recorded::Refused {
-                code: code.as_str().to_owned(),
-                message: code.message().to_owned(),
-            },
-            (_, None) => Recorded::Unavailable("refusal recorded without a code".to_owned()),
+    }
+
+    impl Drop for Spot {
+        fn drop(&mut self) {
+            self.server.abort();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    fn movement(user: u64, amount: &str) -> Movement {
+        Movement {
+            req_id: ReqId::generate(),
+            user_id: UserId::new(user).unwrap(),
+            asset: AssetSymbol::parse("USDT").unwrap(),
+            amount: Amount::parse(amount).unwrap(),
+        }
+    }
+
+    #[tokio::test]
+    async fn cancel_settles_an_unseen_movement_as_refused_for_good() {
+        let spot = Spot::start(None).await;
+        let a = SpotAdapter::new(spot.addr.clone(), Duration::from_secs(5));
+        let m = movement(1, "25");
+        assert_eq!(a.lookup(&m, Operation::Deposit).await, Recorded::NotSeen);
+        let cancelled = Recorded::Refused {
+            code: "CANCELLED".into(),
+            message: RefusalCode::Cancelled.message().into(),
+        };
+        assert_eq!(a.cancel(&m, Operation::Deposit).await, cancelled);
+        // Through the port as well, and idempotent.
+        let port: &dyn AccountPort = &a;
+        assert_eq!(port.cancel(&m, Operation::Deposit).await, cancelled);
+        // lookup now says the same thing, and a late copy of the deposit is refused.
+        assert_eq!(a.lookup(&m, Operation::Deposit).await, cancelled);
+        assert_eq!(
+            a.deposit(&m).await,
+            AdapterOutcome::ExplicitFail {
+                code: "CANCELLED".into(),
+                message: RefusalCode::Cancelled.message().into(),
+            }
+        );
+        assert!(a.balances(m.user_id).await.unwrap().is_empty());
+        // Only (req_id, deposit) is settled.
+        assert_eq!(a.lookup(&m, Operation::Withdraw).await, Recorded::NotSeen);
+    }
+
+    #[tokio::test]
+    async fn cancel_of_a_recorded_movement_reports_it_like_lookup() {
+        let spot = Spot::start(None).await;
+        let a = SpotAdapter::new(spot.addr.clone(), Duration::from_secs(5));
+        let m = movement(2, "10");
+        assert_eq!(a.deposit(&m).await, AdapterOutcome::Success);
+        assert_eq!(a.cancel(&m, Operation::Deposit).await, Recorded::Applied);
+        let w = movement(2, "1000");
+        assert!(matches!(
+            a.withdraw(&w).await,
+            AdapterOutcome::ExplicitFail { .. }
+        ));
+        assert_eq!(
+            a.cancel(&w, Operation::Withdraw).await,
+            a.lookup(&w, Operation::Withdraw).await
+        );
+        assert!(matches!(
+            a.cancel(&w, Operation::Withdraw).await,
+            Recorded::Refused { code, .. } if code == "INSUFFICIENT_BALANCE"
+        ));
+        // The same key with other details: a mismatch, nothing recorded.
+        let other = Movement {
+            amount: Amount::parse("11").unwrap(),
+            ..m.clone()
+        };
+        assert!(matches!(
+            a.cancel(&other, Operation::Deposit).await,
+            Recorded::Mismatch(_)
+        ));
+        assert_eq!(a.lookup(&m, Operation::Deposit).await, Recorded::Applied);
+        // An invalid cancel settles nothing.
+        let bad = Movement {
+            asset: AssetSymbol::parse("DOGE").unwrap(),
+            ..movement(2, "1")
+        };
+        assert!(matches!(
+            a.cancel(&bad, Operation::Deposit).await,
+            Recorded::Unavailable(_)
+        ));
+        assert_eq!(a.lookup(&bad, Operation::Deposit).await, Recorded::NotSeen);
+    }
+
+    #[tokio::test]
+    async fn a_token_is_sent_on_every_connection() {
+        let spot = Spot::start(Some("adapter-token")).await;
+        let good = SpotAdapter::with_token(
+            spot.addr.clone(),
+            Duration::from_secs(5),
+            Some("adapter-token".into()),
+        );
+        good.ping().await.unwrap();
+        let m = movement(3, "5");
+        assert_eq!(good.deposit(&m).await, AdapterOutcome::Success);
+        for bad in [
+            SpotAdapter::new(spot.addr.clone(), Duration::from_secs(5)),
+            SpotAdapter::with_token(spot.addr.clone(), Duration::from_secs(5), Some("x".into())),
+        ] {
+            assert!(bad.ping().await.is_err());
+            assert!(matches!(
+                bad.lookup(&m, Operation::Deposit).await,
+                Recorded::Unavailable(_)
+            ));
         }
     }
 }

@@ -6,11 +6,14 @@
 //!   the same run at the same concurrency.
 //! - `spot`: spot-core alone: durable operations per second in-process and over TCP, and memory
 //!   per million accounts.
+//! - `replay`: about a million generated events; the raw read of those rows, the live projector's
+//!   catch-up and the full rebuild `ledger replay` does, in events per second, in the same run.
 
 // Figures for people to read (rates, percentiles, MiB) are floats; no money is computed here.
 #![allow(clippy::float_arithmetic)]
 
 mod procstat;
+mod replay;
 mod spot;
 mod transfers;
 
@@ -32,6 +35,8 @@ enum Command {
     Transfers(transfers::Args),
     /// spot-core alone: in-process and network durable operations, memory per account.
     Spot(spot::Args),
+    /// Rebuilding every projection from ~1M events, beside reading the same rows raw.
+    Replay(replay::Args),
 }
 
 #[tokio::main]
@@ -39,5 +44,6 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Transfers(args) => transfers::run(args).await,
         Command::Spot(args) => spot::run(args).await,
+        Command::Replay(args) => replay::run(args).await,
     }
 }

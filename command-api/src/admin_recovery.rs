@@ -4,7 +4,11 @@
 //!
 //! - `GET /api/v1/admin/transfers/stuck?older_than_ms=N&limit=M`
 //! - `POST /api/v1/admin/transfers/{req_id}/resolve` with `{"resolution": "APPLIED" |
-//!   "NOT_APPLIED", "reason": "..."}`
+//!   "NOT_APPLIED", "reason": "...", "force": false}`; `force: true` records the resolution even
+//!   where the account system cannot confirm it (marked in the event's reason).
+//!
+//! The listing shows a retry's `last_error_category` (TIMEOUT, NETWORK, STORE, REFUSED_BY_TARGET,
+//! MISMATCH, UNKNOWN), never the raw error text, which may hold SQL or socket detail.
 
 use std::time::Duration;
 
@@ -73,13 +77,14 @@ async fn list_stuck(
                 "from": r.from_account,
                 "to": r.to_account,
                 "asset": r.asset,
-                "amount": r.amount.normalize().to_string(),
+                "amount": r.amount.map(|a| a.normalize().to_string()),
                 "state": r.state,
+                "status": r.status,
                 "updated_at": rfc3339(r.updated_at),
                 "age_ms": r.age_ms,
                 "attempts": r.attempts,
                 "refund_failures": r.refund_failures,
-                "last_error": r.last_error,
+                "last_error_category": r.last_error_category,
                 "last_attempt_at": r.last_attempt_at.map(rfc3339),
                 "next_retry_at": r.next_retry_at.map(rfc3339),
                 "lease_owner": r.lease_owner,
@@ -92,11 +97,11 @@ async fn list_stuck(
 
 /// A refusal in the error shape with a fixed, specific sentence (no internal text).
 fn conflict(message: String) -> Response {
-    (
-        StatusCode::CONFLICT,
-        Json(json!({ "code": "CONFLICT", "message": message })),
-    )
-        .into_response()
+    refusal(StatusCode::CONFLICT, "CONFLICT", message)
+}
+
+fn refusal(status: StatusCode, code: &str, message: String) -> Response {
+    (status, Json(json!({ "code": code, "message": message }))).into_response()
 }
 
 async fn resolve(
@@ -109,7 +114,10 @@ async fn resolve(
         return Err(ApiError::NotFound);
     };
     let req_id = ReqId::parse(&req_id).map_err(|_| ApiError::NotFound)?;
-    if let Some(unknown) = body.keys().find(|k| *k != "resolution" && *k != "reason") {
+    if let Some(unknown) = body
+        .keys()
+        .find(|k| !matches!(k.as_str(), "resolution" | "reason" | "force"))
+    {
         return Err(ApiError::BadRequest(format!(
             "unknown field `{}`",
             unknown.chars().take(64).collect::<String>()
@@ -137,10 +145,15 @@ async fn resolve(
             )))
         }
     };
+    let force = match body.remove("force") {
+        None => false,
+        Some(Value::Bool(force)) => force,
+        Some(_) => return Err(ApiError::BadRequest("`force` must be a boolean".into())),
+    };
     let operator = format!("admin:{}", admin.user_id);
     match state
         .coordinator
-        .manually_resolve(&req_id, resolution, &operator, &reason)
+        .manually_resolve(&req_id, resolution, &operator, &reason, force)
         .await
     {
         Ok(resumed) => Ok(Json(json!({
@@ -168,6 +181,29 @@ async fn resolve(
             "the account system's own record contradicts {}; nothing was recorded",
             resolution.as_str()
         ))),
+        Err(ManualResolutionError::Mismatch(_)) => Ok(refusal(
+            StatusCode::CONFLICT,
+            "REQ_ID_MISMATCH",
+            "the account system holds this req_id for a different movement (user, asset or \
+             amount); no resolution can be recorded: investigate"
+                .into(),
+        )),
+        Err(ManualResolutionError::Unavailable(_)) => Ok(refusal(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ACCOUNT_SYSTEM_UNAVAILABLE",
+            format!(
+                "the account system could not confirm {} (for NOT_APPLIED: could not durably \
+                 cancel the pending call); nothing was recorded. Retry when it is reachable, or \
+                 send \"force\": true only if you are certain",
+                resolution.as_str()
+            ),
+        )),
+        Err(ManualResolutionError::Busy) => Ok(refusal(
+            StatusCode::CONFLICT,
+            "TRANSFER_BUSY",
+            "a recovery worker or another operator is working this transfer; try again shortly"
+                .into(),
+        )),
         Err(ManualResolutionError::Coordinator(e)) => {
             Err(ApiError::Internal(format!("manual resolution: {e}")))
         }

@@ -10,6 +10,7 @@ use adapters::SpotAdapter;
 use anyhow::{anyhow, bail, Context};
 use clap::{Args, Parser, Subcommand};
 use domain::UserId;
+use rand::TryRngCore;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::TcpListener;
 use tokio::process::{Child, Command as ChildCommand};
@@ -20,6 +21,9 @@ use crate::config::{self, JwtSecret, SecretSource};
 
 /// The line spot-core prints on stdout once it accepts connections.
 pub const SPOT_READY_PREFIX: &str = "spot-core listening on ";
+
+/// The file in `ledger up`'s data dir holding the token shared with its spot-core child.
+pub const SPOT_TOKEN_FILE: &str = "spot.token";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -111,6 +115,8 @@ pub struct SpotCoreArgs {
     pub data_dir: PathBuf,
     #[arg(long)]
     pub assets: Option<PathBuf>,
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
 }
 
 /// Logs go to stderr, filtered by RUST_LOG (default `info`), so stdout carries only what a
@@ -140,6 +146,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 listen: args.listen,
                 data_dir: args.data_dir,
                 assets: args.assets,
+                token_file: args.token_file,
             })
             .await
         }
@@ -189,9 +196,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let spot_addr = config::spot_addr(&args.spot_url)?;
     let url = config::database_url();
     let pool = schema::prepare(&url, config::POOL_CONNECTIONS_MAX).await?;
-    let spot = SpotAdapter::new(
+    // Optional: a spot-core on loopback may run without a token.
+    let spot = SpotAdapter::with_token(
         spot_addr.clone(),
         Duration::from_millis(args.spot_timeout_ms),
+        spot_core::token_from_env()?,
     );
     // Serving while spot-core is down is allowed: transfers wait and the sweeper retries.
     if let Err(e) = spot.ping().await {
@@ -216,15 +225,25 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     let pool = schema::prepare(&url, config::POOL_CONNECTIONS_MAX).await?;
 
     let timeout = Duration::from_millis(args.spot_timeout_ms);
-    let (spot_addr, child) = match &args.spot_url {
-        Some(given) => (config::spot_addr(given)?, None),
+    let (spot_addr, spot_token, child) = match &args.spot_url {
+        Some(given) => (
+            config::spot_addr(given)?,
+            spot_core::token_from_env()?,
+            None,
+        ),
         None => {
-            let child =
-                SpotChild::start(&args.data_dir.join("spot"), args.assets.as_deref()).await?;
-            (child.addr.clone(), Some(child))
+            let token_file = args.data_dir.join(SPOT_TOKEN_FILE);
+            let token = stored_or_generated_spot_token(&token_file)?;
+            let child = SpotChild::start(
+                &args.data_dir.join("spot"),
+                args.assets.as_deref(),
+                &token_file,
+            )
+            .await?;
+            (child.addr.clone(), Some(token), Some(child))
         }
     };
-    let spot = SpotAdapter::new(spot_addr.clone(), timeout);
+    let spot = SpotAdapter::with_token(spot_addr.clone(), timeout, spot_token);
     spot.ping()
         .await
         .map_err(|e| anyhow!("spot-core at {spot_addr} does not answer: {e}"))?;
@@ -383,7 +402,11 @@ impl SpotChild {
     /// Starts spot-core on an ephemeral port: the `spot-core` binary beside this executable if
     /// there is one, else this executable's hidden `spot-core` subcommand. Returns once the child
     /// has printed its ready line, or fails after [`config::SPOT_START_TIMEOUT`].
-    async fn start(data_dir: &Path, assets: Option<&Path>) -> anyhow::Result<Self> {
+    async fn start(
+        data_dir: &Path,
+        assets: Option<&Path>,
+        token_file: &Path,
+    ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(data_dir)
             .with_context(|| format!("create spot-core data dir {}", data_dir.display()))?;
         let exe = std::env::current_exe().context("locate the ledger executable")?;
@@ -399,7 +422,11 @@ impl SpotChild {
             .arg("--listen")
             .arg("127.0.0.1:0")
             .arg("--data-dir")
-            .arg(data_dir);
+            .arg(data_dir)
+            .arg("--token-file")
+            .arg(token_file)
+            // The file is the one token; an inherited variable must not stand in for it.
+            .env_remove(spot_core::TOKEN_ENV);
         if let Some(assets) = assets {
             command.arg("--assets").arg(assets);
         }
@@ -452,10 +479,76 @@ impl SpotChild {
     }
 }
 
+/// The token `ledger up` shares with its spot-core child: the one stored in `path`, or a new
+/// random one (32 bytes as 64 hex digits) stored there with mode 0600.
+fn stored_or_generated_spot_token(path: &Path) -> anyhow::Result<String> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    match std::fs::read_to_string(path) {
+        Ok(text) if !text.trim().is_empty() => {
+            let mode = std::fs::metadata(path)?.permissions().mode();
+            if mode & 0o077 != 0 {
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+                    .with_context(|| format!("make {} private", path.display()))?;
+            }
+            return Ok(text.trim().to_owned());
+        }
+        Ok(_) => std::fs::remove_file(path)
+            .with_context(|| format!("remove empty {}", path.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("read {}", path.display())),
+    }
+    let mut raw = [0u8; 32];
+    rand::rngs::OsRng
+        .try_fill_bytes(&mut raw)
+        .context("read random bytes from the OS")?;
+    let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("create {}", path.display()))?;
+    file.write_all(token.as_bytes())
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("write {}", path.display()))?;
+    Ok(token)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn the_spot_token_is_generated_private_and_reused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("ledger-spot-token-{}", ulid_like()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(SPOT_TOKEN_FILE);
+        let token = stored_or_generated_spot_token(&path).unwrap();
+        assert_eq!(token.len(), 64);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(stored_or_generated_spot_token(&path).unwrap(), token);
+        // spot-core reads the same file and gets the same token.
+        let args = spot_core::Args {
+            listen: "127.0.0.1:0".into(),
+            data_dir: dir.clone(),
+            assets: None,
+            token_file: Some(path.clone()),
+        };
+        assert_eq!(spot_core::resolve_token(&args).unwrap(), Some(token));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn ulid_like() -> String {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        format!("{}-{nanos}", std::process::id())
+    }
 
     #[test]
     fn the_command_line_is_well_formed() {

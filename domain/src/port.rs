@@ -55,8 +55,11 @@ pub enum Recorded {
     Refused { code: String, message: String },
     /// Never decided: nothing was applied under this key (as of the answer).
     NotSeen,
-    /// The system could not answer, or its record does not match the movement: nothing is known.
+    /// The system could not answer: nothing is known.
     Unavailable(String),
+    /// The key is recorded for another movement (other user, asset or amount): a bug or an
+    /// attack. Nothing about *this* movement can be concluded, and no resolution may rest on it.
+    Mismatch(String),
 }
 
 /// An account system seen through one account type. Every method is idempotent by
@@ -76,5 +79,13 @@ pub trait AccountPort: Send + Sync {
     async fn lookup(&self, movement: &Movement, operation: Operation) -> Recorded {
         let _ = (movement, operation);
         Recorded::Unavailable("this account system cannot look up past operations".to_owned())
+    }
+    /// Settles (`req_id`, `operation`) for good: if the system has not decided it yet, it durably
+    /// records a refusal with code `CANCELLED`, so any copy of the call still queued or in flight
+    /// is refused when it arrives. Answers what is recorded now (`Refused` after a cancel,
+    /// `Applied` if the call got there first). A system that cannot cancel answers `Unavailable`.
+    async fn cancel(&self, movement: &Movement, operation: Operation) -> Recorded {
+        let _ = (movement, operation);
+        Recorded::Unavailable("this account system cannot cancel a movement".to_owned())
     }
 }

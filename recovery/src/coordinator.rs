@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
+use crate::event_log::BatchingEventRepository;
 use chrono::{DateTime, Utc};
 use cqrs_es::event_sink::EventSink;
 use cqrs_es::persist::{EventStoreAggregateContext, PersistedEventStore};
@@ -15,7 +16,6 @@ use domain::{
     Operation, ReqId, StepOutcome, Transfer, TransferCommand, TransferData, TransferError,
     TransferState, UserId,
 };
-use crate::event_log::BatchingEventRepository;
 use projections::TransferView;
 
 use crate::failpoint::failpoint;
@@ -165,7 +165,9 @@ impl Coordinator {
         // Only a transfer about to be created is charged: a repeat answered above is not. A
         // refused request keeps its cid claim, so retrying it later still creates exactly one
         // transfer under the same req_id.
-        if !self.daily.is_unlimited() {
+        let reservation = if self.daily.is_unlimited() {
+            None
+        } else {
             let asset =
                 domain::AssetSymbol::parse(&request.asset).map_err(CoordinatorError::Refused)?;
             let day = crate::limits::day_of((self.clock)());
@@ -179,17 +181,31 @@ impl Coordinator {
             )
             .await?
             .map_err(CoordinatorError::Refused)?;
-        }
+            Some((asset, day))
+        };
         let ctx = match self.create(req_id, &request).await {
             Ok(ctx) => ctx,
-            // A concurrent duplicate created it first: answer with that transfer.
+            // A concurrent duplicate created it first: answer with that transfer, and give back
+            // this request's charge (the duplicate's own request was charged).
             Err(
                 CoordinatorError::Conflict
                 | CoordinatorError::Transition(TransferError::AlreadyExists),
             ) => {
+                self.release_reservation(&request, &reservation).await;
                 return self.load(&req_id).await?.ok_or(CoordinatorError::NotFound);
             }
-            Err(e) => return Err(e),
+            // A store error leaves it unknown whether the transfer was created: give the charge
+            // back only when it is known not to exist (over-charging is the safe side).
+            Err(e @ CoordinatorError::Store(_)) => {
+                if matches!(self.load(&req_id).await, Ok(None)) {
+                    self.release_reservation(&request, &reservation).await;
+                }
+                return Err(e);
+            }
+            Err(e) => {
+                self.release_reservation(&request, &reservation).await;
+                return Err(e);
+            }
         };
         // From here on the transfer exists, so the caller must always get its req_id back: an
         // error without it would invite a client retry that creates a second transfer. Whatever
@@ -206,6 +222,29 @@ impl Coordinator {
                     .or(last)
                     .ok_or_else(|| CoordinatorError::Store("created transfer has no state".into()))
             }
+        }
+    }
+
+    /// Gives back a daily-limit charge for a transfer that was not created by this request.
+    async fn release_reservation(
+        &self,
+        request: &NewTransfer,
+        reservation: &Option<(domain::AssetSymbol, chrono::NaiveDate)>,
+    ) {
+        let Some((asset, day)) = reservation else {
+            return;
+        };
+        let released = crate::limits::release(
+            &self.pool,
+            &self.daily,
+            request.user_id,
+            asset,
+            request.amount,
+            *day,
+        )
+        .await;
+        if let Err(e) = released {
+            tracing::warn!(user_id = %request.user_id, error = %e, "daily limit charge not released");
         }
     }
 

@@ -96,6 +96,44 @@ pub async fn reserve(
     Ok(Ok(()))
 }
 
+/// Gives back a reservation made by [`reserve`] with the same arguments, for a transfer that was
+/// not created after all (a concurrent duplicate created it first, or `create` failed and the
+/// transfer provably does not exist). Never goes below zero. Both counters change in one
+/// transaction; a counter the limits do not keep is left alone, as `reserve` left it.
+pub async fn release(
+    pool: &PgPool,
+    limits: &DailyLimits,
+    user: UserId,
+    asset: &AssetSymbol,
+    amount: Amount,
+    day: NaiveDate,
+) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    if limits.count_max.is_some() {
+        sqlx::query(
+            "UPDATE daily_transfer_counts SET count = GREATEST(count - 1, 0)
+             WHERE user_id = $1 AND day = $2",
+        )
+        .bind(user.as_i64())
+        .bind(day)
+        .execute(&mut *tx)
+        .await?;
+    }
+    if limits.amount_max.contains_key(asset) {
+        sqlx::query(
+            "UPDATE daily_transfer_amounts SET amount = GREATEST(amount - $4, 0)
+             WHERE user_id = $1 AND day = $2 AND asset = $3",
+        )
+        .bind(user.as_i64())
+        .bind(day)
+        .bind(asset.as_str())
+        .bind(amount.value())
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await
+}
+
 /// What one user has used on `day`: (transfers, amount of `asset`).
 pub async fn usage(
     pool: &PgPool,

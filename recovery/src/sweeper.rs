@@ -1,8 +1,10 @@
 //! The recovery worker (seed 000 section 6): finds transfers left in a non-terminal state longer
 //! than a threshold and resumes each by its state, at start-up and then periodically.
 //!
+//! - Open transfers come from `open_transfers`, kept by a trigger on the event table in each
+//!   event's transaction, not from the read models, so a frozen projector cannot hide one.
 //! - Leases: a transfer is worked only under a lease taken with one conditional upsert on
-//!   `transfer_retries`, so several `ledger serve` processes never drive one transfer at once; a
+//!   `transfer_retries` and renewed while it is driven, so several `ledger serve` processes never drive one transfer at once; a
 //!   crashed holder's lease expires. The aggregate's optimistic concurrency is the backstop (a
 //!   request still driving its own transfer, or a lease outlived by a very slow drive).
 //! - Unknown outcomes are retried forever with exponential backoff and a cap; every attempt is
@@ -37,7 +39,8 @@ pub struct RecoveryConfig {
     pub batch_max: i64,
     /// Most transfers driven at once by one worker.
     pub concurrency_max: usize,
-    /// How long a claim holds. Longer than any drive (a few adapter calls, each with a timeout).
+    /// How long a claim holds without renewal; renewed every third of it while a drive runs, so
+    /// a drive longer than this (a few adapter calls, each up to its timeout) keeps its claim.
     pub lease: Duration,
     /// First retry delay after an unknown outcome; doubles per attempt up to `backoff_ms_max`.
     pub backoff_ms_base: u64,
@@ -46,6 +49,9 @@ pub struct RecoveryConfig {
     pub target_pending_alert_after: Duration,
     /// MON-002: this many failed refunds of one transfer raise a CRITICAL alert.
     pub refund_failures_alert: i32,
+    /// The read models' projector failing to catch up for this long (over at least
+    /// `PROJECTOR_FAILED_PASSES_CRITICAL` passes in a row) raises a CRITICAL alert.
+    pub projector_stalled_alert_after: Duration,
 }
 
 impl Default for RecoveryConfig {
@@ -60,6 +66,7 @@ impl Default for RecoveryConfig {
             backoff_ms_max: 60_000,
             target_pending_alert_after: Duration::from_secs(60),
             refund_failures_alert: 3,
+            projector_stalled_alert_after: Duration::from_secs(30),
         }
     }
 }
@@ -133,8 +140,58 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// How long a pass waits for the read model to catch up with the event log.
-const VIEW_CATCH_UP_WAIT_MAX: Duration = Duration::from_secs(5);
+/// How long a pass waits for the read models' projector to catch up (it only watches it: the
+/// worker itself never reads the read models).
+const PROJECTOR_CHECK_WAIT: Duration = Duration::from_millis(500);
+/// Passes in a row the projector must fail to catch up before a stall is CRITICAL.
+pub const PROJECTOR_FAILED_PASSES_CRITICAL: u32 = 3;
+
+/// The categories of `last_error` the admin API shows (the detail stays in logs and the table).
+pub const TIMEOUT: &str = "TIMEOUT";
+pub const NETWORK: &str = "NETWORK";
+pub const STORE: &str = "STORE";
+pub const REFUSED_BY_TARGET: &str = "REFUSED_BY_TARGET";
+pub const MISMATCH: &str = "MISMATCH";
+pub const UNKNOWN: &str = "UNKNOWN";
+
+/// The category of how an attempt ended, or `None` when it did not end in an error. The reason of
+/// an unknown outcome is `"<step>: <AdapterOutcome as Debug>"` (coordinator `step`).
+pub fn error_category(result: &Result<Resumed, CoordinatorError>) -> Option<&'static str> {
+    match result {
+        Ok(Resumed { unknown: None, .. }) | Err(CoordinatorError::Conflict) => None,
+        Ok(Resumed {
+            unknown: Some(why), ..
+        }) => {
+            let outcome = why.split_once(": ").map_or(why.as_str(), |(_, o)| o);
+            Some(if outcome.starts_with("ExplicitFail") {
+                REFUSED_BY_TARGET
+            } else if outcome.starts_with("Timeout") {
+                TIMEOUT
+            } else if outcome.starts_with("NetworkError") {
+                NETWORK
+            } else if outcome.starts_with("Unknown(\"MISMATCH")
+                || outcome.starts_with("Unknown(\"REQ_ID_CONFLICT")
+                || outcome.contains("already used for a different")
+            {
+                MISMATCH
+            } else if why.starts_with("follow-up drive: store") {
+                STORE
+            } else {
+                UNKNOWN
+            })
+        }
+        Err(CoordinatorError::Store(_)) => Some(STORE),
+        Err(_) => Some(UNKNOWN),
+    }
+}
+
+/// How the read models' projector has fared over the last passes.
+#[derive(Debug, Default)]
+struct ProjectorWatch {
+    failed_passes: u32,
+    failing_since: Option<std::time::Instant>,
+    alerted: bool,
+}
 
 /// What one pass did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -151,17 +208,23 @@ pub struct PassReport {
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct StuckTransfer {
     pub req_id: String,
-    pub user_id: i64,
-    pub from_account: String,
-    pub to_account: String,
-    pub asset: String,
-    pub amount: Decimal,
+    /// From the transfer's `TransferCreated` event; `None` when it cannot be read.
+    pub user_id: Option<i64>,
+    pub from_account: Option<String>,
+    pub to_account: Option<String>,
+    pub asset: Option<String>,
+    pub amount: Option<Decimal>,
     pub state: String,
+    /// RETRYING, or REFUND_REFUSED: COMPENSATING with a refund the source refused for good,
+    /// which no retry can finish (see ARCHITECTURE.md, "Recovery and manual resolution").
+    pub status: String,
     pub updated_at: DateTime<Utc>,
     pub age_ms: i64,
     pub attempts: i32,
     pub refund_failures: i32,
-    pub last_error: Option<String>,
+    /// The kind of the last error (TIMEOUT, NETWORK, STORE, REFUSED_BY_TARGET, MISMATCH,
+    /// UNKNOWN); the detail is kept out of this struct so it never reaches a client.
+    pub last_error_category: Option<String>,
     pub last_attempt_at: Option<DateTime<Utc>>,
     pub next_retry_at: Option<DateTime<Utc>>,
     pub lease_owner: Option<String>,
@@ -175,16 +238,27 @@ pub async fn stuck_transfers(
     limit: i64,
 ) -> Result<Vec<StuckTransfer>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT v.req_id, v.user_id, v.from_account, v.to_account, v.asset, v.amount, v.state,
-                v.updated_at,
-                (EXTRACT(EPOCH FROM (now() - v.updated_at)) * 1000)::bigint AS age_ms,
+        "SELECT o.req_id,
+                (c.payload -> 'TransferCreated' ->> 'user_id')::bigint AS user_id,
+                c.payload -> 'TransferCreated' ->> 'from' AS from_account,
+                c.payload -> 'TransferCreated' ->> 'to' AS to_account,
+                c.payload -> 'TransferCreated' ->> 'asset' AS asset,
+                (c.payload -> 'TransferCreated' ->> 'amount')::numeric AS amount,
+                o.state,
+                CASE WHEN o.state = 'COMPENSATING' AND r.last_error_category = 'REFUSED_BY_TARGET'
+                     THEN 'REFUND_REFUSED' ELSE 'RETRYING' END AS status,
+                o.recorded_at AS updated_at,
+                (EXTRACT(EPOCH FROM (now() - o.recorded_at)) * 1000)::bigint AS age_ms,
                 COALESCE(r.attempts, 0) AS attempts,
                 COALESCE(r.refund_failures, 0) AS refund_failures,
-                r.last_error, r.last_attempt_at, r.next_retry_at, r.lease_owner, r.lease_until
-         FROM transfers_view v LEFT JOIN transfer_retries r USING (req_id)
-         WHERE v.state_id NOT IN (40, -10, -30)
-           AND v.updated_at <= now() - $1 * interval '1 millisecond'
-         ORDER BY v.updated_at LIMIT $2",
+                r.last_error_category, r.last_attempt_at, r.next_retry_at, r.lease_owner,
+                r.lease_until
+         FROM open_transfers o
+         LEFT JOIN transfer_retries r USING (req_id)
+         LEFT JOIN events c ON c.aggregate_type = 'Transfer' AND c.aggregate_id = o.req_id
+                           AND c.event_type = 'TransferCreated'
+         WHERE o.recorded_at <= now() - $1 * interval '1 millisecond'
+         ORDER BY o.recorded_at LIMIT $2",
     )
     .bind(millis(older_than))
     .bind(limit)
@@ -200,6 +274,7 @@ pub struct Worker {
     pub config: RecoveryConfig,
     /// Names this worker in leases and the attempt log.
     pub id: String,
+    projector: Arc<std::sync::Mutex<ProjectorWatch>>,
 }
 
 /// The name the rest of the code base knew this by.
@@ -219,6 +294,7 @@ impl Worker {
             pool,
             config,
             id,
+            projector: Arc::default(),
         }
     }
 
@@ -236,24 +312,21 @@ impl Worker {
 
     /// One pass: raise due alerts, then claim and drive every due open transfer once.
     pub async fn pass(&self) -> Result<PassReport, sqlx::Error> {
-        // The worker finds open transfers through the read model; the projector brings it up to
-        // every committed event first, so a transfer whose writer crashed is never missed.
-        self.coordinator
-            .view()
-            .catch_up(VIEW_CATCH_UP_WAIT_MAX)
-            .await;
+        // The worker finds open transfers in `open_transfers`, kept by a trigger in the same
+        // transaction as each event (schema/migrations/0005_recovery_events.sql), never through
+        // the read models: a frozen projector cannot hide a transfer from recovery. The projector
+        // is only watched here, so a stall is raised loudly.
         let mut report = PassReport {
-            alerts: self.alert_stuck_target_pending().await?,
+            alerts: self.watch_projector().await + self.alert_stuck_target_pending().await?,
             ..PassReport::default()
         };
         let due: Vec<(String, String)> = sqlx::query_as(
-            "SELECT v.req_id, v.state FROM transfers_view v
+            "SELECT o.req_id, o.state FROM open_transfers o
              LEFT JOIN transfer_retries r USING (req_id)
-             WHERE v.state_id NOT IN (40, -10, -30)
-               AND v.updated_at <= now() - $1 * interval '1 millisecond'
+             WHERE o.recorded_at <= now() - $1 * interval '1 millisecond'
                AND (r.req_id IS NULL OR (r.next_retry_at <= now()
                     AND (r.lease_until IS NULL OR r.lease_until < now())))
-             ORDER BY COALESCE(r.next_retry_at, v.updated_at) LIMIT $2",
+             ORDER BY COALESCE(r.next_retry_at, o.recorded_at) LIMIT $2",
         )
         .bind(millis(self.config.stale_after))
         .bind(self.config.batch_max)
@@ -264,7 +337,7 @@ impl Worker {
         let mut tasks = JoinSet::new();
         for (req_id, state) in due {
             let Ok(req_id) = ReqId::parse(&req_id) else {
-                tracing::error!(%req_id, "malformed req_id in transfers_view");
+                tracing::error!(%req_id, "malformed req_id in open_transfers");
                 continue;
             };
             let Ok(permit) = permits.clone().acquire_owned().await else {
@@ -288,6 +361,92 @@ impl Worker {
             }
         }
         Ok(report)
+    }
+
+    /// Gives the read models' projector a short chance to catch up, and raises a CRITICAL alert
+    /// (once per stall) when it has failed for `PROJECTOR_FAILED_PASSES_CRITICAL` passes in a
+    /// row and for at least `projector_stalled_alert_after`. Returns the alerts raised.
+    async fn watch_projector(&self) -> usize {
+        let outcome = self
+            .coordinator
+            .view()
+            .projector()
+            .catch_up(PROJECTOR_CHECK_WAIT)
+            .await;
+        let failure = match outcome {
+            Ok(true) => None,
+            Ok(false) => {
+                Some("behind the event log (a transaction is holding the horizon)".to_owned())
+            }
+            Err(e) => Some(e.to_string()),
+        };
+        let mut watch = self.projector.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(failure) = failure else {
+            if watch.alerted {
+                tracing::info!("projector caught up again");
+            }
+            *watch = ProjectorWatch::default();
+            return 0;
+        };
+        watch.failed_passes = watch.failed_passes.saturating_add(1);
+        let since = *watch
+            .failing_since
+            .get_or_insert_with(std::time::Instant::now);
+        tracing::warn!(failed_passes = watch.failed_passes, error = %failure, "projector could not catch up");
+        if watch.alerted
+            || watch.failed_passes < PROJECTOR_FAILED_PASSES_CRITICAL
+            || since.elapsed() < self.config.projector_stalled_alert_after
+        {
+            return 0;
+        }
+        watch.alerted = true;
+        let failed_passes = watch.failed_passes;
+        let stalled_ms = since.elapsed().as_millis();
+        tracing::error!(
+            alert = "CRITICAL",
+            code = "PROJECTOR_STALLED",
+            failed_passes,
+            stalled_ms,
+            error = %failure,
+            "CRITICAL PROJECTOR_STALLED: the projector has not caught up for {failed_passes} passes ({stalled_ms} ms); read models, feed and history are stale (recovery goes on from the event log)"
+        );
+        1
+    }
+
+    /// Resumes a transfer while renewing this worker's lease every third of its length, so a
+    /// drive slower than the lease (several adapter calls, each up to its timeout) never lets
+    /// another worker take the transfer mid-call.
+    async fn resume_renewing(
+        &self,
+        key: &str,
+        req_id: &ReqId,
+    ) -> Result<Resumed, CoordinatorError> {
+        let resume = self.coordinator.resume(req_id);
+        tokio::pin!(resume);
+        let period = (self.config.lease / 3).max(Duration::from_millis(100));
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        loop {
+            tokio::select! {
+                result = &mut resume => return result,
+                _ = tick.tick() => {
+                    let renewed = sqlx::query(
+                        "UPDATE transfer_retries
+                         SET lease_until = clock_timestamp() + $3 * interval '1 millisecond'
+                         WHERE req_id = $1 AND lease_owner = $2",
+                    )
+                    .bind(key)
+                    .bind(&self.id)
+                    .bind(millis(self.config.lease))
+                    .execute(&self.pool)
+                    .await;
+                    match renewed {
+                        Ok(r) if r.rows_affected() == 1 => {}
+                        Ok(_) => tracing::error!(req_id = %key, worker = %self.id, "lease lost while driving"),
+                        Err(e) => tracing::warn!(req_id = %key, error = %e, "could not renew the lease"),
+                    }
+                }
+            }
+        }
     }
 
     /// Claims one transfer and drives it. `None` when another worker holds it or it is not due;
@@ -324,7 +483,7 @@ impl Worker {
         .fetch_one(&self.pool)
         .await?;
 
-        let result = self.coordinator.resume(&req_id).await;
+        let result = self.resume_renewing(&key, &req_id).await;
         let terminal = matches!(&result, Ok(Resumed { unknown: None, .. }));
         self.record(&key, attempt_id, result).await?;
         Ok(Some(terminal))
@@ -338,6 +497,7 @@ impl Worker {
         attempt_id: i64,
         result: Result<Resumed, CoordinatorError>,
     ) -> Result<(), sqlx::Error> {
+        let category = error_category(&result);
         let (state_after, outcome, error, counts, backoff) = match &result {
             Ok(Resumed {
                 data,
@@ -366,12 +526,16 @@ impl Worker {
         .execute(&mut *tx)
         .await?;
         let refund_failed = backoff && state_after == Some(TransferState::Compensating);
+        // A refused refund is recorded for good (the same refusal answers every retry): no
+        // retry can end it, so it is raised at once instead of after `refund_failures_alert`.
+        let refund_refused = refund_failed && category == Some(REFUSED_BY_TARGET);
         let row: (i32, i32, bool) = sqlx::query_as(
             "UPDATE transfer_retries SET
                 state = COALESCE($2, state),
                 attempts = attempts + $3,
                 refund_failures = refund_failures + $4,
                 last_error = COALESCE($5, last_error),
+                last_error_category = COALESCE($6, last_error_category),
                 last_attempt_at = CASE WHEN $3 = 1 THEN clock_timestamp() ELSE last_attempt_at END,
                 lease_owner = NULL, lease_until = NULL, updated_at = now()
              WHERE req_id = $1 RETURNING attempts, refund_failures, refund_alerted_at IS NULL",
@@ -381,6 +545,7 @@ impl Worker {
         .bind(i32::from(counts))
         .bind(i32::from(refund_failed))
         .bind(error.as_deref())
+        .bind(category)
         .fetch_one(&mut *tx)
         .await?;
         let (attempts, refund_failures, refund_not_alerted) = row;
@@ -399,7 +564,7 @@ impl Worker {
         }
         let alert_refund = refund_failed
             && refund_not_alerted
-            && refund_failures >= self.config.refund_failures_alert;
+            && (refund_refused || refund_failures >= self.config.refund_failures_alert);
         if alert_refund {
             sqlx::query("UPDATE transfer_retries SET refund_alerted_at = now() WHERE req_id = $1")
                 .bind(key)
@@ -407,7 +572,16 @@ impl Worker {
                 .await?;
         }
         tx.commit().await?;
-        if alert_refund {
+        if alert_refund && refund_refused {
+            tracing::error!(
+                alert = "CRITICAL",
+                code = "MON-002",
+                req_id = %key,
+                status = "REFUND_REFUSED",
+                last_error = error.as_deref().unwrap_or(""),
+                "CRITICAL MON-002: refund of transfer {key} was REFUSED by the source account system; retrying cannot succeed, it stays COMPENSATING (REFUND_REFUSED) until an operator acts"
+            );
+        } else if alert_refund {
             tracing::error!(
                 alert = "CRITICAL",
                 code = "MON-002",
@@ -425,8 +599,9 @@ impl Worker {
     async fn alert_stuck_target_pending(&self) -> Result<usize, sqlx::Error> {
         let raised: Vec<(String, i64)> = sqlx::query_as(
             "WITH stuck AS (
-                SELECT req_id, state, updated_at FROM transfers_view
-                WHERE state_id = 30 AND updated_at <= now() - $1 * interval '1 millisecond'
+                SELECT req_id, state, recorded_at AS updated_at FROM open_transfers
+                WHERE state = 'TARGET_PENDING'
+                  AND recorded_at <= now() - $1 * interval '1 millisecond'
              ), marked AS (
                 INSERT INTO transfer_retries (req_id, state, stuck_alerted_at)
                 SELECT req_id, state, now() FROM stuck

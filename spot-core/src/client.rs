@@ -45,16 +45,30 @@ struct Conn {
 }
 
 impl Conn {
-    async fn connect(addr: &str) -> Result<Conn, ClientError> {
+    /// Connect and, with a token, authenticate. Every failure here is `Connect`: the request
+    /// itself has not been sent yet.
+    async fn connect(addr: &str, hello: Option<&[u8]>) -> Result<Conn, ClientError> {
         let stream = TcpStream::connect(addr)
             .await
             .map_err(|e| ClientError::Connect(e.to_string()))?;
         stream
             .set_nodelay(true)
             .map_err(|e| ClientError::Connect(e.to_string()))?;
-        Ok(Conn {
+        let mut conn = Conn {
             stream: BufReader::new(stream),
-        })
+        };
+        if let Some(hello) = hello {
+            match conn.exchange(hello).await {
+                Ok(Response::Ok { .. }) => {}
+                Ok(other) => {
+                    return Err(ClientError::Connect(format!(
+                        "spot-core refused the token: {other:?}"
+                    )))
+                }
+                Err(e) => return Err(ClientError::Connect(format!("during hello: {e}"))),
+            }
+        }
+        Ok(conn)
     }
 
     /// Whether an idle pooled connection still looks usable. A server restart closes idle
@@ -85,11 +99,23 @@ impl Conn {
     }
 }
 
-#[derive(Debug)]
 struct Inner {
     addr: String,
     timeout: Duration,
+    /// The framed `hello` line sent on every new connection, when there is a token.
+    hello: Option<Vec<u8>>,
     idle: Mutex<Vec<Conn>>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the token.
+        f.debug_struct("Inner")
+            .field("addr", &self.addr)
+            .field("timeout", &self.timeout)
+            .field("token", &self.hello.as_ref().map(|_| "<redacted>"))
+            .finish_non_exhaustive()
+    }
 }
 
 /// Cheap to clone; clones share one connection pool.
@@ -101,10 +127,22 @@ pub struct SpotClient {
 impl SpotClient {
     /// `timeout` bounds each `call` from start to answer, connecting included.
     pub fn new(addr: String, timeout: Duration) -> SpotClient {
+        SpotClient::with_token(addr, timeout, None)
+    }
+
+    /// Like `new`; with a token, every new connection first authenticates with a `hello`.
+    pub fn with_token(addr: String, timeout: Duration, token: Option<String>) -> SpotClient {
+        let hello = token.map(|token| {
+            let mut line = serde_json::to_vec(&Request::Hello { token })
+                .expect("serializing a hello cannot fail");
+            line.push(b'\n');
+            line
+        });
         SpotClient {
             inner: Arc::new(Inner {
                 addr,
                 timeout,
+                hello,
                 idle: Mutex::new(Vec::new()),
             }),
         }
@@ -134,7 +172,12 @@ impl SpotClient {
                 Err(_) => return Err(ClientError::Timeout),
             }
         }
-        let connected = match timeout_at(deadline, Conn::connect(&self.inner.addr)).await {
+        let connected = match timeout_at(
+            deadline,
+            Conn::connect(&self.inner.addr, self.inner.hello.as_deref()),
+        )
+        .await
+        {
             Ok(c) => c,
             Err(_) => Err(ClientError::Connect("timed out while connecting".into())),
         };

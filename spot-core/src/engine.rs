@@ -125,7 +125,67 @@ impl Engine {
                 totals: None,
                 records: Some(self.journal(*after_seq, *limit)),
             }),
-            Request::Ping {} => Effect::reply(Response::ok()),
+            Request::Cancel {
+                req_id,
+                movement,
+                user_id,
+                asset,
+                amount,
+            } => self.cancel(
+                *movement,
+                &MovementRequest {
+                    req_id: req_id.clone(),
+                    user_id: *user_id,
+                    asset: asset.clone(),
+                    amount: amount.clone(),
+                },
+            ),
+            // The server answers `hello` itself; a token check has no meaning here.
+            Request::Ping {} | Request::Hello { .. } => Effect::reply(Response::ok()),
+        }
+    }
+
+    /// Settle `(req_id, op)`: when nothing is recorded under that key, record a `CANCELLED`
+    /// refusal so every later copy of the movement is refused as a duplicate. Either way the
+    /// answer is the one record now standing for the key, shaped like a `lookup` entry, and
+    /// left for the caller to compare with the movement it meant (like `lookup`, a record with
+    /// other details is reported, not refused).
+    fn cancel(&mut self, op: MovementOp, m: &MovementRequest) -> Effect {
+        if !valid_req_id(&m.req_id) {
+            return Effect::refuse(RefusalCode::InvalidReqId);
+        }
+        if let Some(first) = self.find_movement(&m.req_id, op) {
+            return Effect::reply(ops_response(vec![lookup_op(op, first)]));
+        }
+        // The same validations as the movement itself: the record must be one the movement
+        // could have produced, and replay checks the amount.
+        if !valid_user_id(m.user_id) {
+            return Effect::refuse(RefusalCode::InvalidUserId);
+        }
+        let Some(precision) = self.assets.precision(&m.asset) else {
+            return Effect::refuse(RefusalCode::InvalidAsset);
+        };
+        let amount = match parse_amount(&m.amount, precision) {
+            Ok(a) => a,
+            Err(code) => return Effect::refuse(code),
+        };
+        let rec = MovementRecord {
+            seq: self.last_seq() + 1,
+            req_id: m.req_id.clone(),
+            user_id: m.user_id,
+            asset: m.asset.clone(),
+            amount,
+            outcome: Outcome::Refused,
+            code: Some(RefusalCode::Cancelled),
+            balance: None,
+        };
+        let response = ops_response(vec![lookup_op(op, &rec)]);
+        let record = JournalRecord::from_movement(op, rec);
+        self.apply_record(record.clone())
+            .expect("a record produced by the engine is consistent with its state");
+        Effect {
+            response,
+            record: Some(record),
         }
     }
 
@@ -258,22 +318,9 @@ impl Engine {
             .into_iter()
             .flatten()
             .filter_map(|&i| self.records[i].as_movement())
-            .map(|(op, r)| LookupOp {
-                op,
-                user_id: r.user_id,
-                asset: r.asset.clone(),
-                amount: r.amount,
-                outcome: r.outcome,
-                code: r.code,
-                seq: r.seq,
-            })
+            .map(|(op, r)| lookup_op(op, r))
             .collect();
-        Effect::reply(Response::Ok {
-            ops: Some(ops),
-            balances: None,
-            totals: None,
-            records: None,
-        })
+        Effect::reply(ops_response(ops))
     }
 
     pub fn balances(&self, user_id: u64) -> Vec<BalanceEntry> {
@@ -392,6 +439,27 @@ impl Engine {
         }
         self.records.push(record);
         Ok(())
+    }
+}
+
+fn lookup_op(op: MovementOp, r: &MovementRecord) -> LookupOp {
+    LookupOp {
+        op,
+        user_id: r.user_id,
+        asset: r.asset.clone(),
+        amount: r.amount,
+        outcome: r.outcome,
+        code: r.code,
+        seq: r.seq,
+    }
+}
+
+fn ops_response(ops: Vec<LookupOp>) -> Response {
+    Response::Ok {
+        ops: Some(ops),
+        balances: None,
+        totals: None,
+        records: None,
     }
 }
 
@@ -1122,5 +1190,180 @@ mod tests {
         m.seq = 2;
         m.balance = Some(d("20"));
         assert!(fresh.apply_record(JournalRecord::Deposit(m)).is_err());
+    }
+
+    fn cancel(
+        e: &mut Engine,
+        op: MovementOp,
+        req_id: &str,
+        user: u64,
+        asset: &str,
+        amount: &str,
+    ) -> Effect {
+        e.apply(&Request::Cancel {
+            req_id: req_id.into(),
+            movement: op,
+            user_id: user,
+            asset: asset.into(),
+            amount: amount.into(),
+        })
+    }
+
+    fn single_op(effect: &Effect) -> LookupOp {
+        match &effect.response {
+            Response::Ok { ops: Some(ops), .. } if ops.len() == 1 => ops[0].clone(),
+            other => panic!("expected one lookup entry, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn cancel_records_a_refusal_that_every_later_copy_gets() {
+        let mut e = engine();
+        deposit(&mut e, "seed", 1, "USDT", "100");
+        for op in [
+            MovementOp::Withdraw,
+            MovementOp::Deposit,
+            MovementOp::Refund,
+        ] {
+            let req_id = format!("c-{}", op.as_str());
+            let before = e.accounts.clone();
+            let effect = cancel(&mut e, op, &req_id, 1, "USDT", "10.50");
+            let rec = effect
+                .record
+                .clone()
+                .expect("a cancel of nothing is recorded");
+            let (rec_op, m) = rec.as_movement().unwrap();
+            assert_eq!(rec_op, op);
+            assert_eq!(
+                (m.outcome, m.code, m.balance, m.amount),
+                (
+                    Outcome::Refused,
+                    Some(RefusalCode::Cancelled),
+                    None,
+                    d("10.5")
+                )
+            );
+            let entry = single_op(&effect);
+            assert_eq!(
+                entry,
+                LookupOp {
+                    op,
+                    user_id: 1,
+                    asset: "USDT".into(),
+                    amount: d("10.5"),
+                    outcome: Outcome::Refused,
+                    code: Some(RefusalCode::Cancelled),
+                    seq: m.seq,
+                }
+            );
+            assert_eq!(e.accounts, before);
+            // A late copy of the movement gets the recorded refusal, not a fresh decision.
+            let late = e.apply(&mv(op, &req_id, 1, "USDT", "10.5"));
+            assert!(late.record.is_none());
+            assert_eq!(
+                late.response,
+                Response::refused(RefusalCode::Cancelled, true, Some(m.seq))
+            );
+            assert_eq!(e.accounts, before);
+            // Cancelling again reports the same record and records nothing.
+            let again = cancel(&mut e, op, &req_id, 1, "USDT", "10.5");
+            assert!(again.record.is_none());
+            assert_eq!(single_op(&again), entry);
+            // And lookup shows it.
+            assert_eq!(
+                single_op(&e.apply(&Request::Lookup {
+                    req_id: req_id.clone()
+                })),
+                entry
+            );
+        }
+        // A cancelled withdraw was never applied, so there is nothing to refund.
+        assert_eq!(
+            code(&refund(&mut e, "c-withdraw", 1, "USDT", "10.5")),
+            Some(RefusalCode::NoMatchingWithdraw)
+        );
+        assert_eq!(balance(&e, 1, "USDT"), Some(d("100")));
+        let mut r = engine();
+        for rec in e.journal(0, 1000) {
+            r.apply_record(rec).unwrap();
+        }
+        assert_eq!(r, e);
+    }
+
+    #[test]
+    fn cancel_of_a_recorded_movement_reports_it_unchanged() {
+        let mut e = engine();
+        deposit(&mut e, "d", 1, "USDT", "100");
+        withdraw(&mut e, "w", 1, "USDT", "30");
+        withdraw(&mut e, "poor", 1, "USDT", "1000");
+        let state = e.clone();
+        let applied = single_op(&cancel(&mut e, MovementOp::Withdraw, "w", 1, "USDT", "30"));
+        assert_eq!(
+            (applied.outcome, applied.code, applied.seq),
+            (Outcome::Applied, None, 2)
+        );
+        let refused = single_op(&cancel(
+            &mut e,
+            MovementOp::Withdraw,
+            "poor",
+            1,
+            "USDT",
+            "1000",
+        ));
+        assert_eq!(
+            (refused.outcome, refused.code, refused.seq),
+            (Outcome::Refused, Some(RefusalCode::InsufficientBalance), 3)
+        );
+        // Other details: the record is reported as it is, for the caller to compare.
+        let other = cancel(&mut e, MovementOp::Withdraw, "w", 2, "BTC", "1");
+        assert!(other.record.is_none());
+        let other = single_op(&other);
+        assert_eq!(
+            (other.user_id, other.asset.as_str(), other.amount),
+            (1, "USDT", d("30"))
+        );
+        assert_eq!(e, state);
+        // The withdraw stays refundable: cancel settled only (w, withdraw).
+        assert_eq!(
+            applied_balance(&refund(&mut e, "w", 1, "USDT", "30")),
+            d("100")
+        );
+    }
+
+    #[test]
+    fn invalid_cancels_are_refused_and_not_recorded() {
+        let mut e = engine();
+        let w = MovementOp::Withdraw;
+        for (req_id, user, asset, amount, expected) in [
+            ("", 1, "USDT", "1", RefusalCode::InvalidReqId),
+            ("a b", 1, "USDT", "1", RefusalCode::InvalidReqId),
+            ("ok", 0, "USDT", "1", RefusalCode::InvalidUserId),
+            ("ok", 1, "DOGE", "1", RefusalCode::InvalidAsset),
+            ("ok", 1, "USDT", "0", RefusalCode::InvalidAmount),
+            ("ok", 1, "USDT", "1e3", RefusalCode::InvalidAmount),
+            (
+                "ok",
+                1,
+                "USDT",
+                "0.000000001",
+                RefusalCode::PrecisionOverflow,
+            ),
+            (
+                "ok",
+                1,
+                "USDT",
+                "100000000000000000001",
+                RefusalCode::Overflow,
+            ),
+        ] {
+            let req = Request::Cancel {
+                req_id: req_id.into(),
+                movement: w,
+                user_id: user,
+                asset: asset.into(),
+                amount: amount.into(),
+            };
+            assert_unrecorded(&mut e, req, expected);
+        }
     }
 }

@@ -38,6 +38,65 @@ pub struct Args {
     /// Asset config JSON (the format of config/assets.json); the built-in default when absent.
     #[arg(long)]
     pub assets: Option<PathBuf>,
+    /// File holding the shared token every connection must present in a `hello` first
+    /// (surrounding whitespace ignored). Without it, the SPOT_CORE_TOKEN environment variable
+    /// is used; with neither, there is no authentication and only loopback addresses are
+    /// allowed.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+}
+
+/// Environment variable holding the shared token when `--token-file` is absent.
+pub const TOKEN_ENV: &str = "SPOT_CORE_TOKEN";
+
+/// The token from `--token-file`, else from `SPOT_CORE_TOKEN`, else none. An empty token is an
+/// error, not "no token": it would silently turn authentication off.
+pub fn resolve_token(args: &Args) -> anyhow::Result<Option<String>> {
+    let (text, origin) = match &args.token_file {
+        Some(path) => (
+            std::fs::read_to_string(path)
+                .with_context(|| format!("reading token file {}", path.display()))?,
+            path.display().to_string(),
+        ),
+        None => return token_from_env(),
+    };
+    checked_token(&text, &origin).map(Some)
+}
+
+/// The token in `SPOT_CORE_TOKEN`, if set (clients use this too). Set but empty is an error.
+pub fn token_from_env() -> anyhow::Result<Option<String>> {
+    match std::env::var(TOKEN_ENV) {
+        Ok(v) => checked_token(&v, TOKEN_ENV).map(Some),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => anyhow::bail!("{TOKEN_ENV} is not valid UTF-8"),
+    }
+}
+
+fn checked_token(text: &str, origin: &str) -> anyhow::Result<String> {
+    let token = text.trim();
+    if token.is_empty() {
+        anyhow::bail!("the spot-core token from {origin} is empty");
+    }
+    Ok(token.to_string())
+}
+
+/// Refuse to serve an unauthenticated protocol (anyone who connects can move money) on
+/// anything but loopback.
+async fn check_listen_address(listen: &str, has_token: bool) -> anyhow::Result<()> {
+    if has_token {
+        return Ok(());
+    }
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(listen)
+        .await
+        .with_context(|| format!("resolving {listen}"))?
+        .collect();
+    if addrs.is_empty() || addrs.iter().any(|a| !a.ip().is_loopback()) {
+        anyhow::bail!(
+            "refusing to listen on {listen} without a token: only loopback addresses may be \
+             used unauthenticated; pass --token-file or set {TOKEN_ENV}"
+        );
+    }
+    Ok(())
 }
 
 /// A replayed engine with its listener bound, not yet serving.
@@ -46,18 +105,21 @@ pub struct Bound {
     pub local_addr: SocketAddr,
     listener: TcpListener,
     engine: EngineHandle,
+    token: Option<server::Token>,
 }
 
 impl Bound {
     /// Serve until the process ends.
     pub async fn serve(self) -> anyhow::Result<()> {
-        server::serve(self.listener, self.engine).await?;
+        server::serve(self.listener, self.engine, self.token).await?;
         Ok(())
     }
 }
 
 /// Load the assets, replay the WAL, start the engine thread and bind the listener.
 pub async fn bind(args: &Args) -> anyhow::Result<Bound> {
+    let token = resolve_token(args)?;
+    check_listen_address(&args.listen, token.is_some()).await?;
     let assets = match &args.assets {
         Some(path) => Assets::load(path)?,
         None => Assets::builtin(),
@@ -76,10 +138,19 @@ pub async fn bind(args: &Args) -> anyhow::Result<Bound> {
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     let local_addr = listener.local_addr()?;
+    tracing::info!(
+        authentication = if token.is_some() {
+            "token"
+        } else {
+            "none (loopback only)"
+        },
+        "access control"
+    );
     Ok(Bound {
         local_addr,
         listener,
         engine,
+        token: token.map(server::Token::new),
     })
 }
 

@@ -40,6 +40,21 @@ pub enum Request {
         #[serde(default = "default_journal_limit")]
         limit: u32,
     },
+    /// Settle `(req_id, movement)` for good: record a `CANCELLED` refusal if nothing is
+    /// recorded under that key yet, otherwise report what is. Answered like `lookup`, with
+    /// exactly one entry.
+    Cancel {
+        req_id: String,
+        movement: MovementOp,
+        user_id: u64,
+        asset: String,
+        amount: String,
+    },
+    /// Authenticate the connection (the first line when the server has a token). Handled by
+    /// the server itself, never by the engine.
+    Hello {
+        token: String,
+    },
 }
 
 fn default_journal_limit() -> u32 {
@@ -189,6 +204,9 @@ pub enum RefusalCode {
     AccountDisabled,
     InsufficientBalance,
     NoMatchingWithdraw,
+    /// Recorded by a `cancel` before any copy of the movement arrived: every later copy gets
+    /// this refusal as a duplicate, so the movement can never be applied.
+    Cancelled,
 }
 
 impl RefusalCode {
@@ -206,6 +224,7 @@ impl RefusalCode {
             RefusalCode::AccountDisabled => "ACCOUNT_DISABLED",
             RefusalCode::InsufficientBalance => "INSUFFICIENT_BALANCE",
             RefusalCode::NoMatchingWithdraw => "NO_MATCHING_WITHDRAW",
+            RefusalCode::Cancelled => "CANCELLED",
         }
     }
 
@@ -230,6 +249,7 @@ impl RefusalCode {
             RefusalCode::NoMatchingWithdraw => {
                 "no applied withdraw with this req_id, user, asset and amount"
             }
+            RefusalCode::Cancelled => "cancelled before it was applied; it never will be",
         }
     }
 }
@@ -245,6 +265,9 @@ impl std::fmt::Display for RefusalCode {
 pub enum ErrorCode {
     /// Malformed JSON, unknown op, unknown or missing fields, oversized line.
     BadRequest,
+    /// The server requires a token and the connection did not start with a matching `hello`;
+    /// the connection is closed after this answer.
+    Unauthorized,
 }
 
 /// One response line.
@@ -297,6 +320,13 @@ impl Response {
             message: code.message().to_string(),
             duplicate,
             seq,
+        }
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> Response {
+        Response::Error {
+            code: ErrorCode::Unauthorized,
+            message: message.into(),
         }
     }
 

@@ -3,6 +3,7 @@
 //! Each connection has a reader task that parses lines and queues them to the engine thread,
 //! and a writer that awaits the answers in the order the requests arrived.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader, BufWriter};
@@ -17,20 +18,51 @@ use crate::wal::EngineHandle;
 /// client that never reads its answers cannot make the server buffer without bound.
 const MAX_IN_FLIGHT_PER_CONN: usize = 1024;
 
+/// How long a connection may take to authenticate when the server has a token.
+pub const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The shared secret every connection must present first, if any.
+#[derive(Clone)]
+pub struct Token(Arc<str>);
+
+impl Token {
+    pub fn new(token: impl Into<Arc<str>>) -> Token {
+        Token(token.into())
+    }
+
+    /// Comparison whose time does not depend on where the first difference is.
+    fn matches(&self, offered: &str) -> bool {
+        let (a, b) = (self.0.as_bytes(), offered.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
 enum Pending {
     Ready(Response),
     Waiting(oneshot::Receiver<Response>),
 }
 
-/// Accept connections forever.
-pub async fn serve(listener: TcpListener, engine: EngineHandle) -> std::io::Result<()> {
+/// Accept connections forever. With a `token`, each connection must start with a matching
+/// `hello` before anything else is read.
+pub async fn serve(
+    listener: TcpListener,
+    engine: EngineHandle,
+    token: Option<Token>,
+) -> std::io::Result<()> {
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
                 tracing::debug!(%peer, "connection accepted");
                 let engine = engine.clone();
+                let token = token.clone();
                 tokio::spawn(async move {
-                    handle_connection(stream, engine).await;
+                    handle_connection(stream, engine, token).await;
                     tracing::debug!(%peer, "connection closed");
                 });
             }
@@ -43,17 +75,66 @@ pub async fn serve(listener: TcpListener, engine: EngineHandle) -> std::io::Resu
     }
 }
 
-async fn handle_connection(stream: TcpStream, engine: EngineHandle) {
+async fn handle_connection(stream: TcpStream, engine: EngineHandle, token: Option<Token>) {
     let _ = stream.set_nodelay(true);
     let (rd, wr) = stream.into_split();
     let (queue_tx, queue_rx) = mpsc::channel(MAX_IN_FLIGHT_PER_CONN);
     let writer = tokio::spawn(write_loop(wr, queue_rx));
-    read_loop(rd, engine, queue_tx).await;
+    read_loop(rd, engine, token, queue_tx).await;
     let _ = writer.await;
 }
 
-async fn read_loop(rd: OwnedReadHalf, engine: EngineHandle, queue: mpsc::Sender<Pending>) {
+/// Read the first non-blank line and check it is a `hello` with the right token. On failure
+/// the UNAUTHORIZED answer is queued and false returned: the caller closes the connection.
+async fn authenticate<R: AsyncBufRead + Unpin>(
+    reader: &mut R,
+    token: &Token,
+    queue: &mpsc::Sender<Pending>,
+) -> bool {
+    let mut line = Vec::with_capacity(256);
+    let first = async {
+        loop {
+            line.clear();
+            match read_line_limited(reader, &mut line, MAX_LINE_BYTES).await {
+                Ok(LineRead::Line) if line.trim_ascii().is_empty() => continue,
+                Ok(LineRead::Line) => return Some(line.trim_ascii().to_vec()),
+                Ok(LineRead::Eof) | Err(_) => return None,
+                Ok(LineRead::TooLong) => return Some(Vec::new()),
+            }
+        }
+    };
+    let answer = match tokio::time::timeout(AUTH_TIMEOUT, first).await {
+        Ok(None) => return false,
+        Ok(Some(text)) => match serde_json::from_slice::<Request>(&text) {
+            Ok(Request::Hello { token: offered }) if token.matches(&offered) => {
+                return queue.send(Pending::Ready(Response::ok())).await.is_ok();
+            }
+            Ok(Request::Hello { .. }) => "wrong token",
+            _ => "the first request must be {\"op\":\"hello\",\"token\":...}",
+        },
+        Err(_) => "no hello before the deadline",
+    };
+    tracing::warn!(reason = answer, "connection refused: unauthorized");
+    let _ = queue
+        .send(Pending::Ready(Response::unauthorized(answer)))
+        .await;
+    false
+}
+
+async fn read_loop(
+    rd: OwnedReadHalf,
+    engine: EngineHandle,
+    token: Option<Token>,
+    queue: mpsc::Sender<Pending>,
+) {
     let mut reader = BufReader::with_capacity(64 * 1024, rd);
+    if let Some(token) = &token {
+        if !authenticate(&mut reader, token, &queue).await {
+            drop(queue);
+            linger(&mut reader).await;
+            return;
+        }
+    }
     let mut line = Vec::with_capacity(1024);
     loop {
         line.clear();
@@ -72,6 +153,18 @@ async fn read_loop(rd: OwnedReadHalf, engine: EngineHandle, queue: mpsc::Sender<
             continue;
         }
         let pending = match serde_json::from_slice::<Request>(text) {
+            // A repeated hello (or one sent to a server without a token) is answered here.
+            Ok(Request::Hello { token: offered }) => {
+                if token.as_ref().is_some_and(|t| !t.matches(&offered)) {
+                    let _ = queue
+                        .send(Pending::Ready(Response::unauthorized("wrong token")))
+                        .await;
+                    drop(queue);
+                    linger(&mut reader).await;
+                    return;
+                }
+                Pending::Ready(Response::ok())
+            }
             Ok(request) => match engine.submit(request).await {
                 Some(rx) => Pending::Waiting(rx),
                 None => return,
@@ -82,6 +175,26 @@ async fn read_loop(rd: OwnedReadHalf, engine: EngineHandle, queue: mpsc::Sender<
             return;
         }
     }
+}
+
+/// After the last answer of a connection being closed: discard further input for a moment
+/// (the writer, whose queue is closed, sends the answer and a FIN meanwhile). Closing with
+/// unread input would send a reset that can destroy the answer before the peer reads it.
+async fn linger<R: AsyncBufRead + Unpin>(reader: &mut R) {
+    let drain = async {
+        let mut discarded = 0usize;
+        while discarded < 1 << 20 {
+            match reader.fill_buf().await {
+                Ok([]) | Err(_) => return,
+                Ok(buf) => {
+                    let n = buf.len();
+                    reader.consume(n);
+                    discarded += n;
+                }
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
 }
 
 async fn write_loop(wr: OwnedWriteHalf, mut queue: mpsc::Receiver<Pending>) {

@@ -51,9 +51,10 @@ pub struct Wal {
 impl Wal {
     /// Open `<dir>/wal.log` (creating dir and file if missing), feed every intact record to
     /// `apply` in order, and cut off a torn tail (short header or payload, absurd length, bad
-    /// crc, empty payload). An error from `apply`, or a record with a valid checksum that
-    /// does not parse, aborts the open and leaves the file untouched: such a record is not a
-    /// torn write but a bug or data from another version, and dropping it could lose money.
+    /// crc, empty payload) when nothing intact follows it. An error from `apply`, a record with
+    /// a valid checksum that does not parse, or a damaged frame followed by an intact record
+    /// with a higher seq (corruption in the middle, not a torn write) aborts the open and
+    /// leaves the file untouched: dropping such records could lose acknowledged money.
     pub fn open(
         dir: &Path,
         mut apply: impl FnMut(JournalRecord) -> anyhow::Result<()>,
@@ -93,6 +94,7 @@ impl Wal {
         let mut reader = BufReader::with_capacity(1 << 20, &file);
         let mut valid_len = 0u64;
         let mut records = 0u64;
+        let mut last_seq = 0u64;
         let mut payload = Vec::new();
         loop {
             let mut header = [0u8; HEADER_BYTES];
@@ -133,11 +135,27 @@ impl Wal {
             })?;
             valid_len += (HEADER_BYTES + payload.len()) as u64;
             records += 1;
+            last_seq = seq;
         }
         drop(reader);
 
         let dropped_bytes = total_len - valid_len;
         if dropped_bytes > 0 {
+            // A torn write leaves nothing valid behind it. A damaged frame followed by an
+            // intact later record is corruption of synced (acknowledged) data: cutting there
+            // would silently forget everything after it, so stop and let an operator decide.
+            let mut rest = vec![0u8; usize::try_from(dropped_bytes).context("WAL tail too large")?];
+            std::os::unix::fs::FileExt::read_exact_at(&file, &mut rest, valid_len)
+                .with_context(|| format!("reading {}", path.display()))?;
+            if let Some((at, seq)) = later_valid_frame(&rest, last_seq) {
+                bail!(
+                    "{} is damaged at byte {valid_len} (after seq {last_seq}), but an intact record \
+                     (seq {seq}) follows at byte {}: this is not a torn tail but corruption in the \
+                     middle of the log; refusing to start and leaving the file untouched",
+                    path.display(),
+                    valid_len + at as u64
+                );
+            }
             tracing::warn!(
                 path = %path.display(),
                 dropped_bytes,
@@ -168,6 +186,36 @@ impl Wal {
     pub fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// The first position after the start of `rest` (which begins with a damaged frame) where an
+/// intact frame starts: length within bounds, whole frame inside `rest`, crc matching, and a
+/// payload that is a JSON object with a `seq` above `last_seq`. Only `seq` is read, so a record
+/// of a newer version counts too. Returns (offset in `rest`, seq).
+fn later_valid_frame(rest: &[u8], last_seq: u64) -> Option<(usize, u64)> {
+    #[derive(serde::Deserialize)]
+    struct SeqOnly {
+        seq: u64,
+    }
+    let mut at = 1;
+    while at + HEADER_BYTES <= rest.len() {
+        let header = &rest[at..at + HEADER_BYTES];
+        let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes"));
+        let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
+        let start = at + HEADER_BYTES;
+        if len > 0 && len <= MAX_RECORD_BYTES && start + len as usize <= rest.len() {
+            let payload = &rest[start..start + len as usize];
+            if crc32fast::hash(payload) == crc {
+                if let Ok(r) = serde_json::from_slice::<SeqOnly>(payload) {
+                    if r.seq > last_seq {
+                        return Some((at, r.seq));
+                    }
+                }
+            }
+        }
+        at += 1;
+    }
+    None
 }
 
 fn sync_dir(dir: &Path) -> anyhow::Result<()> {
@@ -557,5 +605,83 @@ mod tests {
             replayed.account(1, "USDT").map(|(b, _)| b),
             Some(200.into())
         );
+    }
+
+    /// Damage to the frame of record `index` (0-based): flip one bit of its crc, of its
+    /// payload, or zero the whole frame.
+    fn damage(bytes: &mut [u8], ends: &[u64], index: usize, how: &str) {
+        let start = if index == 0 {
+            0
+        } else {
+            ends[index - 1] as usize
+        };
+        let end = ends[index] as usize;
+        match how {
+            "crc" => bytes[start + 5] ^= 0x10,
+            "payload" => bytes[start + HEADER_BYTES + 3] ^= 0x01,
+            "length" => bytes[start] ^= 0x04,
+            _ => bytes[start..end].fill(0),
+        }
+    }
+
+    #[test]
+    fn damage_in_the_middle_stops_startup_without_truncating() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, ends, _) = written(dir.path());
+        let original = std::fs::read(dir.path().join(WAL_FILE)).unwrap();
+        for index in [0, 3, ends.len() - 2] {
+            for how in ["crc", "payload", "length", "zero"] {
+                let case = tempfile::tempdir().unwrap();
+                let mut bytes = original.clone();
+                damage(&mut bytes, &ends, index, how);
+                std::fs::write(case.path().join(WAL_FILE), &bytes).unwrap();
+                let err = open(case.path()).unwrap_err();
+                let text = format!("{err:#}");
+                assert!(
+                    text.contains("corruption in the middle")
+                        && text.contains(&format!("seq {}", index + 2)),
+                    "record {index} {how}: {text}"
+                );
+                assert_eq!(
+                    std::fs::read(case.path().join(WAL_FILE)).unwrap(),
+                    bytes,
+                    "record {index} {how}: the file must be left untouched"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn damage_to_the_last_record_is_still_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, ends, before_last) = written(dir.path());
+        let original = std::fs::read(dir.path().join(WAL_FILE)).unwrap();
+        for how in ["crc", "payload", "length", "zero"] {
+            let case = tempfile::tempdir().unwrap();
+            let mut bytes = original.clone();
+            damage(&mut bytes, &ends, ends.len() - 1, how);
+            std::fs::write(case.path().join(WAL_FILE), &bytes).unwrap();
+            check_tail_damage(case.path(), &ends, &before_last);
+        }
+    }
+
+    #[test]
+    fn a_stale_or_foreign_frame_after_the_damage_does_not_count() {
+        // Only an intact frame carrying a later seq proves acknowledged records follow.
+        let dir = tempfile::tempdir().unwrap();
+        let (e, ends, _) = written(dir.path());
+        let mut bytes = std::fs::read(dir.path().join(WAL_FILE)).unwrap();
+        bytes.extend_from_slice(&[0xff; 16]);
+        let mut old = Vec::new();
+        encode_record(&e.journal(0, 1).remove(0), &mut old);
+        bytes.extend_from_slice(&old);
+        let payload = br#"{"no_seq":true}"#;
+        bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+        bytes.extend_from_slice(payload);
+        std::fs::write(dir.path().join(WAL_FILE), &bytes).unwrap();
+        let (replayed, _, report) = open(dir.path()).unwrap();
+        assert_eq!(report.valid_len, *ends.last().unwrap());
+        assert_eq!(replayed, e);
     }
 }

@@ -227,7 +227,9 @@ async fn a_cid_repeat_returns_the_original_even_after_the_asset_is_suspended() {
     other.cid = Some("once-2".into());
     assert_eq!(
         s.coordinator.submit(other).await,
-        Err(recovery::CoordinatorError::Refused(domain::ErrorCode::AssetSuspended))
+        Err(recovery::CoordinatorError::Refused(
+            domain::ErrorCode::AssetSuspended
+        ))
     );
     assert_eq!(s.funding_balance(10, "ETH").await, dec("4"));
 }

@@ -19,4 +19,5 @@ mod graphql;
 mod invariant;
 mod projections;
 mod recovery;
+mod recovery_safety;
 mod spot_durability;

@@ -317,10 +317,13 @@ async fn mon_001_target_pending_over_threshold_is_critical_and_visible_in_metric
     assert_eq!(row["req_id"], req_id.as_str(), "{listed}");
     assert_eq!(row["state"], "TARGET_PENDING");
     assert!(row["attempts"].as_i64().unwrap() >= 1, "{listed}");
-    assert!(row["last_error"]
-        .as_str()
-        .unwrap()
-        .contains("target deposit"));
+    // A category, never the raw error (which may hold socket or SQL text).
+    assert_eq!(row["last_error_category"], "NETWORK", "{listed}");
+    assert!(row.get("last_error").is_none(), "{listed}");
+    assert!(
+        !listed.to_string().to_lowercase().contains("connect"),
+        "{listed}"
+    );
     assert!(row["next_retry_at"].is_string());
     let forbidden = http
         .get(format!("{}/api/v1/admin/transfers/stuck", ledger.base))
@@ -385,7 +388,8 @@ async fn manual_resolution_records_who_and_why_and_is_refused_where_not_allowed(
     assert_eq!(status, 400, "{body}");
 
     let (status, body) = api
-        .call(Method::POST, &path, Some(&admin), Some(json!({"resolution": "NOT_APPLIED", "reason": "spot-core journal shows no deposit"})))
+        // `force`: where spot-core cannot (yet) cancel the deposit, the operator vouches for it.
+        .call(Method::POST, &path, Some(&admin), Some(json!({"resolution": "NOT_APPLIED", "reason": "spot-core journal shows no deposit", "force": true})))
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(
@@ -402,7 +406,13 @@ async fn manual_resolution_records_who_and_why_and_is_refused_where_not_allowed(
     .unwrap();
     let e = &stored["TransferManuallyResolved"];
     assert_eq!(e["operator"], "admin:1");
-    assert_eq!(e["reason"], "spot-core journal shows no deposit");
+    assert!(
+        e["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("spot-core journal shows no deposit"),
+        "{e}"
+    );
     assert_eq!(e["from_state"], "TARGET_PENDING");
     assert_eq!(e["to_state"], "COMPENSATING");
     assert_eq!(api.stack.funding_balance(4, "USDT").await, dec("10"));

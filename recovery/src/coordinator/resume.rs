@@ -11,6 +11,9 @@ use domain::{
 use super::{Coordinator, CoordinatorError, Stepped};
 use crate::failpoint::failpoint;
 
+/// How long a manual resolution holds the transfer's lease (it checks, records and drives once).
+const MANUAL_LEASE_MS: i64 = 120_000;
+
 /// Where a resumed transfer stands after one drive.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Resumed {
@@ -31,6 +34,17 @@ pub enum ManualResolutionError {
     /// The account system's own record says otherwise; the operator's claim is not recorded.
     #[error("the account system recorded {0}, which contradicts the resolution")]
     Contradicted(String),
+    /// The account system holds the key for another movement (user, asset or amount): nothing is
+    /// known about this one, so no resolution may be recorded.
+    #[error("the account system recorded the req_id for a different movement: {0}")]
+    Mismatch(String),
+    /// The account system could not confirm the claim (for NOT_APPLIED: could not durably
+    /// cancel the pending call). Only an explicit `force` records it anyway.
+    #[error("the account system could not confirm the resolution: {0}")]
+    Unavailable(String),
+    /// Someone else (a recovery worker, another operator) holds the transfer's lease right now.
+    #[error("the transfer is being worked on; try again shortly")]
+    Busy,
     #[error(transparent)]
     Coordinator(#[from] CoordinatorError),
 }
@@ -57,6 +71,12 @@ pub(super) async fn call_or_lookup(
             Recorded::NotSeen => {}
             Recorded::Unavailable(why) => {
                 tracing::debug!(req_id = %movement.req_id, ?operation, %why, "lookup unavailable; retrying the idempotent call");
+            }
+            // The key holds another movement: a retry would only be refused as a conflict, and
+            // nothing about this movement is known. It stays open for an operator.
+            Recorded::Mismatch(why) => {
+                tracing::error!(req_id = %movement.req_id, ?operation, %why, "lookup: req_id recorded for a different movement");
+                return AdapterOutcome::Unknown(format!("MISMATCH: {why}"));
             }
         }
     }
@@ -103,13 +123,20 @@ impl Coordinator {
     /// Records an operator's confirmed outcome of the pending call (`TransferManuallyResolved`,
     /// with who and why), then drives the transfer on if that leaves it open (SOURCE_DONE goes on
     /// to the deposit, COMPENSATING to the refund). Refused when the state does not allow it, and
-    /// when the account system's own record contradicts the operator.
+    /// when the account system's own record contradicts the operator or holds the key for another
+    /// movement. NOT_APPLIED first makes the account system durably refuse the pending call
+    /// (`AccountPort::cancel`), so no queued or in-flight copy can land afterwards; where that
+    /// cannot be confirmed (or APPLIED cannot be checked) it is refused unless `force`, which is
+    /// written into the event's reason. The transfer's lease (`transfer_retries`) is held
+    /// throughout, so no recovery worker is mid-call. Once the resolution is committed the answer
+    /// is `Ok`: a failing follow-up drive leaves the transfer open (`unknown`) for the worker.
     pub async fn manually_resolve(
         &self,
         req_id: &ReqId,
         resolution: Resolution,
         operator: &str,
         reason: &str,
+        force: bool,
     ) -> Result<Resumed, ManualResolutionError> {
         let ctx = self
             .store
@@ -119,9 +146,97 @@ impl Coordinator {
         let Some(data) = ctx.aggregate.data.clone() else {
             return Err(ManualResolutionError::NotFound);
         };
-        if manual_resolution_target(data.state, resolution).is_some() {
-            self.check_against_records(&data, resolution).await?;
+        if manual_resolution_target(data.state, resolution).is_none() {
+            // Nothing to check or cancel: the aggregate gives the exact refusal.
+            return self
+                .record_resolution(ctx, &data, resolution, operator, reason)
+                .await;
         }
+        let owner = format!("manual:{operator}:{}", ReqId::generate());
+        if !self.take_manual_lease(req_id, data.state, &owner).await? {
+            return Err(ManualResolutionError::Busy);
+        }
+        let result = self
+            .resolve_leased(req_id, resolution, operator, reason, force)
+            .await;
+        if let Err(e) = sqlx::query(
+            "UPDATE transfer_retries SET lease_owner = NULL, lease_until = NULL, updated_at = now()
+             WHERE req_id = $1 AND lease_owner = $2",
+        )
+        .bind(req_id.to_string())
+        .bind(&owner)
+        .execute(&self.pool)
+        .await
+        {
+            // The lease simply expires.
+            tracing::warn!(%req_id, error = %e, "could not release the manual resolution's lease");
+        }
+        result
+    }
+
+    /// Takes the transfer's lease the way a recovery worker does (free or expired only), without
+    /// waiting for its retry time.
+    async fn take_manual_lease(
+        &self,
+        req_id: &ReqId,
+        state: TransferState,
+        owner: &str,
+    ) -> Result<bool, CoordinatorError> {
+        let taken: Option<i32> = sqlx::query_scalar(
+            "INSERT INTO transfer_retries (req_id, state, lease_owner, lease_until)
+             VALUES ($1, $2, $3, clock_timestamp() + $4 * interval '1 millisecond')
+             ON CONFLICT (req_id) DO UPDATE
+               SET lease_owner = EXCLUDED.lease_owner, lease_until = EXCLUDED.lease_until,
+                   updated_at = now()
+               WHERE transfer_retries.lease_until IS NULL
+                  OR transfer_retries.lease_until < clock_timestamp()
+             RETURNING 1",
+        )
+        .bind(req_id.to_string())
+        .bind(state.as_str())
+        .bind(owner)
+        .bind(MANUAL_LEASE_MS)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(taken.is_some())
+    }
+
+    async fn resolve_leased(
+        &self,
+        req_id: &ReqId,
+        resolution: Resolution,
+        operator: &str,
+        reason: &str,
+        force: bool,
+    ) -> Result<Resumed, ManualResolutionError> {
+        // Read again under the lease: a worker may have moved it since the first read.
+        let ctx = self
+            .store
+            .load_aggregate(&req_id.to_string())
+            .await
+            .map_err(CoordinatorError::from)?;
+        let Some(data) = ctx.aggregate.data.clone() else {
+            return Err(ManualResolutionError::NotFound);
+        };
+        let mut reason = reason.to_owned();
+        if manual_resolution_target(data.state, resolution).is_some() {
+            if let Some(note) = self.check_against_records(&data, resolution, force).await? {
+                reason = format!("{reason} {note}");
+            }
+        }
+        self.record_resolution(ctx, &data, resolution, operator, &reason)
+            .await
+    }
+
+    async fn record_resolution(
+        &self,
+        ctx: super::Context,
+        data: &TransferData,
+        resolution: Resolution,
+        operator: &str,
+        reason: &str,
+    ) -> Result<Resumed, ManualResolutionError> {
+        let req_id = data.req_id;
         let command = TransferCommand::ManuallyResolve {
             resolution,
             operator: operator.to_owned(),
@@ -144,18 +259,34 @@ impl Coordinator {
                 unknown: None,
             });
         }
-        Ok(self.resume(req_id).await?)
+        // The resolution is committed: whatever the follow-up drive comes to, the answer is the
+        // resolution's, and a transfer left open is the recovery worker's to finish.
+        match self.resume(&req_id).await {
+            Ok(resumed) => Ok(resumed),
+            Err(e) => {
+                tracing::warn!(%req_id, error = %e, "manual resolution recorded; the follow-up drive failed and is left to the recovery worker");
+                let data = match self.load(&req_id).await {
+                    Ok(Some(latest)) => latest,
+                    _ => now,
+                };
+                let unknown = (!data.state.is_terminal()).then(|| format!("follow-up drive: {e}"));
+                Ok(Resumed { data, unknown })
+            }
+        }
     }
 
-    /// The operator's word is taken only where the system's record cannot refute it: "applied"
-    /// against a record of nothing or a refusal, or "not applied" against an applied record, is
-    /// refused. A system that cannot answer leaves the operator's word standing: that is what
-    /// manual intervention is for.
+    /// The operator's word is taken only where the system's record backs it. NOT_APPLIED first
+    /// cancels the pending call in the account system: accepted once the record is a refusal
+    /// (the cancel's or an earlier one), refused against an applied record. APPLIED is refused
+    /// against a record of nothing or a refusal. A record for another movement refuses both.
+    /// Where the system cannot answer, only `force` records the claim, and the returned note
+    /// (appended to the reason) says so.
     async fn check_against_records(
         &self,
         data: &TransferData,
         resolution: Resolution,
-    ) -> Result<(), ManualResolutionError> {
+        force: bool,
+    ) -> Result<Option<String>, ManualResolutionError> {
         let movement = Movement {
             req_id: data.req_id,
             user_id: data.user_id,
@@ -166,22 +297,41 @@ impl Coordinator {
             TransferState::SourcePending => (self.port(data.from), Operation::Withdraw),
             TransferState::TargetPending => (self.port(data.to), Operation::Deposit),
             TransferState::Compensating => (self.port(data.from), Operation::Refund),
-            _ => return Ok(()),
+            _ => return Ok(None),
         };
-        let recorded = port.lookup(&movement, operation).await;
-        let contradicts = matches!(
-            (&recorded, resolution),
-            (Recorded::Applied, Resolution::NotApplied)
-                | (
-                    Recorded::NotSeen | Recorded::Refused { .. },
-                    Resolution::Applied
-                )
-        );
-        if contradicts {
-            return Err(ManualResolutionError::Contradicted(format!(
-                "{operation:?}: {recorded:?}"
-            )));
+        let recorded = match resolution {
+            Resolution::NotApplied => port.cancel(&movement, operation).await,
+            Resolution::Applied => port.lookup(&movement, operation).await,
+        };
+        match (recorded, resolution) {
+            (Recorded::Applied, Resolution::Applied)
+            | (Recorded::Refused { .. }, Resolution::NotApplied) => Ok(None),
+            (recorded @ Recorded::Applied, Resolution::NotApplied)
+            | (recorded @ (Recorded::NotSeen | Recorded::Refused { .. }), Resolution::Applied) => {
+                Err(ManualResolutionError::Contradicted(format!(
+                    "{operation:?}: {recorded:?}"
+                )))
+            }
+            (Recorded::Mismatch(why), _) => {
+                tracing::error!(req_id = %data.req_id, ?operation, %why, "manual resolution refused: req_id recorded for a different movement");
+                Err(ManualResolutionError::Mismatch(format!("{operation:?}")))
+            }
+            (unconfirmed @ (Recorded::Unavailable(_) | Recorded::NotSeen), _) => {
+                // (NotSeen here answers a cancel: it should have left a record.)
+                let why = match unconfirmed {
+                    Recorded::Unavailable(why) => why,
+                    _ => "the cancel left no record".to_owned(),
+                };
+                tracing::warn!(req_id = %data.req_id, ?operation, %why, force, "account system could not confirm a manual resolution");
+                if force {
+                    Ok(Some(format!(
+                        "[FORCED by operator: the account system could not confirm {} of {operation:?}]",
+                        resolution.as_str()
+                    )))
+                } else {
+                    Err(ManualResolutionError::Unavailable(format!("{operation:?}")))
+                }
+            }
         }
-        Ok(())
     }
 }
