@@ -277,17 +277,24 @@ impl FundingLedger {
             .collect())
     }
 
-    /// One movement in one transaction: claim (req_id, op) in the journal, then decide and apply.
-    /// A claim that already exists returns the first decision and changes nothing.
+    /// One movement, atomically: claim (req_id, op) in the journal, decide and apply. A claim that
+    /// already exists returns the first decision and changes nothing.
     async fn movement(&self, op: Op, m: &Movement) -> Result<AdapterOutcome, sqlx::Error> {
         // The common case, a fresh movement of a valid asset, is decided and applied by one
         // statement; repeats and invalid assets take the general path below.
-        if self.invalid(m).is_none() {
+        // A refund is bound to an applied withdraw of the same details, the stronger check; it
+        // must never be refused for an asset setting changed since, or the money would stay
+        // in flight.
+        let invalid = match op {
+            Op::Refund => None,
+            Op::Withdraw | Op::Deposit => self.invalid(m),
+        };
+        if invalid.is_none() {
             if let Some(outcome) = self.fresh_movement(op, m).await? {
                 return Ok(outcome);
             }
         }
-        self.movement_general(op, m).await
+        self.movement_general(op, m, invalid).await
     }
 
     /// Claims (req_id, operation), decides and applies in ONE statement, so one round trip and
@@ -369,165 +376,59 @@ impl FundingLedger {
         Ok(Some(refusal(code.unwrap_or_else(|| "REFUSED".into()))))
     }
 
-    /// The general path: claim, then decide and apply, in one multi-statement transaction.
-    async fn movement_general(&self, op: Op, m: &Movement) -> Result<AdapterOutcome, sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
-        // The unique key serialises concurrent calls with one req_id: the second INSERT waits for
-        // the first transaction and then does nothing.
-        let claimed: Option<i64> = sqlx::query_scalar(
-            "INSERT INTO funding_journal (req_id, operation, user_id, asset, amount, outcome)
-             VALUES ($1, $2, $3, $4, $5, 'APPLIED')
-             ON CONFLICT (req_id, operation) DO NOTHING RETURNING id",
-        )
-        .bind(m.req_id.to_string())
-        .bind(op.as_str())
-        .bind(m.user_id.as_i64())
-        .bind(m.asset.as_str())
-        .bind(m.amount.value())
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(journal_id) = claimed else {
-            let first: (i64, String, Decimal, String, Option<String>) = sqlx::query_as(
-                "SELECT user_id, asset, amount, outcome, code FROM funding_journal
-                 WHERE req_id = $1 AND operation = $2",
+    /// The other cases: a repeat of a claimed key, answered with its first decision, and an
+    /// invalid movement (unknown asset, excess precision), refused and recorded without touching
+    /// any balance. Checked only for a fresh claim, so a retry of something already decided gets
+    /// that decision even if the asset configuration changed since.
+    async fn movement_general(
+        &self,
+        op: Op,
+        m: &Movement,
+        invalid: Option<String>,
+    ) -> Result<AdapterOutcome, sqlx::Error> {
+        if let Some(code) = invalid {
+            let claimed = sqlx::query(
+                "INSERT INTO funding_journal (req_id, operation, user_id, asset, amount, outcome, code)
+                 VALUES ($1, $2, $3, $4, $5, 'REFUSED', $6)
+                 ON CONFLICT (req_id, operation) DO NOTHING",
             )
             .bind(m.req_id.to_string())
             .bind(op.as_str())
-            .fetch_one(&mut *tx)
-            .await?;
-            tx.rollback().await?;
-            let (user_id, asset, amount, outcome, code) = first;
-            if user_id != m.user_id.as_i64()
-                || asset != m.asset.as_str()
-                || amount != m.amount.value()
-            {
-                // Never decide a different movement under a used key: a bug or an attack, so the
-                // caller must not treat it as a clean refusal either.
-                return Ok(AdapterOutcome::Unknown(format!(
-                    "req_id {} already used for a different {} movement",
-                    m.req_id,
-                    op.as_str()
-                )));
-            }
-            return Ok(match (outcome.as_str(), code) {
-                ("APPLIED", _) => AdapterOutcome::Success,
-                (_, code) => refusal(code.unwrap_or_else(|| "REFUSED".into())),
-            });
-        };
-
-        // Checked only for a fresh claim, so a retry of something already decided gets that
-        // decision even if the asset configuration changed since. A refund is bound to an
-        // applied withdraw of the same details, which is the stronger check.
-        let refusal_code = match op {
-            Op::Withdraw | Op::Deposit if self.invalid(m).is_some() => self.invalid(m),
-            Op::Withdraw => self.try_withdraw(&mut tx, m).await?,
-            Op::Deposit => self.try_deposit(&mut tx, m).await?,
-            Op::Refund => self.try_refund(&mut tx, m).await?,
-        };
-        if let Some(code) = &refusal_code {
-            sqlx::query("UPDATE funding_journal SET outcome = 'REFUSED', code = $2 WHERE id = $1")
-                .bind(journal_id)
-                .bind(code)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
-        Ok(match refusal_code {
-            None => AdapterOutcome::Success,
-            Some(code) => refusal(code),
-        })
-    }
-
-    /// Locks the account row and debits it; returns the refusal code if it must not.
-    async fn try_withdraw(
-        &self,
-        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-        m: &Movement,
-    ) -> Result<Option<String>, sqlx::Error> {
-        let row: Option<(Decimal, String)> = sqlx::query_as(
-            "SELECT balance, status FROM funding_accounts WHERE user_id = $1 AND asset = $2 FOR UPDATE",
-        )
-        .bind(m.user_id.as_i64())
-        .bind(m.asset.as_str())
-        .fetch_optional(&mut **tx)
-        .await?;
-        let Some((balance, status)) = row else {
-            return Ok(Some("SOURCE_ACCOUNT_NOT_FOUND".into()));
-        };
-        match status.as_str() {
-            "FROZEN" => return Ok(Some("ACCOUNT_FROZEN".into())),
-            "DISABLED" => return Ok(Some("ACCOUNT_DISABLED".into())),
-            _ => {}
-        }
-        if balance < m.amount.value() {
-            return Ok(Some("INSUFFICIENT_BALANCE".into()));
-        }
-        sqlx::query(
-            "UPDATE funding_accounts SET balance = balance - $3, updated_at = now()
-             WHERE user_id = $1 AND asset = $2",
-        )
-        .bind(m.user_id.as_i64())
-        .bind(m.asset.as_str())
-        .bind(m.amount.value())
-        .execute(&mut **tx)
-        .await?;
-        Ok(None)
-    }
-
-    /// Credits an existing, not disabled account (a FUNDING target must exist).
-    async fn try_deposit(
-        &self,
-        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-        m: &Movement,
-    ) -> Result<Option<String>, sqlx::Error> {
-        let row: Option<(Decimal, String)> = sqlx::query_as(
-            "SELECT balance, status FROM funding_accounts WHERE user_id = $1 AND asset = $2 FOR UPDATE",
-        )
-        .bind(m.user_id.as_i64())
-        .bind(m.asset.as_str())
-        .fetch_optional(&mut **tx)
-        .await?;
-        let Some((balance, status)) = row else {
-            return Ok(Some("TARGET_ACCOUNT_NOT_FOUND".into()));
-        };
-        if status == "DISABLED" {
-            return Ok(Some("ACCOUNT_DISABLED".into()));
-        }
-        if balance + m.amount.value() >= balance_ceiling() {
-            return Ok(Some("OVERFLOW".into()));
-        }
-        credit(tx, m).await?;
-        Ok(None)
-    }
-
-    /// Gives back an applied withdraw of the same req_id and details, whatever the account's
-    /// status: the money returns where it came from.
-    async fn try_refund(
-        &self,
-        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-        m: &Movement,
-    ) -> Result<Option<String>, sqlx::Error> {
-        let matching: Option<i64> = sqlx::query_scalar(
-            "SELECT id FROM funding_journal
-             WHERE req_id = $1 AND operation = 'WITHDRAW' AND outcome = 'APPLIED'
-               AND user_id = $2 AND asset = $3 AND amount = $4",
-        )
-        .bind(m.req_id.to_string())
-        .bind(m.user_id.as_i64())
-        .bind(m.asset.as_str())
-        .bind(m.amount.value())
-        .fetch_optional(&mut **tx)
-        .await?;
-        if matching.is_none() {
-            return Ok(Some("NO_MATCHING_WITHDRAW".into()));
-        }
-        sqlx::query("SELECT 1 FROM funding_accounts WHERE user_id = $1 AND asset = $2 FOR UPDATE")
             .bind(m.user_id.as_i64())
             .bind(m.asset.as_str())
-            .execute(&mut **tx)
-            .await?;
-        credit(tx, m).await?;
-        Ok(None)
+            .bind(m.amount.value())
+            .bind(&code)
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+            if claimed == 1 {
+                return Ok(refusal(code));
+            }
+        }
+        // The key is claimed and committed (an INSERT that met it waited for its transaction).
+        let first: (i64, String, Decimal, String, Option<String>) = sqlx::query_as(
+            "SELECT user_id, asset, amount, outcome, code FROM funding_journal
+             WHERE req_id = $1 AND operation = $2",
+        )
+        .bind(m.req_id.to_string())
+        .bind(op.as_str())
+        .fetch_one(&self.pool)
+        .await?;
+        let (user_id, asset, amount, outcome, code) = first;
+        if user_id != m.user_id.as_i64() || asset != m.asset.as_str() || amount != m.amount.value()
+        {
+            // Never decide a different movement under a used key: a bug or an attack, so the
+            // caller must not treat it as a clean refusal either.
+            return Ok(AdapterOutcome::Unknown(format!(
+                "req_id {} already used for a different {} movement",
+                m.req_id,
+                op.as_str()
+            )));
+        }
+        Ok(match (outcome.as_str(), code) {
+            ("APPLIED", _) => AdapterOutcome::Success,
+            (_, code) => refusal(code.unwrap_or_else(|| "REFUSED".into())),
+        })
     }
 }
 
@@ -549,25 +450,6 @@ impl FundingLedger {
         .await?;
         Ok(())
     }
-}
-
-async fn credit(
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    m: &Movement,
-) -> Result<(), sqlx::Error> {
-    let n = sqlx::query(
-        "UPDATE funding_accounts SET balance = balance + $3, updated_at = now()
-         WHERE user_id = $1 AND asset = $2",
-    )
-    .bind(m.user_id.as_i64())
-    .bind(m.asset.as_str())
-    .bind(m.amount.value())
-    .execute(&mut **tx)
-    .await?
-    .rows_affected();
-    // The account was locked or checked in this transaction, so it exists.
-    assert_eq!(n, 1, "credit must touch exactly one funding account");
-    Ok(())
 }
 
 fn refusal(code: String) -> AdapterOutcome {
