@@ -32,6 +32,8 @@ pub struct AppState {
     pub jwt: Arc<JwtKeys>,
     /// Requests per second per user (this process); the daily limits live in the coordinator.
     pub rate: Arc<crate::ratelimit::RateLimiter>,
+    /// This process's short-lived copy of the MON-003 halt flag.
+    pub halt: Arc<crate::invariant::HaltCache>,
 }
 
 impl AppState {
@@ -53,6 +55,7 @@ impl AppState {
             assets,
             jwt: Arc::new(JwtKeys::new(jwt_secret)),
             rate: Arc::new(crate::ratelimit::RateLimiter::new(None)),
+            halt: Arc::new(crate::invariant::HaltCache::default()),
         }
     }
 

@@ -505,14 +505,53 @@ pub async fn is_halted(pool: &PgPool) -> Result<bool, sqlx::Error> {
         .await
 }
 
-/// Refuses with SERVICE_HALTED while transfers are halted (MON-003).
-pub async fn refuse_if_halted(pool: &PgPool) -> Result<(), ApiError> {
-    match is_halted(pool).await {
-        Ok(false) => Ok(()),
-        Ok(true) => Err(ApiError::Refused(ErrorCode::ServiceHalted)),
-        // Unknown halt state: refuse (fail closed) as unavailable, not as an internal fault.
-        Err(e) => Err(ApiError::Unavailable(format!("halt flag: {e}"))),
+/// How long a read of the halt flag is trusted. The flag is in PostgreSQL so every process sees
+/// it; reading it for every transfer cost one round trip per request, a fifth of the database's
+/// transactions under load. A halt set by another process (or the periodic check) therefore
+/// takes effect here within this long; one set or cleared through this process's routes at once.
+pub const HALT_CACHE_TTL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The last halt flag read by this process and when, per database (one per `AppState`).
+#[derive(Debug, Default)]
+pub struct HaltCache {
+    last: std::sync::Mutex<Option<(std::time::Instant, bool)>>,
+}
+
+impl HaltCache {
+    fn fresh(&self) -> Option<bool> {
+        let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        last.filter(|(at, _)| at.elapsed() < HALT_CACHE_TTL)
+            .map(|(_, halted)| halted)
     }
+
+    fn store(&self, halted: bool) {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((std::time::Instant::now(), halted));
+    }
+
+    /// Forgets the cached value, so the next request reads the flag.
+    pub fn invalidate(&self) {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+/// Refuses with SERVICE_HALTED while transfers are halted (MON-003).
+pub async fn refuse_if_halted(pool: &PgPool, cache: &HaltCache) -> Result<(), ApiError> {
+    let halted = match cache.fresh() {
+        Some(halted) => halted,
+        None => match is_halted(pool).await {
+            Ok(halted) => {
+                cache.store(halted);
+                halted
+            }
+            // Unknown halt state: refuse (fail closed) as unavailable, not as an internal fault.
+            Err(e) => return Err(ApiError::Unavailable(format!("halt flag: {e}"))),
+        },
+    };
+    if halted {
+        return Err(ApiError::Refused(ErrorCode::ServiceHalted));
+    }
+    Ok(())
 }
 
 fn check_error(e: CheckError) -> ApiError {
@@ -528,9 +567,9 @@ async fn run_check(
     _admin: AdminUser,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let pool = state.funding.pool();
-    let (report, halted) = check_and_enforce(pool, &state.spot)
-        .await
-        .map_err(check_error)?;
+    let checked = check_and_enforce(pool, &state.spot).await;
+    state.halt.invalidate();
+    let (report, halted) = checked.map_err(check_error)?;
     let mut body =
         serde_json::to_value(&report).map_err(|e| ApiError::Internal(format!("report: {e}")))?;
     body["halted"] = json!(halted);
@@ -548,6 +587,7 @@ async fn clear_halt(
         .execute(pool)
         .await
         .map_err(|e| ApiError::Internal(format!("clear halt: {e}")))?;
+    state.halt.invalidate();
     tracing::warn!(admin = %admin.user_id, "transfer halt cleared by an admin");
     Ok(Json(json!({ "halted": false })))
 }

@@ -280,7 +280,7 @@ pub async fn create_transfer(
     state.rate.check(user.user_id)?;
     // MON-003: after a fund-conservation violation no new transfer starts until an admin clears
     // it. Checked after the request's own checks, so a bad request gets its own code.
-    crate::invariant::refuse_if_halted(state.funding.pool()).await?;
+    crate::invariant::refuse_if_halted(state.funding.pool(), &state.halt).await?;
     // A FUNDING target must exist (SPOT is created lazily). Checked here, before anything is
     // created, so the refusal costs no withdraw and refund; the funding adapter still refuses
     // on its own if the account is missing when the deposit runs.
