@@ -32,6 +32,10 @@ pub struct Args {
     server: String,
 }
 
+/// Most connections the baseline opens, below PostgreSQL's default `max_connections` of 100
+/// with room for the ledger's own pool.
+const BASELINE_CLIENTS_MAX: usize = 64;
+
 const SECRET: &str = "bench-secret-bench-secret-bench-secret-0123456789";
 
 pub struct Proc {
@@ -92,7 +96,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .execute(&mut conn)
             .await?;
     }
-    let pool = schema::prepare(&url, args.clients as u32 + 4).await?;
+    // The server's max_connections (100 by default) bounds the baseline's concurrency too.
+    let baseline_clients = args.clients.min(BASELINE_CLIENTS_MAX);
+    let pool = schema::prepare(&url, baseline_clients as u32 + 4).await?;
     println!("clean database: {url}");
 
     let data = std::env::temp_dir().join(format!("ledger-bench-{}", ulid::Ulid::new()));
@@ -234,7 +240,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // Baseline: single-row durable INSERT commits at the same concurrency.
     let baseline = baseline(
         &pool,
-        args.clients,
+        baseline_clients,
         Duration::from_secs(args.baseline_seconds),
     )
     .await?;
@@ -274,7 +280,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     println!();
     println!(
         "== baseline: single-row durable INSERT commits ({} clients) ==",
-        args.clients
+        baseline_clients
     );
     println!("commits/s:                  {baseline:.0}");
     println!(
