@@ -263,9 +263,20 @@ pub async fn create_transfer(
     user: AuthUser,
     JsonObject(body): JsonObject,
 ) -> Result<Json<TransferResponse>, ApiError> {
-    let request = {
+    let parsed = {
         let assets = state.assets.read().unwrap_or_else(|e| e.into_inner());
-        parse_transfer(body, user.user_id, &assets)?
+        parse_transfer(body.clone(), user.user_id, &assets)
+    };
+    let request = match parsed {
+        Ok(request) => request,
+        Err(refusal) => {
+            // A cid repeat refused only because an asset setting changed since the original
+            // still gets the original transfer, as the contract promises.
+            if let Some(existing) = repeat_of_earlier(&state, &body, user.user_id, &refusal).await {
+                return transfer_answer(existing);
+            }
+            return Err(refusal);
+        }
     };
     // A repeat of a cid gets its original transfer whatever else has changed since (rate, halt).
     if let Some(existing) = state
@@ -305,6 +316,44 @@ pub async fn create_transfer(
         .map_err(|e| ApiError::Internal(format!("transfer task ended abnormally: {e}")))?
         .map_err(coordinator_error)?;
     transfer_answer(data)
+}
+
+/// The original transfer, when a request refused for an asset setting (status, permission,
+/// bounds) repeats an earlier request's cid with the same body. `None` in every other case, so
+/// the refusal stands.
+async fn repeat_of_earlier(
+    state: &AppState,
+    body: &Map<String, Value>,
+    caller: UserId,
+    refusal: &ApiError,
+) -> Option<TransferData> {
+    let settings_dependent = matches!(
+        refusal,
+        ApiError::Refused(
+            ErrorCode::AssetSuspended
+                | ErrorCode::TransferNotAllowed
+                | ErrorCode::AmountTooSmall
+                | ErrorCode::AmountTooLarge
+        )
+    );
+    if !settings_dependent {
+        return None;
+    }
+    let text = |key: &str| body.get(key).and_then(Value::as_str);
+    let request = NewTransfer {
+        user_id: caller,
+        from: AccountType::parse(text("from")?).ok()?,
+        to: AccountType::parse(text("to")?).ok()?,
+        asset: domain::AssetSymbol::parse(text("asset")?).ok()?.to_string(),
+        amount: Amount::parse(text("amount")?).ok()?,
+        cid: Some(text("cid")?.to_owned()),
+    };
+    state
+        .coordinator
+        .existing_for_cid(&request)
+        .await
+        .ok()
+        .flatten()
 }
 
 /// The answer for a transfer as submitted: FAILED is the source's refusal with its code (and

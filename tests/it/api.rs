@@ -118,3 +118,63 @@ async fn insufficient_balance_is_422_with_the_failed_transfer_id() {
     );
     api.stack.assert_conserved(9, "BTC").await;
 }
+
+/// DESIGN section 5: the same user, cid and body returns the original transfer, even when the
+/// asset has been suspended since; a new cid is refused with ASSET_SUSPENDED.
+#[tokio::test]
+async fn a_cid_repeat_after_the_asset_is_suspended_returns_the_original() {
+    let api = ApiStack::start().await;
+    let user = api.token(12, false);
+    api.stack.deposit(12, "ETH", "3").await;
+    let body =
+        json!({"from": "FUNDING", "to": "SPOT", "asset": "ETH", "amount": "1", "cid": "keep-1"});
+    let (status, first) = api
+        .call(
+            Method::POST,
+            "/api/v1/internal_transfer",
+            Some(&user),
+            Some(body.clone()),
+        )
+        .await;
+    assert_eq!(status, 200, "{first}");
+
+    let (status, resp) = api
+        .call(
+            Method::PUT,
+            "/api/v1/admin/assets/ETH",
+            Some(&api.token(1, true)),
+            Some(json!({"precision": 8, "min_transfer_amount": "0.00000001",
+                        "max_transfer_amount": "100000", "status": "SUSPENDED",
+                        "internal_transfer_enabled": true})),
+        )
+        .await;
+    assert_eq!(status, 200, "{resp}");
+
+    let (status, again) = api
+        .call(
+            Method::POST,
+            "/api/v1/internal_transfer",
+            Some(&user),
+            Some(body),
+        )
+        .await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["req_id"], first["req_id"]);
+
+    let (status, refused) = api
+        .call(
+            Method::POST,
+            "/api/v1/internal_transfer",
+            Some(&user),
+            Some(json!({"from": "FUNDING", "to": "SPOT", "asset": "ETH", "amount": "1", "cid": "keep-2"})),
+        )
+        .await;
+    assert_eq!(
+        (status, refused["code"].as_str()),
+        (422, Some("ASSET_SUSPENDED"))
+    );
+    assert_eq!(
+        api.stack.funding_balance(12, "ETH").await,
+        crate::helpers::dec("2")
+    );
+}
