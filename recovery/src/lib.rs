@@ -5,6 +5,7 @@
 pub mod coordinator;
 pub mod event_log;
 pub mod failpoint;
+pub mod lease;
 pub mod limits;
 pub mod sweeper;
 

@@ -453,22 +453,14 @@ impl Worker {
     /// otherwise whether it reached a terminal state.
     async fn work_one(&self, req_id: ReqId, state: String) -> Result<Option<bool>, sqlx::Error> {
         let key = req_id.to_string();
-        let claimed: Option<(i32,)> = sqlx::query_as(
-            "INSERT INTO transfer_retries (req_id, state, lease_owner, lease_until)
-             VALUES ($1, $2, $3, clock_timestamp() + $4 * interval '1 millisecond')
-             ON CONFLICT (req_id) DO UPDATE
-               SET lease_owner = EXCLUDED.lease_owner, lease_until = EXCLUDED.lease_until,
-                   updated_at = now()
-               WHERE (transfer_retries.lease_until IS NULL
-                      OR transfer_retries.lease_until < clock_timestamp())
-                 AND transfer_retries.next_retry_at <= clock_timestamp()
-             RETURNING attempts",
+        let claimed = crate::lease::take(
+            &self.pool,
+            &key,
+            &state,
+            &self.id,
+            millis(self.config.lease),
+            true,
         )
-        .bind(&key)
-        .bind(&state)
-        .bind(&self.id)
-        .bind(millis(self.config.lease))
-        .fetch_optional(&self.pool)
         .await?;
         if claimed.is_none() {
             return Ok(None);

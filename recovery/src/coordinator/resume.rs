@@ -138,14 +138,7 @@ impl Coordinator {
         reason: &str,
         force: bool,
     ) -> Result<Resumed, ManualResolutionError> {
-        let ctx = self
-            .store
-            .load_aggregate(&req_id.to_string())
-            .await
-            .map_err(CoordinatorError::from)?;
-        let Some(data) = ctx.aggregate.data.clone() else {
-            return Err(ManualResolutionError::NotFound);
-        };
+        let (ctx, data) = self.load_for_resolution(req_id).await?;
         if manual_resolution_target(data.state, resolution).is_none() {
             // Nothing to check or cancel: the aggregate gives the exact refusal.
             return self
@@ -174,6 +167,24 @@ impl Coordinator {
         result
     }
 
+    /// The transfer's context and state, or `NotFound`.
+    async fn load_for_resolution(
+        &self,
+        req_id: &ReqId,
+    ) -> Result<(super::Context, TransferData), ManualResolutionError> {
+        let ctx = self
+            .store
+            .load_aggregate(&req_id.to_string())
+            .await
+            .map_err(CoordinatorError::from)?;
+        let data = ctx
+            .aggregate
+            .data
+            .clone()
+            .ok_or(ManualResolutionError::NotFound)?;
+        Ok((ctx, data))
+    }
+
     /// Takes the transfer's lease the way a recovery worker does (free or expired only), without
     /// waiting for its retry time.
     async fn take_manual_lease(
@@ -182,21 +193,14 @@ impl Coordinator {
         state: TransferState,
         owner: &str,
     ) -> Result<bool, CoordinatorError> {
-        let taken: Option<i32> = sqlx::query_scalar(
-            "INSERT INTO transfer_retries (req_id, state, lease_owner, lease_until)
-             VALUES ($1, $2, $3, clock_timestamp() + $4 * interval '1 millisecond')
-             ON CONFLICT (req_id) DO UPDATE
-               SET lease_owner = EXCLUDED.lease_owner, lease_until = EXCLUDED.lease_until,
-                   updated_at = now()
-               WHERE transfer_retries.lease_until IS NULL
-                  OR transfer_retries.lease_until < clock_timestamp()
-             RETURNING 1",
+        let taken = crate::lease::take(
+            &self.pool,
+            &req_id.to_string(),
+            state.as_str(),
+            owner,
+            MANUAL_LEASE_MS,
+            false,
         )
-        .bind(req_id.to_string())
-        .bind(state.as_str())
-        .bind(owner)
-        .bind(MANUAL_LEASE_MS)
-        .fetch_optional(&self.pool)
         .await?;
         Ok(taken.is_some())
     }
@@ -210,14 +214,7 @@ impl Coordinator {
         force: bool,
     ) -> Result<Resumed, ManualResolutionError> {
         // Read again under the lease: a worker may have moved it since the first read.
-        let ctx = self
-            .store
-            .load_aggregate(&req_id.to_string())
-            .await
-            .map_err(CoordinatorError::from)?;
-        let Some(data) = ctx.aggregate.data.clone() else {
-            return Err(ManualResolutionError::NotFound);
-        };
+        let (ctx, data) = self.load_for_resolution(req_id).await?;
         let mut reason = reason.to_owned();
         if manual_resolution_target(data.state, resolution).is_some() {
             if let Some(note) = self.check_against_records(&data, resolution, force).await? {
