@@ -24,11 +24,10 @@ const REPLAY_LOCK_KEY: i64 = 0x4c45_4447_4552_0002;
 /// 50 MB of events and feed rows).
 const BULK_BATCH_EVENTS: usize = 50_000;
 
-/// The tables whose writes need an index (a primary key that lookups and ON CONFLICT use);
-/// every other index of the replay's tables is built after the bulk pass.
-const WRITE_INDEXES: [&str; 4] = [
+/// The indexes writing needs (ON CONFLICT targets); every other index of the replay's tables is
+/// built only if the replay is kept, after the comparison.
+const WRITE_INDEXES: [&str; 3] = [
     "projector_cursor_pkey",
-    "transfers_view_pkey",
     "transfer_balances_pkey",
     "transfer_state_counts_pkey",
 ];
@@ -69,14 +68,55 @@ async fn copy_indexes(
     Ok(later)
 }
 
+/// The tables a replay rebuilds, in its own schema.
+const REPLAY_TABLES: [&str; 5] = [
+    "projector_cursor",
+    "feed_index",
+    "transfers_view",
+    "transfer_balances",
+    "transfer_state_counts",
+];
+
+/// Connections building the rebuilt tables' indexes, or comparing them, side by side (one per
+/// core of the machine this was measured on; each is one server process working).
+const INDEX_BUILDERS: usize = 2;
+
+/// Runs the index statements on [`INDEX_BUILDERS`] connections at once, each taking the next
+/// statement from a shared queue (the feed's, on the largest table, first).
+async fn build_indexes(pool: &PgPool, mut indexes: Vec<String>) -> Result<(), sqlx::Error> {
+    indexes.sort_by_key(|def| !def.contains(".feed_index "));
+    let queue = std::sync::Mutex::new(std::collections::VecDeque::from(indexes));
+    let next = || queue.lock().map_or(None, |mut q| q.pop_front());
+    let builder = || async {
+        let mut conn = pool.acquire().await?;
+        // Enough sort memory to build each index in one pass (the default, 64 MB, spills to
+        // disk); the builders are the parallelism, so no extra workers per build.
+        sqlx::query("SET maintenance_work_mem = '256MB'")
+            .execute(&mut *conn)
+            .await?;
+        sqlx::query("SET max_parallel_maintenance_workers = 0")
+            .execute(&mut *conn)
+            .await?;
+        while let Some(def) = next() {
+            sqlx::query(&def).execute(&mut *conn).await?;
+        }
+        sqlx::raw_sql("RESET maintenance_work_mem; RESET max_parallel_maintenance_workers")
+            .execute(&mut *conn)
+            .await?;
+        Ok::<_, sqlx::Error>(())
+    };
+    futures_util::future::try_join_all((0..INDEX_BUILDERS).map(|_| builder())).await?;
+    Ok(())
+}
+
 /// Each projection table and the columns compared (a feed row's `recorded_at` is when it was
-/// projected, which a replay cannot reproduce, so it is left out), with the filter that drops
-/// rows meaning "nothing" (a zero sum may or may not have a row, depending on batching).
+/// projected, which a replay cannot reproduce, so it is left out; the rest of a feed event is the
+/// event itself, joined from the log by `global_position`), with the filter that drops rows
+/// meaning "nothing" (a zero sum may or may not have a row, depending on batching).
 const TABLES: [(&str, &str, &str); 4] = [
     (
-        "feed",
-        "position, event_id, global_position, aggregate_type, aggregate_id, sequence, event_type, \
-         event_version, payload, user_id, occurred_at",
+        "feed_index",
+        "position, global_position, user_id, occurred_at",
         "true",
     ),
     ("transfers_view", "*", "true"),
@@ -91,6 +131,63 @@ const TABLES: [(&str, &str, &str); 4] = [
         "count <> 0",
     ),
 ];
+
+/// Compares each rebuilt table with its live one: both ways (rows of one side with no equal row
+/// on the other, as multisets), as separate queries on [`INDEX_BUILDERS`] connections at once.
+async fn compare(pool: &PgPool, schema: &str) -> Result<Vec<TableComparison>, sqlx::Error> {
+    let select = |columns: &str, from: String, meaningful: &str| {
+        format!("SELECT {columns} FROM {from} WHERE {meaningful}")
+    };
+    // (table index, live side first?, query): rows of one side, and how many have no equal row
+    // on the other.
+    let mut queries = std::collections::VecDeque::new();
+    for (i, (table, columns, meaningful)) in TABLES.iter().enumerate() {
+        let live = select(columns, format!("public.{table}"), meaningful);
+        let rebuilt = select(columns, format!("\"{schema}\".{table}"), meaningful);
+        for (live_side, one, other) in [(true, &live, &rebuilt), (false, &rebuilt, &live)] {
+            queries.push_back((
+                i,
+                live_side,
+                format!(
+                    "SELECT (SELECT count(*) FROM ({one}) a),
+                            (SELECT count(*) FROM ({one} EXCEPT ALL {other}) b)"
+                ),
+            ));
+        }
+    }
+    let queue = std::sync::Mutex::new(queries);
+    let next = || queue.lock().map_or(None, |mut q| q.pop_front());
+    let worker = || async {
+        let mut conn = pool.acquire().await?;
+        let mut found = Vec::new();
+        while let Some((i, live_side, query)) = next() {
+            let (rows, unmatched): (i64, i64) =
+                sqlx::query_as(&query).fetch_one(&mut *conn).await?;
+            found.push((i, live_side, rows, unmatched));
+        }
+        Ok::<_, sqlx::Error>(found)
+    };
+    let mut tables: Vec<TableComparison> = TABLES
+        .iter()
+        .map(|(table, _, _)| TableComparison {
+            table: (*table).to_owned(),
+            live_rows: 0,
+            replay_rows: 0,
+            only_live: 0,
+            only_replay: 0,
+        })
+        .collect();
+    let results = futures_util::future::try_join_all((0..INDEX_BUILDERS).map(|_| worker())).await?;
+    for (i, live_side, rows, unmatched) in results.into_iter().flatten() {
+        let t = &mut tables[i];
+        if live_side {
+            (t.live_rows, t.only_live) = (rows, unmatched);
+        } else {
+            (t.replay_rows, t.only_replay) = (rows, unmatched);
+        }
+    }
+    Ok(tables)
+}
 
 /// How one table compares.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -147,17 +244,13 @@ pub async fn replay(
     sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
         .execute(&mut *setup)
         .await?;
-    for table in [
-        "projector_cursor",
-        "feed",
-        "transfers_view",
-        "transfer_balances",
-        "transfer_state_counts",
-    ] {
+    for table in REPLAY_TABLES {
         // Without indexes: maintaining them row by row is most of a bulk rebuild's cost, and
         // building them once afterwards is far cheaper. The ones writing needs come first.
+        // Unlogged: the rebuild is scratch, compared and dropped, so writing it (and its index
+        // builds) to the WAL buys nothing; a kept replay is made logged at the end.
         sqlx::query(&format!(
-            "CREATE TABLE \"{schema}\".{table} (LIKE public.{table} INCLUDING ALL EXCLUDING INDEXES)"
+            "CREATE UNLOGGED TABLE \"{schema}\".{table} (LIKE public.{table} INCLUDING ALL EXCLUDING INDEXES)"
         ))
         .execute(&mut *setup)
         .await?;
@@ -188,18 +281,6 @@ pub async fn replay(
             progress(applied, total.max(applied));
         })
         .await?;
-    // The remaining indexes, built once; the unique ones also prove that no event was applied
-    // twice (a duplicate feed position, event_id or global_position fails the build).
-    let mut build = pool.begin().await?;
-    // Enough sort memory to build each index in one pass (the default, 64 MB, spills to disk).
-    sqlx::query("SET LOCAL maintenance_work_mem = '512MB'")
-        .execute(&mut *build)
-        .await?;
-    for index in &indexes {
-        sqlx::query(index).execute(&mut *build).await?;
-    }
-    build.commit().await?;
-
     // Phase 2: hold the live projector's lock so the live tables stand still, bring the replay
     // to exactly the live position, and compare.
     let mut hold = pool.begin().await?;
@@ -220,30 +301,21 @@ pub async fn replay(
         sqlx::query_scalar("SELECT feed_position FROM projector_cursor WHERE projector = 'main'")
             .fetch_one(&mut *hold)
             .await?;
-    let mut tables = Vec::new();
-    for (table, columns, meaningful) in TABLES {
-        let count = |from: String| format!("SELECT {columns} FROM {from} WHERE {meaningful}");
-        let live = count(format!("public.{table}"));
-        let rebuilt = count(format!("\"{schema}\".{table}"));
-        let (live_rows, replay_rows, only_live, only_replay): (i64, i64, i64, i64) =
-            sqlx::query_as(&format!(
-                "SELECT (SELECT count(*) FROM ({live}) a),
-                        (SELECT count(*) FROM ({rebuilt}) b),
-                        (SELECT count(*) FROM ({live} EXCEPT ALL {rebuilt}) c),
-                        (SELECT count(*) FROM ({rebuilt} EXCEPT ALL {live}) d)"
-            ))
-            .fetch_one(&mut *hold)
-            .await?;
-        tables.push(TableComparison {
-            table: table.to_owned(),
-            live_rows,
-            replay_rows,
-            only_live,
-            only_replay,
-        });
-    }
+    // The live tables stand still while `hold` keeps the lock, so the comparisons can run on
+    // other connections, side by side.
+    let tables = compare(pool, &schema).await?;
     hold.commit().await?;
-    if !keep {
+    if keep {
+        // The remaining indexes, only for tables that are kept: the comparison needs none (and a
+        // row applied twice already shows there, as a row only the replay has). The unique ones
+        // prove it again: a duplicate feed position or global_position fails the build.
+        build_indexes(pool, indexes).await?;
+        for table in REPLAY_TABLES {
+            sqlx::query(&format!("ALTER TABLE \"{schema}\".{table} SET LOGGED"))
+                .execute(pool)
+                .await?;
+        }
+    } else {
         sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
             .execute(pool)
             .await?;
