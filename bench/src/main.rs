@@ -8,6 +8,8 @@
 //!   per million accounts.
 //! - `replay`: about a million generated events; the raw read of those rows, the live projector's
 //!   catch-up and the full rebuild `ledger replay` does, in events per second, in the same run.
+//! - `all`: the three above with their default settings, one after the other, and a closing
+//!   summary of every figure against its target.
 
 // Figures for people to read (rates, percentiles, MiB) are floats; no money is computed here.
 #![allow(clippy::float_arithmetic)]
@@ -37,13 +39,36 @@ enum Command {
     Spot(spot::Args),
     /// Rebuilding every projection from ~1M events, beside reading the same rows raw.
     Replay(replay::Args),
+    /// All three with their defaults, then a summary against the targets.
+    All,
+}
+
+/// The arguments a subcommand has when given none.
+fn defaults<T: clap::Args>() -> anyhow::Result<T> {
+    let matches =
+        T::augment_args(clap::Command::new("defaults")).try_get_matches_from(["defaults"])?;
+    Ok(T::from_arg_matches(&matches)?)
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
-        Command::Transfers(args) => transfers::run(args).await,
-        Command::Spot(args) => spot::run(args).await,
-        Command::Replay(args) => replay::run(args).await,
+    let summary = match Cli::parse().command {
+        Command::Transfers(args) => transfers::run(args).await?,
+        Command::Spot(args) => spot::run(args).await?,
+        Command::Replay(args) => replay::run(args).await?,
+        Command::All => {
+            let mut summary = transfers::run(defaults()?).await?;
+            println!();
+            summary.extend(spot::run(defaults()?).await?);
+            println!();
+            summary.extend(replay::run(defaults()?).await?);
+            summary
+        }
+    };
+    println!();
+    println!("== summary ==");
+    for line in summary {
+        println!("{line}");
     }
+    Ok(())
 }

@@ -107,7 +107,7 @@ CROSS JOIN LATERAL (
 ORDER BY t.t0 + s.seq * interval '1.5 ms', t.i, s.seq
 "#;
 
-pub async fn run(args: Args) -> anyhow::Result<()> {
+pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
     let server = args.server.trim_end_matches('/');
     let url = format!("{server}/{DATABASE}");
     let mut admin = PgConnection::connect(&format!("{server}/postgres"))
@@ -285,7 +285,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if report.events_replayed != events {
         bail!("replayed {} events of {events}", report.events_replayed);
     }
-    Ok(())
+    Ok(vec![format!(
+        "replay of {events} events: rebuild {rebuild_rate:.0} events/s, raw read {raw_rate:.0} rows/s, ratio {:.2} (target >= 0.50); with --keep {:.2}",
+        rebuild_rate / raw_rate,
+        kept_rate / raw_rate
+    )])
 }
 
 /// Fills the log chunk by chunk, one transaction each.

@@ -30,6 +30,10 @@ pub struct Args {
     /// The PostgreSQL server; the benchmark makes its own database `ledger_bench` there.
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
     server: String,
+    /// libpq's sslmode for every connection (the ledger's and the baseline's alike): `prefer`
+    /// (sqlx's default: TLS when the server offers it, as this machine's does) or `disable`.
+    #[arg(long, default_value = "prefer")]
+    sslmode: String,
 }
 
 /// Most connections the baseline opens, below PostgreSQL's default `max_connections` of 100
@@ -83,8 +87,8 @@ pub fn spawn_ready(mut cmd: Command, prefix: &str) -> anyhow::Result<(Proc, Stri
     }
 }
 
-pub async fn run(args: Args) -> anyhow::Result<()> {
-    let url = format!("{}/ledger_bench", args.server);
+pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
+    let url = format!("{}/ledger_bench?sslmode={}", args.server, args.sslmode);
     let admin = url
         .parse::<sqlx::postgres::PgConnectOptions>()
         .context("parse server URL")?
@@ -283,11 +287,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         baseline_clients
     );
     println!("commits/s:                  {baseline:.0}");
-    println!(
-        "ratio transfers/s : commits/s = {:.3}",
-        tps / baseline.max(1.0)
-    );
-    Ok(())
+    let ratio = tps / baseline.max(1.0);
+    println!("ratio transfers/s : commits/s = {ratio:.3}");
+    Ok(vec![
+        format!(
+            "transfers ({} clients): {tps:.0}/s, p99 {:.1} ms; baseline {baseline:.0} commits/s; ratio {ratio:.3} (target >= 1.0 with p99 < 50 ms)",
+            args.clients,
+            pct(0.99)
+        ),
+        format!("fund conservation: {conservation}"),
+    ])
 }
 
 /// Exact, system-wide: the sum of external deposits equals FUNDING + SPOT + in-flight, per asset.
