@@ -21,7 +21,7 @@ use recovery::{Coordinator, NewTransfer, RecoveryConfig, Worker};
 use reqwest::Method;
 use serde_json::json;
 
-use crate::helpers::{dec, ApiStack, Stack};
+use crate::helpers::{dec, ApiStack, Stack, TestDb};
 
 fn fast() -> RecoveryConfig {
     RecoveryConfig {
@@ -647,4 +647,69 @@ async fn recovery_daily_limit_reservation_is_released() {
         .await
         .unwrap()
         .unwrap();
+}
+
+/// `open_transfers` is kept per INSERT statement (migration 0007): within one multi-row insert,
+/// each transfer's last event decides, exactly as applying the rows one by one did, and a later
+/// statement never moves a row back.
+#[tokio::test]
+async fn open_transfers_follows_each_transfers_last_event_within_one_statement() {
+    let db = TestDb::new().await;
+    let insert = |rows: Vec<(&'static str, i64, &'static str)>| {
+        let pool = db.pool.clone();
+        async move {
+            let ids: Vec<&str> = rows.iter().map(|r| r.0).collect();
+            let seqs: Vec<i64> = rows.iter().map(|r| r.1).collect();
+            let types: Vec<&str> = rows.iter().map(|r| r.2).collect();
+            sqlx::query(
+                "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type,
+                    event_version, payload, metadata)
+                 SELECT 'Transfer', id, seq, ty, '1', '{}'::json, '{}'::json
+                 FROM UNNEST($1::text[], $2::bigint[], $3::text[]) AS u(id, seq, ty)",
+            )
+            .bind(ids)
+            .bind(seqs)
+            .bind(types)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    // One statement: A is created and moves on twice, B is created and fails, C is created.
+    insert(vec![
+        ("A", 1, "TransferCreated"),
+        ("B", 1, "TransferCreated"),
+        ("A", 2, "SourceWithdrawStarted"),
+        ("C", 1, "TransferCreated"),
+        ("B", 2, "TransferFailed"),
+        ("A", 3, "SourceWithdrawn"),
+    ])
+    .await;
+    let open = || async {
+        let rows: Vec<(String, String, i64)> = sqlx::query_as(
+            "SELECT req_id, state, last_sequence FROM open_transfers ORDER BY req_id",
+        )
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        rows
+    };
+    assert_eq!(
+        open().await,
+        vec![
+            ("A".to_owned(), "SOURCE_DONE".to_owned(), 3),
+            ("C".to_owned(), "INIT".to_owned(), 1),
+        ]
+    );
+    // The next statement: A commits, C moves on.
+    insert(vec![
+        ("A", 4, "TargetDepositStarted"),
+        ("C", 2, "SourceWithdrawStarted"),
+        ("A", 5, "TransferCommitted"),
+    ])
+    .await;
+    assert_eq!(
+        open().await,
+        vec![("C".to_owned(), "SOURCE_PENDING".to_owned(), 2)]
+    );
 }
