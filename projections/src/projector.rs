@@ -12,13 +12,12 @@
 //! it hand out dense feed positions.
 
 use std::collections::HashSet;
-
-use rustc_hash::FxHashMap;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use domain::{AccountType, TransferEvent, TransferState};
 use rust_decimal::Decimal;
+use rustc_hash::FxHashMap;
 use sqlx::{PgPool, Postgres, Transaction};
 
 use crate::transfers::TransferRow;
@@ -48,6 +47,9 @@ pub enum ProjectionError {
     /// write wrong read models, so the projector stops.
     #[error("event {event_id} is out of order: {detail}")]
     OutOfOrder { event_id: String, detail: String },
+    /// A bulk rebuild could not run or read the log (not about one event).
+    #[error("bulk rebuild: {0}")]
+    Bulk(String),
 }
 
 /// One row of the event table with its position.
@@ -408,12 +410,9 @@ impl Projector {
         .fetch_one(&mut *tx)
         .await?;
         if applied_before != 0 {
-            return Err(ProjectionError::OutOfOrder {
-                event_id: String::new(),
-                detail: format!(
-                    "a bulk pass needs empty tables; {applied_before} events were applied"
-                ),
-            });
+            return Err(ProjectionError::Bulk(format!(
+                "a bulk pass needs empty tables; {applied_before} events were applied"
+            )));
         }
         let horizon: i64 =
             sqlx::query_scalar("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
@@ -503,10 +502,9 @@ impl Projector {
         // waits so no query outlives the call.
         drop(recv);
         reader.await.ok();
-        let written = writer.await.map_err(|e| ProjectionError::OutOfOrder {
-            event_id: String::new(),
-            detail: format!("the bulk writer stopped: {e}"),
-        })?;
+        let written = writer
+            .await
+            .map_err(|e| ProjectionError::Bulk(format!("the bulk writer stopped: {e}")))?;
         folded?;
         let mut tx = written?;
         let mut open = CopyText::with_capacity(fold.rows.len() * 200);
@@ -664,9 +662,8 @@ impl BatchEvent {
     /// Decodes one line of [`copy_events`]' output: [`SELECT_EVENTS`]'s columns in COPY's text
     /// format.
     fn from_copy_line(line: &[u8]) -> Result<Self, ProjectionError> {
-        let bad = |detail: &str| ProjectionError::Undecodable {
-            event_id: String::new(),
-            detail: format!("unreadable event row from COPY: {detail}"),
+        let bad = |column: &str| {
+            ProjectionError::Bulk(format!("unreadable {column} in an event row from COPY"))
         };
         let mut fields = line.split(|b| *b == b'\t');
         let mut next = |name: &str| {
@@ -798,11 +795,7 @@ async fn copy_events(
         carry.extend_from_slice(rest);
     }
     if !carry.is_empty() {
-        return fail(ProjectionError::Undecodable {
-            event_id: String::new(),
-            detail: "COPY ended inside a row".into(),
-        })
-        .await;
+        return fail(ProjectionError::Bulk("COPY ended inside a row".into())).await;
     }
     if !batch.is_empty() {
         send.send(Ok(batch)).await.ok();
