@@ -751,6 +751,13 @@ async fn copy_events(
             send.send(Err(e)).await.ok();
         }
     };
+    if query.contains('$') {
+        // SELECT_EVENTS gained a parameter this substitution does not know.
+        return fail(ProjectionError::Bulk(format!(
+            "a parameter is left in the COPY query: {query}"
+        )))
+        .await;
+    }
     let mut conn = match pool.acquire().await {
         Ok(conn) => conn,
         Err(e) => return fail(e.into()).await,

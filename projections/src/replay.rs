@@ -81,31 +81,43 @@ const REPLAY_TABLES: [&str; 5] = [
 /// core of the machine this was measured on; each is one server process working).
 const INDEX_BUILDERS: usize = 2;
 
-/// Runs the index statements on [`INDEX_BUILDERS`] connections at once, each taking the next
-/// statement from a shared queue (the feed's, on the largest table, first).
+/// Runs `work` on every item, [`INDEX_BUILDERS`] at a time, each worker taking the next item from
+/// a shared queue (so the first items, the largest, start first). Results come in no fixed order.
+async fn side_by_side<T, R, F, Fut>(items: Vec<T>, work: F) -> Result<Vec<R>, sqlx::Error>
+where
+    F: Fn(T) -> Fut,
+    Fut: std::future::Future<Output = Result<R, sqlx::Error>>,
+{
+    let queue = std::sync::Mutex::new(std::collections::VecDeque::from(items));
+    let next = || queue.lock().map_or(None, |mut q| q.pop_front());
+    let worker = || async {
+        let mut done = Vec::new();
+        while let Some(item) = next() {
+            done.push(work(item).await?);
+        }
+        Ok::<_, sqlx::Error>(done)
+    };
+    let results = futures_util::future::try_join_all((0..INDEX_BUILDERS).map(|_| worker())).await?;
+    Ok(results.into_iter().flatten().collect())
+}
+
+/// Builds the index statements side by side, the feed's (on the largest table) first.
 async fn build_indexes(pool: &PgPool, mut indexes: Vec<String>) -> Result<(), sqlx::Error> {
     indexes.sort_by_key(|def| !def.contains(".feed_index "));
-    let queue = std::sync::Mutex::new(std::collections::VecDeque::from(indexes));
-    let next = || queue.lock().map_or(None, |mut q| q.pop_front());
-    let builder = || async {
-        let mut conn = pool.acquire().await?;
+    side_by_side(indexes, |def| async move {
+        let mut tx = pool.begin().await?;
         // Enough sort memory to build each index in one pass (the default, 64 MB, spills to
         // disk); the builders are the parallelism, so no extra workers per build.
-        sqlx::query("SET maintenance_work_mem = '256MB'")
-            .execute(&mut *conn)
+        sqlx::query("SET LOCAL maintenance_work_mem = '256MB'")
+            .execute(&mut *tx)
             .await?;
-        sqlx::query("SET max_parallel_maintenance_workers = 0")
-            .execute(&mut *conn)
+        sqlx::query("SET LOCAL max_parallel_maintenance_workers = 0")
+            .execute(&mut *tx)
             .await?;
-        while let Some(def) = next() {
-            sqlx::query(&def).execute(&mut *conn).await?;
-        }
-        sqlx::raw_sql("RESET maintenance_work_mem; RESET max_parallel_maintenance_workers")
-            .execute(&mut *conn)
-            .await?;
-        Ok::<_, sqlx::Error>(())
-    };
-    futures_util::future::try_join_all((0..INDEX_BUILDERS).map(|_| builder())).await?;
+        sqlx::query(&def).execute(&mut *tx).await?;
+        tx.commit().await
+    })
+    .await?;
     Ok(())
 }
 
@@ -140,12 +152,12 @@ async fn compare(pool: &PgPool, schema: &str) -> Result<Vec<TableComparison>, sq
     };
     // (table index, live side first?, query): rows of one side, and how many have no equal row
     // on the other.
-    let mut queries = std::collections::VecDeque::new();
+    let mut queries = Vec::new();
     for (i, (table, columns, meaningful)) in TABLES.iter().enumerate() {
         let live = select(columns, format!("public.{table}"), meaningful);
         let rebuilt = select(columns, format!("\"{schema}\".{table}"), meaningful);
         for (live_side, one, other) in [(true, &live, &rebuilt), (false, &rebuilt, &live)] {
-            queries.push_back((
+            queries.push((
                 i,
                 live_side,
                 format!(
@@ -155,18 +167,11 @@ async fn compare(pool: &PgPool, schema: &str) -> Result<Vec<TableComparison>, sq
             ));
         }
     }
-    let queue = std::sync::Mutex::new(queries);
-    let next = || queue.lock().map_or(None, |mut q| q.pop_front());
-    let worker = || async {
-        let mut conn = pool.acquire().await?;
-        let mut found = Vec::new();
-        while let Some((i, live_side, query)) = next() {
-            let (rows, unmatched): (i64, i64) =
-                sqlx::query_as(&query).fetch_one(&mut *conn).await?;
-            found.push((i, live_side, rows, unmatched));
-        }
-        Ok::<_, sqlx::Error>(found)
-    };
+    let found = side_by_side(queries, |(i, live_side, query)| async move {
+        let (rows, unmatched): (i64, i64) = sqlx::query_as(&query).fetch_one(pool).await?;
+        Ok((i, live_side, rows, unmatched))
+    })
+    .await?;
     let mut tables: Vec<TableComparison> = TABLES
         .iter()
         .map(|(table, _, _)| TableComparison {
@@ -177,8 +182,7 @@ async fn compare(pool: &PgPool, schema: &str) -> Result<Vec<TableComparison>, sq
             only_replay: 0,
         })
         .collect();
-    let results = futures_util::future::try_join_all((0..INDEX_BUILDERS).map(|_| worker())).await?;
-    for (i, live_side, rows, unmatched) in results.into_iter().flatten() {
+    for (i, live_side, rows, unmatched) in found {
         let t = &mut tables[i];
         if live_side {
             (t.live_rows, t.only_live) = (rows, unmatched);

@@ -161,6 +161,52 @@ async fn replay_notices_a_tampered_projection() {
     assert_eq!((balances.only_live, balances.only_replay), (1, 1));
 }
 
+/// `--keep`: the rebuilt tables stay, logged, with every index the live tables have (the
+/// rebuild itself writes unlogged scratch without secondary indexes).
+#[tokio::test]
+async fn a_kept_replay_is_logged_and_has_every_live_index() {
+    let s = Stack::start().await;
+    s.deposit(2, "USDT", "10").await;
+    s.transfer(2, Funding, Spot, "USDT", "3").await;
+    s.transfer(2, Spot, Funding, "USDT", "1").await;
+    s.wait_for_projections().await;
+    let report = replay::replay(&s.db.pool, true, |_, _| {}).await.unwrap();
+    assert!(report.equal(), "{report:#?}");
+    let tables = [
+        "feed_index",
+        "transfers_view",
+        "transfer_balances",
+        "transfer_state_counts",
+    ];
+    let indexes = |schema: String| {
+        let pool = s.db.pool.clone();
+        async move {
+            let mut names: Vec<String> = sqlx::query_scalar(
+                "SELECT indexname::text FROM pg_indexes WHERE schemaname = $1 AND tablename = ANY($2)",
+            )
+            .bind(schema)
+            .bind(tables)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            names.sort();
+            names
+        }
+    };
+    let live = indexes("public".to_owned()).await;
+    assert!(live.contains(&"feed_index_user_position".to_owned()));
+    assert_eq!(indexes(report.schema.clone()).await, live);
+    let unlogged: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = $1 AND c.relkind = 'r' AND c.relpersistence <> 'p'",
+    )
+    .bind(&report.schema)
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(unlogged, 0, "a kept replay is logged");
+}
+
 #[tokio::test]
 async fn point_in_time_transfer_and_balances_by_position_and_time() {
     let s = Stack::start().await;
