@@ -2,7 +2,7 @@
 //! journal row keyed by (req_id, operation), each operation one transaction.
 
 use async_trait::async_trait;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use domain::{
     AccountPort, AccountType, AdapterOutcome, Amount, AssetRegistry, AssetSymbol, Movement,
@@ -10,6 +10,8 @@ use domain::{
 };
 use rust_decimal::Decimal;
 use sqlx::PgPool;
+
+mod batch;
 
 /// Status of a funding account.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +104,8 @@ pub struct FundingLedger {
     /// When set, withdraw and deposit re-check the asset and the amount's precision themselves
     /// (defence in depth: a caller that skips the API and the coordinator is still refused).
     assets: Option<Arc<RwLock<AssetRegistry>>>,
+    /// Group-commits fresh movements; started on first use, on the runtime of that call.
+    batcher: Arc<OnceLock<batch::Batcher>>,
 }
 
 /// The most a funding balance may hold, the column's own bound (numeric(38,18)).
@@ -111,7 +115,11 @@ fn balance_ceiling() -> Decimal {
 
 impl FundingLedger {
     pub fn new(pool: PgPool) -> Self {
-        Self { pool, assets: None }
+        Self {
+            pool,
+            assets: None,
+            batcher: Arc::new(OnceLock::new()),
+        }
     }
 
     /// Checks every fresh withdraw and deposit against this registry: an unknown asset is
@@ -297,74 +305,41 @@ impl FundingLedger {
         self.movement_general(op, m, invalid).await
     }
 
-    /// Claims (req_id, operation), decides and applies in ONE statement, so one round trip and
-    /// one commit: the account row is locked first (`FOR UPDATE`, which sees its newest committed
+    /// Claims (req_id, operation), decides and applies, in one call of the database's
+    /// `funding_fresh_movements` shared with the other movements waiting at the same moment (see
+    /// `batch`): the account row is locked first (`FOR UPDATE`, which sees its newest committed
     /// version), the decision is made from it, the journal row records the decision, and the
-    /// balance changes only if the claim was inserted as APPLIED. `None` when the key was
-    /// already claimed: nothing changed, and the general path answers with the first decision.
+    /// balance changes only if the claim was inserted as APPLIED. Answers once that commit is
+    /// durable. `None` when the key was already claimed: nothing changed, and the general path
+    /// answers with the first decision.
     async fn fresh_movement(
         &self,
         op: Op,
         m: &Movement,
     ) -> Result<Option<AdapterOutcome>, sqlx::Error> {
-        let (decision, change) = match op {
-            Op::Withdraw => (
-                "CASE WHEN NOT EXISTS (SELECT 1 FROM acct) THEN 'SOURCE_ACCOUNT_NOT_FOUND'
-                      WHEN (SELECT status FROM acct) = 'FROZEN' THEN 'ACCOUNT_FROZEN'
-                      WHEN (SELECT status FROM acct) = 'DISABLED' THEN 'ACCOUNT_DISABLED'
-                      WHEN (SELECT balance FROM acct) < $5 THEN 'INSUFFICIENT_BALANCE' END",
-                "balance - $5",
-            ),
-            Op::Deposit => (
-                "CASE WHEN NOT EXISTS (SELECT 1 FROM acct) THEN 'TARGET_ACCOUNT_NOT_FOUND'
-                      WHEN (SELECT status FROM acct) = 'DISABLED' THEN 'ACCOUNT_DISABLED'
-                      WHEN (SELECT balance FROM acct) + $5 >= 100000000000000000000 THEN 'OVERFLOW' END",
-                "balance + $5",
-            ),
-            Op::Refund => (
-                "CASE WHEN NOT EXISTS (SELECT 1 FROM funding_journal
-                                       WHERE req_id = $1 AND operation = 'WITHDRAW'
-                                         AND outcome = 'APPLIED' AND user_id = $3
-                                         AND asset = $4 AND amount = $5)
-                        OR NOT EXISTS (SELECT 1 FROM acct) THEN 'NO_MATCHING_WITHDRAW' END",
-                "balance + $5",
-            ),
-        };
-        let sql = format!(
-            "WITH acct AS (
-                 SELECT balance, status FROM funding_accounts
-                 WHERE user_id = $3 AND asset = $4 FOR UPDATE
-             ), decision AS (
-                 SELECT {decision} AS code
-             ), claim AS (
-                 INSERT INTO funding_journal (req_id, operation, user_id, asset, amount, outcome, code)
-                 SELECT $1, $2, $3, $4, $5,
-                        CASE WHEN code IS NULL THEN 'APPLIED' ELSE 'REFUSED' END, code
-                 FROM decision
-                 ON CONFLICT (req_id, operation) DO NOTHING
-                 RETURNING outcome, code
-             ), moved AS (
-                 UPDATE funding_accounts SET balance = {change}, updated_at = now()
-                 WHERE user_id = $3 AND asset = $4
-                   AND EXISTS (SELECT 1 FROM claim WHERE outcome = 'APPLIED')
-                 RETURNING 1
-             )
-             SELECT outcome, code, (SELECT count(*) FROM moved) FROM claim"
-        );
-        let row: Option<(String, Option<String>, i64)> = sqlx::query_as(&sql)
-            .bind(m.req_id.to_string())
-            .bind(op.as_str())
-            .bind(m.user_id.as_i64())
-            .bind(m.asset.as_str())
-            .bind(m.amount.value())
-            .fetch_optional(&self.pool)
+        let batcher = self
+            .batcher
+            .get_or_init(|| batch::Batcher::start(self.pool.clone()));
+        let decided = batcher
+            .submit(
+                op.as_str(),
+                m.req_id.to_string(),
+                m.user_id.as_i64(),
+                m.asset.as_str().to_owned(),
+                m.amount.value(),
+            )
             .await?;
-        let Some((outcome, code, moved)) = row else {
+        let Some(batch::Decided {
+            outcome,
+            code,
+            moved,
+        }) = decided
+        else {
             return Ok(None);
         };
         if outcome == "APPLIED" {
-            // One statement, one transaction: an applied claim without its balance change
-            // cannot commit unless the account vanished, which nothing ever does.
+            // One call, one transaction: an applied claim without its balance change cannot
+            // commit unless the account vanished, which nothing ever does.
             if moved != 1 {
                 tracing::error!(req_id = %m.req_id, op = op.as_str(), moved, "CRITICAL applied funding movement touched no single account");
                 return Ok(Some(AdapterOutcome::Unknown(

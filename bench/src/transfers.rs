@@ -237,6 +237,10 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
     // Fund conservation, system-wide for the asset: deposits = funding + spot + in-flight.
     let conservation = conservation(&pool, &spot_addr).await?;
 
+    // One HTTP round trip through the ledger's whole middleware stack, doing nothing else: the
+    // least a transfer's request costs before any of its work.
+    let http_floor = http_floor(&http, &base, args.clients, Duration::from_secs(4)).await?;
+
     drop(ledger);
     drop(spot);
     std::fs::remove_dir_all(&data).ok();
@@ -289,6 +293,46 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
     println!("commits/s:                  {baseline:.0}");
     let ratio = tps / baseline.max(1.0);
     println!("ratio transfers/s : commits/s = {ratio:.3}");
+
+    // The floor: only the rows a committed transfer leaves in PostgreSQL, written as cheaply as
+    // they can be (see `floor`), at the same concurrency.
+    let floor = floor(
+        &pool,
+        baseline_clients,
+        Duration::from_secs(args.baseline_seconds),
+    )
+    .await?;
+    println!();
+    println!(
+        "== floor: a committed transfer's PostgreSQL rows only, {FLOOR_BATCH} transfers per commit ({baseline_clients} clients) =="
+    );
+    println!("transfers/s:                {:.0}", floor.rate);
+    println!(
+        "machine CPU per transfer:   {:.3} ms",
+        floor.machine_cpu_per_transfer_ms
+    );
+    let floor_ratio = floor.rate / baseline.max(1.0);
+    println!("ratio floor : commits/s    = {floor_ratio:.3}");
+    println!();
+    println!(
+        "== floor: one HTTP round trip (GET /healthz through the ledger's stack, {} clients) ==",
+        args.clients
+    );
+    println!("requests/s:                 {:.0}", http_floor.rate);
+    println!(
+        "machine CPU per request:    {:.3} ms",
+        http_floor.machine_cpu_per_transfer_ms
+    );
+    // Both floors together, on every core of this machine: the most transfers per second the
+    // contract leaves room for here, before spot-core, the projector's reads and the sequential
+    // commits are counted.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let ceiling = cores * 1000.0
+        / (floor.machine_cpu_per_transfer_ms + http_floor.machine_cpu_per_transfer_ms).max(1e-9);
+    let ceiling_ratio = ceiling / baseline.max(1.0);
+    println!(
+        "ceiling from both floors:   {ceiling:.0} transfers/s on {cores} cores; ratio {ceiling_ratio:.3} of the baseline"
+    );
     Ok(vec![
         format!(
             "transfers ({} clients): {tps:.0}/s, p99 {:.1} ms; baseline {baseline:.0} commits/s; ratio {ratio:.3} (target >= 1.0 with p99 < 50 ms)",
@@ -296,6 +340,13 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
             pct(0.99)
         ),
         format!("fund conservation: {conservation}"),
+        format!(
+            "floor (a transfer's PostgreSQL rows alone, {FLOOR_BATCH} per commit, no HTTP, no spot-core): {:.0}/s; ratio {floor_ratio:.3} of the baseline",
+            floor.rate
+        ),
+        format!(
+            "ceiling (floor rows + one bare HTTP round trip, all {cores} cores): {ceiling:.0}/s; ratio {ceiling_ratio:.3} of the baseline"
+        ),
     ])
 }
 
@@ -338,6 +389,116 @@ async fn conservation(pool: &sqlx::PgPool, spot_addr: &str) -> anyhow::Result<St
     ))
 }
 
+/// `GET /healthz` as fast as `clients` callers can, each one request at a time.
+async fn http_floor(
+    http: &reqwest::Client,
+    base: &str,
+    clients: usize,
+    duration: Duration,
+) -> anyhow::Result<Floor> {
+    let deadline = Instant::now() + duration;
+    let busy_before = procstat::machine_busy();
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let http = http.clone();
+        let url = format!("{base}/healthz");
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                let r = http.get(&url).send().await?;
+                r.bytes().await?;
+                n += 1;
+            }
+            Ok::<u64, reqwest::Error>(n)
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await??;
+    }
+    let elapsed = started.elapsed();
+    let busy = procstat::machine_busy() - busy_before;
+    Ok(Floor {
+        rate: total as f64 / elapsed.as_secs_f64(),
+        machine_cpu_per_transfer_ms: busy.as_secs_f64() * 1000.0 / total.max(1) as f64,
+    })
+}
+
+/// Transfers whose rows the floor writes in one statement (one commit).
+const FLOOR_BATCH: i32 = 16;
+
+struct Floor {
+    rate: f64,
+    machine_cpu_per_transfer_ms: f64,
+}
+
+/// An upper bound for any implementation of the contract on this machine: the rows one
+/// committed FUNDING→SPOT transfer leaves in PostgreSQL (five events through the real table with
+/// its indexes and trigger, one funding journal row and balance update, one transfers_view row,
+/// five feed_index rows), for `FLOOR_BATCH` transfers in ONE statement and ONE commit. That is
+/// cheaper than any correct transfer can be: no HTTP, no spot-core, no reads, one commit instead
+/// of one per durable step, and each transfer row inserted once already final. Run on the
+/// benchmark's database after the transfers (the rows are the benchmark's own, never read).
+async fn floor(pool: &sqlx::PgPool, clients: usize, duration: Duration) -> anyhow::Result<Floor> {
+    const SQL: &str = r#"
+        WITH ids AS (SELECT gen_random_uuid()::text AS id FROM generate_series(1, $2)),
+        ev AS (
+            INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata)
+            SELECT 'Transfer', ids.id, s, 'BenchFloor', '1.0',
+                   json_build_object('TransferCreated', json_build_object(
+                       'at', now(), 'to', 'SPOT', 'cid', NULL, 'from', 'FUNDING', 'asset', 'USDT',
+                       'amount', '1', 'req_id', ids.id, 'user_id', $1)),
+                   '{}'::json
+            FROM ids, generate_series(1, 5) s
+            RETURNING global_position),
+        j AS (
+            INSERT INTO funding_journal (req_id, operation, user_id, asset, amount, outcome)
+            SELECT id, 'WITHDRAW', $1, 'USDT', 1, 'APPLIED' FROM ids),
+        a AS (
+            UPDATE funding_accounts SET balance = balance - $2, updated_at = now()
+            WHERE user_id = $1 AND asset = 'USDT'),
+        v AS (
+            INSERT INTO transfers_view (req_id, user_id, from_account, to_account, asset, amount,
+                                        state, state_id, created_at, updated_at, last_sequence)
+            SELECT id, $1, 'FUNDING', 'SPOT', 'USDT', 1, 'COMMITTED', 40, now(), now(), 5 FROM ids),
+        f AS (
+            INSERT INTO feed_index (position, global_position, user_id, occurred_at)
+            SELECT global_position, global_position, $1, now() FROM ev)
+        SELECT 1"#;
+    let deadline = Instant::now() + duration;
+    let busy_before = procstat::machine_busy();
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let pool = pool.clone();
+        let user = 1000 + c as i64;
+        tasks.push(tokio::spawn(async move {
+            let mut conn = pool.acquire().await?;
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                sqlx::query(SQL)
+                    .bind(user)
+                    .bind(FLOOR_BATCH)
+                    .execute(&mut *conn)
+                    .await?;
+                n += FLOOR_BATCH as u64;
+            }
+            Ok::<u64, sqlx::Error>(n)
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await??;
+    }
+    let elapsed = started.elapsed();
+    let busy = procstat::machine_busy() - busy_before;
+    Ok(Floor {
+        rate: total as f64 / elapsed.as_secs_f64(),
+        machine_cpu_per_transfer_ms: busy.as_secs_f64() * 1000.0 / total.max(1) as f64,
+    })
+}
+
 async fn baseline(pool: &sqlx::PgPool, clients: usize, duration: Duration) -> anyhow::Result<f64> {
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS bench_baseline (id bigserial PRIMARY KEY, v bigint NOT NULL)",
@@ -350,11 +511,15 @@ async fn baseline(pool: &sqlx::PgPool, clients: usize, duration: Duration) -> an
     for c in 0..clients {
         let pool = pool.clone();
         tasks.push(tokio::spawn(async move {
+            // One connection per client for the whole run, as pgbench does: taking it from the
+            // pool for every statement would add sqlx's liveness ping, a second round trip per
+            // commit, and understate the raw rate (by about a sixth, measured).
+            let mut conn = pool.acquire().await?;
             let mut n = 0u64;
             while Instant::now() < deadline {
                 sqlx::query("INSERT INTO bench_baseline (v) VALUES ($1)")
                     .bind(c as i64)
-                    .execute(&pool)
+                    .execute(&mut *conn)
                     .await?;
                 n += 1;
             }

@@ -89,3 +89,101 @@ async fn a_used_req_id_with_other_details_is_never_a_clean_answer() {
     assert!(s.funding.withdraw(&other).await.is_unknown());
     assert_eq!(s.funding_balance(14, "USDT").await, dec("9"));
 }
+
+/// Concurrent movements share one call of `funding_fresh_movements` (group commit): each is
+/// still decided on the balance the ones before it left, a repeat of a req_id in the same burst
+/// is applied once, and movements of other accounts in the burst are unaffected.
+#[tokio::test]
+async fn bal_concurrent_funding_movements_share_commits_and_never_overdraw() {
+    let s = Stack::start().await;
+    s.deposit(15, "USDT", "10").await;
+    s.deposit(16, "USDT", "5").await;
+    let withdraws: Vec<Movement> = (0..40).map(|_| movement(15, "USDT", "1")).collect();
+    let deposits: Vec<Movement> = (0..20).map(|_| movement(16, "USDT", "0.5")).collect();
+    // Ten of the withdraws are asked twice, in the same burst.
+    let calls = withdraws
+        .iter()
+        .chain(withdraws.iter().take(10))
+        .map(|m| s.funding.withdraw(m))
+        .collect::<Vec<_>>();
+    let deposit_calls = deposits
+        .iter()
+        .map(|m| s.funding.deposit(m))
+        .collect::<Vec<_>>();
+    let (outcomes, deposited) = tokio::join!(
+        futures_util::future::join_all(calls),
+        futures_util::future::join_all(deposit_calls)
+    );
+    let applied = outcomes[..40]
+        .iter()
+        .filter(|o| **o == AdapterOutcome::Success)
+        .count();
+    assert_eq!(applied, 10, "exactly the balance's worth is withdrawn");
+    for o in &outcomes[..40] {
+        assert!(
+            *o == AdapterOutcome::Success
+                || matches!(o, AdapterOutcome::ExplicitFail { code, .. } if code == "INSUFFICIENT_BALANCE"),
+            "{o:?}"
+        );
+    }
+    for (i, repeat) in outcomes[40..].iter().enumerate() {
+        assert_eq!(repeat, &outcomes[i], "a repeat answers as the first call");
+    }
+    assert!(deposited.iter().all(|o| *o == AdapterOutcome::Success));
+    assert_eq!(s.funding_balance(15, "USDT").await, dec("0"));
+    assert_eq!(s.funding_balance(16, "USDT").await, dec("15"));
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT outcome, count(*) FROM funding_journal WHERE user_id = 15 GROUP BY outcome ORDER BY outcome",
+    )
+    .fetch_all(&s.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(rows, vec![("APPLIED".into(), 10), ("REFUSED".into(), 30)]);
+}
+
+/// The batcher's connection is cut between two batches (its PostgreSQL backend terminated). The
+/// next batch fails as a whole and nothing of it is applied; each movement is then decided
+/// alone, so every caller still gets its own true answer, and the books match the journal.
+#[tokio::test]
+async fn con_funding_batch_on_a_cut_connection_is_decided_movement_by_movement() {
+    let s = Stack::start().await;
+    s.deposit(17, "USDT", "100").await;
+    let first = movement(17, "USDT", "1");
+    assert_eq!(s.funding.withdraw(&first).await, AdapterOutcome::Success);
+    let cut: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()
+           AND query LIKE '%funding_fresh_movements%'",
+    )
+    .fetch_all(&s.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        cut,
+        vec![true],
+        "the batcher's kept connection was found and cut"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+
+    let burst: Vec<Movement> = (0..30).map(|_| movement(17, "USDT", "1")).collect();
+    let outcomes =
+        futures_util::future::join_all(burst.iter().map(|m| s.funding.withdraw(m))).await;
+    assert!(
+        outcomes.iter().all(|o| *o == AdapterOutcome::Success),
+        "{outcomes:?}"
+    );
+    assert_eq!(s.funding_balance(17, "USDT").await, dec("69"));
+    for m in &burst {
+        assert_eq!(
+            s.funding.lookup(m, domain::Operation::Withdraw).await,
+            domain::Recorded::Applied
+        );
+    }
+    let applied: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM funding_journal WHERE user_id = 17 AND outcome = 'APPLIED'",
+    )
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(applied, 31);
+}
