@@ -80,7 +80,6 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
     cmd.args(["--listen", "127.0.0.1:0", "--data-dir"])
         .arg(tmp.join("net"));
     let (proc_, addr) = spawn_ready(cmd, "spot-core listening on ")?;
-    let pid = proc_.child.id();
     let done = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
     let started = Instant::now();
@@ -128,8 +127,17 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
     }
     let piped = applied as f64 / started.elapsed().as_secs_f64();
 
-    // Memory per million accounts: create `accounts` new accounts (one deposit each, so each
-    // also leaves one remembered req_id) and read the process's resident memory before and after.
+    drop(proc_);
+
+    // Memory per million accounts: a fresh spot-core process (the phases above leave memory its
+    // allocator keeps for reuse, which would hide the accounts' own), `accounts` new accounts
+    // (one deposit each, so each also leaves one remembered req_id), and the process's resident
+    // memory before and after.
+    let mut cmd = Command::new(bin("spot-core")?);
+    cmd.args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(tmp.join("memory"));
+    let (proc_, addr) = spawn_ready(cmd, "spot-core listening on ")?;
+    let pid = proc_.child.id();
     let before = procstat::rss(pid);
     let next = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
