@@ -278,6 +278,7 @@ mod tests {
                 data_dir: dir.join("spot"),
                 assets: None,
                 token_file,
+                exit_with_stdin: false,
             })
             .await
             .unwrap();

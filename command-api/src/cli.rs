@@ -13,7 +13,7 @@ use domain::UserId;
 use rand::TryRngCore;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::TcpListener;
-use tokio::process::{Child, Command as ChildCommand};
+use tokio::process::{Child, ChildStdin, Command as ChildCommand};
 
 use crate::app::{serve_with_shutdown, spawn_sweeper, AppState};
 use crate::auth::mint;
@@ -117,6 +117,8 @@ pub struct SpotCoreArgs {
     pub assets: Option<PathBuf>,
     #[arg(long)]
     pub token_file: Option<PathBuf>,
+    #[arg(long)]
+    pub exit_with_stdin: bool,
 }
 
 /// Logs go to stderr, filtered by RUST_LOG (default `info`), so stdout carries only what a
@@ -147,6 +149,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 data_dir: args.data_dir,
                 assets: args.assets,
                 token_file: args.token_file,
+                exit_with_stdin: args.exit_with_stdin,
             })
             .await
         }
@@ -396,6 +399,9 @@ async fn child_exit(child: &mut Option<SpotChild>) -> String {
 struct SpotChild {
     child: Child,
     addr: String,
+    /// The write end of the child's stdin, never written: when this process ends, however it
+    /// ends, the kernel closes it and the child (`--exit-with-stdin`) stops too.
+    _lifeline: ChildStdin,
 }
 
 impl SpotChild {
@@ -425,18 +431,23 @@ impl SpotChild {
             .arg(data_dir)
             .arg("--token-file")
             .arg(token_file)
+            .arg("--exit-with-stdin")
             // The file is the one token; an inherited variable must not stand in for it.
             .env_remove(spot_core::TOKEN_ENV);
         if let Some(assets) = assets {
             command.arg("--assets").arg(assets);
         }
         command
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             // Any early return below (or a panic) must not leave an orphan engine running.
             .kill_on_drop(true);
         let mut child = command.spawn().context("start spot-core")?;
+        let lifeline = child
+            .stdin
+            .take()
+            .context("spot-core's stdin was not captured")?;
         let stdout = child
             .stdout
             .take()
@@ -466,7 +477,11 @@ impl SpotChild {
             }
         });
         tracing::info!(%addr, data_dir = %data_dir.display(), "spot-core child started");
-        Ok(Self { child, addr })
+        Ok(Self {
+            child,
+            addr,
+            _lifeline: lifeline,
+        })
     }
 
     /// Kills the engine and reaps it. Killing is safe by design: spot-core acknowledges nothing
@@ -537,6 +552,7 @@ mod tests {
             data_dir: dir.clone(),
             assets: None,
             token_file: Some(path.clone()),
+            exit_with_stdin: false,
         };
         assert_eq!(spot_core::resolve_token(&args).unwrap(), Some(token));
         std::fs::remove_dir_all(&dir).unwrap();

@@ -44,6 +44,11 @@ pub struct Args {
     /// allowed.
     #[arg(long)]
     pub token_file: Option<PathBuf>,
+    /// Stop when standard input reaches its end. A parent that starts spot-core with a pipe on
+    /// its stdin and never writes to it is then followed even when it is killed outright: the
+    /// kernel closes the pipe, and no orphan engine keeps the port and the WAL.
+    #[arg(long)]
+    pub exit_with_stdin: bool,
 }
 
 /// Environment variable holding the shared token when `--token-file` is absent.
@@ -188,7 +193,20 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             tracing::info!("shutting down");
             Ok(())
         }
+        r = stdin_closed(), if args.exit_with_stdin => {
+            r?;
+            tracing::info!("standard input closed (the parent is gone); shutting down");
+            Ok(())
+        }
     }
+}
+
+/// Reads standard input to its end, discarding what comes.
+async fn stdin_closed() -> anyhow::Result<()> {
+    tokio::io::copy(&mut tokio::io::stdin(), &mut tokio::io::sink())
+        .await
+        .context("reading standard input")?;
+    Ok(())
 }
 
 async fn shutdown_signal() -> anyhow::Result<()> {

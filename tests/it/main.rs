@@ -17,6 +17,7 @@ mod feed;
 mod fsm;
 mod graphql;
 mod invariant;
+mod ledger_up;
 mod projections;
 mod recovery;
 mod recovery_safety;
