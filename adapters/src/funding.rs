@@ -2,6 +2,7 @@
 //! journal row keyed by (req_id, operation), each operation one transaction.
 
 use async_trait::async_trait;
+use std::collections::HashSet;
 use std::sync::{Arc, OnceLock, RwLock};
 
 use domain::{
@@ -106,7 +107,13 @@ pub struct FundingLedger {
     assets: Option<Arc<RwLock<AssetRegistry>>>,
     /// Group-commits fresh movements; started on first use, on the runtime of that call.
     batcher: Arc<OnceLock<batch::Batcher>>,
+    /// Accounts seen to exist. Nothing ever deletes a funding account, so once seen, always
+    /// true; an account not seen yet is asked for every time (a deposit may have created it).
+    known: Arc<RwLock<HashSet<(i64, String)>>>,
 }
+
+/// Most accounts `known` remembers; past it, existence is asked of the database every time.
+const KNOWN_ACCOUNTS_MAX: usize = 1_000_000;
 
 /// The most a funding balance may hold, the column's own bound (numeric(38,18)).
 fn balance_ceiling() -> Decimal {
@@ -119,6 +126,7 @@ impl FundingLedger {
             pool,
             assets: None,
             batcher: Arc::new(OnceLock::new()),
+            known: Arc::new(RwLock::new(HashSet::new())),
         }
     }
 
@@ -228,6 +236,39 @@ impl FundingLedger {
             return Err(FundingError::AccountNotFound);
         }
         Ok(())
+    }
+
+    /// Whether the account exists. A yes is remembered (accounts are never deleted), so a
+    /// SPOT→FUNDING transfer's check of its target costs a round trip only the first time.
+    pub async fn account_exists(
+        &self,
+        user_id: UserId,
+        asset: &AssetSymbol,
+    ) -> Result<bool, FundingError> {
+        let key = (user_id.as_i64(), asset.as_str().to_owned());
+        // A poisoned lock means a writer panicked mid-insert into a plain set that is still whole.
+        if self
+            .known
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&key)
+        {
+            return Ok(true);
+        }
+        let exists: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM funding_accounts WHERE user_id = $1 AND asset = $2)",
+        )
+        .bind(key.0)
+        .bind(asset.as_str())
+        .fetch_one(&self.pool)
+        .await?;
+        if exists {
+            let mut known = self.known.write().unwrap_or_else(|e| e.into_inner());
+            if known.len() < KNOWN_ACCOUNTS_MAX {
+                known.insert(key);
+            }
+        }
+        Ok(exists)
     }
 
     pub async fn balance(

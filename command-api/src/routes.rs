@@ -299,10 +299,9 @@ pub async fn create_transfer(
         let asset = domain::AssetSymbol::parse(&request.asset)?;
         let exists = state
             .funding
-            .balance(request.user_id, &asset)
+            .account_exists(request.user_id, &asset)
             .await
-            .map_err(funding_error)?
-            .is_some();
+            .map_err(funding_error)?;
         if !exists {
             return Err(ErrorCode::TargetAccountNotFound.into());
         }

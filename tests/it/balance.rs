@@ -240,4 +240,18 @@ async fn missing_funding_target_is_target_account_not_found_and_spot_is_created_
         "{resp}"
     );
     assert_eq!(api.stack.spot_balance(7, "USDT").await, dec("5"));
+
+    // The refusal is not remembered: once user 6 has a FUNDING account, the same transfer goes
+    // through, and goes through again (the account is then known to exist).
+    api.stack.deposit(6, "USDT", "1").await;
+    for expected_spot in ["6", "2"] {
+        let (status, resp) = post(&api, 6, body("SPOT", "FUNDING", "4")).await;
+        assert_eq!(
+            (status, resp["state"].as_str()),
+            (200, Some("COMMITTED")),
+            "{resp}"
+        );
+        assert_eq!(api.stack.spot_balance(6, "USDT").await, dec(expected_spot));
+    }
+    assert_eq!(api.stack.funding_balance(6, "USDT").await, dec("9"));
 }
