@@ -53,10 +53,38 @@ pub async fn ensure_database(url: &str) -> anyhow::Result<()> {
 }
 
 /// Connects a pool of at most `max_connections`, with bounded waits.
+///
+/// Every connection is checked before it is handed out: it must answer, and it must not be
+/// inside a transaction block. sqlx 0.8 returns a connection to the pool still inside a
+/// transaction when a `begin()` is cancelled while its BEGIN is in flight (a dropped request, an
+/// aborted task; sqlx issue #4393, no 0.8 release has the fix). On such a connection every later
+/// "autocommit" statement would run inside that transaction: it would answer OK, hold its locks,
+/// and be discarded when the connection closes. Money recorded as moved would not be. The check
+/// replaces sqlx's own liveness ping, one round trip either way, and a connection that fails it
+/// is closed (which rolls the stale transaction back) and another one is taken.
 pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(5))
+        .test_before_acquire(false)
+        .before_acquire(|conn, _meta| {
+            Box::pin(async move {
+                // A simple query's own implicit transaction starts with the statement; inside
+                // an open block it started earlier. (A query without arguments goes as a simple query, on purpose: with the
+                // extended one, Bind starts the transaction and Execute restarts the statement
+                // clock, so the two differ even on a clean connection.)
+                let row =
+                    sqlx::Executor::fetch_one(&mut *conn, "SELECT now() = statement_timestamp()")
+                        .await?;
+                let clean: bool = sqlx::Row::try_get(&row, 0)?;
+                if !clean {
+                    tracing::warn!(
+                        "a pooled connection was inside a transaction block; closing it"
+                    );
+                }
+                Ok(clean)
+            })
+        })
         .connect(url)
         .await
         .context("connect to PostgreSQL")

@@ -18,6 +18,7 @@ mod fsm;
 mod graphql;
 mod invariant;
 mod ledger_up;
+mod pool_safety;
 mod projections;
 mod recovery;
 mod recovery_safety;

@@ -1,0 +1,69 @@
+//! A `begin()` cancelled while its BEGIN is in flight must not leave a pooled connection inside a
+//! transaction (sqlx 0.8 returns it to the pool that way, issue #4393). If it did, the next
+//! "autocommit" statement on it would answer OK and never commit: a write the caller believes
+//! durable would vanish when the connection closes.
+
+use std::time::Duration;
+
+use crate::helpers::TestDb;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_connection_left_inside_a_transaction_is_never_handed_out() {
+    let db = TestDb::new().await;
+    // One connection, so the next borrower gets the very connection the cancelled BEGIN used.
+    let pool = schema::connect(&db.url, 1).await.unwrap();
+    let watcher = schema::connect(&db.url, 1).await.unwrap();
+    sqlx::query("CREATE TABLE cancelled_begin (v int)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    // A clean connection passes the check and is handed out again, not replaced.
+    let again: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(again, backend, "a clean pooled connection is kept");
+
+    // Put the pool's connection inside a transaction block without sqlx knowing, the state a
+    // `begin()` cancelled while its BEGIN is in flight leaves (that window is microseconds wide,
+    // too narrow to hit on purpose): a BEGIN sent as plain SQL, and the connection given back.
+    {
+        let mut conn = pool.acquire().await.unwrap();
+        sqlx::raw_sql("BEGIN").execute(&mut *conn).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let state: Option<String> =
+        sqlx::query_scalar("SELECT state FROM pg_stat_activity WHERE pid = $1")
+            .bind(backend)
+            .fetch_optional(&watcher)
+            .await
+            .unwrap();
+    assert_eq!(
+        state.as_deref(),
+        Some("idle in transaction"),
+        "the pool took back a connection inside a transaction block"
+    );
+
+    // The next autocommit write through the pool is committed: another session sees it.
+    sqlx::query("INSERT INTO cancelled_begin VALUES (1)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let seen: i64 = sqlx::query_scalar("SELECT count(*) FROM cancelled_begin")
+        .fetch_one(&watcher)
+        .await
+        .unwrap();
+    assert_eq!(seen, 1, "a write through the pool was left uncommitted");
+    let open: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND state LIKE 'idle in transaction%'",
+    )
+    .fetch_one(&watcher)
+    .await
+    .unwrap();
+    assert_eq!(open, 0, "no session is left inside a transaction");
+}
