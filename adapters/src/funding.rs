@@ -361,15 +361,7 @@ impl FundingLedger {
         let batcher = self
             .batcher
             .get_or_init(|| batch::Batcher::start(self.pool.clone()));
-        let decided = batcher
-            .submit(
-                op.as_str(),
-                m.req_id.to_string(),
-                m.user_id.as_i64(),
-                m.asset.as_str().to_owned(),
-                m.amount.value(),
-            )
-            .await?;
+        let decided = batcher.submit(op.as_str(), m).await?;
         let Some(batch::Decided {
             outcome,
             code,

@@ -53,7 +53,7 @@ pub enum Command {
     Replay(crate::replay::ReplayArgs),
     /// Run the spot-core engine in this process.
     #[command(name = "spot-core", hide = true)]
-    SpotCore(SpotCoreArgs),
+    SpotCore(spot_core::Args),
 }
 
 #[derive(Debug, Args)]
@@ -107,20 +107,6 @@ pub struct TokenArgs {
     pub data_dir: PathBuf,
 }
 
-#[derive(Debug, Args)]
-pub struct SpotCoreArgs {
-    #[arg(long)]
-    pub listen: String,
-    #[arg(long)]
-    pub data_dir: PathBuf,
-    #[arg(long)]
-    pub assets: Option<PathBuf>,
-    #[arg(long)]
-    pub token_file: Option<PathBuf>,
-    #[arg(long)]
-    pub exit_with_stdin: bool,
-}
-
 /// Logs go to stderr, filtered by RUST_LOG (default `info`), so stdout carries only what a
 /// command prints for its user (tokens, the ready line).
 pub fn init_tracing() {
@@ -143,16 +129,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Token(args) => token(args),
         Command::Migrate => migrate().await,
         Command::Replay(args) => crate::replay::run(args).await,
-        Command::SpotCore(args) => {
-            spot_core::run(spot_core::Args {
-                listen: args.listen,
-                data_dir: args.data_dir,
-                assets: args.assets,
-                token_file: args.token_file,
-                exit_with_stdin: args.exit_with_stdin,
-            })
-            .await
-        }
+        Command::SpotCore(args) => spot_core::run(args).await,
     }
 }
 

@@ -70,9 +70,10 @@ pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> 
         .before_acquire(|conn, _meta| {
             Box::pin(async move {
                 // A simple query's own implicit transaction starts with the statement; inside
-                // an open block it started earlier. (A query without arguments goes as a simple query, on purpose: with the
-                // extended one, Bind starts the transaction and Execute restarts the statement
-                // clock, so the two differ even on a clean connection.)
+                // an open block it started earlier. A query without arguments goes as a simple
+                // query, on purpose: with the extended protocol, Bind starts the transaction and
+                // Execute restarts the statement clock, so the two differ even on a clean
+                // connection.
                 let row =
                     sqlx::Executor::fetch_one(&mut *conn, "SELECT now() = statement_timestamp()")
                         .await?;

@@ -10,7 +10,7 @@ use crate::helpers::TestDb;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pooled_connection_left_inside_a_transaction_is_never_handed_out() {
     let db = TestDb::new().await;
-    // One connection, so the next borrower gets the very connection the cancelled BEGIN used.
+    // One connection, so the next borrower gets the very connection left inside the block.
     let pool = schema::connect(&db.url, 1).await.unwrap();
     let watcher = schema::connect(&db.url, 1).await.unwrap();
     sqlx::query("CREATE TABLE cancelled_begin (v int)")

@@ -3,6 +3,7 @@
 //! commit for all of them. Each caller still hears its own movement's outcome only after that
 //! commit is durable, and each movement is still all-or-nothing with its journal row.
 
+use domain::Movement;
 use rust_decimal::Decimal;
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, PgPool, Postgres};
@@ -24,13 +25,13 @@ pub(super) struct Decided {
 /// `None`: the key was claimed before; nothing changed.
 type Answer = Result<Option<Decided>, sqlx::Error>;
 
-pub(super) struct Job {
-    pub op: &'static str,
-    pub req_id: String,
-    pub user_id: i64,
-    pub asset: String,
-    pub amount: Decimal,
-    pub reply: oneshot::Sender<Answer>,
+struct Job {
+    op: &'static str,
+    req_id: String,
+    user_id: i64,
+    asset: String,
+    amount: Decimal,
+    reply: oneshot::Sender<Answer>,
 }
 
 /// The queue into one batcher task.
@@ -48,21 +49,14 @@ impl Batcher {
     }
 
     /// Decides one movement with whatever else is waiting, and answers once that is durable.
-    pub async fn submit(
-        &self,
-        op: &'static str,
-        req_id: String,
-        user_id: i64,
-        asset: String,
-        amount: Decimal,
-    ) -> Answer {
+    pub async fn submit(&self, op: &'static str, m: &Movement) -> Answer {
         let (reply, answer) = oneshot::channel();
         let job = Job {
             op,
-            req_id,
-            user_id,
-            asset,
-            amount,
+            req_id: m.req_id.to_string(),
+            user_id: m.user_id.as_i64(),
+            asset: m.asset.as_str().to_owned(),
+            amount: m.amount.value(),
             reply,
         };
         self.queue
