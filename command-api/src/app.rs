@@ -34,6 +34,10 @@ pub struct AppState {
     pub rate: Arc<crate::ratelimit::RateLimiter>,
     /// This process's short-lived copy of the MON-003 halt flag.
     pub halt: Arc<crate::invariant::HaltCache>,
+    /// How much the read surfaces (GraphQL, the feed) may hold at once.
+    pub admission: Arc<crate::admission::Admission>,
+    /// The HTTP server's timeouts and connection caps.
+    pub http: crate::http_server::HttpLimits,
 }
 
 impl AppState {
@@ -56,6 +60,8 @@ impl AppState {
             jwt: Arc::new(JwtKeys::new(jwt_secret)),
             rate: Arc::new(crate::ratelimit::RateLimiter::new(None)),
             halt: Arc::new(crate::invariant::HaltCache::default()),
+            admission: Arc::default(),
+            http: crate::http_server::HttpLimits::default(),
         }
     }
 
@@ -66,6 +72,12 @@ impl AppState {
             limits.requests_per_second,
         ));
         self.coordinator = self.coordinator.with_daily_limits(limits.daily);
+        self
+    }
+
+    /// Serves with these HTTP timeouts and connection caps instead of the defaults.
+    pub fn with_http_limits(mut self, http: crate::http_server::HttpLimits) -> Self {
+        self.http = http;
         self
     }
 
@@ -105,6 +117,10 @@ pub fn build_app(state: AppState) -> Router {
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
+        .layer(axum::middleware::from_fn_with_state(
+            state.http,
+            crate::http_server::request_limits,
+        ))
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
@@ -138,9 +154,8 @@ pub async fn serve_with_shutdown(
     let reloader = crate::admin_assets::spawn_reloader(state.clone());
     // The projector and the periodic fund-conservation check run while this process serves.
     let read_side = crate::feed::spawn_read_side(&state);
-    let served = axum::serve(listener, build_app(state))
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let limits = state.http;
+    let served = crate::http_server::serve(listener, build_app(state), limits, shutdown).await;
     reloader.abort();
     drop(read_side);
     served?;

@@ -1,6 +1,7 @@
-//! Bearer-token authentication: HS256 JWTs with a required `exp`, an honoured `nbf`, `sub` as the
-//! decimal user id and `role: "admin"` for admin routes, exposed as the `AuthUser` and `AdminUser`
-//! extractors.
+//! Bearer-token authentication: HS256 JWTs with a required `exp` at most [`TOKEN_LIFETIME_MAX`]
+//! ahead, an honoured `nbf`, no `crit` header, `sub` as the decimal user id and `role: "admin"` for
+//! admin routes, exposed as the `AuthUser` and `AdminUser` extractors. [`bearer_token`] is the one
+//! parser of `Authorization: Bearer` values, for REST, GraphQL and the websocket alike.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -16,6 +17,10 @@ use crate::error::ApiError;
 
 /// Clock skew tolerated on `exp` and `nbf`; small, so an expired token dies quickly.
 pub const LEEWAY_SECS: u64 = 5;
+
+/// The longest a token may still be valid for when it is presented: a token whose `exp` lies
+/// further ahead is refused, so a leaked token cannot live for ever (`exp = 2^64 - 1`).
+pub const TOKEN_LIFETIME_MAX: Duration = Duration::from_secs(30 * 24 * 60 * 60);
 
 /// The role claim that opens admin routes.
 pub const ADMIN_ROLE: &str = "admin";
@@ -37,6 +42,14 @@ struct Claims {
 pub struct Identity {
     pub user_id: UserId,
     pub admin: bool,
+}
+
+/// A verified token: who it speaks for, and until when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Session {
+    pub identity: Identity,
+    /// The token's `exp`: a stream opened with it must end then.
+    pub expires_at: SystemTime,
 }
 
 /// The verifying side of the configured secret.
@@ -70,20 +83,57 @@ impl JwtKeys {
 
     /// Verifies a compact JWT. Every failure is UNAUTHORIZED; the reason goes to the debug log.
     pub fn verify(&self, token: &str) -> Result<Identity, ApiError> {
+        self.verify_session(token).map(|s| s.identity)
+    }
+
+    /// [`Self::verify`], keeping the token's expiry for callers that hold a stream open.
+    pub fn verify_session(&self, token: &str) -> Result<Session, ApiError> {
+        let refused = |why: &str| {
+            tracing::debug!(why, "token refused");
+            ApiError::Unauthorized
+        };
+        // RFC 7515 section 4.1.11: a `crit` header names extensions the recipient must
+        // understand or reject the token; this verifier understands none. jsonwebtoken's
+        // `Header` drops unknown members, so the raw header is read here.
+        if header_has_crit(token) {
+            return Err(refused("crit header"));
+        }
         let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)
             .map_err(|e| {
                 tracing::debug!(error = %e, "token refused");
                 ApiError::Unauthorized
             })?;
-        let user_id: UserId = data.claims.sub.parse().map_err(|_| {
-            tracing::debug!("token refused: sub is not a user id");
-            ApiError::Unauthorized
-        })?;
-        Ok(Identity {
-            user_id,
-            admin: data.claims.role.as_deref() == Some(ADMIN_ROLE),
+        let lifetime_max = now_secs().saturating_add(TOKEN_LIFETIME_MAX.as_secs() + LEEWAY_SECS);
+        if data.claims.exp > lifetime_max {
+            return Err(refused("exp beyond the longest token lifetime"));
+        }
+        let user_id: UserId = data
+            .claims
+            .sub
+            .parse()
+            .map_err(|_| refused("sub is not a user id"))?;
+        Ok(Session {
+            identity: Identity {
+                user_id,
+                admin: data.claims.role.as_deref() == Some(ADMIN_ROLE),
+            },
+            expires_at: UNIX_EPOCH + Duration::from_secs(data.claims.exp),
         })
     }
+}
+
+/// Whether the token's header is a JSON object with a `crit` member. A header that does not
+/// decode is left to `jsonwebtoken`, which refuses it.
+fn header_has_crit(token: &str) -> bool {
+    use base64::Engine;
+    let Some(header) = token.split('.').next() else {
+        return false;
+    };
+    let Ok(bytes) = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(header) else {
+        return false;
+    };
+    serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&bytes)
+        .is_ok_and(|members| members.contains_key("crit"))
 }
 
 fn now_secs() -> u64 {
@@ -110,10 +160,9 @@ pub fn mint(secret: &[u8], user: UserId, admin: bool, ttl: Duration) -> String {
     .expect("HS256 signing with an HMAC key cannot fail")
 }
 
-/// The bearer token of a request, if the header is well formed.
-fn bearer(parts: &Parts) -> Option<&str> {
-    let value = parts.headers.get(AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.split_once(' ')?;
+/// The token of an `Authorization` value `Bearer <token>`; the one parser for every route.
+pub fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
     // The scheme name is case-insensitive (RFC 9110 section 11.1).
     if !scheme.eq_ignore_ascii_case("bearer") {
         return None;
@@ -122,9 +171,14 @@ fn bearer(parts: &Parts) -> Option<&str> {
     (!token.is_empty()).then_some(token)
 }
 
-fn identify(parts: &Parts, state: &AppState) -> Result<Identity, ApiError> {
+/// The bearer token of a request, if the header is well formed.
+fn bearer(parts: &Parts) -> Option<&str> {
+    bearer_token(parts.headers.get(AUTHORIZATION)?.to_str().ok()?)
+}
+
+fn identify(parts: &Parts, state: &AppState) -> Result<Session, ApiError> {
     let token = bearer(parts).ok_or(ApiError::Unauthorized)?;
-    state.jwt.verify(token)
+    state.jwt.verify_session(token)
 }
 
 /// Any authenticated caller. Rejects with 401 UNAUTHORIZED.
@@ -138,7 +192,7 @@ impl FromRequestParts<AppState> for AuthUser {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let id = identify(parts, state)?;
+        let id = identify(parts, state)?.identity;
         Ok(Self {
             user_id: id.user_id,
             admin: id.admin,
@@ -151,18 +205,21 @@ impl FromRequestParts<AppState> for AuthUser {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AdminUser {
     pub user_id: UserId,
+    /// The token's expiry: a stream it opened ends then.
+    pub expires_at: SystemTime,
 }
 
 impl FromRequestParts<AppState> for AdminUser {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let id = identify(parts, state)?;
-        if !id.admin {
+        let session = identify(parts, state)?;
+        if !session.identity.admin {
             return Err(ApiError::Forbidden);
         }
         Ok(Self {
-            user_id: id.user_id,
+            user_id: session.identity.user_id,
+            expires_at: session.expires_at,
         })
     }
 }
@@ -341,5 +398,67 @@ mod tests {
         assert_eq!(bearer(&parts_with("Basic abc")), None);
         assert_eq!(bearer(&parts_with("Bearer ")), None);
         assert_eq!(bearer(&parts_with("abc")), None);
+        assert_eq!(bearer(&parts_with("BEARER abc")), Some("abc"));
+    }
+
+    #[test]
+    fn a_token_with_a_crit_header_is_unauthorized() {
+        let claims = json!({"sub": "7", "exp": now_secs() + 60});
+        // jsonwebtoken cannot write `crit`, so the header is written by hand and signed as
+        // the library would sign it.
+        let raw = r#"{"alg":"HS256","typ":"JWT","crit":["x-bound-to"],"x-bound-to":"device-1"}"#;
+        let token = signed(Algorithm::HS256, &claims, SECRET);
+        let mut parts: Vec<String> = token.split('.').map(str::to_owned).collect();
+        parts[0] = URL_SAFE_NO_PAD.encode(raw);
+        let message = format!("{}.{}", parts[0], parts[1]);
+        parts[2] = jsonwebtoken::crypto::sign(
+            message.as_bytes(),
+            &EncodingKey::from_secret(SECRET),
+            Algorithm::HS256,
+        )
+        .unwrap();
+        let forged = parts.join(".");
+        assert!(!header_has_crit(&token));
+        assert!(header_has_crit(&forged));
+        assert_eq!(keys().verify(&forged), Err(ApiError::Unauthorized));
+        // The same token without `crit`, signed the same way, is accepted: only `crit` refuses.
+        parts[0] = URL_SAFE_NO_PAD.encode(r#"{"alg":"HS256","typ":"JWT","x-bound-to":"d"}"#);
+        let message = format!("{}.{}", parts[0], parts[1]);
+        parts[2] = jsonwebtoken::crypto::sign(
+            message.as_bytes(),
+            &EncodingKey::from_secret(SECRET),
+            Algorithm::HS256,
+        )
+        .unwrap();
+        assert!(keys().verify(&parts.join(".")).is_ok());
+    }
+
+    #[test]
+    fn a_token_valid_for_longer_than_the_lifetime_max_is_unauthorized() {
+        for exp in [
+            u64::MAX,
+            i64::MAX as u64,
+            now_secs() + TOKEN_LIFETIME_MAX.as_secs() + 3600,
+        ] {
+            let token = signed(Algorithm::HS256, &json!({"sub": "7", "exp": exp}), SECRET);
+            assert_eq!(keys().verify(&token), Err(ApiError::Unauthorized), "{exp}");
+        }
+        let long = mint(SECRET, user(7), false, TOKEN_LIFETIME_MAX);
+        assert!(
+            keys().verify(&long).is_ok(),
+            "the longest lifetime itself is fine"
+        );
+    }
+
+    #[test]
+    fn a_session_carries_the_token_expiry() {
+        let token = mint(SECRET, user(7), true, Duration::from_secs(60));
+        let session = keys().verify_session(&token).unwrap();
+        let left = session
+            .expires_at
+            .duration_since(SystemTime::now())
+            .unwrap();
+        assert!(left <= Duration::from_secs(60) && left > Duration::from_secs(50));
+        assert!(session.identity.admin);
     }
 }

@@ -99,8 +99,9 @@ pub struct TokenArgs {
     /// Add `role: "admin"`.
     #[arg(long)]
     pub admin: bool,
-    /// Lifetime in seconds.
-    #[arg(long, default_value_t = config::TOKEN_TTL_DEFAULT.as_secs())]
+    /// Lifetime in seconds (at most 30 days: the API refuses tokens valid for longer).
+    #[arg(long, default_value_t = config::TOKEN_TTL_DEFAULT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=crate::auth::TOKEN_LIFETIME_MAX.as_secs()))]
     pub ttl_secs: u64,
     /// The data dir whose stored secret to use when LEDGER_JWT_SECRET is unset.
     #[arg(long, default_value = "./.ledger")]
@@ -191,7 +192,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("listen on {}", args.listen))?;
     let local = listener.local_addr()?;
     let state = AppState::new(pool, spot, assets, &secret.bytes)
-        .with_limits(crate::ratelimit::LimitsConfig::from_env()?);
+        .with_limits(crate::ratelimit::LimitsConfig::from_env()?)
+        .with_http_limits(config::http_limits()?);
     println!("ledger serving on http://{local} (spot-core at {spot_addr})");
     run_until_stopped(listener, state, None).await
 }
@@ -233,7 +235,8 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
         .with_context(|| format!("listen on {}", args.listen))?;
     let local = listener.local_addr()?;
     let state = AppState::new(pool, spot, assets, &secret.bytes)
-        .with_limits(crate::ratelimit::LimitsConfig::from_env()?);
+        .with_limits(crate::ratelimit::LimitsConfig::from_env()?)
+        .with_http_limits(config::http_limits()?);
 
     print_banner(&Banner {
         base: format!("http://{local}"),

@@ -38,6 +38,41 @@ pub const DATABASE_URL_ENV: &str = "DATABASE_URL";
 /// The secret file's name inside a data dir.
 pub const JWT_SECRET_FILE: &str = "jwt.secret";
 
+/// The HTTP server's timeouts and caps: the defaults, with any of `LEDGER_HTTP_HEADER_TIMEOUT_MS`,
+/// `LEDGER_HTTP_REQUEST_TIMEOUT_MS`, `LEDGER_HTTP_CONNECTIONS_MAX` and
+/// `LEDGER_HTTP_CONNECTIONS_PER_ADDRESS_MAX` that are set laid over them.
+pub fn http_limits() -> anyhow::Result<crate::http_server::HttpLimits> {
+    fn number(name: &str) -> anyhow::Result<Option<u64>> {
+        match std::env::var(name) {
+            Ok(text) if !text.trim().is_empty() => {
+                let n: u64 = text
+                    .trim()
+                    .parse()
+                    .with_context(|| format!("{name} must be a positive integer"))?;
+                if n == 0 {
+                    bail!("{name} must be a positive integer");
+                }
+                Ok(Some(n))
+            }
+            _ => Ok(None),
+        }
+    }
+    let mut limits = crate::http_server::HttpLimits::default();
+    if let Some(ms) = number("LEDGER_HTTP_HEADER_TIMEOUT_MS")? {
+        limits.header_read_timeout = Duration::from_millis(ms);
+    }
+    if let Some(ms) = number("LEDGER_HTTP_REQUEST_TIMEOUT_MS")? {
+        limits.request_timeout = Duration::from_millis(ms);
+    }
+    if let Some(n) = number("LEDGER_HTTP_CONNECTIONS_MAX")? {
+        limits.connections_max = usize::try_from(n)?;
+    }
+    if let Some(n) = number("LEDGER_HTTP_CONNECTIONS_PER_ADDRESS_MAX")? {
+        limits.connections_per_address_max = usize::try_from(n)?;
+    }
+    Ok(limits)
+}
+
 /// `DATABASE_URL`, or the local default when unset.
 pub fn database_url() -> String {
     std::env::var(DATABASE_URL_ENV)

@@ -29,6 +29,9 @@ pub enum ApiError {
     UnsupportedMediaType,
     /// 405 BAD_REQUEST: the route exists but not with this method.
     MethodNotAllowed,
+    /// 408 BAD_REQUEST: the request (its body included) was not received and answered within
+    /// the server's request timeout.
+    RequestTimeout,
     /// A refusal with a contract code; the status follows the code (see [`status_of`]): 422 for
     /// business and validation refusals (INSUFFICIENT_BALANCE, SAME_ACCOUNT, INVALID_AMOUNT...),
     /// 409 for IDEMPOTENCY_KEY_REUSED and CONFLICT, 429 with `Retry-After` for
@@ -135,6 +138,7 @@ impl ApiError {
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::Refused(code) => status_of(*code),
             Self::TransferFailed { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -151,7 +155,8 @@ impl ApiError {
             Self::BadRequest(_)
             | Self::PayloadTooLarge
             | Self::UnsupportedMediaType
-            | Self::MethodNotAllowed => ErrorCode::BadRequest,
+            | Self::MethodNotAllowed
+            | Self::RequestTimeout => ErrorCode::BadRequest,
             Self::Refused(code) => *code,
             Self::TransferFailed { code, .. } => return code.clone(),
             Self::Unavailable(_) | Self::Internal(_) => ErrorCode::SystemError,
@@ -169,6 +174,7 @@ impl ApiError {
             ),
             Self::UnsupportedMediaType => "request body must be application/json".to_owned(),
             Self::MethodNotAllowed => "method not allowed on this route".to_owned(),
+            Self::RequestTimeout => "the request was not received in time".to_owned(),
             Self::Refused(code) => describe(*code).to_owned(),
             Self::TransferFailed { code, .. } => match parse_code(code) {
                 Some(code) => format!("transfer failed: {}", describe(code)),
@@ -256,6 +262,7 @@ mod tests {
             (ApiError::PayloadTooLarge, 413, "BAD_REQUEST"),
             (ApiError::UnsupportedMediaType, 415, "BAD_REQUEST"),
             (ApiError::MethodNotAllowed, 405, "BAD_REQUEST"),
+            (ApiError::RequestTimeout, 408, "BAD_REQUEST"),
             (
                 ApiError::Refused(ErrorCode::RateLimitExceeded),
                 429,

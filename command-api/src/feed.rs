@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
@@ -14,11 +14,11 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::routing::get;
 use axum::{Json, Router};
 use chrono::SecondsFormat;
-use futures_util::stream::{self, Stream};
+use futures_util::stream::{self, Stream, StreamExt};
 use projections::feed::{self as feed_store, FeedEvent, FEED_PAGE_SIZE_MAX};
 use projections::Projector;
 use serde_json::{json, Value};
-use sqlx::PgPool;
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::app::AppState;
 use crate::auth::AdminUser;
@@ -103,7 +103,7 @@ async fn events(
 /// its type, then new events as they are projected.
 async fn stream_events(
     State(state): State<AppState>,
-    _admin: AdminUser,
+    admin: AdminUser,
     headers: HeaderMap,
     Query(params): Query<HashMap<String, String>>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
@@ -116,21 +116,32 @@ async fn stream_events(
         Some(n) => n,
         None => int_param(&params, "after", 0)?,
     };
-    let pool = state.funding.pool().clone();
-    Ok(Sse::new(feed_stream(pool, after, None)).keep_alive(KeepAlive::default()))
+    let slot = state
+        .admission
+        .event_stream()
+        .map_err(|_| ApiError::Refused(domain::ErrorCode::RateLimitExceeded))?;
+    // The stream ends when the token that opened it expires; the client reconnects with a
+    // fresh token and `Last-Event-ID`.
+    let left = admin
+        .expires_at
+        .duration_since(SystemTime::now())
+        .unwrap_or_default();
+    let stream = feed_stream(state, after, None, slot).take_until(tokio::time::sleep(left));
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
 
 /// Feed events after `after` as SSE events, forever; waits [`STREAM_POLL_INTERVAL`] whenever
-/// it has sent everything there is. A database error ends the stream (the client reconnects
-/// with `Last-Event-ID`).
+/// it has sent everything there is, or the read side is busy. A database error ends the stream
+/// (the client reconnects with `Last-Event-ID`). `slot` is held as long as the stream lives.
 fn feed_stream(
-    pool: PgPool,
+    app: AppState,
     after: i64,
     user_id: Option<i64>,
+    slot: OwnedSemaphorePermit,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
-    let state = (pool, after, Vec::<FeedEvent>::new().into_iter());
+    let state = (app, after, Vec::<FeedEvent>::new().into_iter(), slot);
     stream::unfold(Some(state), move |state| async move {
-        let (pool, mut after, mut pending) = state?;
+        let (app, mut after, mut pending, slot) = state?;
         loop {
             if let Some(e) = pending.next() {
                 after = e.position;
@@ -138,9 +149,14 @@ fn feed_stream(
                     .id(e.position.to_string())
                     .event(e.event_type.clone())
                     .data(event_json(&e).to_string());
-                return Some((Ok(event), Some((pool, after, pending))));
+                return Some((Ok(event), Some((app, after, pending, slot))));
             }
-            match feed_store::read_after(&pool, after, STREAM_BATCH_MAX, user_id).await {
+            let Ok(_turn) = app.admission.read().await else {
+                tokio::time::sleep(STREAM_POLL_INTERVAL).await;
+                continue;
+            };
+            let read = feed_store::read_after(app.funding.pool(), after, STREAM_BATCH_MAX, user_id);
+            match read.await {
                 Ok(rows) if rows.is_empty() => tokio::time::sleep(STREAM_POLL_INTERVAL).await,
                 Ok(rows) => pending = rows.into_iter(),
                 Err(e) => {

@@ -2,14 +2,24 @@
 //! pagination, one transfer with its events, balances, and counts by state; a websocket
 //! subscription (`/graphql/ws`) streaming the caller's transfer state changes; a GraphiQL page
 //! (`GET /graphql`). A user sees only their own; an admin sees all. Errors carry the contract's
-//! code in `extensions.code`. Queries are bounded in depth and complexity.
+//! code in `extensions.code`. Queries are bounded before validation by [`cost`] (expanded size,
+//! root fields, nesting, in time linear in the document), then in depth and complexity (fields
+//! that do I/O cost [`IO_FIELD_COST`]); their I/O waits its turn in the process's read
+//! [`Admission`](crate::admission::Admission), and execution has a time limit. A websocket
+//! closes when its token expires.
 
-use std::time::Duration;
+pub mod cost;
 
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_graphql::extensions::{
+    Extension, ExtensionContext, ExtensionFactory, NextPrepareRequest,
+};
 use async_graphql::http::{GraphiQLSource, ALL_WEBSOCKET_PROTOCOLS};
 use async_graphql::{
-    Context, Data, Enum, ErrorExtensionValues, InputObject, Object, Schema, SimpleObject,
-    Subscription,
+    Context, Data, Enum, ErrorExtensionValues, InputObject, Object, Schema, ServerError,
+    ServerResult, SimpleObject, Subscription,
 };
 use async_graphql_axum::{GraphQLProtocol, GraphQLWebSocket};
 use axum::body::Bytes;
@@ -26,8 +36,9 @@ use projections::{HistoryFilter, PageCursor, TransferRow};
 use rust_decimal::Decimal;
 use std::collections::BTreeMap;
 
+use crate::admission::Busy;
 use crate::app::AppState;
-use crate::auth::Identity;
+use crate::auth::{bearer_token, Identity, Session};
 use crate::error::{describe, ApiError};
 
 /// Deepest query accepted.
@@ -38,6 +49,13 @@ pub const QUERY_COMPLEXITY_MAX: usize = 2_000;
 pub const PAGE_SIZE_DEFAULT: i32 = 20;
 /// How often a subscription looks for new state changes.
 const SUBSCRIPTION_POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// The complexity of a field that queries the database or spot-core: enough that a request can
+/// hold only a few, whatever its aliases.
+pub const IO_FIELD_COST: usize = 50;
+/// Longest a query may run; past it the caller gets SYSTEM_ERROR and the work is dropped.
+pub const EXECUTION_TIME_MAX: Duration = Duration::from_secs(10);
+/// Longest a websocket may wait for its `connection_init` (and token).
+pub const WS_INIT_WAIT_MAX: Duration = Duration::from_secs(10);
 
 /// The schema type.
 pub type LedgerSchema = Schema<QueryRoot, async_graphql::EmptyMutation, SubscriptionRoot>;
@@ -55,7 +73,39 @@ pub fn schema(state: AppState) -> LedgerSchema {
         .data(state)
         .limit_depth(QUERY_DEPTH_MAX)
         .limit_complexity(QUERY_COMPLEXITY_MAX)
+        .extension(CostGuard)
         .finish()
+}
+
+/// Runs [`cost::check`] on the parsed document before async-graphql's own checks and
+/// validation, whose walks expand every fragment spread (for HTTP and websocket alike).
+struct CostGuard;
+
+impl ExtensionFactory for CostGuard {
+    fn create(&self) -> Arc<dyn Extension> {
+        Arc::new(CostGuard)
+    }
+}
+
+#[async_graphql::async_trait::async_trait]
+impl Extension for CostGuard {
+    async fn prepare_request(
+        &self,
+        ctx: &ExtensionContext<'_>,
+        mut request: async_graphql::Request,
+        next: NextPrepareRequest<'_>,
+    ) -> ServerResult<async_graphql::Request> {
+        // Parsed once here; async-graphql reuses the parse.
+        let document = request.parsed_query()?;
+        if let Err(refusal) = cost::check(document) {
+            let mut error = ServerError::new(refusal.message(), None);
+            let mut extensions = ErrorExtensionValues::default();
+            extensions.set("code", ErrorCode::BadRequest.as_str());
+            error.extensions = Some(extensions);
+            return Err(error);
+        }
+        next.run(ctx, request).await
+    }
 }
 
 /// An error with the contract's code in `extensions.code` and the contract's fixed message.
@@ -81,6 +131,11 @@ fn caller<'a>(ctx: &'a Context<'_>) -> &'a Identity {
 
 fn app<'a>(ctx: &'a Context<'_>) -> &'a AppState {
     ctx.data_unchecked::<AppState>()
+}
+
+/// The read side is at capacity: the caller may try again shortly.
+fn busy(_: Busy) -> async_graphql::Error {
+    coded(ErrorCode::RateLimitExceeded)
 }
 
 fn money(value: Decimal) -> String {
@@ -205,8 +260,9 @@ impl TransferGql {
         self.updated_at
     }
     /// The transfer's events, in order, from the event log itself.
-    #[graphql(complexity = "10 * child_complexity")]
+    #[graphql(complexity = "IO_FIELD_COST + 10 * child_complexity")]
     async fn events(&self, ctx: &Context<'_>) -> async_graphql::Result<Vec<TransferEventGql>> {
+        let _turn = app(ctx).admission.read().await.map_err(busy)?;
         let rows: Vec<(i64, String, String, serde_json::Value, i64)> = sqlx::query_as(
             "SELECT sequence, event_type, event_version, payload::jsonb, global_position
              FROM events WHERE aggregate_type = 'Transfer' AND aggregate_id = $1
@@ -295,7 +351,9 @@ pub struct QueryRoot;
 impl QueryRoot {
     /// The caller's transfers (an admin's: everyone's, or `filter.userId`'s), newest first,
     /// `first` (1..=100, default 20) per page, after the cursor `after`.
-    #[graphql(complexity = "(first.unwrap_or(20).clamp(1, 100) as usize) * child_complexity + 1")]
+    #[graphql(
+        complexity = "(first.unwrap_or(20).clamp(1, 100) as usize) * child_complexity + IO_FIELD_COST"
+    )]
     async fn transfers(
         &self,
         ctx: &Context<'_>,
@@ -347,6 +405,7 @@ impl QueryRoot {
             created_until: filter.created_until,
         };
         // One row more than asked tells whether there is a next page.
+        let _turn = app(ctx).admission.read().await.map_err(busy)?;
         let mut rows = app(ctx)
             .coordinator
             .view()
@@ -375,6 +434,7 @@ impl QueryRoot {
 
     /// One transfer, folded from its events. `null` when it does not exist or is not the
     /// caller's (the two are indistinguishable).
+    #[graphql(complexity = "IO_FIELD_COST + child_complexity")]
     async fn transfer(
         &self,
         ctx: &Context<'_>,
@@ -384,6 +444,7 @@ impl QueryRoot {
         let Ok(req_id) = ReqId::parse(&req_id) else {
             return Ok(None);
         };
+        let _turn = app(ctx).admission.read().await.map_err(busy)?;
         let data = app(ctx).coordinator.load(&req_id).await.map_err(internal)?;
         Ok(data
             .filter(|d| me.admin || d.user_id == me.user_id)
@@ -392,6 +453,7 @@ impl QueryRoot {
 
     /// FUNDING and SPOT balances and in-flight amounts per asset: the caller's, or for an
     /// admin, `userId`'s.
+    #[graphql(complexity = "IO_FIELD_COST + child_complexity")]
     async fn balances(
         &self,
         ctx: &Context<'_>,
@@ -404,6 +466,8 @@ impl QueryRoot {
             Some(_) => return Err(coded(ErrorCode::Forbidden)),
         };
         let state = app(ctx);
+        // Three calls at once: two queries and one spot-core call.
+        let _turns = state.admission.reads_at_once(3).await.map_err(busy)?;
         let (funding, spot, in_flight) = tokio::join!(
             state.funding.balances(user),
             state.spot.balances(user),
@@ -438,10 +502,12 @@ impl QueryRoot {
     }
 
     /// How many transfers are in each state (admins only).
+    #[graphql(complexity = "IO_FIELD_COST + child_complexity")]
     async fn state_counts(&self, ctx: &Context<'_>) -> async_graphql::Result<Vec<StateCount>> {
         if !caller(ctx).admin {
             return Err(coded(ErrorCode::Forbidden));
         }
+        let _turn = app(ctx).admission.read().await.map_err(busy)?;
         let counts = app(ctx)
             .coordinator
             .view()
@@ -488,48 +554,34 @@ impl SubscriptionRoot {
         after: Option<i64>,
     ) -> async_graphql::Result<impl Stream<Item = TransferUpdate>> {
         let me = *caller(ctx);
-        let pool = app(ctx).funding.pool().clone();
+        let state = app(ctx).clone();
+        // Held by the stream: the slot frees when the subscription ends.
+        let slot = state.admission.subscription(me.user_id).map_err(busy)?;
         let start = match after {
             Some(position) if position >= 0 => position,
             Some(_) => return Err(coded(ErrorCode::BadRequest)),
-            None => feed_store::head(&pool).await.map_err(internal)?,
+            None => {
+                let _turn = state.admission.read().await.map_err(busy)?;
+                feed_store::head(state.funding.pool())
+                    .await
+                    .map_err(internal)?
+            }
         };
         let user = (!me.admin).then(|| me.user_id.as_i64());
-        let state = (pool, start, Vec::<TransferUpdate>::new().into_iter());
+        let pending = Vec::<TransferUpdate>::new().into_iter();
         Ok(stream::unfold(
-            state,
-            move |(pool, mut after, mut pending)| {
+            (state, start, pending, slot),
+            move |(state, mut after, mut pending, slot)| {
                 let req_id = req_id.clone();
                 async move {
                     loop {
                         if let Some(update) = pending.next() {
-                            return Some((update, (pool, after, pending)));
+                            return Some((update, (state, after, pending, slot)));
                         }
-                        match feed_store::read_after(&pool, after, 500, user).await {
-                            Ok(rows) if rows.is_empty() => {
-                                tokio::time::sleep(SUBSCRIPTION_POLL_INTERVAL).await;
-                            }
-                            Ok(rows) => {
-                                after = rows.last().map_or(after, |r| r.position);
-                                let updates: Vec<TransferUpdate> = rows
-                                    .into_iter()
-                                    .filter(|r| {
-                                        req_id.as_ref().is_none_or(|id| *id == r.aggregate_id)
-                                    })
-                                    .filter_map(|r| {
-                                        let event: TransferEvent =
-                                            serde_json::from_value(r.payload.clone()).ok()?;
-                                        Some(TransferUpdate {
-                                            position: r.position,
-                                            event_id: r.event_id,
-                                            req_id: r.aggregate_id,
-                                            user_id: r.user_id,
-                                            event_type: r.event_type,
-                                            state: event.resulting_state().as_str().to_owned(),
-                                            occurred_at: r.occurred_at,
-                                        })
-                                    })
-                                    .collect();
+                        match next_updates(&state, after, user, req_id.as_deref()).await {
+                            Ok(None) => tokio::time::sleep(SUBSCRIPTION_POLL_INTERVAL).await,
+                            Ok(Some((last, updates))) => {
+                                after = last;
                                 pending = updates.into_iter();
                             }
                             Err(e) => {
@@ -544,6 +596,40 @@ impl SubscriptionRoot {
     }
 }
 
+/// The updates after feed position `after` (the caller's, or only `req_id`'s), with the last
+/// position read; `None` when there is nothing new or the read side is busy (try again later).
+async fn next_updates(
+    state: &AppState,
+    after: i64,
+    user: Option<i64>,
+    req_id: Option<&str>,
+) -> Result<Option<(i64, Vec<TransferUpdate>)>, sqlx::Error> {
+    let Ok(_turn) = state.admission.read().await else {
+        return Ok(None);
+    };
+    let rows = feed_store::read_after(state.funding.pool(), after, 500, user).await?;
+    let Some(last) = rows.last().map(|r| r.position) else {
+        return Ok(None);
+    };
+    let updates = rows
+        .into_iter()
+        .filter(|r| req_id.is_none_or(|id| id == r.aggregate_id))
+        .filter_map(|r| {
+            let event: TransferEvent = serde_json::from_value(r.payload.clone()).ok()?;
+            Some(TransferUpdate {
+                position: r.position,
+                event_id: r.event_id,
+                req_id: r.aggregate_id,
+                user_id: r.user_id,
+                event_type: r.event_type,
+                state: event.resulting_state().as_str().to_owned(),
+                occurred_at: r.occurred_at,
+            })
+        })
+        .collect();
+    Ok(Some((last, updates)))
+}
+
 /// A GraphQL-shaped error response with a contract code, for failures before execution.
 fn error_response(status: StatusCode, code: ErrorCode, message: &str) -> Response {
     let body = serde_json::json!({
@@ -554,15 +640,12 @@ fn error_response(status: StatusCode, code: ErrorCode, message: &str) -> Respons
 }
 
 fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let value = headers
-        .get(axum::http::header::AUTHORIZATION)?
-        .to_str()
-        .ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim())
-        .filter(|t| !t.is_empty())
+    bearer_token(
+        headers
+            .get(axum::http::header::AUTHORIZATION)?
+            .to_str()
+            .ok()?,
+    )
 }
 
 /// `POST /graphql`: needs a bearer token; the body is a GraphQL request in JSON.
@@ -587,7 +670,16 @@ async fn graphql_post(State(state): State<AppState>, headers: HeaderMap, body: B
             )
         }
     };
-    let mut response = schema(state).execute(request.data(identity)).await;
+    let schema = schema(state);
+    let execution = schema.execute(request.data(identity));
+    let Ok(mut response) = tokio::time::timeout(EXECUTION_TIME_MAX, execution).await else {
+        tracing::warn!(user = %identity.user_id, "graphql query stopped at its time limit");
+        return error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::SystemError,
+            "the query ran past its time limit",
+        );
+    };
     // Parse, validation, depth and complexity errors come without a code: they are the
     // caller's malformed requests.
     for error in &mut response.errors {
@@ -615,7 +707,8 @@ async fn graphiql() -> Html<String> {
 
 /// `GET /graphql/ws`: subscriptions over websocket (graphql-ws or graphql-transport-ws). The
 /// connection's init payload carries the token: `{"Authorization": "Bearer <token>"}` or
-/// `{"token": "<token>"}`.
+/// `{"token": "<token>"}`. The connection closes when the token expires, or after
+/// [`WS_INIT_WAIT_MAX`] without a valid init.
 async fn graphql_ws(
     State(state): State<AppState>,
     protocol: GraphQLProtocol,
@@ -624,32 +717,55 @@ async fn graphql_ws(
     let schema = schema(state.clone());
     upgrade
         .protocols(ALL_WEBSOCKET_PROTOCOLS)
-        .on_upgrade(move |socket| {
-            GraphQLWebSocket::new(socket, schema, protocol)
+        .max_message_size(crate::config::BODY_BYTES_MAX)
+        .max_frame_size(crate::config::BODY_BYTES_MAX)
+        .on_upgrade(move |socket| async move {
+            let (expiry_tx, expiry_rx) = tokio::sync::watch::channel::<Option<SystemTime>>(None);
+            let served = GraphQLWebSocket::new(socket, schema, protocol)
                 .on_connection_init(move |payload| async move {
-                    let token = payload
-                        .get("token")
-                        .and_then(|v| v.as_str())
-                        .map(str::to_owned)
-                        .or_else(|| {
-                            payload
-                                .get("Authorization")
-                                .or_else(|| payload.get("authorization"))
-                                .and_then(|v| v.as_str())
-                                .and_then(|v| v.strip_prefix("Bearer ").map(str::to_owned))
-                        });
-                    let identity = token
-                        .as_deref()
-                        .map(|t| state.jwt.verify(t))
-                        .and_then(Result::ok)
-                        .ok_or_else(|| coded(ErrorCode::Unauthorized))?;
+                    let session = ws_session(&state, &payload)?;
+                    expiry_tx.send_replace(Some(session.expires_at));
                     let mut data = Data::default();
-                    data.insert(identity);
+                    data.insert(session.identity);
                     Ok(data)
                 })
-                .serve()
+                .serve();
+            // Dropping the served connection closes the socket.
+            tokio::select! {
+                () = served => {}
+                () = ws_deadline(expiry_rx) => {
+                    tracing::debug!("websocket closed: no valid init in time, or its token expired");
+                }
+            }
         })
         .into_response()
+}
+
+/// Verifies the token of a websocket's init payload.
+fn ws_session(state: &AppState, payload: &serde_json::Value) -> async_graphql::Result<Session> {
+    let token = payload.get("token").and_then(|v| v.as_str()).or_else(|| {
+        payload
+            .get("Authorization")
+            .or_else(|| payload.get("authorization"))
+            .and_then(|v| v.as_str())
+            .and_then(bearer_token)
+    });
+    token
+        .and_then(|t| state.jwt.verify_session(t).ok())
+        .ok_or_else(|| coded(ErrorCode::Unauthorized))
+}
+
+/// Completes when a websocket must close: [`WS_INIT_WAIT_MAX`] after it opened without a
+/// verified token, or when the verified token expires.
+async fn ws_deadline(mut expiry: tokio::sync::watch::Receiver<Option<SystemTime>>) {
+    let verified = tokio::time::timeout(WS_INIT_WAIT_MAX, expiry.wait_for(Option::is_some)).await;
+    let Ok(Ok(expires_at)) = verified.map(|r| r.map(|v| *v)) else {
+        return;
+    };
+    let left = expires_at
+        .and_then(|at| at.duration_since(SystemTime::now()).ok())
+        .unwrap_or_default();
+    tokio::time::sleep(left).await;
 }
 
 /// Maps an API error into a GraphQL error with the same code (kept for handlers that share

@@ -3,6 +3,7 @@
 
 pub mod admin_assets;
 pub mod admin_recovery;
+pub mod admission;
 pub mod app;
 pub mod auth;
 pub mod cli;
@@ -10,6 +11,7 @@ pub mod config;
 pub mod error;
 pub mod feed;
 pub mod graphql;
+pub mod http_server;
 pub mod invariant;
 pub mod metrics;
 pub mod openapi;

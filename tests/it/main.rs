@@ -22,4 +22,5 @@ mod pool_safety;
 mod projections;
 mod recovery;
 mod recovery_safety;
+mod security;
 mod spot_durability;

@@ -81,6 +81,20 @@ impl LedgerProcess {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
 
+    /// The process id, while it runs.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// SIGTERM: asks for an orderly shutdown.
+    pub fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -TERM failed");
+    }
+
     /// SIGKILL, then reap.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
