@@ -3,9 +3,13 @@
 //! ever writes the event table. `replay` rebuilds everything from scratch and compares, and
 //! answers point-in-time questions for audits.
 
+mod error;
 pub mod feed;
+mod fold;
+mod log;
 pub mod projector;
 pub mod replay;
+mod rows;
 pub mod transfers;
 
 pub use projector::{Fold, Pass, ProjectionError, Projector, StoredEvent};

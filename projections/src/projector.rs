@@ -15,12 +15,14 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use domain::{AccountType, TransferEvent, TransferState};
-use rust_decimal::Decimal;
-use rustc_hash::FxHashMap;
+use domain::{TransferEvent, TransferState};
 use sqlx::{PgPool, Postgres, Transaction};
 
-use crate::transfers::TransferRow;
+pub use crate::error::ProjectionError;
+pub use crate::fold::{BalanceDelta, Fold};
+pub use crate::log::{event_id, StoredEvent, TRANSFER_AGGREGATE};
+use crate::log::{BatchEvent, EventRow, SELECT_EVENTS};
+use crate::rows::TransferRow;
 
 /// The advisory lock the live projector holds while it writes (an arbitrary, fixed key).
 pub const LIVE_LOCK_KEY: i64 = 0x4c45_4447_4552_0001;
@@ -28,243 +30,8 @@ pub const LIVE_LOCK_KEY: i64 = 0x4c45_4447_4552_0001;
 /// The most events one projector transaction applies; bounds its duration and memory.
 pub const BATCH_EVENTS_MAX: i64 = 2000;
 
-/// The aggregate type of transfers in the event table.
-pub const TRANSFER_AGGREGATE: &str = "Transfer";
-
 /// How long a background pass sleeps when it found nothing to do.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(20);
-
-/// Why projecting stopped. Every variant leaves the stored position where it was: the batch
-/// rolled back, and the next pass retries it.
-#[derive(Debug, thiserror::Error)]
-pub enum ProjectionError {
-    #[error("database: {0}")]
-    Database(#[from] sqlx::Error),
-    /// An event the projector cannot read (an unknown version needs an upcaster first).
-    #[error("event {event_id} cannot be decoded: {detail}")]
-    Undecodable { event_id: String, detail: String },
-    /// The log contradicts itself (a gap or repeat in a transfer's sequence): projecting on would
-    /// write wrong read models, so the projector stops.
-    #[error("event {event_id} is out of order: {detail}")]
-    OutOfOrder { event_id: String, detail: String },
-    /// A bulk rebuild could not run or read the log (not about one event).
-    #[error("bulk rebuild: {0}")]
-    Bulk(String),
-}
-
-/// One row of the event table with its position.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-pub struct StoredEvent {
-    pub tx_id: i64,
-    pub global_position: i64,
-    pub aggregate_type: String,
-    pub aggregate_id: String,
-    pub sequence: i64,
-    pub event_type: String,
-    pub event_version: String,
-    pub payload: serde_json::Value,
-}
-
-impl StoredEvent {
-    /// The consumers' de-duplication key (seed 001): built from the aggregate and its sequence,
-    /// so the same event always has the same id, on any replay.
-    pub fn event_id(&self) -> String {
-        event_id(&self.aggregate_type, &self.aggregate_id, self.sequence)
-    }
-
-    /// The transfer event this row holds, or `None` for another aggregate type.
-    pub fn transfer_event(&self) -> Result<Option<TransferEvent>, ProjectionError> {
-        if self.aggregate_type != TRANSFER_AGGREGATE {
-            return Ok(None);
-        }
-        if self.event_version != "1" {
-            return Err(ProjectionError::Undecodable {
-                event_id: self.event_id(),
-                detail: format!("version {} has no upcaster", self.event_version),
-            });
-        }
-        serde_json::from_value(self.payload.clone())
-            .map(Some)
-            .map_err(|e| ProjectionError::Undecodable {
-                event_id: self.event_id(),
-                detail: e.to_string(),
-            })
-    }
-}
-
-/// The id of one event: `<aggregate type>:<aggregate id>:<sequence>`.
-pub fn event_id(aggregate_type: &str, aggregate_id: &str, sequence: i64) -> String {
-    format!("{aggregate_type}:{aggregate_id}:{sequence}")
-}
-
-/// Per (user, asset): net FUNDING and SPOT movement caused by transfers, and the amount in
-/// flight.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BalanceDelta {
-    pub funding_net: Decimal,
-    pub spot_net: Decimal,
-    pub in_flight: Decimal,
-}
-
-impl BalanceDelta {
-    fn account(&mut self, account: &str) -> &mut Decimal {
-        if account == AccountType::Funding.as_str() {
-            &mut self.funding_net
-        } else {
-            &mut self.spot_net
-        }
-    }
-}
-
-/// The pure fold shared by the live projector, the replay and point-in-time queries: applies
-/// events to transfer rows and accumulates what they do to balances and state counts.
-#[derive(Debug, Default)]
-pub struct Fold {
-    /// Transfers touched, by req_id, in their latest folded state.
-    pub rows: FxHashMap<String, TransferRow>,
-    /// Transfers created in this fold (inserted rather than updated).
-    pub created: Vec<String>,
-    pub balances: FxHashMap<(i64, String), BalanceDelta>,
-    pub state_counts: FxHashMap<i16, i64>,
-}
-
-impl Fold {
-    /// Applies one event. Transfer rows the event refers to must be in `rows` already (loaded by
-    /// the caller or created by an earlier event of this fold). Returns the transfer's owner, for
-    /// the feed.
-    pub fn apply(&mut self, stored: &StoredEvent) -> Result<Option<i64>, ProjectionError> {
-        let event = stored.transfer_event()?;
-        self.apply_decoded(
-            &stored.aggregate_type,
-            &stored.aggregate_id,
-            stored.sequence,
-            event.as_ref(),
-        )
-    }
-
-    /// [`Fold::apply`] for an event whose payload the caller has already decoded (`None` for
-    /// another aggregate type), so a batch decodes each payload once, straight from its text.
-    pub fn apply_decoded(
-        &mut self,
-        aggregate_type: &str,
-        aggregate_id: &str,
-        sequence: i64,
-        event: Option<&TransferEvent>,
-    ) -> Result<Option<i64>, ProjectionError> {
-        let Some(event) = event else {
-            return Ok(None);
-        };
-        let out_of_order = |detail: String| ProjectionError::OutOfOrder {
-            event_id: event_id(aggregate_type, aggregate_id, sequence),
-            detail,
-        };
-        if let TransferEvent::TransferCreated {
-            req_id,
-            user_id,
-            from,
-            to,
-            asset,
-            amount,
-            cid,
-            at,
-        } = event
-        {
-            if sequence != 1 || self.rows.contains_key(aggregate_id) {
-                return Err(out_of_order(
-                    "TransferCreated for an existing transfer".into(),
-                ));
-            }
-            let row = TransferRow {
-                req_id: req_id.to_string(),
-                user_id: user_id.as_i64(),
-                from_account: from.as_str().to_owned(),
-                to_account: to.as_str().to_owned(),
-                asset: asset.as_str().to_owned(),
-                amount: amount.value(),
-                cid: cid.clone(),
-                state: TransferState::Init.as_str().to_owned(),
-                state_id: TransferState::Init.id(),
-                failure_code: None,
-                failure_message: None,
-                created_at: *at,
-                updated_at: *at,
-                last_sequence: 1,
-            };
-            *self.state_counts.entry(row.state_id).or_default() += 1;
-            let owner = row.user_id;
-            self.created.push(row.req_id.clone());
-            self.rows.insert(row.req_id.clone(), row);
-            return Ok(Some(owner));
-        }
-        let row = self
-            .rows
-            .get_mut(aggregate_id)
-            .ok_or_else(|| out_of_order("event before its TransferCreated".into()))?;
-        if sequence != row.last_sequence + 1 {
-            return Err(out_of_order(format!(
-                "sequence {} follows {}",
-                sequence, row.last_sequence
-            )));
-        }
-        let prev = TransferState::from_id(row.state_id)
-            .ok_or_else(|| out_of_order(format!("unknown stored state {}", row.state_id)))?;
-        let next = event.resulting_state();
-        *self.state_counts.entry(row.state_id).or_default() -= 1;
-        *self.state_counts.entry(next.id()).or_default() += 1;
-        let delta = self
-            .balances
-            .entry((row.user_id, row.asset.clone()))
-            .or_default();
-        // Money effects follow the state change, not the event's name, so a manual resolution
-        // (which may take SOURCE_PENDING to SOURCE_DONE, TARGET_PENDING to COMMITTED, ...) counts
-        // exactly like the automatic step it stands for.
-        match (prev.is_in_flight(), next.is_in_flight(), next) {
-            // The source's withdraw was applied: the money is in flight.
-            (false, true, _) => {
-                *delta.account(&row.from_account) -= row.amount;
-                delta.in_flight += row.amount;
-            }
-            // The target's deposit was applied.
-            (true, false, TransferState::Committed) => {
-                *delta.account(&row.to_account) += row.amount;
-                delta.in_flight -= row.amount;
-            }
-            // The source's refund was applied.
-            (true, false, TransferState::RolledBack) => {
-                *delta.account(&row.from_account) += row.amount;
-                delta.in_flight -= row.amount;
-            }
-            (true, false, other) => {
-                return Err(out_of_order(format!(
-                    "in-flight money cannot leave to {other}"
-                )))
-            }
-            (false, false, _) | (true, true, _) => {}
-        }
-        match event {
-            TransferEvent::TransferFailed { code, message, .. }
-            | TransferEvent::CompensationStarted { code, message, .. } => {
-                row.failure_code = Some(code.clone());
-                row.failure_message = Some(message.clone());
-            }
-            // The aggregate records an operator's FAILED or COMPENSATING with their reason.
-            TransferEvent::TransferManuallyResolved {
-                to_state: TransferState::Failed | TransferState::Compensating,
-                reason,
-                ..
-            } => {
-                row.failure_code = Some("MANUALLY_RESOLVED".to_owned());
-                row.failure_message = Some(reason.clone());
-            }
-            _ => {}
-        }
-        row.state = next.as_str().to_owned();
-        row.state_id = next.id();
-        row.updated_at = event.at();
-        row.last_sequence = sequence;
-        Ok(Some(row.user_id))
-    }
-}
 
 /// What one projector pass did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -578,124 +345,41 @@ impl Projector {
     }
 }
 
-/// The event query of both passes: events below the horizon ($1), after the stored pair ($2,
-/// $3), at or before a bound ($4, $5), in the one fixed order. The ORDER BY names the table's
-/// columns (`e.`), not the text-cast output column of the same name, so the
-/// (tx_id, global_position) index serves it; ordering by the alias made every pass sort the whole
-/// log. The payload is read as its stored JSON text and decoded once in Rust.
-const SELECT_EVENTS: &str = "SELECT e.tx_id::text::bigint AS tx_id, e.global_position,
-        e.aggregate_type, e.aggregate_id, e.sequence, e.event_version,
-        e.payload::text AS payload
-     FROM events e
-     WHERE e.tx_id < $1::text::xid8
-       AND (e.tx_id, e.global_position) > ($2::text::xid8, $3)
-       AND (e.tx_id, e.global_position) <= ($4::text::xid8, $5)
-     ORDER BY e.tx_id, e.global_position";
-
-/// One row as the event query returns it.
-#[derive(sqlx::FromRow)]
-struct EventRow {
-    tx_id: i64,
-    global_position: i64,
-    aggregate_type: String,
-    aggregate_id: String,
-    sequence: i64,
-    event_version: String,
-    payload: String,
-}
-
-/// One event of a batch: where it stands in the log, whose it is, and the transfer event decoded
-/// from its payload (`None` for another aggregate type).
-struct BatchEvent {
-    tx_id: i64,
-    global_position: i64,
-    aggregate_type: String,
-    aggregate_id: String,
-    sequence: i64,
-    event: Option<TransferEvent>,
-}
-
-impl BatchEvent {
-    /// Decodes the payload, with the same refusals as [`StoredEvent::transfer_event`].
-    fn decode(row: EventRow) -> Result<Self, ProjectionError> {
-        let event = Self::transfer_event(
-            &row.aggregate_type,
-            &row.aggregate_id,
-            row.sequence,
-            &row.event_version,
-            &row.payload,
-        )?;
-        Ok(Self {
-            tx_id: row.tx_id,
-            global_position: row.global_position,
-            aggregate_type: row.aggregate_type,
-            aggregate_id: row.aggregate_id,
-            sequence: row.sequence,
-            event,
-        })
-    }
-
-    fn transfer_event(
-        aggregate_type: &str,
-        aggregate_id: &str,
-        sequence: i64,
-        event_version: &str,
-        payload: &str,
-    ) -> Result<Option<TransferEvent>, ProjectionError> {
-        if aggregate_type != TRANSFER_AGGREGATE {
-            return Ok(None);
-        }
-        if event_version != "1" {
-            return Err(ProjectionError::Undecodable {
-                event_id: event_id(aggregate_type, aggregate_id, sequence),
-                detail: format!("version {event_version} has no upcaster"),
-            });
-        }
-        serde_json::from_str(payload)
-            .map(Some)
-            .map_err(|e| ProjectionError::Undecodable {
-                event_id: event_id(aggregate_type, aggregate_id, sequence),
-                detail: e.to_string(),
-            })
-    }
-
-    /// Decodes one line of [`copy_events`]' output: [`SELECT_EVENTS`]'s columns in COPY's text
-    /// format.
-    fn from_copy_line(line: &[u8]) -> Result<Self, ProjectionError> {
-        let bad = |column: &str| {
-            ProjectionError::Bulk(format!("unreadable {column} in an event row from COPY"))
-        };
-        let mut fields = line.split(|b| *b == b'\t');
-        let mut next = |name: &str| {
-            let raw = fields.next().ok_or_else(|| bad(name))?;
-            copy_unescape(raw).ok_or_else(|| bad(name))
-        };
-        let int = |text: std::borrow::Cow<'_, str>, name: &str| {
-            text.parse::<i64>().map_err(|_| bad(name))
-        };
-        let tx_id = int(next("tx_id")?, "tx_id")?;
-        let global_position = int(next("global_position")?, "global_position")?;
-        let aggregate_type = next("aggregate_type")?;
-        let aggregate_id = next("aggregate_id")?;
-        let sequence = int(next("sequence")?, "sequence")?;
-        let event_version = next("event_version")?;
-        let payload = next("payload")?;
-        let event = Self::transfer_event(
-            &aggregate_type,
-            &aggregate_id,
-            sequence,
-            &event_version,
-            &payload,
-        )?;
-        Ok(Self {
-            tx_id,
-            global_position,
-            aggregate_type: aggregate_type.into_owned(),
-            aggregate_id: aggregate_id.into_owned(),
-            sequence,
-            event,
-        })
-    }
+/// Decodes one line of [`copy_events`]' output: [`SELECT_EVENTS`]'s columns in COPY's text
+/// format.
+fn event_from_copy_line(line: &[u8]) -> Result<BatchEvent, ProjectionError> {
+    let bad = |column: &str| {
+        ProjectionError::Bulk(format!("unreadable {column} in an event row from COPY"))
+    };
+    let mut fields = line.split(|b| *b == b'\t');
+    let mut next = |name: &str| {
+        let raw = fields.next().ok_or_else(|| bad(name))?;
+        copy_unescape(raw).ok_or_else(|| bad(name))
+    };
+    let int =
+        |text: std::borrow::Cow<'_, str>, name: &str| text.parse::<i64>().map_err(|_| bad(name));
+    let tx_id = int(next("tx_id")?, "tx_id")?;
+    let global_position = int(next("global_position")?, "global_position")?;
+    let aggregate_type = next("aggregate_type")?;
+    let aggregate_id = next("aggregate_id")?;
+    let sequence = int(next("sequence")?, "sequence")?;
+    let event_version = next("event_version")?;
+    let payload = next("payload")?;
+    let event = BatchEvent::transfer_event(
+        &aggregate_type,
+        &aggregate_id,
+        sequence,
+        &event_version,
+        &payload,
+    )?;
+    Ok(BatchEvent {
+        tx_id,
+        global_position,
+        aggregate_type: aggregate_type.into_owned(),
+        aggregate_id: aggregate_id.into_owned(),
+        sequence,
+        event,
+    })
 }
 
 /// One value of COPY's text format, unescaped (borrowed when it holds no backslash). `None` for
@@ -785,7 +469,7 @@ async fn copy_events(
                 carry.extend_from_slice(&rest[..end]);
                 &carry[..]
             };
-            let decoded = BatchEvent::from_copy_line(line);
+            let decoded = event_from_copy_line(line);
             carry.clear();
             rest = &rest[end + 1..];
             match decoded {

@@ -10,31 +10,13 @@ use rust_decimal::Decimal;
 use sqlx::PgPool;
 
 use crate::projector::Projector;
+pub use crate::rows::{BalanceRow, TransferRow};
 
 /// How long a read that must see the caller's own writes waits for the projector.
 pub const READ_YOUR_WRITES_WAIT_MAX: Duration = Duration::from_secs(5);
 
 /// The largest page of history one query returns.
 pub const HISTORY_PAGE_SIZE_MAX: i64 = 100;
-
-/// One row of `transfers_view`.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-pub struct TransferRow {
-    pub req_id: String,
-    pub user_id: i64,
-    pub from_account: String,
-    pub to_account: String,
-    pub asset: String,
-    pub amount: Decimal,
-    pub cid: Option<String>,
-    pub state: String,
-    pub state_id: i16,
-    pub failure_code: Option<String>,
-    pub failure_message: Option<String>,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-    pub last_sequence: i64,
-}
 
 /// Every field a user filters history by. `None` means "any".
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -56,16 +38,6 @@ pub struct HistoryFilter {
 pub struct PageCursor {
     pub created_at: DateTime<Utc>,
     pub req_id: String,
-}
-
-/// One user's per-asset totals from `transfer_balances`.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-pub struct BalanceRow {
-    pub user_id: i64,
-    pub asset: String,
-    pub funding_net: Decimal,
-    pub spot_net: Decimal,
-    pub in_flight: Decimal,
 }
 
 /// Reads the transfer read models.
