@@ -3,6 +3,8 @@
 //! ever writes the event table. `replay` rebuilds everything from scratch and compares, and
 //! answers point-in-time questions for audits.
 
+mod bulk;
+mod copy;
 mod error;
 pub mod feed;
 mod fold;
@@ -10,6 +12,7 @@ mod log;
 pub mod projector;
 pub mod replay;
 mod rows;
+mod tables;
 pub mod transfers;
 
 pub use projector::{Fold, Pass, ProjectionError, Projector, StoredEvent};
