@@ -1,5 +1,5 @@
 //! The transfer read models, as the API reads them: `transfers_view` (one row per transfer with
-//! its current state, for history and open transfers), `transfer_balances` (in-flight amounts)
+//! its current state, for history), `transfer_balances` (in-flight amounts)
 //! and `transfer_state_counts`. The projector writes them; this type only reads, catching the
 //! projector up first where a caller needs to read its own writes.
 
@@ -98,33 +98,6 @@ impl TransferView {
         .bind(user_id)
         .fetch_all(&self.pool)
         .await
-    }
-
-    /// Transfers not in a terminal state whose last change is older than `older_than`, oldest
-    /// first, at most `limit`.
-    pub async fn open_transfers(
-        &self,
-        older_than: DateTime<Utc>,
-        limit: i64,
-    ) -> Result<Vec<TransferRow>, sqlx::Error> {
-        // The sweeper polls again later, so a short wait is enough here.
-        self.catch_up(Duration::from_millis(500)).await;
-        sqlx::query_as(
-            "SELECT * FROM transfers_view
-             WHERE state_id NOT IN (40, -10, -30) AND updated_at < $1
-             ORDER BY updated_at LIMIT $2",
-        )
-        .bind(older_than)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await
-    }
-
-    pub async fn get(&self, req_id: &str) -> Result<Option<TransferRow>, sqlx::Error> {
-        sqlx::query_as("SELECT * FROM transfers_view WHERE req_id = $1")
-            .bind(req_id)
-            .fetch_optional(&self.pool)
-            .await
     }
 
     /// A page of history, newest first, after `after`, at most `limit` (bounded by
