@@ -178,3 +178,6 @@ impl Fold {
         Ok(Some(row.user_id))
     }
 }
+
+#[cfg(test)]
+mod tests;
