@@ -220,11 +220,9 @@ impl BulkFold {
     }
 }
 
-/// Streams [`SELECT_EVENTS`] (bounds inlined: COPY takes no parameters, and they are integers)
-/// with `COPY ... TO STDOUT`, decoding each row, in batches of `batch_max` sent to `send`. Much
-/// cheaper per row than a row-by-row fetch. Ends at the first error, which it sends.
-async fn copy_events(pool: PgPool, bounds: [i64; 5], batch_max: usize, send: Sender<EventBatch>) {
-    use futures_util::StreamExt;
+/// [`SELECT_EVENTS`] with its bounds (horizon, from, upto) inlined: COPY takes no parameters, and
+/// they are integers.
+fn copy_query(bounds: [i64; 5]) -> Result<String, ProjectionError> {
     let [horizon, from_tx, from_pos, upto_tx, upto_pos] = bounds;
     let query = SELECT_EVENTS
         .replace("$1::text::xid8", &format!("'{horizon}'::xid8"))
@@ -232,19 +230,30 @@ async fn copy_events(pool: PgPool, bounds: [i64; 5], batch_max: usize, send: Sen
         .replace("$3", &from_pos.to_string())
         .replace("$4::text::xid8", &format!("'{upto_tx}'::xid8"))
         .replace("$5", &upto_pos.to_string());
+    if query.contains('$') {
+        // SELECT_EVENTS gained a parameter this substitution does not know.
+        return Err(ProjectionError::Bulk(format!(
+            "a parameter is left in the COPY query: {query}"
+        )));
+    }
+    Ok(query)
+}
+
+/// Streams [`SELECT_EVENTS`] (bounds inlined: COPY takes no parameters, and they are integers)
+/// with `COPY ... TO STDOUT`, decoding each row, in batches of `batch_max` sent to `send`. Much
+/// cheaper per row than a row-by-row fetch. Ends at the first error, which it sends.
+async fn copy_events(pool: PgPool, bounds: [i64; 5], batch_max: usize, send: Sender<EventBatch>) {
+    use futures_util::StreamExt;
     let fail = |e: ProjectionError| {
         let send = send.clone();
         async move {
             send.send(Err(e)).await.ok();
         }
     };
-    if query.contains('$') {
-        // SELECT_EVENTS gained a parameter this substitution does not know.
-        return fail(ProjectionError::Bulk(format!(
-            "a parameter is left in the COPY query: {query}"
-        )))
-        .await;
-    }
+    let query = match copy_query(bounds) {
+        Ok(query) => query,
+        Err(e) => return fail(e).await,
+    };
     let mut conn = match pool.acquire().await {
         Ok(conn) => conn,
         Err(e) => return fail(e.into()).await,
