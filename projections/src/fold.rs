@@ -71,38 +71,12 @@ impl Fold {
             event_id: event_id(aggregate_type, aggregate_id, sequence),
             detail,
         };
-        if let TransferEvent::TransferCreated {
-            req_id,
-            user_id,
-            from,
-            to,
-            asset,
-            amount,
-            cid,
-            at,
-        } = event
-        {
+        if let Some(row) = new_row(event) {
             if sequence != 1 || self.rows.contains_key(aggregate_id) {
                 return Err(out_of_order(
                     "TransferCreated for an existing transfer".into(),
                 ));
             }
-            let row = TransferRow {
-                req_id: req_id.to_string(),
-                user_id: user_id.as_i64(),
-                from_account: from.as_str().to_owned(),
-                to_account: to.as_str().to_owned(),
-                asset: asset.as_str().to_owned(),
-                amount: amount.value(),
-                cid: cid.clone(),
-                state: TransferState::Init.as_str().to_owned(),
-                state_id: TransferState::Init.id(),
-                failure_code: None,
-                failure_message: None,
-                created_at: *at,
-                updated_at: *at,
-                last_sequence: 1,
-            };
             *self.state_counts.entry(row.state_id).or_default() += 1;
             let owner = row.user_id;
             self.created.push(row.req_id.clone());
@@ -128,54 +102,100 @@ impl Fold {
             .balances
             .entry((row.user_id, row.asset.clone()))
             .or_default();
-        // Money effects follow the state change, not the event's name, so a manual resolution
-        // (which may take SOURCE_PENDING to SOURCE_DONE, TARGET_PENDING to COMMITTED, ...) counts
-        // exactly like the automatic step it stands for.
-        match (prev.is_in_flight(), next.is_in_flight(), next) {
-            // The source's withdraw was applied: the money is in flight.
-            (false, true, _) => {
-                *delta.account(&row.from_account) -= row.amount;
-                delta.in_flight += row.amount;
-            }
-            // The target's deposit was applied.
-            (true, false, TransferState::Committed) => {
-                *delta.account(&row.to_account) += row.amount;
-                delta.in_flight -= row.amount;
-            }
-            // The source's refund was applied.
-            (true, false, TransferState::RolledBack) => {
-                *delta.account(&row.from_account) += row.amount;
-                delta.in_flight -= row.amount;
-            }
-            (true, false, other) => {
-                return Err(out_of_order(format!(
-                    "in-flight money cannot leave to {other}"
-                )))
-            }
-            (false, false, _) | (true, true, _) => {}
-        }
-        match event {
-            TransferEvent::TransferFailed { code, message, .. }
-            | TransferEvent::CompensationStarted { code, message, .. } => {
-                row.failure_code = Some(code.clone());
-                row.failure_message = Some(message.clone());
-            }
-            // The aggregate records an operator's FAILED or COMPENSATING with their reason.
-            TransferEvent::TransferManuallyResolved {
-                to_state: TransferState::Failed | TransferState::Compensating,
-                reason,
-                ..
-            } => {
-                row.failure_code = Some("MANUALLY_RESOLVED".to_owned());
-                row.failure_message = Some(reason.clone());
-            }
-            _ => {}
-        }
+        move_money(delta, row, prev, next).map_err(out_of_order)?;
+        record_failure(row, event);
         row.state = next.as_str().to_owned();
         row.state_id = next.id();
         row.updated_at = event.at();
         row.last_sequence = sequence;
         Ok(Some(row.user_id))
+    }
+}
+
+/// The row a TransferCreated starts, in INIT; `None` for any other event.
+fn new_row(event: &TransferEvent) -> Option<TransferRow> {
+    let TransferEvent::TransferCreated {
+        req_id,
+        user_id,
+        from,
+        to,
+        asset,
+        amount,
+        cid,
+        at,
+    } = event
+    else {
+        return None;
+    };
+    Some(TransferRow {
+        req_id: req_id.to_string(),
+        user_id: user_id.as_i64(),
+        from_account: from.as_str().to_owned(),
+        to_account: to.as_str().to_owned(),
+        asset: asset.as_str().to_owned(),
+        amount: amount.value(),
+        cid: cid.clone(),
+        state: TransferState::Init.as_str().to_owned(),
+        state_id: TransferState::Init.id(),
+        failure_code: None,
+        failure_message: None,
+        created_at: *at,
+        updated_at: *at,
+        last_sequence: 1,
+    })
+}
+
+/// What a transfer's step from `prev` to `next` does to its owner's balances. Money effects
+/// follow the state change, not the event's name, so a manual resolution (which may take
+/// SOURCE_PENDING to SOURCE_DONE, TARGET_PENDING to COMMITTED, ...) counts exactly like the
+/// automatic step it stands for. Refuses in-flight money leaving to anything but the target or
+/// the source.
+fn move_money(
+    delta: &mut BalanceDelta,
+    row: &TransferRow,
+    prev: TransferState,
+    next: TransferState,
+) -> Result<(), String> {
+    match (prev.is_in_flight(), next.is_in_flight(), next) {
+        // The source's withdraw was applied: the money is in flight.
+        (false, true, _) => {
+            *delta.account(&row.from_account) -= row.amount;
+            delta.in_flight += row.amount;
+        }
+        // The target's deposit was applied.
+        (true, false, TransferState::Committed) => {
+            *delta.account(&row.to_account) += row.amount;
+            delta.in_flight -= row.amount;
+        }
+        // The source's refund was applied.
+        (true, false, TransferState::RolledBack) => {
+            *delta.account(&row.from_account) += row.amount;
+            delta.in_flight -= row.amount;
+        }
+        (true, false, other) => return Err(format!("in-flight money cannot leave to {other}")),
+        (false, false, _) | (true, true, _) => {}
+    }
+    Ok(())
+}
+
+/// Keeps the reason of a failure or compensation on the row.
+fn record_failure(row: &mut TransferRow, event: &TransferEvent) {
+    match event {
+        TransferEvent::TransferFailed { code, message, .. }
+        | TransferEvent::CompensationStarted { code, message, .. } => {
+            row.failure_code = Some(code.clone());
+            row.failure_message = Some(message.clone());
+        }
+        // The aggregate records an operator's FAILED or COMPENSATING with their reason.
+        TransferEvent::TransferManuallyResolved {
+            to_state: TransferState::Failed | TransferState::Compensating,
+            reason,
+            ..
+        } => {
+            row.failure_code = Some("MANUALLY_RESOLVED".to_owned());
+            row.failure_message = Some(reason.clone());
+        }
+        _ => {}
     }
 }
 
