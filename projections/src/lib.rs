@@ -2,10 +2,21 @@
 //! writes its own tables with its position in the same transaction (exactly once); nothing here
 //! ever writes the event table. `replay` rebuilds everything from scratch and compares, and
 //! answers point-in-time questions for audits.
+//!
+//! By job: `log` (an event row and its decoding) → `fold` (the pure fold) → `projector` (the
+//! live pass) or `bulk` (the replay's bulk rebuild), which write through `tables` and `copy`;
+//! `transfers` and `feed` read the tables back. Nothing here imports a module that imports it.
 
+mod bulk;
+mod copy;
+mod error;
 pub mod feed;
+mod fold;
+mod log;
 pub mod projector;
 pub mod replay;
+mod rows;
+mod tables;
 pub mod transfers;
 
 pub use projector::{Fold, Pass, ProjectionError, Projector, StoredEvent};

@@ -11,10 +11,11 @@ use domain::{Transfer, TransferData, TransferEvent};
 use rust_decimal::Decimal;
 use sqlx::PgPool;
 
+use crate::error::ProjectionError;
 use crate::feed::{self, FeedEvent};
-use crate::projector::{
-    BalanceDelta, Fold, ProjectionError, Projector, StoredEvent, LIVE_LOCK_KEY, TRANSFER_AGGREGATE,
-};
+use crate::fold::{BalanceDelta, Fold};
+use crate::log::{StoredEvent, TRANSFER_AGGREGATE};
+use crate::projector::{Projector, LIVE_LOCK_KEY};
 
 /// The advisory lock a replay's own projector takes (distinct from the live one).
 const REPLAY_LOCK_KEY: i64 = 0x4c45_4447_4552_0002;

@@ -1,5 +1,5 @@
 //! The transfer read models, as the API reads them: `transfers_view` (one row per transfer with
-//! its current state, for history and open transfers), `transfer_balances` (in-flight amounts)
+//! its current state, for history), `transfer_balances` (in-flight amounts)
 //! and `transfer_state_counts`. The projector writes them; this type only reads, catching the
 //! projector up first where a caller needs to read its own writes.
 
@@ -10,31 +10,13 @@ use rust_decimal::Decimal;
 use sqlx::PgPool;
 
 use crate::projector::Projector;
+pub use crate::rows::{BalanceRow, TransferRow};
 
 /// How long a read that must see the caller's own writes waits for the projector.
 pub const READ_YOUR_WRITES_WAIT_MAX: Duration = Duration::from_secs(5);
 
 /// The largest page of history one query returns.
 pub const HISTORY_PAGE_SIZE_MAX: i64 = 100;
-
-/// One row of `transfers_view`.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-pub struct TransferRow {
-    pub req_id: String,
-    pub user_id: i64,
-    pub from_account: String,
-    pub to_account: String,
-    pub asset: String,
-    pub amount: Decimal,
-    pub cid: Option<String>,
-    pub state: String,
-    pub state_id: i16,
-    pub failure_code: Option<String>,
-    pub failure_message: Option<String>,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-    pub last_sequence: i64,
-}
 
 /// Every field a user filters history by. `None` means "any".
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -56,16 +38,6 @@ pub struct HistoryFilter {
 pub struct PageCursor {
     pub created_at: DateTime<Utc>,
     pub req_id: String,
-}
-
-/// One user's per-asset totals from `transfer_balances`.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-pub struct BalanceRow {
-    pub user_id: i64,
-    pub asset: String,
-    pub funding_net: Decimal,
-    pub spot_net: Decimal,
-    pub in_flight: Decimal,
 }
 
 /// Reads the transfer read models.
@@ -126,33 +98,6 @@ impl TransferView {
         .bind(user_id)
         .fetch_all(&self.pool)
         .await
-    }
-
-    /// Transfers not in a terminal state whose last change is older than `older_than`, oldest
-    /// first, at most `limit`.
-    pub async fn open_transfers(
-        &self,
-        older_than: DateTime<Utc>,
-        limit: i64,
-    ) -> Result<Vec<TransferRow>, sqlx::Error> {
-        // The sweeper polls again later, so a short wait is enough here.
-        self.catch_up(Duration::from_millis(500)).await;
-        sqlx::query_as(
-            "SELECT * FROM transfers_view
-             WHERE state_id NOT IN (40, -10, -30) AND updated_at < $1
-             ORDER BY updated_at LIMIT $2",
-        )
-        .bind(older_than)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await
-    }
-
-    pub async fn get(&self, req_id: &str) -> Result<Option<TransferRow>, sqlx::Error> {
-        sqlx::query_as("SELECT * FROM transfers_view WHERE req_id = $1")
-            .bind(req_id)
-            .fetch_optional(&self.pool)
-            .await
     }
 
     /// A page of history, newest first, after `after`, at most `limit` (bounded by
