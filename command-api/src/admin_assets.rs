@@ -15,6 +15,7 @@ use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::PgPool;
+use utoipa::ToSchema;
 
 use crate::app::AppState;
 use crate::auth::AdminUser;
@@ -33,12 +34,14 @@ pub fn routes() -> Router<AppState> {
 }
 
 /// One asset as the admin routes show it; amounts as strings.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Asset)]
 pub struct AssetView {
     pub symbol: String,
     pub precision: u32,
     pub min_transfer_amount: String,
     pub max_transfer_amount: String,
+    #[schema(value_type = String)]
     pub status: AssetStatus,
     pub internal_transfer_enabled: bool,
 }
@@ -56,14 +59,20 @@ impl From<&AssetConfig> for AssetView {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = AssetRequest)]
 struct AssetBody {
     #[serde(default)]
+    #[schema(schema_with = crate::openapi::asset)]
     symbol: Option<String>,
+    #[schema(minimum = 0, maximum = 18)]
     precision: u32,
+    #[schema(schema_with = crate::openapi::amount)]
     min_transfer_amount: String,
+    #[schema(schema_with = crate::openapi::amount)]
     max_transfer_amount: String,
+    #[schema(schema_with = crate::openapi::asset_status)]
     status: String,
     internal_transfer_enabled: bool,
 }
@@ -103,6 +112,11 @@ fn parse_body(
 }
 
 /// `PUT /api/v1/admin/assets/{symbol}`: creates or replaces one asset's settings.
+#[utoipa::path(put, path = "/api/v1/admin/assets/{symbol}",
+    params(crate::openapi::AssetPath),
+    request_body = AssetBody,
+    responses((status = 200, description = "ok", body = AssetView),
+        crate::openapi::AssetPutRefusals))]
 async fn put_asset(
     State(state): State<AppState>,
     admin: AdminUser,
@@ -127,6 +141,9 @@ async fn put_asset(
 }
 
 /// `GET /api/v1/admin/assets`: every asset this process knows, after the latest reload.
+#[utoipa::path(get, path = "/api/v1/admin/assets",
+    responses((status = 200, description = "ok", body = Vec<AssetView>),
+        crate::openapi::AssetListRefusals))]
 async fn list_assets(State(state): State<AppState>, _admin: AdminUser) -> Json<Vec<AssetView>> {
     let registry = state.assets.read().unwrap_or_else(|e| e.into_inner());
     Json(registry.all().map(AssetView::from).collect())

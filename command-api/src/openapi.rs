@@ -1,17 +1,30 @@
-//! The OpenAPI 3.0 description of the REST routes, served at `GET /api/v1/openapi.json`. Written by
-//! hand next to the handlers it describes; the amount pattern and bounds are the parser's own
-//! (`domain::Amount`), so a schema-driven fuzzer (scripts/schemathesis) can tell valid input
-//! from invalid and check that every invalid request is refused with a 4xx.
+//! The OpenAPI description of the REST routes, served at `GET /api/v1/openapi.json`, derived by
+//! `utoipa` from the handlers' `#[utoipa::path]` attributes and the response types' `ToSchema`.
+//! The request bodies are parsed field by field (so checks run in the contract's order), so
+//! their documented shapes are the schema-only types below. The amount pattern and bounds are
+//! the parser's own (`domain::Amount`), so a schema-driven fuzzer (scripts/schemathesis) can
+//! tell valid input from invalid and check that every invalid request is refused with a 4xx.
 
 use axum::routing::get;
 use axum::{Json, Router};
-use serde_json::{json, Value};
+use serde::Deserialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+use utoipa::openapi::path::ParameterIn;
+use utoipa::openapi::schema::{Object, ObjectBuilder, Type};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, Required, Response, ResponseBuilder};
+use utoipa::{IntoParams, IntoResponses, Modify, OpenApi, ToSchema};
 
 use crate::app::AppState;
 
 /// Plain decimal text: no sign, exponent, whitespace or redundant leading zero; below 10^11 and
 /// at most 18 fractional digits (an asset's own precision may allow fewer).
 pub const AMOUNT_PATTERN: &str = r"^(0|[1-9][0-9]{0,10})(\.[0-9]{1,18})?$";
+
+/// An asset symbol as `domain::AssetSymbol` accepts it.
+pub const ASSET_PATTERN: &str = "^[A-Z0-9]{1,16}$";
 
 pub fn routes() -> Router<AppState> {
     Router::new().route("/api/v1/openapi.json", get(openapi_json))
@@ -21,130 +34,283 @@ async fn openapi_json() -> Json<Value> {
     Json(document())
 }
 
-fn error_responses(codes: &[u16]) -> Value {
-    let mut out = serde_json::Map::new();
-    for code in codes {
-        out.insert(
-            code.to_string(),
-            json!({"description": "refused", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}),
-        );
-    }
-    Value::Object(out)
-}
-
-fn with(mut base: Value, ok: Value) -> Value {
-    base["200"] = ok;
-    base
-}
-
-fn ok(schema: &str) -> Value {
-    json!({"description": "ok", "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}})
-}
-
 /// The document. Every route needs a bearer token except `/healthz` and this document.
 pub fn document() -> Value {
-    let amount = json!({"type": "string", "pattern": AMOUNT_PATTERN, "minLength": 1, "maxLength": 31,
-        "description": "plain decimal string, > 0 and < 10^11; within the asset's precision and bounds"});
-    let asset = json!({"type": "string", "pattern": "^[A-Z0-9]{1,16}$"});
-    let account = json!({"type": "string", "enum": ["FUNDING", "SPOT"]});
-    let user_id = json!({"type": "integer", "minimum": 1, "maximum": i64::MAX});
-    let body = |schema: &str| json!({"required": true, "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}});
-    let user_errors = [400, 401, 403, 404, 409, 413, 415, 422, 429, 503];
-    json!({
-        "openapi": "3.0.3",
-        "info": {"title": "ledger internal transfers", "version": "1"},
-        "security": [{"bearer": []}],
-        "paths": {
-            "/healthz": {"get": {"security": [], "responses": {"200": {"description": "alive"}}}},
-            "/api/v1/internal_transfer": {"post": {
-                "requestBody": body("TransferRequest"),
-                "responses": with(error_responses(&user_errors), ok("TransferResponse"))
-            }},
-            "/api/v1/internal_transfer/{req_id}": {"get": {
-                "parameters": [{"name": "req_id", "in": "path", "required": true,
-                    "schema": {"type": "string", "pattern": "^[0-9A-HJKMNP-TV-Z]{26}$"}}],
-                "responses": with(error_responses(&[401, 404, 503]), ok("TransferDetail"))
-            }},
-            "/api/v1/balances": {"get": {
-                "responses": with(error_responses(&[401, 503]), ok("Balances"))
-            }},
-            "/api/v1/admin/deposits": {"post": {
-                "requestBody": body("DepositRequest"),
-                "responses": with(error_responses(&[400, 401, 403, 409, 413, 415, 422, 503]), ok("Deposit"))
-            }},
-            "/api/v1/admin/accounts/{user_id}/{account_type}/status": {"put": {
-                "parameters": [
-                    {"name": "user_id", "in": "path", "required": true, "schema": user_id},
-                    {"name": "account_type", "in": "path", "required": true, "schema": account},
-                    {"name": "asset", "in": "query", "required": false, "schema": asset}
-                ],
-                "requestBody": body("StatusRequest"),
-                "responses": with(error_responses(&[400, 401, 403, 404, 413, 415, 422, 503]), ok("Status"))
-            }},
-            "/api/v1/admin/assets": {"get": {
-                "responses": with(error_responses(&[401, 403]), json!({"description": "ok",
-                    "content": {"application/json": {"schema": {"type": "array", "items": {"$ref": "#/components/schemas/Asset"}}}}}))
-            }},
-            "/api/v1/admin/assets/{symbol}": {"put": {
-                "parameters": [{"name": "symbol", "in": "path", "required": true, "schema": asset}],
-                "requestBody": body("AssetRequest"),
-                "responses": with(error_responses(&[400, 401, 403, 404, 413, 415, 422]), ok("Asset"))
-            }}
-        },
-        "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}},
-            "schemas": {
-                "Error": {"type": "object", "required": ["code", "message"], "properties": {
-                    "code": {"type": "string", "pattern": "^[A-Z_]+$"}, "message": {"type": "string"},
-                    "req_id": {"type": "string"}, "state": {"type": "string"}}},
-                "TransferRequest": {"type": "object", "additionalProperties": false,
-                    "required": ["from", "to", "asset", "amount"], "properties": {
-                    "from": account, "to": account, "asset": asset, "amount": amount,
-                    "cid": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
-                    "user_id": user_id}},
-                "TransferResponse": {"type": "object",
-                    "required": ["transfer_id", "req_id", "from", "to", "asset", "amount", "state", "message"],
-                    "properties": {"transfer_id": {"type": "string"}, "req_id": {"type": "string"},
-                    "from": account, "to": account, "asset": asset, "amount": {"type": "string"},
-                    "state": {"type": "string"}, "message": {"type": "string"}, "failure_code": {"type": "string"}}},
-                "TransferDetail": {"type": "object",
-                    "required": ["transfer_id", "req_id", "from", "to", "asset", "amount", "state", "created_at", "updated_at"],
-                    "properties": {"transfer_id": {"type": "string"}, "req_id": {"type": "string"},
-                    "from": account, "to": account, "asset": asset, "amount": {"type": "string"},
-                    "state": {"type": "string"}, "created_at": {"type": "string", "format": "date-time"},
-                    "updated_at": {"type": "string", "format": "date-time"},
-                    "failure_code": {"type": "string"}, "failure_message": {"type": "string"}}},
-                "Balances": {"type": "object", "required": ["user_id", "balances"], "properties": {
-                    "user_id": {"type": "integer"}, "balances": {"type": "array", "items": {"type": "object",
-                    "required": ["asset", "funding", "spot", "in_flight"], "properties": {
-                        "asset": {"type": "string"}, "funding": {"type": "string"},
-                        "spot": {"type": "string"}, "in_flight": {"type": "string"}}}}}},
-                "DepositRequest": {"type": "object", "additionalProperties": false,
-                    "required": ["user_id", "asset", "amount", "external_id"], "properties": {
-                    "user_id": user_id, "asset": asset, "amount": amount,
-                    "external_id": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,128}$"}}},
-                "Deposit": {"type": "object", "required": ["external_id", "user_id", "asset", "amount", "applied", "funding_balance"],
-                    "properties": {"external_id": {"type": "string"}, "user_id": {"type": "integer"},
-                    "asset": {"type": "string"}, "amount": {"type": "string"}, "applied": {"type": "boolean"},
-                    "funding_balance": {"type": "string"}}},
-                "StatusRequest": {"type": "object", "additionalProperties": false, "required": ["status"],
-                    "properties": {"status": {"type": "string", "enum": ["ACTIVE", "FROZEN", "DISABLED"]}, "asset": asset}},
-                "Status": {"type": "object", "required": ["user_id", "account_type", "asset", "status"],
-                    "properties": {"user_id": {"type": "integer"}, "account_type": {"type": "string"},
-                    "asset": {"type": "string"}, "status": {"type": "string"}}},
-                "AssetRequest": {"type": "object", "additionalProperties": false,
-                    "required": ["precision", "min_transfer_amount", "max_transfer_amount", "status", "internal_transfer_enabled"],
-                    "properties": {"symbol": asset, "precision": {"type": "integer", "minimum": 0, "maximum": 18},
-                    "min_transfer_amount": amount, "max_transfer_amount": amount,
-                    "status": {"type": "string", "enum": ["ACTIVE", "SUSPENDED"]},
-                    "internal_transfer_enabled": {"type": "boolean"}}},
-                "Asset": {"type": "object", "required": ["symbol", "precision", "min_transfer_amount", "max_transfer_amount", "status", "internal_transfer_enabled"],
-                    "properties": {"symbol": {"type": "string"}, "precision": {"type": "integer"},
-                    "min_transfer_amount": {"type": "string"}, "max_transfer_amount": {"type": "string"},
-                    "status": {"type": "string"}, "internal_transfer_enabled": {"type": "boolean"}}}
+    serde_json::to_value(ApiDoc::openapi()).expect("the OpenAPI document serializes")
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "ledger internal transfers", version = "1"),
+    paths(
+        crate::routes::healthz,
+        crate::routes::create_transfer,
+        crate::routes::get_transfer,
+        crate::routes::balances,
+        crate::routes::admin_deposit,
+        crate::routes::admin_set_status,
+        crate::admin_assets::list_assets,
+        crate::admin_assets::put_asset,
+    ),
+    components(schemas(ErrorBody)),
+    security(("bearer" = [])),
+    modifiers(&Finish),
+)]
+struct ApiDoc;
+
+/// What the derive does not say: the bearer JWT scheme (required by every route unless the
+/// route says otherwise); path parameters required (utoipa drops `required` for a parameter
+/// with a `schema_with`); no tags (utoipa names them after the handlers' modules) and no
+/// license or description (utoipa fills them from the package, where they are empty).
+struct Finish;
+
+impl Modify for Finish {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        openapi.info.license = None;
+        openapi.info.description = None;
+        for item in openapi.paths.paths.values_mut() {
+            for operation in [&mut item.get, &mut item.put, &mut item.post]
+                .into_iter()
+                .flatten()
+            {
+                operation.tags = None;
+                for param in operation.parameters.iter_mut().flatten() {
+                    if param.parameter_in == ParameterIn::Path {
+                        param.required = Required::True;
+                    }
+                }
             }
         }
-    })
+        let scheme = HttpBuilder::new()
+            .scheme(HttpAuthScheme::Bearer)
+            .bearer_format("JWT")
+            .build();
+        openapi
+            .components
+            .get_or_insert_with(Default::default)
+            .add_security_scheme("bearer", SecurityScheme::Http(scheme));
+        // `/healthz` needs no token: an empty list, not utoipa's `[{}]` ("token optional").
+        if let Some(get) = openapi
+            .paths
+            .paths
+            .get_mut("/healthz")
+            .and_then(|item| item.get.as_mut())
+        {
+            get.security = Some(Vec::new());
+        }
+    }
+}
+
+// ---- field schemas shared by the types (used with `#[schema(schema_with = ...)]`) -----------
+
+/// An amount in a request: plain decimal text.
+pub fn amount() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(AMOUNT_PATTERN))
+        .min_length(Some(1))
+        .max_length(Some(31))
+        .description(Some(
+            "plain decimal string, > 0 and < 10^11; within the asset's precision and bounds",
+        ))
+        .build()
+}
+
+pub fn asset() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(ASSET_PATTERN))
+        .build()
+}
+
+/// The account types transfers support.
+pub fn account() -> Object {
+    string_enum(&["FUNDING", "SPOT"])
+}
+
+/// A user id: a positive integer that fits PostgreSQL's BIGINT.
+pub fn user_id() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::Integer)
+        .minimum(Some(1))
+        .maximum(Some(i64::MAX))
+        .build()
+}
+
+pub fn account_status() -> Object {
+    string_enum(&["ACTIVE", "FROZEN", "DISABLED"])
+}
+
+pub fn asset_status() -> Object {
+    string_enum(&["ACTIVE", "SUSPENDED"])
+}
+
+pub fn cid() -> Object {
+    string_pattern("^[A-Za-z0-9_-]{1,64}$")
+}
+
+pub fn external_id() -> Object {
+    string_pattern("^[A-Za-z0-9_.:-]{1,128}$")
+}
+
+pub fn req_id() -> Object {
+    string_pattern("^[0-9A-HJKMNP-TV-Z]{26}$")
+}
+
+pub fn date_time() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .format(Some(utoipa::openapi::SchemaFormat::KnownFormat(
+            utoipa::openapi::KnownFormat::DateTime,
+        )))
+        .build()
+}
+
+fn string_pattern(pattern: &str) -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(pattern))
+        .build()
+}
+
+fn string_enum(values: &[&str]) -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(values.iter().copied()))
+        .build()
+}
+
+// ---- the refusals each route can answer with, all in the `Error` shape ----------------------
+
+fn refused(statuses: &[u16]) -> BTreeMap<String, RefOr<Response>> {
+    let content = ContentBuilder::new()
+        .schema(Some(Ref::from_schema_name("Error")))
+        .build();
+    let response = ResponseBuilder::new()
+        .description("refused")
+        .content("application/json", content)
+        .build();
+    statuses
+        .iter()
+        .map(|status| (status.to_string(), RefOr::T(response.clone())))
+        .collect()
+}
+
+macro_rules! refusals {
+    ($($(#[$doc:meta])* $name:ident: [$($status:literal),*];)*) => {$(
+        $(#[$doc])*
+        pub struct $name;
+
+        impl IntoResponses for $name {
+            fn responses() -> BTreeMap<String, RefOr<Response>> {
+                refused(&[$($status),*])
+            }
+        }
+    )*};
+}
+
+refusals! {
+    /// `POST /api/v1/internal_transfer`.
+    TransferRefusals: [400, 401, 403, 404, 409, 413, 415, 422, 429, 503];
+    /// `GET /api/v1/internal_transfer/{req_id}`.
+    LookupRefusals: [401, 404, 503];
+    /// `GET /api/v1/balances`.
+    BalancesRefusals: [401, 503];
+    /// `POST /api/v1/admin/deposits`.
+    DepositRefusals: [400, 401, 403, 409, 413, 415, 422, 503];
+    /// `PUT /api/v1/admin/accounts/{user_id}/{account_type}/status`.
+    StatusRefusals: [400, 401, 403, 404, 413, 415, 422, 503];
+    /// `GET /api/v1/admin/assets`.
+    AssetListRefusals: [401, 403];
+    /// `PUT /api/v1/admin/assets/{symbol}`.
+    AssetPutRefusals: [400, 401, 403, 404, 413, 415, 422];
+}
+
+// ---- schema-only types: what the handlers accept and refuse with ------------------------------
+
+/// Every refusal: `{code, message}`, plus `req_id` and `state` for a transfer that failed.
+#[derive(Debug, ToSchema)]
+#[schema(as = Error)]
+pub struct ErrorBody {
+    #[schema(pattern = "^[A-Z_]+$")]
+    pub code: String,
+    pub message: String,
+    #[schema(required = false, nullable = false)]
+    pub req_id: Option<String>,
+    #[schema(required = false, nullable = false)]
+    pub state: Option<String>,
+}
+
+/// `POST /api/v1/internal_transfer`'s body (checked by `routes::parse_transfer`).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TransferRequest {
+    #[schema(schema_with = account)]
+    pub from: String,
+    #[schema(schema_with = account)]
+    pub to: String,
+    #[schema(schema_with = asset)]
+    pub asset: String,
+    #[schema(schema_with = amount)]
+    pub amount: String,
+    /// The client's idempotency key.
+    #[schema(schema_with = cid, required = false)]
+    pub cid: Option<String>,
+    /// If given, the caller's own id.
+    #[schema(schema_with = user_id, required = false)]
+    pub user_id: Option<u64>,
+}
+
+/// `POST /api/v1/admin/deposits`' body.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DepositRequest {
+    #[schema(schema_with = user_id)]
+    pub user_id: u64,
+    #[schema(schema_with = asset)]
+    pub asset: String,
+    #[schema(schema_with = amount)]
+    pub amount: String,
+    /// Applied once per id.
+    #[schema(schema_with = external_id)]
+    pub external_id: String,
+}
+
+/// `PUT /api/v1/admin/accounts/{user_id}/{account_type}/status`' body.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StatusRequest {
+    #[schema(schema_with = account_status)]
+    pub status: String,
+    /// The asset, here or as `?asset=` (both given, they must agree).
+    #[schema(schema_with = asset, required = false)]
+    pub asset: Option<String>,
+}
+
+/// The path of `GET /api/v1/internal_transfer/{req_id}`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct TransferPath {
+    #[param(schema_with = req_id)]
+    pub req_id: String,
+}
+
+/// The path of `PUT /api/v1/admin/accounts/{user_id}/{account_type}/status`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct AccountPath {
+    #[param(schema_with = user_id)]
+    pub user_id: u64,
+    #[param(schema_with = account)]
+    pub account_type: String,
+}
+
+/// The path of `PUT /api/v1/admin/assets/{symbol}`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct AssetPath {
+    #[param(schema_with = asset)]
+    pub symbol: String,
 }
 
 #[cfg(test)]
@@ -165,6 +331,32 @@ mod tests {
         }
         for bad in ["-1", "1e5", " 1", "01", ".5", "100000000000"] {
             assert!(domain::Amount::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn path_parameters_are_required_and_only_healthz_is_open() {
+        let doc = document();
+        assert_eq!(doc["security"], serde_json::json!([{"bearer": []}]));
+        assert_eq!(
+            doc["components"]["securitySchemes"]["bearer"],
+            serde_json::json!({"type": "http", "scheme": "bearer", "bearerFormat": "JWT"})
+        );
+        assert_eq!(
+            doc["paths"]["/healthz"]["get"]["security"],
+            serde_json::json!([])
+        );
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for operation in item.as_object().unwrap().values() {
+                if path != "/healthz" {
+                    assert!(operation.get("security").is_none(), "{path}");
+                }
+                for param in operation["parameters"].as_array().into_iter().flatten() {
+                    if param["in"] == "path" {
+                        assert_eq!(param["required"], true, "{path} {param}");
+                    }
+                }
+            }
         }
     }
 

@@ -21,6 +21,7 @@ use recovery::{CoordinatorError, NewTransfer};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
+use utoipa::{IntoParams, ToSchema};
 
 use crate::app::AppState;
 use crate::auth::{AdminUser, AuthUser};
@@ -219,12 +220,15 @@ fn refusal_code(code: &str) -> String {
 }
 
 /// The answer to a transfer request.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct TransferResponse {
     pub transfer_id: String,
     pub req_id: String,
+    #[schema(schema_with = crate::openapi::account)]
     pub from: &'static str,
+    #[schema(schema_with = crate::openapi::account)]
     pub to: &'static str,
+    #[schema(schema_with = crate::openapi::asset)]
     pub asset: String,
     pub amount: String,
     pub state: &'static str,
@@ -258,6 +262,10 @@ fn state_message(data: &TransferData) -> String {
 }
 
 /// `POST /api/v1/internal_transfer`.
+#[utoipa::path(post, path = "/api/v1/internal_transfer",
+    request_body = crate::openapi::TransferRequest,
+    responses((status = 200, description = "ok", body = TransferResponse),
+        crate::openapi::TransferRefusals))]
 pub async fn create_transfer(
     State(state): State<AppState>,
     user: AuthUser,
@@ -388,16 +396,21 @@ fn transfer_answer(data: TransferData) -> Result<Json<TransferResponse>, ApiErro
 }
 
 /// One transfer as `GET /api/v1/internal_transfer/{req_id}` shows it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct TransferDetail {
     pub transfer_id: String,
     pub req_id: String,
+    #[schema(schema_with = crate::openapi::account)]
     pub from: &'static str,
+    #[schema(schema_with = crate::openapi::account)]
     pub to: &'static str,
+    #[schema(schema_with = crate::openapi::asset)]
     pub asset: String,
     pub amount: String,
     pub state: &'static str,
+    #[schema(schema_with = crate::openapi::date_time)]
     pub created_at: String,
+    #[schema(schema_with = crate::openapi::date_time)]
     pub updated_at: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure_code: Option<String>,
@@ -406,6 +419,10 @@ pub struct TransferDetail {
 }
 
 /// `GET /api/v1/internal_transfer/{req_id}`: the owner's transfer, folded from its events.
+#[utoipa::path(get, path = "/api/v1/internal_transfer/{req_id}",
+    params(crate::openapi::TransferPath),
+    responses((status = 200, description = "ok", body = TransferDetail),
+        crate::openapi::LookupRefusals))]
 pub async fn get_transfer(
     State(state): State<AppState>,
     user: AuthUser,
@@ -452,7 +469,7 @@ pub async fn get_transfer(
     }))
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, ToSchema)]
 pub struct BalanceEntry {
     pub asset: String,
     pub funding: String,
@@ -460,7 +477,8 @@ pub struct BalanceEntry {
     pub in_flight: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Balances)]
 pub struct BalancesResponse {
     pub user_id: u64,
     pub balances: Vec<BalanceEntry>,
@@ -469,6 +487,9 @@ pub struct BalancesResponse {
 /// `GET /api/v1/balances`: FUNDING, SPOT and in-flight amounts per asset for the caller. If
 /// spot-core cannot answer, the whole request fails: a missing SPOT balance must never read as
 /// zero.
+#[utoipa::path(get, path = "/api/v1/balances",
+    responses((status = 200, description = "ok", body = BalancesResponse),
+        crate::openapi::BalancesRefusals))]
 pub async fn balances(
     State(state): State<AppState>,
     user: AuthUser,
@@ -540,7 +561,8 @@ fn check_external_id(id: &str) -> Result<(), ApiError> {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Deposit)]
 pub struct DepositResponse {
     pub external_id: String,
     pub user_id: u64,
@@ -552,6 +574,10 @@ pub struct DepositResponse {
 }
 
 /// `POST /api/v1/admin/deposits`: credits FUNDING from outside, once per `external_id`.
+#[utoipa::path(post, path = "/api/v1/admin/deposits",
+    request_body = crate::openapi::DepositRequest,
+    responses((status = 200, description = "ok", body = DepositResponse),
+        crate::openapi::DepositRefusals))]
 pub async fn admin_deposit(
     State(state): State<AppState>,
     _admin: AdminUser,
@@ -590,12 +616,15 @@ pub async fn admin_deposit(
     }))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct AssetQuery {
+    #[param(schema_with = crate::openapi::asset, required = false)]
     pub asset: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Status)]
 pub struct StatusResponse {
     pub user_id: u64,
     pub account_type: &'static str,
@@ -605,6 +634,11 @@ pub struct StatusResponse {
 
 /// `PUT /api/v1/admin/accounts/{user_id}/{account_type}/status`: body `{status, asset?}`, the
 /// asset in the body or as `?asset=` (the body wins).
+#[utoipa::path(put, path = "/api/v1/admin/accounts/{user_id}/{account_type}/status",
+    params(crate::openapi::AccountPath, AssetQuery),
+    request_body = crate::openapi::StatusRequest,
+    responses((status = 200, description = "ok", body = StatusResponse),
+        crate::openapi::StatusRefusals))]
 pub async fn admin_set_status(
     State(state): State<AppState>,
     _admin: AdminUser,
@@ -668,6 +702,7 @@ pub async fn admin_set_status(
 }
 
 /// `GET /healthz`: the process is alive.
+#[utoipa::path(get, path = "/healthz", responses((status = 200, description = "alive")))]
 pub async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }

@@ -6,10 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader, BufWriter};
+use futures_util::StreamExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::bytes::Bytes;
+use tokio_util::codec::{AnyDelimiterCodec, AnyDelimiterCodecError, FramedRead};
 
 use crate::protocol::{Request, Response, MAX_LINE_BYTES};
 use crate::wal::EngineHandle;
@@ -86,20 +89,18 @@ async fn handle_connection(stream: TcpStream, engine: EngineHandle, token: Optio
 
 /// Read the first non-blank line and check it is a `hello` with the right token. On failure
 /// the UNAUTHORIZED answer is queued and false returned: the caller closes the connection.
-async fn authenticate<R: AsyncBufRead + Unpin>(
-    reader: &mut R,
+async fn authenticate<R: AsyncRead + Unpin>(
+    lines: &mut RequestLines<R>,
     token: &Token,
     queue: &mpsc::Sender<Pending>,
 ) -> bool {
-    let mut line = Vec::with_capacity(256);
     let first = async {
         loop {
-            line.clear();
-            match read_line_limited(reader, &mut line, MAX_LINE_BYTES).await {
-                Ok(LineRead::Line) if line.trim_ascii().is_empty() => continue,
-                Ok(LineRead::Line) => return Some(line.trim_ascii().to_vec()),
-                Ok(LineRead::Eof) | Err(_) => return None,
-                Ok(LineRead::TooLong) => return Some(Vec::new()),
+            match next_line(lines).await {
+                LineRead::Line(line) if line.trim_ascii().is_empty() => continue,
+                LineRead::Line(line) => return Some(line.trim_ascii().to_vec()),
+                LineRead::Eof => return None,
+                LineRead::TooLong => return Some(Vec::new()),
             }
         }
     };
@@ -127,27 +128,25 @@ async fn read_loop(
     token: Option<Token>,
     queue: mpsc::Sender<Pending>,
 ) {
-    let mut reader = BufReader::with_capacity(64 * 1024, rd);
+    let mut lines = request_lines(rd, MAX_LINE_BYTES);
     if let Some(token) = &token {
-        if !authenticate(&mut reader, token, &queue).await {
+        if !authenticate(&mut lines, token, &queue).await {
             drop(queue);
-            linger(&mut reader).await;
+            linger(lines.get_mut()).await;
             return;
         }
     }
-    let mut line = Vec::with_capacity(1024);
     loop {
-        line.clear();
-        match read_line_limited(&mut reader, &mut line, MAX_LINE_BYTES).await {
-            Ok(LineRead::Line) => {}
-            Ok(LineRead::Eof) | Err(_) => return,
-            Ok(LineRead::TooLong) => {
+        let line = match next_line(&mut lines).await {
+            LineRead::Line(line) => line,
+            LineRead::Eof => return,
+            LineRead::TooLong => {
                 let msg =
                     format!("request line longer than {MAX_LINE_BYTES} bytes; closing connection");
                 let _ = queue.send(Pending::Ready(Response::bad_request(msg))).await;
                 return;
             }
-        }
+        };
         let text = line.trim_ascii();
         if text.is_empty() {
             continue;
@@ -160,7 +159,7 @@ async fn read_loop(
                         .send(Pending::Ready(Response::unauthorized("wrong token")))
                         .await;
                     drop(queue);
-                    linger(&mut reader).await;
+                    linger(lines.get_mut()).await;
                     return;
                 }
                 Pending::Ready(Response::ok())
@@ -180,17 +179,14 @@ async fn read_loop(
 /// After the last answer of a connection being closed: discard further input for a moment
 /// (the writer, whose queue is closed, sends the answer and a FIN meanwhile). Closing with
 /// unread input would send a reset that can destroy the answer before the peer reads it.
-async fn linger<R: AsyncBufRead + Unpin>(reader: &mut R) {
+async fn linger<R: AsyncRead + Unpin>(reader: &mut R) {
     let drain = async {
+        let mut buf = vec![0u8; 16 * 1024];
         let mut discarded = 0usize;
         while discarded < 1 << 20 {
-            match reader.fill_buf().await {
-                Ok([]) | Err(_) => return,
-                Ok(buf) => {
-                    let n = buf.len();
-                    reader.consume(n);
-                    discarded += n;
-                }
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => discarded += n,
             }
         }
     };
@@ -234,41 +230,32 @@ async fn write_loop(wr: OwnedWriteHalf, mut queue: mpsc::Receiver<Pending>) {
     let _ = out.shutdown().await;
 }
 
+/// The request lines of one connection, split at `\n` by tokio-util's delimiter codec, which
+/// never buffers more than `max` bytes of one line (the `\n` not counted). A final line without
+/// a newline still counts as a line. Frames are bytes rather than `LinesCodec`'s `String` on
+/// purpose: `LinesCodec` turns a line that is not UTF-8 into a stream error, which would end
+/// the connection, where the protocol answers such a line (malformed JSON) BAD_REQUEST and keeps
+/// the connection usable; serde_json checks the UTF-8 as it parses.
+type RequestLines<R> = FramedRead<R, AnyDelimiterCodec>;
+
+fn request_lines<R: AsyncRead>(rd: R, max: usize) -> RequestLines<R> {
+    let codec = AnyDelimiterCodec::new_with_max_length(b"\n".to_vec(), b"\n".to_vec(), max);
+    FramedRead::with_capacity(rd, codec, 64 * 1024)
+}
+
 #[derive(Debug, PartialEq, Eq)]
 enum LineRead {
-    Line,
+    Line(Bytes),
     Eof,
     TooLong,
 }
 
-/// Read up to `\n` (not included) without ever buffering more than `max` bytes of one line.
-/// A final line without a newline still counts as a line.
-async fn read_line_limited<R: AsyncBufRead + Unpin>(
-    r: &mut R,
-    line: &mut Vec<u8>,
-    max: usize,
-) -> std::io::Result<LineRead> {
-    loop {
-        let buf = r.fill_buf().await?;
-        if buf.is_empty() {
-            return Ok(if line.is_empty() {
-                LineRead::Eof
-            } else {
-                LineRead::Line
-            });
-        }
-        let (chunk, consumed, done) = match buf.iter().position(|&b| b == b'\n') {
-            Some(pos) => (&buf[..pos], pos + 1, true),
-            None => (buf, buf.len(), false),
-        };
-        if line.len() + chunk.len() > max {
-            return Ok(LineRead::TooLong);
-        }
-        line.extend_from_slice(chunk);
-        r.consume(consumed);
-        if done {
-            return Ok(LineRead::Line);
-        }
+/// The next line; a read error ends the connection as the end of input does.
+async fn next_line<R: AsyncRead + Unpin>(lines: &mut RequestLines<R>) -> LineRead {
+    match lines.next().await {
+        Some(Ok(line)) => LineRead::Line(line),
+        Some(Err(AnyDelimiterCodecError::MaxChunkLengthExceeded)) => LineRead::TooLong,
+        Some(Err(AnyDelimiterCodecError::Io(_))) | None => LineRead::Eof,
     }
 }
 
@@ -276,35 +263,48 @@ async fn read_line_limited<R: AsyncBufRead + Unpin>(
 mod tests {
     use super::*;
 
-    async fn lines(input: &[u8], max: usize) -> Vec<(LineRead, Vec<u8>)> {
-        // A tiny buffer forces lines to span several fill_buf calls.
-        let mut r = BufReader::with_capacity(3, input);
+    async fn lines(input: &[u8], max: usize) -> Vec<LineRead> {
+        // Input in small pieces, so lines span several reads.
+        let mut reader: Box<dyn AsyncRead + Unpin> = Box::new(tokio::io::empty());
+        for piece in input.chunks(3) {
+            reader = Box::new(reader.chain(piece));
+        }
+        let mut lines = request_lines(reader, max);
         let mut out = Vec::new();
         loop {
-            let mut line = Vec::new();
-            let res = read_line_limited(&mut r, &mut line, max).await.unwrap();
-            let stop = res != LineRead::Line;
-            out.push((res, line));
+            let res = next_line(&mut lines).await;
+            let stop = !matches!(res, LineRead::Line(_));
+            out.push(res);
             if stop {
                 return out;
             }
         }
     }
 
+    fn line(text: &'static [u8]) -> LineRead {
+        LineRead::Line(Bytes::from_static(text))
+    }
+
     #[tokio::test]
     async fn lines_are_split_and_limited() {
         let got = lines(b"ab\ncdefg\n\nxyz", 5).await;
-        let expect: Vec<(LineRead, Vec<u8>)> = vec![
-            (LineRead::Line, b"ab".to_vec()),
-            (LineRead::Line, b"cdefg".to_vec()),
-            (LineRead::Line, b"".to_vec()),
-            (LineRead::Line, b"xyz".to_vec()),
-            (LineRead::Eof, b"".to_vec()),
+        let expect = vec![
+            line(b"ab"),
+            line(b"cdefg"),
+            line(b""),
+            line(b"xyz"),
+            LineRead::Eof,
         ];
         assert_eq!(got, expect);
         let got = lines(b"ok\ntoolong\nnext\n", 5).await;
-        assert_eq!(got[0], (LineRead::Line, b"ok".to_vec()));
-        assert_eq!(got[1].0, LineRead::TooLong);
+        assert_eq!(got[0], line(b"ok"));
+        assert_eq!(got[1], LineRead::TooLong);
         assert_eq!(got.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_line_that_is_not_utf8_is_still_a_line() {
+        let got = lines(b"\xff\xfe{}\n{}\n", 64).await;
+        assert_eq!(got, vec![line(b"\xff\xfe{}"), line(b"{}"), LineRead::Eof]);
     }
 }
