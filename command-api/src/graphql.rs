@@ -24,11 +24,11 @@ use futures_util::stream::{self, Stream};
 use projections::feed as feed_store;
 use projections::{HistoryFilter, PageCursor, TransferRow};
 use rust_decimal::Decimal;
-use std::collections::BTreeMap;
 
 use crate::app::AppState;
 use crate::auth::Identity;
-use crate::error::{describe, ApiError};
+use crate::error::describe;
+use crate::render::{merge_balances, money};
 
 /// Deepest query accepted.
 pub const QUERY_DEPTH_MAX: usize = 8;
@@ -49,10 +49,10 @@ pub fn routes() -> Router<AppState> {
         .route("/graphql/ws", get(graphql_ws))
 }
 
-/// Builds the schema with its limits; the application state is reachable from every resolver.
-pub fn schema(state: AppState) -> LedgerSchema {
+/// Builds the schema with its limits, once per application (kept in `AppState`); each request
+/// (or websocket connection) carries the application state and the caller's identity as data.
+pub fn schema() -> LedgerSchema {
     Schema::build(QueryRoot, async_graphql::EmptyMutation, SubscriptionRoot)
-        .data(state)
         .limit_depth(QUERY_DEPTH_MAX)
         .limit_complexity(QUERY_COMPLEXITY_MAX)
         .finish()
@@ -81,10 +81,6 @@ fn caller<'a>(ctx: &'a Context<'_>) -> &'a Identity {
 
 fn app<'a>(ctx: &'a Context<'_>) -> &'a AppState {
     ctx.data_unchecked::<AppState>()
-}
-
-fn money(value: Decimal) -> String {
-    value.normalize().to_string()
 }
 
 /// Transfer direction, the way users filter by it.
@@ -207,30 +203,23 @@ impl TransferGql {
     /// The transfer's events, in order, from the event log itself.
     #[graphql(complexity = "10 * child_complexity")]
     async fn events(&self, ctx: &Context<'_>) -> async_graphql::Result<Vec<TransferEventGql>> {
-        let rows: Vec<(i64, String, String, serde_json::Value, i64)> = sqlx::query_as(
-            "SELECT sequence, event_type, event_version, payload::jsonb, global_position
-             FROM events WHERE aggregate_type = 'Transfer' AND aggregate_id = $1
-             ORDER BY sequence",
-        )
-        .bind(&self.req_id)
-        .fetch_all(app(ctx).funding.pool())
-        .await
-        .map_err(internal)?;
-        rows.into_iter()
-            .map(
-                |(sequence, event_type, event_version, payload, global_position)| {
-                    let event: TransferEvent = serde_json::from_value(payload).map_err(internal)?;
-                    Ok(TransferEventGql {
-                        sequence,
-                        event_type,
-                        event_version,
-                        state: event.resulting_state().as_str().to_owned(),
-                        occurred_at: event.at(),
-                        global_position,
-                    })
-                },
-            )
-            .collect()
+        let req_id = ReqId::parse(&self.req_id).map_err(internal)?;
+        let events = app(ctx)
+            .ledger
+            .transfer_events(&req_id)
+            .await
+            .map_err(|e| internal(application::error_chain(&e)))?;
+        Ok(events
+            .into_iter()
+            .map(|e| TransferEventGql {
+                sequence: e.sequence,
+                event_type: e.event_type,
+                event_version: e.event_version,
+                state: e.event.resulting_state().as_str().to_owned(),
+                occurred_at: e.event.at(),
+                global_position: e.global_position,
+            })
+            .collect())
     }
 }
 
@@ -348,8 +337,7 @@ impl QueryRoot {
         };
         // One row more than asked tells whether there is a next page.
         let mut rows = app(ctx)
-            .coordinator
-            .view()
+            .view
             .history(&history, after.as_ref(), i64::from(first) + 1)
             .await
             .map_err(internal)?;
@@ -384,7 +372,12 @@ impl QueryRoot {
         let Ok(req_id) = ReqId::parse(&req_id) else {
             return Ok(None);
         };
-        let data = app(ctx).coordinator.load(&req_id).await.map_err(internal)?;
+        let data = app(ctx)
+            .ledger
+            .coordinator()
+            .load(&req_id)
+            .await
+            .map_err(internal)?;
         Ok(data
             .filter(|d| me.admin || d.user_id == me.user_id)
             .map(Into::into))
@@ -405,9 +398,9 @@ impl QueryRoot {
         };
         let state = app(ctx);
         let (funding, spot, in_flight) = tokio::join!(
-            state.funding.balances(user),
-            state.spot.balances(user),
-            state.coordinator.view().in_flight(user.as_i64()),
+            state.ledger.funding().balances(user),
+            state.ledger.spot().balances(user),
+            state.view.in_flight(user.as_i64()),
         );
         let funding = funding.map_err(internal)?;
         let spot = spot.map_err(|e| {
@@ -415,24 +408,14 @@ impl QueryRoot {
             coded(ErrorCode::SystemError)
         })?;
         let in_flight = in_flight.map_err(internal)?;
-        let mut per_asset: BTreeMap<String, [Decimal; 3]> = BTreeMap::new();
-        for row in funding {
-            per_asset.entry(row.asset).or_default()[0] += row.balance;
-        }
-        for row in spot {
-            per_asset.entry(row.asset).or_default()[1] += row.available;
-        }
-        for (asset, amount) in in_flight {
-            per_asset.entry(asset).or_default()[2] += amount;
-        }
-        Ok(per_asset
+        Ok(merge_balances(funding, spot, in_flight)
             .into_iter()
-            .map(|(asset, [funding, spot, in_flight])| BalanceGql {
+            .map(|b| BalanceGql {
                 user_id: user.as_i64(),
-                asset,
-                funding: money(funding),
-                spot: money(spot),
-                in_flight: money(in_flight),
+                asset: b.asset,
+                funding: money(b.funding),
+                spot: money(b.spot),
+                in_flight: money(b.in_flight),
             })
             .collect())
     }
@@ -442,12 +425,7 @@ impl QueryRoot {
         if !caller(ctx).admin {
             return Err(coded(ErrorCode::Forbidden));
         }
-        let counts = app(ctx)
-            .coordinator
-            .view()
-            .state_counts()
-            .await
-            .map_err(internal)?;
+        let counts = app(ctx).view.state_counts().await.map_err(internal)?;
         Ok(counts
             .into_iter()
             .map(|(state_id, state, count)| StateCount {
@@ -488,7 +466,7 @@ impl SubscriptionRoot {
         after: Option<i64>,
     ) -> async_graphql::Result<impl Stream<Item = TransferUpdate>> {
         let me = *caller(ctx);
-        let pool = app(ctx).funding.pool().clone();
+        let pool = app(ctx).ledger.pool().clone();
         let start = match after {
             Some(position) if position >= 0 => position,
             Some(_) => return Err(coded(ErrorCode::BadRequest)),
@@ -587,7 +565,10 @@ async fn graphql_post(State(state): State<AppState>, headers: HeaderMap, body: B
             )
         }
     };
-    let mut response = schema(state).execute(request.data(identity)).await;
+    let mut response = state
+        .graphql
+        .execute(request.data(identity).data(state.clone()))
+        .await;
     // Parse, validation, depth and complexity errors come without a code: they are the
     // caller's malformed requests.
     for error in &mut response.errors {
@@ -621,7 +602,7 @@ async fn graphql_ws(
     protocol: GraphQLProtocol,
     upgrade: WebSocketUpgrade,
 ) -> Response {
-    let schema = schema(state.clone());
+    let schema = state.graphql.clone();
     upgrade
         .protocols(ALL_WEBSOCKET_PROTOCOLS)
         .on_upgrade(move |socket| {
@@ -645,18 +626,10 @@ async fn graphql_ws(
                         .ok_or_else(|| coded(ErrorCode::Unauthorized))?;
                     let mut data = Data::default();
                     data.insert(identity);
+                    data.insert(state);
                     Ok(data)
                 })
                 .serve()
         })
         .into_response()
-}
-
-/// Maps an API error into a GraphQL error with the same code (kept for handlers that share
-/// checks with the REST routes).
-pub fn from_api_error(e: &ApiError) -> async_graphql::Error {
-    match crate::error::parse_code(&e.code()) {
-        Some(code) => coded(code),
-        None => coded(ErrorCode::SystemError),
-    }
 }

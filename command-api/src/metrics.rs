@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use domain::TransferState;
+use projections::transfers::MetricFigures as Figures;
 
 use crate::app::AppState;
 use crate::error::ApiError;
@@ -19,46 +20,9 @@ pub fn routes() -> Router<AppState> {
     Router::new().route("/metrics", get(metrics))
 }
 
-/// Figures read in one round trip.
-#[derive(Debug, Default, sqlx::FromRow)]
-struct Figures {
-    oldest_open_age_seconds: i64,
-    oldest_target_pending_age_seconds: i64,
-    retries_total: i64,
-    refund_failures_total: i64,
-    stuck_alerts_total: i64,
-    refund_alerts_total: i64,
-    leased: i64,
-}
-
 async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let pool = state.funding.pool();
     let internal = |e: sqlx::Error| ApiError::Internal(format!("metrics: {e}"));
-    let by_state: Vec<(String, i64)> =
-        sqlx::query_as("SELECT state, COUNT(*) FROM transfers_view GROUP BY state")
-            .fetch_all(pool)
-            .await
-            .map_err(internal)?;
-    let figures: Figures = sqlx::query_as(
-        "SELECT
-            COALESCE((SELECT EXTRACT(EPOCH FROM now() - MIN(updated_at))::bigint
-                      FROM transfers_view WHERE state_id NOT IN (40, -10, -30)), 0)
-                AS oldest_open_age_seconds,
-            COALESCE((SELECT EXTRACT(EPOCH FROM now() - MIN(updated_at))::bigint
-                      FROM transfers_view WHERE state_id = 30), 0)
-                AS oldest_target_pending_age_seconds,
-            COALESCE((SELECT SUM(attempts) FROM transfer_retries), 0)::bigint AS retries_total,
-            COALESCE((SELECT SUM(refund_failures) FROM transfer_retries), 0)::bigint
-                AS refund_failures_total,
-            (SELECT COUNT(*) FROM transfer_retries WHERE stuck_alerted_at IS NOT NULL)
-                AS stuck_alerts_total,
-            (SELECT COUNT(*) FROM transfer_retries WHERE refund_alerted_at IS NOT NULL)
-                AS refund_alerts_total,
-            (SELECT COUNT(*) FROM transfer_retries WHERE lease_until > now()) AS leased",
-    )
-    .fetch_one(pool)
-    .await
-    .map_err(internal)?;
+    let (by_state, figures) = state.view.metric_figures().await.map_err(internal)?;
     Ok((
         [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         render(&by_state, &figures),

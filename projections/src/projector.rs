@@ -77,7 +77,7 @@ impl StoredEvent {
         if self.aggregate_type != TRANSFER_AGGREGATE {
             return Ok(None);
         }
-        if self.event_version != "1" {
+        if self.event_version != domain::EVENT_VERSION {
             return Err(ProjectionError::Undecodable {
                 event_id: self.event_id(),
                 detail: format!("version {} has no upcaster", self.event_version),
@@ -645,7 +645,7 @@ impl BatchEvent {
         if aggregate_type != TRANSFER_AGGREGATE {
             return Ok(None);
         }
-        if event_version != "1" {
+        if event_version != domain::EVENT_VERSION {
             return Err(ProjectionError::Undecodable {
                 event_id: event_id(aggregate_type, aggregate_id, sequence),
                 detail: format!("version {event_version} has no upcaster"),
