@@ -394,6 +394,15 @@ struct SpotChild {
     /// The write end of the child's stdin, never written: when this process ends, however it
     /// ends, the kernel closes it and the child (`--exit-with-stdin`) stops too.
     _lifeline: ChildStdin,
+    /// Copies the child's stdout to stderr (a full pipe would block the engine). Owned by the
+    /// child: it ends with the pipe, and is aborted when this value is dropped.
+    drain: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for SpotChild {
+    fn drop(&mut self) {
+        self.drain.abort();
+    }
 }
 
 impl SpotChild {
@@ -463,7 +472,7 @@ impl SpotChild {
                 )
             })??;
         // Keep draining its stdout: a full pipe would block the engine.
-        tokio::spawn(async move {
+        let drain = tokio::spawn(async move {
             while let Ok(Some(line)) = lines.next_line().await {
                 eprintln!("spot-core: {line}");
             }
@@ -473,6 +482,7 @@ impl SpotChild {
             child,
             addr,
             _lifeline: lifeline,
+            drain,
         })
     }
 

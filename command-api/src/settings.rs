@@ -152,7 +152,7 @@ impl Settings {
 
     /// The database pool for `connections_max` connections, migrated.
     pub async fn pool(&self, connections_max: u32) -> anyhow::Result<sqlx::PgPool> {
-        Ok(schema::prepare(&self.database_url(), connections_max).await?)
+        schema::prepare(&self.database_url(), connections_max).await
     }
 }
 
