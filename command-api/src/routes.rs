@@ -1,6 +1,8 @@
 //! The HTTP handlers of DESIGN section 5. Request bodies are read as raw JSON objects and checked
 //! field by field, so the checks run in seed 000's order (section 1.5.8) and every refusal has the
-//! contract's code rather than a deserializer's text.
+//! contract's code rather than a deserializer's text. (About 520 lines of handlers and their
+//! body parsing, then the unit tests of that parsing; kept together because the tests pin the
+//! check order of exactly these functions.)
 
 use adapters::spot::SpotError;
 use adapters::{AccountStatus, FundingError};

@@ -3,9 +3,8 @@
 //! attempt; also the stuck listing the admin routes show. It reads no read model and never
 //! imports the read side.
 
+pub mod stuck;
 pub mod worker;
 
-pub use worker::{
-    stuck_transfers, ProjectorProbe, RecoveryConfig, RecoveryOverrides, RecoveryWorker,
-    StuckTransfer,
-};
+pub use stuck::{stuck_transfers, StuckTransfer};
+pub use worker::{ProjectorProbe, RecoveryConfig, RecoveryOverrides, RecoveryWorker};
