@@ -204,7 +204,7 @@ async fn serve(args: ServeArgs, settings: &Settings) -> anyhow::Result<()> {
         Duration::from_millis(args.spot_timeout_ms),
         settings.spot_core_token()?,
     );
-    // Serving while spot-core is down is allowed: transfers wait and the sweeper retries.
+    // Serving while spot-core is down is allowed: transfers wait and the recovery worker retries.
     if let Err(e) = spot.ping().await {
         tracing::warn!(spot = %spot_addr, error = %e, "spot-core does not answer yet");
     }
