@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 use std::collections::HashSet;
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, RwLock};
 
 use domain::{
     AccountPort, AccountType, AdapterOutcome, Amount, AssetRegistry, AssetSymbol, Movement,
@@ -12,6 +12,7 @@ use domain::{
 use rust_decimal::Decimal;
 use sqlx::PgPool;
 
+mod audit;
 mod batch;
 
 /// Status of a funding account.
@@ -81,20 +82,21 @@ pub struct JournalEntry {
     pub code: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Op {
-    Withdraw,
-    Deposit,
-    Refund,
+/// An operation as the journal spells it (`funding_journal.operation`).
+fn journal_name(operation: Operation) -> &'static str {
+    match operation {
+        Operation::Withdraw => "WITHDRAW",
+        Operation::Deposit => "DEPOSIT",
+        Operation::Refund => "REFUND",
+    }
 }
 
-impl Op {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Withdraw => "WITHDRAW",
-            Self::Deposit => "DEPOSIT",
-            Self::Refund => "REFUND",
-        }
+/// The journal's spelling read back; anything else is a refund, as the audit always read it.
+fn operation_from_journal(name: &str) -> Operation {
+    match name {
+        "WITHDRAW" => Operation::Withdraw,
+        "DEPOSIT" => Operation::Deposit,
+        _ => Operation::Refund,
     }
 }
 
@@ -105,8 +107,9 @@ pub struct FundingLedger {
     /// When set, withdraw and deposit re-check the asset and the amount's precision themselves
     /// (defence in depth: a caller that skips the API and the coordinator is still refused).
     assets: Option<Arc<RwLock<AssetRegistry>>>,
-    /// Group-commits fresh movements; started on first use, on the runtime of that call.
-    batcher: Arc<OnceLock<batch::Batcher>>,
+    /// Group-commits fresh movements. Its task is owned by this value's clones (see
+    /// `group_commit`), started with it, and ends when the last clone is dropped.
+    batcher: batch::Batcher,
     /// Accounts seen to exist. Nothing ever deletes a funding account, so once seen, always
     /// true; an account not seen yet is asked for every time (a deposit may have created it).
     known: Arc<RwLock<HashSet<(i64, String)>>>,
@@ -121,11 +124,13 @@ fn balance_ceiling() -> Decimal {
 }
 
 impl FundingLedger {
+    /// The ledger over `pool`, with its group-commit task started on the current tokio runtime
+    /// (so it must be called inside one).
     pub fn new(pool: PgPool) -> Self {
         Self {
+            batcher: batch::Batcher::start(pool.clone()),
             pool,
             assets: None,
-            batcher: Arc::new(OnceLock::new()),
             known: Arc::new(RwLock::new(HashSet::new())),
         }
     }
@@ -328,15 +333,15 @@ impl FundingLedger {
 
     /// One movement, atomically: claim (req_id, op) in the journal, decide and apply. A claim that
     /// already exists returns the first decision and changes nothing.
-    async fn movement(&self, op: Op, m: &Movement) -> Result<AdapterOutcome, sqlx::Error> {
+    async fn movement(&self, op: Operation, m: &Movement) -> Result<AdapterOutcome, sqlx::Error> {
         // The common case, a fresh movement of a valid asset, is decided and applied by one
         // statement; repeats and invalid assets take the general path below.
         // A refund is bound to an applied withdraw of the same details, the stronger check; it
         // must never be refused for an asset setting changed since, or the money would stay
         // in flight.
         let invalid = match op {
-            Op::Refund => None,
-            Op::Withdraw | Op::Deposit => self.invalid(m),
+            Operation::Refund => None,
+            Operation::Withdraw | Operation::Deposit => self.invalid(m),
         };
         if invalid.is_none() {
             if let Some(outcome) = self.fresh_movement(op, m).await? {
@@ -355,13 +360,10 @@ impl FundingLedger {
     /// answers with the first decision.
     async fn fresh_movement(
         &self,
-        op: Op,
+        op: Operation,
         m: &Movement,
     ) -> Result<Option<AdapterOutcome>, sqlx::Error> {
-        let batcher = self
-            .batcher
-            .get_or_init(|| batch::Batcher::start(self.pool.clone()));
-        let decided = batcher.submit(op.as_str(), m).await?;
+        let decided = self.batcher.submit(journal_name(op), m).await?;
         let Some(batch::Decided {
             outcome,
             code,
@@ -374,7 +376,7 @@ impl FundingLedger {
             // One call, one transaction: an applied claim without its balance change cannot
             // commit unless the account vanished, which nothing ever does.
             if moved != 1 {
-                tracing::error!(req_id = %m.req_id, op = op.as_str(), moved, "CRITICAL applied funding movement touched no single account");
+                tracing::error!(req_id = %m.req_id, op = journal_name(op), moved, "CRITICAL applied funding movement touched no single account");
                 return Ok(Some(AdapterOutcome::Unknown(
                     "funding movement inconsistent".into(),
                 )));
@@ -390,7 +392,7 @@ impl FundingLedger {
     /// that decision even if the asset configuration changed since.
     async fn movement_general(
         &self,
-        op: Op,
+        op: Operation,
         m: &Movement,
         invalid: Option<String>,
     ) -> Result<AdapterOutcome, sqlx::Error> {
@@ -401,7 +403,7 @@ impl FundingLedger {
                  ON CONFLICT (req_id, operation) DO NOTHING",
             )
             .bind(m.req_id.to_string())
-            .bind(op.as_str())
+            .bind(journal_name(op))
             .bind(m.user_id.as_i64())
             .bind(m.asset.as_str())
             .bind(m.amount.value())
@@ -419,7 +421,7 @@ impl FundingLedger {
              WHERE req_id = $1 AND operation = $2",
         )
         .bind(m.req_id.to_string())
-        .bind(op.as_str())
+        .bind(journal_name(op))
         .fetch_one(&self.pool)
         .await?;
         let (user_id, asset, amount, outcome, code) = first;
@@ -427,10 +429,10 @@ impl FundingLedger {
         {
             // Never decide a different movement under a used key: a bug or an attack, so the
             // caller must not treat it as a clean refusal either.
-            return Ok(AdapterOutcome::Unknown(format!(
+            return Ok(AdapterOutcome::Mismatch(format!(
                 "req_id {} already used for a different {} movement",
                 m.req_id,
-                op.as_str()
+                journal_name(op)
             )));
         }
         Ok(match (outcome.as_str(), code) {
@@ -443,14 +445,14 @@ impl FundingLedger {
 impl FundingLedger {
     /// Records a `CANCELLED` refusal for (req_id, op) if nothing is recorded under that key yet.
     /// A movement transaction still holding the key makes this wait for it, and then do nothing.
-    async fn cancel_movement(&self, op: Op, m: &Movement) -> Result<(), sqlx::Error> {
+    async fn cancel_movement(&self, op: Operation, m: &Movement) -> Result<(), sqlx::Error> {
         sqlx::query(
             "INSERT INTO funding_journal (req_id, operation, user_id, asset, amount, outcome, code)
              VALUES ($1, $2, $3, $4, $5, 'REFUSED', 'CANCELLED')
              ON CONFLICT (req_id, operation) DO NOTHING",
         )
         .bind(m.req_id.to_string())
-        .bind(op.as_str())
+        .bind(journal_name(op))
         .bind(m.user_id.as_i64())
         .bind(m.asset.as_str())
         .bind(m.amount.value())
@@ -507,32 +509,35 @@ impl AccountPort for FundingLedger {
     }
 
     async fn withdraw(&self, m: &Movement) -> AdapterOutcome {
-        self.movement(Op::Withdraw, m)
+        self.movement(Operation::Withdraw, m)
             .await
             .unwrap_or_else(classify)
     }
 
     async fn deposit(&self, m: &Movement) -> AdapterOutcome {
-        self.movement(Op::Deposit, m).await.unwrap_or_else(classify)
+        self.movement(Operation::Deposit, m)
+            .await
+            .unwrap_or_else(classify)
     }
 
     async fn refund(&self, m: &Movement) -> AdapterOutcome {
-        self.movement(Op::Refund, m).await.unwrap_or_else(classify)
+        self.movement(Operation::Refund, m)
+            .await
+            .unwrap_or_else(classify)
     }
 
     /// The journal row is written in the same transaction as the balance change, so "no row"
     /// means nothing was applied when the query ran.
     async fn lookup(&self, m: &Movement, operation: Operation) -> Recorded {
-        let op = match operation {
-            Operation::Withdraw => Op::Withdraw,
-            Operation::Deposit => Op::Deposit,
-            Operation::Refund => Op::Refund,
-        };
+        let op = operation;
         let entries = match self.journal_for(&m.req_id.to_string()).await {
             Ok(entries) => entries,
             Err(e) => return Recorded::Unavailable(e.to_string()),
         };
-        let Some(entry) = entries.into_iter().find(|e| e.operation == op.as_str()) else {
+        let Some(entry) = entries
+            .into_iter()
+            .find(|e| e.operation == journal_name(op))
+        else {
             return Recorded::NotSeen;
         };
         if entry.user_id != m.user_id.as_i64()
@@ -542,7 +547,7 @@ impl AccountPort for FundingLedger {
             return Recorded::Mismatch(format!(
                 "req_id {} recorded for a different {} movement",
                 m.req_id,
-                op.as_str()
+                journal_name(op)
             ));
         }
         if entry.applied {
@@ -557,11 +562,7 @@ impl AccountPort for FundingLedger {
     /// Claims (req_id, op) with a `CANCELLED` refusal unless something holds it already; the
     /// journal's unique key then answers every later copy of the call with that refusal.
     async fn cancel(&self, m: &Movement, operation: Operation) -> Recorded {
-        let op = match operation {
-            Operation::Withdraw => Op::Withdraw,
-            Operation::Deposit => Op::Deposit,
-            Operation::Refund => Op::Refund,
-        };
+        let op = operation;
         if let Err(e) = self.cancel_movement(op, m).await {
             return Recorded::Unavailable(e.to_string());
         }

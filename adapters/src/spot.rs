@@ -14,6 +14,8 @@ use spot_core::protocol::{self, MovementOp, RefusalCode, Request, Response};
 
 use crate::funding::AccountStatus;
 
+mod audit;
+
 /// One SPOT balance as spot-core reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpotBalance {
@@ -153,7 +155,7 @@ impl SpotAdapter {
                 code: RefusalCode::ReqIdConflict,
                 message,
                 ..
-            }) => AdapterOutcome::Unknown(format!("REQ_ID_CONFLICT: {message}")),
+            }) => AdapterOutcome::Mismatch(format!("REQ_ID_CONFLICT: {message}")),
             Ok(Response::Refused { code, message, .. }) => AdapterOutcome::ExplicitFail {
                 code: code.as_str().to_owned(),
                 message,
@@ -279,6 +281,8 @@ mod tests {
                 assets: None,
                 token_file,
                 exit_with_stdin: false,
+                token: None,
+                failpoints: None,
             })
             .await
             .unwrap();

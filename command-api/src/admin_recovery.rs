@@ -12,22 +12,22 @@
 
 use std::time::Duration;
 
+use application::ManualResolutionError;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use chrono::{DateTime, SecondsFormat, Utc};
 use domain::{ReqId, Resolution, TransferError};
-use recovery::coordinator::ManualResolutionError;
-use recovery::sweeper::stuck_transfers;
+use recovery::stuck_transfers;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::app::AppState;
 use crate::auth::AdminUser;
 use crate::error::ApiError;
+use crate::render::rfc3339;
 use crate::routes::JsonObject;
 
 /// Most rows one listing returns.
@@ -51,10 +51,6 @@ struct StuckQuery {
     limit: Option<i64>,
 }
 
-fn rfc3339(at: DateTime<Utc>) -> String {
-    at.to_rfc3339_opts(SecondsFormat::Millis, true)
-}
-
 async fn list_stuck(
     State(state): State<AppState>,
     _admin: AdminUser,
@@ -65,7 +61,7 @@ async fn list_stuck(
     };
     let older_than = Duration::from_millis(q.older_than_ms.unwrap_or(STUCK_OLDER_THAN_MS_DEFAULT));
     let limit = q.limit.unwrap_or(100).clamp(1, STUCK_PAGE_SIZE_MAX);
-    let rows = stuck_transfers(state.funding.pool(), older_than, limit)
+    let rows = stuck_transfers(state.ledger.pool(), older_than, limit)
         .await
         .map_err(|e| ApiError::Internal(format!("list stuck transfers: {e}")))?;
     let transfers: Vec<Value> = rows
@@ -77,7 +73,7 @@ async fn list_stuck(
                 "from": r.from_account,
                 "to": r.to_account,
                 "asset": r.asset,
-                "amount": r.amount.map(|a| a.normalize().to_string()),
+                "amount": r.amount.map(crate::render::money),
                 "state": r.state,
                 "status": r.status,
                 "updated_at": rfc3339(r.updated_at),
@@ -152,7 +148,8 @@ async fn resolve(
     };
     let operator = format!("admin:{}", admin.user_id);
     match state
-        .coordinator
+        .ledger
+        .coordinator()
         .manually_resolve(&req_id, resolution, &operator, &reason, force)
         .await
     {

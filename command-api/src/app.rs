@@ -3,15 +3,16 @@
 
 use std::any::Any;
 use std::future::Future;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
-use adapters::{FundingLedger, SpotAdapter};
+use adapters::SpotAdapter;
+use application::{FailPoints, Ledger, RateGate};
 use axum::extract::DefaultBodyLimit;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::Router;
-use domain::{AccountPort, AssetConfig, AssetRegistry, ErrorCode};
-use recovery::{Coordinator, Sweeper};
+use domain::{AssetRegistry, ErrorCode, UserId};
+use projections::TransferView;
 use sqlx::PgPool;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
@@ -19,59 +20,55 @@ use tower_http::trace::TraceLayer;
 use crate::auth::JwtKeys;
 use crate::config::BODY_BYTES_MAX;
 use crate::error::ApiError;
+use crate::ratelimit::{LimitsConfig, RateLimiter};
 use crate::routes;
+use crate::startup::{Background, Tasks};
 
 /// What every handler shares. Cheap to clone: every field is a handle.
 #[derive(Clone)]
 pub struct AppState {
-    pub coordinator: Coordinator,
-    pub funding: FundingLedger,
-    pub spot: SpotAdapter,
-    /// The same registry the coordinator validates against.
-    pub assets: Arc<RwLock<AssetRegistry>>,
+    /// The application core: every command a handler calls.
+    pub ledger: Ledger,
+    /// The transfer read models (history, in-flight sums, counts by state).
+    pub view: TransferView,
     pub jwt: Arc<JwtKeys>,
-    /// Requests per second per user (this process); the daily limits live in the coordinator.
-    pub rate: Arc<crate::ratelimit::RateLimiter>,
-    /// This process's short-lived copy of the MON-003 halt flag.
-    pub halt: Arc<crate::invariant::HaltCache>,
     /// How much the read surfaces (GraphQL, the feed) may hold at once.
     pub admission: Arc<crate::admission::Admission>,
     /// The HTTP server's timeouts and connection caps.
     pub http: crate::http_server::HttpLimits,
+    /// The GraphQL schema, built once.
+    pub graphql: crate::graphql::LedgerSchema,
+    /// The background work `serve_with_shutdown` starts (see `startup.rs`).
+    pub background: Background,
+}
+
+/// The per-second limiter is the core's rate gate.
+impl RateGate for RateLimiter {
+    fn admit(&self, user: UserId) -> Result<(), ErrorCode> {
+        self.check(user)
+    }
 }
 
 impl AppState {
-    /// Wires the funding ledger over `pool`, the spot adapter and the asset list into a
-    /// coordinator, and keeps `jwt_secret` for verifying tokens (HS256).
+    /// Wires the application core over `pool`, the spot adapter and the asset list, and keeps
+    /// `jwt_secret` for verifying tokens (HS256). No limits, no recovery worker, the default
+    /// audit interval: the `ledger` commands apply their settings.
     pub fn new(pool: PgPool, spot: SpotAdapter, assets: AssetRegistry, jwt_secret: &[u8]) -> Self {
-        let assets = Arc::new(RwLock::new(assets));
-        let funding = FundingLedger::new(pool.clone()).with_assets(assets.clone());
-        let coordinator = Coordinator::new(
-            pool,
-            Arc::new(funding.clone()) as Arc<dyn AccountPort>,
-            Arc::new(spot.clone()) as Arc<dyn AccountPort>,
-            assets.clone(),
-        );
         Self {
-            coordinator,
-            funding,
-            spot,
-            assets,
+            view: TransferView::new(pool.clone()),
+            ledger: Ledger::new(pool, spot, assets),
             jwt: Arc::new(JwtKeys::new(jwt_secret)),
-            rate: Arc::new(crate::ratelimit::RateLimiter::new(None)),
-            halt: Arc::new(crate::invariant::HaltCache::default()),
             admission: Arc::default(),
             http: crate::http_server::HttpLimits::default(),
+            graphql: crate::graphql::schema(),
+            background: Background::default(),
         }
     }
 
-    /// Applies rate limits: per second here, daily counts and amounts in the coordinator.
-    /// `new` starts without limits; the `ledger` commands apply the configured ones.
-    pub fn with_limits(mut self, limits: crate::ratelimit::LimitsConfig) -> Self {
-        self.rate = Arc::new(crate::ratelimit::RateLimiter::new(
-            limits.requests_per_second,
-        ));
-        self.coordinator = self.coordinator.with_daily_limits(limits.daily);
+    /// Applies rate limits: per second in this process, daily counts and amounts in PostgreSQL.
+    pub fn with_limits(mut self, limits: LimitsConfig) -> Self {
+        let rate = Arc::new(RateLimiter::new(limits.requests_per_second));
+        self.ledger = self.ledger.with_limits(rate, limits.daily);
         self
     }
 
@@ -81,12 +78,16 @@ impl AppState {
         self
     }
 
-    /// One asset's configuration, copied out so no lock is held across an await.
-    pub fn asset(&self, symbol: &str) -> Result<AssetConfig, ErrorCode> {
-        // A poisoned lock only means a writer panicked mid-update of a plain map; the map itself
-        // is still whole, so reading on is safe.
-        let registry = self.assets.read().unwrap_or_else(|e| e.into_inner());
-        registry.get(symbol).cloned()
+    /// Arms a crash-test fail point.
+    pub fn with_failpoints(mut self, failpoints: FailPoints) -> Self {
+        self.ledger = self.ledger.with_failpoints(failpoints);
+        self
+    }
+
+    /// The background work to run while serving.
+    pub fn with_background(mut self, background: Background) -> Self {
+        self.background = background;
+        self
     }
 }
 
@@ -136,33 +137,27 @@ fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response {
     ApiError::Internal(format!("handler panicked: {detail}")).into_response()
 }
 
-/// Serves the API on `listener` until the process ends. Does not run the sweeper (see
-/// [`spawn_sweeper`]).
+/// Serves the API on `listener` until the process ends, with the background work `state` is
+/// configured for (see `startup.rs`).
 pub async fn serve_with(listener: tokio::net::TcpListener, state: AppState) -> anyhow::Result<()> {
     serve_with_shutdown(listener, state, std::future::pending()).await
 }
 
-/// Serves the API on `listener` until `shutdown` completes, then lets requests in progress finish.
+/// Serves the API on `listener` until `shutdown` completes, then lets requests in progress finish;
+/// starts the background tasks first and stops them after. A background task that ends stops the
+/// server with an error.
 pub async fn serve_with_shutdown(
     listener: tokio::net::TcpListener,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    // Admin asset changes stored by any instance are laid over the file's defaults before the
-    // first request, then kept current while serving.
-    crate::admin_assets::load_persisted(&state).await?;
-    let reloader = crate::admin_assets::spawn_reloader(state.clone());
-    // The projector and the periodic fund-conservation check run while this process serves.
-    let read_side = crate::feed::spawn_read_side(&state);
+    let mut tasks = Tasks::start(&state).await?;
     let limits = state.http;
-    let served = crate::http_server::serve(listener, build_app(state), limits, shutdown).await;
-    reloader.abort();
-    drop(read_side);
-    served?;
-    Ok(())
-}
-
-/// Runs the sweeper (resumes transfers left open) in the background until the handle is aborted.
-pub fn spawn_sweeper(coordinator: Coordinator) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(Sweeper::new(coordinator).run())
+    let served = crate::http_server::serve(listener, build_app(state), limits, shutdown);
+    let outcome = tokio::select! {
+        served = served => served.map_err(anyhow::Error::from),
+        name = tasks.first_exit() => Err(anyhow::anyhow!("background task {name} stopped")),
+    };
+    tasks.stop().await;
+    outcome
 }

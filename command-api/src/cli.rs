@@ -10,14 +10,15 @@ use adapters::SpotAdapter;
 use anyhow::{anyhow, bail, Context};
 use clap::{Args, Parser, Subcommand};
 use domain::UserId;
-use rand::TryRngCore;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::TcpListener;
 use tokio::process::{Child, ChildStdin, Command as ChildCommand};
 
-use crate::app::{serve_with_shutdown, spawn_sweeper, AppState};
+use crate::app::{serve_with_shutdown, AppState};
 use crate::auth::mint;
 use crate::config::{self, JwtSecret, SecretSource};
+use crate::settings::Settings;
+use crate::startup::Background;
 
 /// The line spot-core prints on stdout once it accepts connections.
 pub const SPOT_READY_PREFIX: &str = "spot-core listening on ";
@@ -32,6 +33,9 @@ pub const SPOT_TOKEN_FILE: &str = "spot.token";
     about = "Event-sourced internal-transfer ledger"
 )]
 pub struct Cli {
+    /// Everything configurable, from flags or the environment (see `settings.rs`).
+    #[command(flatten)]
+    pub settings: Settings,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -124,27 +128,47 @@ pub fn init_tracing() {
 
 /// Runs one command to completion.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let settings = cli.settings;
     match cli.command {
-        Command::Up(args) => up(args).await,
-        Command::Serve(args) => serve(args).await,
-        Command::Token(args) => token(args),
-        Command::Migrate => migrate().await,
-        Command::Replay(args) => crate::replay::run(args).await,
+        Command::Up(args) => up(args, &settings).await,
+        Command::Serve(args) => serve(args, &settings).await,
+        Command::Token(args) => token(args, &settings),
+        Command::Migrate => migrate(&settings).await,
+        Command::Replay(args) => crate::replay::run(args, &settings).await,
         Command::SpotCore(args) => spot_core::run(args).await,
     }
 }
 
-async fn migrate() -> anyhow::Result<()> {
-    let url = config::database_url();
+/// The application state with everything the settings configure: limits, the fail point, the
+/// recovery worker and the audit's interval.
+fn configured_state(
+    settings: &Settings,
+    pool: sqlx::PgPool,
+    spot: SpotAdapter,
+    assets: domain::AssetRegistry,
+    secret: &JwtSecret,
+) -> anyhow::Result<AppState> {
+    Ok(AppState::new(pool, spot, assets, &secret.bytes)
+        .with_limits(settings.limits()?)
+        .with_http_limits(settings.http_limits()?)
+        .with_failpoints(settings.failpoints())
+        .with_background(Background {
+            recovery: Some(settings.recovery()),
+            audit_interval: settings.audit_interval(),
+        }))
+}
+
+async fn migrate(settings: &Settings) -> anyhow::Result<()> {
+    let url = settings.database_url();
     let pool = schema::prepare(&url, 2).await?;
     pool.close().await;
     println!("migrations applied to {}", config::redact_url(&url));
     Ok(())
 }
 
-fn token(args: TokenArgs) -> anyhow::Result<()> {
+fn token(args: TokenArgs, settings: &Settings) -> anyhow::Result<()> {
     let user = UserId::new(args.user).map_err(|_| anyhow!("--user must be a positive integer"))?;
-    let secret = match config::secret_from_env()? {
+    let secret = match settings.jwt_secret()? {
         Some(secret) => secret,
         None => config::secret_from_file(&args.data_dir)?.with_context(|| {
             format!(
@@ -166,8 +190,8 @@ fn token(args: TokenArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let secret = config::secret_from_env()?.with_context(|| {
+async fn serve(args: ServeArgs, settings: &Settings) -> anyhow::Result<()> {
+    let secret = settings.jwt_secret()?.with_context(|| {
         format!(
             "`ledger serve` needs {} (shared by every instance)",
             config::JWT_SECRET_ENV
@@ -175,15 +199,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     })?;
     let assets = config::load_assets(args.assets.as_deref())?;
     let spot_addr = config::spot_addr(&args.spot_url)?;
-    let url = config::database_url();
-    let pool = schema::prepare(&url, config::POOL_CONNECTIONS_MAX).await?;
+    let pool = settings.pool(config::POOL_CONNECTIONS_MAX).await?;
     // Optional: a spot-core on loopback may run without a token.
     let spot = SpotAdapter::with_token(
         spot_addr.clone(),
         Duration::from_millis(args.spot_timeout_ms),
-        spot_core::token_from_env()?,
+        settings.spot_core_token()?,
     );
-    // Serving while spot-core is down is allowed: transfers wait and the sweeper retries.
+    // Serving while spot-core is down is allowed: transfers wait and the recovery worker retries.
     if let Err(e) = spot.ping().await {
         tracing::warn!(spot = %spot_addr, error = %e, "spot-core does not answer yet");
     }
@@ -191,28 +214,22 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listen on {}", args.listen))?;
     let local = listener.local_addr()?;
-    let state = AppState::new(pool, spot, assets, &secret.bytes)
-        .with_limits(crate::ratelimit::LimitsConfig::from_env()?)
-        .with_http_limits(config::http_limits()?);
+    let state = configured_state(settings, pool, spot, assets, &secret)?;
     println!("ledger serving on http://{local} (spot-core at {spot_addr})");
     run_until_stopped(listener, state, None).await
 }
 
-async fn up(args: UpArgs) -> anyhow::Result<()> {
+async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> {
     let assets = config::load_assets(args.assets.as_deref())?;
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("create data dir {}", args.data_dir.display()))?;
-    let secret = config::secret_for_data_dir(&args.data_dir)?;
-    let url = config::database_url();
-    let pool = schema::prepare(&url, config::POOL_CONNECTIONS_MAX).await?;
+    let secret = config::secret_for_data_dir(settings.jwt_secret()?, &args.data_dir)?;
+    let url = settings.database_url();
+    let pool = settings.pool(config::POOL_CONNECTIONS_MAX).await?;
 
     let timeout = Duration::from_millis(args.spot_timeout_ms);
     let (spot_addr, spot_token, child) = match &args.spot_url {
-        Some(given) => (
-            config::spot_addr(given)?,
-            spot_core::token_from_env()?,
-            None,
-        ),
+        Some(given) => (config::spot_addr(given)?, settings.spot_core_token()?, None),
         None => {
             let token_file = args.data_dir.join(SPOT_TOKEN_FILE);
             let token = stored_or_generated_spot_token(&token_file)?;
@@ -234,9 +251,7 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listen on {}", args.listen))?;
     let local = listener.local_addr()?;
-    let state = AppState::new(pool, spot, assets, &secret.bytes)
-        .with_limits(crate::ratelimit::LimitsConfig::from_env()?)
-        .with_http_limits(config::http_limits()?);
+    let state = configured_state(settings, pool, spot, assets, &secret)?;
 
     print_banner(&Banner {
         base: format!("http://{local}"),
@@ -307,15 +322,15 @@ fn print_banner(b: &Banner<'_>) {
     println!("  curl -s {base}/api/v1/balances -H \"Authorization: Bearer $USER_TOKEN\"");
 }
 
-/// Serves the API and runs the sweeper until ctrl-c or SIGTERM (or until the spot-core child
-/// dies: the stack is not whole without it), then stops in order: no new requests, requests in
-/// progress finish (bounded), the sweeper stops, the child is killed and reaped.
+/// Serves the API with its background tasks (`startup.rs`, the recovery worker among them) until
+/// ctrl-c or SIGTERM (or until the spot-core child dies: the stack is not whole without it), then
+/// stops in order: no new requests, requests in progress finish (bounded), the background tasks
+/// stop, the child is killed and reaped.
 async fn run_until_stopped(
     listener: TcpListener,
     state: AppState,
     mut child: Option<SpotChild>,
 ) -> anyhow::Result<()> {
-    let sweeper = spawn_sweeper(state.coordinator.clone());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let mut server = tokio::spawn(serve_with_shutdown(listener, state, async move {
         let _ = stop_rx.await;
@@ -343,7 +358,6 @@ async fn run_until_stopped(
         tracing::warn!("requests still in progress after the grace period; stopping anyway");
         server.abort();
     }
-    sweeper.abort();
     if let Some(child) = child {
         child.stop().await;
     }
@@ -382,6 +396,15 @@ struct SpotChild {
     /// The write end of the child's stdin, never written: when this process ends, however it
     /// ends, the kernel closes it and the child (`--exit-with-stdin`) stops too.
     _lifeline: ChildStdin,
+    /// Copies the child's stdout to stderr (a full pipe would block the engine). Owned by the
+    /// child: it ends with the pipe, and is aborted when this value is dropped.
+    drain: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for SpotChild {
+    fn drop(&mut self) {
+        self.drain.abort();
+    }
 }
 
 impl SpotChild {
@@ -451,7 +474,7 @@ impl SpotChild {
                 )
             })??;
         // Keep draining its stdout: a full pipe would block the engine.
-        tokio::spawn(async move {
+        let drain = tokio::spawn(async move {
             while let Ok(Some(line)) = lines.next_line().await {
                 eprintln!("spot-core: {line}");
             }
@@ -461,6 +484,7 @@ impl SpotChild {
             child,
             addr,
             _lifeline: lifeline,
+            drain,
         })
     }
 
@@ -477,8 +501,7 @@ impl SpotChild {
 /// The token `ledger up` shares with its spot-core child: the one stored in `path`, or a new
 /// random one (32 bytes as 64 hex digits) stored there with mode 0600.
 fn stored_or_generated_spot_token(path: &Path) -> anyhow::Result<String> {
-    use std::io::Write;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    use std::os::unix::fs::PermissionsExt;
     match std::fs::read_to_string(path) {
         Ok(text) if !text.trim().is_empty() => {
             let mode = std::fs::metadata(path)?.permissions().mode();
@@ -493,21 +516,8 @@ fn stored_or_generated_spot_token(path: &Path) -> anyhow::Result<String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e).with_context(|| format!("read {}", path.display())),
     }
-    let mut raw = [0u8; 32];
-    rand::rngs::OsRng
-        .try_fill_bytes(&mut raw)
-        .context("read random bytes from the OS")?;
-    let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("create {}", path.display()))?;
-    file.write_all(token.as_bytes())
-        .and_then(|()| file.sync_all())
-        .with_context(|| format!("write {}", path.display()))?;
-    Ok(token)
+    config::generate_secret_file(path)?
+        .with_context(|| format!("{} was created by someone else meanwhile", path.display()))
 }
 
 #[cfg(test)]
@@ -533,6 +543,8 @@ mod tests {
             assets: None,
             token_file: Some(path.clone()),
             exit_with_stdin: false,
+            token: None,
+            failpoints: None,
         };
         assert_eq!(spot_core::resolve_token(&args).unwrap(), Some(token));
         std::fs::remove_dir_all(&dir).unwrap();

@@ -1,5 +1,6 @@
-//! Settings from the environment and flags: the database URL, the JWT secret (from
-//! `LEDGER_JWT_SECRET` or a per-data-dir file), the asset list, and the edge's limits.
+//! The edge's fixed limits and the configuration files: the JWT secret (from the settings'
+//! `LEDGER_JWT_SECRET` or a per-data-dir file), generated secret files, the asset list, and
+//! address and URL helpers. Nothing here reads the environment (see `settings.rs`).
 
 use std::fs::OpenOptions;
 use std::io::{ErrorKind, Write};
@@ -33,53 +34,9 @@ pub const JWT_SECRET_BYTES_MIN: usize = 32;
 pub const TOKEN_TTL_DEFAULT: Duration = Duration::from_secs(24 * 60 * 60);
 
 pub const JWT_SECRET_ENV: &str = "LEDGER_JWT_SECRET";
-pub const DATABASE_URL_ENV: &str = "DATABASE_URL";
 
 /// The secret file's name inside a data dir.
 pub const JWT_SECRET_FILE: &str = "jwt.secret";
-
-/// The HTTP server's timeouts and caps: the defaults, with any of `LEDGER_HTTP_HEADER_TIMEOUT_MS`,
-/// `LEDGER_HTTP_REQUEST_TIMEOUT_MS`, `LEDGER_HTTP_CONNECTIONS_MAX` and
-/// `LEDGER_HTTP_CONNECTIONS_PER_ADDRESS_MAX` that are set laid over them.
-pub fn http_limits() -> anyhow::Result<crate::http_server::HttpLimits> {
-    fn number(name: &str) -> anyhow::Result<Option<u64>> {
-        match std::env::var(name) {
-            Ok(text) if !text.trim().is_empty() => {
-                let n: u64 = text
-                    .trim()
-                    .parse()
-                    .with_context(|| format!("{name} must be a positive integer"))?;
-                if n == 0 {
-                    bail!("{name} must be a positive integer");
-                }
-                Ok(Some(n))
-            }
-            _ => Ok(None),
-        }
-    }
-    let mut limits = crate::http_server::HttpLimits::default();
-    if let Some(ms) = number("LEDGER_HTTP_HEADER_TIMEOUT_MS")? {
-        limits.header_read_timeout = Duration::from_millis(ms);
-    }
-    if let Some(ms) = number("LEDGER_HTTP_REQUEST_TIMEOUT_MS")? {
-        limits.request_timeout = Duration::from_millis(ms);
-    }
-    if let Some(n) = number("LEDGER_HTTP_CONNECTIONS_MAX")? {
-        limits.connections_max = usize::try_from(n)?;
-    }
-    if let Some(n) = number("LEDGER_HTTP_CONNECTIONS_PER_ADDRESS_MAX")? {
-        limits.connections_per_address_max = usize::try_from(n)?;
-    }
-    Ok(limits)
-}
-
-/// `DATABASE_URL`, or the local default when unset.
-pub fn database_url() -> String {
-    std::env::var(DATABASE_URL_ENV)
-        .ok()
-        .filter(|u| !u.trim().is_empty())
-        .unwrap_or_else(|| schema::DEFAULT_DATABASE_URL.to_owned())
-}
 
 /// The URL without its password, fit for printing.
 pub fn redact_url(url: &str) -> String {
@@ -118,7 +75,8 @@ impl std::fmt::Debug for JwtSecret {
     }
 }
 
-fn checked(text: &str, origin: &str) -> anyhow::Result<Vec<u8>> {
+/// A secret's bytes, refused when shorter than [`JWT_SECRET_BYTES_MIN`].
+pub fn checked_secret(text: &str, origin: &str) -> anyhow::Result<Vec<u8>> {
     let text = text.trim();
     if text.len() < JWT_SECRET_BYTES_MIN {
         bail!("{origin}: the JWT secret must be at least {JWT_SECRET_BYTES_MIN} bytes");
@@ -126,24 +84,12 @@ fn checked(text: &str, origin: &str) -> anyhow::Result<Vec<u8>> {
     Ok(text.as_bytes().to_vec())
 }
 
-/// `LEDGER_JWT_SECRET`, if set.
-pub fn secret_from_env() -> anyhow::Result<Option<JwtSecret>> {
-    match std::env::var(JWT_SECRET_ENV) {
-        Ok(value) if !value.trim().is_empty() => Ok(Some(JwtSecret {
-            bytes: checked(&value, JWT_SECRET_ENV)?,
-            source: SecretSource::Environment,
-        })),
-        Ok(_) | Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(_)) => bail!("{JWT_SECRET_ENV} is not valid UTF-8"),
-    }
-}
-
 /// The secret stored in `data_dir`, if there is one.
 pub fn secret_from_file(data_dir: &Path) -> anyhow::Result<Option<JwtSecret>> {
     let path = data_dir.join(JWT_SECRET_FILE);
     match std::fs::read_to_string(&path) {
         Ok(text) => Ok(Some(JwtSecret {
-            bytes: checked(&text, &path.display().to_string())?,
+            bytes: checked_secret(&text, &path.display().to_string())?,
             source: SecretSource::StoredFile(path),
         })),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
@@ -151,12 +97,42 @@ pub fn secret_from_file(data_dir: &Path) -> anyhow::Result<Option<JwtSecret>> {
     }
 }
 
-/// `LEDGER_JWT_SECRET`, else the data dir's stored secret, else a new random one stored there
-/// (32 random bytes as 64 hex digits, file mode 0600).
-pub fn secret_for_data_dir(data_dir: &Path) -> anyhow::Result<JwtSecret> {
-    match secret_from_env()? {
+/// The configured secret (`LEDGER_JWT_SECRET`), else the data dir's stored secret, else a new
+/// random one stored there (32 random bytes as 64 hex digits, file mode 0600).
+pub fn secret_for_data_dir(
+    configured: Option<JwtSecret>,
+    data_dir: &Path,
+) -> anyhow::Result<JwtSecret> {
+    match configured {
         Some(secret) => Ok(secret),
         None => stored_or_generated_secret(data_dir),
+    }
+}
+
+/// Creates `path` holding a new random secret (32 random bytes as 64 hex digits), mode 0600,
+/// synced. `None` when the file exists already: another process wrote it first, and its secret
+/// is to be used rather than replaced. The one way the ledger generates a secret file (the JWT
+/// secret, the token shared with a spot-core child).
+pub fn generate_secret_file(path: &Path) -> anyhow::Result<Option<String>> {
+    let mut raw = [0u8; 32];
+    rand::rngs::OsRng
+        .try_fill_bytes(&mut raw)
+        .context("read random bytes from the OS")?;
+    let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    let created = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path);
+    match created {
+        Ok(mut file) => {
+            file.write_all(hex.as_bytes())
+                .and_then(|()| file.sync_all())
+                .with_context(|| format!("write {}", path.display()))?;
+            Ok(Some(hex))
+        }
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("create {}", path.display())),
     }
 }
 
@@ -167,31 +143,14 @@ pub fn stored_or_generated_secret(data_dir: &Path) -> anyhow::Result<JwtSecret> 
     }
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("create data dir {}", data_dir.display()))?;
-    let mut raw = [0u8; 32];
-    rand::rngs::OsRng
-        .try_fill_bytes(&mut raw)
-        .context("read random bytes from the OS")?;
-    let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
     let path = data_dir.join(JWT_SECRET_FILE);
-    // create_new: if another process wrote the file first, use its secret rather than replace it.
-    let created = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path);
-    match created {
-        Ok(mut file) => {
-            file.write_all(hex.as_bytes())
-                .and_then(|()| file.sync_all())
-                .with_context(|| format!("write {}", path.display()))?;
-            Ok(JwtSecret {
-                bytes: hex.into_bytes(),
-                source: SecretSource::GeneratedFile(path),
-            })
-        }
-        Err(e) if e.kind() == ErrorKind::AlreadyExists => secret_from_file(data_dir)?
+    match generate_secret_file(&path)? {
+        Some(hex) => Ok(JwtSecret {
+            bytes: hex.into_bytes(),
+            source: SecretSource::GeneratedFile(path),
+        }),
+        None => secret_from_file(data_dir)?
             .with_context(|| format!("{} vanished while being read", path.display())),
-        Err(e) => Err(e).with_context(|| format!("create {}", path.display())),
     }
 }
 

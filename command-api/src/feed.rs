@@ -1,8 +1,6 @@
 //! The event feed for consumers (admin): `GET /api/v1/events?after=N&limit=M` returns events in
 //! their dense feed order, each with its `event_id` for de-duplication (seed 001), and
-//! `GET /api/v1/events/stream` sends the same as server-sent events. Also the read side's
-//! background work (the projector and the periodic fund-conservation check) that every serving
-//! process runs.
+//! `GET /api/v1/events/stream` sends the same as server-sent events.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -16,7 +14,6 @@ use axum::{Json, Router};
 use chrono::SecondsFormat;
 use futures_util::stream::{self, Stream, StreamExt};
 use projections::feed::{self as feed_store, FeedEvent, FEED_PAGE_SIZE_MAX};
-use projections::Projector;
 use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -85,7 +82,7 @@ async fn events(
             "`limit` must be between 1 and {FEED_PAGE_SIZE_MAX}"
         )));
     }
-    let pool = state.funding.pool();
+    let pool = state.ledger.pool();
     let rows = feed_store::read_after(pool, after, limit, None)
         .await
         .map_err(db_error)?;
@@ -155,7 +152,7 @@ fn feed_stream(
                 tokio::time::sleep(STREAM_POLL_INTERVAL).await;
                 continue;
             };
-            let read = feed_store::read_after(app.funding.pool(), after, STREAM_BATCH_MAX, user_id);
+            let read = feed_store::read_after(app.ledger.pool(), after, STREAM_BATCH_MAX, user_id);
             match read.await {
                 Ok(rows) if rows.is_empty() => tokio::time::sleep(STREAM_POLL_INTERVAL).await,
                 Ok(rows) => pending = rows.into_iter(),
@@ -166,29 +163,4 @@ fn feed_stream(
             }
         }
     })
-}
-
-/// Background work of the read side. Dropping it stops the work.
-#[derive(Debug)]
-pub struct ReadSide {
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Drop for ReadSide {
-    fn drop(&mut self) {
-        for task in &self.tasks {
-            task.abort();
-        }
-    }
-}
-
-/// Starts the projector (one per process; an advisory lock lets only one write at a time across
-/// processes) and the periodic fund-conservation check.
-pub fn spawn_read_side(state: &AppState) -> ReadSide {
-    let pool = state.funding.pool().clone();
-    let projector = tokio::spawn(Projector::new(pool).run());
-    let monitor = tokio::spawn(crate::invariant::monitor(state.clone()));
-    ReadSide {
-        tasks: vec![projector, monitor],
-    }
 }

@@ -34,12 +34,12 @@ use futures_util::stream::{self, Stream};
 use projections::feed as feed_store;
 use projections::{HistoryFilter, PageCursor, TransferRow};
 use rust_decimal::Decimal;
-use std::collections::BTreeMap;
 
 use crate::admission::Busy;
 use crate::app::AppState;
 use crate::auth::{bearer_token, Identity, Session};
-use crate::error::{describe, ApiError};
+use crate::error::describe;
+use crate::render::{merge_balances, money};
 
 /// Deepest query accepted.
 pub const QUERY_DEPTH_MAX: usize = 8;
@@ -67,10 +67,10 @@ pub fn routes() -> Router<AppState> {
         .route("/graphql/ws", get(graphql_ws))
 }
 
-/// Builds the schema with its limits; the application state is reachable from every resolver.
-pub fn schema(state: AppState) -> LedgerSchema {
+/// Builds the schema with its limits, once per application (kept in `AppState`); each request
+/// (or websocket connection) carries the application state and the caller's identity as data.
+pub fn schema() -> LedgerSchema {
     Schema::build(QueryRoot, async_graphql::EmptyMutation, SubscriptionRoot)
-        .data(state)
         .limit_depth(QUERY_DEPTH_MAX)
         .limit_complexity(QUERY_COMPLEXITY_MAX)
         .extension(CostGuard)
@@ -136,10 +136,6 @@ fn app<'a>(ctx: &'a Context<'_>) -> &'a AppState {
 /// The read side is at capacity: the caller may try again shortly.
 fn busy(_: Busy) -> async_graphql::Error {
     coded(ErrorCode::RateLimitExceeded)
-}
-
-fn money(value: Decimal) -> String {
-    value.normalize().to_string()
 }
 
 /// Transfer direction, the way users filter by it.
@@ -263,30 +259,23 @@ impl TransferGql {
     #[graphql(complexity = "IO_FIELD_COST + 10 * child_complexity")]
     async fn events(&self, ctx: &Context<'_>) -> async_graphql::Result<Vec<TransferEventGql>> {
         let _turn = app(ctx).admission.read().await.map_err(busy)?;
-        let rows: Vec<(i64, String, String, serde_json::Value, i64)> = sqlx::query_as(
-            "SELECT sequence, event_type, event_version, payload::jsonb, global_position
-             FROM events WHERE aggregate_type = 'Transfer' AND aggregate_id = $1
-             ORDER BY sequence",
-        )
-        .bind(&self.req_id)
-        .fetch_all(app(ctx).funding.pool())
-        .await
-        .map_err(internal)?;
-        rows.into_iter()
-            .map(
-                |(sequence, event_type, event_version, payload, global_position)| {
-                    let event: TransferEvent = serde_json::from_value(payload).map_err(internal)?;
-                    Ok(TransferEventGql {
-                        sequence,
-                        event_type,
-                        event_version,
-                        state: event.resulting_state().as_str().to_owned(),
-                        occurred_at: event.at(),
-                        global_position,
-                    })
-                },
-            )
-            .collect()
+        let req_id = ReqId::parse(&self.req_id).map_err(internal)?;
+        let events = app(ctx)
+            .ledger
+            .transfer_events(&req_id)
+            .await
+            .map_err(|e| internal(application::error_chain(&e)))?;
+        Ok(events
+            .into_iter()
+            .map(|e| TransferEventGql {
+                sequence: e.sequence,
+                event_type: e.event_type,
+                event_version: e.event_version,
+                state: e.event.resulting_state().as_str().to_owned(),
+                occurred_at: e.event.at(),
+                global_position: e.global_position,
+            })
+            .collect())
     }
 }
 
@@ -407,8 +396,7 @@ impl QueryRoot {
         // One row more than asked tells whether there is a next page.
         let _turn = app(ctx).admission.read().await.map_err(busy)?;
         let mut rows = app(ctx)
-            .coordinator
-            .view()
+            .view
             .history(&history, after.as_ref(), i64::from(first) + 1)
             .await
             .map_err(internal)?;
@@ -445,7 +433,12 @@ impl QueryRoot {
             return Ok(None);
         };
         let _turn = app(ctx).admission.read().await.map_err(busy)?;
-        let data = app(ctx).coordinator.load(&req_id).await.map_err(internal)?;
+        let data = app(ctx)
+            .ledger
+            .coordinator()
+            .load(&req_id)
+            .await
+            .map_err(internal)?;
         Ok(data
             .filter(|d| me.admin || d.user_id == me.user_id)
             .map(Into::into))
@@ -469,9 +462,9 @@ impl QueryRoot {
         // Three calls at once: two queries and one spot-core call.
         let _turns = state.admission.reads_at_once(3).await.map_err(busy)?;
         let (funding, spot, in_flight) = tokio::join!(
-            state.funding.balances(user),
-            state.spot.balances(user),
-            state.coordinator.view().in_flight(user.as_i64()),
+            state.ledger.funding().balances(user),
+            state.ledger.spot().balances(user),
+            state.view.in_flight(user.as_i64()),
         );
         let funding = funding.map_err(internal)?;
         let spot = spot.map_err(|e| {
@@ -479,24 +472,14 @@ impl QueryRoot {
             coded(ErrorCode::SystemError)
         })?;
         let in_flight = in_flight.map_err(internal)?;
-        let mut per_asset: BTreeMap<String, [Decimal; 3]> = BTreeMap::new();
-        for row in funding {
-            per_asset.entry(row.asset).or_default()[0] += row.balance;
-        }
-        for row in spot {
-            per_asset.entry(row.asset).or_default()[1] += row.available;
-        }
-        for (asset, amount) in in_flight {
-            per_asset.entry(asset).or_default()[2] += amount;
-        }
-        Ok(per_asset
+        Ok(merge_balances(funding, spot, in_flight)
             .into_iter()
-            .map(|(asset, [funding, spot, in_flight])| BalanceGql {
+            .map(|b| BalanceGql {
                 user_id: user.as_i64(),
-                asset,
-                funding: money(funding),
-                spot: money(spot),
-                in_flight: money(in_flight),
+                asset: b.asset,
+                funding: money(b.funding),
+                spot: money(b.spot),
+                in_flight: money(b.in_flight),
             })
             .collect())
     }
@@ -508,12 +491,7 @@ impl QueryRoot {
             return Err(coded(ErrorCode::Forbidden));
         }
         let _turn = app(ctx).admission.read().await.map_err(busy)?;
-        let counts = app(ctx)
-            .coordinator
-            .view()
-            .state_counts()
-            .await
-            .map_err(internal)?;
+        let counts = app(ctx).view.state_counts().await.map_err(internal)?;
         Ok(counts
             .into_iter()
             .map(|(state_id, state, count)| StateCount {
@@ -562,7 +540,7 @@ impl SubscriptionRoot {
             Some(_) => return Err(coded(ErrorCode::BadRequest)),
             None => {
                 let _turn = state.admission.read().await.map_err(busy)?;
-                feed_store::head(state.funding.pool())
+                feed_store::head(state.ledger.pool())
                     .await
                     .map_err(internal)?
             }
@@ -607,7 +585,7 @@ async fn next_updates(
     let Ok(_turn) = state.admission.read().await else {
         return Ok(None);
     };
-    let rows = feed_store::read_after(state.funding.pool(), after, 500, user).await?;
+    let rows = feed_store::read_after(state.ledger.pool(), after, 500, user).await?;
     let Some(last) = rows.last().map(|r| r.position) else {
         return Ok(None);
     };
@@ -670,8 +648,9 @@ async fn graphql_post(State(state): State<AppState>, headers: HeaderMap, body: B
             )
         }
     };
-    let schema = schema(state);
-    let execution = schema.execute(request.data(identity));
+    let execution = state
+        .graphql
+        .execute(request.data(identity).data(state.clone()));
     let Ok(mut response) = tokio::time::timeout(EXECUTION_TIME_MAX, execution).await else {
         tracing::warn!(user = %identity.user_id, "graphql query stopped at its time limit");
         return error_response(
@@ -714,7 +693,7 @@ async fn graphql_ws(
     protocol: GraphQLProtocol,
     upgrade: WebSocketUpgrade,
 ) -> Response {
-    let schema = schema(state.clone());
+    let schema = state.graphql.clone();
     upgrade
         .protocols(ALL_WEBSOCKET_PROTOCOLS)
         .max_message_size(crate::config::BODY_BYTES_MAX)
@@ -727,6 +706,7 @@ async fn graphql_ws(
                     expiry_tx.send_replace(Some(session.expires_at));
                     let mut data = Data::default();
                     data.insert(session.identity);
+                    data.insert(state);
                     Ok(data)
                 })
                 .serve();
@@ -766,13 +746,4 @@ async fn ws_deadline(mut expiry: tokio::sync::watch::Receiver<Option<SystemTime>
         .and_then(|at| at.duration_since(SystemTime::now()).ok())
         .unwrap_or_default();
     tokio::time::sleep(left).await;
-}
-
-/// Maps an API error into a GraphQL error with the same code (kept for handlers that share
-/// checks with the REST routes).
-pub fn from_api_error(e: &ApiError) -> async_graphql::Error {
-    match crate::error::parse_code(&e.code()) {
-        Some(code) => coded(code),
-        None => coded(ErrorCode::SystemError),
-    }
 }

@@ -1,5 +1,7 @@
-//! The HTTP edge of the ledger: the only crate that knows HTTP and JSON. It turns requests into
-//! coordinator and adapter calls, answers in the contract's shapes, and holds the `ledger` binary.
+//! The HTTP edge of the ledger: the only crate that knows HTTP and JSON. It parses requests, calls
+//! the application core (`application::Ledger`) or reads the read models (`projections`), and
+//! answers in the contract's shapes; it holds the `ledger` binary, its one `Settings`, and the
+//! one start-up module that runs every background task.
 
 pub mod admin_assets;
 pub mod admin_recovery;
@@ -16,9 +18,12 @@ pub mod invariant;
 pub mod metrics;
 pub mod openapi;
 pub mod ratelimit;
+pub mod render;
 pub mod replay;
 pub mod routes;
+pub mod settings;
+pub mod startup;
 
-pub use app::{build_app, serve_with, serve_with_shutdown, spawn_sweeper, AppState};
+pub use app::{build_app, serve_with, serve_with_shutdown, AppState};
 pub use auth::{mint, AdminUser, AuthUser};
 pub use error::ApiError;

@@ -1,7 +1,8 @@
 //! `GET /metrics`: OpenMetrics text exposition (MON-001, MON-002), encoded by `prometheus-client`.
 //! Every figure is read from PostgreSQL at scrape time, so all `ledger serve` instances report
 //! the same cluster-wide values and nothing is lost when a process restarts. Gathering
-//! (`gather`, the SQL) and encoding (`Snapshot`'s `Collector`) are kept apart.
+//! (`TransferView::metric_figures`, the SQL) and encoding (`Snapshot`'s `Collector`) are kept
+//! apart.
 
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
@@ -9,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use domain::TransferState;
+use projections::transfers::MetricFigures as Figures;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -26,18 +28,6 @@ pub fn routes() -> Router<AppState> {
     Router::new().route("/metrics", get(metrics))
 }
 
-/// Figures read in one round trip.
-#[derive(Debug, Default, sqlx::FromRow)]
-struct Figures {
-    oldest_open_age_seconds: i64,
-    oldest_target_pending_age_seconds: i64,
-    retries_total: i64,
-    refund_failures_total: i64,
-    stuck_alerts_total: i64,
-    refund_alerts_total: i64,
-    leased: i64,
-}
-
 /// Everything one scrape reports.
 #[derive(Debug, Default)]
 struct Snapshot {
@@ -47,38 +37,13 @@ struct Snapshot {
 }
 
 async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let snapshot = gather(state.funding.pool())
+    let (by_state, figures) = state
+        .view
+        .metric_figures()
         .await
         .map_err(|e| ApiError::Internal(format!("metrics: {e}")))?;
+    let snapshot = Snapshot { by_state, figures };
     Ok(([(CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], render(snapshot)).into_response())
-}
-
-/// Reads the figures from PostgreSQL.
-async fn gather(pool: &sqlx::PgPool) -> Result<Snapshot, sqlx::Error> {
-    let by_state: Vec<(String, i64)> =
-        sqlx::query_as("SELECT state, COUNT(*) FROM transfers_view GROUP BY state")
-            .fetch_all(pool)
-            .await?;
-    let figures: Figures = sqlx::query_as(
-        "SELECT
-            COALESCE((SELECT EXTRACT(EPOCH FROM now() - MIN(updated_at))::bigint
-                      FROM transfers_view WHERE state_id NOT IN (40, -10, -30)), 0)
-                AS oldest_open_age_seconds,
-            COALESCE((SELECT EXTRACT(EPOCH FROM now() - MIN(updated_at))::bigint
-                      FROM transfers_view WHERE state_id = 30), 0)
-                AS oldest_target_pending_age_seconds,
-            COALESCE((SELECT SUM(attempts) FROM transfer_retries), 0)::bigint AS retries_total,
-            COALESCE((SELECT SUM(refund_failures) FROM transfer_retries), 0)::bigint
-                AS refund_failures_total,
-            (SELECT COUNT(*) FROM transfer_retries WHERE stuck_alerted_at IS NOT NULL)
-                AS stuck_alerts_total,
-            (SELECT COUNT(*) FROM transfer_retries WHERE refund_alerted_at IS NOT NULL)
-                AS refund_alerts_total,
-            (SELECT COUNT(*) FROM transfer_retries WHERE lease_until > now()) AS leased",
-    )
-    .fetch_one(pool)
-    .await?;
-    Ok(Snapshot { by_state, figures })
 }
 
 /// The exposition of one snapshot, ending with OpenMetrics' `# EOF`.

@@ -1,18 +1,18 @@
 //! Rate limits of seed 000 section 1.5.6: requests per second per user (in this process's
 //! memory), and the daily count and amount (in PostgreSQL, enforced by the coordinator so every
-//! `ledger serve` process shares them). Configured from the environment.
+//! `ledger serve` process shares them). Configured by the `ledger` settings.
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{bail, Context};
+use application::DailyLimits;
 use domain::{Amount, AssetSymbol, ErrorCode, UserId};
 use governor::clock::{Clock, DefaultClock};
 use governor::middleware::NoOpMiddleware;
 use governor::state::keyed::DashMapStateStore;
 use governor::Quota;
-use recovery::DailyLimits;
 
 /// Transfer requests per second per user; `0` or `off` turns the limit off.
 pub const RATE_PER_SECOND_ENV: &str = "LEDGER_RATE_PER_SECOND";
@@ -53,18 +53,22 @@ impl LimitsConfig {
         }
     }
 
-    /// The seed defaults, overridden by the environment variables above.
-    pub fn from_env() -> anyhow::Result<Self> {
+    /// The seed defaults, overridden by the settings named by the variables above (as the
+    /// `ledger` settings read them; `None` keeps the default).
+    pub fn from_settings(
+        rate_per_second: Option<&str>,
+        daily_count_max: Option<&str>,
+        daily_amount_max: Option<&str>,
+    ) -> anyhow::Result<Self> {
         let mut limits = Self::seed_defaults();
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-        if let Some(v) = var(RATE_PER_SECOND_ENV) {
-            limits.requests_per_second = parse_limit(&v, RATE_PER_SECOND_ENV)?;
+        if let Some(v) = rate_per_second {
+            limits.requests_per_second = parse_limit(v, RATE_PER_SECOND_ENV)?;
         }
-        if let Some(v) = var(DAILY_COUNT_MAX_ENV) {
-            limits.daily.count_max = parse_limit::<u64>(&v, DAILY_COUNT_MAX_ENV)?;
+        if let Some(v) = daily_count_max {
+            limits.daily.count_max = parse_limit::<u64>(v, DAILY_COUNT_MAX_ENV)?;
         }
-        if let Some(v) = var(DAILY_AMOUNT_MAX_ENV) {
-            limits.daily.amount_max = parse_amounts(&v)?;
+        if let Some(v) = daily_amount_max {
+            limits.daily.amount_max = parse_amounts(v)?;
         }
         Ok(limits)
     }

@@ -9,8 +9,6 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use projections::replay::{self, AsOf};
 
-use crate::config;
-
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
     /// Show this transfer (req_id) as of the moment given, instead of a full replay.
@@ -31,9 +29,8 @@ pub struct ReplayArgs {
 }
 
 /// Runs the command; a full replay that finds a difference fails.
-pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
-    let url = config::database_url();
-    let pool = schema::prepare(&url, 4).await?;
+pub async fn run(args: ReplayArgs, settings: &crate::settings::Settings) -> anyhow::Result<()> {
+    let pool = settings.pool(4).await?;
     let as_of = match (&args.at_position, &args.at_time) {
         (Some(p), _) => AsOf::Position(*p),
         (None, Some(t)) => AsOf::Time(

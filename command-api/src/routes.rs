@@ -1,24 +1,22 @@
 //! The HTTP handlers of DESIGN section 5. Request bodies are read as raw JSON objects and checked
 //! field by field, so the checks run in seed 000's order (section 1.5.8) and every refusal has the
-//! contract's code rather than a deserializer's text.
-
-use std::collections::BTreeMap;
+//! contract's code rather than a deserializer's text. (About 520 lines of handlers and their
+//! body parsing, then the unit tests of that parsing; kept together because the tests pin the
+//! check order of exactly these functions.)
 
 use adapters::spot::SpotError;
 use adapters::{AccountStatus, FundingError};
+use application::{CoordinatorError, NewTransfer, RequestError, TransferRequest};
 use axum::body::Bytes;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{FromRequest, Path, Query, Request, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
-use chrono::{DateTime, SecondsFormat, Utc};
 use domain::{
     AccountType, Amount, AssetRegistry, AssetStatus, ErrorCode, ReqId, TransferData, TransferState,
     UserId,
 };
-use recovery::{CoordinatorError, NewTransfer};
-use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use utoipa::{IntoParams, ToSchema};
@@ -26,6 +24,7 @@ use utoipa::{IntoParams, ToSchema};
 use crate::app::AppState;
 use crate::auth::{AdminUser, AuthUser};
 use crate::error::ApiError;
+use crate::render::{merge_balances, money, rfc3339};
 
 /// Longest external deposit id.
 pub const EXTERNAL_ID_CHARS_MAX: usize = 128;
@@ -135,22 +134,14 @@ fn parse_user_id(value: &Value) -> Result<UserId, ErrorCode> {
     }
 }
 
-fn money(value: Decimal) -> String {
-    value.normalize().to_string()
-}
-
-fn rfc3339(at: DateTime<Utc>) -> String {
-    at.to_rfc3339_opts(SecondsFormat::Millis, true)
-}
-
-/// Checks a transfer request in seed 000's order (section 1.5.8) after authentication:
-/// authorization (a body `user_id` must be the caller), format, account types, asset, amount.
-/// Idempotency and balance are the coordinator's and the adapters' to check.
-pub fn parse_transfer(
+/// Takes a transfer request's body apart after authentication, in seed 000's order (section
+/// 1.5.8): authorization (a body `user_id` must be the caller), then the body's shape (known
+/// fields, strings where strings belong). The values are the core's to check
+/// ([`TransferRequest::parse`]).
+pub fn transfer_request(
     body: Map<String, Value>,
     caller: UserId,
-    assets: &AssetRegistry,
-) -> Result<NewTransfer, ApiError> {
+) -> Result<TransferRequest, ApiError> {
     let mut fields = Fields(body);
 
     // ATK-001/002: a body naming another user is refused before anything else is looked at.
@@ -164,32 +155,42 @@ pub fn parse_transfer(
     let from = fields.required_str("from")?;
     let to = fields.required_str("to")?;
     let asset = fields.required_str("asset")?;
-    let amount = fields.required("amount")?;
+    // An amount must arrive as a JSON string: a JSON number has already passed through a float
+    // in many clients, so it is refused (INVALID_AMOUNT, in its turn) rather than guessed at.
+    let amount = match fields.required("amount")? {
+        Value::String(text) => Some(text),
+        _ => None,
+    };
     let cid = fields.optional_str("cid")?;
-
-    let from = AccountType::parse(&from)?;
-    let to = AccountType::parse(&to)?;
-    if from == to {
-        return Err(ErrorCode::SameAccount.into());
-    }
-    if !from.is_supported() || !to.is_supported() {
-        return Err(ErrorCode::UnsupportedAccountType.into());
-    }
-
-    let config = assets.get(&asset)?;
-    config.check_transferable()?;
-
-    let amount = parse_amount(&amount)?;
-    config.check_amount(amount)?;
-
-    Ok(NewTransfer {
+    Ok(TransferRequest {
         user_id: caller,
         from,
         to,
-        asset: config.symbol.to_string(),
+        asset,
         amount,
         cid,
     })
+}
+
+/// The body's shape and then its values, as `POST /internal_transfer` checks them before any
+/// gate: what the request would create.
+pub fn parse_transfer(
+    body: Map<String, Value>,
+    caller: UserId,
+    assets: &AssetRegistry,
+) -> Result<NewTransfer, ApiError> {
+    Ok(transfer_request(body, caller)?.parse(assets)?)
+}
+
+fn request_error(e: RequestError) -> ApiError {
+    match e {
+        RequestError::Refused(code) => ApiError::Refused(code),
+        // Unknown halt state: refused (fail closed) as unavailable, not as an internal fault.
+        RequestError::HaltUnknown(e) => ApiError::Unavailable(format!("halt flag: {e}")),
+        RequestError::Funding(e) => funding_error(e),
+        RequestError::Task(e) => ApiError::Internal(format!("transfer task ended abnormally: {e}")),
+        RequestError::Coordinator(e) => coordinator_error(e),
+    }
 }
 
 fn coordinator_error(e: CoordinatorError) -> ApiError {
@@ -200,7 +201,9 @@ fn coordinator_error(e: CoordinatorError) -> ApiError {
             ApiError::Internal("transfer not found right after it was created".into())
         }
         CoordinatorError::Transition(e) => ApiError::Internal(format!("transition refused: {e}")),
-        CoordinatorError::Store(e) => ApiError::Internal(format!("event store: {e}")),
+        e @ CoordinatorError::Store(_) => {
+            ApiError::Internal(format!("event store: {}", application::error_chain(&e)))
+        }
     }
 }
 
@@ -261,7 +264,8 @@ fn state_message(data: &TransferData) -> String {
     }
 }
 
-/// `POST /api/v1/internal_transfer`.
+/// `POST /api/v1/internal_transfer`: the body taken apart here, everything else is the core's
+/// one command (`Ledger::request_transfer`).
 #[utoipa::path(post, path = "/api/v1/internal_transfer",
     request_body = crate::openapi::TransferRequest,
     responses((status = 200, description = "ok", body = TransferResponse),
@@ -271,96 +275,13 @@ pub async fn create_transfer(
     user: AuthUser,
     JsonObject(body): JsonObject,
 ) -> Result<Json<TransferResponse>, ApiError> {
-    let parsed = {
-        let assets = state.assets.read().unwrap_or_else(|e| e.into_inner());
-        parse_transfer(body.clone(), user.user_id, &assets)
-    };
-    let request = match parsed {
-        Ok(request) => request,
-        Err(refusal) => {
-            // A cid repeat refused only because an asset setting changed since the original
-            // still gets the original transfer, as the contract promises.
-            if let Some(existing) = repeat_of_earlier(&state, &body, user.user_id, &refusal).await {
-                return transfer_answer(existing);
-            }
-            return Err(refusal);
-        }
-    };
-    // A repeat of a cid gets its original transfer whatever else has changed since (rate, halt).
-    if let Some(existing) = state
-        .coordinator
-        .existing_for_cid(&request)
+    let request = transfer_request(body, user.user_id)?;
+    let data = state
+        .ledger
+        .request_transfer(request)
         .await
-        .map_err(coordinator_error)?
-    {
-        return transfer_answer(existing);
-    }
-    // Seed 000 section 1.5.8, step 7: counted only for requests that passed the checks before it.
-    state.rate.check(user.user_id)?;
-    // MON-003: after a fund-conservation violation no new transfer starts until an admin clears
-    // it. Checked after the request's own checks, so a bad request gets its own code.
-    crate::invariant::refuse_if_halted(state.funding.pool(), &state.halt).await?;
-    // A FUNDING target must exist (SPOT is created lazily). Checked here, before anything is
-    // created, so the refusal costs no withdraw and refund; the funding adapter still refuses
-    // on its own if the account is missing when the deposit runs.
-    if request.to == AccountType::Funding {
-        let asset = domain::AssetSymbol::parse(&request.asset)?;
-        let exists = state
-            .funding
-            .account_exists(request.user_id, &asset)
-            .await
-            .map_err(funding_error)?;
-        if !exists {
-            return Err(ErrorCode::TargetAccountNotFound.into());
-        }
-    }
-    let coordinator = state.coordinator.clone();
-    // The drive runs in its own task so a client hanging up cannot cancel it between a step's
-    // commit and its adapter call; the transfer then ends as soon as possible rather than at the
-    // sweeper's next pass.
-    let data = tokio::spawn(async move { coordinator.submit(request).await })
-        .await
-        .map_err(|e| ApiError::Internal(format!("transfer task ended abnormally: {e}")))?
-        .map_err(coordinator_error)?;
+        .map_err(request_error)?;
     transfer_answer(data)
-}
-
-/// The original transfer, when a request refused for an asset setting (status, permission,
-/// bounds) repeats an earlier request's cid with the same body. `None` in every other case, so
-/// the refusal stands.
-async fn repeat_of_earlier(
-    state: &AppState,
-    body: &Map<String, Value>,
-    caller: UserId,
-    refusal: &ApiError,
-) -> Option<TransferData> {
-    let settings_dependent = matches!(
-        refusal,
-        ApiError::Refused(
-            ErrorCode::AssetSuspended
-                | ErrorCode::TransferNotAllowed
-                | ErrorCode::AmountTooSmall
-                | ErrorCode::AmountTooLarge
-        )
-    );
-    if !settings_dependent {
-        return None;
-    }
-    let text = |key: &str| body.get(key).and_then(Value::as_str);
-    let request = NewTransfer {
-        user_id: caller,
-        from: AccountType::parse(text("from")?).ok()?,
-        to: AccountType::parse(text("to")?).ok()?,
-        asset: domain::AssetSymbol::parse(text("asset")?).ok()?.to_string(),
-        amount: Amount::parse(text("amount")?).ok()?,
-        cid: Some(text("cid")?.to_owned()),
-    };
-    state
-        .coordinator
-        .existing_for_cid(&request)
-        .await
-        .ok()
-        .flatten()
 }
 
 /// The answer for a transfer as submitted: FAILED is the source's refusal with its code (and
@@ -433,7 +354,8 @@ pub async fn get_transfer(
     };
     let req_id = ReqId::parse(&raw).map_err(|_| ApiError::NotFound)?;
     let data = state
-        .coordinator
+        .ledger
+        .coordinator()
         .load(&req_id)
         .await
         .map_err(coordinator_error)?
@@ -495,31 +417,21 @@ pub async fn balances(
     user: AuthUser,
 ) -> Result<Json<BalancesResponse>, ApiError> {
     let (funding, spot, in_flight) = tokio::join!(
-        state.funding.balances(user.user_id),
-        state.spot.balances(user.user_id),
-        state.coordinator.view().in_flight(user.user_id.as_i64()),
+        state.ledger.funding().balances(user.user_id),
+        state.ledger.spot().balances(user.user_id),
+        state.view.in_flight(user.user_id.as_i64()),
     );
     let funding = funding.map_err(|e| ApiError::Internal(format!("funding balances: {e}")))?;
     let spot = spot.map_err(|e| spot_error("balances", e))?;
     let in_flight = in_flight.map_err(|e| ApiError::Internal(format!("in-flight sums: {e}")))?;
 
-    let mut per_asset: BTreeMap<String, [Decimal; 3]> = BTreeMap::new();
-    for row in funding {
-        per_asset.entry(row.asset).or_default()[0] += row.balance;
-    }
-    for row in spot {
-        per_asset.entry(row.asset).or_default()[1] += row.available;
-    }
-    for (asset, amount) in in_flight {
-        per_asset.entry(asset).or_default()[2] += amount;
-    }
-    let balances = per_asset
+    let balances = merge_balances(funding, spot, in_flight)
         .into_iter()
-        .map(|(asset, [funding, spot, in_flight])| BalanceEntry {
-            asset,
-            funding: money(funding),
-            spot: money(spot),
-            in_flight: money(in_flight),
+        .map(|b| BalanceEntry {
+            asset: b.asset,
+            funding: money(b.funding),
+            spot: money(b.spot),
+            in_flight: money(b.in_flight),
         })
         .collect();
     Ok(Json(BalancesResponse {
@@ -591,7 +503,7 @@ pub async fn admin_deposit(
     let external_id = fields.required_str("external_id")?;
 
     let user_id = parse_user_id(&user_id)?;
-    let config = state.asset(&asset)?;
+    let config = state.ledger.assets().get(&asset)?;
     // A delisted asset takes no new money in; internal_transfer_enabled is about transfers only.
     if config.status != AssetStatus::Active {
         return Err(ErrorCode::AssetSuspended.into());
@@ -601,7 +513,8 @@ pub async fn admin_deposit(
     check_external_id(&external_id)?;
 
     let receipt = state
-        .funding
+        .ledger
+        .funding()
         .external_deposit(&external_id, user_id, &config.symbol, amount)
         .await
         .map_err(funding_error)?;
@@ -675,16 +588,18 @@ pub async fn admin_set_status(
         ApiError::BadRequest("`asset` is required, in the body or as ?asset=".into())
     })?;
     let status = AccountStatus::parse(&status).ok_or(ErrorCode::InvalidStatus)?;
-    let config = state.asset(&asset)?;
+    let config = state.ledger.assets().get(&asset)?;
 
     match account_type {
         AccountType::Funding => state
-            .funding
+            .ledger
+            .funding()
             .set_status(user_id, &config.symbol, status)
             .await
             .map_err(funding_error)?,
         AccountType::Spot => state
-            .spot
+            .ledger
+            .spot()
             .set_status(user_id, &config.symbol, status)
             .await
             .map_err(|e| spot_error("set_status", e))?,
@@ -750,7 +665,7 @@ mod tests {
         assert_eq!(parsed.user_id, user(7));
         assert_eq!(parsed.from, AccountType::Funding);
         assert_eq!(parsed.to, AccountType::Spot);
-        assert_eq!(parsed.asset, "USDT");
+        assert_eq!(parsed.asset.as_str(), "USDT");
         assert_eq!(parsed.amount.to_string(), "100.5");
         assert_eq!(parsed.cid.as_deref(), Some("c-1"));
         assert!(parse(

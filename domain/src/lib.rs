@@ -3,6 +3,7 @@
 
 pub mod assets;
 pub mod codes;
+pub mod movements;
 pub mod port;
 pub mod transfer;
 pub mod values;
@@ -12,6 +13,6 @@ pub use codes::ErrorCode;
 pub use port::{AccountPort, AdapterOutcome, Movement, Operation, Recorded};
 pub use transfer::{
     manual_resolution_target, Resolution, StepOutcome, Transfer, TransferCommand, TransferData,
-    TransferError, TransferEvent, TransferState,
+    TransferError, TransferEvent, TransferState, EVENT_VERSION,
 };
 pub use values::{AccountType, Amount, AssetSymbol, ReqId, UserId};

@@ -27,6 +27,11 @@ pub enum AdapterOutcome {
     Timeout,
     Pending,
     NetworkError(String),
+    /// The req_id is already recorded for another movement (other user, asset or amount): a bug
+    /// or an attack. Nothing about this movement is known, so it is never retried blind nor
+    /// compensated; it waits for an operator.
+    Mismatch(String),
+    /// Any other answer that proves nothing (an unexpected reply, a store error).
     Unknown(String),
 }
 

@@ -11,6 +11,10 @@ use serde::{Deserialize, Serialize};
 use crate::codes::ErrorCode;
 use crate::values::{AccountType, Amount, AssetSymbol, ReqId, UserId};
 
+/// The version every `TransferEvent` is written with; a reader refuses any other (there is no
+/// upcaster yet).
+pub const EVENT_VERSION: &str = "1";
+
 /// The states of a transfer with their stable numeric ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -81,6 +85,15 @@ impl TransferState {
             self,
             Self::SourceDone | Self::TargetPending | Self::Compensating
         )
+    }
+
+    /// The terminal states, the one list every query and check takes them from.
+    pub const TERMINAL: [TransferState; 3] = [Self::Committed, Self::Failed, Self::RolledBack];
+
+    /// The terminal states' ids as an SQL list (`40, -10, -30`), for `state_id NOT IN (...)`.
+    pub fn terminal_ids_sql() -> String {
+        let ids: Vec<String> = Self::TERMINAL.iter().map(|s| s.id().to_string()).collect();
+        ids.join(", ")
     }
 }
 
@@ -301,7 +314,7 @@ impl DomainEvent for TransferEvent {
     }
 
     fn event_version(&self) -> String {
-        "1".to_owned()
+        EVENT_VERSION.to_owned()
     }
 }
 

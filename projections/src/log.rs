@@ -9,7 +9,7 @@ use crate::error::ProjectionError;
 pub const TRANSFER_AGGREGATE: &str = "Transfer";
 
 /// The one version of transfer events this crate reads; another needs an upcaster first.
-const TRANSFER_EVENT_VERSION: &str = "1";
+const TRANSFER_EVENT_VERSION: &str = domain::EVENT_VERSION;
 
 /// One row of the event table with its position.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use domain::TransferState;
 use rust_decimal::Decimal;
 use sqlx::PgPool;
 
@@ -146,4 +147,48 @@ impl TransferView {
         .fetch_all(&self.pool)
         .await
     }
+
+    /// The figures `/metrics` reports, read at scrape time from PostgreSQL so every instance
+    /// reports the same cluster-wide values: transfers per state name, and one round trip for the
+    /// rest (the recovery worker's `transfer_retries` included).
+    pub async fn metric_figures(&self) -> Result<(Vec<(String, i64)>, MetricFigures), sqlx::Error> {
+        let by_state: Vec<(String, i64)> =
+            sqlx::query_as("SELECT state, COUNT(*) FROM transfers_view GROUP BY state")
+                .fetch_all(&self.pool)
+                .await?;
+        let figures: MetricFigures = sqlx::query_as(&format!(
+            "SELECT
+                COALESCE((SELECT EXTRACT(EPOCH FROM now() - MIN(updated_at))::bigint
+                          FROM transfers_view WHERE state_id NOT IN ({terminal})), 0)
+                    AS oldest_open_age_seconds,
+                COALESCE((SELECT EXTRACT(EPOCH FROM now() - MIN(updated_at))::bigint
+                          FROM transfers_view WHERE state_id = {target_pending}), 0)
+                    AS oldest_target_pending_age_seconds,
+                COALESCE((SELECT SUM(attempts) FROM transfer_retries), 0)::bigint AS retries_total,
+                COALESCE((SELECT SUM(refund_failures) FROM transfer_retries), 0)::bigint
+                    AS refund_failures_total,
+                (SELECT COUNT(*) FROM transfer_retries WHERE stuck_alerted_at IS NOT NULL)
+                    AS stuck_alerts_total,
+                (SELECT COUNT(*) FROM transfer_retries WHERE refund_alerted_at IS NOT NULL)
+                    AS refund_alerts_total,
+                (SELECT COUNT(*) FROM transfer_retries WHERE lease_until > now()) AS leased",
+            terminal = TransferState::terminal_ids_sql(),
+            target_pending = TransferState::TargetPending.id(),
+        ))
+        .fetch_one(&self.pool)
+        .await?;
+        Ok((by_state, figures))
+    }
+}
+
+/// The `/metrics` figures besides the per-state counts.
+#[derive(Debug, Default, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct MetricFigures {
+    pub oldest_open_age_seconds: i64,
+    pub oldest_target_pending_age_seconds: i64,
+    pub retries_total: i64,
+    pub refund_failures_total: i64,
+    pub stuck_alerts_total: i64,
+    pub refund_alerts_total: i64,
+    pub leased: i64,
 }

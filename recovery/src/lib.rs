@@ -1,15 +1,10 @@
-//! The process manager: the coordinator that drives each transfer through the state machine via
-//! the adapters (persist before every call, compensate only on an explicit refusal), and the
-//! sweeper that resumes transfers left open.
+//! The recovery worker: finds transfers left open, claims each under a lease, and resumes it
+//! through the application core's commands (`application::Coordinator::resume`), recording every
+//! attempt; also the stuck listing the admin routes show. It reads no read model and never
+//! imports the read side.
 
-pub mod coordinator;
-pub mod event_log;
-pub mod failpoint;
-pub mod lease;
-pub mod limits;
-pub mod sweeper;
+pub mod stuck;
+pub mod worker;
 
-pub use coordinator::{Coordinator, CoordinatorError, NewTransfer, TransferStore};
-pub use limits::DailyLimits;
-pub use sweeper::Sweeper;
-pub use sweeper::{RecoveryConfig, StuckTransfer, Worker};
+pub use stuck::{stuck_transfers, StuckTransfer};
+pub use worker::{ProjectorProbe, RecoveryConfig, RecoveryOverrides, RecoveryWorker};

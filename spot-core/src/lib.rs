@@ -49,35 +49,34 @@ pub struct Args {
     /// kernel closes the pipe, and no orphan engine keeps the port and the WAL.
     #[arg(long)]
     pub exit_with_stdin: bool,
+    /// The shared token itself, when `--token-file` is absent (normally from `SPOT_CORE_TOKEN`).
+    #[arg(long, env = TOKEN_ENV, hide = true, hide_env_values = true)]
+    pub token: Option<String>,
+    /// Crash-test hooks, comma-separated (normally from `SPOT_CORE_FAILPOINT`).
+    #[arg(long, env = FailPoints::ENV, hide = true)]
+    pub failpoints: Option<String>,
 }
 
 /// Environment variable holding the shared token when `--token-file` is absent.
 pub const TOKEN_ENV: &str = "SPOT_CORE_TOKEN";
 
-/// The token from `--token-file`, else from `SPOT_CORE_TOKEN`, else none. An empty token is an
-/// error, not "no token": it would silently turn authentication off.
+/// The token from `--token-file`, else the one given (`SPOT_CORE_TOKEN`), else none. An empty
+/// token is an error, not "no token": it would silently turn authentication off.
 pub fn resolve_token(args: &Args) -> anyhow::Result<Option<String>> {
-    let (text, origin) = match &args.token_file {
-        Some(path) => (
+    let (text, origin) = match (&args.token_file, &args.token) {
+        (Some(path), _) => (
             std::fs::read_to_string(path)
                 .with_context(|| format!("reading token file {}", path.display()))?,
             path.display().to_string(),
         ),
-        None => return token_from_env(),
+        (None, Some(token)) => (token.clone(), TOKEN_ENV.to_owned()),
+        (None, None) => return Ok(None),
     };
     checked_token(&text, &origin).map(Some)
 }
 
-/// The token in `SPOT_CORE_TOKEN`, if set (clients use this too). Set but empty is an error.
-pub fn token_from_env() -> anyhow::Result<Option<String>> {
-    match std::env::var(TOKEN_ENV) {
-        Ok(v) => checked_token(&v, TOKEN_ENV).map(Some),
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(_)) => anyhow::bail!("{TOKEN_ENV} is not valid UTF-8"),
-    }
-}
-
-fn checked_token(text: &str, origin: &str) -> anyhow::Result<String> {
+/// A token as given, trimmed; empty is an error (clients check theirs with this too).
+pub fn checked_token(text: &str, origin: &str) -> anyhow::Result<String> {
     let token = text.trim();
     if token.is_empty() {
         anyhow::bail!("the spot-core token from {origin} is empty");
@@ -133,7 +132,7 @@ pub async fn bind(args: &Args) -> anyhow::Result<Bound> {
     let (engine, wal) = tokio::task::spawn_blocking(move || open_engine(assets, &data_dir))
         .await
         .context("replay task failed")??;
-    let fail = FailPoints::from_env();
+    let fail = FailPoints::parse(args.failpoints.as_deref().unwrap_or_default());
     if fail != FailPoints::default() {
         tracing::warn!(?fail, "fail points enabled");
     }
@@ -237,10 +236,9 @@ pub fn init_tracing() {
         .try_init();
 }
 
-/// Everything `main` does: parse the command line, set up logging, run.
-pub fn main_entry() -> anyhow::Result<()> {
-    use clap::Parser;
-    let args = Args::parse();
+/// Everything `main` does once it has parsed the command line (and with it the environment):
+/// set up logging, run.
+pub fn main_entry(args: Args) -> anyhow::Result<()> {
     init_tracing();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -6,5 +6,7 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> anyhow::Result<()> {
-    spot_core::main_entry()
+    // The command line and the environment are read here, once (`Args` names the variables).
+    let args = <spot_core::Args as clap::Parser>::parse();
+    spot_core::main_entry(args)
 }

@@ -246,10 +246,11 @@ pub struct FailPoints {
 }
 
 impl FailPoints {
+    /// The environment variable the binary's arguments read them from.
     pub const ENV: &'static str = "SPOT_CORE_FAILPOINT";
 
-    pub fn from_env() -> FailPoints {
-        let value = std::env::var(Self::ENV).unwrap_or_default();
+    /// The hooks named in `value` (comma-separated); unknown names are ignored.
+    pub fn parse(value: &str) -> FailPoints {
         FailPoints {
             abort_after_wal_sync: value.split(',').any(|v| v.trim() == "abort_after_wal_sync"),
         }

@@ -95,7 +95,7 @@ async fn con_001_two_coordinators_drive_one_req_id_and_money_moves_once() {
         for r in [&r1, &r2] {
             match r {
                 Ok(_) => {}
-                Err(recovery::CoordinatorError::Conflict) => conflicts += 1,
+                Err(application::CoordinatorError::Conflict) => conflicts += 1,
                 Err(e) => panic!("unexpected {e}"),
             }
         }

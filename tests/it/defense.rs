@@ -7,11 +7,11 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use adapters::{AccountStatus, FundingLedger};
+use application::{CoordinatorError, DailyLimits, NewTransfer};
 use domain::{
     AccountPort, AccountType, AdapterOutcome, Amount, AssetRegistry, AssetStatus, AssetSymbol,
     ErrorCode, Movement, ReqId, UserId,
 };
-use recovery::{CoordinatorError, DailyLimits, NewTransfer};
 use reqwest::Method;
 use rust_decimal::Decimal;
 use serde_json::{json, Value};
@@ -30,14 +30,25 @@ fn usdt() -> AssetSymbol {
 }
 
 fn request(from: AccountType, to: AccountType, asset: &str, amount: &str) -> NewTransfer {
-    NewTransfer {
+    try_request(from, to, asset, amount).unwrap()
+}
+
+/// A request whose asset symbol may not even parse: a `NewTransfer` holds an `AssetSymbol`, so a
+/// malformed one is refused, with the same code, before it can reach the coordinator.
+fn try_request(
+    from: AccountType,
+    to: AccountType,
+    asset: &str,
+    amount: &str,
+) -> Result<NewTransfer, ErrorCode> {
+    Ok(NewTransfer {
         user_id: user(1),
         from,
         to,
-        asset: asset.to_owned(),
+        asset: AssetSymbol::parse(asset)?,
         amount: Amount::parse(amount).unwrap(),
         cid: None,
-    }
+    })
 }
 
 async fn events(stack: &Stack) -> i64 {
@@ -65,45 +76,54 @@ async fn coordinator_refuses_every_request_check_without_creating_anything() {
     set_asset(&stack, "ETH", |a| a.internal_transfer_enabled = false);
     set_asset(&stack, "USDT", |a| a.min_transfer_amount = dec("0.01"));
     let cases = [
-        (request(Spot, Spot, "USDT", "1"), ErrorCode::SameAccount),
+        (try_request(Spot, Spot, "USDT", "1"), ErrorCode::SameAccount),
         (
-            request(Funding, Funding, "USDT", "1"),
+            try_request(Funding, Funding, "USDT", "1"),
             ErrorCode::SameAccount,
         ),
         (
-            request(Funding, Future, "USDT", "1"),
+            try_request(Funding, Future, "USDT", "1"),
             ErrorCode::UnsupportedAccountType,
         ),
         (
-            request(Margin, Spot, "USDT", "1"),
+            try_request(Margin, Spot, "USDT", "1"),
             ErrorCode::UnsupportedAccountType,
         ),
-        (request(Funding, Spot, "DOGE", "1"), ErrorCode::InvalidAsset),
-        (request(Funding, Spot, "usdt", "1"), ErrorCode::InvalidAsset),
-        (request(Funding, Spot, "", "1"), ErrorCode::InvalidAsset),
         (
-            request(Funding, Spot, "BTC", "1"),
+            try_request(Funding, Spot, "DOGE", "1"),
+            ErrorCode::InvalidAsset,
+        ),
+        (
+            try_request(Funding, Spot, "usdt", "1"),
+            ErrorCode::InvalidAsset,
+        ),
+        (try_request(Funding, Spot, "", "1"), ErrorCode::InvalidAsset),
+        (
+            try_request(Funding, Spot, "BTC", "1"),
             ErrorCode::AssetSuspended,
         ),
         (
-            request(Funding, Spot, "ETH", "1"),
+            try_request(Funding, Spot, "ETH", "1"),
             ErrorCode::TransferNotAllowed,
         ),
         (
-            request(Funding, Spot, "USDT", "0.000000001"),
+            try_request(Funding, Spot, "USDT", "0.000000001"),
             ErrorCode::PrecisionOverflow,
         ),
         (
-            request(Funding, Spot, "USDT", "0.001"),
+            try_request(Funding, Spot, "USDT", "0.001"),
             ErrorCode::AmountTooSmall,
         ),
         (
-            request(Funding, Spot, "USDT", "100000001"),
+            try_request(Funding, Spot, "USDT", "100000001"),
             ErrorCode::AmountTooLarge,
         ),
     ];
     for (req, code) in cases {
-        let got = stack.coordinator.submit(req.clone()).await;
+        let got = match req.clone() {
+            Ok(req) => stack.coordinator.submit(req).await,
+            Err(refused) => Err(CoordinatorError::Refused(refused)),
+        };
         assert_eq!(got, Err(CoordinatorError::Refused(code)), "{req:?}");
     }
     for cid in ["", "has space", "ünï", &"x".repeat(65), "a/b"] {

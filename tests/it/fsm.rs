@@ -205,11 +205,11 @@ async fn a_store_failure_after_creation_still_answers_with_the_transfer() {
 async fn a_cid_repeat_returns_the_original_even_after_the_asset_is_suspended() {
     let s = Stack::start().await;
     s.deposit(10, "ETH", "5").await;
-    let request = recovery::NewTransfer {
+    let request = application::NewTransfer {
         user_id: UserId::new(10).unwrap(),
         from: Funding,
         to: Spot,
-        asset: "ETH".into(),
+        asset: domain::AssetSymbol::parse("ETH").unwrap(),
         amount: domain::Amount::parse("1").unwrap(),
         cid: Some("once-1".into()),
     };
@@ -227,7 +227,7 @@ async fn a_cid_repeat_returns_the_original_even_after_the_asset_is_suspended() {
     other.cid = Some("once-2".into());
     assert_eq!(
         s.coordinator.submit(other).await,
-        Err(recovery::CoordinatorError::Refused(
+        Err(application::CoordinatorError::Refused(
             domain::ErrorCode::AssetSuspended
         ))
     );

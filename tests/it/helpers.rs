@@ -8,8 +8,8 @@ use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use adapters::{FundingLedger, SpotAdapter};
+use application::{Coordinator, NewTransfer};
 use domain::{AccountType, Amount, AssetRegistry, AssetSymbol, UserId};
-use recovery::{Coordinator, NewTransfer};
 use rust_decimal::Decimal;
 use sqlx::PgPool;
 
@@ -149,6 +149,8 @@ pub struct Stack {
     pub spot_adapter: SpotAdapter,
     pub assets: Arc<RwLock<AssetRegistry>>,
     pub coordinator: Coordinator,
+    /// The transfer read models over the same database.
+    pub view: projections::TransferView,
 }
 
 impl Stack {
@@ -164,9 +166,11 @@ impl Stack {
             Arc::new(spot_adapter.clone()),
             assets.clone(),
         );
+        let view = projections::TransferView::new(db.pool.clone());
         Self {
             db,
             spot,
+            view,
             funding,
             spot_adapter,
             assets,
@@ -220,8 +224,7 @@ impl Stack {
     }
 
     pub async fn in_flight(&self, user: u64, asset: &str) -> Decimal {
-        self.coordinator
-            .view()
+        self.view
             .in_flight(i64::try_from(user).unwrap())
             .await
             .unwrap()
@@ -256,7 +259,7 @@ impl Stack {
     /// DESIGN section 6, exact: reconciles both account systems' records by req_id with the
     /// events, system-wide, and fails on any difference or disagreeing transfer.
     pub async fn assert_invariant_exact(&self) {
-        let report = command_api::invariant::check(&self.db.pool, &self.spot_adapter)
+        let report = application::audit::check(&self.funding, &self.spot_adapter)
             .await
             .expect("the fund-conservation check runs");
         assert!(report.ok, "fund conservation violated: {report:#?}");
@@ -290,7 +293,7 @@ impl Stack {
                 user_id: UserId::new(user).unwrap(),
                 from,
                 to,
-                asset: asset.to_owned(),
+                asset: AssetSymbol::parse(asset).unwrap(),
                 amount: Amount::parse(amount).unwrap(),
                 cid: None,
             })

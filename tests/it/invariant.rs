@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 
+use application::{Coordinator, NewTransfer};
 use async_trait::async_trait;
 use domain::AccountType::{Funding, Spot};
 use domain::{AccountPort, AccountType, AdapterOutcome, Amount, Movement, TransferState, UserId};
-use recovery::{Coordinator, NewTransfer};
 use reqwest::Method;
 use serde_json::json;
 
@@ -51,7 +51,7 @@ async fn inv_exact_check_has_no_false_alarm_for_a_transfer_caught_mid_step() {
             user_id: UserId::new(1).unwrap(),
             from: Funding,
             to: Spot,
-            asset: "USDT".into(),
+            asset: domain::AssetSymbol::parse("USDT").unwrap(),
             amount: Amount::parse("40").unwrap(),
             cid: None,
         })
@@ -60,7 +60,7 @@ async fn inv_exact_check_has_no_false_alarm_for_a_transfer_caught_mid_step() {
     assert_eq!(t.state, TransferState::SourcePending);
     assert_eq!(s.funding_balance(1, "USDT").await, dec("60"));
 
-    let report = command_api::invariant::check(&s.db.pool, &s.spot_adapter)
+    let report = application::audit::check(&s.funding, &s.spot_adapter)
         .await
         .unwrap();
     assert!(report.ok, "{report:#?}");

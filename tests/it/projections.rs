@@ -51,11 +51,11 @@ async fn mixed_load(s: &Stack) {
                         _ => (Spot, Funding, "BTC", "5"),     // refused by the source
                     };
                     coordinator
-                        .submit(recovery::NewTransfer {
+                        .submit(application::NewTransfer {
                             user_id: UserId::new(user).unwrap(),
                             from,
                             to,
-                            asset: asset.to_owned(),
+                            asset: domain::AssetSymbol::parse(asset).unwrap(),
                             amount: domain::Amount::parse(amount).unwrap(),
                             cid: None,
                         })
@@ -96,8 +96,7 @@ async fn replay_equals_live_after_mixed_load_with_failures_and_compensations() {
 
     // Counts by state equal the log's own answer.
     let counts: HashMap<String, i64> = s
-        .coordinator
-        .view()
+        .view
         .state_counts()
         .await
         .unwrap()
@@ -111,7 +110,7 @@ async fn replay_equals_live_after_mixed_load_with_failures_and_compensations() {
     assert_eq!(counts.values().sum::<i64>(), 36);
 
     // The balances projection agrees with both account systems for every user and asset.
-    for row in s.coordinator.view().balances(None).await.unwrap() {
+    for row in s.view.balances(None).await.unwrap() {
         let user = u64::try_from(row.user_id).unwrap();
         let deposits = s.external_total(user, &row.asset).await;
         assert_eq!(

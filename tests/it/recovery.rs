@@ -8,13 +8,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use application::Coordinator;
 use async_trait::async_trait;
 use domain::AccountType::{Funding, Spot};
 use domain::{
     AccountPort, AccountType, AdapterOutcome, AssetSymbol, Movement, Operation, Recorded,
     TransferState, UserId,
 };
-use recovery::{Coordinator, RecoveryConfig, Worker};
+use recovery::{RecoveryConfig, RecoveryWorker};
 use reqwest::Method;
 use serde_json::json;
 
@@ -56,7 +57,7 @@ async fn retry_row(s: &Stack, req_id: &domain::ReqId) -> Option<RetryRow> {
 
 /// Runs passes until `done` says so, waiting on each retry's due time, within a deadline.
 async fn pass_until(
-    worker: &Worker,
+    worker: &RecoveryWorker,
     s: &Stack,
     req_id: &domain::ReqId,
     what: &str,
@@ -82,7 +83,7 @@ async fn fsm_005_target_timeout_stays_target_pending_with_capped_backoff_then_co
     s.spot.kill();
     let t = s.transfer(1, Funding, Spot, "USDT", "4").await;
     assert_eq!(t.state, TransferState::TargetPending);
-    let worker = Worker::with_config(s.coordinator.clone(), fast(40, 160));
+    let worker = RecoveryWorker::with_config(s.coordinator.clone(), fast(40, 160));
 
     let row = pass_until(&worker, &s, &t.req_id, "5 attempts", |r| r.attempts >= 5).await;
     assert_eq!(
@@ -179,11 +180,11 @@ async fn fsm_006_mon_002_failing_refund_stays_compensating_alerts_after_3_then_r
         s.assets.clone(),
     );
     let t = coordinator
-        .submit(recovery::NewTransfer {
+        .submit(application::NewTransfer {
             user_id: UserId::new(2).unwrap(),
             from: Funding,
             to: Spot,
-            asset: "USDT".into(),
+            asset: domain::AssetSymbol::parse("USDT").unwrap(),
             amount: domain::Amount::parse("20").unwrap(),
             cid: None,
         })
@@ -191,7 +192,7 @@ async fn fsm_006_mon_002_failing_refund_stays_compensating_alerts_after_3_then_r
         .unwrap();
     assert_eq!(t.state, TransferState::Compensating);
 
-    let worker = Worker::with_config(coordinator.clone(), fast(1, 5));
+    let worker = RecoveryWorker::with_config(coordinator.clone(), fast(1, 5));
     let row = pass_until(&worker, &s, &t.req_id, "3 refund failures", |r| {
         r.refund_failures >= 3
     })

@@ -10,14 +10,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use application::{Coordinator, ManualResolutionError, NewTransfer};
 use async_trait::async_trait;
 use domain::AccountType::{Funding, Spot};
 use domain::{
     AccountPort, AccountType, AdapterOutcome, Amount, AssetSymbol, Movement, Operation, Recorded,
     Resolution, TransferData, TransferState, UserId,
 };
-use recovery::coordinator::ManualResolutionError;
-use recovery::{Coordinator, NewTransfer, RecoveryConfig, Worker};
+use recovery::{RecoveryConfig, RecoveryWorker};
 use reqwest::Method;
 use serde_json::json;
 
@@ -110,7 +110,7 @@ fn new_transfer(user: u64, from: AccountType, to: AccountType, amount: &str) -> 
         user_id: UserId::new(user).unwrap(),
         from,
         to,
-        asset: "USDT".into(),
+        asset: AssetSymbol::parse("USDT").unwrap(),
         amount: Amount::parse(amount).unwrap(),
         cid: None,
     }
@@ -367,9 +367,9 @@ async fn recovery_manual_resolution_refused_when_req_id_recorded_for_another_mov
         TransferState::TargetPending
     );
     // The worker leaves it open too, categorised MISMATCH.
-    let worker = Worker::with_config(coordinator.clone(), fast());
+    let worker = RecoveryWorker::with_config(coordinator.clone(), fast());
     worker.pass().await.unwrap();
-    let rows = recovery::sweeper::stuck_transfers(&s.db.pool, Duration::ZERO, 10)
+    let rows = recovery::stuck_transfers(&s.db.pool, Duration::ZERO, 10)
         .await
         .unwrap();
     assert_eq!(rows.len(), 1);
@@ -404,13 +404,16 @@ async fn recovery_worker_finds_open_transfers_while_the_projector_is_frozen() {
     assert_eq!(t.state, TransferState::TargetPending);
     s.spot.restart();
 
-    let worker = Worker::with_config(
+    let worker = RecoveryWorker::with_config(
         s.coordinator.clone(),
         RecoveryConfig {
             projector_stalled_alert_after: Duration::ZERO,
             ..fast()
         },
-    );
+    )
+    .watching(Arc::new(command_api::startup::ProjectorHealth::new(
+        s.db.pool.clone(),
+    )));
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         worker.pass().await.unwrap();
@@ -431,7 +434,7 @@ async fn recovery_worker_finds_open_transfers_while_the_projector_is_frozen() {
             .await
             .unwrap();
     assert_eq!(in_view, None, "the projector really was frozen");
-    for _ in 0..recovery::sweeper::PROJECTOR_FAILED_PASSES_CRITICAL {
+    for _ in 0..recovery::worker::PROJECTOR_FAILED_PASSES_CRITICAL {
         worker.pass().await.unwrap();
     }
     let log = captured.text();
@@ -497,7 +500,7 @@ async fn recovery_refused_refund_is_listed_refund_refused_with_mon_002_at_once()
     .await
     .unwrap();
 
-    let worker = Worker::with_config(s.coordinator.clone(), fast());
+    let worker = RecoveryWorker::with_config(s.coordinator.clone(), fast());
     worker.pass().await.unwrap();
     let log = captured.text();
     let alert = log
@@ -506,7 +509,7 @@ async fn recovery_refused_refund_is_listed_refund_refused_with_mon_002_at_once()
         .unwrap_or_else(|| panic!("MON-002 after one refused refund: {log}"));
     assert!(alert.contains(&t.req_id.to_string()), "{alert}");
     assert!(alert.contains("REFUND_REFUSED"), "{alert}");
-    let rows = recovery::sweeper::stuck_transfers(&s.db.pool, Duration::ZERO, 10)
+    let rows = recovery::stuck_transfers(&s.db.pool, Duration::ZERO, 10)
         .await
         .unwrap();
     assert_eq!(rows.len(), 1);
@@ -589,8 +592,8 @@ async fn recovery_worker_renews_its_lease_during_a_slow_drive() {
         lease: Duration::from_millis(1000),
         ..fast()
     };
-    let a = Worker::with_config(slow_coordinator, config.clone());
-    let b = Worker::with_config(s.another_coordinator(), config);
+    let a = RecoveryWorker::with_config(slow_coordinator, config.clone());
+    let b = RecoveryWorker::with_config(s.another_coordinator(), config);
     let first = tokio::spawn(async move { a.pass().await.unwrap() });
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let second = b.pass().await.unwrap();
@@ -616,34 +619,34 @@ async fn recovery_daily_limit_reservation_is_released() {
     let s = Stack::start().await;
     let user = UserId::new(18).unwrap();
     let usdt = AssetSymbol::parse("USDT").unwrap();
-    let limits = recovery::DailyLimits {
+    let limits = application::DailyLimits {
         count_max: Some(2),
         amount_max: [(usdt.clone(), dec("10"))].into_iter().collect(),
     };
-    let day = recovery::limits::day_of(chrono::Utc::now());
+    let day = application::limits::day_of(chrono::Utc::now());
     let five = Amount::parse("5").unwrap();
     for _ in 0..2 {
-        recovery::limits::reserve(&s.db.pool, &limits, user, &usdt, five, day)
+        application::limits::reserve(&s.db.pool, &limits, user, &usdt, five, day)
             .await
             .unwrap()
             .unwrap();
     }
     assert!(
-        recovery::limits::reserve(&s.db.pool, &limits, user, &usdt, five, day)
+        application::limits::reserve(&s.db.pool, &limits, user, &usdt, five, day)
             .await
             .unwrap()
             .is_err()
     );
-    recovery::limits::release(&s.db.pool, &limits, user, &usdt, five, day)
+    application::limits::release(&s.db.pool, &limits, user, &usdt, five, day)
         .await
         .unwrap();
     assert_eq!(
-        recovery::limits::usage(&s.db.pool, user, &usdt, day)
+        application::limits::usage(&s.db.pool, user, &usdt, day)
             .await
             .unwrap(),
         (1, dec("5"))
     );
-    recovery::limits::reserve(&s.db.pool, &limits, user, &usdt, five, day)
+    application::limits::reserve(&s.db.pool, &limits, user, &usdt, five, day)
         .await
         .unwrap()
         .unwrap();

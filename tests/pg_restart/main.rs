@@ -14,9 +14,9 @@ mod procs;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use application::NewTransfer;
 use domain::AccountType::{Funding, Spot};
 use domain::{Amount, UserId};
-use recovery::NewTransfer;
 
 use helpers::Stack;
 use procs::{all_req_ids, spot_ops, wait_terminal, LedgerProcess, RECOVER_NOW};
@@ -93,7 +93,7 @@ async fn fnd_006_inv_004_postgres_immediate_stop_under_load_loses_nothing() {
                     user_id: UserId::new(1 + i % 4).unwrap(),
                     from: if from_funding { Funding } else { Spot },
                     to: if from_funding { Spot } else { Funding },
-                    asset: "USDT".into(),
+                    asset: domain::AssetSymbol::parse("USDT").unwrap(),
                     amount: Amount::parse("5").unwrap(),
                     cid: None,
                 })

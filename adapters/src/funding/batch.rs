@@ -5,9 +5,10 @@
 
 use domain::Movement;
 use rust_decimal::Decimal;
-use sqlx::pool::PoolConnection;
-use sqlx::{PgConnection, PgPool, Postgres};
-use tokio::sync::{mpsc, oneshot};
+use sqlx::{PgConnection, PgPool};
+use tokio::sync::oneshot;
+
+use crate::group_commit::{Committer, GroupCommit, KeptConnection};
 
 /// Most movements one call decides.
 const BATCH_MAX: usize = 256;
@@ -34,57 +35,55 @@ struct Job {
     reply: oneshot::Sender<Answer>,
 }
 
-/// The queue into one batcher task.
+/// The queue into one batcher task (see `group_commit`: the task is owned by the handles).
 #[derive(Clone)]
 pub(super) struct Batcher {
-    queue: mpsc::Sender<Job>,
+    queue: GroupCommit<Job>,
 }
 
 impl Batcher {
     /// Starts the batcher task on the current tokio runtime.
     pub fn start(pool: PgPool) -> Self {
-        let (queue, rx) = mpsc::channel(QUEUE_LENGTH_MAX);
-        tokio::spawn(run(pool, rx));
-        Self { queue }
+        let committer = FundingCommitter {
+            conn: KeptConnection::new(pool),
+        };
+        Self {
+            queue: GroupCommit::start(committer, QUEUE_LENGTH_MAX, BATCH_MAX),
+        }
     }
 
     /// Decides one movement with whatever else is waiting, and answers once that is durable.
     pub async fn submit(&self, op: &'static str, m: &Movement) -> Answer {
-        let (reply, answer) = oneshot::channel();
-        let job = Job {
-            op,
-            req_id: m.req_id.to_string(),
-            user_id: m.user_id.as_i64(),
-            asset: m.asset.as_str().to_owned(),
-            amount: m.amount.value(),
-            reply,
-        };
         self.queue
-            .send(job)
+            .ask(|reply| Job {
+                op,
+                req_id: m.req_id.to_string(),
+                user_id: m.user_id.as_i64(),
+                asset: m.asset.as_str().to_owned(),
+                amount: m.amount.value(),
+                reply,
+            })
             .await
-            .map_err(|_| sqlx::Error::WorkerCrashed)?;
-        answer.await.map_err(|_| sqlx::Error::WorkerCrashed)?
+            .map_err(|_| sqlx::Error::WorkerCrashed)?
     }
 }
 
-async fn run(pool: PgPool, mut rx: mpsc::Receiver<Job>) {
-    let mut jobs = Vec::with_capacity(BATCH_MAX);
-    // Kept between batches, given up after any error (as the event appender does).
-    let mut conn: Option<PoolConnection<Postgres>> = None;
-    // Whatever is waiting goes together: batches grow with load, a lone movement goes at once.
-    while rx.recv_many(&mut jobs, BATCH_MAX).await > 0 {
+struct FundingCommitter {
+    conn: KeptConnection,
+}
+
+impl Committer for FundingCommitter {
+    type Job = Job;
+
+    async fn commit(&mut self, jobs: &mut Vec<Job>) {
         // Every batch locks its accounts in one order, so two batches (two ledger processes)
         // never wait on each other in a cycle.
         jobs.sort_by(|a, b| (a.user_id, &a.asset).cmp(&(b.user_id, &b.asset)));
-        let held = match conn.take() {
-            Some(held) => Ok(held),
-            None => pool.acquire().await,
-        };
-        let result = match held {
+        let result = match self.conn.take().await {
             Ok(mut held) => {
-                let result = decide(&mut held, &jobs).await;
+                let result = decide(&mut held, jobs).await;
                 if result.is_ok() {
-                    conn = Some(held);
+                    self.conn.keep(held);
                 }
                 result
             }
@@ -104,11 +103,13 @@ async fn run(pool: PgPool, mut rx: mpsc::Receiver<Job>) {
                 // Nothing of the call was applied, unless the connection died during its commit;
                 // either way each movement alone is safe to decide again (a committed claim
                 // answers with its first decision). Alone, one movement's own error reaches only
-                // its own caller. Concurrently, so an outage costs one timeout, not one each.
+                // its own caller. Concurrently, so an outage costs one timeout, not one each;
+                // the batch waits for all of them, so no task outlives it.
                 tracing::warn!(error = %e, movements = jobs.len(), "funding batch failed; deciding each movement alone");
-                for job in jobs.drain(..) {
+                let pool = self.conn.pool().clone();
+                let alone = jobs.drain(..).map(|job| {
                     let pool = pool.clone();
-                    tokio::spawn(async move {
+                    async move {
                         let result = match pool.acquire().await {
                             Ok(mut conn) => decide(&mut conn, std::slice::from_ref(&job))
                                 .await
@@ -116,8 +117,9 @@ async fn run(pool: PgPool, mut rx: mpsc::Receiver<Job>) {
                             Err(e) => Err(e),
                         };
                         let _ = job.reply.send(result);
-                    });
-                }
+                    }
+                });
+                futures_util::future::join_all(alone).await;
             }
         }
     }

@@ -18,14 +18,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use domain::{ReqId, TransferState};
-use rust_decimal::Decimal;
+use application::{Coordinator, CoordinatorError, Resumed, StillOpen};
+use async_trait::async_trait;
+use domain::{AdapterOutcome, ReqId, TransferState};
 use sqlx::PgPool;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
-
-use crate::coordinator::{Coordinator, CoordinatorError, Resumed};
 
 /// The worker's knobs. Every one has a limit; names carry their unit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,55 +69,49 @@ impl Default for RecoveryConfig {
     }
 }
 
-/// Environment variables that override the defaults (milliseconds unless named otherwise).
-pub const ENV_STALE_MS: &str = "LEDGER_RECOVERY_STALE_MS";
-pub const ENV_INTERVAL_MS: &str = "LEDGER_RECOVERY_INTERVAL_MS";
-pub const ENV_LEASE_MS: &str = "LEDGER_RECOVERY_LEASE_MS";
-pub const ENV_BATCH_MAX: &str = "LEDGER_RECOVERY_BATCH_MAX";
-pub const ENV_BACKOFF_MS_BASE: &str = "LEDGER_RETRY_BACKOFF_MS_BASE";
-pub const ENV_BACKOFF_MS_MAX: &str = "LEDGER_RETRY_BACKOFF_MS_MAX";
-pub const ENV_ALERT_TARGET_PENDING_MS: &str = "LEDGER_ALERT_TARGET_PENDING_MS";
+/// Operator overrides of the defaults (milliseconds unless named otherwise), as the settings
+/// read them (`LEDGER_RECOVERY_*`, `LEDGER_RETRY_*`, `LEDGER_ALERT_*`); `None` keeps the default.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryOverrides {
+    pub stale_ms: Option<u64>,
+    pub interval_ms: Option<u64>,
+    pub lease_ms: Option<u64>,
+    pub batch_max: Option<u64>,
+    pub backoff_ms_base: Option<u64>,
+    pub backoff_ms_max: Option<u64>,
+    pub alert_target_pending_ms: Option<u64>,
+}
 
-/// Upper bounds on what the environment may ask for, so a typo cannot stall recovery for years.
+/// Upper bounds on what an override may ask for, so a typo cannot stall recovery for years.
 const MS_MAX: u64 = 24 * 60 * 60 * 1000;
 const BATCH_MAX_MAX: i64 = 10_000;
 
 impl RecoveryConfig {
-    /// The defaults, overridden by the `LEDGER_RECOVERY_*`, `LEDGER_RETRY_*` and
-    /// `LEDGER_ALERT_*` environment variables. A malformed value is ignored with a warning.
-    pub fn from_env() -> Self {
+    /// The defaults with `overrides` applied, each clamped to its bounds.
+    pub fn with_overrides(overrides: &RecoveryOverrides) -> Self {
         let mut c = Self::default();
-        let ms = |name: &str| -> Option<u64> {
-            let text = std::env::var(name).ok()?;
-            match text.trim().parse::<u64>() {
-                Ok(v) => Some(v.min(MS_MAX)),
-                Err(_) => {
-                    tracing::warn!(%name, value = %text, "ignoring malformed setting");
-                    None
-                }
-            }
-        };
-        if let Some(v) = ms(ENV_STALE_MS) {
+        let ms = |v: Option<u64>| v.map(|v| v.min(MS_MAX));
+        if let Some(v) = ms(overrides.stale_ms) {
             c.stale_after = Duration::from_millis(v);
         }
-        if let Some(v) = ms(ENV_INTERVAL_MS) {
+        if let Some(v) = ms(overrides.interval_ms) {
             c.interval = Duration::from_millis(v.max(10));
         }
-        if let Some(v) = ms(ENV_LEASE_MS) {
+        if let Some(v) = ms(overrides.lease_ms) {
             c.lease = Duration::from_millis(v.max(1000));
         }
-        if let Some(v) = ms(ENV_BATCH_MAX) {
+        if let Some(v) = ms(overrides.batch_max) {
             c.batch_max = i64::try_from(v)
                 .unwrap_or(BATCH_MAX_MAX)
                 .clamp(1, BATCH_MAX_MAX);
         }
-        if let Some(v) = ms(ENV_BACKOFF_MS_BASE) {
+        if let Some(v) = ms(overrides.backoff_ms_base) {
             c.backoff_ms_base = v.max(1);
         }
-        if let Some(v) = ms(ENV_BACKOFF_MS_MAX) {
+        if let Some(v) = ms(overrides.backoff_ms_max) {
             c.backoff_ms_max = v.max(1);
         }
-        if let Some(v) = ms(ENV_ALERT_TARGET_PENDING_MS) {
+        if let Some(v) = ms(overrides.alert_target_pending_ms) {
             c.target_pending_alert_after = Duration::from_millis(v);
         }
         c.backoff_ms_max = c.backoff_ms_max.max(c.backoff_ms_base);
@@ -136,7 +128,7 @@ impl RecoveryConfig {
     }
 }
 
-fn millis(d: Duration) -> i64 {
+pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
@@ -154,35 +146,42 @@ pub const REFUSED_BY_TARGET: &str = "REFUSED_BY_TARGET";
 pub const MISMATCH: &str = "MISMATCH";
 pub const UNKNOWN: &str = "UNKNOWN";
 
-/// The category of how an attempt ended, or `None` when it did not end in an error. The reason of
-/// an unknown outcome is `"<step>: <AdapterOutcome as Debug>"` (coordinator `step`).
+/// The category of how an attempt ended, or `None` when it did not end in an error.
 pub fn error_category(result: &Result<Resumed, CoordinatorError>) -> Option<&'static str> {
     match result {
         Ok(Resumed { unknown: None, .. }) | Err(CoordinatorError::Conflict) => None,
         Ok(Resumed {
-            unknown: Some(why), ..
-        }) => {
-            let outcome = why.split_once(": ").map_or(why.as_str(), |(_, o)| o);
-            Some(if outcome.starts_with("ExplicitFail") {
-                REFUSED_BY_TARGET
-            } else if outcome.starts_with("Timeout") {
-                TIMEOUT
-            } else if outcome.starts_with("NetworkError") {
-                NETWORK
-            } else if outcome.starts_with("Unknown(\"MISMATCH")
-                || outcome.starts_with("Unknown(\"REQ_ID_CONFLICT")
-                || outcome.contains("already used for a different")
-            {
-                MISMATCH
-            } else if why.starts_with("follow-up drive: store") {
-                STORE
-            } else {
-                UNKNOWN
-            })
-        }
+            unknown: Some(open),
+            ..
+        }) => Some(match open {
+            StillOpen::Call { outcome, .. } => match outcome {
+                AdapterOutcome::ExplicitFail { .. } => REFUSED_BY_TARGET,
+                AdapterOutcome::Timeout => TIMEOUT,
+                AdapterOutcome::NetworkError(_) => NETWORK,
+                AdapterOutcome::Mismatch(_) => MISMATCH,
+                AdapterOutcome::Success | AdapterOutcome::Pending | AdapterOutcome::Unknown(_) => {
+                    UNKNOWN
+                }
+            },
+            StillOpen::FollowUp(CoordinatorError::Store(_)) => STORE,
+            StillOpen::FollowUp(_) => UNKNOWN,
+        }),
         Err(CoordinatorError::Store(_)) => Some(STORE),
         Err(_) => Some(UNKNOWN),
     }
+}
+
+/// Whether the read models' projector keeps up with the event log. The worker only watches it
+/// (it never reads the read models), through this port, so recovery does not depend on the read
+/// side; the `ledger` binary wires in the real projector.
+#[async_trait]
+pub trait ProjectorProbe: Send + Sync {
+    /// Whether the projector caught up with every event committed before the call within
+    /// `wait_max`.
+    async fn caught_up(
+        &self,
+        wait_max: Duration,
+    ) -> Result<bool, Box<dyn std::error::Error + Send + Sync>>;
 }
 
 /// How the read models' projector has fared over the last passes.
@@ -204,88 +203,21 @@ pub struct PassReport {
     pub alerts: usize,
 }
 
-/// One open transfer as the worker and the admin routes see it.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-pub struct StuckTransfer {
-    pub req_id: String,
-    /// From the transfer's `TransferCreated` event; `None` when it cannot be read.
-    pub user_id: Option<i64>,
-    pub from_account: Option<String>,
-    pub to_account: Option<String>,
-    pub asset: Option<String>,
-    pub amount: Option<Decimal>,
-    pub state: String,
-    /// RETRYING, or REFUND_REFUSED: COMPENSATING with a refund the source refused for good,
-    /// which no retry can finish (see ARCHITECTURE.md, "Recovery and manual resolution").
-    pub status: String,
-    pub updated_at: DateTime<Utc>,
-    pub age_ms: i64,
-    pub attempts: i32,
-    pub refund_failures: i32,
-    /// The kind of the last error (TIMEOUT, NETWORK, STORE, REFUSED_BY_TARGET, MISMATCH,
-    /// UNKNOWN); the detail is kept out of this struct so it never reaches a client.
-    pub last_error_category: Option<String>,
-    pub last_attempt_at: Option<DateTime<Utc>>,
-    pub next_retry_at: Option<DateTime<Utc>>,
-    pub lease_owner: Option<String>,
-    pub lease_until: Option<DateTime<Utc>>,
-}
-
-/// Open transfers unchanged for at least `older_than`, oldest first, with their retry records.
-pub async fn stuck_transfers(
-    pool: &PgPool,
-    older_than: Duration,
-    limit: i64,
-) -> Result<Vec<StuckTransfer>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT o.req_id,
-                (c.payload -> 'TransferCreated' ->> 'user_id')::bigint AS user_id,
-                c.payload -> 'TransferCreated' ->> 'from' AS from_account,
-                c.payload -> 'TransferCreated' ->> 'to' AS to_account,
-                c.payload -> 'TransferCreated' ->> 'asset' AS asset,
-                (c.payload -> 'TransferCreated' ->> 'amount')::numeric AS amount,
-                o.state,
-                CASE WHEN o.state = 'COMPENSATING' AND r.last_error_category = 'REFUSED_BY_TARGET'
-                     THEN 'REFUND_REFUSED' ELSE 'RETRYING' END AS status,
-                o.recorded_at AS updated_at,
-                (EXTRACT(EPOCH FROM (now() - o.recorded_at)) * 1000)::bigint AS age_ms,
-                COALESCE(r.attempts, 0) AS attempts,
-                COALESCE(r.refund_failures, 0) AS refund_failures,
-                r.last_error_category, r.last_attempt_at, r.next_retry_at, r.lease_owner,
-                r.lease_until
-         FROM open_transfers o
-         LEFT JOIN transfer_retries r USING (req_id)
-         LEFT JOIN events c ON c.aggregate_type = 'Transfer' AND c.aggregate_id = o.req_id
-                           AND c.event_type = 'TransferCreated'
-         WHERE o.recorded_at <= now() - $1 * interval '1 millisecond'
-         ORDER BY o.recorded_at LIMIT $2",
-    )
-    .bind(millis(older_than))
-    .bind(limit)
-    .fetch_all(pool)
-    .await
-}
-
 /// The recovery worker. Cheap to clone.
 #[derive(Clone)]
-pub struct Worker {
+pub struct RecoveryWorker {
     coordinator: Coordinator,
     pool: PgPool,
     pub config: RecoveryConfig,
     /// Names this worker in leases and the attempt log.
     pub id: String,
+    probe: Option<Arc<dyn ProjectorProbe>>,
     projector: Arc<std::sync::Mutex<ProjectorWatch>>,
 }
 
-/// The name the rest of the code base knew this by.
-pub type Sweeper = Worker;
-
-impl Worker {
-    /// A worker with the configuration from the environment (see [`RecoveryConfig::from_env`]).
-    pub fn new(coordinator: Coordinator) -> Self {
-        Self::with_config(coordinator, RecoveryConfig::from_env())
-    }
-
+impl RecoveryWorker {
+    /// A worker driving through `coordinator`'s commands with `config`. It watches no
+    /// projector until given one ([`RecoveryWorker::watching`]).
     pub fn with_config(coordinator: Coordinator, config: RecoveryConfig) -> Self {
         let pool = coordinator.pool().clone();
         let id = format!("pid{}-{}", std::process::id(), ReqId::generate());
@@ -294,8 +226,15 @@ impl Worker {
             pool,
             config,
             id,
+            probe: None,
             projector: Arc::default(),
         }
+    }
+
+    /// Watches the read models' projector in every pass (CRITICAL `PROJECTOR_STALLED`).
+    pub fn watching(mut self, probe: Arc<dyn ProjectorProbe>) -> Self {
+        self.probe = Some(probe);
+        self
     }
 
     /// Runs forever: one pass at start-up, then one per interval. A failing pass (database down)
@@ -367,12 +306,10 @@ impl Worker {
     /// (once per stall) when it has failed for `PROJECTOR_FAILED_PASSES_CRITICAL` passes in a
     /// row and for at least `projector_stalled_alert_after`. Returns the alerts raised.
     async fn watch_projector(&self) -> usize {
-        let outcome = self
-            .coordinator
-            .view()
-            .projector()
-            .catch_up(PROJECTOR_CHECK_WAIT)
-            .await;
+        let Some(probe) = &self.probe else {
+            return 0;
+        };
+        let outcome = probe.caught_up(PROJECTOR_CHECK_WAIT).await;
         let failure = match outcome {
             Ok(true) => None,
             Ok(false) => {
@@ -453,7 +390,7 @@ impl Worker {
     /// otherwise whether it reached a terminal state.
     async fn work_one(&self, req_id: ReqId, state: String) -> Result<Option<bool>, sqlx::Error> {
         let key = req_id.to_string();
-        let claimed = crate::lease::take(
+        let claimed = application::lease::take(
             &self.pool,
             &key,
             &state,
@@ -501,10 +438,16 @@ impl Worker {
             Ok(Resumed {
                 data,
                 unknown: Some(why),
-            }) => (Some(data.state), "UNKNOWN", Some(why.clone()), true, true),
+            }) => (
+                Some(data.state),
+                "UNKNOWN",
+                Some(why.to_string()),
+                true,
+                true,
+            ),
             // Someone else moved it first: not a failure, and no reason to wait longer.
             Err(CoordinatorError::Conflict) => (None, "CONFLICT", None, false, false),
-            Err(e) => (None, "ERROR", Some(e.to_string()), true, true),
+            Err(e) => (None, "ERROR", Some(application::error_chain(e)), true, true),
         };
         let mut tx = self.pool.begin().await?;
         sqlx::query(

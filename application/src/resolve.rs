@@ -1,26 +1,18 @@
-//! Resuming a transfer someone else left (the recovery worker's entry point) and resolving one by
-//! hand. Kept apart from the request path: it asks the account systems what they recorded before
-//! retrying a call blind, and it reports why a transfer is still open so the worker can record it.
+//! Resolving a transfer by hand: an operator's confirmed outcome of the pending call, taken only
+//! where the account system's own record backs it, recorded as `TransferManuallyResolved`, and
+//! driven on under the transfer's lease.
 
-use cqrs_es::EventStore;
+use chrono::Utc;
 use domain::{
-    manual_resolution_target, AccountPort, AdapterOutcome, Movement, Operation, Recorded, ReqId,
-    Resolution, TransferCommand, TransferData, TransferError, TransferState,
+    manual_resolution_target, Movement, Operation, Recorded, ReqId, Resolution, TransferCommand,
+    TransferData, TransferError, TransferState,
 };
 
-use super::{Coordinator, CoordinatorError, Stepped};
-use crate::failpoint::failpoint;
+use crate::coordinator::{Context, Coordinator, CoordinatorError};
+use crate::drive::{Resumed, StillOpen};
 
 /// How long a manual resolution holds the transfer's lease (it checks, records and drives once).
 const MANUAL_LEASE_MS: i64 = 120_000;
-
-/// Where a resumed transfer stands after one drive.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Resumed {
-    pub data: TransferData,
-    /// Why it is still open: the unknown outcome of its pending call. `None` when terminal.
-    pub unknown: Option<String>,
-}
 
 /// Why a manual resolution was refused.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -49,77 +41,7 @@ pub enum ManualResolutionError {
     Coordinator(#[from] CoordinatorError),
 }
 
-/// Calls the adapter, first asking the account system what it recorded when `lookup_first`:
-/// a recorded decision is the call's answer (the same one an idempotent repeat would return),
-/// and only an operation never seen, or a system that cannot say, is called again.
-pub(super) async fn call_or_lookup(
-    port: &dyn AccountPort,
-    operation: Operation,
-    movement: &Movement,
-    lookup_first: bool,
-) -> AdapterOutcome {
-    if lookup_first {
-        match port.lookup(movement, operation).await {
-            Recorded::Applied => {
-                tracing::info!(req_id = %movement.req_id, ?operation, "lookup: already applied; recording without a new call");
-                return AdapterOutcome::Success;
-            }
-            Recorded::Refused { code, message } => {
-                tracing::info!(req_id = %movement.req_id, ?operation, %code, "lookup: already refused");
-                return AdapterOutcome::ExplicitFail { code, message };
-            }
-            Recorded::NotSeen => {}
-            Recorded::Unavailable(why) => {
-                tracing::debug!(req_id = %movement.req_id, ?operation, %why, "lookup unavailable; retrying the idempotent call");
-            }
-            // The key holds another movement: a retry would only be refused as a conflict, and
-            // nothing about this movement is known. It stays open for an operator.
-            Recorded::Mismatch(why) => {
-                tracing::error!(req_id = %movement.req_id, ?operation, %why, "lookup: req_id recorded for a different movement");
-                return AdapterOutcome::Unknown(format!("MISMATCH: {why}"));
-            }
-        }
-    }
-    match operation {
-        Operation::Withdraw => port.withdraw(movement).await,
-        Operation::Deposit => port.deposit(movement).await,
-        Operation::Refund => port.refund(movement).await,
-    }
-}
-
 impl Coordinator {
-    /// The database the coordinator writes to (the worker keeps its bookkeeping there too).
-    pub fn pool(&self) -> &sqlx::PgPool {
-        &self.pool
-    }
-
-    /// Drives a transfer from whatever state its events say, as the recovery worker does: every
-    /// pending call is looked up before it is retried. Stops at a terminal state or at an unknown
-    /// outcome, and says which.
-    pub async fn resume(&self, req_id: &ReqId) -> Result<Resumed, CoordinatorError> {
-        let mut ctx = self.store.load_aggregate(&req_id.to_string()).await?;
-        loop {
-            let Some(data) = ctx.aggregate.data.clone() else {
-                return Err(CoordinatorError::NotFound);
-            };
-            if data.state.is_terminal() {
-                return Ok(Resumed {
-                    data,
-                    unknown: None,
-                });
-            }
-            match self.step(ctx, &data, true).await? {
-                Stepped::Next(next) => ctx = next,
-                Stepped::Unknown(why) => {
-                    return Ok(Resumed {
-                        data,
-                        unknown: Some(why),
-                    })
-                }
-            }
-        }
-    }
-
     /// Records an operator's confirmed outcome of the pending call (`TransferManuallyResolved`,
     /// with who and why), then drives the transfer on if that leaves it open (SOURCE_DONE goes on
     /// to the deposit, COMPENSATING to the refund). Refused when the state does not allow it, and
@@ -171,12 +93,12 @@ impl Coordinator {
     async fn load_for_resolution(
         &self,
         req_id: &ReqId,
-    ) -> Result<(super::Context, TransferData), ManualResolutionError> {
-        let ctx = self
-            .store
-            .load_aggregate(&req_id.to_string())
-            .await
-            .map_err(CoordinatorError::from)?;
+    ) -> Result<(Context, TransferData), ManualResolutionError> {
+        let ctx = match self.load_context(req_id).await {
+            Ok(ctx) => ctx,
+            Err(CoordinatorError::NotFound) => return Err(ManualResolutionError::NotFound),
+            Err(e) => return Err(e.into()),
+        };
         let data = ctx
             .aggregate
             .data
@@ -227,7 +149,7 @@ impl Coordinator {
 
     async fn record_resolution(
         &self,
-        ctx: super::Context,
+        ctx: Context,
         data: &TransferData,
         resolution: Resolution,
         operator: &str,
@@ -238,7 +160,7 @@ impl Coordinator {
             resolution,
             operator: operator.to_owned(),
             reason: reason.to_owned(),
-            at: (self.clock)(),
+            at: Utc::now(),
         };
         let ctx = match self.execute(ctx, command).await {
             Ok(ctx) => ctx,
@@ -246,7 +168,7 @@ impl Coordinator {
             Err(e) => return Err(e.into()),
         };
         tracing::warn!(%req_id, from = %data.state, resolution = resolution.as_str(), %operator, %reason, "transfer manually resolved");
-        failpoint("after_manual_resolution");
+        self.failpoints.hit("after_manual_resolution");
         let Some(now) = ctx.aggregate.data.clone() else {
             return Err(ManualResolutionError::NotFound);
         };
@@ -266,7 +188,7 @@ impl Coordinator {
                     Ok(Some(latest)) => latest,
                     _ => now,
                 };
-                let unknown = (!data.state.is_terminal()).then(|| format!("follow-up drive: {e}"));
+                let unknown = (!data.state.is_terminal()).then_some(StillOpen::FollowUp(e));
                 Ok(Resumed { data, unknown })
             }
         }

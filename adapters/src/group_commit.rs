@@ -1,0 +1,107 @@
+//! The one group-commit skeleton behind the ledger's two batchers (the event store's appends and
+//! the funding ledger's fresh movements): callers queue a job with a reply channel and wait; one
+//! task takes everything waiting, up to a batch limit, and commits it together, so batches grow
+//! with load and a lone job still goes out at once.
+
+use std::future::Future;
+
+use sqlx::pool::PoolConnection;
+use sqlx::{PgPool, Postgres};
+use tokio::sync::{mpsc, oneshot};
+
+/// Commits one batch of jobs. Answering every job (through the reply channel it carries) is the
+/// committer's duty; a job dropped unanswered is heard by its caller as [`Stopped`].
+pub trait Committer: Send + 'static {
+    type Job: Send + 'static;
+    /// Commits `batch` and answers each job in it. Whatever is left in `batch` afterwards is
+    /// dropped.
+    fn commit(&mut self, batch: &mut Vec<Self::Job>) -> impl Future<Output = ()> + Send;
+}
+
+/// The group-commit task stopped (or dropped a job) before answering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the group-commit task stopped before answering")]
+pub struct Stopped;
+
+/// The queue into one group-commit task. Cheap to clone.
+///
+/// The task is owned by its handles, not a background service of the process: it is started by
+/// [`GroupCommit::start`] on the current tokio runtime and ends by itself when the last handle is
+/// dropped (its queue closes).
+pub struct GroupCommit<J> {
+    queue: mpsc::Sender<J>,
+}
+
+impl<J> Clone for GroupCommit<J> {
+    fn clone(&self) -> Self {
+        Self {
+            queue: self.queue.clone(),
+        }
+    }
+}
+
+impl<J> std::fmt::Debug for GroupCommit<J> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupCommit").finish_non_exhaustive()
+    }
+}
+
+impl<J: Send + 'static> GroupCommit<J> {
+    /// Starts the task that feeds `committer` batches of at most `batch_max` jobs; at most
+    /// `queue_length_max` jobs wait before a caller itself waits (back-pressure).
+    pub fn start<C: Committer<Job = J>>(
+        committer: C,
+        queue_length_max: usize,
+        batch_max: usize,
+    ) -> Self {
+        let (queue, rx) = mpsc::channel(queue_length_max);
+        tokio::spawn(run(committer, rx, batch_max.max(1)));
+        Self { queue }
+    }
+
+    /// Queues the job built around a fresh reply channel and waits for its answer.
+    pub async fn ask<R>(&self, job: impl FnOnce(oneshot::Sender<R>) -> J) -> Result<R, Stopped> {
+        let (reply, answer) = oneshot::channel();
+        self.queue.send(job(reply)).await.map_err(|_| Stopped)?;
+        answer.await.map_err(|_| Stopped)
+    }
+}
+
+async fn run<C: Committer>(mut committer: C, mut rx: mpsc::Receiver<C::Job>, batch_max: usize) {
+    let mut batch = Vec::with_capacity(batch_max);
+    while rx.recv_many(&mut batch, batch_max).await > 0 {
+        committer.commit(&mut batch).await;
+        batch.clear();
+    }
+}
+
+/// A connection a committer keeps between batches (no pool round trip, no liveness ping per
+/// batch) and gives up after any error, so a broken one is never used twice.
+#[derive(Debug)]
+pub struct KeptConnection {
+    pool: PgPool,
+    held: Option<PoolConnection<Postgres>>,
+}
+
+impl KeptConnection {
+    pub fn new(pool: PgPool) -> Self {
+        Self { pool, held: None }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The kept connection, or a new one from the pool.
+    pub async fn take(&mut self) -> Result<PoolConnection<Postgres>, sqlx::Error> {
+        match self.held.take() {
+            Some(held) => Ok(held),
+            None => self.pool.acquire().await,
+        }
+    }
+
+    /// Keeps `conn` for the next batch (only after a batch that saw no error on it).
+    pub fn keep(&mut self, conn: PoolConnection<Postgres>) {
+        self.held = Some(conn);
+    }
+}

@@ -1,0 +1,206 @@
+//! The coordinator: the transfer engine every command of the application runs on. It keeps the
+//! aggregate in memory while driving, commits every step's event before the adapter call it
+//! announces, and lets the event table's key refuse a competing writer (optimistic
+//! concurrency). Creating is in `submit.rs`, driving and resuming in `drive.rs`, manual
+//! resolution in `resolve.rs`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use adapters::event_store::{transfer_store, TransferStore};
+use cqrs_es::event_sink::EventSink;
+use cqrs_es::persist::EventStoreAggregateContext;
+use cqrs_es::{Aggregate, AggregateError, EventStore};
+use domain::{
+    AccountPort, AccountType, Amount, AssetRegistry, AssetSymbol, ErrorCode, ReqId, Transfer,
+    TransferCommand, TransferData, TransferError, UserId,
+};
+use sqlx::PgPool;
+
+use crate::failpoint::FailPoints;
+use crate::limits::DailyLimits;
+
+/// A request for a new transfer, already parsed into domain types.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewTransfer {
+    pub user_id: UserId,
+    pub from: AccountType,
+    pub to: AccountType,
+    pub asset: AssetSymbol,
+    pub amount: Amount,
+    /// The client's idempotency key, scoped to `user_id`.
+    pub cid: Option<String>,
+}
+
+impl NewTransfer {
+    /// The canonical body a `cid` is bound to.
+    pub(crate) fn fingerprint(&self) -> String {
+        format!("{}|{}|{}|{}", self.from, self.to, self.asset, self.amount)
+    }
+}
+
+/// The cause of a store failure, kept whole (shared, so the error stays cheap to clone).
+pub type StoreCause = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CoordinatorError {
+    /// The request is refused with this contract code; nothing was created.
+    #[error("refused: {0}")]
+    Refused(ErrorCode),
+    /// Another writer changed the transfer first; this one stopped without acting.
+    #[error("another writer changed the transfer first")]
+    Conflict,
+    #[error("transfer not found")]
+    NotFound,
+    /// The aggregate refused a command: a bug in the caller's sequencing.
+    #[error("transition refused: {0}")]
+    Transition(TransferError),
+    /// The store could not be reached or answered strangely; the outcome of a write is unknown.
+    #[error("store: {0}")]
+    Store(#[source] StoreCause),
+}
+
+impl CoordinatorError {
+    /// A store failure with `cause`.
+    pub fn store(cause: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
+        Self::Store(Arc::from(cause.into()))
+    }
+}
+
+/// Tests expect exact errors; two store failures are the same only when they share one cause.
+impl PartialEq for CoordinatorError {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Refused(a), Self::Refused(b)) => a == b,
+            (Self::Conflict, Self::Conflict) | (Self::NotFound, Self::NotFound) => true,
+            (Self::Transition(a), Self::Transition(b)) => a == b,
+            (Self::Store(a), Self::Store(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl From<AggregateError<TransferError>> for CoordinatorError {
+    fn from(e: AggregateError<TransferError>) -> Self {
+        match e {
+            AggregateError::UserError(e) => Self::Transition(e),
+            AggregateError::AggregateConflict => Self::Conflict,
+            other => Self::store(other),
+        }
+    }
+}
+
+impl From<sqlx::Error> for CoordinatorError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::store(e)
+    }
+}
+
+pub(crate) type Context = EventStoreAggregateContext<Transfer>;
+
+/// Drives transfers. Cheap to clone.
+#[derive(Clone)]
+pub struct Coordinator {
+    pub(crate) store: Arc<TransferStore>,
+    pub(crate) pool: PgPool,
+    funding: Arc<dyn AccountPort>,
+    spot: Arc<dyn AccountPort>,
+    pub(crate) assets: Arc<RwLock<AssetRegistry>>,
+    pub(crate) daily: Arc<DailyLimits>,
+    pub(crate) failpoints: FailPoints,
+}
+
+impl Coordinator {
+    /// The coordinator over `pool`'s event store (its group-commit appender is started on the
+    /// current tokio runtime and owned by this value's clones) and the two account systems.
+    pub fn new(
+        pool: PgPool,
+        funding: Arc<dyn AccountPort>,
+        spot: Arc<dyn AccountPort>,
+        assets: Arc<RwLock<AssetRegistry>>,
+    ) -> Self {
+        Self {
+            store: Arc::new(transfer_store(pool.clone())),
+            pool,
+            funding,
+            spot,
+            assets,
+            daily: Arc::new(DailyLimits::default()),
+            failpoints: FailPoints::default(),
+        }
+    }
+
+    /// Holds new transfers to per-user daily limits, counted in PostgreSQL (shared by every
+    /// process). Without it the coordinator sets no daily limit.
+    pub fn with_daily_limits(mut self, limits: DailyLimits) -> Self {
+        self.daily = Arc::new(limits);
+        self
+    }
+
+    /// Arms a fail point (crash tests only).
+    pub fn with_failpoints(mut self, failpoints: FailPoints) -> Self {
+        self.failpoints = failpoints;
+        self
+    }
+
+    pub fn assets(&self) -> &Arc<RwLock<AssetRegistry>> {
+        &self.assets
+    }
+
+    /// The database the coordinator writes to (the worker keeps its bookkeeping there too).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The current state of a transfer, folded from its events (the source of truth).
+    pub async fn load(&self, req_id: &ReqId) -> Result<Option<TransferData>, CoordinatorError> {
+        let ctx = self.store.load_aggregate(&req_id.to_string()).await?;
+        Ok(ctx.aggregate.data)
+    }
+
+    /// The transfer's context (events folded) for a command, or `NotFound`.
+    pub(crate) async fn load_context(&self, req_id: &ReqId) -> Result<Context, CoordinatorError> {
+        let ctx = self.store.load_aggregate(&req_id.to_string()).await?;
+        if ctx.aggregate.data.is_none() {
+            return Err(CoordinatorError::NotFound);
+        }
+        Ok(ctx)
+    }
+
+    /// Handles one command on the in-memory aggregate and commits its events; returns the
+    /// context advanced past them. A competing writer makes the commit fail with `Conflict`.
+    pub(crate) async fn execute(
+        &self,
+        mut ctx: Context,
+        command: TransferCommand,
+    ) -> Result<Context, CoordinatorError> {
+        let sink = EventSink::default();
+        ctx.aggregate
+            .handle(command, &(), &sink)
+            .await
+            .map_err(CoordinatorError::Transition)?;
+        let events = sink.collect().await;
+        let aggregate = ctx.aggregate.clone();
+        let aggregate_id = ctx.aggregate_id.clone();
+        let committed = self.store.commit(events, ctx, HashMap::new()).await?;
+        let current_sequence = committed.last().map_or(0, |e| e.sequence);
+        // No read-model write here: the projector (projections::Projector) applies every
+        // committed event exactly once, in a commit-safe order, from the log itself.
+        Ok(Context {
+            aggregate_id,
+            aggregate,
+            current_sequence,
+            current_snapshot: None,
+        })
+    }
+
+    pub(crate) fn port(&self, account: AccountType) -> &dyn AccountPort {
+        match account {
+            AccountType::Funding => self.funding.as_ref(),
+            AccountType::Spot => self.spot.as_ref(),
+            AccountType::Future | AccountType::Margin => {
+                unreachable!("unsupported account types are refused at creation")
+            }
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! Driving a transfer: the one loop that takes it, step by step, to a terminal state or to a call
+//! whose outcome is unknown. A request drives its own new transfer straight on; the recovery
+//! worker resumes one someone else left, asking the account system what it recorded for the
+//! pending call (`AccountPort::lookup`) before retrying it.
+
+use std::fmt;
+
+use chrono::Utc;
+use domain::{
+    AccountPort, AdapterOutcome, Movement, Operation, Recorded, ReqId, StepOutcome,
+    TransferCommand, TransferData, TransferState,
+};
+
+use crate::coordinator::{Context, Coordinator, CoordinatorError};
+
+/// Why a driven transfer is still open.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StillOpen {
+    /// The pending call came to `outcome`, which records nothing: an unknown outcome, or a
+    /// refund the source refused (a refund is never given up).
+    Call {
+        operation: Operation,
+        outcome: AdapterOutcome,
+    },
+    /// A manual resolution was committed, but its follow-up drive stopped on this error.
+    FollowUp(CoordinatorError),
+}
+
+impl fmt::Display for StillOpen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Call { operation, outcome } => {
+                let step = match operation {
+                    Operation::Withdraw => "source withdraw",
+                    Operation::Deposit => "target deposit",
+                    Operation::Refund => "source refund",
+                };
+                write!(f, "{step}: {outcome:?}")
+            }
+            Self::FollowUp(e) => write!(f, "follow-up drive: {e}"),
+        }
+    }
+}
+
+/// Where a transfer stands after one drive.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resumed {
+    pub data: TransferData,
+    /// Why it is still open. `None` when terminal.
+    pub unknown: Option<StillOpen>,
+}
+
+/// What one step came to.
+enum Stepped {
+    /// The step's event is committed; the context is advanced past it.
+    Next(Context),
+    /// The call recorded nothing; says what happened, for the worker's retry record.
+    Open(StillOpen),
+}
+
+impl Coordinator {
+    /// Drives a transfer from whatever state its events say, as far as it goes: to a terminal
+    /// state, or to a step whose outcome is unknown (left as it is).
+    pub async fn drive(&self, req_id: &ReqId) -> Result<TransferData, CoordinatorError> {
+        let ctx = self.load_context(req_id).await?;
+        Ok(self.drive_loop(ctx, false, &mut None).await?.data)
+    }
+
+    /// Drives a transfer someone else left, as the recovery worker does: every pending call is
+    /// looked up before it is retried. Stops at a terminal state or at an unknown outcome, and
+    /// says which.
+    pub async fn resume(&self, req_id: &ReqId) -> Result<Resumed, CoordinatorError> {
+        let ctx = self.load_context(req_id).await?;
+        self.drive_loop(ctx, true, &mut None).await
+    }
+
+    /// The drive loop, keeping in `last` the newest state known to be committed. With
+    /// `lookup_first`, the account system is asked what it recorded for each pending call
+    /// before the call is retried.
+    pub(crate) async fn drive_loop(
+        &self,
+        mut ctx: Context,
+        lookup_first: bool,
+        last: &mut Option<TransferData>,
+    ) -> Result<Resumed, CoordinatorError> {
+        loop {
+            let Some(data) = ctx.aggregate.data.clone() else {
+                return Err(CoordinatorError::NotFound);
+            };
+            *last = Some(data.clone());
+            if data.state.is_terminal() {
+                return Ok(Resumed {
+                    data,
+                    unknown: None,
+                });
+            }
+            match self.step(ctx, &data, lookup_first).await? {
+                Stepped::Next(next) => ctx = next,
+                // The state stays (the in-memory aggregate is current); the transfer waits for
+                // a retry.
+                Stepped::Open(why) => {
+                    return Ok(Resumed {
+                        data,
+                        unknown: Some(why),
+                    })
+                }
+            }
+        }
+    }
+
+    /// One step by state (seed 000 section 6.3). The fail points are the CRA-001..006 crash
+    /// points.
+    async fn step(
+        &self,
+        ctx: Context,
+        data: &TransferData,
+        lookup_first: bool,
+    ) -> Result<Stepped, CoordinatorError> {
+        let fail = &self.failpoints;
+        let movement = Movement {
+            req_id: data.req_id,
+            user_id: data.user_id,
+            asset: data.asset.clone(),
+            amount: data.amount,
+        };
+        let source = self.port(data.from);
+        let target = self.port(data.to);
+        let at = Utc::now;
+        let command = match data.state {
+            TransferState::Init => {
+                fail.hit("after_init");
+                TransferCommand::StartSourceWithdraw { at: at() }
+            }
+            TransferState::SourcePending => {
+                fail.hit("source_pending_before_call");
+                let outcome =
+                    call_or_lookup(source, Operation::Withdraw, &movement, lookup_first).await;
+                fail.hit("source_after_call");
+                match definite(data, Operation::Withdraw, outcome) {
+                    Ok(outcome) => TransferCommand::RecordSourceOutcome { outcome, at: at() },
+                    Err(open) => return Ok(Stepped::Open(open)),
+                }
+            }
+            TransferState::SourceDone => {
+                fail.hit("after_source_done");
+                TransferCommand::StartTargetDeposit { at: at() }
+            }
+            TransferState::TargetPending => {
+                fail.hit("target_pending_before_call");
+                let outcome =
+                    call_or_lookup(target, Operation::Deposit, &movement, lookup_first).await;
+                fail.hit("target_after_call");
+                match definite(data, Operation::Deposit, outcome) {
+                    Ok(outcome) => TransferCommand::RecordTargetOutcome { outcome, at: at() },
+                    Err(open) => return Ok(Stepped::Open(open)),
+                }
+            }
+            TransferState::Compensating => {
+                fail.hit("compensating_before_refund");
+                let outcome =
+                    call_or_lookup(source, Operation::Refund, &movement, lookup_first).await;
+                fail.hit("compensating_after_refund");
+                match outcome {
+                    AdapterOutcome::Success => TransferCommand::RecordRefund { at: at() },
+                    other => {
+                        // A refund is never given up: it stays COMPENSATING until it succeeds.
+                        tracing::error!(req_id = %data.req_id, outcome = ?other, "refund not applied; transfer stays COMPENSATING");
+                        return Ok(Stepped::Open(StillOpen::Call {
+                            operation: Operation::Refund,
+                            outcome: other,
+                        }));
+                    }
+                }
+            }
+            TransferState::Committed | TransferState::Failed | TransferState::RolledBack => {
+                unreachable!("terminal states are not stepped")
+            }
+        };
+        Ok(Stepped::Next(self.execute(ctx, command).await?))
+    }
+}
+
+/// Turns an adapter outcome into a recordable one, or says why it cannot be recorded.
+fn definite(
+    data: &TransferData,
+    operation: Operation,
+    outcome: AdapterOutcome,
+) -> Result<StepOutcome, StillOpen> {
+    let what = match operation {
+        Operation::Withdraw => "source withdraw",
+        Operation::Deposit => "target deposit",
+        Operation::Refund => "source refund",
+    };
+    match outcome {
+        AdapterOutcome::Success => Ok(StepOutcome::Succeeded),
+        AdapterOutcome::ExplicitFail { code, message } => {
+            tracing::info!(req_id = %data.req_id, %code, "{what} refused");
+            Ok(StepOutcome::Refused { code, message })
+        }
+        unknown => {
+            tracing::warn!(req_id = %data.req_id, state = %data.state, outcome = ?unknown, "{what} outcome unknown; state kept for retry");
+            Err(StillOpen::Call {
+                operation,
+                outcome: unknown,
+            })
+        }
+    }
+}
+
+/// Calls the adapter, first asking the account system what it recorded when `lookup_first`:
+/// a recorded decision is the call's answer (the same one an idempotent repeat would return),
+/// and only an operation never seen, or a system that cannot say, is called again.
+async fn call_or_lookup(
+    port: &dyn AccountPort,
+    operation: Operation,
+    movement: &Movement,
+    lookup_first: bool,
+) -> AdapterOutcome {
+    if lookup_first {
+        match port.lookup(movement, operation).await {
+            Recorded::Applied => {
+                tracing::info!(req_id = %movement.req_id, ?operation, "lookup: already applied; recording without a new call");
+                return AdapterOutcome::Success;
+            }
+            Recorded::Refused { code, message } => {
+                tracing::info!(req_id = %movement.req_id, ?operation, %code, "lookup: already refused");
+                return AdapterOutcome::ExplicitFail { code, message };
+            }
+            Recorded::NotSeen => {}
+            Recorded::Unavailable(why) => {
+                tracing::debug!(req_id = %movement.req_id, ?operation, %why, "lookup unavailable; retrying the idempotent call");
+            }
+            // The key holds another movement: a retry would only be refused as a conflict, and
+            // nothing about this movement is known. It stays open for an operator.
+            Recorded::Mismatch(why) => {
+                tracing::error!(req_id = %movement.req_id, ?operation, %why, "lookup: req_id recorded for a different movement");
+                return AdapterOutcome::Mismatch(format!("MISMATCH: {why}"));
+            }
+        }
+    }
+    match operation {
+        Operation::Withdraw => port.withdraw(movement).await,
+        Operation::Deposit => port.deposit(movement).await,
+        Operation::Refund => port.refund(movement).await,
+    }
+}

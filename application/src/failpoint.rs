@@ -1,0 +1,43 @@
+//! Fail points for crash tests: the process aborts at a named point when the settings arm it
+//! (`LEDGER_FAILPOINT`, read once by the `ledger` binary's settings), so a test can kill the real
+//! coordinator exactly between two durable steps.
+
+use std::sync::Arc;
+
+/// Every fail point the coordinator has, in the order a transfer meets them (seed 000 CRA-001..006).
+pub const ALL: [&str; 9] = [
+    "after_init",
+    "source_pending_before_call",
+    "source_after_call",
+    "after_source_done",
+    "target_pending_before_call",
+    "target_after_call",
+    "compensating_before_refund",
+    "compensating_after_refund",
+    "after_manual_resolution",
+];
+
+/// The one fail point armed in this process, if any. Cheap to clone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FailPoints {
+    armed: Option<Arc<str>>,
+}
+
+impl FailPoints {
+    /// Arms the point named `name` (none when `None` or empty).
+    pub fn armed(name: Option<&str>) -> Self {
+        Self {
+            armed: name.filter(|n| !n.is_empty()).map(Arc::from),
+        }
+    }
+
+    /// Aborts the process (no unwinding, no destructors, no flushing: like SIGKILL) when `name` is
+    /// the armed fail point. A no-op otherwise.
+    pub fn hit(&self, name: &str) {
+        debug_assert!(ALL.contains(&name), "unknown fail point {name}");
+        if self.armed.as_deref() == Some(name) {
+            eprintln!("fail point {name}: aborting");
+            std::process::abort();
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! The application's front door: one value holding the coordinator, the account systems, the
+//! asset settings and the gates, with every command an edge calls: request a transfer, audit fund
+//! conservation, lift a halt, read a transfer's log. Built once from explicit arguments (the
+//! edge's settings); it starts no background task (the edge's start-up runs the periodic ones).
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use adapters::event_store::{self, LogError, LoggedEvent};
+use adapters::{FundingError, FundingLedger, SpotAdapter};
+use domain::{AccountPort, AccountType, AssetRegistry, ErrorCode, ReqId, TransferData, UserId};
+use sqlx::PgPool;
+
+use crate::assets::AssetSettings;
+use crate::audit::{self, CheckError, InvariantReport};
+use crate::coordinator::{Coordinator, CoordinatorError};
+use crate::failpoint::FailPoints;
+use crate::halt::{self, HaltCache};
+use crate::limits::DailyLimits;
+use crate::request::{depends_on_settings, TransferRequest};
+
+/// The per-second limit on transfer requests, kept by the edge (in this process's memory).
+pub trait RateGate: Send + Sync {
+    /// Counts one request of `user` now; RATE_LIMIT_EXCEEDED past the limit.
+    fn admit(&self, user: UserId) -> Result<(), ErrorCode>;
+}
+
+/// No per-second limit.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Unlimited;
+
+impl RateGate for Unlimited {
+    fn admit(&self, _user: UserId) -> Result<(), ErrorCode> {
+        Ok(())
+    }
+}
+
+/// Why a transfer request was not answered with a transfer.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    /// Refused with this contract code; nothing was created.
+    #[error("refused: {0}")]
+    Refused(ErrorCode),
+    /// The halt flag could not be read: the request is refused (fail closed), as unavailable.
+    #[error("halt flag unreadable")]
+    HaltUnknown(#[source] sqlx::Error),
+    /// The FUNDING target's existence could not be checked.
+    #[error("funding ledger")]
+    Funding(#[source] FundingError),
+    /// The task driving the transfer ended abnormally (a panic).
+    #[error("transfer task ended abnormally")]
+    Task(#[source] tokio::task::JoinError),
+    #[error(transparent)]
+    Coordinator(#[from] CoordinatorError),
+}
+
+/// The application. Cheap to clone: every field is a handle.
+#[derive(Clone)]
+pub struct Ledger {
+    coordinator: Coordinator,
+    funding: FundingLedger,
+    spot: SpotAdapter,
+    assets: AssetSettings,
+    halt: Arc<HaltCache>,
+    rate: Arc<dyn RateGate>,
+}
+
+impl Ledger {
+    /// Wires the funding ledger over `pool` (checking the asset list too), the spot adapter and
+    /// the asset list into a coordinator. No limits until [`Ledger::with_limits`].
+    pub fn new(pool: PgPool, spot: SpotAdapter, assets: AssetRegistry) -> Self {
+        let registry = Arc::new(RwLock::new(assets));
+        let funding = FundingLedger::new(pool.clone()).with_assets(registry.clone());
+        let coordinator = Coordinator::new(
+            pool.clone(),
+            Arc::new(funding.clone()) as Arc<dyn AccountPort>,
+            Arc::new(spot.clone()) as Arc<dyn AccountPort>,
+            registry.clone(),
+        );
+        Self {
+            coordinator,
+            funding,
+            spot,
+            assets: AssetSettings::new(pool, registry),
+            halt: Arc::new(HaltCache::default()),
+            rate: Arc::new(Unlimited),
+        }
+    }
+
+    /// Applies the per-second gate and the daily limits to new transfer requests.
+    pub fn with_limits(mut self, rate: Arc<dyn RateGate>, daily: DailyLimits) -> Self {
+        self.rate = rate;
+        self.coordinator = self.coordinator.with_daily_limits(daily);
+        self
+    }
+
+    /// Arms a fail point (crash tests only).
+    pub fn with_failpoints(mut self, failpoints: FailPoints) -> Self {
+        self.coordinator = self.coordinator.with_failpoints(failpoints);
+        self
+    }
+
+    pub fn coordinator(&self) -> &Coordinator {
+        &self.coordinator
+    }
+
+    pub fn funding(&self) -> &FundingLedger {
+        &self.funding
+    }
+
+    pub fn spot(&self) -> &SpotAdapter {
+        &self.spot
+    }
+
+    pub fn assets(&self) -> &AssetSettings {
+        &self.assets
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        self.funding.pool()
+    }
+
+    /// `POST /internal_transfer`'s command: the values checked in seed 000's order (a cid repeat
+    /// refused only because an asset setting changed since still gets its original transfer),
+    /// then a cid repeat answered with its original transfer whatever else changed (rate,
+    /// halt), the per-second gate, the halt (MON-003), the FUNDING target's existence, and the
+    /// coordinator's own create (daily limits) and drive.
+    pub async fn request_transfer(
+        &self,
+        request: TransferRequest,
+    ) -> Result<TransferData, RequestError> {
+        let parsed = {
+            let registry = self
+                .assets
+                .registry()
+                .read()
+                .unwrap_or_else(|e| e.into_inner());
+            request.parse(&registry)
+        };
+        let transfer = match parsed {
+            Ok(transfer) => transfer,
+            Err(code) => {
+                if depends_on_settings(code) {
+                    if let Some(existing) = self.repeat_of_earlier(&request).await {
+                        return Ok(existing);
+                    }
+                }
+                return Err(RequestError::Refused(code));
+            }
+        };
+        if let Some(existing) = self.coordinator.existing_for_cid(&transfer).await? {
+            return Ok(existing);
+        }
+        // Seed 000 section 1.5.8, step 7: counted only for requests that passed the checks
+        // before it.
+        self.rate
+            .admit(transfer.user_id)
+            .map_err(RequestError::Refused)?;
+        // Checked after the request's own checks, so a bad request gets its own code.
+        if self
+            .halt
+            .is_halted(self.pool())
+            .await
+            .map_err(RequestError::HaltUnknown)?
+        {
+            return Err(RequestError::Refused(ErrorCode::ServiceHalted));
+        }
+        // A FUNDING target must exist (SPOT is created lazily). Checked before anything is
+        // created, so the refusal costs no withdraw and refund; the funding adapter still
+        // refuses on its own if the account is missing when the deposit runs.
+        if transfer.to == AccountType::Funding {
+            let exists = self
+                .funding
+                .account_exists(transfer.user_id, &transfer.asset)
+                .await
+                .map_err(RequestError::Funding)?;
+            if !exists {
+                return Err(RequestError::Refused(ErrorCode::TargetAccountNotFound));
+            }
+        }
+        let coordinator = self.coordinator.clone();
+        // The drive runs in its own task so a caller hanging up cannot cancel it between a
+        // step's commit and its adapter call; the transfer then ends as soon as possible rather
+        // than at the recovery worker's next pass. The task ends with the drive.
+        let created = tokio::spawn(async move {
+            coordinator.validate(&transfer)?;
+            coordinator.create_and_drive(transfer).await
+        })
+        .await
+        .map_err(RequestError::Task)??;
+        Ok(created)
+    }
+
+    /// The original transfer of a cid repeat with the same body; `None` in every other case.
+    async fn repeat_of_earlier(&self, request: &TransferRequest) -> Option<TransferData> {
+        let repeat = request.as_repeat()?;
+        self.coordinator
+            .existing_for_cid(&repeat)
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// Runs the fund-conservation check, records it, and on a violation raises the CRITICAL
+    /// alert and halts new transfers. Returns the report and whether transfers are halted now.
+    pub async fn audit(&self) -> Result<(InvariantReport, bool), CheckError> {
+        let checked = self.audit_and_enforce().await;
+        self.halt.invalidate();
+        checked
+    }
+
+    async fn audit_and_enforce(&self) -> Result<(InvariantReport, bool), CheckError> {
+        let pool = self.pool();
+        let report = audit::check(&self.funding, &self.spot).await?;
+        let report_json = serde_json::to_value(&report)
+            .unwrap_or_else(|_| serde_json::Value::Object(serde_json::Map::new()));
+        sqlx::query("INSERT INTO invariant_checks (ok, report) VALUES ($1, $2)")
+            .bind(report.ok)
+            .bind(&report_json)
+            .execute(pool)
+            .await?;
+        if !report.ok {
+            tracing::error!(
+                alert = "CRITICAL",
+                code = "FUND_CONSERVATION_VIOLATED",
+                report = %report_json,
+                "CRITICAL: fund conservation violated; new transfers are halted until an admin clears it"
+            );
+            halt::halt(pool, "fund conservation violated").await?;
+        }
+        let halted = halt::is_halted(pool).await?;
+        Ok((report, halted))
+    }
+
+    /// Runs the check every `interval` forever. A check that cannot decide (spot-core down) is
+    /// logged and retried at the next tick; it never halts. The edge's start-up runs this.
+    pub async fn audit_periodically(self, interval: Duration) {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first tick fires at once; skip it so a process starting up is not checked
+        // half-wired.
+        ticker.tick().await;
+        loop {
+            ticker.tick().await;
+            match self.audit_and_enforce().await {
+                Ok((report, _)) if report.ok => tracing::debug!("fund conservation holds"),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %crate::error_chain(&e), "fund-conservation check could not run")
+                }
+            }
+        }
+    }
+
+    /// An admin lifts the halt (after looking into the cause).
+    pub async fn clear_halt(&self, admin: UserId) -> Result<(), sqlx::Error> {
+        let cleared = halt::clear(self.pool(), admin.as_i64()).await;
+        self.halt.invalidate();
+        cleared?;
+        tracing::warn!(%admin, "transfer halt cleared by an admin");
+        Ok(())
+    }
+
+    /// One transfer's events, in order, from the event log itself.
+    pub async fn transfer_events(&self, req_id: &ReqId) -> Result<Vec<LoggedEvent>, LogError> {
+        event_store::transfer_events(self.pool(), &req_id.to_string()).await
+    }
+}

@@ -1,0 +1,46 @@
+//! The application core: every command the edges (HTTP, GraphQL, the recovery worker) call, over
+//! the pure `domain` and the `adapters`. Creating a transfer (`Ledger::request_transfer`,
+//! `Coordinator::submit`), driving and resuming it (`drive.rs`), resolving it by hand, the daily
+//! limits, the fund-conservation audit and the halt flag, the asset settings, and the fail points
+//! of the crash tests. It never reads the environment, never starts a background service (the
+//! edge's start-up runs the periodic work it offers), and never imports the read side
+//! (`projections`).
+
+pub mod assets;
+pub mod audit;
+pub mod coordinator;
+pub mod drive;
+pub mod failpoint;
+pub mod halt;
+pub mod lease;
+pub mod ledger;
+pub mod limits;
+pub mod request;
+pub mod resolve;
+pub mod submit;
+
+pub use assets::AssetSettings;
+pub use coordinator::{Coordinator, CoordinatorError, NewTransfer, StoreCause};
+pub use drive::{Resumed, StillOpen};
+pub use failpoint::FailPoints;
+pub use ledger::{Ledger, RateGate, RequestError, Unlimited};
+pub use limits::DailyLimits;
+pub use request::TransferRequest;
+pub use resolve::ManualResolutionError;
+
+/// An error with its causes, `: `-separated: the detail an operator needs in a log line or the
+/// attempt log, never shown to clients.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        // A variant that shows its source in its own message already says it.
+        if !text.ends_with(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
+}

@@ -1,0 +1,245 @@
+//! Creating a transfer: the coordinator's own checks (defence in depth), the client's idempotency
+//! key (`cid`), the daily limits, `TransferCreated`, and the first drive.
+
+use chrono::{NaiveDate, Utc};
+use domain::{ErrorCode, ReqId, Transfer, TransferCommand, TransferData, TransferError};
+
+use crate::coordinator::{Context, Coordinator, CoordinatorError, NewTransfer};
+use crate::limits;
+
+enum Claim {
+    New(ReqId),
+    Existing(ReqId),
+}
+
+impl Coordinator {
+    /// Creates a transfer and drives it as far as it goes now. With a `cid`, a repeat of the same
+    /// body returns the original transfer, and the same `cid` with another body is refused.
+    pub async fn submit(&self, request: NewTransfer) -> Result<TransferData, CoordinatorError> {
+        // A repeat of a cid answers with the original transfer before anything else is checked:
+        // conditions may have changed since (limits, asset settings), but the answer must not.
+        if let Some(existing) = self.existing_for_cid(&request).await? {
+            return Ok(existing);
+        }
+        self.validate(&request)?;
+        self.create_and_drive(request).await
+    }
+
+    /// Everything after the checks: claims the cid, charges the daily limits, creates, drives.
+    pub(crate) async fn create_and_drive(
+        &self,
+        request: NewTransfer,
+    ) -> Result<TransferData, CoordinatorError> {
+        let req_id = match &request.cid {
+            None => ReqId::generate(),
+            Some(cid) => match self.claim_cid(&request, cid).await? {
+                Claim::New(id) => id,
+                Claim::Existing(id) => {
+                    // The first request may have died between claiming the key and creating the
+                    // transfer; creating it now is safe because the key fixed its req_id.
+                    if let Some(existing) = self.load(&id).await? {
+                        return Ok(existing);
+                    }
+                    id
+                }
+            },
+        };
+        // Only a transfer about to be created is charged: a repeat answered above is not. A
+        // refused request keeps its cid claim, so retrying it later still creates exactly one
+        // transfer under the same req_id.
+        let reservation = if self.daily.is_unlimited() {
+            None
+        } else {
+            let day = limits::day_of(Utc::now());
+            limits::reserve(
+                &self.pool,
+                &self.daily,
+                request.user_id,
+                &request.asset,
+                request.amount,
+                day,
+            )
+            .await?
+            .map_err(CoordinatorError::Refused)?;
+            Some(day)
+        };
+        let ctx = match self.create(req_id, &request).await {
+            Ok(ctx) => ctx,
+            // A concurrent duplicate created it first: answer with that transfer, and give back
+            // this request's charge (the duplicate's own request was charged).
+            Err(
+                CoordinatorError::Conflict
+                | CoordinatorError::Transition(TransferError::AlreadyExists),
+            ) => {
+                self.release_reservation(&request, reservation).await;
+                return self.load(&req_id).await?.ok_or(CoordinatorError::NotFound);
+            }
+            // A store error leaves it unknown whether the transfer was created: give the charge
+            // back only when it is known not to exist (over-charging is the safe side).
+            Err(e @ CoordinatorError::Store(_)) => {
+                if matches!(self.load(&req_id).await, Ok(None)) {
+                    self.release_reservation(&request, reservation).await;
+                }
+                return Err(e);
+            }
+            Err(e) => {
+                self.release_reservation(&request, reservation).await;
+                return Err(e);
+            }
+        };
+        // From here on the transfer exists, so the caller must always get its req_id back: an
+        // error without it would invite a client retry that creates a second transfer. Whatever
+        // stops the drive, the answer is the last state known; the worker finishes the rest.
+        let mut last = ctx.aggregate.data.clone();
+        match self.drive_loop(ctx, false, &mut last).await {
+            Ok(driven) => Ok(driven.data),
+            Err(e) => {
+                if !matches!(e, CoordinatorError::Conflict) {
+                    tracing::warn!(%req_id, error = %e, "drive stopped; the recovery worker resumes it");
+                }
+                let reloaded = self.load(&req_id).await.ok().flatten();
+                reloaded
+                    .or(last)
+                    .ok_or_else(|| CoordinatorError::store("created transfer has no state"))
+            }
+        }
+    }
+
+    /// Gives back a daily-limit charge for a transfer that was not created by this request.
+    async fn release_reservation(&self, request: &NewTransfer, reservation: Option<NaiveDate>) {
+        let Some(day) = reservation else {
+            return;
+        };
+        let released = limits::release(
+            &self.pool,
+            &self.daily,
+            request.user_id,
+            &request.asset,
+            request.amount,
+            day,
+        )
+        .await;
+        if let Err(e) = released {
+            tracing::warn!(user_id = %request.user_id, error = %e, "daily limit charge not released");
+        }
+    }
+
+    /// The transfer a cid already names for this user, if the body is the same; a different
+    /// body under the same cid is refused. `None` when the cid is new (or there is none).
+    pub async fn existing_for_cid(
+        &self,
+        request: &NewTransfer,
+    ) -> Result<Option<TransferData>, CoordinatorError> {
+        let Some(cid) = &request.cid else {
+            return Ok(None);
+        };
+        let found: Option<(String, String)> = sqlx::query_as(
+            "SELECT req_id, fingerprint FROM transfer_cids WHERE user_id = $1 AND cid = $2",
+        )
+        .bind(request.user_id.as_i64())
+        .bind(cid)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some((req_id, fingerprint)) = found else {
+            return Ok(None);
+        };
+        if fingerprint != request.fingerprint() {
+            return Err(CoordinatorError::Refused(ErrorCode::IdempotencyKeyReused));
+        }
+        let req_id = ReqId::parse(&req_id)
+            .map_err(|_| CoordinatorError::store("stored req_id is malformed"))?;
+        // A claim without a transfer (the first request died in between) is created by the
+        // normal path, under the claimed req_id.
+        self.load(&req_id).await
+    }
+
+    /// The coordinator's own checks (defence in depth): a caller that skips the API is refused
+    /// the same way. Account state and balance are the adapters' to check.
+    pub(crate) fn validate(&self, request: &NewTransfer) -> Result<(), CoordinatorError> {
+        let refuse = CoordinatorError::Refused;
+        if request.from == request.to {
+            return Err(refuse(ErrorCode::SameAccount));
+        }
+        if !request.from.is_supported() || !request.to.is_supported() {
+            return Err(refuse(ErrorCode::UnsupportedAccountType));
+        }
+        {
+            // A poisoned lock only means a writer panicked mid-update of a plain map.
+            let assets = self.assets.read().unwrap_or_else(|e| e.into_inner());
+            let asset = assets.get(request.asset.as_str()).map_err(refuse)?;
+            asset.check_transferable().map_err(refuse)?;
+            asset.check_amount(request.amount).map_err(refuse)?;
+        }
+        if let Some(cid) = &request.cid {
+            if !valid_cid(cid) {
+                return Err(refuse(ErrorCode::InvalidIdempotencyKey));
+            }
+        }
+        Ok(())
+    }
+
+    async fn claim_cid(&self, request: &NewTransfer, cid: &str) -> Result<Claim, CoordinatorError> {
+        let fresh = ReqId::generate();
+        let inserted = sqlx::query(
+            "INSERT INTO transfer_cids (user_id, cid, req_id, fingerprint) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (user_id, cid) DO NOTHING",
+        )
+        .bind(request.user_id.as_i64())
+        .bind(cid)
+        .bind(fresh.to_string())
+        .bind(request.fingerprint())
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        if inserted == 1 {
+            return Ok(Claim::New(fresh));
+        }
+        let (req_id, fingerprint): (String, String) = sqlx::query_as(
+            "SELECT req_id, fingerprint FROM transfer_cids WHERE user_id = $1 AND cid = $2",
+        )
+        .bind(request.user_id.as_i64())
+        .bind(cid)
+        .fetch_one(&self.pool)
+        .await?;
+        if fingerprint != request.fingerprint() {
+            return Err(CoordinatorError::Refused(ErrorCode::IdempotencyKeyReused));
+        }
+        let req_id = ReqId::parse(&req_id)
+            .map_err(|_| CoordinatorError::store("stored req_id is malformed"))?;
+        Ok(Claim::Existing(req_id))
+    }
+
+    async fn create(&self, req_id: ReqId, r: &NewTransfer) -> Result<Context, CoordinatorError> {
+        // A new transfer has no events to read: start from the empty aggregate at sequence 0.
+        // If the req_id does exist (a cid claimed by a request that died), the commit of
+        // sequence 1 conflicts and the caller loads what is there.
+        let ctx = Context {
+            aggregate_id: req_id.to_string(),
+            aggregate: Transfer::default(),
+            current_sequence: 0,
+            current_snapshot: None,
+        };
+        let command = TransferCommand::Create {
+            req_id,
+            user_id: r.user_id,
+            from: r.from,
+            to: r.to,
+            asset: r.asset.clone(),
+            amount: r.amount,
+            cid: r.cid.clone(),
+            at: Utc::now(),
+        };
+        let ctx = self.execute(ctx, command).await?;
+        tracing::info!(%req_id, user_id = %r.user_id, from = %r.from, to = %r.to, asset = %r.asset, amount = %r.amount, "transfer created");
+        Ok(ctx)
+    }
+}
+
+/// A client idempotency key: 1 to 64 characters of `[A-Za-z0-9_-]`.
+fn valid_cid(cid: &str) -> bool {
+    !cid.is_empty()
+        && cid.len() <= 64
+        && cid
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}

@@ -1,0 +1,54 @@
+//! How REST and GraphQL render the same things, in one place: money as plain decimal text, times
+//! as RFC 3339, and a user's balances merged per asset from FUNDING, SPOT and the in-flight sums.
+
+use std::collections::BTreeMap;
+
+use adapters::{FundingBalance, SpotBalance};
+use chrono::{DateTime, SecondsFormat, Utc};
+use rust_decimal::Decimal;
+
+/// Money as plain decimal text, never a float, without trailing zeros.
+pub fn money(value: Decimal) -> String {
+    value.normalize().to_string()
+}
+
+/// A time as RFC 3339 with milliseconds, in UTC (`Z`).
+pub fn rfc3339(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// One asset's balances of one user.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MergedBalance {
+    pub asset: String,
+    pub funding: Decimal,
+    pub spot: Decimal,
+    pub in_flight: Decimal,
+}
+
+/// FUNDING, SPOT and in-flight amounts per asset, by asset name.
+pub fn merge_balances(
+    funding: Vec<FundingBalance>,
+    spot: Vec<SpotBalance>,
+    in_flight: Vec<(String, Decimal)>,
+) -> Vec<MergedBalance> {
+    let mut per_asset: BTreeMap<String, [Decimal; 3]> = BTreeMap::new();
+    for row in funding {
+        per_asset.entry(row.asset).or_default()[0] += row.balance;
+    }
+    for row in spot {
+        per_asset.entry(row.asset).or_default()[1] += row.available;
+    }
+    for (asset, amount) in in_flight {
+        per_asset.entry(asset).or_default()[2] += amount;
+    }
+    per_asset
+        .into_iter()
+        .map(|(asset, [funding, spot, in_flight])| MergedBalance {
+            asset,
+            funding,
+            spot,
+            in_flight,
+        })
+        .collect()
+}

@@ -1,0 +1,234 @@
+//! The one `Settings` of the `ledger` binary: everything configurable, read once at start from
+//! the command line and the environment (clap's `env` attributes; the variable names are the
+//! contract the README and the tests use) and passed explicitly to whatever needs it. No library
+//! crate reads the environment; this is the only place that does (with `spot_core::Args` for the
+//! engine's own binary).
+
+use std::time::Duration;
+
+use application::FailPoints;
+use recovery::{RecoveryConfig, RecoveryOverrides};
+
+use crate::config::{self, JwtSecret, SecretSource};
+use crate::ratelimit::LimitsConfig;
+
+/// How often the periodic fund-conservation check runs, unless configured otherwise.
+pub const AUDIT_INTERVAL_DEFAULT: Duration = Duration::from_secs(60);
+
+/// Settings shared by every `ledger` command. Each may be given as a flag or in its environment
+/// variable; an empty variable counts as unset.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct Settings {
+    /// PostgreSQL URL; the local default when unset.
+    #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// The HS256 secret tokens are signed with (at least 32 bytes).
+    #[arg(long, global = true, env = config::JWT_SECRET_ENV, hide = true, hide_env_values = true)]
+    pub jwt_secret: Option<String>,
+    /// The token a spot-core client presents (`hello`).
+    #[arg(long, global = true, env = spot_core::TOKEN_ENV, hide = true, hide_env_values = true)]
+    pub spot_core_token: Option<String>,
+    /// Transfer requests per second per user; `0` or `off` turns the limit off.
+    #[arg(long, global = true, env = crate::ratelimit::RATE_PER_SECOND_ENV)]
+    pub rate_per_second: Option<String>,
+    /// Transfers per user and UTC day; `0` or `off` turns the limit off.
+    #[arg(long, global = true, env = crate::ratelimit::DAILY_COUNT_MAX_ENV)]
+    pub daily_count_max: Option<String>,
+    /// Amount per user, asset and UTC day, as a JSON object `{"USDT": "1000000", ...}`.
+    #[arg(long, global = true, env = crate::ratelimit::DAILY_AMOUNT_MAX_ENV)]
+    pub daily_amount_max: Option<String>,
+    /// How long (ms) a transfer sits unchanged before the recovery worker touches it.
+    #[arg(long, global = true, env = "LEDGER_RECOVERY_STALE_MS")]
+    pub recovery_stale_ms: Option<String>,
+    /// Time (ms) between recovery passes.
+    #[arg(long, global = true, env = "LEDGER_RECOVERY_INTERVAL_MS")]
+    pub recovery_interval_ms: Option<String>,
+    /// How long (ms) a recovery claim holds without renewal.
+    #[arg(long, global = true, env = "LEDGER_RECOVERY_LEASE_MS")]
+    pub recovery_lease_ms: Option<String>,
+    /// Most transfers claimed in one recovery pass.
+    #[arg(long, global = true, env = "LEDGER_RECOVERY_BATCH_MAX")]
+    pub recovery_batch_max: Option<String>,
+    /// First retry delay (ms) after an unknown outcome.
+    #[arg(long, global = true, env = "LEDGER_RETRY_BACKOFF_MS_BASE")]
+    pub retry_backoff_ms_base: Option<String>,
+    /// Longest retry delay (ms).
+    #[arg(long, global = true, env = "LEDGER_RETRY_BACKOFF_MS_MAX")]
+    pub retry_backoff_ms_max: Option<String>,
+    /// MON-001: a transfer in TARGET_PENDING longer than this (ms) raises a CRITICAL alert.
+    #[arg(long, global = true, env = "LEDGER_ALERT_TARGET_PENDING_MS")]
+    pub alert_target_pending_ms: Option<String>,
+    /// Seconds between periodic fund-conservation checks (default 60).
+    #[arg(long, global = true, env = "LEDGER_INVARIANT_INTERVAL_SECS")]
+    pub invariant_interval_secs: Option<String>,
+    /// Longest wait (ms) for a request's headers, new or idle connection alike (default 10000).
+    #[arg(long, global = true, env = "LEDGER_HTTP_HEADER_TIMEOUT_MS")]
+    pub http_header_timeout_ms: Option<u64>,
+    /// Longest a request may take to be received and answered, body included (ms, default
+    /// 30000).
+    #[arg(long, global = true, env = "LEDGER_HTTP_REQUEST_TIMEOUT_MS")]
+    pub http_request_timeout_ms: Option<u64>,
+    /// Connections open at once (default 4096).
+    #[arg(long, global = true, env = "LEDGER_HTTP_CONNECTIONS_MAX")]
+    pub http_connections_max: Option<usize>,
+    /// Connections open at once from one IP address (default 256).
+    #[arg(long, global = true, env = "LEDGER_HTTP_CONNECTIONS_PER_ADDRESS_MAX")]
+    pub http_connections_per_address_max: Option<usize>,
+    /// The crash tests' fail point to arm (CRA-001..006).
+    #[arg(long, global = true, env = "LEDGER_FAILPOINT", hide = true)]
+    pub failpoint: Option<String>,
+}
+
+/// A value that is set and not blank.
+fn given(value: &Option<String>) -> Option<&str> {
+    value.as_deref().filter(|v| !v.trim().is_empty())
+}
+
+impl Settings {
+    /// `DATABASE_URL`, or the local default when unset.
+    pub fn database_url(&self) -> String {
+        given(&self.database_url)
+            .map_or_else(|| schema::DEFAULT_DATABASE_URL.to_owned(), str::to_owned)
+    }
+
+    /// `LEDGER_JWT_SECRET`, if set.
+    pub fn jwt_secret(&self) -> anyhow::Result<Option<JwtSecret>> {
+        given(&self.jwt_secret)
+            .map(|value| {
+                Ok(JwtSecret {
+                    bytes: config::checked_secret(value, config::JWT_SECRET_ENV)?,
+                    source: SecretSource::Environment,
+                })
+            })
+            .transpose()
+    }
+
+    /// `SPOT_CORE_TOKEN`, if set. Set but empty is an error: it would silently turn
+    /// authentication off.
+    pub fn spot_core_token(&self) -> anyhow::Result<Option<String>> {
+        self.spot_core_token
+            .as_deref()
+            .map(|v| spot_core::checked_token(v, spot_core::TOKEN_ENV))
+            .transpose()
+    }
+
+    /// The seed defaults (10 requests per second, 100 transfers a day), overridden by the limit
+    /// settings.
+    pub fn limits(&self) -> anyhow::Result<LimitsConfig> {
+        LimitsConfig::from_settings(
+            given(&self.rate_per_second),
+            given(&self.daily_count_max),
+            given(&self.daily_amount_max),
+        )
+    }
+
+    /// The recovery worker's configuration: the defaults, overridden by the recovery settings. A
+    /// malformed value is ignored with a warning.
+    pub fn recovery(&self) -> RecoveryConfig {
+        let ms = |name: &str, value: &Option<String>| -> Option<u64> {
+            let text = given(value)?;
+            match text.trim().parse::<u64>() {
+                Ok(v) => Some(v),
+                Err(_) => {
+                    tracing::warn!(%name, value = %text, "ignoring malformed setting");
+                    None
+                }
+            }
+        };
+        RecoveryConfig::with_overrides(&RecoveryOverrides {
+            stale_ms: ms("LEDGER_RECOVERY_STALE_MS", &self.recovery_stale_ms),
+            interval_ms: ms("LEDGER_RECOVERY_INTERVAL_MS", &self.recovery_interval_ms),
+            lease_ms: ms("LEDGER_RECOVERY_LEASE_MS", &self.recovery_lease_ms),
+            batch_max: ms("LEDGER_RECOVERY_BATCH_MAX", &self.recovery_batch_max),
+            backoff_ms_base: ms("LEDGER_RETRY_BACKOFF_MS_BASE", &self.retry_backoff_ms_base),
+            backoff_ms_max: ms("LEDGER_RETRY_BACKOFF_MS_MAX", &self.retry_backoff_ms_max),
+            alert_target_pending_ms: ms(
+                "LEDGER_ALERT_TARGET_PENDING_MS",
+                &self.alert_target_pending_ms,
+            ),
+        })
+    }
+
+    /// Time between periodic fund-conservation checks: the setting when it is a positive number
+    /// of seconds, else the default.
+    pub fn audit_interval(&self) -> Duration {
+        given(&self.invariant_interval_secs)
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|s| *s > 0)
+            .map_or(AUDIT_INTERVAL_DEFAULT, Duration::from_secs)
+    }
+
+    /// The HTTP server's timeouts and caps: the defaults, with the HTTP settings laid over them.
+    pub fn http_limits(&self) -> anyhow::Result<crate::http_server::HttpLimits> {
+        let positive = |name: &str, value: Option<u64>| -> anyhow::Result<Option<u64>> {
+            match value {
+                Some(0) => anyhow::bail!("{name} must be a positive integer"),
+                other => Ok(other),
+            }
+        };
+        let mut limits = crate::http_server::HttpLimits::default();
+        if let Some(ms) = positive("LEDGER_HTTP_HEADER_TIMEOUT_MS", self.http_header_timeout_ms)? {
+            limits.header_read_timeout = Duration::from_millis(ms);
+        }
+        if let Some(ms) = positive(
+            "LEDGER_HTTP_REQUEST_TIMEOUT_MS",
+            self.http_request_timeout_ms,
+        )? {
+            limits.request_timeout = Duration::from_millis(ms);
+        }
+        let count = |v: Option<usize>| v.map(|n| n as u64);
+        if let Some(n) = positive(
+            "LEDGER_HTTP_CONNECTIONS_MAX",
+            count(self.http_connections_max),
+        )? {
+            limits.connections_max = usize::try_from(n)?;
+        }
+        let per_address = count(self.http_connections_per_address_max);
+        if let Some(n) = positive("LEDGER_HTTP_CONNECTIONS_PER_ADDRESS_MAX", per_address)? {
+            limits.connections_per_address_max = usize::try_from(n)?;
+        }
+        Ok(limits)
+    }
+
+    /// The armed fail point, if any.
+    pub fn failpoints(&self) -> FailPoints {
+        FailPoints::armed(self.failpoint.as_deref())
+    }
+
+    /// The database pool for `connections_max` connections, migrated.
+    pub async fn pool(&self, connections_max: u32) -> anyhow::Result<sqlx::PgPool> {
+        schema::prepare(&self.database_url(), connections_max).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blank_values_count_as_unset() {
+        let settings = Settings {
+            database_url: Some("  ".into()),
+            invariant_interval_secs: Some("0".into()),
+            ..Settings::default()
+        };
+        assert_eq!(settings.database_url(), schema::DEFAULT_DATABASE_URL);
+        assert_eq!(settings.audit_interval(), AUDIT_INTERVAL_DEFAULT);
+        assert_eq!(settings.failpoints(), FailPoints::default());
+    }
+
+    #[test]
+    fn recovery_settings_override_and_clamp() {
+        let settings = Settings {
+            recovery_interval_ms: Some("1".into()),
+            retry_backoff_ms_base: Some("nonsense".into()),
+            ..Settings::default()
+        };
+        let config = settings.recovery();
+        assert_eq!(config.interval, Duration::from_millis(10));
+        assert_eq!(
+            config.backoff_ms_base,
+            RecoveryConfig::default().backoff_ms_base
+        );
+    }
+}

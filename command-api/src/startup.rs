@@ -1,0 +1,133 @@
+//! Start-up: the one place that starts every background task of a serving process and stops them
+//! together (zero-to-production's `main`): the projector (read models and feed), the recovery
+//! worker, the periodic fund-conservation audit and the asset-settings reloader. No other code
+//! starts a long-running task. These tasks run forever; one that ends (a panic) is reported, and
+//! [`Tasks::first_exit`] lets the server stop on it.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::FutureExt;
+use projections::Projector;
+use recovery::{ProjectorProbe, RecoveryConfig, RecoveryWorker};
+use tokio::task::JoinSet;
+
+use crate::app::AppState;
+use crate::settings::AUDIT_INTERVAL_DEFAULT;
+
+/// How often a process re-reads the stored asset settings: the longest another instance keeps
+/// accepting transfers of an asset an admin has just suspended.
+pub const ASSET_RELOAD_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Which background work a serving process runs, and how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Background {
+    /// The recovery worker's configuration; `None` runs no worker (an in-process test server).
+    pub recovery: Option<RecoveryConfig>,
+    /// Time between periodic fund-conservation checks.
+    pub audit_interval: Duration,
+}
+
+impl Default for Background {
+    fn default() -> Self {
+        Self {
+            recovery: None,
+            audit_interval: AUDIT_INTERVAL_DEFAULT,
+        }
+    }
+}
+
+/// The read models' projector, as the recovery worker watches it.
+#[derive(Debug, Clone)]
+pub struct ProjectorHealth(pub Projector);
+
+impl ProjectorHealth {
+    pub fn new(pool: sqlx::PgPool) -> Self {
+        Self(Projector::new(pool))
+    }
+}
+
+#[async_trait]
+impl ProjectorProbe for ProjectorHealth {
+    async fn caught_up(
+        &self,
+        wait_max: Duration,
+    ) -> Result<bool, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(self.0.catch_up(wait_max).await?)
+    }
+}
+
+/// The running background tasks. Dropping this stops them all.
+#[derive(Debug)]
+pub struct Tasks {
+    set: JoinSet<&'static str>,
+}
+
+impl Tasks {
+    /// Lays the stored asset settings over the file's defaults (before the first request), then
+    /// starts every background task `state` is configured for.
+    pub async fn start(state: &AppState) -> anyhow::Result<Self> {
+        let ledger = &state.ledger;
+        ledger.assets().reload().await?;
+        let mut tasks = Self {
+            set: JoinSet::new(),
+        };
+        let pool = ledger.pool().clone();
+        // One projector per process; an advisory lock lets only one write at a time across
+        // processes.
+        tasks.spawn("projector", Projector::new(pool.clone()).run());
+        if let Some(config) = &state.background.recovery {
+            let worker = RecoveryWorker::with_config(ledger.coordinator().clone(), config.clone())
+                .watching(Arc::new(ProjectorHealth::new(pool)));
+            tasks.spawn("recovery worker", worker.run());
+        }
+        tasks.spawn(
+            "fund-conservation audit",
+            ledger
+                .clone()
+                .audit_periodically(state.background.audit_interval),
+        );
+        tasks.spawn("asset reloader", reload_assets(ledger.assets().clone()));
+        Ok(tasks)
+    }
+
+    fn spawn(&mut self, name: &'static str, task: impl Future<Output = ()> + Send + 'static) {
+        self.set.spawn(async move {
+            match AssertUnwindSafe(task).catch_unwind().await {
+                Ok(()) => tracing::error!(task = name, "background task stopped"),
+                Err(_) => tracing::error!(task = name, "background task panicked"),
+            }
+            name
+        });
+    }
+
+    /// Completes when the first task ends (they are meant to run forever), naming it.
+    pub async fn first_exit(&mut self) -> &'static str {
+        match self.set.join_next().await {
+            Some(Ok(name)) => name,
+            Some(Err(_)) => "a background task",
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Stops every task and waits until they are gone.
+    pub async fn stop(mut self) {
+        self.set.shutdown().await;
+    }
+}
+
+/// Re-reads the stored asset settings every [`ASSET_RELOAD_INTERVAL`]. A failed read keeps the
+/// last known settings and is retried at the next tick.
+async fn reload_assets(assets: application::AssetSettings) {
+    let mut tick = tokio::time::interval(ASSET_RELOAD_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = assets.reload().await {
+            tracing::warn!(error = %e, "asset settings reload failed; keeping the last ones");
+        }
+    }
+}
