@@ -375,9 +375,10 @@ async fn conservation(pool: &sqlx::PgPool, spot_addr: &str) -> anyhow::Result<St
             .unwrap_or_default(),
         other => bail!("spot totals: {other:?}"),
     };
-    let open: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM transfers_view WHERE state_id NOT IN (40, -10, -30)",
-    )
+    let open: i64 = sqlx::query_scalar(&format!(
+        "SELECT COUNT(*) FROM transfers_view WHERE state_id NOT IN ({})",
+        domain::TransferState::terminal_ids_sql()
+    ))
     .fetch_one(pool)
     .await?;
     let deposits = deposits.unwrap_or_default();
