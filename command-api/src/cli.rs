@@ -51,6 +51,11 @@ pub enum Command {
     /// Rebuild every projection from the event log into fresh tables and report whether they
     /// equal the live ones; or show one transfer / one user's balances as of a position or time.
     Replay(crate::replay::ReplayArgs),
+    /// Publish every feed event to a NATS JetStream stream, exactly once and in order; several
+    /// may run, one publishes (docs/adr/0005-relay.md).
+    Relay(crate::relay_cli::RelayArgs),
+    /// Print the JetStream stream's events as JSON lines (a pull consumer).
+    Tail(crate::relay_cli::TailArgs),
     /// Run the spot-core engine in this process.
     #[command(name = "spot-core", hide = true)]
     SpotCore(spot_core::Args),
@@ -73,6 +78,9 @@ pub struct UpArgs {
     /// How long one spot-core call may take before its outcome counts as unknown.
     #[arg(long, default_value_t = config::SPOT_TIMEOUT_DEFAULT.as_millis() as u64)]
     pub spot_timeout_ms: u64,
+    /// The event relay to NATS JetStream, run in-process when `--nats` is given.
+    #[command(flatten)]
+    pub relay: crate::relay_cli::RelayOptions,
 }
 
 #[derive(Debug, Args)]
@@ -89,6 +97,9 @@ pub struct ServeArgs {
     /// How long one spot-core call may take before its outcome counts as unknown.
     #[arg(long, default_value_t = config::SPOT_TIMEOUT_DEFAULT.as_millis() as u64)]
     pub spot_timeout_ms: u64,
+    /// The event relay to NATS JetStream, run in-process when `--nats` is given.
+    #[command(flatten)]
+    pub relay: crate::relay_cli::RelayOptions,
 }
 
 #[derive(Debug, Args)]
@@ -130,6 +141,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Token(args) => token(args),
         Command::Migrate => migrate().await,
         Command::Replay(args) => crate::replay::run(args).await,
+        Command::Relay(args) => crate::relay_cli::relay(args).await,
+        Command::Tail(args) => crate::relay_cli::tail(args).await,
         Command::SpotCore(args) => spot_core::run(args).await,
     }
 }
@@ -191,6 +204,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listen on {}", args.listen))?;
     let local = listener.local_addr()?;
+    let _relay = crate::relay_cli::spawn_if_configured(&args.relay, &pool);
     let state = AppState::new(pool, spot, assets, &secret.bytes)
         .with_limits(crate::ratelimit::LimitsConfig::from_env()?)
         .with_http_limits(config::http_limits()?);
@@ -234,6 +248,7 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listen on {}", args.listen))?;
     let local = listener.local_addr()?;
+    let _relay = crate::relay_cli::spawn_if_configured(&args.relay, &pool);
     let state = AppState::new(pool, spot, assets, &secret.bytes)
         .with_limits(crate::ratelimit::LimitsConfig::from_env()?)
         .with_http_limits(config::http_limits()?);
@@ -350,7 +365,7 @@ async fn run_until_stopped(
     outcome
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(term) => term,
         Err(e) => {

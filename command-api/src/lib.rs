@@ -16,6 +16,7 @@ pub mod invariant;
 pub mod metrics;
 pub mod openapi;
 pub mod ratelimit;
+pub mod relay_cli;
 pub mod replay;
 pub mod routes;
 
