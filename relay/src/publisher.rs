@@ -169,6 +169,18 @@ async fn session(
     };
     let in_stream = end.last_position.unwrap_or(0);
     let start = stored.max(in_stream);
+    if end.last_position.is_some() && in_stream < stored {
+        // JetStream acknowledged more than it holds now (its store lost messages, or they were
+        // deleted): the positions between are not republished (the rule is never at or below
+        // the checkpoint); an operator must replay them into the stream if they matter.
+        tracing::warn!(
+            stream = %config.stream,
+            stream_position = in_stream,
+            checkpoint = stored,
+            "the stream ends below the checkpoint: positions {}..={stored} are missing from it",
+            in_stream + 1
+        );
+    }
     if in_stream > stored {
         if let Err(e) = lead.advance(in_stream, end.last_sequence).await {
             return lock_lost(e);

@@ -14,6 +14,12 @@ use futures_util::StreamExt;
 use crate::message::position_of;
 use crate::{stream, RelayError};
 
+/// Messages asked for per pull.
+const PULL_BATCH: u64 = 256;
+
+/// How long one pull waits for messages.
+const PULL_EXPIRES: Duration = Duration::from_secs(1);
+
 /// What to read and from where.
 #[derive(Debug, Clone)]
 pub struct TailConfig {
@@ -74,41 +80,47 @@ pub async fn tail(config: &TailConfig, out: &mut impl Write) -> Result<u64, Rela
         None => st.create_consumer(consumer_config).await,
     }
     .map_err(|e| RelayError::Nats(format!("create consumer: {e}")))?;
-    let mut messages = consumer
-        .messages()
-        .await
-        .map_err(|e| RelayError::Nats(format!("consume: {e}")))?;
     let mut written = 0u64;
-    while config.limit.is_none_or(|limit| written < limit) {
-        let Some(message) = messages.next().await else {
-            break;
+    loop {
+        // Ask for no more than is still wanted: a message pulled and never acknowledged would be
+        // withheld from the durable consumer's next run until its ack wait ends.
+        let want = match config.limit {
+            Some(limit) if written >= limit => break,
+            Some(limit) => (limit - written).min(PULL_BATCH),
+            None => PULL_BATCH,
         };
-        let message = message.map_err(|e| RelayError::Nats(format!("receive: {e}")))?;
-        let sequence = message
-            .info()
-            .map_err(|e| RelayError::Nats(format!("message info: {e}")))?
-            .stream_sequence;
-        let position = message.message.headers.as_ref().and_then(position_of);
-        let skip =
-            matches!((config.after_position, position), (Some(after), Some(p)) if p <= after);
-        if !skip {
-            writeln!(
-                out,
-                "{}",
-                line(
+        let mut batch = consumer
+            .batch()
+            .max_messages(usize::try_from(want).unwrap_or(1))
+            .expires(PULL_EXPIRES)
+            .messages()
+            .await
+            .map_err(|e| RelayError::Nats(format!("pull: {e}")))?;
+        while let Some(message) = batch.next().await {
+            let message = message.map_err(|e| RelayError::Nats(format!("receive: {e}")))?;
+            let sequence = message
+                .info()
+                .map_err(|e| RelayError::Nats(format!("message info: {e}")))?
+                .stream_sequence;
+            let position = message.message.headers.as_ref().and_then(position_of);
+            let skip =
+                matches!((config.after_position, position), (Some(after), Some(p)) if p <= after);
+            if !skip {
+                let text = line(
                     sequence,
                     message.message.subject.as_str(),
-                    &message.message.payload
-                )
-            )
-            .and_then(|()| out.flush())
-            .map_err(|e| RelayError::Config(format!("write: {e}")))?;
-            written += 1;
+                    &message.message.payload,
+                );
+                writeln!(out, "{text}")
+                    .and_then(|()| out.flush())
+                    .map_err(|e| RelayError::Config(format!("write: {e}")))?;
+                written += 1;
+            }
+            message
+                .ack()
+                .await
+                .map_err(|e| RelayError::Nats(format!("ack: {e}")))?;
         }
-        message
-            .ack()
-            .await
-            .map_err(|e| RelayError::Nats(format!("ack: {e}")))?;
     }
     Ok(written)
 }
