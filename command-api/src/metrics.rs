@@ -176,6 +176,9 @@ impl Collector for Snapshot {
     }
 }
 
+/// A relay figure: its name, its help, and how to read it from a status row.
+type RelayFigure = (&'static str, &'static str, fn(&relay::RelayStatus) -> i64);
+
 /// A leader whose heartbeat is older than this counts as gone.
 const RELAY_LEADER_FRESH: chrono::TimeDelta = chrono::TimeDelta::seconds(5);
 
@@ -189,7 +192,7 @@ fn encode_relays(
     if relays.is_empty() {
         return Ok(());
     }
-    let gauges: [(&str, &str, fn(&relay::RelayStatus) -> i64); 2] = [
+    let gauges: [RelayFigure; 2] = [
         (
             "ledger_relay_lag_positions",
             "Feed positions not yet acknowledged by JetStream.",
@@ -205,7 +208,7 @@ fn encode_relays(
             },
         ),
     ];
-    let counters: [(&str, &str, fn(&relay::RelayStatus) -> i64); 2] = [
+    let counters: [RelayFigure; 2] = [
         (
             "ledger_relay_published",
             "Events relayed to JetStream (the last acknowledged feed position); its rate is the publish rate.",
