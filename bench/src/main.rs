@@ -8,6 +8,8 @@
 //!   per million accounts.
 //! - `replay`: about a million generated events; the raw read of those rows, the live projector's
 //!   catch-up and the full rebuild `ledger replay` does, in events per second, in the same run.
+//! - `relay`: the JetStream relay publishing a backlog of about a million feed events to a
+//!   nats-server the benchmark starts; events per second beside the feed read alone.
 //! - `all`: the three above with their default settings, one after the other, and a closing
 //!   summary of every figure against its target.
 
@@ -15,6 +17,7 @@
 #![allow(clippy::float_arithmetic)]
 
 mod procstat;
+mod relay;
 mod replay;
 mod spot;
 mod transfers;
@@ -39,6 +42,8 @@ enum Command {
     Spot(spot::Args),
     /// Rebuilding every projection from ~1M events, beside reading the same rows raw.
     Replay(replay::Args),
+    /// The JetStream relay publishing a backlog of ~1M feed events to a nats-server it starts.
+    Relay(relay::Args),
     /// All three with their defaults, then a summary against the targets.
     All,
 }
@@ -56,6 +61,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Transfers(args) => transfers::run(args).await?,
         Command::Spot(args) => spot::run(args).await?,
         Command::Replay(args) => replay::run(args).await?,
+        Command::Relay(args) => relay::run(args).await?,
         Command::All => {
             let mut summary = transfers::run(defaults()?).await?;
             println!();

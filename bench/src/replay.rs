@@ -292,9 +292,18 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
     )])
 }
 
-/// Fills the log chunk by chunk, one transaction each.
-async fn generate(pool: &PgPool, args: &Args) -> anyhow::Result<Duration> {
-    let transfers = ((args.events as f64 / EVENTS_PER_TRANSFER).ceil() as i64).max(1);
+/// Fills the log chunk by chunk, one transaction each (also the relay benchmark's backlog).
+pub(crate) async fn generate(pool: &PgPool, args: &Args) -> anyhow::Result<Duration> {
+    generate_events(pool, args.events, args.users).await
+}
+
+/// About `events` events of transfers of `users` users, chunk by chunk.
+pub(crate) async fn generate_events(
+    pool: &PgPool,
+    events: u64,
+    users: i64,
+) -> anyhow::Result<Duration> {
+    let transfers = ((events as f64 / EVENTS_PER_TRANSFER).ceil() as i64).max(1);
     let started = Instant::now();
     let mut lo = 1;
     while lo <= transfers {
@@ -302,7 +311,7 @@ async fn generate(pool: &PgPool, args: &Args) -> anyhow::Result<Duration> {
         sqlx::query(GENERATE)
             .bind(lo)
             .bind(hi)
-            .bind(args.users.max(1))
+            .bind(users.max(1))
             .execute(pool)
             .await
             .context("generate events")?;

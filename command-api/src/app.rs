@@ -84,6 +84,12 @@ impl AppState {
         self
     }
 
+    /// Relays the feed to JetStream while serving, when `relay` is given.
+    pub fn with_relay(mut self, relay: Option<relay::RelayConfig>) -> Self {
+        self.background.relay = relay;
+        self
+    }
+
     /// The background work to run while serving.
     pub fn with_background(mut self, background: Background) -> Self {
         self.background = background;

@@ -55,6 +55,11 @@ pub enum Command {
     /// Rebuild every projection from the event log into fresh tables and report whether they
     /// equal the live ones; or show one transfer / one user's balances as of a position or time.
     Replay(crate::replay::ReplayArgs),
+    /// Publish every feed event to a NATS JetStream stream, exactly once and in order; several
+    /// may run, one publishes (docs/adr/0005-relay.md).
+    Relay(crate::relay_cli::RelayArgs),
+    /// Print the JetStream stream's events as JSON lines (a pull consumer).
+    Tail(crate::relay_cli::TailArgs),
     /// Run the spot-core engine in this process.
     #[command(name = "spot-core", hide = true)]
     SpotCore(spot_core::Args),
@@ -77,6 +82,9 @@ pub struct UpArgs {
     /// How long one spot-core call may take before its outcome counts as unknown.
     #[arg(long, default_value_t = config::SPOT_TIMEOUT_DEFAULT.as_millis() as u64)]
     pub spot_timeout_ms: u64,
+    /// The event relay to NATS JetStream, run in-process when `--nats` is given.
+    #[command(flatten)]
+    pub relay: crate::relay_cli::RelayOptions,
 }
 
 #[derive(Debug, Args)]
@@ -93,6 +101,9 @@ pub struct ServeArgs {
     /// How long one spot-core call may take before its outcome counts as unknown.
     #[arg(long, default_value_t = config::SPOT_TIMEOUT_DEFAULT.as_millis() as u64)]
     pub spot_timeout_ms: u64,
+    /// The event relay to NATS JetStream, run in-process when `--nats` is given.
+    #[command(flatten)]
+    pub relay: crate::relay_cli::RelayOptions,
 }
 
 #[derive(Debug, Args)]
@@ -135,6 +146,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Token(args) => token(args, &settings),
         Command::Migrate => migrate(&settings).await,
         Command::Replay(args) => crate::replay::run(args, &settings).await,
+        Command::Relay(args) => crate::relay_cli::relay(args, &settings).await,
+        Command::Tail(args) => crate::relay_cli::tail(args).await,
         Command::SpotCore(args) => spot_core::run(args).await,
     }
 }
@@ -155,6 +168,7 @@ fn configured_state(
         .with_background(Background {
             recovery: Some(settings.recovery()),
             audit_interval: settings.audit_interval(),
+            relay: None,
         }))
 }
 
@@ -214,7 +228,8 @@ async fn serve(args: ServeArgs, settings: &Settings) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listen on {}", args.listen))?;
     let local = listener.local_addr()?;
-    let state = configured_state(settings, pool, spot, assets, &secret)?;
+    let state = configured_state(settings, pool, spot, assets, &secret)?
+        .with_relay(crate::relay_cli::config_if_set(&args.relay)?);
     println!("ledger serving on http://{local} (spot-core at {spot_addr})");
     run_until_stopped(listener, state, None).await
 }
@@ -251,7 +266,8 @@ async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listen on {}", args.listen))?;
     let local = listener.local_addr()?;
-    let state = configured_state(settings, pool, spot, assets, &secret)?;
+    let state = configured_state(settings, pool, spot, assets, &secret)?
+        .with_relay(crate::relay_cli::config_if_set(&args.relay)?);
 
     print_banner(&Banner {
         base: format!("http://{local}"),
@@ -364,7 +380,7 @@ async fn run_until_stopped(
     outcome
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(term) => term,
         Err(e) => {

@@ -11,9 +11,8 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::routing::get;
 use axum::{Json, Router};
-use chrono::SecondsFormat;
 use futures_util::stream::{self, Stream, StreamExt};
-use projections::feed::{self as feed_store, FeedEvent, FEED_PAGE_SIZE_MAX};
+use projections::feed::{self as feed_store, event_json, FeedEvent, FEED_PAGE_SIZE_MAX};
 use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -35,22 +34,6 @@ pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/api/v1/events", get(events))
         .route("/api/v1/events/stream", get(stream_events))
-}
-
-/// One event in the wire shape consumers get.
-pub fn event_json(e: &FeedEvent) -> Value {
-    json!({
-        "position": e.position,
-        "event_id": e.event_id,
-        "aggregate_type": e.aggregate_type,
-        "aggregate_id": e.aggregate_id,
-        "sequence": e.sequence,
-        "event_type": e.event_type,
-        "event_version": e.event_version,
-        "payload": e.payload,
-        "user_id": e.user_id,
-        "occurred_at": e.occurred_at.to_rfc3339_opts(SecondsFormat::Micros, true),
-    })
 }
 
 /// A non-negative integer query parameter, or BAD_REQUEST naming it.

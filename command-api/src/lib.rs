@@ -18,6 +18,7 @@ pub mod invariant;
 pub mod metrics;
 pub mod openapi;
 pub mod ratelimit;
+pub mod relay_cli;
 pub mod render;
 pub mod replay;
 pub mod routes;

@@ -34,15 +34,19 @@ struct Snapshot {
     /// Transfer counts by state name; a state absent here is reported as 0.
     by_state: Vec<(String, i64)>,
     figures: Figures,
+    /// The JetStream relay of each stream that ever ran (`relay_checkpoint`).
+    relays: Vec<relay::RelayStatus>,
 }
 
 async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let (by_state, figures) = state
-        .view
-        .metric_figures()
-        .await
-        .map_err(|e| ApiError::Internal(format!("metrics: {e}")))?;
-    let snapshot = Snapshot { by_state, figures };
+    let internal = |e: sqlx::Error| ApiError::Internal(format!("metrics: {e}"));
+    let (by_state, figures) = state.view.metric_figures().await.map_err(internal)?;
+    let relays = relay::status(state.ledger.pool()).await.map_err(internal)?;
+    let snapshot = Snapshot {
+        by_state,
+        figures,
+        relays,
+    };
     Ok(([(CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], render(snapshot)).into_response())
 }
 
@@ -130,8 +134,101 @@ impl Collector for Snapshot {
                 counter.metric_type(),
             )?)?;
         }
-        Ok(())
+        encode_relays(&self.relays, &mut encoder)
     }
+}
+
+/// A relay figure: its name, its help, and how to read it from a status row.
+type RelayFigure = (&'static str, &'static str, fn(&relay::RelayStatus) -> i64);
+
+/// A leader whose heartbeat is older than this counts as gone.
+const RELAY_LEADER_FRESH: chrono::TimeDelta = chrono::TimeDelta::seconds(5);
+
+/// The relay's figures, one series per stream: lag (positions, seconds), events relayed, a live
+/// leader, MON-004 alerts, and the last error (its text as a label, its time as the value).
+fn encode_relays(
+    relays: &[relay::RelayStatus],
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    use prometheus_client::metrics::MetricType::{Counter, Gauge};
+    if relays.is_empty() {
+        return Ok(());
+    }
+    let gauges: [RelayFigure; 2] = [
+        (
+            "ledger_relay_lag_positions",
+            "Feed positions not yet acknowledged by JetStream.",
+            |r| r.lag_positions,
+        ),
+        (
+            "ledger_relay_leader",
+            "1 while a relay holds the stream's lock and its heartbeat is fresh.",
+            |r| {
+                i64::from(
+                    r.leader.is_some() && chrono::Utc::now() - r.updated_at < RELAY_LEADER_FRESH,
+                )
+            },
+        ),
+    ];
+    let counters: [RelayFigure; 2] = [
+        (
+            "ledger_relay_published",
+            "Events relayed to JetStream (the last acknowledged feed position); its rate is the publish rate.",
+            |r| r.position,
+        ),
+        (
+            "ledger_alerts_relay_lag",
+            "CRITICAL MON-004 alerts raised (relay lag over LEDGER_RELAY_LAG_ALERT_MS).",
+            |r| r.lag_alerts,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let mut d = encoder.encode_descriptor(name, help, None, Gauge)?;
+        for r in relays {
+            ConstGauge::new(value(r)).encode(d.encode_family(&[("stream", r.stream.as_str())])?)?;
+        }
+    }
+    for (name, help, value) in counters {
+        let mut d = encoder.encode_descriptor(name, help, None, Counter)?;
+        for r in relays {
+            let v = u64::try_from(value(r)).unwrap_or(0);
+            ConstCounter::new(v).encode(d.encode_family(&[("stream", r.stream.as_str())])?)?;
+        }
+    }
+    let mut d = encoder.encode_descriptor(
+        "ledger_relay_lag_seconds",
+        "Age of the oldest event not yet relayed to JetStream (0 when none).",
+        None,
+        Gauge,
+    )?;
+    for r in relays {
+        ConstGauge::new(r.lag_seconds)
+            .encode(d.encode_family(&[("stream", r.stream.as_str())])?)?;
+    }
+    let mut d = encoder.encode_descriptor(
+        "ledger_relay_last_error_timestamp_seconds",
+        "When the relay last failed (Unix time), its error in the label.",
+        None,
+        Gauge,
+    )?;
+    for r in relays {
+        if let (Some(error), Some(at)) = (&r.last_error, r.last_error_at) {
+            let error: String = error
+                .chars()
+                .map(|c| {
+                    if c == '"' || c == '\\' || c.is_control() {
+                        ' '
+                    } else {
+                        c
+                    }
+                })
+                .take(200)
+                .collect();
+            let labels = [("stream", r.stream.as_str()), ("error", error.as_str())];
+            ConstGauge::new(at.timestamp()).encode(d.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -139,10 +236,48 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_relay_reports_lag_published_leader_alerts_and_its_last_error() {
+        let now = chrono::Utc::now();
+        let text = render(Snapshot {
+            relays: vec![relay::RelayStatus {
+                stream: "LEDGER_EVENTS".into(),
+                position: 90,
+                stream_sequence: 90,
+                head: 100,
+                lag_positions: 10,
+                lag_seconds: 1.5,
+                updated_at: now,
+                leader: Some("relay-1".into()),
+                leader_since: Some(now),
+                last_error: Some("nats: connect \"x\"\nrefused".into()),
+                last_error_at: Some(now),
+                lag_alerts: 2,
+            }],
+            ..Snapshot::default()
+        });
+        for line in [
+            "ledger_relay_lag_positions{stream=\"LEDGER_EVENTS\"} 10",
+            "ledger_relay_lag_seconds{stream=\"LEDGER_EVENTS\"} 1.5",
+            "ledger_relay_published_total{stream=\"LEDGER_EVENTS\"} 90",
+            "ledger_relay_leader{stream=\"LEDGER_EVENTS\"} 1",
+            "ledger_alerts_relay_lag_total{stream=\"LEDGER_EVENTS\"} 2",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} in\n{text}");
+        }
+        assert!(
+            text.contains("error=\"nats: connect  x  refused\"} "),
+            "{text}"
+        );
+        // Without a relay, nothing of it is reported.
+        assert!(!render(Snapshot::default()).contains("ledger_relay"));
+    }
+
+    #[test]
     fn every_state_is_reported_even_at_zero() {
         let text = render(Snapshot {
             by_state: vec![("TARGET_PENDING".into(), 2)],
             figures: Figures::default(),
+            relays: Vec::new(),
         });
         assert!(text.contains("ledger_transfers{state=\"TARGET_PENDING\"} 2"));
         assert!(text.contains("ledger_transfers{state=\"COMMITTED\"} 0"));

@@ -29,6 +29,8 @@ pub struct Background {
     pub recovery: Option<RecoveryConfig>,
     /// Time between periodic fund-conservation checks.
     pub audit_interval: Duration,
+    /// The JetStream relay of the feed, when a NATS server is configured (`--nats`).
+    pub relay: Option<relay::RelayConfig>,
 }
 
 impl Default for Background {
@@ -36,6 +38,7 @@ impl Default for Background {
         Self {
             recovery: None,
             audit_interval: AUDIT_INTERVAL_DEFAULT,
+            relay: None,
         }
     }
 }
@@ -91,6 +94,17 @@ impl Tasks {
                 .audit_periodically(state.background.audit_interval),
         );
         tasks.spawn("asset reloader", reload_assets(ledger.assets().clone()));
+        if let Some(config) = &state.background.relay {
+            tracing::info!(stream = %config.stream, nats = %config.nats_url, "relay starts in-process");
+            let stats = Arc::new(relay::RelayStats::default());
+            let run = relay::run(
+                ledger.pool().clone(),
+                config.clone(),
+                stats,
+                std::future::pending(),
+            );
+            tasks.spawn("event relay", run);
+        }
         Ok(tasks)
     }
 

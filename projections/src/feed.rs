@@ -3,7 +3,8 @@
 //! can never miss an event, because the projector hands out positions only to events no running
 //! transaction can precede (see `projector.rs`).
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde_json::{json, Value};
 use sqlx::PgPool;
 
 /// The largest page of the feed one read returns.
@@ -27,6 +28,23 @@ pub struct FeedEvent {
     pub user_id: Option<i64>,
     pub occurred_at: DateTime<Utc>,
     pub recorded_at: DateTime<Utc>,
+}
+
+/// One event in the wire shape consumers get: the HTTP feed (`GET /api/v1/events`, its SSE twin)
+/// and the JetStream relay send exactly this JSON, so a consumer can switch between them.
+pub fn event_json(e: &FeedEvent) -> Value {
+    json!({
+        "position": e.position,
+        "event_id": e.event_id,
+        "aggregate_type": e.aggregate_type,
+        "aggregate_id": e.aggregate_id,
+        "sequence": e.sequence,
+        "event_type": e.event_type,
+        "event_version": e.event_version,
+        "payload": e.payload,
+        "user_id": e.user_id,
+        "occurred_at": e.occurred_at.to_rfc3339_opts(SecondsFormat::Micros, true),
+    })
 }
 
 /// Events after `after`, in order, at most `limit` (bounded by [`FEED_PAGE_SIZE_MAX`]); only one

@@ -2,6 +2,7 @@
 //! PostgreSQL and real spot-core processes. Test names carry the seed's ids.
 
 mod helpers;
+mod nats;
 mod procs;
 
 mod adapters_idempotency;
@@ -22,5 +23,6 @@ mod pool_safety;
 mod projections;
 mod recovery;
 mod recovery_safety;
+mod relay;
 mod security;
 mod spot_durability;

@@ -1,0 +1,336 @@
+//! Standby and leadership. A standby tries the stream's lock every `standby_interval`; the
+//! leader resyncs (the stream's last message and the checkpoint: it never publishes at or below
+//! the larger), then publishes the feed from there with up to `window` publishes in flight,
+//! awaits their acks in order and advances the checkpoint after them. Every message names the
+//! stream sequence it must follow (`Nats-Expected-Last-Sequence`), so nothing can land out of
+//! order or twice, whichever relay sent it. Any failure ends the pipeline; the leader resyncs
+//! after a capped backoff, or steps down when the lock's connection is gone.
+
+use std::collections::VecDeque;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, context::PublishError, publish::PublishAck};
+use projections::feed::{self, FeedEvent, FEED_PAGE_SIZE_MAX};
+use sqlx::PgPool;
+use tokio::sync::mpsc::{self, error::TryRecvError};
+
+use crate::checkpoint::{self, Leadership};
+use crate::{backoff, message, stream, RelayConfig, RelayError, RelayStats};
+
+/// Pages of the feed read ahead of the publisher.
+const PAGES_AHEAD: usize = 4;
+
+/// The checkpoint is written at least every this many acknowledged events...
+const CHECKPOINT_EVERY: i64 = 2000;
+
+/// ... and at least this often while acks come in, and whenever the pipeline drains.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
+
+/// How often an idle leader proves its lock's connection alive.
+const HEARTBEAT: Duration = Duration::from_millis(500);
+
+type AckFuture = Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> + Send>>;
+
+/// How one leadership step ended.
+enum Ended {
+    /// The lock's connection failed: this relay no longer leads.
+    LockLost(sqlx::Error),
+    /// The stream is not where the pipeline thought (a repeat, another publisher): read it again.
+    Resync(String),
+    /// Anything else: retried after a backoff, still leading.
+    Failed(RelayError),
+}
+
+impl From<RelayError> for Ended {
+    fn from(e: RelayError) -> Self {
+        Ended::Failed(e)
+    }
+}
+
+impl From<sqlx::Error> for Ended {
+    fn from(e: sqlx::Error) -> Self {
+        Ended::Failed(RelayError::Database(e))
+    }
+}
+
+fn lock_lost(e: sqlx::Error) -> Ended {
+    Ended::LockLost(e)
+}
+
+/// Stops a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Never returns: standby, leader, standby again when the lock is lost.
+pub(crate) async fn standby_and_lead(pool: &PgPool, config: &RelayConfig, stats: &RelayStats) {
+    let mut js: Option<jetstream::Context> = None;
+    let mut attempt = 0u32;
+    loop {
+        let lead = match Leadership::try_take(pool, &config.stream, &config.instance).await {
+            Ok(Some(lead)) => lead,
+            Ok(None) => {
+                tokio::time::sleep(config.standby_interval).await;
+                continue;
+            }
+            Err(e) => {
+                attempt = attempt.saturating_add(1);
+                note_error(pool, config, stats, &format!("take the leader lock: {e}")).await;
+                tokio::time::sleep(backoff(attempt, config.backoff_base, config.backoff_max)).await;
+                continue;
+            }
+        };
+        stats.set_leader(true);
+        tracing::info!(stream = %config.stream, instance = %config.instance, "relay leads");
+        let e = lead_while_held(pool, config, stats, lead, &mut js).await;
+        stats.set_leader(false);
+        note_error(pool, config, stats, &format!("leader lock lost: {e}")).await;
+        tokio::time::sleep(config.standby_interval).await;
+    }
+}
+
+/// Publishes while the lock is held; returns why it was lost.
+async fn lead_while_held(
+    pool: &PgPool,
+    config: &RelayConfig,
+    stats: &RelayStats,
+    mut lead: Leadership,
+    js: &mut Option<jetstream::Context>,
+) -> sqlx::Error {
+    let mut attempt = 0u32;
+    loop {
+        let published_before = stats.published();
+        let ended = session(pool, config, stats, &mut lead, js).await;
+        if stats.published() > published_before {
+            attempt = 0;
+        }
+        match ended {
+            Ended::LockLost(e) => return e,
+            Ended::Resync(why) => {
+                tracing::info!(stream = %config.stream, %why, "relay resyncs with the stream");
+            }
+            Ended::Failed(e) => {
+                attempt = attempt.saturating_add(1);
+                let wait = backoff(attempt, config.backoff_base, config.backoff_max);
+                tracing::warn!(stream = %config.stream, error = %e, retry_in_ms = wait.as_millis() as u64, "relay publishing failed");
+                note_error(pool, config, stats, &e.to_string()).await;
+                // Wait, proving the lock still held.
+                let until = Instant::now() + wait;
+                while Instant::now() < until {
+                    tokio::time::sleep(HEARTBEAT.min(until - Instant::now())).await;
+                    if let Err(e) = lead.heartbeat().await {
+                        return e;
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn note_error(pool: &PgPool, config: &RelayConfig, stats: &RelayStats, error: &str) {
+    stats.set_error(error);
+    if let Err(e) = checkpoint::record_error(pool, &config.stream, error).await {
+        tracing::debug!(error = %e, "could not record the relay's error");
+    }
+}
+
+/// One resync and the pipeline after it, until something ends it.
+async fn session(
+    pool: &PgPool,
+    config: &RelayConfig,
+    stats: &RelayStats,
+    lead: &mut Leadership,
+    js_slot: &mut Option<jetstream::Context>,
+) -> Ended {
+    let js = match js_slot {
+        Some(js) => js.clone(),
+        None => match stream::connect(&config.nats_url, config.window).await {
+            Ok(js) => js_slot.insert(js).clone(),
+            Err(e) => return e.into(),
+        },
+    };
+    let mut st = match stream::ensure(&js, &config.stream, config.duplicate_window).await {
+        Ok(st) => st,
+        Err(e) => return e.into(),
+    };
+    let end = match stream::end(&mut st).await {
+        Ok(end) => end,
+        Err(e) => return e.into(),
+    };
+    let stored = match lead.checkpoint().await {
+        Ok(p) => p,
+        Err(e) => return lock_lost(e),
+    };
+    let in_stream = end.last_position.unwrap_or(0);
+    let start = stored.max(in_stream);
+    if end.last_position.is_some() && in_stream < stored {
+        // JetStream acknowledged more than it holds now (its store lost messages, or they were
+        // deleted): the positions between are not republished (the rule is never at or below
+        // the checkpoint); an operator must replay them into the stream if they matter.
+        tracing::warn!(
+            stream = %config.stream,
+            stream_position = in_stream,
+            checkpoint = stored,
+            "the stream ends below the checkpoint: positions {}..={stored} are missing from it",
+            in_stream + 1
+        );
+    }
+    if in_stream > stored {
+        if let Err(e) = lead.advance(in_stream, end.last_sequence).await {
+            return lock_lost(e);
+        }
+    }
+    stats.resumed_at(start);
+    tracing::info!(
+        stream = %config.stream,
+        checkpoint = stored,
+        stream_position = in_stream,
+        stream_sequence = end.last_sequence,
+        "relay resumes after position {start}"
+    );
+    match pump(pool, config, stats, lead, &js, start, end.last_sequence).await {
+        Ok(never) => match never {},
+        Err(ended) => ended,
+    }
+}
+
+/// Reads the feed after `after` page by page, ahead of the publisher.
+async fn read_feed(
+    pool: PgPool,
+    mut after: i64,
+    poll: Duration,
+    tx: mpsc::Sender<Result<Vec<FeedEvent>, sqlx::Error>>,
+) {
+    loop {
+        match feed::read_after(&pool, after, FEED_PAGE_SIZE_MAX, None).await {
+            Ok(page) if page.is_empty() => tokio::time::sleep(poll).await,
+            Ok(page) => {
+                after = page.last().map_or(after, |e| e.position);
+                if tx.send(Ok(page)).await.is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e)).await;
+                return;
+            }
+        }
+    }
+}
+
+/// The pipeline: publish from `start + 1` on, each message following the one before it in the
+/// stream, acks awaited in order, checkpoint advanced after them. Ends only with an error.
+async fn pump(
+    pool: &PgPool,
+    config: &RelayConfig,
+    stats: &RelayStats,
+    lead: &mut Leadership,
+    js: &jetstream::Context,
+    start: i64,
+    last_sequence: u64,
+) -> Result<std::convert::Infallible, Ended> {
+    let (tx, mut rx) = mpsc::channel(PAGES_AHEAD);
+    let _reader = AbortOnDrop(tokio::spawn(read_feed(
+        pool.clone(),
+        start,
+        config.poll_interval,
+        tx,
+    )));
+    let window = config.window.max(1);
+    let mut pending: VecDeque<FeedEvent> = VecDeque::new();
+    let mut inflight: VecDeque<(i64, u64, AckFuture)> = VecDeque::with_capacity(window);
+    // The feed position the next message carries, and the stream sequence it must follow.
+    let mut next_position = start + 1;
+    let mut expected = last_sequence;
+    let (mut acked, mut acked_sequence) = (start, last_sequence);
+    let mut checkpointed = start;
+    let mut checkpointed_at = Instant::now();
+    loop {
+        while inflight.len() < window {
+            let Some(e) = pending.pop_front() else {
+                match rx.try_recv() {
+                    Ok(page) => {
+                        pending = page?.into();
+                        continue;
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        return Err(RelayError::Feed("the feed reader stopped".into()).into())
+                    }
+                }
+            };
+            if e.position != next_position {
+                return Err(RelayError::Feed(format!(
+                    "expected position {next_position}, the feed gave {}",
+                    e.position
+                ))
+                .into());
+            }
+            let ack = js
+                .publish_with_headers(
+                    message::subject(&e),
+                    message::headers(&e, expected),
+                    message::body(&e),
+                )
+                .await
+                .map_err(|err| {
+                    RelayError::Nats(format!("publish position {}: {err}", e.position))
+                })?;
+            expected += 1;
+            next_position += 1;
+            inflight.push_back((e.position, expected, ack.into_future()));
+        }
+        let Some((position, sequence, ack)) = inflight.pop_front() else {
+            // Everything sent is acknowledged: wait for the feed, proving the lock meanwhile.
+            if acked > checkpointed {
+                lead.advance(acked, acked_sequence)
+                    .await
+                    .map_err(lock_lost)?;
+                checkpointed = acked;
+                checkpointed_at = Instant::now();
+            }
+            tokio::select! {
+                page = rx.recv() => match page {
+                    Some(page) => pending = page?.into(),
+                    None => return Err(RelayError::Feed("the feed reader stopped".into()).into()),
+                },
+                () = tokio::time::sleep(HEARTBEAT) => lead.heartbeat().await.map_err(lock_lost)?,
+            }
+            continue;
+        };
+        let ack = ack
+            .await
+            .map_err(|e| RelayError::Nats(format!("ack of position {position}: {e}")))?;
+        if ack.duplicate {
+            return Err(Ended::Resync(format!(
+                "position {position} was in the stream already (sequence {})",
+                ack.sequence
+            )));
+        }
+        if ack.sequence != sequence {
+            return Err(Ended::Resync(format!(
+                "position {position} stored at sequence {}, not {sequence}",
+                ack.sequence
+            )));
+        }
+        acked = position;
+        acked_sequence = sequence;
+        stats.acked(position, 1);
+        if acked - checkpointed >= CHECKPOINT_EVERY
+            || checkpointed_at.elapsed() >= CHECKPOINT_INTERVAL
+            || inflight.is_empty()
+        {
+            lead.advance(acked, acked_sequence)
+                .await
+                .map_err(lock_lost)?;
+            checkpointed = acked;
+            checkpointed_at = Instant::now();
+        }
+    }
+}
