@@ -7,6 +7,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
+use chrono::Utc;
+
 use adapters::event_store::{transfer_store, TransferStore};
 use cqrs_es::event_sink::EventSink;
 use cqrs_es::persist::EventStoreAggregateContext;
@@ -171,14 +173,51 @@ impl Coordinator {
     /// context advanced past them. A competing writer makes the commit fail with `Conflict`.
     pub(crate) async fn execute(
         &self,
+        ctx: Context,
+        command: TransferCommand,
+    ) -> Result<Context, CoordinatorError> {
+        self.commit_steps(ctx, command, false).await
+    }
+
+    /// Like `execute`, but when the command leads into a state that waits on no outside call
+    /// (INIT, SOURCE_DONE), that state's own step (`TransferCommand::call_free_step`: the
+    /// announcement of the next call) is handled too and both commands' events go into the
+    /// same commit, under the same optimistic-concurrency guard. Either both events are durable
+    /// or neither is, so the next call is still announced durably before it is made, and a
+    /// happy transfer waits on three event commits instead of five.
+    pub(crate) async fn execute_through(
+        &self,
+        ctx: Context,
+        command: TransferCommand,
+    ) -> Result<Context, CoordinatorError> {
+        self.commit_steps(ctx, command, true).await
+    }
+
+    async fn commit_steps(
+        &self,
         mut ctx: Context,
         command: TransferCommand,
+        through: bool,
     ) -> Result<Context, CoordinatorError> {
         let sink = EventSink::default();
         ctx.aggregate
             .handle(command, &(), &sink)
             .await
             .map_err(CoordinatorError::Transition)?;
+        if through {
+            // `handle` folded the first command's events into the aggregate (the sink applies
+            // them), so the follow-up is decided on the state they lead to.
+            let next = ctx
+                .aggregate
+                .state()
+                .and_then(|state| TransferCommand::call_free_step(state, Utc::now()));
+            if let Some(next) = next {
+                ctx.aggregate
+                    .handle(next, &(), &sink)
+                    .await
+                    .map_err(CoordinatorError::Transition)?;
+            }
+        }
         let events = sink.collect().await;
         let aggregate = ctx.aggregate.clone();
         let aggregate_id = ctx.aggregate_id.clone();

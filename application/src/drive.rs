@@ -108,8 +108,9 @@ impl Coordinator {
         }
     }
 
-    /// One step by state (seed 000 section 6.3). The fail points are the CRA-001..006 crash
-    /// points.
+    /// One step by state (seed 000 section 6.3): persist the announcement, call, record the
+    /// outcome. The fail points are the CRA-001..006 crash points (the create's own,
+    /// `after_created_withdraw_started`, is in `submit.rs`).
     async fn step(
         &self,
         ctx: Context,
@@ -127,23 +128,36 @@ impl Coordinator {
         let target = self.port(data.to);
         let at = Utc::now;
         let command = match data.state {
-            TransferState::Init => {
-                fail.hit("after_init");
-                TransferCommand::StartSourceWithdraw { at: at() }
+            // INIT and SOURCE_DONE are never committed alone by this code (see
+            // `Coordinator::execute_through`); a transfer is found in them only in a log written
+            // before that, or after a manual resolution to SOURCE_DONE. Stepped as they always
+            // were: the announcement alone.
+            TransferState::Init | TransferState::SourceDone => {
+                fail.hit(if data.state == TransferState::Init {
+                    "after_init"
+                } else {
+                    "after_source_done"
+                });
+                TransferCommand::call_free_step(data.state, at())
+                    .expect("INIT and SOURCE_DONE have a call-free step")
             }
             TransferState::SourcePending => {
                 fail.hit("source_pending_before_call");
                 let outcome =
                     call_or_lookup(source, Operation::Withdraw, &movement, lookup_first).await;
                 fail.hit("source_after_call");
-                match definite(data, Operation::Withdraw, outcome) {
+                let command = match definite(data, Operation::Withdraw, outcome) {
                     Ok(outcome) => TransferCommand::RecordSourceOutcome { outcome, at: at() },
                     Err(open) => return Ok(Stepped::Open(open)),
+                };
+                // A withdrawn source goes straight on to the deposit's announcement, in the same
+                // commit: SourceWithdrawn and TargetDepositStarted are durable together, before
+                // the deposit is called.
+                let next = self.execute_through(ctx, command).await?;
+                if next.aggregate.state() == Some(TransferState::TargetPending) {
+                    fail.hit("after_withdrawn_deposit_started");
                 }
-            }
-            TransferState::SourceDone => {
-                fail.hit("after_source_done");
-                TransferCommand::StartTargetDeposit { at: at() }
+                return Ok(Stepped::Next(next));
             }
             TransferState::TargetPending => {
                 fail.hit("target_pending_before_call");

@@ -5,11 +5,18 @@
 use std::sync::Arc;
 
 /// Every fail point the coordinator has, in the order a transfer meets them (seed 000 CRA-001..006).
-pub const ALL: [&str; 9] = [
+///
+/// `after_created_withdraw_started` and `after_withdrawn_deposit_started` follow the commits of
+/// two events each; `after_init` and `after_source_done` are met only by a transfer found in
+/// INIT or SOURCE_DONE (a log written before those pairs were one commit, or a manual
+/// resolution to SOURCE_DONE), before its call-free step.
+pub const ALL: [&str; 11] = [
     "after_init",
+    "after_created_withdraw_started",
     "source_pending_before_call",
     "source_after_call",
     "after_source_done",
+    "after_withdrawn_deposit_started",
     "target_pending_before_call",
     "target_after_call",
     "compensating_before_refund",

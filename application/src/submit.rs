@@ -1,5 +1,6 @@
 //! Creating a transfer: the coordinator's own checks (defence in depth), the client's idempotency
-//! key (`cid`), the daily limits, `TransferCreated`, and the first drive.
+//! key (`cid`), the daily limits, `TransferCreated` with the withdraw's announcement in one
+//! commit, and the first drive.
 
 use chrono::{NaiveDate, Utc};
 use domain::{ErrorCode, ReqId, Transfer, TransferCommand, TransferData, TransferError};
@@ -87,6 +88,9 @@ impl Coordinator {
                 return Err(e);
             }
         };
+        // TransferCreated and SourceWithdrawStarted are durable together: the withdraw is
+        // announced before it is called.
+        self.failpoints.hit("after_created_withdraw_started");
         // From here on the transfer exists, so the caller must always get its req_id back: an
         // error without it would invite a client retry that creates a second transfer. Whatever
         // stops the drive, the answer is the last state known; the worker finishes the rest.
@@ -209,10 +213,13 @@ impl Coordinator {
         Ok(Claim::Existing(req_id))
     }
 
+    /// Commits `TransferCreated` and, in the same commit, `SourceWithdrawStarted` (nothing
+    /// happens between them, so INIT is never durable alone): the transfer starts in
+    /// SOURCE_PENDING, its withdraw announced.
     async fn create(&self, req_id: ReqId, r: &NewTransfer) -> Result<Context, CoordinatorError> {
         // A new transfer has no events to read: start from the empty aggregate at sequence 0.
         // If the req_id does exist (a cid claimed by a request that died), the commit of
-        // sequence 1 conflicts and the caller loads what is there.
+        // sequences 1 and 2 conflicts and the caller loads what is there.
         let ctx = Context {
             aggregate_id: req_id.to_string(),
             aggregate: Transfer::default(),
@@ -229,7 +236,7 @@ impl Coordinator {
             cid: r.cid.clone(),
             at: Utc::now(),
         };
-        let ctx = self.execute(ctx, command).await?;
+        let ctx = self.execute_through(ctx, command).await?;
         tracing::info!(%req_id, user_id = %r.user_id, from = %r.from, to = %r.to, asset = %r.asset, amount = %r.amount, "transfer created");
         Ok(ctx)
     }

@@ -1,26 +1,29 @@
 //! `ledger-bench`: the performance benchmark. Prints figures; asserts nothing about speed.
 //!
 //! - `transfers`: a clean database, a real `ledger serve` and `spot-core` process, N concurrent
-//!   HTTP clients moving money both ways; transfers/s, latency percentiles, CPU per 1,000
-//!   transfers, peak memory, fund conservation, and the raw durable-commit baseline measured in
-//!   the same run at the same concurrency.
+//!   HTTP clients moving money both ways, one run per N in `--clients 8,32,128`; transfers/s,
+//!   latency percentiles, CPU per 1,000 transfers, peak memory, fund conservation, and the raw
+//!   durable-commit baseline and rows-only floor measured in the same run. With `--wrk`, also a
+//!   `ledger up` with default settings driven by `wrk` and by the own client, side by side.
 //! - `spot`: spot-core alone: durable operations per second in-process and over TCP, and memory
 //!   per million accounts.
 //! - `replay`: about a million generated events; the raw read of those rows, the live projector's
 //!   catch-up and the full rebuild `ledger replay` does, in events per second, in the same run.
 //! - `relay`: the JetStream relay publishing a backlog of about a million feed events to a
 //!   nats-server the benchmark starts; events per second beside the feed read alone.
-//! - `all`: the three above with their default settings, one after the other, and a closing
-//!   summary of every figure against its target.
+//! - `all`: transfers (at 8, 32 and 128 clients, with `--wrk`), spot and replay, one after the
+//!   other, and a closing summary of every figure against its target.
 
 // Figures for people to read (rates, percentiles, MiB) are floats; no money is computed here.
 #![allow(clippy::float_arithmetic)]
 
+mod clients;
 mod procstat;
 mod relay;
 mod replay;
 mod spot;
 mod transfers;
+mod wrk;
 
 use clap::{Parser, Subcommand};
 
@@ -63,7 +66,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Replay(args) => replay::run(args).await?,
         Command::Relay(args) => relay::run(args).await?,
         Command::All => {
-            let mut summary = transfers::run(defaults()?).await?;
+            let mut summary = transfers::run(transfers::Args::for_all()?).await?;
             println!();
             summary.extend(spot::run(defaults()?).await?);
             println!();

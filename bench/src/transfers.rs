@@ -3,7 +3,6 @@
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -12,35 +11,65 @@ use rust_decimal::Decimal;
 use serde_json::json;
 use spot_core::protocol::{Request, Response};
 use spot_core::SpotClient;
-use tokio::sync::Mutex;
 
+use crate::clients::{drive, Pids};
 use crate::procstat;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Concurrent HTTP clients (each moves its own user's money).
+    /// Concurrent HTTP clients, one run per count in the list (`8,32,128`); each client moves its
+    /// own user's money.
+    #[arg(long, value_delimiter = ',', default_value = "32")]
+    pub(crate) clients: Vec<usize>,
+    /// Clients of the raw-commit baseline and of the rows-only floor (at most 64); every run's
+    /// ratio is to this one baseline.
     #[arg(long, default_value_t = 32)]
-    clients: usize,
-    /// How long to drive transfers.
+    pub(crate) baseline_clients: usize,
+    /// Also start a `ledger up` with its default settings and drive it through `wrk` (with
+    /// `bench/wrk/transfers.lua`) and through this benchmark's own client, side by side.
+    #[arg(long)]
+    pub(crate) wrk: bool,
+    /// Connections of the `ledger up` runs (wrk's and the own client's alike).
+    #[arg(long, default_value_t = 32)]
+    pub(crate) wrk_connections: usize,
+    /// Users signed in for the `ledger up` runs: enough that the default limits (10 requests/s
+    /// and 100 transfers/day per user) never refuse a transfer.
+    #[arg(long, default_value_t = 4000)]
+    pub(crate) wrk_users: usize,
+    /// How long to drive transfers, per run.
     #[arg(long, default_value_t = 20)]
-    seconds: u64,
+    pub(crate) seconds: u64,
     /// How long to measure the raw commit baseline.
     #[arg(long, default_value_t = 10)]
-    baseline_seconds: u64,
+    pub(crate) baseline_seconds: u64,
     /// The PostgreSQL server; the benchmark makes its own database `ledger_bench` there.
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
-    server: String,
+    pub(crate) server: String,
     /// libpq's sslmode for every connection (the ledger's and the baseline's alike): `prefer`
     /// (sqlx's default: TLS when the server offers it, as this machine's does) or `disable`.
     #[arg(long, default_value = "prefer")]
-    sslmode: String,
+    pub(crate) sslmode: String,
+}
+
+impl Args {
+    /// What `ledger-bench all` runs: 8, 32 and 128 clients, and the wrk comparison.
+    pub fn for_all() -> anyhow::Result<Self> {
+        use clap::{Args as _, FromArgMatches};
+        let matches = Self::augment_args(clap::Command::new("all")).try_get_matches_from([
+            "all",
+            "--clients",
+            "8,32,128",
+            "--wrk",
+        ])?;
+        Ok(Self::from_arg_matches(&matches)?)
+    }
 }
 
 /// Most connections the baseline opens, below PostgreSQL's default `max_connections` of 100
 /// with room for the ledger's own pool.
 const BASELINE_CLIENTS_MAX: usize = 64;
 
-const SECRET: &str = "bench-secret-bench-secret-bench-secret-0123456789";
+pub(crate) const SECRET: &str = "bench-secret-bench-secret-bench-secret-0123456789";
 
 pub struct Proc {
     pub child: Child,
@@ -100,8 +129,12 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
             .execute(&mut conn)
             .await?;
     }
+    if args.clients.is_empty() || args.clients.contains(&0) {
+        bail!("--clients needs one or more counts above zero");
+    }
+    let clients_max = args.clients.iter().copied().max().unwrap_or(1);
     // The server's max_connections (100 by default) bounds the baseline's concurrency too.
-    let baseline_clients = args.clients.min(BASELINE_CLIENTS_MAX);
+    let baseline_clients = args.baseline_clients.clamp(1, BASELINE_CLIENTS_MAX);
     let pool = schema::prepare(&url, baseline_clients as u32 + 4).await?;
     println!("clean database: {url}");
 
@@ -133,7 +166,7 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
     );
 
     let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(args.clients * 2)
+        .pool_max_idle_per_host(clients_max * 2)
         .build()?;
     let admin_token = command_api::mint(
         SECRET.as_bytes(),
@@ -142,7 +175,7 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
         Duration::from_secs(3600),
     );
     let seed_amount = "1000000";
-    for c in 0..args.clients {
+    for c in 0..clients_max {
         let user = 1000 + c as u64;
         let r = http
             .post(format!("{base}/api/v1/admin/deposits"))
@@ -154,83 +187,29 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
             bail!("seed deposit failed: {}", r.text().await?);
         }
     }
-    println!("seeded {} users with {seed_amount} USDT each", args.clients);
+    println!("seeded {clients_max} users with {seed_amount} USDT each");
 
-    // Transfers.
-    let latencies = Arc::new(Mutex::new(Vec::<Duration>::new()));
-    let not_committed = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let cpu_before = (
-        procstat::process_cpu(ledger.child.id()),
-        procstat::process_cpu(spot.child.id()),
-        procstat::postgres_cpu(),
-        procstat::machine_busy(),
-    );
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs(args.seconds);
-    let mut tasks = Vec::new();
-    for c in 0..args.clients {
-        let http = http.clone();
-        let base = base.clone();
-        let latencies = latencies.clone();
-        let not_committed = not_committed.clone();
-        let user = UserId::new(1000 + c as u64).unwrap();
-        let token = command_api::mint(SECRET.as_bytes(), user, false, Duration::from_secs(3600));
-        tasks.push(tokio::spawn(async move {
-            let mut mine = Vec::new();
-            let mut to_spot = true;
-            while Instant::now() < deadline {
-                let (from, to) = if to_spot {
-                    ("FUNDING", "SPOT")
-                } else {
-                    ("SPOT", "FUNDING")
-                };
-                let t0 = Instant::now();
-                let r = http
-                    .post(format!("{base}/api/v1/internal_transfer"))
-                    .bearer_auth(&token)
-                    .json(&json!({"from": from, "to": to, "asset": "USDT", "amount": "1"}))
-                    .send()
-                    .await;
-                let committed = match r {
-                    Ok(r) => r
-                        .json::<serde_json::Value>()
-                        .await
-                        .map(|b| b["state"] == "COMMITTED")
-                        .unwrap_or(false),
-                    Err(_) => false,
-                };
-                if committed {
-                    mine.push(t0.elapsed());
-                    to_spot = !to_spot;
-                } else {
-                    not_committed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-            }
-            latencies.lock().await.extend(mine);
-        }));
-    }
-    for t in tasks {
-        t.await?;
-    }
-    let elapsed = started.elapsed();
-    let cpu_after = (
-        procstat::process_cpu(ledger.child.id()),
-        procstat::process_cpu(spot.child.id()),
-        procstat::postgres_cpu(),
-        procstat::machine_busy(),
-    );
-    let mut lat = latencies.lock().await.clone();
-    lat.sort();
-    let committed = lat.len();
-    let tps = committed as f64 / elapsed.as_secs_f64();
-    let pct = |p: f64| -> f64 {
-        if lat.is_empty() {
-            return 0.0;
-        }
-        let i = ((lat.len() as f64 - 1.0) * p).round() as usize;
-        lat[i].as_secs_f64() * 1000.0
+    // Transfers: one run per client count, against the same processes.
+    let pids = Pids {
+        ledger: Some(ledger.child.id()),
+        spot: Some(spot.child.id()),
     };
-    let per_k = |d: Duration| d.as_secs_f64() * 1000.0 / committed.max(1) as f64;
+    let mut runs = Vec::new();
+    for &n in &args.clients {
+        let users: Vec<Vec<String>> = (0..n)
+            .map(|c| {
+                let user = UserId::new(1000 + c as u64).expect("valid user id");
+                vec![command_api::mint(
+                    SECRET.as_bytes(),
+                    user,
+                    false,
+                    Duration::from_secs(3600),
+                )]
+            })
+            .collect();
+        let run = drive(&http, &base, users, Duration::from_secs(args.seconds), pids).await?;
+        runs.push((n, run));
+    }
     let ledger_peak = procstat::peak_rss(ledger.child.id());
     let spot_peak = procstat::peak_rss(spot.child.id());
 
@@ -239,7 +218,7 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
 
     // One HTTP round trip through the ledger's whole middleware stack, doing nothing else: the
     // least a transfer's request costs before any of its work.
-    let http_floor = http_floor(&http, &base, args.clients, Duration::from_secs(4)).await?;
+    let http_floor = http_floor(&http, &base, baseline_clients, Duration::from_secs(4)).await?;
 
     drop(ledger);
     drop(spot);
@@ -253,32 +232,9 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
     )
     .await?;
 
-    println!();
-    println!(
-        "== transfers ({} clients, {:.1} s) ==",
-        args.clients,
-        elapsed.as_secs_f64()
-    );
-    println!("committed transfers:        {committed}");
-    println!(
-        "not committed (answers):    {}",
-        not_committed.load(std::sync::atomic::Ordering::Relaxed)
-    );
-    println!("committed transfers/s:      {tps:.0}");
-    println!(
-        "latency to COMMITTED ms:    p50 {:.1}  p95 {:.1}  p99 {:.1}  max {:.1}",
-        pct(0.50),
-        pct(0.95),
-        pct(0.99),
-        pct(1.0)
-    );
-    println!(
-        "CPU s per 1,000 transfers:  ledger {:.3}  spot-core {:.3}  postgres {:.3}  whole machine {:.3}",
-        per_k(cpu_after.0 - cpu_before.0),
-        per_k(cpu_after.1 - cpu_before.1),
-        per_k(cpu_after.2.saturating_sub(cpu_before.2)),
-        per_k(cpu_after.3 - cpu_before.3),
-    );
+    for (n, run) in &runs {
+        run.print(&format!("transfers ({n} clients)"));
+    }
     println!(
         "peak memory:                ledger {:.1} MiB  spot-core {:.1} MiB",
         procstat::mib(ledger_peak),
@@ -291,8 +247,12 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
         baseline_clients
     );
     println!("commits/s:                  {baseline:.0}");
-    let ratio = tps / baseline.max(1.0);
-    println!("ratio transfers/s : commits/s = {ratio:.3}");
+    for (n, run) in &runs {
+        println!(
+            "ratio transfers/s : commits/s = {:.3} ({n} clients)",
+            run.tps() / baseline.max(1.0)
+        );
+    }
 
     // The floor: only the rows a committed transfer leaves in PostgreSQL, written as cheaply as
     // they can be (see `floor`), at the same concurrency.
@@ -315,8 +275,7 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
     println!("ratio floor : commits/s    = {floor_ratio:.3}");
     println!();
     println!(
-        "== floor: one HTTP round trip (GET /healthz through the ledger's stack, {} clients) ==",
-        args.clients
+        "== floor: one HTTP round trip (GET /healthz through the ledger's stack, {baseline_clients} clients) =="
     );
     println!("requests/s:                 {:.0}", http_floor.rate);
     println!(
@@ -333,12 +292,32 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
     println!(
         "ceiling from both floors:   {ceiling:.0} transfers/s on {cores} cores; ratio {ceiling_ratio:.3} of the baseline"
     );
-    Ok(vec![
-        format!(
-            "transfers ({} clients): {tps:.0}/s, p99 {:.1} ms; baseline {baseline:.0} commits/s; ratio {ratio:.3} (target >= 1.0 with p99 < 50 ms)",
-            args.clients,
-            pct(0.99)
-        ),
+    let mut summary: Vec<String> = runs
+        .iter()
+        .map(|(n, run)| {
+            format!(
+                "transfers ({n} clients): {:.0}/s, p50 {:.1} ms, p99 {:.1} ms, machine CPU {:.3} ms each; ratio {:.3} of the baseline's {baseline:.0} commits/s ({baseline_clients} clients; target >= 0.25 at 32 clients with p99 < 50 ms)",
+                run.tps(),
+                run.pct(0.50),
+                run.pct(0.99),
+                run.per_transfer_ms(run.cpu.machine),
+                run.tps() / baseline.max(1.0)
+            )
+        })
+        .collect();
+    if let Some((_, run)) = runs.iter().find(|(n, _)| *n == 32) {
+        summary.push(format!(
+            "machine CPU per transfer at 32 clients: {:.3} ms, {:.1}x the rows-only floor's {:.3} ms (target <= 2x)",
+            run.per_transfer_ms(run.cpu.machine),
+            run.per_transfer_ms(run.cpu.machine) / floor.machine_cpu_per_transfer_ms.max(1e-9),
+            floor.machine_cpu_per_transfer_ms
+        ));
+    }
+    if args.wrk {
+        println!();
+        summary.extend(crate::wrk::run(&args, &url).await?);
+    }
+    summary.extend([
         format!("fund conservation: {conservation}"),
         format!(
             "floor (a transfer's PostgreSQL rows alone, {FLOOR_BATCH} per commit, no HTTP, no spot-core): {:.0}/s; ratio {floor_ratio:.3} of the baseline",
@@ -347,7 +326,8 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
         format!(
             "ceiling (floor rows + one bare HTTP round trip, all {cores} cores): {ceiling:.0}/s; ratio {ceiling_ratio:.3} of the baseline"
         ),
-    ])
+    ]);
+    Ok(summary)
 }
 
 /// Exact, system-wide: the sum of external deposits equals FUNDING + SPOT + in-flight, per asset.
@@ -375,12 +355,19 @@ async fn conservation(pool: &sqlx::PgPool, spot_addr: &str) -> anyhow::Result<St
             .unwrap_or_default(),
         other => bail!("spot totals: {other:?}"),
     };
-    let open: i64 = sqlx::query_scalar(&format!(
+    // The view is the projector's, a moment behind the log: give it up to 10 s to catch up.
+    let open_sql = format!(
         "SELECT COUNT(*) FROM transfers_view WHERE state_id NOT IN ({})",
         domain::TransferState::terminal_ids_sql()
-    ))
-    .fetch_one(pool)
-    .await?;
+    );
+    let mut open: i64 = 0;
+    for _ in 0..100 {
+        open = sqlx::query_scalar(&open_sql).fetch_one(pool).await?;
+        if open == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let deposits = deposits.unwrap_or_default();
     let funding = funding.unwrap_or_default();
     let diff = deposits - funding - spot;

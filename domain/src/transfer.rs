@@ -203,6 +203,24 @@ pub enum TransferCommand {
 }
 
 impl TransferCommand {
+    /// The command that leaves `state` without any outside call: INIT announces the withdraw,
+    /// SOURCE_DONE announces the deposit. `None` for a state that waits on a call and for a
+    /// terminal one.
+    ///
+    /// Nothing can happen between such a state and its announcement, so the coordinator commits
+    /// the announcement together with the event that led into the state (one commit, two
+    /// events): the log still holds every event and the fold passes through every state, but a
+    /// transfer waits on no durable step that protects no call. A log written before that (or by
+    /// a manual resolution to SOURCE_DONE) can still hold a transfer in INIT or SOURCE_DONE; the
+    /// drive loop steps it with this same command.
+    pub fn call_free_step(state: TransferState, at: DateTime<Utc>) -> Option<Self> {
+        match state {
+            TransferState::Init => Some(Self::StartSourceWithdraw { at }),
+            TransferState::SourceDone => Some(Self::StartTargetDeposit { at }),
+            _ => None,
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Self::Create { .. } => "Create",

@@ -405,3 +405,29 @@ fn state_ids_match_the_specification() {
         assert_eq!(TransferState::parse(s.as_str()), Some(s));
     }
 }
+
+/// The call-free steps the coordinator commits together with the event before them: only INIT
+/// and SOURCE_DONE have one, each is the legal announcement of the next call, and it leads to a
+/// state that waits on that call (so at most two events ever share such a commit).
+#[test]
+fn call_free_steps_announce_the_next_call_and_never_chain() {
+    for state in TransferState::ALL {
+        let Some(command) = TransferCommand::call_free_step(state, t(9)) else {
+            assert!(
+                !matches!(state, TransferState::Init | TransferState::SourceDone),
+                "{state} must have a call-free step"
+            );
+            continue;
+        };
+        let expected = match state {
+            TransferState::Init => TransferEvent::SourceWithdrawStarted { at: t(9) },
+            TransferState::SourceDone => TransferEvent::TargetDepositStarted { at: t(9) },
+            other => panic!("{other} waits on a call or is terminal"),
+        };
+        Fw::with(())
+            .given(history_to(state))
+            .when(command)
+            .then_expect_events(vec![expected.clone()]);
+        assert!(TransferCommand::call_free_step(expected.resulting_state(), t(9)).is_none());
+    }
+}

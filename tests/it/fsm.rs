@@ -176,19 +176,23 @@ async fn unknown_source_outcome_keeps_source_pending() {
 async fn a_store_failure_after_creation_still_answers_with_the_transfer() {
     let s = Stack::start().await;
     s.deposit(8, "USDT", "10").await;
-    // A real database error on the next step's commit, injected by a trigger.
+    // A real database error on the commit after the withdraw, injected by a trigger. (The
+    // create's commit holds TransferCreated and SourceWithdrawStarted together, so the first
+    // commit after creation is the one recording the withdraw.)
     sqlx::raw_sql(
         "CREATE FUNCTION refuse_step() RETURNS trigger AS $$
          BEGIN RAISE EXCEPTION 'injected store failure'; END $$ LANGUAGE plpgsql;
          CREATE TRIGGER refuse_step BEFORE INSERT ON events FOR EACH ROW
-         WHEN (NEW.event_type = 'SourceWithdrawStarted') EXECUTE FUNCTION refuse_step();",
+         WHEN (NEW.event_type = 'SourceWithdrawn') EXECUTE FUNCTION refuse_step();",
     )
     .execute(&s.db.pool)
     .await
     .unwrap();
     let t = s.transfer(8, Funding, Spot, "USDT", "3").await;
-    assert_eq!(t.state, TransferState::Init);
-    assert_eq!(s.funding_balance(8, "USDT").await, dec("10"));
+    assert_eq!(t.state, TransferState::SourcePending);
+    // The withdraw was applied; its record was not, so the repeat below is answered from the
+    // journal, never applied twice.
+    assert_eq!(s.funding_balance(8, "USDT").await, dec("7"));
 
     sqlx::raw_sql("DROP TRIGGER refuse_step ON events")
         .execute(&s.db.pool)
@@ -196,6 +200,9 @@ async fn a_store_failure_after_creation_still_answers_with_the_transfer() {
         .unwrap();
     let t = s.coordinator.drive(&t.req_id).await.unwrap();
     assert_eq!(t.state, TransferState::Committed);
+    assert_eq!(s.funding_balance(8, "USDT").await, dec("7"));
+    let journal = s.funding.journal_for(&t.req_id.to_string()).await.unwrap();
+    assert_eq!(journal.len(), 1, "one withdraw only");
     s.assert_conserved(8, "USDT").await;
 }
 

@@ -1,0 +1,171 @@
+//! The benchmark's own HTTP client: concurrent clients driving transfers, each signed in as one
+//! or more users and alternating each user's direction; what a run came to (rate, latency
+//! percentiles, CPU per transfer of each process and of the machine).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::procstat;
+
+/// The processes whose CPU a run reads (the machine's is always read).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pids {
+    pub ledger: Option<u32>,
+    pub spot: Option<u32>,
+}
+
+/// CPU used during a run.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Cpu {
+    pub ledger: Duration,
+    pub spot: Duration,
+    pub postgres: Duration,
+    pub machine: Duration,
+}
+
+impl Cpu {
+    fn read(pids: Pids) -> Self {
+        Self {
+            ledger: pids.ledger.map_or(Duration::ZERO, procstat::process_cpu),
+            spot: pids.spot.map_or(Duration::ZERO, procstat::process_cpu),
+            postgres: procstat::postgres_cpu(),
+            machine: procstat::machine_busy(),
+        }
+    }
+
+    fn since(self, before: Self) -> Self {
+        Self {
+            ledger: self.ledger.saturating_sub(before.ledger),
+            spot: self.spot.saturating_sub(before.spot),
+            postgres: self.postgres.saturating_sub(before.postgres),
+            machine: self.machine.saturating_sub(before.machine),
+        }
+    }
+}
+
+/// What one run of concurrent clients came to.
+pub(crate) struct Run {
+    /// Latencies of the committed transfers, sorted.
+    pub latencies: Vec<Duration>,
+    pub not_committed: u64,
+    pub elapsed: Duration,
+    pub cpu: Cpu,
+    /// Whose CPU was read: a process not read prints as `n/a`.
+    pub pids: Pids,
+}
+
+impl Run {
+    pub fn tps(&self) -> f64 {
+        self.latencies.len() as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// The latency percentile `p` (0.0 to 1.0) in ms.
+    pub fn pct(&self, p: f64) -> f64 {
+        if self.latencies.is_empty() {
+            return 0.0;
+        }
+        let i = ((self.latencies.len() as f64 - 1.0) * p).round() as usize;
+        self.latencies[i].as_secs_f64() * 1000.0
+    }
+
+    pub fn per_transfer_ms(&self, d: Duration) -> f64 {
+        d.as_secs_f64() * 1000.0 / self.latencies.len().max(1) as f64
+    }
+
+    pub fn print(&self, title: &str) {
+        println!();
+        println!("== {title}, {:.1} s ==", self.elapsed.as_secs_f64());
+        println!("committed transfers:        {}", self.latencies.len());
+        println!("not committed (answers):    {}", self.not_committed);
+        println!("committed transfers/s:      {:.0}", self.tps());
+        println!(
+            "latency to COMMITTED ms:    p50 {:.1}  p95 {:.1}  p99 {:.1}  max {:.1}",
+            self.pct(0.50),
+            self.pct(0.95),
+            self.pct(0.99),
+            self.pct(1.0)
+        );
+        let per_k = |d: Duration| format!("{:.3}", self.per_transfer_ms(d));
+        let of = |pid: Option<u32>, d: Duration| pid.map_or_else(|| "n/a".to_owned(), |_| per_k(d));
+        println!(
+            "CPU s per 1,000 transfers:  ledger {}  spot-core {}  postgres {}  whole machine {}",
+            of(self.pids.ledger, self.cpu.ledger),
+            of(self.pids.spot, self.cpu.spot),
+            per_k(self.cpu.postgres),
+            per_k(self.cpu.machine),
+        );
+    }
+}
+
+/// Drives transfers from one task per client until `duration` is over. A client signs in as each
+/// of its users in turn (one token each) and alternates each user's direction, FUNDING→SPOT then
+/// back, 1 USDT at a time, so balances never run out.
+pub(crate) async fn drive(
+    http: &reqwest::Client,
+    base: &str,
+    users: Vec<Vec<String>>,
+    duration: Duration,
+    pids: Pids,
+) -> anyhow::Result<Run> {
+    let not_committed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let before = Cpu::read(pids);
+    let started = Instant::now();
+    let deadline = started + duration;
+    let mut tasks = Vec::new();
+    for tokens in users {
+        let http = http.clone();
+        let url = format!("{base}/api/v1/internal_transfer");
+        let not_committed = not_committed.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            let mut to_spot = vec![true; tokens.len()];
+            let mut turn = 0;
+            while Instant::now() < deadline {
+                let (from, to) = if to_spot[turn] {
+                    ("FUNDING", "SPOT")
+                } else {
+                    ("SPOT", "FUNDING")
+                };
+                let t0 = Instant::now();
+                let r = http
+                    .post(&url)
+                    .bearer_auth(&tokens[turn])
+                    .json(&json!({"from": from, "to": to, "asset": "USDT", "amount": "1"}))
+                    .send()
+                    .await;
+                let committed = match r {
+                    Ok(r) => r
+                        .json::<serde_json::Value>()
+                        .await
+                        .map(|b| b["state"] == "COMMITTED")
+                        .unwrap_or(false),
+                    Err(_) => false,
+                };
+                if committed {
+                    mine.push(t0.elapsed());
+                    to_spot[turn] = !to_spot[turn];
+                    turn = (turn + 1) % tokens.len();
+                } else {
+                    not_committed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            mine
+        }));
+    }
+    let mut latencies = Vec::new();
+    for t in tasks {
+        latencies.extend(t.await?);
+    }
+    let elapsed = started.elapsed();
+    let cpu = Cpu::read(pids).since(before);
+    latencies.sort();
+    Ok(Run {
+        latencies,
+        not_committed: not_committed.load(std::sync::atomic::Ordering::Relaxed),
+        elapsed,
+        cpu,
+        pids,
+    })
+}
