@@ -11,8 +11,8 @@
 //!   catch-up and the full rebuild `ledger replay` does, in events per second, in the same run.
 //! - `relay`: the JetStream relay publishing a backlog of about a million feed events to a
 //!   nats-server the benchmark starts; events per second beside the feed read alone.
-//! - `all`: transfers (at 8, 32 and 128 clients, with `--wrk`), spot and replay, one after the
-//!   other, and a closing summary of every figure against its target.
+//! - `all`: transfers (at 8, 32 and 128 clients, with `--wrk` and `--relay`), spot, replay and
+//!   relay, one after the other, and a closing summary of every figure against its target.
 
 // Figures for people to read (rates, percentiles, MiB) are floats; no money is computed here.
 #![allow(clippy::float_arithmetic)]
@@ -71,6 +71,8 @@ async fn main() -> anyhow::Result<()> {
             summary.extend(spot::run(defaults()?).await?);
             println!();
             summary.extend(replay::run(defaults()?).await?);
+            println!();
+            summary.extend(relay::run(defaults()?).await?);
             summary
         }
     };

@@ -41,10 +41,10 @@ pub struct Args {
 }
 
 /// A nats-server child and its store, both gone when dropped.
-struct Nats {
+pub(crate) struct Nats {
     child: Child,
     store: PathBuf,
-    url: String,
+    pub(crate) url: String,
 }
 
 impl Drop for Nats {
@@ -55,7 +55,7 @@ impl Drop for Nats {
     }
 }
 
-async fn start_nats(binary: &PathBuf) -> anyhow::Result<Nats> {
+pub(crate) async fn start_nats(binary: &PathBuf) -> anyhow::Result<Nats> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -222,4 +222,58 @@ async fn stream_messages(url: &str) -> anyhow::Result<u64> {
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let info = stream.info().await.map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(info.state.messages)
+}
+
+/// The relay's lag behind the feed, sampled while transfers run.
+#[derive(Debug, Default)]
+pub(crate) struct Lag {
+    samples: usize,
+    positions_max: i64,
+    seconds_max: f64,
+    seconds_sum: f64,
+}
+
+impl Lag {
+    /// One line for the report.
+    pub(crate) fn summary(&self) -> String {
+        if self.samples == 0 {
+            return "no samples (the relay never checkpointed)".to_owned();
+        }
+        format!(
+            "{} samples every 200 ms: max {} positions, max {:.3} s, mean {:.3} s behind the feed (target < 1 s)",
+            self.samples,
+            self.positions_max,
+            self.seconds_max,
+            self.seconds_sum / self.samples as f64
+        )
+    }
+}
+
+/// Samples, every 200 ms until `stop` is set, how far the relay's checkpoint is behind the
+/// feed: in positions, and in seconds since the oldest event it has not acknowledged entered
+/// the feed. The checkpoint is written every 100 ms or 2,000 acks, so this overstates the lag by
+/// up to that much.
+pub(crate) async fn sample_lag(
+    pool: sqlx::PgPool,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<Lag> {
+    let mut lag = Lag::default();
+    while !*stop.borrow() {
+        let row: Option<(i64, f64)> = sqlx::query_as(
+            "SELECT (SELECT COALESCE(MAX(position), 0) FROM feed_index) - c.position,
+                    COALESCE(EXTRACT(EPOCH FROM now() - (SELECT recorded_at FROM feed_index
+                                                         WHERE position = c.position + 1)), 0)::float8
+             FROM relay_checkpoint c",
+        )
+        .fetch_optional(&pool)
+        .await?;
+        if let Some((positions, seconds)) = row {
+            lag.samples += 1;
+            lag.positions_max = lag.positions_max.max(positions);
+            lag.seconds_max = lag.seconds_max.max(seconds);
+            lag.seconds_sum += seconds;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(lag)
 }

@@ -36,6 +36,10 @@ pub struct Args {
     /// and 100 transfers/day per user) never refuse a transfer.
     #[arg(long, default_value_t = 4000)]
     pub(crate) wrk_users: usize,
+    /// Also relay the feed to a nats-server the benchmark starts (`--nats` on the ledger), and
+    /// report the relay's lag behind the feed while the transfers run.
+    #[arg(long)]
+    pub(crate) relay: bool,
     /// How long to drive transfers, per run.
     #[arg(long, default_value_t = 20)]
     pub(crate) seconds: u64,
@@ -52,7 +56,8 @@ pub struct Args {
 }
 
 impl Args {
-    /// What `ledger-bench all` runs: 8, 32 and 128 clients, and the wrk comparison.
+    /// What `ledger-bench all` runs: 8, 32 and 128 clients with the relay on, and the wrk
+    /// comparison.
     pub fn for_all() -> anyhow::Result<Self> {
         use clap::{Args as _, FromArgMatches};
         let matches = Self::augment_args(clap::Command::new("all")).try_get_matches_from([
@@ -60,6 +65,7 @@ impl Args {
             "--clients",
             "8,32,128",
             "--wrk",
+            "--relay",
         ])?;
         Ok(Self::from_arg_matches(&matches)?)
     }
@@ -153,6 +159,13 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
         .env("LEDGER_RATE_PER_SECOND", "off")
         .env("LEDGER_DAILY_COUNT_MAX", "off")
         .env("RUST_LOG", "warn");
+    let nats = match args.relay {
+        true => Some(crate::relay::start_nats(&PathBuf::from("/usr/sbin/nats-server")).await?),
+        false => None,
+    };
+    if let Some(nats) = &nats {
+        ledger_cmd.args(["--nats", &nats.url]);
+    }
     let (ledger, serving) = spawn_ready(ledger_cmd, "ledger serving on ")?;
     let base = serving
         .split_whitespace()
@@ -194,6 +207,10 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
         ledger: Some(ledger.child.id()),
         spot: Some(spot.child.id()),
     };
+    let (stop_lag, stop_rx) = tokio::sync::watch::channel(false);
+    let lag = nats
+        .is_some()
+        .then(|| tokio::spawn(crate::relay::sample_lag(pool.clone(), stop_rx)));
     let mut runs = Vec::new();
     for &n in &args.clients {
         let users: Vec<Vec<String>> = (0..n)
@@ -210,6 +227,11 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
         let run = drive(&http, &base, users, Duration::from_secs(args.seconds), pids).await?;
         runs.push((n, run));
     }
+    let _ = stop_lag.send(true);
+    let lag = match lag {
+        Some(task) => Some(task.await??),
+        None => None,
+    };
     let ledger_peak = procstat::peak_rss(ledger.child.id());
     let spot_peak = procstat::peak_rss(spot.child.id());
 
@@ -241,6 +263,9 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
         procstat::mib(spot_peak)
     );
     println!("fund conservation:          {conservation}");
+    if let Some(lag) = &lag {
+        println!("relay lag at this rate:     {}", lag.summary());
+    }
     println!();
     println!(
         "== baseline: single-row durable INSERT commits ({} clients) ==",
@@ -311,6 +336,12 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
             run.per_transfer_ms(run.cpu.machine),
             run.per_transfer_ms(run.cpu.machine) / floor.machine_cpu_per_transfer_ms.max(1e-9),
             floor.machine_cpu_per_transfer_ms
+        ));
+    }
+    if let Some(lag) = &lag {
+        summary.push(format!(
+            "relay lag during the transfer runs: {}",
+            lag.summary()
         ));
     }
     if args.wrk {
