@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use sqlx::{Connection, PgConnection};
 
 /// The database this benchmark owns; dropped and made again on every run unless `--reuse`.
 const DATABASE: &str = "ledger_bench_relay";
@@ -88,24 +87,8 @@ pub(crate) async fn start_nats(binary: &PathBuf) -> anyhow::Result<Nats> {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
-    let server = args.server.trim_end_matches('/');
-    let url = format!("{server}/{DATABASE}");
-    let mut admin = PgConnection::connect(&format!("{server}/postgres"))
-        .await
-        .context("connect to the PostgreSQL server")?;
-    let exists: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-            .bind(DATABASE)
-            .fetch_one(&mut admin)
-            .await?;
-    let reuse = args.reuse && exists;
-    if !reuse {
-        sqlx::query(&format!("DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)"))
-            .execute(&mut admin)
-            .await?;
-    }
-    admin.close().await.ok();
-    let pool = schema::prepare(&url, 8).await?;
+    let (url, pool, reuse) =
+        crate::replay::own_database(&args.server, DATABASE, args.reuse).await?;
     if !reuse {
         println!("clean database: {url}");
         let took = crate::replay::generate_events(&pool, args.events, 20_000).await?;

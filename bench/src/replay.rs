@@ -107,26 +107,37 @@ CROSS JOIN LATERAL (
 ORDER BY t.t0 + s.seq * interval '1.5 ms', t.i, s.seq
 "#;
 
-pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
-    let server = args.server.trim_end_matches('/');
-    let url = format!("{server}/{DATABASE}");
+/// A benchmark's own database on `server`: dropped and made anew, or kept when `reuse` is asked
+/// and it exists. Returns its URL, its pool, and whether it was kept.
+pub(crate) async fn own_database(
+    server: &str,
+    database: &str,
+    reuse: bool,
+) -> anyhow::Result<(String, sqlx::PgPool, bool)> {
+    let server = server.trim_end_matches('/');
+    let url = format!("{server}/{database}");
     let mut admin = PgConnection::connect(&format!("{server}/postgres"))
         .await
         .context("connect to the PostgreSQL server")?;
     let exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-            .bind(DATABASE)
+            .bind(database)
             .fetch_one(&mut admin)
             .await?;
-    let reuse = args.reuse && exists;
+    let reuse = reuse && exists;
     if !reuse {
-        sqlx::query(&format!("DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)"))
+        sqlx::query(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
             .execute(&mut admin)
             .await
             .context("drop the benchmark database")?;
     }
     admin.close().await.ok();
     let pool = schema::prepare(&url, 8).await?;
+    Ok((url, pool, reuse))
+}
+
+pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
+    let (url, pool, reuse) = own_database(&args.server, DATABASE, args.reuse).await?;
     let events: i64 = if reuse {
         sqlx::raw_sql(
             "TRUNCATE feed_index, transfers_view, transfer_balances, transfer_state_counts;
