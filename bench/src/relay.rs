@@ -232,29 +232,21 @@ impl Lag {
     }
 }
 
-/// Samples, every 200 ms until `stop` is set, how far the relay's checkpoint is behind the
-/// feed: in positions, and in seconds since the oldest event it has not acknowledged entered
-/// the feed. The checkpoint is written every 100 ms or 2,000 acks, so this overstates the lag by
-/// up to that much.
+/// Samples, every 200 ms until `stop` is set, the relay's own status (`relay::status_of`, what
+/// `/metrics` reports): positions behind the feed, and seconds since the oldest event it has not
+/// acknowledged entered the feed. The checkpoint is written every 100 ms or 2,000 acks, so this
+/// overstates the lag by up to that much.
 pub(crate) async fn sample_lag(
     pool: sqlx::PgPool,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<Lag> {
     let mut lag = Lag::default();
     while !*stop.borrow() {
-        let row: Option<(i64, f64)> = sqlx::query_as(
-            "SELECT (SELECT COALESCE(MAX(position), 0) FROM feed_index) - c.position,
-                    COALESCE(EXTRACT(EPOCH FROM now() - (SELECT recorded_at FROM feed_index
-                                                         WHERE position = c.position + 1)), 0)::float8
-             FROM relay_checkpoint c",
-        )
-        .fetch_optional(&pool)
-        .await?;
-        if let Some((positions, seconds)) = row {
+        if let Some(status) = relay::status_of(&pool, relay::STREAM_DEFAULT).await? {
             lag.samples += 1;
-            lag.positions_max = lag.positions_max.max(positions);
-            lag.seconds_max = lag.seconds_max.max(seconds);
-            lag.seconds_sum += seconds;
+            lag.positions_max = lag.positions_max.max(status.lag_positions);
+            lag.seconds_max = lag.seconds_max.max(status.lag_seconds);
+            lag.seconds_sum += status.lag_seconds;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -401,36 +401,35 @@ mod tests {
         assert_eq!(bearer(&parts_with("BEARER abc")), Some("abc"));
     }
 
-    #[test]
-    fn a_token_with_a_crit_header_is_unauthorized() {
-        let claims = json!({"sub": "7", "exp": now_secs() + 60});
-        // jsonwebtoken cannot write `crit`, so the header is written by hand and signed as
-        // the library would sign it.
-        let raw = r#"{"alg":"HS256","typ":"JWT","crit":["x-bound-to"],"x-bound-to":"device-1"}"#;
-        let token = signed(Algorithm::HS256, &claims, SECRET);
-        let mut parts: Vec<String> = token.split('.').map(str::to_owned).collect();
-        parts[0] = URL_SAFE_NO_PAD.encode(raw);
-        let message = format!("{}.{}", parts[0], parts[1]);
-        parts[2] = jsonwebtoken::crypto::sign(
+    /// A token with a hand-written header (jsonwebtoken cannot write `crit`), signed as the
+    /// library would sign it.
+    fn signed_with_header(header: &str, claims: &serde_json::Value) -> String {
+        let message = format!(
+            "{}.{}",
+            URL_SAFE_NO_PAD.encode(header),
+            URL_SAFE_NO_PAD.encode(claims.to_string())
+        );
+        let signature = jsonwebtoken::crypto::sign(
             message.as_bytes(),
             &EncodingKey::from_secret(SECRET),
             Algorithm::HS256,
         )
         .unwrap();
-        let forged = parts.join(".");
+        format!("{message}.{signature}")
+    }
+
+    #[test]
+    fn a_token_with_a_crit_header_is_unauthorized() {
+        let claims = json!({"sub": "7", "exp": now_secs() + 60});
+        let token = signed(Algorithm::HS256, &claims, SECRET);
+        let raw = r#"{"alg":"HS256","typ":"JWT","crit":["x-bound-to"],"x-bound-to":"device-1"}"#;
+        let forged = signed_with_header(raw, &claims);
         assert!(!header_has_crit(&token));
         assert!(header_has_crit(&forged));
         assert_eq!(keys().verify(&forged), Err(ApiError::Unauthorized));
         // The same token without `crit`, signed the same way, is accepted: only `crit` refuses.
-        parts[0] = URL_SAFE_NO_PAD.encode(r#"{"alg":"HS256","typ":"JWT","x-bound-to":"d"}"#);
-        let message = format!("{}.{}", parts[0], parts[1]);
-        parts[2] = jsonwebtoken::crypto::sign(
-            message.as_bytes(),
-            &EncodingKey::from_secret(SECRET),
-            Algorithm::HS256,
-        )
-        .unwrap();
-        assert!(keys().verify(&parts.join(".")).is_ok());
+        let plain = signed_with_header(r#"{"alg":"HS256","typ":"JWT","x-bound-to":"d"}"#, &claims);
+        assert!(keys().verify(&plain).is_ok());
     }
 
     #[test]

@@ -228,8 +228,8 @@ async fn serve(args: ServeArgs, settings: &Settings) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listen on {}", args.listen))?;
     let local = listener.local_addr()?;
-    let state = configured_state(settings, pool, spot, assets, &secret)?
-        .with_relay(crate::relay_cli::config_if_set(&args.relay)?);
+    let state =
+        configured_state(settings, pool, spot, assets, &secret)?.with_relay(args.relay.config());
     println!("ledger serving on http://{local} (spot-core at {spot_addr})");
     run_until_stopped(listener, state, None).await
 }
@@ -266,8 +266,8 @@ async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listen on {}", args.listen))?;
     let local = listener.local_addr()?;
-    let state = configured_state(settings, pool, spot, assets, &secret)?
-        .with_relay(crate::relay_cli::config_if_set(&args.relay)?);
+    let state =
+        configured_state(settings, pool, spot, assets, &secret)?.with_relay(args.relay.config());
 
     print_banner(&Banner {
         base: format!("http://{local}"),

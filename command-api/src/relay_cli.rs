@@ -136,12 +136,6 @@ pub async fn tail(args: TailArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The relay's configuration for `up` / `serve`, when `--nats` / `LEDGER_NATS_URL` is set; the
-/// start-up module runs it with the other background tasks.
-pub fn config_if_set(options: &RelayOptions) -> anyhow::Result<Option<relay::RelayConfig>> {
-    Ok(options.config())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

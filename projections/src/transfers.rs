@@ -152,8 +152,10 @@ impl TransferView {
     /// reports the same cluster-wide values: transfers per state name, and one round trip for the
     /// rest (the recovery worker's `transfer_retries` included).
     pub async fn metric_figures(&self) -> Result<(Vec<(String, i64)>, MetricFigures), sqlx::Error> {
+        // The projector keeps one row per state; counting `transfers_view` would read every
+        // transfer ever made at each scrape.
         let by_state: Vec<(String, i64)> =
-            sqlx::query_as("SELECT state, COUNT(*) FROM transfers_view GROUP BY state")
+            sqlx::query_as("SELECT state, count FROM transfer_state_counts")
                 .fetch_all(&self.pool)
                 .await?;
         let figures: MetricFigures = sqlx::query_as(&format!(
