@@ -112,18 +112,21 @@ impl Engine {
                 balances: Some(self.balances(*user_id)),
                 totals: None,
                 records: None,
+                core: None,
             }),
             Request::Totals {} => Effect::reply(Response::Ok {
                 ops: None,
                 balances: None,
                 totals: Some(self.totals()),
                 records: None,
+                core: None,
             }),
             Request::Journal { after_seq, limit } => Effect::reply(Response::Ok {
                 ops: None,
                 balances: None,
                 totals: None,
                 records: Some(self.journal(*after_seq, *limit)),
+                core: None,
             }),
             Request::Cancel {
                 req_id,
@@ -142,6 +145,10 @@ impl Engine {
             ),
             // The server answers `hello` itself; a token check has no meaning here.
             Request::Ping {} | Request::Hello { .. } => Effect::reply(Response::ok()),
+            // Issue 15: snapshots, segments and the horizon (spot-core helper implements these).
+            Request::AdvanceHorizon { .. } | Request::Retain { .. } | Request::Status {} => {
+                Effect::reply(Response::bad_request("not implemented yet"))
+            }
         }
     }
 
@@ -376,6 +383,9 @@ impl Engine {
             return fail(format!("expected seq {}", self.last_seq() + 1));
         }
         match &record {
+            JournalRecord::Horizon(_) | JournalRecord::Retain(_) => {
+                return fail("horizon and retain records are not implemented yet".into());
+            }
             JournalRecord::SetStatus(s) => {
                 self.accounts
                     .entry((s.user_id, s.asset.clone()))
@@ -460,6 +470,7 @@ fn ops_response(ops: Vec<LookupOp>) -> Response {
         balances: None,
         totals: None,
         records: None,
+        core: None,
     }
 }
 

@@ -55,6 +55,21 @@ pub enum Request {
     Hello {
         token: String,
     },
+    /// Move the idempotency horizon forward to `before_ms` (Unix milliseconds): every `req_id`
+    /// whose ULID time is earlier is forgotten and refused `REQ_ID_EXPIRED` from then on.
+    /// Recorded in the WAL when it moves the horizon forward; a value at or behind the current
+    /// horizon changes nothing. Answered `ok` with `status`.
+    AdvanceHorizon {
+        before_ms: u64,
+    },
+    /// The fund-conservation audit has consumed every journal record up to `after_seq`:
+    /// compaction may drop WAL segments wholly at or before it (and before the newest durable
+    /// snapshot). Never moves backwards; durable. Answered `ok` with `status`.
+    Retain {
+        after_seq: u64,
+    },
+    /// Counters for operators and the growth benchmark. Answered `ok` with `status`.
+    Status {},
 }
 
 fn default_journal_limit() -> u32 {
@@ -207,6 +222,10 @@ pub enum RefusalCode {
     /// Recorded by a `cancel` before any copy of the movement arrived: every later copy gets
     /// this refusal as a duplicate, so the movement can never be applied.
     Cancelled,
+    /// The `req_id`'s ULID time is before the idempotency horizon: its records are forgotten,
+    /// and it is refused for good (never recorded, never applied). `lookup` answers this too,
+    /// never "not seen".
+    ReqIdExpired,
 }
 
 impl RefusalCode {
@@ -225,6 +244,7 @@ impl RefusalCode {
             RefusalCode::InsufficientBalance => "INSUFFICIENT_BALANCE",
             RefusalCode::NoMatchingWithdraw => "NO_MATCHING_WITHDRAW",
             RefusalCode::Cancelled => "CANCELLED",
+            RefusalCode::ReqIdExpired => "REQ_ID_EXPIRED",
         }
     }
 
@@ -250,6 +270,9 @@ impl RefusalCode {
                 "no applied withdraw with this req_id, user, asset and amount"
             }
             RefusalCode::Cancelled => "cancelled before it was applied; it never will be",
+            RefusalCode::ReqIdExpired => {
+                "req_id is older than the idempotency horizon; it is refused for good"
+            }
         }
     }
 }
@@ -268,6 +291,9 @@ pub enum ErrorCode {
     /// The server requires a token and the connection did not start with a matching `hello`;
     /// the connection is closed after this answer.
     Unauthorized,
+    /// A `journal` request reaches before the oldest record this spot-core still serves
+    /// (compacted, and not archived); the message names the first seq available.
+    JournalCompacted,
 }
 
 /// One response line.
@@ -300,6 +326,8 @@ pub enum Response {
         totals: Option<Vec<TotalEntry>>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         records: Option<Vec<JournalRecord>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        core: Option<CoreStatus>,
     },
 }
 
@@ -311,6 +339,7 @@ impl Response {
             balances: None,
             totals: None,
             records: None,
+            core: None,
         }
     }
 
@@ -336,6 +365,31 @@ impl Response {
             message: message.into(),
         }
     }
+}
+
+/// What `status` (and `advance_horizon`, `retain`) answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoreStatus {
+    /// Seq of the newest record (0 when empty).
+    pub last_seq: u64,
+    /// The idempotency horizon, Unix milliseconds (0: none yet).
+    pub horizon_ms: u64,
+    /// The audit's consumed position (`retain`).
+    pub retain_after: u64,
+    /// The oldest seq `journal` can still serve (from the live WAL or the archive).
+    pub first_seq: u64,
+    /// Seq covered by the newest durable snapshot (0: none).
+    pub snapshot_seq: u64,
+    /// Size of the newest durable snapshot file.
+    pub snapshot_bytes: u64,
+    /// Bytes of WAL segments in the data directory.
+    pub wal_bytes: u64,
+    /// WAL segments in the data directory.
+    pub wal_segments: u64,
+    /// `(req_id, op)` records remembered in RAM.
+    pub remembered: u64,
+    /// Accounts in RAM.
+    pub accounts: u64,
 }
 
 /// One entry of a `lookup` answer.
@@ -372,6 +426,10 @@ pub enum JournalRecord {
     Deposit(MovementRecord),
     Refund(MovementRecord),
     SetStatus(StatusRecord),
+    /// `advance_horizon` moved the idempotency horizon forward.
+    Horizon(HorizonRecord),
+    /// `retain` moved the audit's consumed position forward.
+    Retain(RetainRecord),
 }
 
 impl JournalRecord {
@@ -381,6 +439,8 @@ impl JournalRecord {
                 m.seq
             }
             JournalRecord::SetStatus(s) => s.seq,
+            JournalRecord::Horizon(h) => h.seq,
+            JournalRecord::Retain(r) => r.seq,
         }
     }
 
@@ -389,7 +449,9 @@ impl JournalRecord {
             JournalRecord::Withdraw(m) => Some((MovementOp::Withdraw, m)),
             JournalRecord::Deposit(m) => Some((MovementOp::Deposit, m)),
             JournalRecord::Refund(m) => Some((MovementOp::Refund, m)),
-            JournalRecord::SetStatus(_) => None,
+            JournalRecord::SetStatus(_) | JournalRecord::Horizon(_) | JournalRecord::Retain(_) => {
+                None
+            }
         }
     }
 
@@ -426,6 +488,20 @@ pub struct StatusRecord {
     pub user_id: u64,
     pub asset: String,
     pub status: AccountStatus,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HorizonRecord {
+    pub seq: u64,
+    pub before_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetainRecord {
+    pub seq: u64,
+    pub after_seq: u64,
 }
 
 #[cfg(test)]
