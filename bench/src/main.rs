@@ -11,6 +11,10 @@
 //!   catch-up and the full rebuild `ledger replay` does, in events per second, in the same run.
 //! - `relay`: the JetStream relay publishing a backlog of about a million feed events to a
 //!   nats-server the benchmark starts; events per second beside the feed read alone.
+//! - `growth`: what years of traffic cost (issue 15): spot-core's memory, snapshot, WAL and
+//!   restart time after 1M, 5M and 10M operations with the horizon advancing, and the
+//!   conservation check's time (periodic and full) at 10k, 100k and 1M transfers in the log. Not
+//!   part of `all` (it takes several minutes more).
 //! - `all`: transfers (at 8, 32 and 128 clients, with `--wrk` and `--relay`), spot, replay and
 //!   relay, one after the other, and a closing summary of every figure against its target.
 
@@ -18,6 +22,7 @@
 #![allow(clippy::float_arithmetic)]
 
 mod clients;
+mod growth;
 mod procstat;
 mod relay;
 mod replay;
@@ -47,6 +52,9 @@ enum Command {
     Replay(replay::Args),
     /// The JetStream relay publishing a backlog of ~1M feed events to a nats-server it starts.
     Relay(relay::Args),
+    /// What years of traffic cost: spot-core memory, snapshots, WAL and restart time after
+    /// millions of operations; the conservation check's time at up to 1M transfers.
+    Growth(growth::Args),
     /// All three with their defaults, then a summary against the targets.
     All,
 }
@@ -65,6 +73,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Spot(args) => spot::run(args).await?,
         Command::Replay(args) => replay::run(args).await?,
         Command::Relay(args) => relay::run(args).await?,
+        Command::Growth(args) => growth::run(args).await?,
         Command::All => {
             let mut summary = transfers::run(transfers::Args::for_all()?).await?;
             println!();

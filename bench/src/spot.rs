@@ -51,11 +51,10 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
         let handle = handle.clone();
         let done = done.clone();
         tasks.push(tokio::spawn(async move {
-            let mut i = 0u64;
             while Instant::now() < deadline {
                 let r = handle
                     .call(Request::deposit(
-                        format!("in-{c}-{i}"),
+                        ulid::Ulid::new().to_string(),
                         1 + c as u64,
                         "USDT",
                         Decimal::ONE,
@@ -64,7 +63,6 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
                 if r.as_ref().is_some_and(ok) {
                     done.fetch_add(1, Ordering::Relaxed);
                 }
-                i += 1;
             }
         }));
     }
@@ -88,11 +86,10 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
         let client = SpotClient::new(addr.clone(), Duration::from_secs(10));
         let done = done.clone();
         tasks.push(tokio::spawn(async move {
-            let mut i = 0u64;
             while Instant::now() < deadline {
                 let r = client
                     .call(&Request::deposit(
-                        format!("net-{c}-{i}"),
+                        ulid::Ulid::new().to_string(),
                         1 + c as u64,
                         "USDT",
                         Decimal::ONE,
@@ -101,7 +98,6 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
                 if r.as_ref().is_ok_and(ok) {
                     done.fetch_add(1, Ordering::Relaxed);
                 }
-                i += 1;
             }
         }));
     }
@@ -153,7 +149,7 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
                 }
                 let r = client
                     .call(&Request::deposit(
-                        format!("acct-{n}"),
+                        ulid::Ulid::new().to_string(),
                         1_000_000 + n,
                         "BTC",
                         Decimal::ONE,
@@ -211,15 +207,18 @@ async fn pipelined(
     let mut rd = BufReader::with_capacity(64 * 1024, rd);
     let mut out = Vec::with_capacity(window * 160);
     let mut line = String::new();
-    let (mut i, mut applied) = (0u64, 0u64);
+    let mut applied = 0u64;
     while Instant::now() < deadline {
         out.clear();
         for _ in 0..window {
-            let request =
-                Request::deposit(format!("pipe-{c}-{i}"), 1 + c as u64, "USDT", Decimal::ONE);
+            let request = Request::deposit(
+                ulid::Ulid::new().to_string(),
+                1 + c as u64,
+                "USDT",
+                Decimal::ONE,
+            );
             serde_json::to_writer(&mut out, &request)?;
             out.push(b'\n');
-            i += 1;
         }
         wr.write_all(&out).await?;
         for _ in 0..window {

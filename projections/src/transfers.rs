@@ -150,7 +150,10 @@ impl TransferView {
 
     /// The figures `/metrics` reports, read at scrape time from PostgreSQL so every instance
     /// reports the same cluster-wide values: transfers per state name, and one round trip for the
-    /// rest (the recovery worker's `transfer_retries` included).
+    /// rest (the recovery worker's totals included). Every part reads by index what is live, or
+    /// one row: per-state counts and `recovery_totals` are kept by the writers, the open
+    /// transfers' ages come from the partial index `transfers_view_open`, the leases from
+    /// `transfer_retries_lease` (schema/migrations/0011_recovery_totals.sql).
     pub async fn metric_figures(&self) -> Result<(Vec<(String, i64)>, MetricFigures), sqlx::Error> {
         // The projector keeps one row per state; counting `transfers_view` would read every
         // transfer ever made at each scrape.
@@ -166,14 +169,12 @@ impl TransferView {
                 COALESCE((SELECT EXTRACT(EPOCH FROM now() - MIN(updated_at))::bigint
                           FROM transfers_view WHERE state_id = {target_pending}), 0)
                     AS oldest_target_pending_age_seconds,
-                COALESCE((SELECT SUM(attempts) FROM transfer_retries), 0)::bigint AS retries_total,
-                COALESCE((SELECT SUM(refund_failures) FROM transfer_retries), 0)::bigint
-                    AS refund_failures_total,
-                (SELECT COUNT(*) FROM transfer_retries WHERE stuck_alerted_at IS NOT NULL)
-                    AS stuck_alerts_total,
-                (SELECT COUNT(*) FROM transfer_retries WHERE refund_alerted_at IS NOT NULL)
-                    AS refund_alerts_total,
-                (SELECT COUNT(*) FROM transfer_retries WHERE lease_until > now()) AS leased",
+                t.attempts AS retries_total,
+                t.refund_failures AS refund_failures_total,
+                t.stuck_alerts AS stuck_alerts_total,
+                t.refund_alerts AS refund_alerts_total,
+                (SELECT COUNT(*) FROM transfer_retries WHERE lease_until > now()) AS leased
+             FROM recovery_totals t",
             terminal = TransferState::terminal_ids_sql(),
             target_pending = TransferState::TargetPending.id(),
         ))
