@@ -14,7 +14,7 @@ mod cluster;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -201,8 +201,30 @@ struct Sent {
 }
 
 /// Runs the whole chaos scenario and reports what it found.
+/// The processes' logs (and spot-core's data and archive) are kept when the run is not clean or
+/// fails.
 pub async fn run(cfg: Config) -> anyhow::Result<Report> {
     let started = Instant::now();
+    let tmp = tempfile::Builder::new().prefix("chaos-").tempdir()?;
+    match run_in(cfg, tmp.path()).await {
+        Ok(mut report) => {
+            if !report.clean() {
+                report.logs = Some(tmp.keep());
+            }
+            report.elapsed = started.elapsed();
+            Ok(report)
+        }
+        Err(e) => {
+            let kept = tmp.keep();
+            Err(e.context(format!(
+                "the chaos run failed (process logs kept in {})",
+                kept.display()
+            )))
+        }
+    }
+}
+
+async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     // Restarting PostgreSQL: one such run at a time on this machine, held to the end.
     let pg = if cfg.pg_restarts > 0 {
         let pg = PgCluster::serving(&cfg.server_url)?;
@@ -217,8 +239,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<Report> {
         ulid::Ulid::new().to_string().to_lowercase()
     );
     let pool = schema::prepare(&db_url, 8).await?;
-    let tmp = tempfile::Builder::new().prefix("chaos-").tempdir()?;
-    let settings = Settings::new(&cfg, db_url.clone(), tmp.path())?;
+    let settings = Settings::new(&cfg, db_url.clone(), dir)?;
     let ledgers = cfg.ledgers;
     let cluster =
         Arc::new(tokio::task::spawn_blocking(move || Cluster::start(settings, ledgers)).await??);
@@ -473,10 +494,6 @@ pub async fn run(cfg: Config) -> anyhow::Result<Report> {
     report.unanswered = unanswered.load(Ordering::SeqCst);
     report.exited = exited.lock().unwrap_or_else(|e| e.into_inner()).clone();
     drop(cluster);
-    if !report.clean() {
-        report.logs = Some(tmp.keep());
-    }
-    report.elapsed = started.elapsed();
     pool.close().await;
     Ok(report)
 }
