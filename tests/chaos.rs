@@ -47,8 +47,9 @@ pub struct Config {
     /// PostgreSQL restarts (`pg_ctlcluster ... restart -m immediate` of the cluster serving
     /// `server_url`), spread evenly over the transfers. Holds [`crate::pg_ctl::lock`] for the run.
     pub pg_restarts: usize,
-    /// spot-core snapshots every 300 records, 64 KiB WAL segments, compacted ones archived.
-    pub snapshots: bool,
+    /// spot-core's snapshot and WAL segment settings, compacted segments archived (`None`:
+    /// spot-core's defaults, no archive).
+    pub snapshots: Option<Snapshots>,
     /// The ledgers advance the idempotency horizon every 500 ms with a 5 s retention.
     pub horizon: bool,
     /// Seconds between the ledgers' periodic fund-conservation checks (which let spot-core
@@ -64,7 +65,7 @@ pub struct Config {
 
 impl Config {
     /// The full run's settings for `transfers` and `crashes_min`: two ledgers and spot-core
-    /// killed, snapshots and the horizon on, no PostgreSQL restart.
+    /// killed, snapshots ([`Snapshots::FULL_RUN`]) and the horizon on, no PostgreSQL restart.
     pub fn new(transfers: usize, crashes_min: usize, bin_dir: PathBuf, server_url: String) -> Self {
         Config {
             transfers,
@@ -75,7 +76,7 @@ impl Config {
             kill_ledgers: true,
             kill_spot: true,
             pg_restarts: 0,
-            snapshots: true,
+            snapshots: Some(Snapshots::FULL_RUN),
             horizon: true,
             audit_interval_secs: 2,
             bin_dir,
@@ -83,6 +84,27 @@ impl Config {
             settle_max: Duration::from_secs(300),
         }
     }
+}
+
+/// How often spot-core snapshots and how small its WAL segments are during the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Snapshots {
+    pub every_records: u64,
+    pub segment_bytes: u64,
+}
+
+impl Snapshots {
+    /// The full run's: a snapshot every 300 records, 64 KiB segments.
+    pub const FULL_RUN: Snapshots = Snapshots {
+        every_records: 300,
+        segment_bytes: 65_536,
+    };
+    /// For runs of a few hundred transfers (a few hundred records): a snapshot every 100
+    /// records, 16 KiB segments, so compaction and the archive still run several times.
+    pub const SMALL_RUN: Snapshots = Snapshots {
+        every_records: 100,
+        segment_bytes: 16_384,
+    };
 }
 
 /// What the run found. Zeros where zeros are due: `created`, `lost`, `duplicates`, `mismatched`,
@@ -469,7 +491,7 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     report.problems.extend(problems);
     match &report.core {
         Some(core) => {
-            if cfg.snapshots && core.snapshot_seq == 0 {
+            if cfg.snapshots.is_some() && core.snapshot_seq == 0 {
                 report
                     .problems
                     .push("spot-core never took a snapshot".into());
@@ -480,7 +502,7 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
                     .push("the idempotency horizon never advanced".into());
             }
         }
-        None if cfg.snapshots || cfg.horizon => report
+        None if cfg.snapshots.is_some() || cfg.horizon => report
             .problems
             .push("spot-core does not answer `status`".into()),
         None => {}

@@ -1,15 +1,17 @@
 //! `cargo run --release -p tests --bin chaos -- [TRANSFERS] [CRASHES] [--pg-restarts N]
-//! [--no-snapshots] [--no-horizon]`: the chaos run against the machine's PostgreSQL
+//! [--no-horizon] [--no-snapshots | --snapshot-every-records N --segment-bytes B]`: the chaos run against the machine's PostgreSQL
 //! (`TEST_DATABASE_SERVER`, default postgres://postgres@127.0.0.1:5432) with the `ledger` and
 //! `spot-core` binaries built beside this one. `--pg-restarts N` restarts that server's cluster
 //! N times with `-m immediate` during the run (it needs the rights of `pg_ctlcluster`, and takes
-//! the machine's PostgreSQL-restart lock). Exits non-zero unless every figure that must be zero
+//! the machine's PostgreSQL-restart lock). spot-core snapshots every 300 records in 64 KiB
+//! segments unless told otherwise. Exits non-zero unless every figure that must be zero
 //! is and the end check found nothing else wrong.
 
 use anyhow::{bail, Context};
+use tests::chaos::Snapshots;
 
-const USAGE: &str = "usage: chaos [TRANSFERS] [CRASHES] [--pg-restarts N] [--no-snapshots] \
-                     [--no-horizon]";
+const USAGE: &str = "usage: chaos [TRANSFERS] [CRASHES] [--pg-restarts N] [--no-horizon] \
+                     [--no-snapshots | --snapshot-every-records N --segment-bytes B]";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -29,7 +31,17 @@ async fn main() -> anyhow::Result<()> {
                 let n = args.next().context(USAGE)?;
                 config.pg_restarts = n.parse().with_context(|| format!("--pg-restarts {n}"))?;
             }
-            "--no-snapshots" => config.snapshots = false,
+            "--no-snapshots" => config.snapshots = None,
+            "--snapshot-every-records" | "--segment-bytes" => {
+                let v = args.next().context(USAGE)?;
+                let n = v.parse().with_context(|| format!("{arg} {v}"))?;
+                let s = config.snapshots.get_or_insert(Snapshots::FULL_RUN);
+                if arg == "--segment-bytes" {
+                    s.segment_bytes = n;
+                } else {
+                    s.every_records = n;
+                }
+            }
             "--no-horizon" => config.horizon = false,
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -55,7 +67,13 @@ async fn main() -> anyhow::Result<()> {
         config.transfers,
         config.crashes_min,
         config.pg_restarts,
-        if config.snapshots { "on" } else { "off" },
+        match config.snapshots {
+            Some(s) => format!(
+                "every {} records, {} B segments",
+                s.every_records, s.segment_bytes
+            ),
+            None => "off".to_owned(),
+        },
         if config.horizon { "on" } else { "off" },
     );
     let report = tests::chaos::run(config).await?;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use super::{Config, SECRET};
+use super::{Config, Snapshots, SECRET};
 
 /// How long a process may take to print its ready line, retries included (a ledger started
 /// while PostgreSQL restarts waits for it).
@@ -83,7 +83,7 @@ pub(super) struct Settings {
     pub spot_data: PathBuf,
     pub archive: PathBuf,
     pub logs: PathBuf,
-    pub snapshots: bool,
+    pub snapshots: Option<Snapshots>,
     pub horizon: bool,
     pub audit_interval_secs: u64,
 }
@@ -114,11 +114,13 @@ impl Settings {
                     .arg(listen)
                     .arg("--data-dir")
                     .arg(&self.spot_data);
-                if self.snapshots {
-                    // Snapshots every few hundred records and small segments, so compaction
-                    // and the archive run many times during the run.
-                    c.args(["--snapshot-every-records", "300"])
-                        .args(["--segment-bytes", "65536"])
+                if let Some(s) = self.snapshots {
+                    // Frequent snapshots and small segments, so compaction and the archive
+                    // run many times during the run.
+                    c.arg("--snapshot-every-records")
+                        .arg(s.every_records.to_string())
+                        .arg("--segment-bytes")
+                        .arg(s.segment_bytes.to_string())
                         .arg("--archive-dir")
                         .arg(&self.archive);
                 }

@@ -7,7 +7,7 @@
 //! own exact check, incremental and full, is ok. The run with PostgreSQL restarts is in the
 //! `pg_restart` test binary (never under this catalogue).
 
-use tests::chaos::{run, Config};
+use tests::chaos::{run, Config, Snapshots};
 
 use crate::helpers::{bin, server_url};
 
@@ -21,6 +21,7 @@ fn config(transfers: usize, crashes_min: usize) -> Config {
         server_url(),
     );
     c.users = 14;
+    c.snapshots = Some(Snapshots::SMALL_RUN);
     c.clients = 8;
     c.settle_max = std::time::Duration::from_secs(120);
     c

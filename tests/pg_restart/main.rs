@@ -22,6 +22,7 @@ use domain::{Amount, UserId};
 
 use helpers::{bin, server_url, Stack};
 use procs::{all_req_ids, spot_ops, wait_terminal, LedgerProcess, RECOVER_NOW};
+use tests::chaos::Snapshots;
 use tests::pg_ctl::{self, PgCluster};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -98,6 +99,7 @@ async fn fnd_006_inv_004_chaos_with_postgres_restarts_loses_and_creates_nothing(
         server_url(),
     );
     c.users = 14;
+    c.snapshots = Some(Snapshots::SMALL_RUN);
     c.clients = 8;
     c.pg_restarts = 2;
     c.settle_max = Duration::from_secs(120);
