@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use rand::Rng;
 use rust_decimal::Decimal;
 use serde_json::json;
@@ -136,6 +136,8 @@ pub struct Report {
     pub problems: Vec<String>,
     /// The processes' logs, kept when the run is not clean.
     pub logs: Option<PathBuf>,
+    /// The run's database, kept when the run is not clean (dropped otherwise).
+    pub database: Option<String>,
     pub elapsed: Duration,
 }
 
@@ -208,6 +210,9 @@ impl fmt::Display for Report {
         if let Some(logs) = &self.logs {
             writeln!(f, "process logs kept in {}", logs.display())?;
         }
+        if let Some(database) = &self.database {
+            writeln!(f, "database kept:        {database}")?;
+        }
         write!(
             f,
             "verdict:              {}",
@@ -255,11 +260,8 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     } else {
         None
     };
-    let db_url = format!(
-        "{}/chaos_{}",
-        cfg.server_url,
-        ulid::Ulid::new().to_string().to_lowercase()
-    );
+    let database = format!("chaos_{}", ulid::Ulid::new().to_string().to_lowercase());
+    let db_url = format!("{}/{database}", cfg.server_url);
     let pool = schema::prepare(&db_url, 8).await?;
     let settings = Settings::new(&cfg, db_url.clone(), dir)?;
     let ledgers = cfg.ledgers;
@@ -517,5 +519,23 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     report.exited = exited.lock().unwrap_or_else(|e| e.into_inner()).clone();
     drop(cluster);
     pool.close().await;
+    // A clean run's database goes (every run makes one, and a server's crash recovery after an
+    // immediate stop syncs every file of every database); a run with findings keeps it.
+    if report.clean() {
+        drop_database(&cfg.server_url, &database).await?;
+    } else {
+        report.database = Some(database);
+    }
     Ok(report)
+}
+
+async fn drop_database(server_url: &str, database: &str) -> anyhow::Result<()> {
+    use sqlx::Connection;
+    let mut admin = sqlx::PgConnection::connect(&format!("{server_url}/postgres")).await?;
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
+        .execute(&mut admin)
+        .await
+        .with_context(|| format!("drop {database}"))?;
+    admin.close().await.ok();
+    Ok(())
 }
