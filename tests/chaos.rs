@@ -27,6 +27,7 @@ use spot_core::client::SpotClient;
 use spot_core::protocol::{CoreStatus, Request, Response};
 
 use crate::pg_ctl::PgCluster;
+pub use check::spot_journal;
 use cluster::{Cluster, Settings};
 
 /// The shared secret of the chaos run's ledger processes.

@@ -34,8 +34,9 @@ pub(super) async fn open_transfers(pool: &sqlx::PgPool) -> anyhow::Result<usize>
 }
 
 /// Everything spot-core's journal holds from seq 1, page by page; past compacted segments it is
-/// served from the archive. A journal that no longer reaches back to seq 1 fails the run.
-async fn spot_journal(client: &SpotClient) -> anyhow::Result<Vec<JournalRecord>> {
+/// served from the archive. A journal that no longer reaches back to seq 1 (JOURNAL_COMPACTED)
+/// is an error that says so.
+pub async fn spot_journal(client: &SpotClient) -> anyhow::Result<Vec<JournalRecord>> {
     let mut all = Vec::new();
     loop {
         let after_seq = all.last().map_or(0, JournalRecord::seq);
