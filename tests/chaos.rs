@@ -1,14 +1,20 @@
-//! The chaos run (FND-001..006, INV-004): N transfers in both directions through several real
-//! `ledger serve` processes while those and spot-core are killed with SIGKILL at random moments,
-//! again and again; then every transfer must reach a terminal state, every `req_id` must be
-//! applied at most once in each system and exactly as its final state says, and fund
-//! conservation must hold. Used by `cargo run -p tests --bin chaos` and by a smaller test.
+//! The chaos run (FND-001..006, INV-004, issue 15): N transfers in both directions through
+//! several real `ledger serve` processes while those and spot-core are killed with SIGKILL at
+//! random moments, again and again, and PostgreSQL is restarted with `-m immediate` (a power cut
+//! for the database) a few times; spot-core takes snapshots every few hundred records, rotates
+//! small WAL segments and archives the compacted ones, and the ledgers advance the idempotency
+//! horizon every half second with a 5 s retention. Then every transfer must reach a terminal
+//! state, every `req_id` must be applied at most once in each system and exactly as its final
+//! state says, fund conservation must hold, spot-core's journal must still be readable from seq 1
+//! (through the archive) and add up to its balances, and the ledger's own exact check, incremental
+//! and full, must answer ok. Used by `cargo run -p tests --bin chaos` and by smaller tests.
+
+mod check;
+mod cluster;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -18,7 +24,11 @@ use rand::Rng;
 use rust_decimal::Decimal;
 use serde_json::json;
 use spot_core::client::SpotClient;
-use spot_core::protocol::{JournalRecord, Outcome, Request, Response};
+use spot_core::protocol::{CoreStatus, Request, Response};
+
+use crate::pg_ctl::PgCluster;
+pub use check::spot_journal;
+use cluster::{Cluster, Settings};
 
 /// The shared secret of the chaos run's ledger processes.
 const SECRET: &str = "chaos-run-secret-of-at-least-32-bytes-long";
@@ -35,6 +45,17 @@ pub struct Config {
     pub ledgers: usize,
     pub kill_ledgers: bool,
     pub kill_spot: bool,
+    /// PostgreSQL restarts (`pg_ctlcluster ... restart -m immediate` of the cluster serving
+    /// `server_url`), spread evenly over the transfers. Holds [`crate::pg_ctl::lock`] for the run.
+    pub pg_restarts: usize,
+    /// spot-core's snapshot and WAL segment settings, compacted segments archived (`None`:
+    /// spot-core's defaults, no archive).
+    pub snapshots: Option<Snapshots>,
+    /// The ledgers advance the idempotency horizon every 500 ms with a 5 s retention.
+    pub horizon: bool,
+    /// Seconds between the ledgers' periodic fund-conservation checks (which let spot-core
+    /// compact what they consumed); 0 leaves the ledger's default.
+    pub audit_interval_secs: u64,
     /// Where `ledger` and `spot-core` are built.
     pub bin_dir: PathBuf,
     /// A PostgreSQL server; the run creates its own database there.
@@ -43,14 +64,59 @@ pub struct Config {
     pub settle_max: Duration,
 }
 
+impl Config {
+    /// The full run's settings for `transfers` and `crashes_min`: two ledgers and spot-core
+    /// killed, snapshots ([`Snapshots::FULL_RUN`]) and the horizon on, no PostgreSQL restart.
+    pub fn new(transfers: usize, crashes_min: usize, bin_dir: PathBuf, server_url: String) -> Self {
+        Config {
+            transfers,
+            crashes_min,
+            users: 20,
+            clients: 16,
+            ledgers: 2,
+            kill_ledgers: true,
+            kill_spot: true,
+            pg_restarts: 0,
+            snapshots: Some(Snapshots::FULL_RUN),
+            horizon: true,
+            audit_interval_secs: 2,
+            bin_dir,
+            server_url,
+            settle_max: Duration::from_secs(300),
+        }
+    }
+}
+
+/// How often spot-core snapshots and how small its WAL segments are during the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Snapshots {
+    pub every_records: u64,
+    pub segment_bytes: u64,
+}
+
+impl Snapshots {
+    /// The full run's: a snapshot every 300 records, 64 KiB segments.
+    pub const FULL_RUN: Snapshots = Snapshots {
+        every_records: 300,
+        segment_bytes: 65_536,
+    };
+    /// For runs of a few hundred transfers (a few hundred records): a snapshot every 100
+    /// records, 16 KiB segments, so compaction and the archive still run several times.
+    pub const SMALL_RUN: Snapshots = Snapshots {
+        every_records: 100,
+        segment_bytes: 16_384,
+    };
+}
+
 /// What the run found. Zeros where zeros are due: `created`, `lost`, `duplicates`, `mismatched`,
-/// `stuck`, `unanswered`.
+/// `stuck`, `unanswered`; and nothing in `exited` or `problems`.
 #[derive(Debug, Clone, Default)]
 pub struct Report {
     pub transfers: usize,
     pub crashes: usize,
     pub ledger_crashes: usize,
     pub spot_crashes: usize,
+    pub pg_restarts: usize,
     pub states: BTreeMap<String, usize>,
     pub created: Decimal,
     pub lost: Decimal,
@@ -58,11 +124,26 @@ pub struct Report {
     pub mismatched: usize,
     pub stuck: usize,
     pub unanswered: usize,
+    /// Processes that exited by themselves (each was started again).
+    pub exited: Vec<String>,
+    /// spot-core journal records read from seq 1 at the end.
+    pub journal_records: usize,
+    /// spot-core's `status` at the end (`None` from a spot-core without the op).
+    pub core: Option<CoreStatus>,
+    /// WAL segments moved to the archive directory.
+    pub archived_segments: usize,
+    /// What else the end check found wrong: the journal, the ledger's own check, a feature the
+    /// run should have exercised and did not.
+    pub problems: Vec<String>,
+    /// The processes' logs, kept when the run is not clean.
+    pub logs: Option<PathBuf>,
+    /// The run's database, kept when the run is not clean (dropped otherwise).
+    pub database: Option<String>,
     pub elapsed: Duration,
 }
 
 impl Report {
-    /// True when every figure that must be zero is.
+    /// True when every figure that must be zero is, and nothing else was found wrong.
     pub fn clean(&self) -> bool {
         self.created.is_zero()
             && self.lost.is_zero()
@@ -70,6 +151,8 @@ impl Report {
             && self.mismatched == 0
             && self.stuck == 0
             && self.unanswered == 0
+            && self.exited.is_empty()
+            && self.problems.is_empty()
     }
 }
 
@@ -86,6 +169,7 @@ impl fmt::Display for Report {
             "crashes injected:     {} (ledger {}, spot-core {})",
             self.crashes, self.ledger_crashes, self.spot_crashes
         )?;
+        writeln!(f, "PostgreSQL restarts:  {}", self.pg_restarts)?;
         for (state, n) in &self.states {
             writeln!(f, "  {state:<20}{n}")?;
         }
@@ -94,123 +178,47 @@ impl fmt::Display for Report {
         writeln!(f, "duplicates applied:   {}", self.duplicates)?;
         writeln!(f, "records disagreeing:  {}", self.mismatched)?;
         writeln!(f, "transfers stuck:      {}", self.stuck)?;
-        write!(f, "requests unanswered:  {}", self.unanswered)
-    }
-}
-
-/// A child process killed when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.0.kill().ok();
-        self.0.wait().ok();
-    }
-}
-
-/// Spawns and returns once it printed a line starting with `ready`; retries while the port of a
-/// killed predecessor is not free yet.
-fn spawn_ready(mut make: impl FnMut() -> Command, ready: &str) -> anyhow::Result<(Proc, String)> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let mut child = make()
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("spawn")?;
-        let stdout = child.stdout.take().context("stdout")?;
-        let mut lines = BufReader::new(stdout).lines();
-        if let Some(Ok(line)) = lines.next() {
-            if let Some(rest) = line.strip_prefix(ready) {
-                let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
-                std::thread::spawn(move || for _ in lines {});
-                return Ok((Proc(child), addr));
-            }
+        writeln!(f, "requests unanswered:  {}", self.unanswered)?;
+        writeln!(f, "exited by themselves: {}", self.exited.len())?;
+        for name in &self.exited {
+            writeln!(f, "  {name}")?;
         }
-        child.kill().ok();
-        child.wait().ok();
-        if Instant::now() > deadline {
-            bail!("process did not become ready");
+        writeln!(
+            f,
+            "spot-core journal:    {} records read from seq 1, {} segments archived",
+            self.journal_records, self.archived_segments
+        )?;
+        match &self.core {
+            Some(c) => writeln!(
+                f,
+                "spot-core status:     last_seq {}, snapshot_seq {} ({} bytes), wal_segments {} \
+                 ({} bytes), first_seq {}, retain_after {}, remembered {}, horizon_ms {}",
+                c.last_seq,
+                c.snapshot_seq,
+                c.snapshot_bytes,
+                c.wal_segments,
+                c.wal_bytes,
+                c.first_seq,
+                c.retain_after,
+                c.remembered,
+                c.horizon_ms
+            )?,
+            None => writeln!(f, "spot-core status:     not available")?,
         }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn spawn_spot(bin_dir: &Path, data: &Path, listen: &str) -> anyhow::Result<(Proc, String)> {
-    let exe = bin_dir.join("spot-core");
-    spawn_ready(
-        || {
-            let mut c = Command::new(&exe);
-            c.arg("--listen").arg(listen).arg("--data-dir").arg(data);
-            c
-        },
-        "spot-core listening on ",
-    )
-}
-
-fn spawn_ledger(bin_dir: &Path, db_url: &str, spot: &str) -> anyhow::Result<(Proc, String)> {
-    let exe = bin_dir.join("ledger");
-    spawn_ready(
-        || {
-            let mut c = Command::new(&exe);
-            c.args(["serve", "--listen", "127.0.0.1:0", "--spot-url", spot])
-                .args(["--spot-timeout-ms", "1000"])
-                .env("DATABASE_URL", db_url)
-                .env("LEDGER_JWT_SECRET", SECRET)
-                .env("RUST_LOG", "warn")
-                .env("LEDGER_RATE_PER_SECOND", "off")
-                .env("LEDGER_DAILY_COUNT_MAX", "off")
-                .env("LEDGER_RECOVERY_STALE_MS", "1000")
-                .env("LEDGER_RECOVERY_INTERVAL_MS", "200")
-                .env("LEDGER_RETRY_BACKOFF_MS_BASE", "50")
-                .env("LEDGER_RETRY_BACKOFF_MS_MAX", "1000")
-                .env("LEDGER_RECOVERY_LEASE_MS", "15000")
-                .env_remove("LEDGER_FAILPOINT");
-            c
-        },
-        "ledger serving on ",
-    )
-}
-
-struct Cluster {
-    bin_dir: PathBuf,
-    db_url: String,
-    spot_data: PathBuf,
-    spot_addr: String,
-    spot: Mutex<Option<Proc>>,
-    ledgers: Mutex<Vec<(Option<Proc>, String)>>,
-}
-
-impl Cluster {
-    fn bases(&self) -> Vec<String> {
-        let ledgers = self.ledgers.lock().unwrap_or_else(|e| e.into_inner());
-        ledgers
-            .iter()
-            .filter(|(p, _)| p.is_some())
-            .map(|(_, b)| b.clone())
-            .collect()
-    }
-
-    fn kill_spot_and_restart(&self, pause: Duration) -> anyhow::Result<()> {
-        drop(self.spot.lock().unwrap_or_else(|e| e.into_inner()).take());
-        std::thread::sleep(pause);
-        let (p, addr) = spawn_spot(&self.bin_dir, &self.spot_data, &self.spot_addr)?;
-        anyhow::ensure!(addr == self.spot_addr, "spot-core moved to {addr}");
-        *self.spot.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
-        Ok(())
-    }
-
-    fn kill_ledger_and_restart(&self, i: usize, pause: Duration) -> anyhow::Result<()> {
-        drop(
-            self.ledgers.lock().unwrap_or_else(|e| e.into_inner())[i]
-                .0
-                .take(),
-        );
-        std::thread::sleep(pause);
-        let (p, base) = spawn_ledger(&self.bin_dir, &self.db_url, &self.spot_addr)?;
-        self.ledgers.lock().unwrap_or_else(|e| e.into_inner())[i] = (Some(p), base);
-        Ok(())
+        for p in &self.problems {
+            writeln!(f, "problem: {p}")?;
+        }
+        if let Some(logs) = &self.logs {
+            writeln!(f, "process logs kept in {}", logs.display())?;
+        }
+        if let Some(database) = &self.database {
+            writeln!(f, "database kept:        {database}")?;
+        }
+        write!(
+            f,
+            "verdict:              {}",
+            if self.clean() { "clean" } else { "NOT CLEAN" }
+        )
     }
 }
 
@@ -221,33 +229,46 @@ struct Sent {
 }
 
 /// Runs the whole chaos scenario and reports what it found.
+/// The processes' logs (and spot-core's data and archive) are kept when the run is not clean or
+/// fails.
 pub async fn run(cfg: Config) -> anyhow::Result<Report> {
     let started = Instant::now();
-    let db_url = format!(
-        "{}/chaos_{}",
-        cfg.server_url,
-        ulid::Ulid::new().to_string().to_lowercase()
-    );
-    let pool = schema::prepare(&db_url, 8).await?;
-    let tmp = tempfile::tempdir()?;
-    let spot_data = tmp.path().join("spot");
-    let (bin_dir, data) = (cfg.bin_dir.clone(), spot_data.clone());
-    let (spot, spot_addr) =
-        tokio::task::spawn_blocking(move || spawn_spot(&bin_dir, &data, "127.0.0.1:0")).await??;
-    let mut ledgers = Vec::new();
-    for _ in 0..cfg.ledgers.max(1) {
-        let (b, d, s) = (cfg.bin_dir.clone(), db_url.clone(), spot_addr.clone());
-        let (p, base) = tokio::task::spawn_blocking(move || spawn_ledger(&b, &d, &s)).await??;
-        ledgers.push((Some(p), base));
+    let tmp = tempfile::Builder::new().prefix("chaos-").tempdir()?;
+    match run_in(cfg, tmp.path()).await {
+        Ok(mut report) => {
+            if !report.clean() {
+                report.logs = Some(tmp.keep());
+            }
+            report.elapsed = started.elapsed();
+            Ok(report)
+        }
+        Err(e) => {
+            let kept = tmp.keep();
+            Err(e.context(format!(
+                "the chaos run failed (process logs kept in {})",
+                kept.display()
+            )))
+        }
     }
-    let cluster = Arc::new(Cluster {
-        bin_dir: cfg.bin_dir.clone(),
-        db_url: db_url.clone(),
-        spot_data,
-        spot_addr: spot_addr.clone(),
-        spot: Mutex::new(Some(spot)),
-        ledgers: Mutex::new(ledgers),
-    });
+}
+
+async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
+    // Restarting PostgreSQL: one such run at a time on this machine, held to the end.
+    let pg = if cfg.pg_restarts > 0 {
+        let pg = PgCluster::serving(&cfg.server_url)?;
+        let lock = tokio::task::spawn_blocking(crate::pg_ctl::lock).await??;
+        Some((pg, Arc::new(lock)))
+    } else {
+        None
+    };
+    let database = format!("chaos_{}", ulid::Ulid::new().to_string().to_lowercase());
+    let db_url = format!("{}/{database}", cfg.server_url);
+    let pool = schema::prepare(&db_url, 8).await?;
+    let settings = Settings::new(&cfg, db_url.clone(), dir)?;
+    let ledgers = cfg.ledgers;
+    let cluster =
+        Arc::new(tokio::task::spawn_blocking(move || Cluster::start(settings, ledgers)).await??);
+    let spot_addr = cluster.spot_addr.clone();
 
     let funding = adapters::FundingLedger::new(pool.clone());
     let usdt = domain::AssetSymbol::parse("USDT").map_err(|e| anyhow::anyhow!("{e:?}"))?;
@@ -361,10 +382,17 @@ pub async fn run(cfg: Config) -> anyhow::Result<Report> {
     }
 
     // The killer: SIGKILL a random process, restart it after a random pause, until the clients
-    // are done and enough crashes were injected.
+    // are done and enough crashes were injected. It also notices a process that died by itself
+    // (none may: a PostgreSQL restart is not a reason to exit) and starts it again.
     let clients_done = Arc::new(AtomicBool::new(false));
+    let exited: Arc<Mutex<Vec<String>>> = Arc::default();
     let killer = {
-        let (cluster, done, cfg) = (cluster.clone(), clients_done.clone(), cfg.clone());
+        let (cluster, done, cfg, exited) = (
+            cluster.clone(),
+            clients_done.clone(),
+            cfg.clone(),
+            exited.clone(),
+        );
         tokio::task::spawn_blocking(move || -> anyhow::Result<(usize, usize)> {
             let (mut ledger_kills, mut spot_kills) = (0, 0);
             while !(done.load(Ordering::SeqCst) && ledger_kills + spot_kills >= cfg.crashes_min) {
@@ -378,6 +406,11 @@ pub async fn run(cfg: Config) -> anyhow::Result<Report> {
                     )
                 };
                 std::thread::sleep(Duration::from_millis(wait));
+                let died = cluster.restart_exited()?;
+                exited
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend(died);
                 let spot = cfg.kill_spot && (pick_spot || !cfg.kill_ledgers);
                 if spot {
                     cluster.kill_spot_and_restart(Duration::from_millis(pause))?;
@@ -392,181 +425,118 @@ pub async fn run(cfg: Config) -> anyhow::Result<Report> {
             Ok((ledger_kills, spot_kills))
         })
     };
+
+    // PostgreSQL restarts, spread evenly over the transfers: the k-th once k/(n+1) of them have
+    // started (any left when the clients are done happen then).
+    let restarter = {
+        let (pg, next, done, n, transfers) = (
+            pg.clone(),
+            next.clone(),
+            clients_done.clone(),
+            cfg.pg_restarts,
+            cfg.transfers,
+        );
+        tokio::task::spawn_blocking(move || -> anyhow::Result<usize> {
+            let Some((pg, _lock)) = pg else {
+                return Ok(0);
+            };
+            for k in 1..=n {
+                let due = transfers * k / (n + 1);
+                while next.load(Ordering::SeqCst) < due && !done.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                pg.restart_immediate()?;
+            }
+            Ok(n)
+        })
+    };
     while clients.join_next().await.is_some() {}
     clients_done.store(true, Ordering::SeqCst);
     let (ledger_crashes, spot_crashes) = killer.await??;
+    let pg_restarts = restarter.await??;
+    if let Some((pg, _)) = &pg {
+        let pg = pg.clone();
+        tokio::task::spawn_blocking(move || pg.wait_ready(Duration::from_secs(60))).await??;
+    }
+    let c = cluster.clone();
+    let died = tokio::task::spawn_blocking(move || c.restart_exited()).await??;
+    exited
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .extend(died);
 
     // Settle: every transfer must reach a terminal state on its own (the recovery workers).
+    // The database may still be coming back from its last restart: an error is retried.
     let settle_deadline = Instant::now() + cfg.settle_max;
     let stuck = loop {
-        let open = open_transfers(&pool).await?;
-        if open == 0 || Instant::now() > settle_deadline {
-            break open;
+        let open = check::open_transfers(&pool).await;
+        match open {
+            Ok(0) => break 0,
+            Ok(n) if Instant::now() > settle_deadline => break n,
+            Err(e) if Instant::now() > settle_deadline => return Err(e),
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     };
 
-    let spot_client = SpotClient::new(spot_addr, Duration::from_secs(5));
-    let mut report = check(&pool, &spot_client, &sent).await?;
+    // The ledger's own exact check first (it lets spot-core compact what it consumed), then
+    // spot-core's journal from seq 1, through whatever was archived.
+    let base = cluster
+        .bases()
+        .into_iter()
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("no ledger is up"))?;
+    let mut problems = Vec::new();
+    for full in [false, true] {
+        problems.extend(check::ledger_invariant(&base, full).await?);
+    }
+    let spot_client = SpotClient::new(spot_addr, Duration::from_secs(30));
+    let mut report = check::check(&pool, &spot_client, &sent).await?;
+    report.problems.extend(problems);
+    match &report.core {
+        Some(core) => {
+            if cfg.snapshots.is_some() && core.snapshot_seq == 0 {
+                report
+                    .problems
+                    .push("spot-core never took a snapshot".into());
+            }
+            if cfg.horizon && core.horizon_ms == 0 {
+                report
+                    .problems
+                    .push("the idempotency horizon never advanced".into());
+            }
+        }
+        None if cfg.snapshots.is_some() || cfg.horizon => report
+            .problems
+            .push("spot-core does not answer `status`".into()),
+        None => {}
+    }
+    report.archived_segments = std::fs::read_dir(&cluster.settings.archive)?.count();
     report.crashes = ledger_crashes + spot_crashes;
     report.ledger_crashes = ledger_crashes;
     report.spot_crashes = spot_crashes;
+    report.pg_restarts = pg_restarts;
     report.stuck = stuck;
     report.unanswered = unanswered.load(Ordering::SeqCst);
-    report.elapsed = started.elapsed();
+    report.exited = exited.lock().unwrap_or_else(|e| e.into_inner()).clone();
     drop(cluster);
     pool.close().await;
-    Ok(report)
-}
-
-/// Transfers whose last event is not terminal, straight from the event log.
-async fn open_transfers(pool: &sqlx::PgPool) -> anyhow::Result<usize> {
-    let n: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM (
-            SELECT DISTINCT ON (aggregate_id) aggregate_id, event_type, payload FROM events
-            WHERE aggregate_type = 'Transfer' ORDER BY aggregate_id, sequence DESC) last
-         WHERE event_type NOT IN ('TransferCommitted', 'TransferFailed', 'TransferRolledBack')
-           AND NOT (event_type = 'TransferManuallyResolved'
-                    AND payload->'TransferManuallyResolved'->>'to_state'
-                        IN ('COMMITTED', 'FAILED', 'ROLLED_BACK'))",
-    )
-    .fetch_one(pool)
-    .await?;
-    Ok(usize::try_from(n).unwrap_or(usize::MAX))
-}
-
-/// Everything spot-core's WAL holds, through `journal`, page by page.
-async fn spot_journal(client: &SpotClient) -> anyhow::Result<Vec<JournalRecord>> {
-    let mut all = Vec::new();
-    loop {
-        let after_seq = all.last().map_or(0, JournalRecord::seq);
-        let req = Request::Journal {
-            after_seq,
-            limit: 10_000,
-        };
-        match client.call(&req).await? {
-            Response::Ok {
-                records: Some(records),
-                ..
-            } => {
-                if records.is_empty() {
-                    return Ok(all);
-                }
-                all.extend(records);
-            }
-            other => bail!("journal answered {other:?}"),
-        }
-    }
-}
-
-async fn check(
-    pool: &sqlx::PgPool,
-    spot: &SpotClient,
-    sent: &Mutex<HashMap<String, Sent>>,
-) -> anyhow::Result<Report> {
-    let mut report = Report::default();
-    // The final state of each transfer, from its events.
-    let finals: Vec<(String, String, String)> = sqlx::query_as(
-        "SELECT aggregate_id, event_type,
-                COALESCE(payload->'TransferManuallyResolved'->>'to_state', '') FROM (
-            SELECT DISTINCT ON (aggregate_id) aggregate_id, event_type, payload FROM events
-            WHERE aggregate_type = 'Transfer' ORDER BY aggregate_id, sequence DESC) last",
-    )
-    .fetch_all(pool)
-    .await?;
-    report.transfers = finals.len();
-
-    // (req_id, op) → applied, in each system; a second record of one key is a duplicate.
-    let mut applied: HashMap<(String, String, &'static str), usize> = HashMap::new();
-    let journal: Vec<(String, String, String)> =
-        sqlx::query_as("SELECT req_id, operation, outcome FROM funding_journal")
-            .fetch_all(pool)
-            .await?;
-    for (req_id, op, outcome) in journal {
-        let n = applied.entry((req_id, op, "FUNDING")).or_insert(0);
-        *n += usize::from(outcome == "APPLIED");
-    }
-    let mut seen = HashMap::new();
-    for record in spot_journal(spot).await? {
-        if let Some((op, m)) = record.as_movement() {
-            let key = (m.req_id.clone(), format!("{op:?}").to_uppercase(), "SPOT");
-            *seen.entry(key.clone()).or_insert(0usize) += 1;
-            let n = applied.entry(key).or_insert(0);
-            *n += usize::from(m.outcome == Outcome::Applied);
-        }
-    }
-    report.duplicates =
-        seen.values().filter(|n| **n > 1).count() + applied.values().filter(|n| **n > 1).count();
-
-    let sent = sent.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    for (req_id, event_type, manual_to) in &finals {
-        let state = match event_type.as_str() {
-            "TransferCommitted" => "COMMITTED",
-            "TransferFailed" => "FAILED",
-            "TransferRolledBack" => "ROLLED_BACK",
-            "TransferManuallyResolved" => manual_to.as_str(),
-            _ => "OPEN",
-        };
-        *report.states.entry(state.to_owned()).or_insert(0) += 1;
-        let Some(s) = sent.get(req_id) else {
-            // Created but never answered to its client: its direction is in its first event.
-            continue;
-        };
-        let (src, dst) = if s.from_funding {
-            ("FUNDING", "SPOT")
-        } else {
-            ("SPOT", "FUNDING")
-        };
-        let got = |op: &str, sys: &'static str| {
-            applied
-                .get(&(req_id.clone(), op.to_owned(), sys))
-                .copied()
-                .unwrap_or(0)
-        };
-        let expected = match state {
-            "COMMITTED" => (1, 1, 0),
-            "FAILED" => (0, 0, 0),
-            "ROLLED_BACK" => (1, 0, 1),
-            _ => continue,
-        };
-        let actual = (
-            got("WITHDRAW", src),
-            got("DEPOSIT", dst),
-            got("REFUND", src),
-        );
-        if actual != expected {
-            report.mismatched += 1;
-            eprintln!("records disagree for {req_id} ({state}): withdraw/deposit/refund applied {actual:?}, expected {expected:?}");
-        }
-    }
-
-    // Conservation, system-wide for USDT: FUNDING + SPOT + in-flight = external deposits. With
-    // every transfer terminal, in-flight is zero; any open one is counted at its amount if money
-    // has left its source.
-    let funding_total: Decimal = sqlx::query_scalar(
-        "SELECT COALESCE(SUM(balance), 0) FROM funding_accounts WHERE asset = 'USDT'",
-    )
-    .fetch_one(pool)
-    .await?;
-    let external: Decimal = sqlx::query_scalar(
-        "SELECT COALESCE(SUM(amount), 0) FROM external_deposits WHERE asset = 'USDT'",
-    )
-    .fetch_one(pool)
-    .await?;
-    let spot_total = match spot.call(&Request::Totals {}).await? {
-        Response::Ok {
-            totals: Some(t), ..
-        } => t
-            .into_iter()
-            .find(|e| e.asset == "USDT")
-            .map_or(Decimal::ZERO, |e| e.sum),
-        other => bail!("totals answered {other:?}"),
-    };
-    let diff = funding_total + spot_total - external;
-    if diff > Decimal::ZERO {
-        report.created = diff.normalize();
-    } else if diff < Decimal::ZERO {
-        report.lost = (-diff).normalize();
+    // A clean run's database goes (every run makes one, and a server's crash recovery after an
+    // immediate stop syncs every file of every database); a run with findings keeps it.
+    if report.clean() {
+        drop_database(&cfg.server_url, &database).await?;
+    } else {
+        report.database = Some(database);
     }
     Ok(report)
+}
+
+async fn drop_database(server_url: &str, database: &str) -> anyhow::Result<()> {
+    use sqlx::Connection;
+    let mut admin = sqlx::PgConnection::connect(&format!("{server_url}/postgres")).await?;
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
+        .execute(&mut admin)
+        .await
+        .with_context(|| format!("drop {database}"))?;
+    admin.close().await.ok();
+    Ok(())
 }

@@ -1,40 +1,85 @@
-//! `cargo run -p tests --bin chaos -- [TRANSFERS] [CRASHES]`: the chaos run against the machine's
-//! PostgreSQL (`TEST_DATABASE_SERVER`, default postgres://postgres@127.0.0.1:5432) with the
-//! `ledger` and `spot-core` binaries built beside this one. Exits non-zero unless every figure
-//! that must be zero is.
+//! `cargo run --release -p tests --bin chaos -- [TRANSFERS] [CRASHES] [--pg-restarts N]
+//! [--no-horizon] [--no-snapshots | --snapshot-every-records N --segment-bytes B]`: the chaos run against the machine's PostgreSQL
+//! (`TEST_DATABASE_SERVER`, default postgres://postgres@127.0.0.1:5432) with the `ledger` and
+//! `spot-core` binaries built beside this one. `--pg-restarts N` restarts that server's cluster
+//! N times with `-m immediate` during the run (it needs the rights of `pg_ctlcluster`, and takes
+//! the machine's PostgreSQL-restart lock). spot-core snapshots every 300 records in 64 KiB
+//! segments unless told otherwise. Exits non-zero unless every figure that must be zero
+//! is and the end check found nothing else wrong.
 
-use std::time::Duration;
+use anyhow::{bail, Context};
+use tests::chaos::Snapshots;
+
+const USAGE: &str = "usage: chaos [TRANSFERS] [CRASHES] [--pg-restarts N] [--no-horizon] \
+                     [--no-snapshots | --snapshot-every-records N --segment-bytes B]";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let mut args = std::env::args().skip(1);
-    let transfers = args.next().map_or(Ok(1_000), |a| a.parse())?;
-    let crashes_min = args.next().map_or(Ok(20), |a| a.parse())?;
     let exe = std::env::current_exe()?;
     let bin_dir = exe
         .parent()
         .ok_or_else(|| anyhow::anyhow!("no bin dir"))?
         .to_path_buf();
-    let config = tests::chaos::Config {
-        transfers,
-        crashes_min,
-        users: 20,
-        clients: 16,
-        ledgers: 2,
-        kill_ledgers: true,
-        kill_spot: true,
-        bin_dir,
-        server_url: std::env::var("TEST_DATABASE_SERVER")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned()),
-        settle_max: Duration::from_secs(300),
-    };
+    let server_url = std::env::var("TEST_DATABASE_SERVER")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned());
+    let mut config = tests::chaos::Config::new(1_000, 20, bin_dir, server_url);
+    let mut positional = 0;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--pg-restarts" => {
+                let n = args.next().context(USAGE)?;
+                config.pg_restarts = n.parse().with_context(|| format!("--pg-restarts {n}"))?;
+            }
+            "--no-snapshots" => config.snapshots = None,
+            "--snapshot-every-records" | "--segment-bytes" => {
+                let v = args.next().context(USAGE)?;
+                let n = v.parse().with_context(|| format!("{arg} {v}"))?;
+                let s = config.snapshots.get_or_insert(Snapshots::FULL_RUN);
+                if arg == "--segment-bytes" {
+                    s.segment_bytes = n;
+                } else {
+                    s.every_records = n;
+                }
+            }
+            "--no-horizon" => config.horizon = false,
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(());
+            }
+            number if positional < 2 => {
+                let n = number
+                    .parse()
+                    .with_context(|| format!("{number}: {USAGE}"))?;
+                if positional == 0 {
+                    config.transfers = n;
+                } else {
+                    config.crashes_min = n;
+                }
+                positional += 1;
+            }
+            other => bail!("unexpected argument {other}: {USAGE}"),
+        }
+    }
     println!(
-        "chaos: {transfers} transfers, at least {crashes_min} crashes (ledger serve ×2 and spot-core, SIGKILL)"
+        "chaos: {} transfers, at least {} crashes (ledger serve ×2 and spot-core, SIGKILL), \
+         {} PostgreSQL restarts; snapshots {}, horizon {}",
+        config.transfers,
+        config.crashes_min,
+        config.pg_restarts,
+        match config.snapshots {
+            Some(s) => format!(
+                "every {} records, {} B segments",
+                s.every_records, s.segment_bytes
+            ),
+            None => "off".to_owned(),
+        },
+        if config.horizon { "on" } else { "off" },
     );
     let report = tests::chaos::run(config).await?;
     println!("{report}");
     if !report.clean() {
-        anyhow::bail!("the chaos run found problems");
+        bail!("the chaos run found problems");
     }
     Ok(())
 }

@@ -1,0 +1,342 @@
+//! The chaos run's end check, once every process is quiet: each transfer's final state against
+//! what each system applied under its `req_id` (at most once, exactly as the state says), fund
+//! conservation from the raw tables, spot-core's whole journal read from seq 1 (through archived
+//! segments) and replayed against its totals, and the ledger's own exact check, incremental and
+//! full, over HTTP.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use rust_decimal::Decimal;
+use spot_core::client::SpotClient;
+use spot_core::protocol::{
+    CoreStatus, ErrorCode, JournalRecord, MovementOp, Outcome, Request, Response,
+};
+
+use super::{Report, Sent, SECRET};
+
+/// Transfers whose last event is not terminal, straight from the event log.
+pub(super) async fn open_transfers(pool: &sqlx::PgPool) -> anyhow::Result<usize> {
+    let n: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM (
+            SELECT DISTINCT ON (aggregate_id) aggregate_id, event_type, payload FROM events
+            WHERE aggregate_type = 'Transfer' ORDER BY aggregate_id, sequence DESC) last
+         WHERE event_type NOT IN ('TransferCommitted', 'TransferFailed', 'TransferRolledBack')
+           AND NOT (event_type = 'TransferManuallyResolved'
+                    AND payload->'TransferManuallyResolved'->>'to_state'
+                        IN ('COMMITTED', 'FAILED', 'ROLLED_BACK'))",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(usize::try_from(n).unwrap_or(usize::MAX))
+}
+
+/// Everything spot-core's journal holds from seq 1, page by page; past compacted segments it is
+/// served from the archive. A journal that no longer reaches back to seq 1 (JOURNAL_COMPACTED)
+/// is an error that says so.
+pub async fn spot_journal(client: &SpotClient) -> anyhow::Result<Vec<JournalRecord>> {
+    let mut all = Vec::new();
+    loop {
+        let after_seq = all.last().map_or(0, JournalRecord::seq);
+        let req = Request::Journal {
+            after_seq,
+            limit: 10_000,
+        };
+        match client.call(&req).await? {
+            Response::Ok {
+                records: Some(records),
+                ..
+            } => {
+                if records.is_empty() {
+                    return Ok(all);
+                }
+                all.extend(records);
+            }
+            Response::Error {
+                code: ErrorCode::JournalCompacted,
+                message,
+            } => bail!(
+                "spot-core's journal no longer serves the records after seq {after_seq} \
+                 (JOURNAL_COMPACTED: {message}): compaction dropped records the audit needs \
+                 instead of archiving them"
+            ),
+            other => bail!("journal after seq {after_seq} answered {other:?}"),
+        }
+    }
+}
+
+/// spot-core's counters (`status`); `None` from a spot-core without the op.
+pub(super) async fn core_status(client: &SpotClient) -> anyhow::Result<Option<CoreStatus>> {
+    Ok(match client.call(&Request::Status {}).await? {
+        Response::Ok { core: Some(c), .. } => Some(c),
+        _ => None,
+    })
+}
+
+/// What is wrong with the journal: not starting at seq 1, a gap, not ending at spot-core's last
+/// seq, or applied movements that do not add up to spot-core's totals.
+fn journal_problems(
+    records: &[JournalRecord],
+    last_seq: Option<u64>,
+    totals: &BTreeMap<String, Decimal>,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    if let Some((expected, r)) = (1..)
+        .zip(records)
+        .find(|(expected, r)| r.seq() != *expected)
+    {
+        problems.push(format!(
+            "journal: seq {} where {expected} was due (a gap or a repeat)",
+            r.seq()
+        ));
+    }
+    let end = records.last().map_or(0, JournalRecord::seq);
+    if let Some(last) = last_seq.filter(|last| *last != end) {
+        problems.push(format!(
+            "journal: ends at seq {end}, spot-core's last seq is {last}"
+        ));
+    }
+    let mut replayed: BTreeMap<String, Decimal> = BTreeMap::new();
+    for (op, m) in records.iter().filter_map(JournalRecord::as_movement) {
+        if m.outcome == Outcome::Applied {
+            let sum = replayed.entry(m.asset.clone()).or_default();
+            match op {
+                MovementOp::Withdraw => *sum -= m.amount,
+                MovementOp::Deposit | MovementOp::Refund => *sum += m.amount,
+            }
+        }
+    }
+    let assets: std::collections::BTreeSet<&String> =
+        replayed.keys().chain(totals.keys()).collect();
+    for asset in assets {
+        let (from_journal, total) = (
+            replayed.get(asset).copied().unwrap_or_default(),
+            totals.get(asset).copied().unwrap_or_default(),
+        );
+        if from_journal != total {
+            problems.push(format!(
+                "journal: applied {asset} movements add up to {}, spot-core holds {}",
+                from_journal.normalize(),
+                total.normalize()
+            ));
+        }
+    }
+    problems
+}
+
+/// The ledger's own exact check (`GET /api/v1/admin/invariant`, `?full=true` for the full one
+/// from zero): `None` when it answers ok and nothing is halted, else what is wrong. Retried
+/// while it cannot run (a process still starting).
+pub(super) async fn ledger_invariant(base: &str, full: bool) -> anyhow::Result<Option<String>> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()?;
+    let admin = command_api::mint(
+        SECRET.as_bytes(),
+        domain::UserId::new(1).map_err(|e| anyhow::anyhow!("{e:?}"))?,
+        true,
+        Duration::from_secs(3600),
+    );
+    let url = format!(
+        "{base}/api/v1/admin/invariant{}",
+        if full { "?full=true" } else { "" }
+    );
+    let name = if full { "full check" } else { "check" };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let last = match http.get(&url).bearer_auth(&admin).send().await {
+            Ok(resp) if resp.status().is_success() => {
+                let body: serde_json::Value = resp.json().await?;
+                return Ok(
+                    if body["ok"] == serde_json::json!(true) && body["halted"] != true {
+                        None
+                    } else {
+                        Some(format!("the ledger's {name} is not ok: {body}"))
+                    },
+                );
+            }
+            Ok(resp) => format!(
+                "{} {}",
+                resp.status(),
+                resp.text().await.unwrap_or_default()
+            ),
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() > deadline {
+            return Ok(Some(format!("the ledger's {name} could not run: {last}")));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Everything but the counts of the run itself.
+pub(super) async fn check(
+    pool: &sqlx::PgPool,
+    spot: &SpotClient,
+    sent: &Mutex<HashMap<String, Sent>>,
+) -> anyhow::Result<Report> {
+    let mut report = Report::default();
+    // The final state of each transfer, from its events.
+    let finals: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT aggregate_id, event_type,
+                COALESCE(payload->'TransferManuallyResolved'->>'to_state', '') FROM (
+            SELECT DISTINCT ON (aggregate_id) aggregate_id, event_type, payload FROM events
+            WHERE aggregate_type = 'Transfer' ORDER BY aggregate_id, sequence DESC) last",
+    )
+    .fetch_all(pool)
+    .await?;
+    report.transfers = finals.len();
+
+    // (req_id, op) → applied, in each system; a second record of one key is a duplicate.
+    let mut applied: HashMap<(String, String, &'static str), usize> = HashMap::new();
+    let journal: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT req_id, operation, outcome FROM funding_journal")
+            .fetch_all(pool)
+            .await?;
+    for (req_id, op, outcome) in journal {
+        let n = applied.entry((req_id, op, "FUNDING")).or_insert(0);
+        *n += usize::from(outcome == "APPLIED");
+    }
+    let records = spot_journal(spot).await?;
+    report.journal_records = records.len();
+    let mut seen = HashMap::new();
+    for record in &records {
+        if let Some((op, m)) = record.as_movement() {
+            let key = (m.req_id.clone(), format!("{op:?}").to_uppercase(), "SPOT");
+            *seen.entry(key.clone()).or_insert(0usize) += 1;
+            let n = applied.entry(key).or_insert(0);
+            *n += usize::from(m.outcome == Outcome::Applied);
+        }
+    }
+    report.duplicates =
+        seen.values().filter(|n| **n > 1).count() + applied.values().filter(|n| **n > 1).count();
+
+    let sent = sent.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    for (req_id, event_type, manual_to) in &finals {
+        let state = match event_type.as_str() {
+            "TransferCommitted" => "COMMITTED",
+            "TransferFailed" => "FAILED",
+            "TransferRolledBack" => "ROLLED_BACK",
+            "TransferManuallyResolved" => manual_to.as_str(),
+            _ => "OPEN",
+        };
+        *report.states.entry(state.to_owned()).or_insert(0) += 1;
+        let Some(s) = sent.get(req_id) else {
+            // Created but never answered to its client: its direction is in its first event.
+            continue;
+        };
+        let (src, dst) = if s.from_funding {
+            ("FUNDING", "SPOT")
+        } else {
+            ("SPOT", "FUNDING")
+        };
+        let got = |op: &str, sys: &'static str| {
+            applied
+                .get(&(req_id.clone(), op.to_owned(), sys))
+                .copied()
+                .unwrap_or(0)
+        };
+        let expected = match state {
+            "COMMITTED" => (1, 1, 0),
+            "FAILED" => (0, 0, 0),
+            "ROLLED_BACK" => (1, 0, 1),
+            _ => continue,
+        };
+        let actual = (
+            got("WITHDRAW", src),
+            got("DEPOSIT", dst),
+            got("REFUND", src),
+        );
+        if actual != expected {
+            report.mismatched += 1;
+            eprintln!("records disagree for {req_id} ({state}): withdraw/deposit/refund applied {actual:?}, expected {expected:?}");
+        }
+    }
+
+    // Conservation, system-wide for USDT: FUNDING + SPOT + in-flight = external deposits. With
+    // every transfer terminal, in-flight is zero; any open one is counted at its amount if money
+    // has left its source.
+    let funding_total: Decimal = sqlx::query_scalar(
+        "SELECT COALESCE(SUM(balance), 0) FROM funding_accounts WHERE asset = 'USDT'",
+    )
+    .fetch_one(pool)
+    .await?;
+    let external: Decimal = sqlx::query_scalar(
+        "SELECT COALESCE(SUM(amount), 0) FROM external_deposits WHERE asset = 'USDT'",
+    )
+    .fetch_one(pool)
+    .await?;
+    let totals: BTreeMap<String, Decimal> = match spot.call(&Request::Totals {}).await? {
+        Response::Ok {
+            totals: Some(t), ..
+        } => t.into_iter().map(|e| (e.asset, e.sum)).collect(),
+        other => bail!("totals answered {other:?}"),
+    };
+    let spot_total = totals.get("USDT").copied().unwrap_or_default();
+    let diff = funding_total + spot_total - external;
+    if diff > Decimal::ZERO {
+        report.created = diff.normalize();
+    } else if diff < Decimal::ZERO {
+        report.lost = (-diff).normalize();
+    }
+
+    report.core = core_status(spot).await?;
+    report.problems.extend(journal_problems(
+        &records,
+        report.core.as_ref().map(|c| c.last_seq),
+        &totals,
+    ));
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spot_core::protocol::{HorizonRecord, MovementRecord};
+
+    fn movement(op: MovementOp, seq: u64, amount: i64, outcome: Outcome) -> JournalRecord {
+        JournalRecord::from_movement(
+            op,
+            MovementRecord {
+                seq,
+                req_id: format!("r{seq}"),
+                user_id: 1,
+                asset: "USDT".into(),
+                amount: Decimal::from(amount),
+                outcome,
+                code: None,
+                balance: None,
+            },
+        )
+    }
+
+    fn totals(usdt: i64) -> BTreeMap<String, Decimal> {
+        BTreeMap::from([("USDT".to_owned(), Decimal::from(usdt))])
+    }
+
+    #[test]
+    fn a_complete_journal_replays_to_the_totals_and_anything_else_is_named() {
+        let records = vec![
+            movement(MovementOp::Deposit, 1, 10, Outcome::Applied),
+            JournalRecord::Horizon(HorizonRecord {
+                seq: 2,
+                before_ms: 5,
+            }),
+            movement(MovementOp::Withdraw, 3, 4, Outcome::Applied),
+            movement(MovementOp::Withdraw, 4, 100, Outcome::Refused),
+            movement(MovementOp::Refund, 5, 1, Outcome::Applied),
+        ];
+        assert!(journal_problems(&records, Some(5), &totals(7)).is_empty());
+        // Compacted without archive: the journal starts late.
+        let late = journal_problems(&records[2..], Some(5), &totals(7));
+        assert!(late[0].contains("seq 3 where 1 was due"), "{late:?}");
+        // A gap in the middle, a short end, money that does not add up.
+        let mut gap = records.clone();
+        gap.remove(2);
+        assert!(journal_problems(&gap, Some(5), &totals(7))[0].contains("seq 4 where 3"));
+        assert!(journal_problems(&records, Some(6), &totals(7))[0].contains("ends at seq 5"));
+        assert!(journal_problems(&records, Some(5), &totals(8))[0].contains("add up to 7"));
+    }
+}

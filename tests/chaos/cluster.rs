@@ -1,0 +1,258 @@
+//! The processes of the chaos run: one spot-core and several `ledger serve`, started with the
+//! run's settings, killed with SIGKILL and started again on the same data (spot-core on the same
+//! address), and noticed when one exits on its own (a process must ride through a PostgreSQL
+//! restart, not die of it). Every process's stderr is appended to a log file of its own.
+
+use std::fs::OpenOptions;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use super::{Config, Snapshots, SECRET};
+
+/// How long a process may take to print its ready line, retries included (a ledger started
+/// while PostgreSQL restarts waits for it).
+const READY_MAX: Duration = Duration::from_secs(60);
+
+/// A child process killed when dropped.
+pub(super) struct Proc(Child);
+
+impl Proc {
+    /// True when it has exited by itself.
+    fn exited(&mut self) -> bool {
+        matches!(self.0.try_wait(), Ok(Some(_)) | Err(_))
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.0.kill().ok();
+        self.0.wait().ok();
+    }
+}
+
+/// Spawns and returns once it printed a line starting with `ready`; retries while the port of a
+/// killed predecessor is not free yet, or while what it needs at start is not up yet.
+fn spawn_ready(
+    mut make: impl FnMut() -> Command,
+    ready: &str,
+    log: &Path,
+) -> anyhow::Result<(Proc, String)> {
+    let deadline = Instant::now() + READY_MAX;
+    loop {
+        let stderr = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("open {}", log.display()))?;
+        let mut child = make()
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(stderr))
+            .spawn()
+            .context("spawn")?;
+        let stdout = child.stdout.take().context("stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        if let Some(Ok(line)) = lines.next() {
+            if let Some(rest) = line.strip_prefix(ready) {
+                let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
+                std::thread::spawn(move || for _ in lines {});
+                return Ok((Proc(child), addr));
+            }
+        }
+        child.kill().ok();
+        child.wait().ok();
+        if Instant::now() > deadline {
+            bail!(
+                "process did not become ready within {READY_MAX:?} (log: {})",
+                log.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// What every (re)start needs.
+pub(super) struct Settings {
+    pub bin_dir: PathBuf,
+    pub db_url: String,
+    pub spot_data: PathBuf,
+    pub archive: PathBuf,
+    pub logs: PathBuf,
+    pub snapshots: Option<Snapshots>,
+    pub horizon: bool,
+    pub audit_interval_secs: u64,
+}
+
+impl Settings {
+    pub fn new(cfg: &Config, db_url: String, dir: &Path) -> anyhow::Result<Settings> {
+        let settings = Settings {
+            bin_dir: cfg.bin_dir.clone(),
+            db_url,
+            spot_data: dir.join("spot"),
+            archive: dir.join("archive"),
+            logs: dir.join("logs"),
+            snapshots: cfg.snapshots,
+            horizon: cfg.horizon,
+            audit_interval_secs: cfg.audit_interval_secs,
+        };
+        std::fs::create_dir_all(&settings.archive)?;
+        std::fs::create_dir_all(&settings.logs)?;
+        Ok(settings)
+    }
+
+    pub fn spawn_spot(&self, listen: &str) -> anyhow::Result<(Proc, String)> {
+        let exe = self.bin_dir.join("spot-core");
+        spawn_ready(
+            || {
+                let mut c = Command::new(&exe);
+                c.arg("--listen")
+                    .arg(listen)
+                    .arg("--data-dir")
+                    .arg(&self.spot_data);
+                if let Some(s) = self.snapshots {
+                    // Frequent snapshots and small segments, so compaction and the archive
+                    // run many times during the run.
+                    c.arg("--snapshot-every-records")
+                        .arg(s.every_records.to_string())
+                        .arg("--segment-bytes")
+                        .arg(s.segment_bytes.to_string())
+                        .arg("--archive-dir")
+                        .arg(&self.archive);
+                }
+                c
+            },
+            "spot-core listening on ",
+            &self.logs.join("spot-core.log"),
+        )
+    }
+
+    pub fn spawn_ledger(&self, i: usize, spot: &str) -> anyhow::Result<(Proc, String)> {
+        let exe = self.bin_dir.join("ledger");
+        spawn_ready(
+            || {
+                let mut c = Command::new(&exe);
+                c.args(["serve", "--listen", "127.0.0.1:0", "--spot-url", spot])
+                    .args(["--spot-timeout-ms", "1000"])
+                    .env("DATABASE_URL", &self.db_url)
+                    .env("LEDGER_JWT_SECRET", SECRET)
+                    .env("RUST_LOG", "warn")
+                    .env("LEDGER_RATE_PER_SECOND", "off")
+                    .env("LEDGER_DAILY_COUNT_MAX", "off")
+                    .env("LEDGER_RECOVERY_STALE_MS", "1000")
+                    .env("LEDGER_RECOVERY_INTERVAL_MS", "200")
+                    .env("LEDGER_RETRY_BACKOFF_MS_BASE", "50")
+                    .env("LEDGER_RETRY_BACKOFF_MS_MAX", "1000")
+                    .env("LEDGER_RECOVERY_LEASE_MS", "15000")
+                    .env_remove("LEDGER_FAILPOINT");
+                if self.horizon {
+                    // Remembered keys older than 5 s are forgotten, the horizon moved twice a
+                    // second: it passes most of the run's transfers while others still retry.
+                    c.env("LEDGER_IDEMPOTENCY_RETENTION_SECS", "5")
+                        .env("LEDGER_HORIZON_INTERVAL_MS", "500");
+                }
+                if self.audit_interval_secs > 0 {
+                    c.env(
+                        "LEDGER_INVARIANT_INTERVAL_SECS",
+                        self.audit_interval_secs.to_string(),
+                    );
+                }
+                c
+            },
+            "ledger serving on ",
+            &self.logs.join(format!("ledger-{i}.log")),
+        )
+    }
+}
+
+/// The running processes.
+pub(super) struct Cluster {
+    pub settings: Settings,
+    pub spot_addr: String,
+    spot: Mutex<Option<Proc>>,
+    ledgers: Mutex<Vec<(Option<Proc>, String)>>,
+}
+
+impl Cluster {
+    /// Starts spot-core on a free port and `ledgers` ledger processes against it.
+    pub fn start(settings: Settings, ledgers: usize) -> anyhow::Result<Cluster> {
+        let (spot, spot_addr) = settings.spawn_spot("127.0.0.1:0")?;
+        let mut procs = Vec::new();
+        for i in 0..ledgers.max(1) {
+            let (p, base) = settings.spawn_ledger(i, &spot_addr)?;
+            procs.push((Some(p), base));
+        }
+        Ok(Cluster {
+            settings,
+            spot_addr,
+            spot: Mutex::new(Some(spot)),
+            ledgers: Mutex::new(procs),
+        })
+    }
+
+    pub fn ledger_count(&self) -> usize {
+        self.ledgers.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// The base URLs of the ledgers that are up.
+    pub fn bases(&self) -> Vec<String> {
+        let ledgers = self.ledgers.lock().unwrap_or_else(|e| e.into_inner());
+        ledgers
+            .iter()
+            .filter(|(p, _)| p.is_some())
+            .map(|(_, b)| b.clone())
+            .collect()
+    }
+
+    pub fn kill_spot_and_restart(&self, pause: Duration) -> anyhow::Result<()> {
+        drop(self.spot.lock().unwrap_or_else(|e| e.into_inner()).take());
+        std::thread::sleep(pause);
+        let (p, addr) = self.settings.spawn_spot(&self.spot_addr)?;
+        anyhow::ensure!(addr == self.spot_addr, "spot-core moved to {addr}");
+        *self.spot.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+        Ok(())
+    }
+
+    pub fn kill_ledger_and_restart(&self, i: usize, pause: Duration) -> anyhow::Result<()> {
+        drop(
+            self.ledgers.lock().unwrap_or_else(|e| e.into_inner())[i]
+                .0
+                .take(),
+        );
+        std::thread::sleep(pause);
+        let (p, base) = self.settings.spawn_ledger(i, &self.spot_addr)?;
+        self.ledgers.lock().unwrap_or_else(|e| e.into_inner())[i] = (Some(p), base);
+        Ok(())
+    }
+
+    /// Processes that exited by themselves since the last look: each is named, and started
+    /// again so the run goes on.
+    pub fn restart_exited(&self) -> anyhow::Result<Vec<String>> {
+        let mut exited = Vec::new();
+        let spot_dead = self
+            .spot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+            .is_some_and(Proc::exited);
+        if spot_dead {
+            exited.push("spot-core".to_owned());
+            self.kill_spot_and_restart(Duration::ZERO)?;
+        }
+        for i in 0..self.ledger_count() {
+            let dead = self.ledgers.lock().unwrap_or_else(|e| e.into_inner())[i]
+                .0
+                .as_mut()
+                .is_some_and(Proc::exited);
+            if dead {
+                exited.push(format!("ledger {i}"));
+                self.kill_ledger_and_restart(i, Duration::ZERO)?;
+            }
+        }
+        Ok(exited)
+    }
+}
