@@ -1,4 +1,5 @@
-//! `GET /metrics`: OpenMetrics text exposition (MON-001, MON-002), encoded by `prometheus-client`.
+//! `GET /metrics`: OpenMetrics text exposition (MON-001, MON-002, the periodic fund-conservation
+//! check's health), encoded by `prometheus-client`.
 //! Every figure is read from PostgreSQL at scrape time, so all `ledger serve` instances report
 //! the same cluster-wide values and nothing is lost when a process restarts. Gathering
 //! (`TransferView::metric_figures`, the SQL) and encoding (`Snapshot`'s `Collector`) are kept
@@ -36,16 +37,22 @@ struct Snapshot {
     figures: Figures,
     /// The JetStream relay of each stream that ever ran (`relay_checkpoint`).
     relays: Vec<relay::RelayStatus>,
+    /// The periodic fund-conservation check (`audit_status`).
+    audit: application::audit::status::AuditHealth,
 }
 
 async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
     let internal = |e: sqlx::Error| ApiError::Internal(format!("metrics: {e}"));
     let (by_state, figures) = state.view.metric_figures().await.map_err(internal)?;
     let relays = relay::status(state.ledger.pool()).await.map_err(internal)?;
+    let audit = application::audit::status::health(state.ledger.pool())
+        .await
+        .map_err(internal)?;
     let snapshot = Snapshot {
         by_state,
         figures,
         relays,
+        audit,
     };
     Ok(([(CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], render(snapshot)).into_response())
 }
@@ -134,8 +141,51 @@ impl Collector for Snapshot {
                 counter.metric_type(),
             )?)?;
         }
+        encode_audit(&self.audit, &mut encoder)?;
         encode_relays(&self.relays, &mut encoder)
     }
+}
+
+/// The periodic fund-conservation check's health: a run that cannot decide is an alert
+/// (`ledger_audit_up` 0), not only a log line.
+fn encode_audit(
+    audit: &application::audit::status::AuditHealth,
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    let up = ConstGauge::new(i64::from(audit.up));
+    up.encode(encoder.encode_descriptor(
+        "ledger_audit_up",
+        "1 when the last periodic fund-conservation check decided, 0 when it could not run.",
+        None,
+        up.metric_type(),
+    )?)?;
+    let failures = ConstCounter::new(u64::try_from(audit.failures).unwrap_or(0));
+    failures.encode(encoder.encode_descriptor(
+        "ledger_audit_failures",
+        "Periodic fund-conservation checks that could not run.",
+        None,
+        failures.metric_type(),
+    )?)?;
+    let last_success = audit
+        .last_success_at
+        .map_or(0.0, |t| t.timestamp_millis() as f64 / 1000.0);
+    let gauges: [(&str, &str, f64); 2] = [
+        (
+            "ledger_audit_duration_seconds",
+            "Duration of the last periodic fund-conservation check.",
+            audit.last_duration_seconds,
+        ),
+        (
+            "ledger_audit_last_success_timestamp_seconds",
+            "When a periodic fund-conservation check last decided (0: never).",
+            last_success,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let gauge = ConstGauge::new(value);
+        gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+    }
+    Ok(())
 }
 
 /// A relay figure: its name, its help, and how to read it from a status row.
