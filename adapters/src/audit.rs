@@ -77,3 +77,31 @@ pub enum SpotReadError {
     )]
     JournalCompacted { after_seq: u64, message: String },
 }
+
+/// The horizon of the calling transaction's snapshot (run it as the first statement of a
+/// REPEATABLE READ transaction, so that it is the transaction's snapshot): a transaction id H
+/// such that every transaction below H that could have written to this database had ended when
+/// the snapshot was taken, so every committed row with `tx_id < H` is visible in it, and no row
+/// with `tx_id < H` can ever commit later. Any transaction starting later gets an id at or
+/// above the snapshot's `xmax`.
+///
+/// `pg_snapshot_xmin` alone is such an H, but it is cluster-wide: one long transaction in
+/// another database on the same server (a bulk load, a benchmark) would hold it back, and the
+/// incremental audit would read everything after it again at every run. So the in-progress
+/// transactions of the snapshot (`pg_snapshot_xip`) that provably belong to another database
+/// are skipped: a backend is connected to one database for life, and a transaction listed in
+/// `pg_stat_activity` with that id (its 32 low bits; running transactions are never 2^31 ids
+/// apart) under another database cannot write here. Anything not proven foreign (ended since,
+/// a prepared transaction, a subtransaction id, a session whose details are hidden from this
+/// role) bounds H, as with `pg_snapshot_xmin`.
+pub(crate) const SNAPSHOT_HORIZON_SQL: &str = "
+    SELECT LEAST(
+        pg_snapshot_xmax(q.s),
+        (SELECT min(x) FROM pg_snapshot_xip(q.s) AS x
+         WHERE NOT EXISTS (
+             SELECT 1 FROM pg_stat_activity a
+             WHERE a.backend_xid IS NOT NULL AND a.datid IS NOT NULL
+               AND a.datid <> (SELECT oid FROM pg_database WHERE datname = current_database())
+               AND a.backend_xid::text::bigint = x::text::bigint % 4294967296))
+    )::text::bigint
+    FROM (SELECT pg_current_snapshot() AS s) AS q";

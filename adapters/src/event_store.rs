@@ -330,10 +330,9 @@ pub async fn audit_transfers(
     sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         .execute(&mut *tx)
         .await?;
-    let horizon: i64 =
-        sqlx::query_scalar("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
-            .fetch_one(&mut *tx)
-            .await?;
+    let horizon: i64 = sqlx::query_scalar(crate::audit::SNAPSHOT_HORIZON_SQL)
+        .fetch_one(&mut *tx)
+        .await?;
     let rows: Vec<(String, Value, i64, Value)> = sqlx::query_as(
         "WITH ids AS (
              SELECT aggregate_id FROM events

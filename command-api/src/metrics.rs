@@ -166,9 +166,6 @@ fn encode_audit(
         None,
         failures.metric_type(),
     )?)?;
-    let last_success = audit
-        .last_success_at
-        .map_or(0.0, |t| t.timestamp_millis() as f64 / 1000.0);
     let gauges: [(&str, &str, f64); 2] = [
         (
             "ledger_audit_duration_seconds",
@@ -178,7 +175,7 @@ fn encode_audit(
         (
             "ledger_audit_last_success_timestamp_seconds",
             "When a periodic fund-conservation check last decided (0: never).",
-            last_success,
+            audit.last_success_epoch_seconds,
         ),
     ];
     for (name, help, value) in gauges {
@@ -323,11 +320,34 @@ mod tests {
     }
 
     #[test]
+    fn the_audit_health_is_reported() {
+        let text = render(Snapshot {
+            audit: application::audit::status::AuditHealth {
+                up: false,
+                failures: 3,
+                last_duration_seconds: 0.25,
+                last_success_epoch_seconds: 1_700_000_000.5,
+                ..Default::default()
+            },
+            ..Snapshot::default()
+        });
+        for line in [
+            "ledger_audit_up 0",
+            "ledger_audit_failures_total 3",
+            "ledger_audit_duration_seconds 0.25",
+            "ledger_audit_last_success_timestamp_seconds 1700000000.5",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} in\n{text}");
+        }
+    }
+
+    #[test]
     fn every_state_is_reported_even_at_zero() {
         let text = render(Snapshot {
             by_state: vec![("TARGET_PENDING".into(), 2)],
             figures: Figures::default(),
             relays: Vec::new(),
+            audit: Default::default(),
         });
         assert!(text.contains("ledger_transfers{state=\"TARGET_PENDING\"} 2"));
         assert!(text.contains("ledger_transfers{state=\"COMMITTED\"} 0"));

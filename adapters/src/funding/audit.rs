@@ -27,10 +27,9 @@ impl FundingLedger {
             .execute(&mut *tx)
             .await?;
         // The first statement takes the transaction's snapshot; the horizon is that snapshot's.
-        let horizon: i64 =
-            sqlx::query_scalar("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
-                .fetch_one(&mut *tx)
-                .await?;
+        let horizon: i64 = sqlx::query_scalar(crate::audit::SNAPSHOT_HORIZON_SQL)
+            .fetch_one(&mut *tx)
+            .await?;
         let balances: Vec<(String, Decimal)> =
             sqlx::query_as("SELECT asset, SUM(balance) FROM funding_accounts GROUP BY asset")
                 .fetch_all(&mut *tx)

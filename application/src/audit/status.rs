@@ -17,13 +17,18 @@ pub struct AuditHealth {
     pub failures: i64,
     pub last_duration_seconds: f64,
     pub last_success_at: Option<DateTime<Utc>>,
+    /// `last_success_at` as Unix seconds (0: never).
+    pub last_success_epoch_seconds: f64,
     pub last_error: Option<String>,
 }
 
 /// The stored health (the migration inserts its one row).
 pub async fn health(pool: &PgPool) -> Result<AuditHealth, sqlx::Error> {
     sqlx::query_as(
-        "SELECT up, failures, last_duration_seconds, last_success_at, last_error
+        "SELECT up, failures, last_duration_seconds, last_success_at,
+                COALESCE(EXTRACT(EPOCH FROM last_success_at), 0)::float8
+                    AS last_success_epoch_seconds,
+                last_error
          FROM audit_status WHERE id = 1",
     )
     .fetch_optional(pool)
