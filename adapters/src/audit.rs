@@ -94,6 +94,10 @@ pub enum SpotReadError {
 /// apart) under another database cannot write here. Anything not proven foreign (ended since,
 /// a prepared transaction, a subtransaction id, a session whose details are hidden from this
 /// role) bounds H, as with `pg_snapshot_xmin`.
+///
+/// Because a transaction proven foreign at one run may be hidden at the next (a role without
+/// `pg_read_all_stats`), H could step back below the previous run's; callers take the larger of
+/// H and the position they read from: every row below that position was consumed before.
 pub(crate) const SNAPSHOT_HORIZON_SQL: &str = "
     SELECT LEAST(
         pg_snapshot_xmax(q.s),

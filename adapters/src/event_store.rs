@@ -333,6 +333,8 @@ pub async fn audit_transfers(
     let horizon: i64 = sqlx::query_scalar(crate::audit::SNAPSHOT_HORIZON_SQL)
         .fetch_one(&mut *tx)
         .await?;
+    // Never behind `since` (see `SNAPSHOT_HORIZON_SQL`).
+    let horizon = horizon.max(i64::try_from(since).unwrap_or(i64::MAX));
     let rows: Vec<(String, Value, i64, Value)> = sqlx::query_as(
         "WITH ids AS (
              SELECT aggregate_id FROM events

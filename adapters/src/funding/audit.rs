@@ -30,6 +30,9 @@ impl FundingLedger {
         let horizon: i64 = sqlx::query_scalar(crate::audit::SNAPSHOT_HORIZON_SQL)
             .fetch_one(&mut *tx)
             .await?;
+        // Never behind `since`: everything below it was consumed before (see
+        // `SNAPSHOT_HORIZON_SQL` on why a horizon could otherwise step back).
+        let horizon = horizon.max(since);
         let balances: Vec<(String, Decimal)> =
             sqlx::query_as("SELECT asset, SUM(balance) FROM funding_accounts GROUP BY asset")
                 .fetch_all(&mut *tx)
