@@ -1,8 +1,11 @@
-//! What the fund-conservation audit reads from each account system: its totals and every movement
-//! it applied, keyed by req_id. The funding ledger answers from one consistent PostgreSQL
-//! snapshot (`FundingLedger::audit_snapshot`), spot-core from its journal and totals
-//! (`SpotAdapter::audit_snapshot`); the audit itself is the application's
-//! (`application::audit`).
+//! What the fund-conservation audit reads from each account system: its live totals and the
+//! movements it applied after a position, keyed by req_id. The funding ledger answers from one
+//! consistent PostgreSQL snapshot (`FundingLedger::audit_read`), spot-core from its journal and
+//! totals (`SpotAdapter::audit_read`); the audit itself, and its checkpoint, are the
+//! application's (`application::audit`).
+//!
+//! Rows are handed to a sink one by one as they stream in, so a full check from zero holds no
+//! list of every record (there is no record count past which it refuses to run).
 
 use std::collections::BTreeMap;
 
@@ -20,19 +23,89 @@ pub struct AppliedMovement {
     pub amount: Decimal,
 }
 
-/// FUNDING's side in one consistent snapshot.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FundingSnapshot {
-    /// Sum of balances per asset.
-    pub balances: BTreeMap<String, Decimal>,
-    /// Sum of external deposits per asset.
-    pub deposits: BTreeMap<String, Decimal>,
-    pub applied: Vec<AppliedMovement>,
+/// One row of the funding side read after a position. `consumed` is true when the row's
+/// transaction is below the read's horizon (it can be stored as read for good); a row above it
+/// is visible in this snapshot, counts in this run, and is read again by the next one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FundingItem {
+    /// External deposits of one asset (summed by the database).
+    Deposits {
+        asset: String,
+        sum: Decimal,
+        rows: u64,
+        consumed: bool,
+    },
+    Applied {
+        movement: AppliedMovement,
+        consumed: bool,
+    },
 }
 
-/// SPOT's side: totals per asset and the journal's applied movements that produced exactly them.
+/// FUNDING's side of one read, from one REPEATABLE READ snapshot.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SpotSnapshot {
-    pub totals: BTreeMap<String, Decimal>,
-    pub applied: Vec<AppliedMovement>,
+pub struct FundingRead {
+    /// Sum of balances per asset (live, whole: one row per account).
+    pub balances: BTreeMap<String, Decimal>,
+    /// `pg_snapshot_xmin` of the snapshot: every transaction below it has ended.
+    pub horizon: u64,
+    /// Journal rows read (applied movements after the position).
+    pub journal_rows: u64,
+    /// External deposit rows read after the position.
+    pub deposit_rows: u64,
 }
+
+/// SPOT's side of one read: totals per asset and the last journal seq that produced exactly
+/// them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpotRead {
+    pub totals: BTreeMap<String, Decimal>,
+    pub last_seq: u64,
+    /// Journal records read after the position (all kinds).
+    pub records: u64,
+}
+
+/// Why spot-core's side could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SpotReadError {
+    #[error(transparent)]
+    Spot(#[from] crate::SpotError),
+    /// spot-core no longer holds the records after the position asked for (compacted and not
+    /// archived): the check cannot be exact from there.
+    #[error(
+        "spot-core's journal is compacted: records after seq {after_seq} are gone ({message}); \
+         a full check needs spot-core's archive dir (--archive-dir)"
+    )]
+    JournalCompacted { after_seq: u64, message: String },
+}
+
+/// The horizon of the calling transaction's snapshot (run it as the first statement of a
+/// REPEATABLE READ transaction, so that it is the transaction's snapshot): a transaction id H
+/// such that every transaction below H that could have written to this database had ended when
+/// the snapshot was taken, so every committed row with `tx_id < H` is visible in it, and no row
+/// with `tx_id < H` can ever commit later. Any transaction starting later gets an id at or
+/// above the snapshot's `xmax`.
+///
+/// `pg_snapshot_xmin` alone is such an H, but it is cluster-wide: one long transaction in
+/// another database on the same server (a bulk load, a benchmark) would hold it back, and the
+/// incremental audit would read everything after it again at every run. So the in-progress
+/// transactions of the snapshot (`pg_snapshot_xip`) that provably belong to another database
+/// are skipped: a backend is connected to one database for life, and a transaction listed in
+/// `pg_stat_activity` with that id (its 32 low bits; running transactions are never 2^31 ids
+/// apart) under another database cannot write here. Anything not proven foreign (ended since,
+/// a prepared transaction, a subtransaction id, a session whose details are hidden from this
+/// role) bounds H, as with `pg_snapshot_xmin`.
+///
+/// Because a transaction proven foreign at one run may be hidden at the next (a role without
+/// `pg_read_all_stats`), H could step back below the previous run's; callers take the larger of
+/// H and the position they read from: every row below that position was consumed before.
+pub(crate) const SNAPSHOT_HORIZON_SQL: &str = "
+    SELECT LEAST(
+        pg_snapshot_xmax(q.s),
+        (SELECT min(x) FROM pg_snapshot_xip(q.s) AS x
+         WHERE NOT EXISTS (
+             SELECT 1 FROM pg_stat_activity a
+             WHERE a.backend_xid IS NOT NULL AND a.datid IS NOT NULL
+               AND a.datid <> (SELECT oid FROM pg_database WHERE datname = current_database())
+               AND a.backend_xid::text::bigint = x::text::bigint % 4294967296))
+    )::text::bigint
+    FROM (SELECT pg_current_snapshot() AS s) AS q";

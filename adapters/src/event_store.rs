@@ -306,43 +306,75 @@ pub async fn transfer_events(pool: &PgPool, req_id: &str) -> Result<Vec<LoggedEv
         .collect()
 }
 
-/// Every transfer's current state, from the last event of each (the log is the truth).
-pub async fn transfer_states(
-    pool: &PgPool,
-) -> Result<std::collections::HashMap<String, TransferState>, LogError> {
-    let rows: Vec<(String, Value)> = sqlx::query_as(
-        "SELECT DISTINCT ON (aggregate_id) aggregate_id, payload::jsonb
-         FROM events WHERE aggregate_type = 'Transfer'
-         ORDER BY aggregate_id, sequence DESC",
-    )
-    .fetch_all(pool)
-    .await?;
-    rows.into_iter()
-        .map(|(id, payload)| {
-            let state = decode(&id, payload)?.resulting_state();
-            Ok((id, state))
-        })
-        .collect()
+/// A transfer as the fund-conservation audit sees it: its `TransferCreated` (the details), the
+/// transaction that wrote that event, and its current state (from its last event).
+#[derive(Debug, Clone)]
+pub struct AuditTransfer {
+    pub req_id: String,
+    pub created: TransferEvent,
+    pub created_tx: u64,
+    pub state: TransferState,
 }
 
-/// Every transfer's first event (`TransferCreated`), by req_id.
-pub async fn transfers_created(pool: &PgPool) -> Result<Vec<(String, TransferEvent)>, LogError> {
-    let rows: Vec<(String, Value)> = sqlx::query_as(
-        "SELECT aggregate_id, payload::jsonb FROM events
-         WHERE aggregate_type = 'Transfer' AND sequence = 1",
+/// The audit's read of the log, in one REPEATABLE READ snapshot: that snapshot's horizon
+/// (`pg_snapshot_xmin`: every event below it is committed or aborted for good), and every
+/// transfer with an event whose transaction id is at or above `since` (0: every transfer) or
+/// whose req_id is in `ids` (the audit's open transfers), each read by key. Its cost follows the
+/// events after `since` plus `ids`, not the log's length.
+pub async fn audit_transfers(
+    pool: &PgPool,
+    since: u64,
+    ids: &[String],
+) -> Result<(u64, Vec<AuditTransfer>), LogError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    let horizon: i64 = sqlx::query_scalar(crate::audit::SNAPSHOT_HORIZON_SQL)
+        .fetch_one(&mut *tx)
+        .await?;
+    // Never behind `since` (see `SNAPSHOT_HORIZON_SQL`).
+    let horizon = horizon.max(i64::try_from(since).unwrap_or(i64::MAX));
+    let rows: Vec<(String, Value, i64, Value)> = sqlx::query_as(
+        "WITH ids AS (
+             SELECT aggregate_id FROM events
+             WHERE aggregate_type = 'Transfer' AND tx_id >= $1::text::xid8
+             UNION
+             SELECT unnest($2::text[])
+         )
+         SELECT c.aggregate_id, c.payload::jsonb, c.tx_id::text::bigint, l.payload::jsonb
+         FROM ids
+         JOIN events c ON c.aggregate_type = 'Transfer' AND c.aggregate_id = ids.aggregate_id
+                      AND c.sequence = 1
+         CROSS JOIN LATERAL (
+             SELECT e.payload FROM events e
+             WHERE e.aggregate_type = 'Transfer' AND e.aggregate_id = ids.aggregate_id
+             ORDER BY e.sequence DESC LIMIT 1
+         ) l",
     )
-    .fetch_all(pool)
+    .bind(since.to_string())
+    .bind(ids)
+    .fetch_all(&mut *tx)
     .await?;
-    rows.into_iter()
-        .map(|(id, payload)| {
-            let event = decode(&id, payload)?;
-            if !matches!(event, TransferEvent::TransferCreated { .. }) {
+    tx.commit().await?;
+    let transfers = rows
+        .into_iter()
+        .map(|(req_id, created, created_tx, last)| {
+            let created = decode(&req_id, created)?;
+            if !matches!(created, TransferEvent::TransferCreated { .. }) {
                 return Err(LogError::Undecodable {
-                    req_id: id,
+                    req_id,
                     problem: "first event is not TransferCreated".into(),
                 });
             }
-            Ok((id, event))
+            let state = decode(&req_id, last)?.resulting_state();
+            Ok(AuditTransfer {
+                req_id,
+                created,
+                created_tx: u64::try_from(created_tx).unwrap_or(0),
+                state,
+            })
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    Ok((u64::try_from(horizon).unwrap_or(0), transfers))
 }

@@ -4,6 +4,14 @@
 //! transfer states. Every transfer whose records disagree with its events is reported. A real
 //! violation raises a CRITICAL alert and halts new transfers (MON-003) until an admin clears it.
 //!
+//! Incremental (docs/adr/0006-incremental-audit.md): a durable checkpoint ([`checkpoint`]) holds
+//! the per-asset sums of everything consumed, the positions below which everything was consumed
+//! (an event-log and a funding transaction horizon, a spot-core seq), and the applied movements
+//! of every req_id not yet settled. A run reads only what came after those positions, the live
+//! totals (balances per account, spot-core's totals) and the open req_ids' transfers by key, so
+//! its cost follows new work and what is live, not history. A full check is the same run from
+//! an empty checkpoint, not stored: the two agree by construction and a test proves it.
+//!
 //! Why it cannot raise a false alarm on a transfer caught between an adapter call and its
 //! recorded outcome: a movement counts as in flight from the moment its system applied it,
 //! whatever the transfer's state says. And the per-transfer check reads the events twice, before
@@ -12,16 +20,22 @@
 //! applied must be *allowed* (`TransferState::allows`) by the (later) events, so a transfer
 //! moving on during the check is never mistaken for a broken one.
 
-use std::collections::{BTreeMap, HashMap};
+pub mod checkpoint;
+mod reconcile;
+pub mod status;
 
-use adapters::audit::AppliedMovement;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use adapters::audit::{AppliedMovement, FundingItem, SpotReadError};
 use adapters::event_store::{self, LogError};
 use adapters::{FundingError, FundingLedger, SpotAdapter, SpotError};
 use chrono::{DateTime, Utc};
-use domain::{Operation, TransferEvent, TransferState};
+use domain::{Operation, TransferState};
 use rust_decimal::Decimal;
 use serde::Serialize;
-use sqlx::PgPool;
+
+pub use checkpoint::{Checkpoint, CheckpointError};
+use reconcile::Known;
 
 /// One asset's sums.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -48,11 +62,46 @@ pub struct AssetReport {
 }
 
 /// A transfer (or a req_id with no transfer) whose records disagree with its events.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct Disagreement {
     pub req_id: String,
     pub state: Option<String>,
     pub problem: String,
+}
+
+/// Which check ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// From the stored checkpoint; the result is stored as the next one.
+    Incremental,
+    /// From the start of history; nothing is stored.
+    Full,
+}
+
+/// Where a run stands: everything below these was consumed (for an incremental run, the
+/// checkpoint it stored).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Positions {
+    /// Event-log transaction horizon (`xid8`).
+    pub events_horizon: u64,
+    /// Funding journal and external deposits transaction horizon (`xid8`).
+    pub funding_horizon: u64,
+    pub spot_seq: u64,
+}
+
+/// What a run read after its starting positions (its cost).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ReadCounts {
+    /// Transfers read by key: those with events after the start, and the open ones.
+    pub transfers: u64,
+    pub funding_journal_rows: u64,
+    pub external_deposit_rows: u64,
+    pub spot_records: u64,
+    /// req_ids carried over from the checkpoint (open transfers and open disagreements).
+    pub open_before: u64,
+    /// req_ids the run leaves open.
+    pub open_after: u64,
 }
 
 /// The outcome of one check.
@@ -61,8 +110,18 @@ pub struct InvariantReport {
     pub ok: bool,
     pub checked_at: DateTime<Utc>,
     pub assets: Vec<AssetReport>,
+    /// Sorted by req_id, then problem.
     pub disagreements: Vec<Disagreement>,
     pub transfers_checked: usize,
+    pub mode: Mode,
+    /// Where the run started.
+    pub from: Positions,
+    /// Where it ended (what an incremental run stored).
+    pub positions: Positions,
+    pub read: ReadCounts,
+    /// Whether an incremental run stored its checkpoint (false when another run stored one
+    /// first, and always for a full run).
+    pub stored: bool,
 }
 
 /// Why a check could not decide.
@@ -74,115 +133,235 @@ pub enum CheckError {
     Funding(#[from] FundingError),
     #[error("spot-core")]
     Spot(#[from] SpotError),
+    #[error(transparent)]
+    SpotJournalCompacted(SpotReadError),
     #[error("event log")]
     Log(#[from] LogError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
 }
 
-/// A transfer's details and state, from its events.
-#[derive(Debug, Clone)]
-struct Known {
-    user_id: i64,
-    from: String,
-    to: String,
-    asset: String,
-    amount: Decimal,
-    state: TransferState,
-}
-
-/// Every transfer with a state in `states`, with its details from `TransferCreated`.
-async fn transfer_details(
-    pool: &PgPool,
-    states: &HashMap<String, TransferState>,
-) -> Result<HashMap<String, Known>, CheckError> {
-    let mut known = HashMap::new();
-    for (id, created) in event_store::transfers_created(pool).await? {
-        let TransferEvent::TransferCreated {
-            user_id,
-            from,
-            to,
-            asset,
-            amount,
-            ..
-        } = created
-        else {
-            continue;
-        };
-        let Some(state) = states.get(&id).copied() else {
-            continue;
-        };
-        known.insert(
-            id,
-            Known {
-                user_id: user_id.as_i64(),
-                from: from.as_str().to_owned(),
-                to: to.as_str().to_owned(),
-                asset: asset.as_str().to_owned(),
-                amount: amount.value(),
-                state,
-            },
-        );
-    }
-    Ok(known)
-}
-
-fn entry<'a>(assets: &'a mut BTreeMap<String, AssetReport>, asset: &str) -> &'a mut AssetReport {
-    assets
-        .entry(asset.to_owned())
-        .or_insert_with(|| AssetReport {
-            asset: asset.to_owned(),
-            ..AssetReport::default()
-        })
-}
-
-fn op_name(operation: Operation) -> &'static str {
-    match operation {
-        Operation::Withdraw => "withdraw",
-        Operation::Deposit => "deposit",
-        Operation::Refund => "refund",
+impl From<SpotReadError> for CheckError {
+    fn from(e: SpotReadError) -> Self {
+        match e {
+            SpotReadError::Spot(e) => Self::Spot(e),
+            compacted => Self::SpotJournalCompacted(compacted),
+        }
     }
 }
 
-/// Runs the check against the database and spot-core. Reads the events first, then the journals,
-/// then the events again (see the module's doc for why).
-pub async fn check(
+/// The incremental check: from the stored checkpoint, storing the next one, then telling
+/// spot-core it may compact its journal up to the stored seq.
+pub async fn check_incremental(
     funding: &FundingLedger,
     spot: &SpotAdapter,
 ) -> Result<InvariantReport, CheckError> {
     let pool = funding.pool();
-    let before = event_store::transfer_states(pool).await?;
-    let funding = funding.audit_snapshot().await?;
-    let spot = spot.audit_snapshot().await?;
-    let after = event_store::transfer_states(pool).await?;
-    let known = transfer_details(pool, &after).await?;
+    let start = checkpoint::load(pool).await?;
+    let (mut report, next) = run(funding, spot, &start, Mode::Incremental).await?;
+    report.stored = checkpoint::store(pool, start.version, &next).await?;
+    if !report.stored {
+        tracing::debug!("another audit run stored its checkpoint first; this one is not kept");
+    } else if next.spot_seq > start.spot_seq {
+        // Only after the checkpoint is durable: spot-core may then drop what it consumed.
+        // A refusal costs nothing but disk (spot-core keeps more), so it never fails the check.
+        if let Err(e) = spot.retain(next.spot_seq).await {
+            tracing::warn!(seq = next.spot_seq, error = %e, "spot-core did not take the audit's retain position");
+        }
+    }
+    Ok(report)
+}
+
+/// The full check: every event, journal row and spot-core record from the start of history
+/// (streamed, never held whole), nothing stored. Exact like the incremental one and must agree
+/// with it.
+pub async fn check_full(
+    funding: &FundingLedger,
+    spot: &SpotAdapter,
+) -> Result<InvariantReport, CheckError> {
+    let (report, _) = run(funding, spot, &Checkpoint::default(), Mode::Full).await?;
+    Ok(report)
+}
+
+/// The full check (tests and tools call it by this name).
+pub async fn check(
+    funding: &FundingLedger,
+    spot: &SpotAdapter,
+) -> Result<InvariantReport, CheckError> {
+    check_full(funding, spot).await
+}
+
+/// What came after the checkpoint's positions, split into what is consumed (stored in the next
+/// checkpoint) and what is only visible (counted now, read again next run).
+#[derive(Default)]
+struct NewWork {
+    deposits: BTreeMap<String, Decimal>,
+    deposits_consumed: BTreeMap<String, Decimal>,
+    /// Applied movements by req_id: (consumed, visible above the horizon).
+    applied: BTreeMap<String, (Vec<AppliedMovement>, Vec<AppliedMovement>)>,
+}
+
+impl NewWork {
+    fn take(&mut self, item: FundingItem) {
+        match item {
+            FundingItem::Deposits {
+                asset,
+                sum,
+                consumed,
+                ..
+            } => {
+                *self.deposits.entry(asset.clone()).or_default() += sum;
+                if consumed {
+                    *self.deposits_consumed.entry(asset).or_default() += sum;
+                }
+            }
+            FundingItem::Applied { movement, consumed } => self.movement(movement, consumed),
+        }
+    }
+
+    fn movement(&mut self, movement: AppliedMovement, consumed: bool) {
+        let (done, visible) = self.applied.entry(movement.req_id.clone()).or_default();
+        if consumed {
+            done.push(movement);
+        } else {
+            visible.push(movement);
+        }
+    }
+}
+
+/// Adds a movement to an asset's in-flight sum: withdraws in, deposits and refunds out.
+fn add_in_flight(sum: &mut Decimal, m: &AppliedMovement) {
+    match m.operation {
+        Operation::Withdraw => *sum += m.amount,
+        Operation::Deposit | Operation::Refund => *sum -= m.amount,
+    }
+}
+
+/// One run from `start`: reads the events (before), the funding side, spot-core, the events
+/// again (after); returns the report and the checkpoint to store next.
+async fn run(
+    funding: &FundingLedger,
+    spot: &SpotAdapter,
+    start: &Checkpoint,
+    mode: Mode,
+) -> Result<(InvariantReport, Checkpoint), CheckError> {
+    let pool = funding.pool();
+    let open_ids: Vec<String> = start.open.keys().cloned().collect();
+
+    // Before: the horizon stored next (every event below it is visible in this snapshot), and
+    // the states the requirements are taken from.
+    let (events_horizon, before) =
+        event_store::audit_transfers(pool, start.events_horizon, &open_ids).await?;
+    let before: HashMap<String, TransferState> =
+        before.into_iter().map(|t| (t.req_id, t.state)).collect();
+
+    let mut new = NewWork::default();
+    let funding_read = funding
+        .audit_read(start.funding_horizon, &mut |item| new.take(item))
+        .await?;
+    // spot-core's journal is commit-ordered (one seq per applied record, synced before it is
+    // served): everything read is consumed.
+    let spot_read = spot
+        .audit_read(start.spot_seq, &mut |m| new.movement(m, true))
+        .await?;
+
+    // After: the details and current state of every transfer the run meets.
+    let mut ids = open_ids;
+    ids.extend(
+        new.applied
+            .keys()
+            .filter(|id| !start.open.contains_key(*id))
+            .cloned(),
+    );
+    let (_, after) = event_store::audit_transfers(pool, start.events_horizon, &ids).await?;
+    let transfers_read = after.len() as u64;
+    let known: HashMap<String, Known> = after
+        .iter()
+        .filter_map(|t| Known::from_log(t).map(|k| (t.req_id.clone(), k)))
+        .collect();
+    drop(after);
 
     let mut assets: BTreeMap<String, AssetReport> = BTreeMap::new();
-    for (asset, sum) in &funding.balances {
-        entry(&mut assets, asset).funding += *sum;
+    let mut next = Checkpoint {
+        version: 0,
+        events_horizon,
+        funding_horizon: funding_read.horizon,
+        spot_seq: spot_read.last_seq,
+        transfers: start.transfers,
+        assets: start.assets.clone(),
+        open: BTreeMap::new(),
+    };
+    for (asset, (deposits, in_flight)) in &start.assets {
+        let a = entry(&mut assets, asset);
+        a.deposits += *deposits;
+        a.in_flight += *in_flight;
     }
-    for (asset, sum) in &funding.deposits {
+    for (asset, sum) in &new.deposits {
         entry(&mut assets, asset).deposits += *sum;
     }
-    for (asset, sum) in &spot.totals {
+    for (asset, sum) in &new.deposits_consumed {
+        next.assets.entry(asset.clone()).or_default().0 += *sum;
+    }
+    for (asset, sum) in &funding_read.balances {
+        entry(&mut assets, asset).funding += *sum;
+    }
+    for (asset, sum) in &spot_read.totals {
         entry(&mut assets, asset).spot += *sum;
     }
-    let mut by_req: BTreeMap<&str, Vec<&AppliedMovement>> = BTreeMap::new();
-    for applied in funding.applied.iter().chain(spot.applied.iter()) {
-        let a = entry(&mut assets, &applied.asset);
-        match applied.operation {
-            Operation::Withdraw => a.in_flight += applied.amount,
-            Operation::Deposit | Operation::Refund => a.in_flight -= applied.amount,
+    let mut transfers_checked = start.transfers;
+    for t in known.values() {
+        if t.state.is_in_flight() {
+            entry(&mut assets, &t.asset).in_flight_by_state += t.amount;
         }
-        by_req
-            .entry(applied.req_id.as_str())
-            .or_default()
-            .push(applied);
-    }
-    for t in known.values().filter(|t| t.state.is_in_flight()) {
-        entry(&mut assets, &t.asset).in_flight_by_state += t.amount;
+        if t.created_tx >= start.events_horizon {
+            transfers_checked += 1;
+            if t.created_tx < events_horizon {
+                next.transfers += 1;
+            }
+        }
     }
 
-    let mut disagreements = applied_disagreements(&by_req, &known);
-    disagreements.extend(missing_movements(&before, &by_req, &known));
+    let empty = (Vec::new(), Vec::new());
+    let mut disagreements = Vec::new();
+    let every: BTreeSet<&String> = start
+        .open
+        .keys()
+        .chain(known.keys())
+        .chain(new.applied.keys())
+        .collect();
+    for req_id in every {
+        let t = known.get(req_id);
+        let (consumed_new, visible) = new.applied.get(req_id).unwrap_or(&empty);
+        // What was consumed before this run: the stored movements of an open req_id, or, for
+        // a transfer met again after it was settled (not open, created below the stored
+        // horizon: every such transfer was met by an earlier run and either kept open or
+        // settled), exactly the movements settling it required.
+        let mut consumed = match (start.open.get(req_id), t) {
+            (Some(stored), _) => stored.clone(),
+            (None, Some(t)) if t.created_tx < start.events_horizon && t.state.is_terminal() => {
+                t.settled_movements(req_id)
+            }
+            _ => Vec::new(),
+        };
+        for m in consumed_new {
+            add_in_flight(&mut entry(&mut assets, &m.asset).in_flight, m);
+            add_in_flight(&mut next.assets.entry(m.asset.clone()).or_default().1, m);
+        }
+        for m in visible {
+            add_in_flight(&mut entry(&mut assets, &m.asset).in_flight, m);
+        }
+        consumed.extend(consumed_new.iter().cloned());
+        let mut all = consumed.clone();
+        all.extend(visible.iter().cloned());
+        reconcile::applied_disagreements(req_id, &all, t, &mut disagreements);
+        if let (Some(state), Some(t)) = (before.get(req_id), t) {
+            reconcile::missing_movements(req_id, *state, &all, t, &mut disagreements);
+        }
+        if !reconcile::is_settled(t, &consumed, events_horizon) {
+            next.open.insert(req_id.clone(), consumed);
+        }
+    }
+    disagreements.sort();
 
     let mut assets: Vec<AssetReport> = assets.into_values().collect();
     for a in &mut assets {
@@ -196,81 +375,41 @@ pub async fn check(
         a.difference = a.difference.normalize();
     }
     let ok = assets.iter().all(|a| a.ok) && disagreements.is_empty();
-    Ok(InvariantReport {
+    let report = InvariantReport {
         ok,
         checked_at: Utc::now(),
         assets,
         disagreements,
-        transfers_checked: known.len(),
-    })
+        transfers_checked: usize::try_from(transfers_checked).unwrap_or(usize::MAX),
+        mode,
+        from: positions(start),
+        positions: positions(&next),
+        read: ReadCounts {
+            transfers: transfers_read,
+            funding_journal_rows: funding_read.journal_rows,
+            external_deposit_rows: funding_read.deposit_rows,
+            spot_records: spot_read.records,
+            open_before: start.open.len() as u64,
+            open_after: next.open.len() as u64,
+        },
+        stored: false,
+    };
+    Ok((report, next))
 }
 
-/// Every applied movement its transfer's (later) events do not allow, or that names no transfer.
-fn applied_disagreements(
-    by_req: &BTreeMap<&str, Vec<&AppliedMovement>>,
-    known: &HashMap<String, Known>,
-) -> Vec<Disagreement> {
-    let mut disagreements = Vec::new();
-    for (req_id, ops) in by_req {
-        let Some(t) = known.get(*req_id) else {
-            disagreements.push(Disagreement {
-                req_id: (*req_id).to_owned(),
-                state: None,
-                problem: "money moved under a req_id that names no transfer".into(),
-            });
-            continue;
-        };
-        for op in ops {
-            let name = op_name(op.operation);
-            let expected_system = if op.operation == Operation::Deposit {
-                &t.to
-            } else {
-                &t.from
-            };
-            let problem = if op.system.as_str() != expected_system {
-                Some(format!(
-                    "{name} applied in {} instead of {expected_system}",
-                    op.system
-                ))
-            } else if op.user_id != t.user_id || op.asset != t.asset || op.amount != t.amount {
-                Some(format!("{name} applied with other user, asset or amount"))
-            } else if !t.state.allows(op.operation) {
-                Some(format!("{name} applied but the transfer is {}", t.state))
-            } else {
-                None
-            };
-            if let Some(problem) = problem {
-                disagreements.push(Disagreement {
-                    req_id: (*req_id).to_owned(),
-                    state: Some(t.state.as_str().to_owned()),
-                    problem,
-                });
-            }
-        }
+fn positions(c: &Checkpoint) -> Positions {
+    Positions {
+        events_horizon: c.events_horizon,
+        funding_horizon: c.funding_horizon,
+        spot_seq: c.spot_seq,
     }
-    disagreements
 }
 
-/// Every movement the (earlier) events require that no journal shows applied.
-fn missing_movements(
-    before: &HashMap<String, TransferState>,
-    by_req: &BTreeMap<&str, Vec<&AppliedMovement>>,
-    known: &HashMap<String, Known>,
-) -> Vec<Disagreement> {
-    let mut disagreements = Vec::new();
-    for (req_id, state) in before {
-        let Some(t) = known.get(req_id) else { continue };
-        let ops = by_req.get(req_id.as_str());
-        for op in [Operation::Withdraw, Operation::Deposit, Operation::Refund] {
-            let present = ops.is_some_and(|ops| ops.iter().any(|a| a.operation == op));
-            if state.requires(op) && !present {
-                disagreements.push(Disagreement {
-                    req_id: req_id.clone(),
-                    state: Some(t.state.as_str().to_owned()),
-                    problem: format!("the events say {state}, but no {} was applied", op_name(op)),
-                });
-            }
-        }
-    }
-    disagreements
+fn entry<'a>(assets: &'a mut BTreeMap<String, AssetReport>, asset: &str) -> &'a mut AssetReport {
+    assets
+        .entry(asset.to_owned())
+        .or_insert_with(|| AssetReport {
+            asset: asset.to_owned(),
+            ..AssetReport::default()
+        })
 }

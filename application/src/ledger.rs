@@ -12,7 +12,7 @@ use domain::{AccountPort, AccountType, AssetRegistry, ErrorCode, ReqId, Transfer
 use sqlx::PgPool;
 
 use crate::assets::AssetSettings;
-use crate::audit::{self, CheckError, InvariantReport};
+use crate::audit::{self, CheckError, InvariantReport, Mode};
 use crate::coordinator::{Coordinator, CoordinatorError};
 use crate::failpoint::FailPoints;
 use crate::halt::{self, HaltCache};
@@ -201,17 +201,22 @@ impl Ledger {
             .flatten()
     }
 
-    /// Runs the fund-conservation check, records it, and on a violation raises the CRITICAL
-    /// alert and halts new transfers. Returns the report and whether transfers are halted now.
-    pub async fn audit(&self) -> Result<(InvariantReport, bool), CheckError> {
-        let checked = self.audit_and_enforce().await;
+    /// Runs the fund-conservation check (`Mode::Incremental`: from the stored checkpoint, which
+    /// it advances; `Mode::Full`: from the start of history), records it, and on a violation
+    /// raises the CRITICAL alert and halts new transfers. Returns the report and whether
+    /// transfers are halted now.
+    pub async fn audit(&self, mode: Mode) -> Result<(InvariantReport, bool), CheckError> {
+        let checked = self.audit_and_enforce(mode).await;
         self.halt.invalidate();
         checked
     }
 
-    async fn audit_and_enforce(&self) -> Result<(InvariantReport, bool), CheckError> {
+    async fn audit_and_enforce(&self, mode: Mode) -> Result<(InvariantReport, bool), CheckError> {
         let pool = self.pool();
-        let report = audit::check(&self.funding, &self.spot).await?;
+        let report = match mode {
+            Mode::Incremental => audit::check_incremental(&self.funding, &self.spot).await?,
+            Mode::Full => audit::check_full(&self.funding, &self.spot).await?,
+        };
         let report_json = serde_json::to_value(&report)
             .unwrap_or_else(|_| serde_json::Value::Object(serde_json::Map::new()));
         sqlx::query("INSERT INTO invariant_checks (ok, report) VALUES ($1, $2)")
@@ -232,22 +237,52 @@ impl Ledger {
         Ok((report, halted))
     }
 
-    /// Runs the check every `interval` forever. A check that cannot decide (spot-core down) is
-    /// logged and retried at the next tick; it never halts. The edge's start-up runs this.
+    /// Runs the incremental check every `interval` forever; the edge's start-up runs this. A
+    /// check that cannot decide (spot-core down, checkpoint unreadable, PostgreSQL gone) never
+    /// halts, but it is an alert, not only a log line: `CRITICAL AUDIT_UNAVAILABLE` once per
+    /// episode (a warning at each further failure), and `audit_status` (the `/metrics` figures
+    /// `ledger_audit_up`, `ledger_audit_failures_total`) records every run.
     pub async fn audit_periodically(self, interval: Duration) {
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The first tick fires at once; skip it so a process starting up is not checked
         // half-wired.
         ticker.tick().await;
+        let mut unavailable = false;
         loop {
             ticker.tick().await;
-            match self.audit_and_enforce().await {
-                Ok((report, _)) if report.ok => tracing::debug!("fund conservation holds"),
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(error = %crate::error_chain(&e), "fund-conservation check could not run")
+            let started = std::time::Instant::now();
+            let outcome = self.audit(Mode::Incremental).await;
+            let took = started.elapsed();
+            let recorded = match &outcome {
+                Ok((report, _)) => {
+                    if report.ok {
+                        tracing::debug!(seconds = took.as_secs_f64(), "fund conservation holds");
+                    }
+                    if unavailable {
+                        tracing::info!("the periodic fund-conservation check runs again");
+                        unavailable = false;
+                    }
+                    audit::status::record_decided(self.pool(), took).await
                 }
+                Err(e) => {
+                    let detail = crate::error_chain(e);
+                    if unavailable {
+                        tracing::warn!(error = %detail, "fund-conservation check still cannot run");
+                    } else {
+                        tracing::error!(
+                            alert = "CRITICAL",
+                            code = "AUDIT_UNAVAILABLE",
+                            error = %detail,
+                            "CRITICAL AUDIT_UNAVAILABLE: the periodic fund-conservation check cannot run; money is not being checked"
+                        );
+                        unavailable = true;
+                    }
+                    audit::status::record_failed(self.pool(), took, &detail).await
+                }
+            };
+            if let Err(e) = recorded {
+                tracing::warn!(error = %e, "could not record the audit's status");
             }
         }
     }

@@ -60,6 +60,10 @@ pub enum Command {
     Relay(crate::relay_cli::RelayArgs),
     /// Print the JetStream stream's events as JSON lines (a pull consumer).
     Tail(crate::relay_cli::TailArgs),
+    /// Run the fund-conservation check now and print its JSON report: incremental from the
+    /// stored checkpoint (which it advances), or `--full` from the start of history. Exit 0 when
+    /// money is conserved, 1 on a violation (transfers are then halted), 2 when it cannot run.
+    Audit(AuditArgs),
     /// Run the spot-core engine in this process.
     #[command(name = "spot-core", hide = true)]
     SpotCore(spot_core::Args),
@@ -107,6 +111,25 @@ pub struct ServeArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// Check from the start of history instead of the stored checkpoint (stores nothing).
+    #[arg(long)]
+    pub full: bool,
+    /// The spot-core to read (HOST:PORT).
+    #[arg(long)]
+    pub spot_url: String,
+    /// A `ledger up` data dir whose spot-core token to use when LEDGER_SPOT_CORE_TOKEN is unset.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// How long one spot-core call may take.
+    #[arg(long, default_value_t = config::SPOT_TIMEOUT_DEFAULT.as_millis() as u64)]
+    pub spot_timeout_ms: u64,
+}
+
+/// `ledger audit`'s exit status when the check cannot run.
+pub const AUDIT_EXIT_CANNOT_RUN: i32 = 2;
+
+#[derive(Debug, Args)]
 pub struct TokenArgs {
     /// The user id the token speaks for (`sub`).
     #[arg(long)]
@@ -148,6 +171,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Replay(args) => crate::replay::run(args, &settings).await,
         Command::Relay(args) => crate::relay_cli::relay(args, &settings).await,
         Command::Tail(args) => crate::relay_cli::tail(args).await,
+        Command::Audit(args) => {
+            let code = match audit(args, &settings).await {
+                Ok(true) => 0,
+                Ok(false) => 1,
+                Err(e) => {
+                    eprintln!("the fund-conservation check cannot run: {e:#}");
+                    AUDIT_EXIT_CANNOT_RUN
+                }
+            };
+            std::process::exit(code)
+        }
         Command::SpotCore(args) => spot_core::run(args).await,
     }
 }
@@ -170,6 +204,43 @@ fn configured_state(
             audit_interval: settings.audit_interval(),
             relay: None,
         }))
+}
+
+/// `ledger audit`: runs the check like the admin route does (recorded, halting on a violation),
+/// prints the report; `Ok(ok)`.
+async fn audit(args: AuditArgs, settings: &Settings) -> anyhow::Result<bool> {
+    let token = match (settings.spot_core_token()?, &args.data_dir) {
+        (Some(token), _) => Some(token),
+        (None, Some(dir)) => {
+            let path = dir.join(SPOT_TOKEN_FILE);
+            match std::fs::read_to_string(&path) {
+                Ok(text) => Some(text.trim().to_owned()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(e).with_context(|| format!("read {}", path.display())),
+            }
+        }
+        (None, None) => None,
+    };
+    let spot = SpotAdapter::with_token(
+        config::spot_addr(&args.spot_url)?,
+        Duration::from_millis(args.spot_timeout_ms),
+        token,
+    );
+    let pool = settings.pool(2).await?;
+    let ledger = application::Ledger::new(pool, spot, domain::AssetRegistry::default_assets());
+    let mode = if args.full {
+        application::audit::Mode::Full
+    } else {
+        application::audit::Mode::Incremental
+    };
+    let (report, halted) = ledger
+        .audit(mode)
+        .await
+        .map_err(|e| anyhow!(application::error_chain(&e)))?;
+    let mut body = serde_json::to_value(&report)?;
+    body["halted"] = serde_json::json!(halted);
+    println!("{}", serde_json::to_string_pretty(&body)?);
+    Ok(report.ok)
 }
 
 async fn migrate(settings: &Settings) -> anyhow::Result<()> {

@@ -1,11 +1,13 @@
 //! The fund-conservation audit's admin routes (the audit and the halt flag are the core's,
 //! `application::audit` and `application::halt`): `GET /api/v1/admin/invariant` runs the check
-//! now and reports per asset; `POST /api/v1/admin/invariant/clear` lifts the halt (MON-003).
+//! now and reports per asset (incremental from the stored checkpoint; `?full=true` from the
+//! start of history); `POST /api/v1/admin/invariant/clear` lifts the halt (MON-003).
 
-use application::audit::CheckError;
-use axum::extract::State;
+use application::audit::{CheckError, Mode};
+use axum::extract::{Query, State};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use serde::Deserialize;
 use serde_json::json;
 
 use crate::app::AppState;
@@ -22,17 +24,32 @@ pub fn routes() -> Router<AppState> {
 fn check_error(e: CheckError) -> ApiError {
     let detail = application::error_chain(&e);
     match e {
-        CheckError::Spot(_) => ApiError::Unavailable(format!("invariant check: {detail}")),
+        CheckError::Spot(_) | CheckError::SpotJournalCompacted(_) => {
+            ApiError::Unavailable(format!("invariant check: {detail}"))
+        }
         _ => ApiError::Internal(format!("invariant check: {detail}")),
     }
 }
 
-/// `GET /api/v1/admin/invariant`: runs the check now and reports per asset.
+/// The check's query: `full=true` checks from the start of history.
+#[derive(Debug, Default, Deserialize)]
+struct CheckParams {
+    #[serde(default)]
+    full: bool,
+}
+
+/// `GET /api/v1/admin/invariant[?full=true]`: runs the check now and reports per asset.
 async fn run_check(
     State(state): State<AppState>,
     _admin: AdminUser,
+    Query(params): Query<CheckParams>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let (report, halted) = state.ledger.audit().await.map_err(check_error)?;
+    let mode = if params.full {
+        Mode::Full
+    } else {
+        Mode::Incremental
+    };
+    let (report, halted) = state.ledger.audit(mode).await.map_err(check_error)?;
     let mut body =
         serde_json::to_value(&report).map_err(|e| ApiError::Internal(format!("report: {e}")))?;
     body["halted"] = json!(halted);

@@ -1,4 +1,5 @@
-//! `GET /metrics`: OpenMetrics text exposition (MON-001, MON-002), encoded by `prometheus-client`.
+//! `GET /metrics`: OpenMetrics text exposition (MON-001, MON-002, the periodic fund-conservation
+//! check's health), encoded by `prometheus-client`.
 //! Every figure is read from PostgreSQL at scrape time, so all `ledger serve` instances report
 //! the same cluster-wide values and nothing is lost when a process restarts. Gathering
 //! (`TransferView::metric_figures`, the SQL) and encoding (`Snapshot`'s `Collector`) are kept
@@ -36,16 +37,22 @@ struct Snapshot {
     figures: Figures,
     /// The JetStream relay of each stream that ever ran (`relay_checkpoint`).
     relays: Vec<relay::RelayStatus>,
+    /// The periodic fund-conservation check (`audit_status`).
+    audit: application::audit::status::AuditHealth,
 }
 
 async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
     let internal = |e: sqlx::Error| ApiError::Internal(format!("metrics: {e}"));
     let (by_state, figures) = state.view.metric_figures().await.map_err(internal)?;
     let relays = relay::status(state.ledger.pool()).await.map_err(internal)?;
+    let audit = application::audit::status::health(state.ledger.pool())
+        .await
+        .map_err(internal)?;
     let snapshot = Snapshot {
         by_state,
         figures,
         relays,
+        audit,
     };
     Ok(([(CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], render(snapshot)).into_response())
 }
@@ -134,8 +141,48 @@ impl Collector for Snapshot {
                 counter.metric_type(),
             )?)?;
         }
+        encode_audit(&self.audit, &mut encoder)?;
         encode_relays(&self.relays, &mut encoder)
     }
+}
+
+/// The periodic fund-conservation check's health: a run that cannot decide is an alert
+/// (`ledger_audit_up` 0), not only a log line.
+fn encode_audit(
+    audit: &application::audit::status::AuditHealth,
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    let up = ConstGauge::new(i64::from(audit.up));
+    up.encode(encoder.encode_descriptor(
+        "ledger_audit_up",
+        "1 when the last periodic fund-conservation check decided, 0 when it could not run.",
+        None,
+        up.metric_type(),
+    )?)?;
+    let failures = ConstCounter::new(u64::try_from(audit.failures).unwrap_or(0));
+    failures.encode(encoder.encode_descriptor(
+        "ledger_audit_failures",
+        "Periodic fund-conservation checks that could not run.",
+        None,
+        failures.metric_type(),
+    )?)?;
+    let gauges: [(&str, &str, f64); 2] = [
+        (
+            "ledger_audit_duration_seconds",
+            "Duration of the last periodic fund-conservation check.",
+            audit.last_duration_seconds,
+        ),
+        (
+            "ledger_audit_last_success_timestamp_seconds",
+            "When a periodic fund-conservation check last decided (0: never).",
+            audit.last_success_epoch_seconds,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let gauge = ConstGauge::new(value);
+        gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+    }
+    Ok(())
 }
 
 /// A relay figure: its name, its help, and how to read it from a status row.
@@ -273,11 +320,34 @@ mod tests {
     }
 
     #[test]
+    fn the_audit_health_is_reported() {
+        let text = render(Snapshot {
+            audit: application::audit::status::AuditHealth {
+                up: false,
+                failures: 3,
+                last_duration_seconds: 0.25,
+                last_success_epoch_seconds: 1_700_000_000.5,
+                ..Default::default()
+            },
+            ..Snapshot::default()
+        });
+        for line in [
+            "ledger_audit_up 0",
+            "ledger_audit_failures_total 3",
+            "ledger_audit_duration_seconds 0.25",
+            "ledger_audit_last_success_timestamp_seconds 1700000000.5",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} in\n{text}");
+        }
+    }
+
+    #[test]
     fn every_state_is_reported_even_at_zero() {
         let text = render(Snapshot {
             by_state: vec![("TARGET_PENDING".into(), 2)],
             figures: Figures::default(),
             relays: Vec::new(),
+            audit: Default::default(),
         });
         assert!(text.contains("ledger_transfers{state=\"TARGET_PENDING\"} 2"));
         assert!(text.contains("ledger_transfers{state=\"COMMITTED\"} 0"));

@@ -8,6 +8,7 @@ mod procs;
 mod adapters_idempotency;
 mod api;
 mod attacks;
+mod audit_incremental;
 mod balance;
 mod chaos;
 mod concurrency;

@@ -1,50 +1,92 @@
-//! The funding ledger's side of the fund-conservation audit: balances, external deposits and the
-//! applied movements of the journal, all read in one snapshot.
+//! The funding ledger's side of the fund-conservation audit: balances (whole, live), and the
+//! external deposits and applied journal movements written after a transaction horizon, all read
+//! in one REPEATABLE READ snapshot so that balances and rows agree with each other.
 
 use domain::AccountType;
+use futures_util::TryStreamExt;
 use rust_decimal::Decimal;
 
 use super::{FundingError, FundingLedger};
-use crate::audit::{AppliedMovement, FundingSnapshot};
+use crate::audit::{AppliedMovement, FundingItem, FundingRead};
 
 impl FundingLedger {
-    /// Balances and deposits per asset and every applied movement, from one REPEATABLE READ
-    /// snapshot, so balances and journal agree with each other.
-    pub async fn audit_snapshot(&self) -> Result<FundingSnapshot, FundingError> {
+    /// Balances per asset, and every external deposit and applied movement whose transaction
+    /// id is at or above `since` (0: all of them), handed to `sink` as they stream in. The
+    /// answer's `horizon` is the snapshot's `pg_snapshot_xmin`: each row is marked consumed
+    /// when its transaction is below it. No row below the horizon can commit after this read
+    /// (its transaction has ended), so a caller that stores `horizon` and later reads from it
+    /// again misses nothing and reads nothing twice (docs/adr/0006-incremental-audit.md).
+    pub async fn audit_read(
+        &self,
+        since: u64,
+        sink: &mut (dyn FnMut(FundingItem) + Send),
+    ) -> Result<FundingRead, FundingError> {
+        let since = i64::try_from(since).unwrap_or(i64::MAX);
         let mut tx = self.pool.begin().await?;
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             .execute(&mut *tx)
             .await?;
+        // The first statement takes the transaction's snapshot; the horizon is that snapshot's.
+        let horizon: i64 = sqlx::query_scalar(crate::audit::SNAPSHOT_HORIZON_SQL)
+            .fetch_one(&mut *tx)
+            .await?;
+        // Never behind `since`: everything below it was consumed before (see
+        // `SNAPSHOT_HORIZON_SQL` on why a horizon could otherwise step back).
+        let horizon = horizon.max(since);
         let balances: Vec<(String, Decimal)> =
             sqlx::query_as("SELECT asset, SUM(balance) FROM funding_accounts GROUP BY asset")
                 .fetch_all(&mut *tx)
                 .await?;
-        let deposits: Vec<(String, Decimal)> =
-            sqlx::query_as("SELECT asset, SUM(amount) FROM external_deposits GROUP BY asset")
-                .fetch_all(&mut *tx)
-                .await?;
-        let journal: Vec<(String, String, i64, String, Decimal)> = sqlx::query_as(
-            "SELECT req_id, operation, user_id, asset, amount FROM funding_journal
-             WHERE outcome = 'APPLIED'",
+        let deposits: Vec<(String, bool, Decimal, i64)> = sqlx::query_as(
+            "SELECT asset, tx_id < $2::text::xid8, SUM(amount), COUNT(*) FROM external_deposits
+             WHERE tx_id >= $1::text::xid8 GROUP BY 1, 2 ORDER BY 1, 2",
         )
+        .bind(since.to_string())
+        .bind(horizon.to_string())
         .fetch_all(&mut *tx)
         .await?;
-        tx.commit().await?;
-        let applied = journal
-            .into_iter()
-            .map(|(req_id, op, user_id, asset, amount)| AppliedMovement {
-                req_id,
-                system: AccountType::Funding,
-                operation: super::operation_from_journal(&op),
-                user_id,
+        let mut deposit_rows = 0;
+        for (asset, consumed, sum, rows) in deposits {
+            let rows = u64::try_from(rows).unwrap_or(0);
+            deposit_rows += rows;
+            sink(FundingItem::Deposits {
                 asset,
-                amount,
-            })
-            .collect();
-        Ok(FundingSnapshot {
+                sum,
+                rows,
+                consumed,
+            });
+        }
+        let mut journal_rows = 0;
+        {
+            let mut rows = sqlx::query_as::<_, (String, String, i64, String, Decimal, bool)>(
+                "SELECT req_id, operation, user_id, asset, amount, tx_id < $2::text::xid8
+                 FROM funding_journal WHERE tx_id >= $1::text::xid8 AND outcome = 'APPLIED'",
+            )
+            .bind(since.to_string())
+            .bind(horizon.to_string())
+            .fetch(&mut *tx);
+            while let Some((req_id, op, user_id, asset, amount, consumed)) = rows.try_next().await?
+            {
+                journal_rows += 1;
+                sink(FundingItem::Applied {
+                    movement: AppliedMovement {
+                        req_id,
+                        system: AccountType::Funding,
+                        operation: super::operation_from_journal(&op),
+                        user_id,
+                        asset,
+                        amount,
+                    },
+                    consumed,
+                });
+            }
+        }
+        tx.commit().await?;
+        Ok(FundingRead {
             balances: balances.into_iter().collect(),
-            deposits: deposits.into_iter().collect(),
-            applied,
+            horizon: u64::try_from(horizon).unwrap_or(0),
+            journal_rows,
+            deposit_rows,
         })
     }
 }

@@ -1,98 +1,125 @@
-//! spot-core's side of the fund-conservation audit: its totals and the journal that produced
-//! exactly them, over spot-core's protocol.
+//! spot-core's side of the fund-conservation audit over spot-core's protocol: its totals and the
+//! journal after a seq that produced exactly them (streamed page by page into the caller's sink,
+//! so no record count bounds the check), and `retain`, which tells spot-core the audit has
+//! consumed its journal up to a seq so that compaction may drop what is before it.
+
+use std::collections::BTreeMap;
 
 use domain::{AccountType, Operation};
 use spot_core::protocol::{
-    JournalRecord, MovementOp, Outcome, Request, Response, MAX_JOURNAL_LIMIT,
+    CoreStatus, ErrorCode, JournalRecord, MovementOp, Outcome, Request, Response, MAX_JOURNAL_LIMIT,
 };
 
 use super::{SpotAdapter, SpotError};
-use crate::audit::{AppliedMovement, SpotSnapshot};
+use crate::audit::{AppliedMovement, SpotRead, SpotReadError};
 
 /// How many times the totals are re-read when operations keep arriving between the journal and
 /// the totals.
 const SNAPSHOT_ATTEMPTS_MAX: usize = 20;
 
-/// The most journal records one snapshot reads (bounds memory).
-const JOURNAL_RECORDS_MAX: usize = 10_000_000;
-
 impl SpotAdapter {
-    /// Totals and the applied movements that produced exactly them. spot-core applies operations
-    /// one at a time, so totals read with no journal record after the last one read belong to
-    /// it.
-    pub async fn audit_snapshot(&self) -> Result<SpotSnapshot, SpotError> {
-        let mut records = Vec::new();
-        let mut seq = self.journal_after(0, &mut records).await?;
+    /// Totals, and every applied movement of the journal after `after_seq` up to the seq that
+    /// produced exactly those totals, handed to `sink` as read. spot-core applies operations one
+    /// at a time, so totals read with no journal record after the last one read belong to it.
+    pub async fn audit_read(
+        &self,
+        after_seq: u64,
+        sink: &mut (dyn FnMut(AppliedMovement) + Send),
+    ) -> Result<SpotRead, SpotReadError> {
+        let mut records = 0;
+        let mut seq = self.journal_after(after_seq, sink, &mut records).await?;
         for _ in 0..SNAPSHOT_ATTEMPTS_MAX {
-            let totals = match self.client.call(&Request::Totals {}).await? {
+            let totals = match self
+                .client
+                .call(&Request::Totals {})
+                .await
+                .map_err(SpotError::from)?
+            {
                 Response::Ok {
                     totals: Some(totals),
                     ..
                 } => totals,
-                other => return Err(SpotError::Unexpected(format!("{other:?}"))),
+                other => return Err(SpotError::Unexpected(format!("{other:?}")).into()),
             };
-            let before = records.len();
-            seq = self.journal_after(seq, &mut records).await?;
-            if records.len() == before {
-                return Ok(SpotSnapshot {
-                    totals: totals.into_iter().map(|t| (t.asset, t.sum)).collect(),
-                    applied: applied(&records),
+            let before = records;
+            seq = self.journal_after(seq, sink, &mut records).await?;
+            if records == before {
+                return Ok(SpotRead {
+                    totals: totals
+                        .into_iter()
+                        .map(|t| (t.asset, t.sum))
+                        .collect::<BTreeMap<_, _>>(),
+                    last_seq: seq,
+                    records,
                 });
             }
         }
-        Err(SpotError::Unexpected(
-            "spot-core kept changing while its totals were read".into(),
-        ))
+        Err(
+            SpotError::Unexpected("spot-core kept changing while its totals were read".into())
+                .into(),
+        )
     }
 
-    /// Appends the journal after `after_seq` to `into`; returns the last sequence read.
+    /// Tells spot-core the audit consumed its journal up to `after_seq` (durably, in the
+    /// audit's checkpoint): records up to there may be compacted.
+    pub async fn retain(&self, after_seq: u64) -> Result<Option<CoreStatus>, SpotError> {
+        match self.client.call(&Request::Retain { after_seq }).await? {
+            Response::Ok { core, .. } => Ok(core),
+            other => Err(SpotError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// Streams the journal after `after_seq` into `sink`, counting records; returns the last
+    /// sequence read.
     async fn journal_after(
         &self,
         mut after_seq: u64,
-        into: &mut Vec<JournalRecord>,
-    ) -> Result<u64, SpotError> {
+        sink: &mut (dyn FnMut(AppliedMovement) + Send),
+        count: &mut u64,
+    ) -> Result<u64, SpotReadError> {
         loop {
             let request = Request::Journal {
                 after_seq,
                 limit: MAX_JOURNAL_LIMIT,
             };
-            let records = match self.client.call(&request).await? {
+            let records = match self.client.call(&request).await.map_err(SpotError::from)? {
                 Response::Ok {
                     records: Some(records),
                     ..
                 } => records,
-                other => return Err(SpotError::Unexpected(format!("{other:?}"))),
+                Response::Error {
+                    code: ErrorCode::JournalCompacted,
+                    message,
+                } => return Err(SpotReadError::JournalCompacted { after_seq, message }),
+                other => return Err(SpotError::Unexpected(format!("{other:?}")).into()),
             };
             let Some(last) = records.last() else {
                 return Ok(after_seq);
             };
             after_seq = last.seq();
-            into.extend(records);
-            if into.len() > JOURNAL_RECORDS_MAX {
-                return Err(SpotError::Unexpected(
-                    "journal larger than the audit reads".into(),
-                ));
+            *count += records.len() as u64;
+            for movement in records.iter().filter_map(applied) {
+                sink(movement);
             }
         }
     }
 }
 
-fn applied(records: &[JournalRecord]) -> Vec<AppliedMovement> {
-    records
-        .iter()
-        .filter_map(JournalRecord::as_movement)
-        .filter(|(_, m)| m.outcome == Outcome::Applied)
-        .map(|(op, m)| AppliedMovement {
-            req_id: m.req_id.clone(),
-            system: AccountType::Spot,
-            operation: match op {
-                MovementOp::Withdraw => Operation::Withdraw,
-                MovementOp::Deposit => Operation::Deposit,
-                MovementOp::Refund => Operation::Refund,
-            },
-            user_id: i64::try_from(m.user_id).unwrap_or(i64::MAX),
-            asset: m.asset.clone(),
-            amount: m.amount,
-        })
-        .collect()
+fn applied(record: &JournalRecord) -> Option<AppliedMovement> {
+    let (op, m) = record.as_movement()?;
+    if m.outcome != Outcome::Applied {
+        return None;
+    }
+    Some(AppliedMovement {
+        req_id: m.req_id.clone(),
+        system: AccountType::Spot,
+        operation: match op {
+            MovementOp::Withdraw => Operation::Withdraw,
+            MovementOp::Deposit => Operation::Deposit,
+            MovementOp::Refund => Operation::Refund,
+        },
+        user_id: i64::try_from(m.user_id).unwrap_or(i64::MAX),
+        asset: m.asset.clone(),
+        amount: m.amount,
+    })
 }
