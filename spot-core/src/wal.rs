@@ -663,7 +663,7 @@ impl EngineHandle {
 struct SnapshotJob {
     seq: u64,
     bytes: Vec<u8>,
-    pause_ms: f64,
+    pause: std::time::Duration,
 }
 
 /// Start the single thread that owns `engine` and `wal`, with the journal reader and the
@@ -835,14 +835,14 @@ fn commit_loop(
                     offset: wal.active_bytes,
                 },
             );
-            let pause_ms = started.elapsed().as_secs_f64() * 1000.0;
+            let pause = started.elapsed();
             side.in_flight.store(true, Ordering::Release);
             if side
                 .snapshots
                 .send(SnapshotJob {
                     seq: engine.last_seq(),
                     bytes,
-                    pause_ms,
+                    pause,
                 })
                 .is_err()
             {
@@ -866,13 +866,12 @@ fn write_snapshot(
     let started = Instant::now();
     match snapshot::write_file(dir, job.seq, &job.bytes, fail) {
         Ok(path) => {
-            let write_ms = started.elapsed().as_secs_f64() * 1000.0;
             tracing::info!(
-                "snapshot seq={} pause_ms={:.3} bytes={} write_ms={:.3} path={}",
+                "snapshot seq={} pause_ms={} bytes={} write_ms={} path={}",
                 job.seq,
-                job.pause_ms,
+                millis(job.pause),
                 job.bytes.len(),
-                write_ms,
+                millis(started.elapsed()),
                 path.display()
             );
             journal::lock(catalog)
@@ -886,6 +885,11 @@ fn write_snapshot(
             tracing::error!(seq = job.seq, error = %format!("{e:#}"), "writing a snapshot failed");
         }
     }
+}
+
+/// A duration as milliseconds with three decimals, without float arithmetic.
+fn millis(d: std::time::Duration) -> String {
+    format!("{}.{:03}", d.as_millis(), d.as_micros() % 1000)
 }
 
 /// Remove (or archive) every sealed segment whose last seq is at or before both the older of

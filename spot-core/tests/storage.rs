@@ -161,7 +161,7 @@ fn journal_all(
     dir: &Path,
     opts: &StorageOptions,
     after: u64,
-) -> Result<Vec<JournalRecord>, Response> {
+) -> Result<Vec<JournalRecord>, Box<Response>> {
     let mut out = Vec::new();
     let mut after = after;
     loop {
@@ -184,7 +184,7 @@ fn journal_all(
                 after = r.last().unwrap().seq();
                 out.extend(r);
             }
-            other => return Err(other),
+            other => return Err(Box::new(other)),
         }
     }
 }
@@ -234,7 +234,7 @@ fn restart_after_many_snapshots_and_rotations_rebuilds_exactly() {
     assert_eq!(status.wal_bytes, on_disk);
 
     // Without an archive, what was compacted is gone: journal says so, naming first_seq.
-    match journal_all(&dir, &opts, 0) {
+    match journal_all(&dir, &opts, 0).map_err(|e| *e) {
         Err(Response::Error { code, message }) => {
             assert_eq!(code, ErrorCode::JournalCompacted);
             assert!(message.contains(&status.first_seq.to_string()), "{message}");
