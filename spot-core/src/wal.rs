@@ -227,6 +227,15 @@ pub fn open(
                 segment_name(segs[0])
             );
         }
+        // An older spot-core locks `wal.log` itself, not `LOCK`: make sure none is running.
+        let old = File::open(&legacy).with_context(|| format!("opening {}", legacy.display()))?;
+        if let Err(std::fs::TryLockError::WouldBlock) = old.try_lock() {
+            bail!(
+                "{} is locked by another (older) spot-core process",
+                legacy.display()
+            );
+        }
+        drop(old);
         let first = dir.join(segment_name(1));
         std::fs::rename(&legacy, &first)
             .with_context(|| format!("adopting {} as {}", legacy.display(), first.display()))?;

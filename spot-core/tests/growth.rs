@@ -56,7 +56,12 @@ fn growth_figures() {
                 let key = ulid::format(ulid::from_parts(t0 + i, u128::from(i)));
                 pending.push(
                     handle
-                        .submit(Request::deposit(key, 1 + i % accounts, "USDT", Decimal::ONE))
+                        .submit(Request::deposit(
+                            key,
+                            1 + i % accounts,
+                            "USDT",
+                            Decimal::ONE,
+                        ))
                         .await
                         .unwrap(),
                 );
