@@ -183,6 +183,7 @@ pub fn open_engine_with(
     tracing::info!(
         path = %wal.path().display(),
         snapshot_seq = report.snapshot_seq,
+        snapshot_ms = report.snapshot_ms,
         records = report.records,
         dropped_bytes = report.dropped_bytes,
         last_seq = engine.last_seq(),

@@ -106,6 +106,8 @@ pub struct ReplayReport {
     pub valid_len: u64,
     /// Snapshots found damaged and skipped (renamed to `*.damaged`).
     pub damaged_snapshots: Vec<String>,
+    /// Time spent reading and decoding snapshots, ms.
+    pub snapshot_ms: u64,
 }
 
 /// The active segment and what the commit thread needs to rotate it and publish it.
@@ -259,6 +261,7 @@ pub fn open(
     snapshots.sort_unstable();
     let mut damaged = Vec::new();
     let mut base: Option<(u64, Engine, WalPosition)> = None;
+    let loading = Instant::now();
     for &seq in snapshots.iter().rev() {
         let path = dir.join(snapshot::file_name(seq));
         let decoded = std::fs::read(&path)
@@ -293,6 +296,7 @@ pub fn open(
         dropped_bytes: 0,
         valid_len: 0,
         damaged_snapshots: damaged_names.clone(),
+        snapshot_ms: u64::try_from(loading.elapsed().as_millis()).unwrap_or(u64::MAX),
     };
     if segs.is_empty() {
         if snap_seq > 0 {
@@ -1024,6 +1028,7 @@ mod tests {
             dropped_bytes,
             valid_len,
             damaged_snapshots: vec![],
+            snapshot_ms: 0,
         }
     }
 
@@ -1115,6 +1120,10 @@ mod tests {
         let (e, ends, _) = written(dir.path());
         assert_eq!(e.last_seq(), 9);
         let (replayed, _wal, report) = open(dir.path()).unwrap();
+        let report = ReplayReport {
+            snapshot_ms: 0,
+            ..report
+        };
         assert_eq!(report, expect_report(9, 0, *ends.last().unwrap()));
         assert_eq!(replayed, e);
     }

@@ -33,6 +33,7 @@ fn rss_mib() -> u64 {
 #[test]
 #[ignore = "a measurement; run explicitly"]
 fn growth_figures() {
+    spot_core::init_tracing();
     let ops = env("GROWTH_OPS", 2_000_000);
     let accounts = env("GROWTH_ACCOUNTS", 100_000);
     let keep = env("GROWTH_KEEP", 500_000);
@@ -115,4 +116,20 @@ fn growth_figures() {
         engine.last_seq(),
         engine.remembered()
     );
+    // The two halves of a snapshot's cost, on the final state.
+    let pos = spot_core::snapshot::WalPosition {
+        segment: 1,
+        offset: 0,
+    };
+    let started = Instant::now();
+    let bytes = spot_core::snapshot::encode(&engine, pos);
+    let encode_ms = started.elapsed().as_millis();
+    let started = Instant::now();
+    let (decoded, _) = spot_core::snapshot::decode(&bytes, Assets::builtin()).unwrap();
+    println!(
+        "snapshot_encode_ms={encode_ms} snapshot_decode_ms={} bytes={}",
+        started.elapsed().as_millis(),
+        bytes.len()
+    );
+    assert_eq!(decoded, engine);
 }
