@@ -186,17 +186,6 @@ async fn observe(c: &SpotClient, n: u64) -> (Vec<Response>, Response, Vec<Respon
     (balances, totals, lookups)
 }
 
-async fn wait_snapshot(c: &SpotClient, seq: u64) -> CoreStatus {
-    for _ in 0..200 {
-        let s = status(c).await;
-        if s.snapshot_seq >= seq {
-            return s;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("no snapshot at seq {seq}");
-}
-
 #[tokio::test]
 async fn abort_at_each_step_of_a_snapshot_write_loses_and_doubles_nothing() {
     for fp in [
@@ -288,9 +277,29 @@ async fn abort_at_each_step_of_a_snapshot_write_loses_and_doubles_nothing() {
     }
 }
 
-/// A directory with snapshots at 20, 40 and 60 (the oldest deleted), the audit's retain at 45
-/// so segments wholly before 40 are compacted away; killed. Returns what a client saw.
-async fn prepared(dir: &Path) -> (Vec<Response>, Response, Vec<Response>) {
+/// What `prepared` left behind.
+struct Prepared {
+    /// What a client saw (balances, totals, lookups of every key).
+    seen: (Vec<Response>, Response, Vec<Response>),
+    /// Keys 0..keys were deposited.
+    keys: u64,
+    last_seq: u64,
+    /// The two snapshots kept.
+    older: u64,
+    newer: u64,
+}
+
+fn snap_seqs(dir: &Path) -> Vec<u64> {
+    names(dir, "snapshot-", ".snap")
+        .iter()
+        .map(|n| spot_core::snapshot::parse_name(n).unwrap())
+        .collect()
+}
+
+/// A directory where at least three snapshots were taken (one every 20 records, so the oldest
+/// was deleted and two are kept), the audit's retain at 45 so segments wholly before the older
+/// kept snapshot were compacted away; killed.
+async fn prepared(dir: &Path) -> Prepared {
     let p = Proc::start(dir, &ARGS, None).await;
     let c = p.client();
     for i in 0..45 {
@@ -300,33 +309,37 @@ async fn prepared(dir: &Path) -> (Vec<Response>, Response, Vec<Response>) {
         call(&c, Request::Retain { after_seq: 45 }).await,
         Response::Ok { core: Some(_), .. }
     ));
-    for i in 45..69 {
-        call(&c, deposit(i)).await;
-    }
-    assert_eq!(status(&c).await.last_seq, 70);
-    wait_snapshot(&c, 60).await;
-    // Compaction runs right after the snapshot is durable; wait for it.
-    for _ in 0..200 {
-        if names(dir, "snapshot-", ".snap").len() == 2 && status(&c).await.first_seq > 1 {
+    // Deposits go on until a third snapshot is durable and compaction has followed it (the
+    // snapshots are written in the background, so their exact seqs depend on timing).
+    let mut keys = 45;
+    loop {
+        call(&c, deposit(keys)).await;
+        keys += 1;
+        let seqs = snap_seqs(dir);
+        if keys >= 69 && seqs.len() == 2 && seqs[1] >= 60 && status(&c).await.first_seq > 1 {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(25)).await;
+        assert!(keys < 1000, "no third snapshot: {seqs:?}");
+        if keys >= 69 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
-    assert_eq!(
-        names(dir, "snapshot-", ".snap"),
-        vec![
-            "snapshot-00000000000000000040.snap",
-            "snapshot-00000000000000000060.snap"
-        ]
-    );
-    let first = status(&c).await.first_seq;
+    let seqs = snap_seqs(dir);
+    let (older, newer) = (seqs[0], seqs[1]);
+    let s = status(&c).await;
     assert!(
-        first > 1 && first <= 41,
-        "compacted up to the older snapshot: {first}"
+        s.first_seq > 1 && s.first_seq <= older.min(45) + 1,
+        "compacted up to the older snapshot: {s:?}"
     );
-    let seen = observe(&c, 69).await;
+    let seen = observe(&c, keys).await;
     p.kill().await;
-    seen
+    Prepared {
+        seen,
+        keys,
+        last_seq: s.last_seq,
+        older,
+        newer,
+    }
 }
 
 const ARGS: [&str; 4] = ["--snapshot-every-records", "20", "--segment-bytes", "1024"];
@@ -336,8 +349,9 @@ async fn a_damaged_or_missing_newest_snapshot_falls_back_to_the_previous_one() {
     for case in ["truncated", "flipped", "deleted"] {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("data");
-        let before = prepared(&dir).await;
-        let newest = dir.join("snapshot-00000000000000000060.snap");
+        let prep = prepared(&dir).await;
+        let newest_name = spot_core::snapshot::file_name(prep.newer);
+        let newest = dir.join(&newest_name);
         let mut bytes = std::fs::read(&newest).unwrap();
         match case {
             "truncated" => {
@@ -354,12 +368,20 @@ async fn a_damaged_or_missing_newest_snapshot_falls_back_to_the_previous_one() {
         let p = Proc::start(&dir, &ARGS, None).await;
         let c = p.client();
         let s = status(&c).await;
-        assert_eq!((s.snapshot_seq, s.last_seq), (40, 70), "{case}");
-        assert_eq!(observe(&c, 69).await, before, "{case}: the same state");
+        assert_eq!(
+            (s.snapshot_seq, s.last_seq),
+            (prep.older, prep.last_seq),
+            "{case}"
+        );
+        assert_eq!(
+            observe(&c, prep.keys).await,
+            prep.seen,
+            "{case}: the same state"
+        );
         if case != "deleted" {
             let log = p.log();
             assert!(
-                log.contains("snapshot-00000000000000000060.snap") && log.contains("damaged"),
+                log.contains(&newest_name) && log.contains("damaged"),
                 "{case}: the warning names the file: {log}"
             );
             assert!(dir
@@ -367,13 +389,13 @@ async fn a_damaged_or_missing_newest_snapshot_falls_back_to_the_previous_one() {
                 .exists());
         }
         // Duplicates are answered from what was rebuilt, and nothing is applied twice.
-        for i in 0..69 {
+        for i in 0..prep.keys {
             let Response::Applied { duplicate, .. } = call(&c, deposit(i)).await else {
                 panic!("{case}")
             };
             assert!(duplicate, "{case}");
         }
-        assert_eq!(status(&c).await.last_seq, 70, "{case}");
+        assert_eq!(status(&c).await.last_seq, prep.last_seq, "{case}");
         p.kill().await;
     }
 }
@@ -382,10 +404,11 @@ async fn a_damaged_or_missing_newest_snapshot_falls_back_to_the_previous_one() {
 async fn a_snapshot_beyond_the_wal_or_a_gap_refuses_to_start() {
     let tmp = tempfile::tempdir().unwrap();
     let a = tmp.path().join("a");
-    prepared(&a).await;
-    let snap60 = "snapshot-00000000000000000060.snap";
+    let prep = prepared(&a).await;
+    let snap = spot_core::snapshot::file_name(prep.newer);
+    let snap = snap.as_str();
 
-    // Beyond: a directory whose WAL ends at seq 30 gets the snapshot of seq 60.
+    // Beyond: a directory whose WAL ends at seq 30 gets the newest snapshot (seq 60 or more).
     let b = tmp.path().join("b");
     let p = Proc::start(&b, &["--snapshot-every-records", "0"], None).await;
     let c = p.client();
@@ -393,25 +416,31 @@ async fn a_snapshot_beyond_the_wal_or_a_gap_refuses_to_start() {
         call(&c, deposit(1000 + i)).await;
     }
     p.kill().await;
-    std::fs::copy(a.join(snap60), b.join(snap60)).unwrap();
+    std::fs::copy(a.join(snap), b.join(snap)).unwrap();
     let err = refused_start(&b, &ARGS).await;
     assert!(
-        err.contains(snap60) && err.contains("60") && err.contains("behind the snapshot"),
+        err.contains(snap)
+            && err.contains(&format!("seq {}", prep.newer))
+            && err.contains("behind the snapshot"),
         "{err}"
     );
-    assert!(b.join(snap60).exists(), "nothing is removed");
+    assert!(b.join(snap).exists(), "nothing is removed");
 
     // A gap between segments after the snapshot.
     let segs = names(&a, "wal-", ".seg");
     let first_of = |n: &str| n[4..24].parse::<u64>().unwrap();
-    let holding_61 = segs.iter().rposition(|n| first_of(n) <= 61).unwrap();
+    let holding_61 = segs
+        .iter()
+        .rposition(|n| first_of(n) <= prep.newer + 1)
+        .unwrap();
     let g = tmp.path().join("g");
     copy_dir(&a, &g);
     std::fs::remove_file(g.join(&segs[holding_61])).unwrap();
     let err = refused_start(&g, &ARGS).await;
     assert!(err.contains("gap"), "{err}");
 
-    // A gap between the snapshot and the first segment: every segment up to seq 61 is gone.
+    // A gap between the snapshot and the first segment: every segment up to the one holding
+    // the record after the snapshot is gone.
     let g2 = tmp.path().join("g2");
     copy_dir(&a, &g2);
     for n in &segs[..=holding_61] {
@@ -420,7 +449,7 @@ async fn a_snapshot_beyond_the_wal_or_a_gap_refuses_to_start() {
     let err = refused_start(&g2, &ARGS).await;
     assert!(
         err.contains("gap between snapshot")
-            && err.contains(snap60)
+            && err.contains(snap)
             && err.contains(&segs[holding_61 + 1]),
         "{err}"
     );
