@@ -324,7 +324,22 @@ async fn prepared(dir: &Path) -> Prepared {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    let seqs = snap_seqs(dir);
+    // A snapshot that came due while the previous one was being written is taken at the next
+    // batch, even a read-only one: let the directory settle before looking at it.
+    let mut seqs = snap_seqs(dir);
+    let mut quiet = 0;
+    while quiet < 3 {
+        status(&c).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = snap_seqs(dir);
+        quiet = if now == seqs && names(dir, "snapshot-", ".tmp").is_empty() {
+            quiet + 1
+        } else {
+            0
+        };
+        seqs = now;
+    }
+    assert_eq!(seqs.len(), 2, "two snapshots kept: {seqs:?}");
     let (older, newer) = (seqs[0], seqs[1]);
     let s = status(&c).await;
     assert!(
