@@ -59,24 +59,31 @@ pub fn parse_name(name: &str) -> Option<u64> {
 
 /// The whole file (header and body) for the engine's current state.
 pub fn encode(engine: &Engine, pos: WalPosition) -> Vec<u8> {
-    let mut out = Vec::with_capacity(
-        HEADER_BYTES + 64 + engine.accounts.len() * 35 + engine.remembered.len() * 80,
-    );
+    let mut out = Vec::new();
+    encode_into(engine, pos, &mut out);
+    out
+}
+
+/// `encode` into `out` (cleared first). Reusing the buffer of the previous snapshot spares
+/// the engine thread the page faults of a fresh allocation, which dominate the pause.
+pub fn encode_into(engine: &Engine, pos: WalPosition, out: &mut Vec<u8>) {
+    out.clear();
+    out.reserve(HEADER_BYTES + 64 + engine.accounts.len() * 35 + engine.remembered.len() * 80);
     out.extend_from_slice(&[0u8; HEADER_BYTES]);
     let put64 = |out: &mut Vec<u8>, v: u64| out.extend_from_slice(&v.to_le_bytes());
-    put64(&mut out, engine.last_seq);
-    put64(&mut out, engine.horizon_ms);
-    put64(&mut out, engine.retain_after);
-    put64(&mut out, pos.segment);
-    put64(&mut out, pos.offset);
+    put64(out, engine.last_seq);
+    put64(out, engine.horizon_ms);
+    put64(out, engine.retain_after);
+    put64(out, pos.segment);
+    put64(out, pos.offset);
     out.extend_from_slice(&(engine.asset_names.len() as u32).to_le_bytes());
     for name in &engine.asset_names {
         out.extend_from_slice(&(name.len() as u16).to_le_bytes());
         out.extend_from_slice(name.as_bytes());
     }
-    put64(&mut out, engine.accounts.len() as u64);
+    put64(out, engine.accounts.len() as u64);
     for ((user, asset), a) in &engine.accounts {
-        put64(&mut out, *user);
+        put64(out, *user);
         out.extend_from_slice(&asset.to_le_bytes());
         out.push(status_byte(a.status));
         out.extend_from_slice(&a.available.serialize());
@@ -86,14 +93,14 @@ pub fn encode(engine: &Engine, pos: WalPosition) -> Vec<u8> {
         out.extend_from_slice(&asset.to_le_bytes());
         out.extend_from_slice(&sum.serialize());
     }
-    put64(&mut out, engine.remembered.len() as u64);
+    put64(out, engine.remembered.len() as u64);
     for ((id, op), r) in &engine.remembered {
         out.extend_from_slice(&id.to_le_bytes());
         out.push(op_byte(*op));
-        put64(&mut out, r.user_id);
+        put64(out, r.user_id);
         out.extend_from_slice(&r.asset.to_le_bytes());
         out.push(r.outcome);
-        put64(&mut out, r.seq);
+        put64(out, r.seq);
         out.extend_from_slice(&r.amount.serialize());
         out.push(u8::from(r.balance.is_some()));
         out.extend_from_slice(&r.balance.unwrap_or(Decimal::ZERO).serialize());
@@ -105,7 +112,6 @@ pub fn encode(engine: &Engine, pos: WalPosition) -> Vec<u8> {
     out[12..16].copy_from_slice(&crc.to_le_bytes());
     out[16..24].copy_from_slice(&engine.last_seq.to_le_bytes());
     out[24..32].copy_from_slice(&body_len.to_le_bytes());
-    out
 }
 
 /// The seq a file's header claims, if the header is readable (no body check).

@@ -691,6 +691,8 @@ pub fn spawn_committer(
     let retain = Arc::new(AtomicU64::new(engine.retain_after()));
     let in_flight = Arc::new(AtomicBool::new(false));
     let (snap_tx, snap_rx) = std::sync::mpsc::channel::<SnapshotJob>();
+    // Written snapshot buffers go back to the engine thread for reuse.
+    let (spare_tx, spare_rx) = std::sync::mpsc::channel::<Vec<u8>>();
     let snapshot_thread = {
         let catalog = wal.catalog.clone();
         let retain = retain.clone();
@@ -700,7 +702,8 @@ pub fn spawn_committer(
             .name("spot-snapshot".into())
             .spawn(move || {
                 while let Ok(job) = snap_rx.recv() {
-                    write_snapshot(&dir, &catalog, job, &retain, fail);
+                    let buffer = write_snapshot(&dir, &catalog, job, &retain, fail);
+                    let _ = spare_tx.send(buffer);
                     in_flight.store(false, Ordering::Release);
                 }
             })?
@@ -715,6 +718,7 @@ pub fn spawn_committer(
                 Side {
                     journal,
                     snapshots: snap_tx,
+                    spare: spare_rx,
                     snapshot_thread,
                     in_flight,
                     retain,
@@ -729,6 +733,7 @@ pub fn spawn_committer(
 struct Side {
     journal: std::sync::mpsc::Sender<JournalJob>,
     snapshots: std::sync::mpsc::Sender<SnapshotJob>,
+    spare: std::sync::mpsc::Receiver<Vec<u8>>,
     snapshot_thread: std::thread::JoinHandle<()>,
     in_flight: Arc<AtomicBool>,
     retain: Arc<AtomicU64>,
@@ -841,12 +846,14 @@ fn commit_loop(
             // The pause: serializing the live state on this thread. Bounded by what is live
             // (accounts and remembered keys), not by history.
             let started = Instant::now();
-            let bytes = snapshot::encode(
+            let mut bytes = side.spare.try_recv().unwrap_or_default();
+            snapshot::encode_into(
                 &engine,
                 WalPosition {
                     segment: wal.active_first,
                     offset: wal.active_bytes,
                 },
+                &mut bytes,
             );
             let pause = started.elapsed();
             side.in_flight.store(true, Ordering::Release);
@@ -867,15 +874,15 @@ fn commit_loop(
     }
 }
 
-/// Write one snapshot, then compact. Failures are logged, never fatal: the WAL still holds
-/// everything the snapshot would have covered.
+/// Write one snapshot, then compact; returns the buffer for reuse. Failures are logged, never
+/// fatal: the WAL still holds everything the snapshot would have covered.
 fn write_snapshot(
     dir: &Path,
     catalog: &SharedCatalog,
     job: SnapshotJob,
     retain: &AtomicU64,
     fail: FailPoints,
-) {
+) -> Vec<u8> {
     let started = Instant::now();
     match snapshot::write_file(dir, job.seq, &job.bytes, fail) {
         Ok(path) => {
@@ -898,6 +905,7 @@ fn write_snapshot(
             tracing::error!(seq = job.seq, error = %format!("{e:#}"), "writing a snapshot failed");
         }
     }
+    job.bytes
 }
 
 /// A duration as milliseconds with three decimals, without float arithmetic.

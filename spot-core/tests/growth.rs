@@ -132,4 +132,11 @@ fn growth_figures() {
         bytes.len()
     );
     assert_eq!(decoded, engine);
+    let mut reused = bytes;
+    let started = Instant::now();
+    spot_core::snapshot::encode_into(&engine, pos, &mut reused);
+    println!(
+        "snapshot_encode_reused_buffer_ms={}",
+        started.elapsed().as_millis()
+    );
 }
