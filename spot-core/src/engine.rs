@@ -4,6 +4,12 @@
 //! state, the WAL record to persist. Every state change, whether live or during replay, goes
 //! through `Engine::apply_record`, so replaying the WAL rebuilds exactly the state that
 //! produced it.
+//!
+//! Memory follows what is live, not history: accounts, and one compact entry per remembered
+//! `(req_id, op)` keyed by the req_id's ULID value. Entries whose ULID is older than the
+//! idempotency horizon are forgotten with one split of the ordered map; such req_ids are refused
+//! `REQ_ID_EXPIRED` from then on (final, since the horizon never moves backwards). The journal
+//! itself is not kept here: it is served from the WAL segments on disk.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -11,10 +17,11 @@ use rust_decimal::Decimal;
 
 use crate::assets::{Assets, MAX_PRECISION};
 use crate::protocol::{
-    AccountStatus, BalanceEntry, JournalRecord, LookupOp, MovementOp, MovementRecord,
-    MovementRequest, Outcome, RefusalCode, Request, Response, StatusRecord, TotalEntry,
-    MAX_JOURNAL_LIMIT,
+    AccountStatus, BalanceEntry, CoreStatus, HorizonRecord, JournalRecord, LookupOp, MovementOp,
+    MovementRecord, MovementRequest, Outcome, RefusalCode, Request, Response, RetainRecord,
+    StatusRecord, TotalEntry,
 };
+use crate::ulid;
 
 /// 10^20: no amount and no balance may exceed it.
 pub fn max_amount() -> Decimal {
@@ -22,6 +29,10 @@ pub fn max_amount() -> Decimal {
 }
 
 const MAX_AMOUNT_INT: &str = "100000000000000000000";
+
+/// How far ahead of spot-core's clock a req_id's ULID time may be: a key further in the future
+/// would stay above any horizon for that long, i.e. could not expire in time.
+pub const MAX_REQ_ID_FUTURE_MS: u64 = 24 * 3600 * 1000;
 
 /// What the engine decided for one request.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,60 +64,131 @@ pub struct ReplayError {
     pub reason: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Account {
-    available: Decimal,
-    status: AccountStatus,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Account {
+    pub(crate) available: Decimal,
+    pub(crate) status: AccountStatus,
 }
+
+/// What is kept of one recorded `(req_id, op)`: enough to answer a duplicate verbatim, a
+/// `lookup`, a `cancel` and a refund's matching check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Remembered {
+    pub(crate) user_id: u64,
+    pub(crate) seq: u64,
+    pub(crate) amount: Decimal,
+    /// Balance right after an applied movement; `None` for refusals.
+    pub(crate) balance: Option<Decimal>,
+    /// Index into `Engine::asset_names`.
+    pub(crate) asset: u16,
+    /// `encode_outcome` of the outcome and refusal code.
+    pub(crate) outcome: u8,
+}
+
+/// Key of a remembered record: the req_id's ULID value, then the op. Ordered by creation time.
+pub(crate) type Key = (u128, MovementOp);
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Engine {
-    assets: Assets,
-    accounts: BTreeMap<(u64, String), Account>,
-    /// Sum of `available` per asset, kept up to date so `totals` is cheap.
-    totals: BTreeMap<String, Decimal>,
-    /// Every record ever accepted; `records[i].seq() == i + 1`.
-    records: Vec<JournalRecord>,
-    /// req_id → indices into `records` of its movements (at most one per op).
-    by_req: HashMap<String, Vec<usize>>,
+    pub(crate) assets: Assets,
+    /// Every asset symbol met in a record, interned; accounts and remembered records refer to
+    /// them by index. Only grows by configured symbols (and any a replayed record names).
+    pub(crate) asset_names: Vec<String>,
+    pub(crate) asset_ids: HashMap<String, u16>,
+    pub(crate) accounts: BTreeMap<(u64, u16), Account>,
+    /// Sum of `available` per asset index, kept up to date so `totals` is cheap.
+    pub(crate) totals: BTreeMap<u16, Decimal>,
+    pub(crate) last_seq: u64,
+    /// Idempotency horizon, Unix ms: req_ids created before it are forgotten and refused.
+    pub(crate) horizon_ms: u64,
+    /// The audit's consumed position (`retain`).
+    pub(crate) retain_after: u64,
+    pub(crate) remembered: BTreeMap<Key, Remembered>,
 }
 
 impl Engine {
     pub fn new(assets: Assets) -> Engine {
         Engine {
             assets,
+            asset_names: Vec::new(),
+            asset_ids: HashMap::new(),
             accounts: BTreeMap::new(),
             totals: BTreeMap::new(),
-            records: Vec::new(),
-            by_req: HashMap::new(),
+            last_seq: 0,
+            horizon_ms: 0,
+            retain_after: 0,
+            remembered: BTreeMap::new(),
         }
     }
 
     /// Seq of the newest record (0 when empty).
     pub fn last_seq(&self) -> u64 {
-        self.records.len() as u64
+        self.last_seq
+    }
+
+    pub fn horizon_ms(&self) -> u64 {
+        self.horizon_ms
+    }
+
+    pub fn retain_after(&self) -> u64 {
+        self.retain_after
+    }
+
+    /// `(req_id, op)` records remembered in RAM.
+    pub fn remembered(&self) -> usize {
+        self.remembered.len()
     }
 
     /// Available balance and status of one account, if it exists.
     pub fn account(&self, user_id: u64, asset: &str) -> Option<(Decimal, AccountStatus)> {
+        let id = *self.asset_ids.get(asset)?;
         self.accounts
-            .get(&(user_id, asset.to_string()))
+            .get(&(user_id, id))
             .map(|a| (a.available, a.status))
     }
 
-    /// Decide a request. State changes only through the returned record, which is already
-    /// applied to memory; the caller must make it durable before sending the response.
+    /// The counters this engine knows; the storage fields are left for the WAL layer to fill.
+    pub fn core_status(&self) -> CoreStatus {
+        CoreStatus {
+            last_seq: self.last_seq,
+            horizon_ms: self.horizon_ms,
+            retain_after: self.retain_after,
+            remembered: self.remembered.len() as u64,
+            accounts: self.accounts.len() as u64,
+            ..CoreStatus::default()
+        }
+    }
+
+    fn core_response(&self) -> Response {
+        Response::Ok {
+            ops: None,
+            balances: None,
+            totals: None,
+            records: None,
+            core: Some(self.core_status()),
+        }
+    }
+
+    /// Decide a request with spot-core's clock.
     pub fn apply(&mut self, req: &Request) -> Effect {
+        self.apply_at(req, ulid::now_ms())
+    }
+
+    /// Decide a request as at `now_ms` (Unix ms; only `advance_horizon` and the req_id's
+    /// future check read it). State changes only through the returned record, which is already
+    /// applied to memory; the caller must make it durable before sending the response.
+    /// `journal` is not answered here (the engine keeps no records): the WAL layer serves it.
+    pub fn apply_at(&mut self, req: &Request, now_ms: u64) -> Effect {
         match req {
-            Request::Withdraw(m) => self.movement(MovementOp::Withdraw, m),
-            Request::Deposit(m) => self.movement(MovementOp::Deposit, m),
-            Request::Refund(m) => self.movement(MovementOp::Refund, m),
+            Request::Withdraw(m) => self.movement(MovementOp::Withdraw, m, now_ms),
+            Request::Deposit(m) => self.movement(MovementOp::Deposit, m, now_ms),
+            Request::Refund(m) => self.movement(MovementOp::Refund, m, now_ms),
             Request::SetStatus {
                 user_id,
                 asset,
                 status,
             } => self.set_status(*user_id, asset, *status),
-            Request::Lookup { req_id } => self.lookup(req_id),
+            Request::Lookup { req_id } => self.lookup(req_id, now_ms),
             Request::Balances { user_id } => Effect::reply(Response::Ok {
                 ops: None,
                 balances: Some(self.balances(*user_id)),
@@ -121,13 +203,9 @@ impl Engine {
                 records: None,
                 core: None,
             }),
-            Request::Journal { after_seq, limit } => Effect::reply(Response::Ok {
-                ops: None,
-                balances: None,
-                totals: None,
-                records: Some(self.journal(*after_seq, *limit)),
-                core: None,
-            }),
+            Request::Journal { .. } => Effect::reply(Response::bad_request(
+                "journal is served from the WAL, not by the engine",
+            )),
             Request::Cancel {
                 req_id,
                 movement,
@@ -142,13 +220,70 @@ impl Engine {
                     asset: asset.clone(),
                     amount: amount.clone(),
                 },
+                now_ms,
             ),
             // The server answers `hello` itself; a token check has no meaning here.
             Request::Ping {} | Request::Hello { .. } => Effect::reply(Response::ok()),
-            // Issue 15: snapshots, segments and the horizon (spot-core helper implements these).
-            Request::AdvanceHorizon { .. } | Request::Retain { .. } | Request::Status {} => {
-                Effect::reply(Response::bad_request("not implemented yet"))
-            }
+            Request::AdvanceHorizon { before_ms } => self.advance_horizon(*before_ms, now_ms),
+            Request::Retain { after_seq } => self.retain(*after_seq),
+            Request::Status {} => Effect::reply(self.core_response()),
+        }
+    }
+
+    /// The req_id's ULID value, or the refusal: not canonical or too far in the future
+    /// (`INVALID_REQ_ID`), older than the horizon (`REQ_ID_EXPIRED`).
+    fn key_of(&self, req_id: &str, now_ms: u64) -> Result<u128, RefusalCode> {
+        let id = ulid::parse(req_id).ok_or(RefusalCode::InvalidReqId)?;
+        let created = ulid::time_ms(id);
+        if created > now_ms.saturating_add(MAX_REQ_ID_FUTURE_MS) {
+            return Err(RefusalCode::InvalidReqId);
+        }
+        if created < self.horizon_ms {
+            return Err(RefusalCode::ReqIdExpired);
+        }
+        Ok(id)
+    }
+
+    fn advance_horizon(&mut self, before_ms: u64, now_ms: u64) -> Effect {
+        if before_ms > now_ms {
+            return Effect::reply(Response::bad_request(format!(
+                "before_ms {before_ms} is later than spot-core's clock ({now_ms})"
+            )));
+        }
+        if before_ms <= self.horizon_ms {
+            return Effect::reply(self.core_response());
+        }
+        let record = JournalRecord::Horizon(HorizonRecord {
+            seq: self.last_seq + 1,
+            before_ms,
+        });
+        self.apply_record(record.clone())
+            .expect("a record produced by the engine is consistent with its state");
+        Effect {
+            response: self.core_response(),
+            record: Some(record),
+        }
+    }
+
+    fn retain(&mut self, after_seq: u64) -> Effect {
+        if after_seq > self.last_seq {
+            return Effect::reply(Response::bad_request(format!(
+                "after_seq {after_seq} is beyond the last seq {}",
+                self.last_seq
+            )));
+        }
+        if after_seq <= self.retain_after {
+            return Effect::reply(self.core_response());
+        }
+        let record = JournalRecord::Retain(RetainRecord {
+            seq: self.last_seq + 1,
+            after_seq,
+        });
+        self.apply_record(record.clone())
+            .expect("a record produced by the engine is consistent with its state");
+        Effect {
+            response: self.core_response(),
+            record: Some(record),
         }
     }
 
@@ -157,12 +292,13 @@ impl Engine {
     /// answer is the one record now standing for the key, shaped like a `lookup` entry, and
     /// left for the caller to compare with the movement it meant (like `lookup`, a record with
     /// other details is reported, not refused).
-    fn cancel(&mut self, op: MovementOp, m: &MovementRequest) -> Effect {
-        if !valid_req_id(&m.req_id) {
-            return Effect::refuse(RefusalCode::InvalidReqId);
-        }
-        if let Some(first) = self.find_movement(&m.req_id, op) {
-            return Effect::reply(ops_response(vec![lookup_op(op, first)]));
+    fn cancel(&mut self, op: MovementOp, m: &MovementRequest, now_ms: u64) -> Effect {
+        let id = match self.key_of(&m.req_id, now_ms) {
+            Ok(id) => id,
+            Err(code) => return Effect::refuse(code),
+        };
+        if let Some(first) = self.remembered.get(&(id, op)) {
+            return Effect::reply(ops_response(vec![self.lookup_op(op, first)]));
         }
         // The same validations as the movement itself: the record must be one the movement
         // could have produced, and replay checks the amount.
@@ -177,7 +313,7 @@ impl Engine {
             Err(code) => return Effect::refuse(code),
         };
         let rec = MovementRecord {
-            seq: self.last_seq() + 1,
+            seq: self.last_seq + 1,
             req_id: m.req_id.clone(),
             user_id: m.user_id,
             asset: m.asset.clone(),
@@ -186,7 +322,15 @@ impl Engine {
             code: Some(RefusalCode::Cancelled),
             balance: None,
         };
-        let response = ops_response(vec![lookup_op(op, &rec)]);
+        let response = ops_response(vec![LookupOp {
+            op,
+            user_id: rec.user_id,
+            asset: rec.asset.clone(),
+            amount: rec.amount,
+            outcome: rec.outcome,
+            code: rec.code,
+            seq: rec.seq,
+        }]);
         let record = JournalRecord::from_movement(op, rec);
         self.apply_record(record.clone())
             .expect("a record produced by the engine is consistent with its state");
@@ -196,19 +340,20 @@ impl Engine {
         }
     }
 
-    fn movement(&mut self, op: MovementOp, m: &MovementRequest) -> Effect {
-        if !valid_req_id(&m.req_id) {
-            return Effect::refuse(RefusalCode::InvalidReqId);
-        }
+    fn movement(&mut self, op: MovementOp, m: &MovementRequest, now_ms: u64) -> Effect {
+        let id = match self.key_of(&m.req_id, now_ms) {
+            Ok(id) => id,
+            Err(code) => return Effect::refuse(code),
+        };
         // The idempotency check comes before the other validations on purpose: a retry of
         // something already recorded must get the recorded answer even if the asset config
         // changed since, otherwise a caller could mistake an applied movement for a refusal.
-        if let Some(first) = self.find_movement(&m.req_id, op) {
+        if let Some(first) = self.remembered.get(&(id, op)) {
             let same = first.user_id == m.user_id
-                && first.asset == m.asset
+                && self.asset_names[usize::from(first.asset)] == m.asset
                 && parse_amount(&m.amount, MAX_PRECISION).is_ok_and(|a| a == first.amount);
             return Effect::reply(if same {
-                movement_response(first, true)
+                remembered_response(first, true)
             } else {
                 Response::refused(RefusalCode::ReqIdConflict, false, None)
             });
@@ -224,13 +369,13 @@ impl Engine {
             Err(code) => return Effect::refuse(code),
         };
 
-        let decision = self.decide(op, m, amount);
+        let decision = self.decide(op, id, m, amount);
         let (outcome, code, balance) = match decision {
             Ok(new_balance) => (Outcome::Applied, None, Some(new_balance)),
             Err(code) => (Outcome::Refused, Some(code), None),
         };
         let rec = MovementRecord {
-            seq: self.last_seq() + 1,
+            seq: self.last_seq + 1,
             req_id: m.req_id.clone(),
             user_id: m.user_id,
             asset: m.asset.clone(),
@@ -249,14 +394,20 @@ impl Engine {
         }
     }
 
+    fn account_of(&self, user_id: u64, asset: &str) -> Option<&Account> {
+        let id = *self.asset_ids.get(asset)?;
+        self.accounts.get(&(user_id, id))
+    }
+
     /// Business rules: the new available balance, or the refusal to record.
     fn decide(
         &self,
         op: MovementOp,
+        id: u128,
         m: &MovementRequest,
         amount: Decimal,
     ) -> Result<Decimal, RefusalCode> {
-        let account = self.accounts.get(&(m.user_id, m.asset.clone()));
+        let account = self.account_of(m.user_id, &m.asset);
         match op {
             MovementOp::Withdraw => {
                 let a = account.ok_or(RefusalCode::SourceAccountNotFound)?;
@@ -279,11 +430,12 @@ impl Engine {
             MovementOp::Refund => {
                 // Status is ignored: a refund puts money back where it was taken from.
                 let matching = self
-                    .find_movement(&m.req_id, MovementOp::Withdraw)
+                    .remembered
+                    .get(&(id, MovementOp::Withdraw))
                     .is_some_and(|w| {
-                        w.outcome == Outcome::Applied
+                        w.outcome == APPLIED
                             && w.user_id == m.user_id
-                            && w.asset == m.asset
+                            && self.asset_names[usize::from(w.asset)] == m.asset
                             && w.amount == amount
                     });
                 if !matching {
@@ -302,7 +454,7 @@ impl Engine {
             return Effect::refuse(RefusalCode::InvalidAsset);
         }
         let record = JournalRecord::SetStatus(StatusRecord {
-            seq: self.last_seq() + 1,
+            seq: self.last_seq + 1,
             user_id,
             asset: asset.to_string(),
             status,
@@ -315,31 +467,46 @@ impl Engine {
         }
     }
 
-    fn lookup(&self, req_id: &str) -> Effect {
-        if !valid_req_id(req_id) {
-            return Effect::refuse(RefusalCode::InvalidReqId);
-        }
+    /// Every op recorded under `req_id`; `REQ_ID_EXPIRED` (never an empty list) when the
+    /// req_id is older than the horizon, since its records may have been forgotten.
+    fn lookup(&self, req_id: &str, now_ms: u64) -> Effect {
+        let id = match self.key_of(req_id, now_ms) {
+            Ok(id) => id,
+            Err(code) => return Effect::refuse(code),
+        };
         let ops = self
-            .by_req
-            .get(req_id)
-            .into_iter()
-            .flatten()
-            .filter_map(|&i| self.records[i].as_movement())
-            .map(|(op, r)| lookup_op(op, r))
+            .remembered
+            .range((id, MovementOp::Withdraw)..=(id, MovementOp::Refund))
+            .map(|((_, op), r)| self.lookup_op(*op, r))
             .collect();
         Effect::reply(ops_response(ops))
     }
 
+    fn lookup_op(&self, op: MovementOp, r: &Remembered) -> LookupOp {
+        let (outcome, code) = decode_outcome(r.outcome);
+        LookupOp {
+            op,
+            user_id: r.user_id,
+            asset: self.asset_names[usize::from(r.asset)].clone(),
+            amount: r.amount,
+            outcome,
+            code,
+            seq: r.seq,
+        }
+    }
+
     pub fn balances(&self, user_id: u64) -> Vec<BalanceEntry> {
-        self.accounts
-            .range((user_id, String::new())..)
-            .take_while(|((u, _), _)| *u == user_id)
+        let mut out: Vec<BalanceEntry> = self
+            .accounts
+            .range((user_id, 0)..=(user_id, u16::MAX))
             .map(|((_, asset), a)| BalanceEntry {
-                asset: asset.clone(),
+                asset: self.asset_names[usize::from(*asset)].clone(),
                 available: a.available,
                 status: a.status,
             })
-            .collect()
+            .collect();
+        out.sort_by(|a, b| a.asset.cmp(&b.asset));
+        out
     }
 
     /// Per-asset sum of balances, listing every configured asset even at zero.
@@ -347,7 +514,7 @@ impl Engine {
         let mut all: BTreeMap<&str, Decimal> =
             self.assets.symbols().map(|s| (s, Decimal::ZERO)).collect();
         for (asset, sum) in &self.totals {
-            all.insert(asset, *sum);
+            all.insert(&self.asset_names[usize::from(*asset)], *sum);
         }
         all.into_iter()
             .map(|(asset, sum)| TotalEntry {
@@ -357,38 +524,58 @@ impl Engine {
             .collect()
     }
 
-    pub fn journal(&self, after_seq: u64, limit: u32) -> Vec<JournalRecord> {
-        let start = usize::try_from(after_seq)
-            .unwrap_or(usize::MAX)
-            .min(self.records.len());
-        let limit = limit.min(MAX_JOURNAL_LIMIT) as usize;
-        self.records[start..].iter().take(limit).cloned().collect()
-    }
-
-    fn find_movement(&self, req_id: &str, op: MovementOp) -> Option<&MovementRecord> {
-        self.by_req
-            .get(req_id)?
-            .iter()
-            .filter_map(|&i| self.records[i].as_movement())
-            .find(|(o, _)| *o == op)
-            .map(|(_, r)| r)
+    /// The index of an asset symbol, interning it on first use.
+    fn intern(&mut self, asset: &str) -> Result<u16, String> {
+        if let Some(id) = self.asset_ids.get(asset) {
+            return Ok(*id);
+        }
+        let id = u16::try_from(self.asset_names.len())
+            .map_err(|_| "more than 65536 distinct assets".to_string())?;
+        self.asset_names.push(asset.to_string());
+        self.asset_ids.insert(asset.to_string(), id);
+        Ok(id)
     }
 
     /// The only way state changes. Checks that `record` follows from the current state
-    /// (contiguous seq, arithmetic matches the recorded balance) before touching anything.
+    /// (contiguous seq, arithmetic matches the recorded balance, req_id not below the horizon,
+    /// horizon and retain only forward) before touching anything.
     pub fn apply_record(&mut self, record: JournalRecord) -> Result<(), ReplayError> {
         let seq = record.seq();
         let fail = |reason: String| Err(ReplayError { seq, reason });
-        if seq != self.last_seq() + 1 {
-            return fail(format!("expected seq {}", self.last_seq() + 1));
+        if seq != self.last_seq + 1 {
+            return fail(format!("expected seq {}", self.last_seq + 1));
         }
         match &record {
-            JournalRecord::Horizon(_) | JournalRecord::Retain(_) => {
-                return fail("horizon and retain records are not implemented yet".into());
+            JournalRecord::Horizon(h) => {
+                if h.before_ms <= self.horizon_ms {
+                    return fail(format!(
+                        "horizon {} does not move forward from {}",
+                        h.before_ms, self.horizon_ms
+                    ));
+                }
+                self.horizon_ms = h.before_ms;
+                // Everything created before the horizon goes in one split.
+                let keep = self
+                    .remembered
+                    .split_off(&(ulid::lower_bound(h.before_ms), MovementOp::Withdraw));
+                self.remembered = keep;
+            }
+            JournalRecord::Retain(r) => {
+                if r.after_seq <= self.retain_after || r.after_seq >= seq {
+                    return fail(format!(
+                        "retain {} does not move forward from {} or is not before its own seq",
+                        r.after_seq, self.retain_after
+                    ));
+                }
+                self.retain_after = r.after_seq;
             }
             JournalRecord::SetStatus(s) => {
+                let asset = match self.intern(&s.asset) {
+                    Ok(a) => a,
+                    Err(e) => return fail(e),
+                };
                 self.accounts
-                    .entry((s.user_id, s.asset.clone()))
+                    .entry((s.user_id, asset))
                     .or_insert(Account {
                         available: Decimal::ZERO,
                         status: AccountStatus::Active,
@@ -397,71 +584,135 @@ impl Engine {
             }
             JournalRecord::Withdraw(m) | JournalRecord::Deposit(m) | JournalRecord::Refund(m) => {
                 let (op, _) = record.as_movement().expect("movement");
-                if self.find_movement(&m.req_id, op).is_some() {
+                let Some(id) = ulid::parse(&m.req_id) else {
+                    return fail(format!("req_id {} is not a ULID", m.req_id));
+                };
+                if ulid::time_ms(id) < self.horizon_ms {
+                    return fail(format!(
+                        "req_id {} is older than the horizon {}",
+                        m.req_id, self.horizon_ms
+                    ));
+                }
+                if self.remembered.contains_key(&(id, op)) {
                     return fail(format!("second {} for req_id {}", op.as_str(), m.req_id));
                 }
-                if !valid_req_id(&m.req_id) || m.amount <= Decimal::ZERO || m.amount > max_amount()
-                {
-                    return fail("invalid req_id or amount".into());
+                if m.amount <= Decimal::ZERO || m.amount > max_amount() {
+                    return fail("invalid amount".into());
                 }
-                match (m.outcome, m.code, m.balance) {
-                    (Outcome::Refused, Some(_), None) => {}
-                    (Outcome::Applied, None, Some(recorded)) => {
-                        let key = (m.user_id, m.asset.clone());
-                        let current = self.accounts.get(&key).map(|a| a.available);
-                        let new = match (op, current) {
-                            (MovementOp::Withdraw, Some(cur)) if cur >= m.amount => cur - m.amount,
-                            (MovementOp::Withdraw, _) => {
-                                return fail("withdraw exceeds the balance".into())
-                            }
-                            (MovementOp::Refund, None) => {
-                                return fail("refund into a missing account".into())
-                            }
-                            (_, cur) => match credit(cur.unwrap_or(Decimal::ZERO), m.amount) {
-                                Ok(v) => v,
-                                Err(_) => return fail("credit exceeds 10^20".into()),
-                            },
-                        };
-                        if new != recorded {
-                            return fail(format!("computed balance {new} but recorded {recorded}"));
-                        }
-                        let total = self.totals.entry(m.asset.clone()).or_insert(Decimal::ZERO);
-                        *total = if op == MovementOp::Withdraw {
-                            *total - m.amount
-                        } else {
-                            *total + m.amount
-                        };
-                        self.accounts
-                            .entry(key)
-                            .or_insert(Account {
-                                available: Decimal::ZERO,
-                                status: AccountStatus::Active,
-                            })
-                            .available = new.normalize();
-                    }
+                let outcome = match (m.outcome, m.code, m.balance) {
+                    (Outcome::Refused, Some(code), None) => encode_outcome(Some(code)),
+                    (Outcome::Applied, None, Some(_)) => APPLIED,
                     _ => return fail("outcome, code and balance disagree".into()),
+                };
+                // Check everything before changing anything (interning included).
+                let known = self.asset_ids.get(&m.asset).copied();
+                let mut new_balance = None;
+                if let Some(recorded) = m.balance {
+                    let current = known
+                        .and_then(|a| self.accounts.get(&(m.user_id, a)))
+                        .map(|a| a.available);
+                    let new = match (op, current) {
+                        (MovementOp::Withdraw, Some(cur)) if cur >= m.amount => cur - m.amount,
+                        (MovementOp::Withdraw, _) => {
+                            return fail("withdraw exceeds the balance".into())
+                        }
+                        (MovementOp::Refund, None) => {
+                            return fail("refund into a missing account".into())
+                        }
+                        (_, cur) => match credit(cur.unwrap_or(Decimal::ZERO), m.amount) {
+                            Ok(v) => v,
+                            Err(_) => return fail("credit exceeds 10^20".into()),
+                        },
+                    };
+                    if new != recorded {
+                        return fail(format!("computed balance {new} but recorded {recorded}"));
+                    }
+                    new_balance = Some(new);
                 }
-                self.by_req
-                    .entry(m.req_id.clone())
-                    .or_default()
-                    .push(self.records.len());
+                let asset = match self.intern(&m.asset) {
+                    Ok(a) => a,
+                    Err(e) => return fail(e),
+                };
+                if let Some(new) = new_balance {
+                    let key = (m.user_id, asset);
+                    let total = self.totals.entry(asset).or_insert(Decimal::ZERO);
+                    *total = if op == MovementOp::Withdraw {
+                        *total - m.amount
+                    } else {
+                        *total + m.amount
+                    };
+                    self.accounts
+                        .entry(key)
+                        .or_insert(Account {
+                            available: Decimal::ZERO,
+                            status: AccountStatus::Active,
+                        })
+                        .available = new.normalize();
+                }
+                self.remembered.insert(
+                    (id, op),
+                    Remembered {
+                        user_id: m.user_id,
+                        seq,
+                        amount: m.amount,
+                        balance: m.balance,
+                        asset,
+                        outcome,
+                    },
+                );
             }
         }
-        self.records.push(record);
+        self.last_seq = seq;
         Ok(())
     }
 }
 
-fn lookup_op(op: MovementOp, r: &MovementRecord) -> LookupOp {
-    LookupOp {
-        op,
-        user_id: r.user_id,
-        asset: r.asset.clone(),
-        amount: r.amount,
-        outcome: r.outcome,
-        code: r.code,
-        seq: r.seq,
+/// `Remembered::outcome` of an applied movement.
+pub(crate) const APPLIED: u8 = 0;
+
+/// Every refusal code that can be recorded, by its stored number (`index + 1`). Append only:
+/// snapshots store these numbers.
+const RECORDED_CODES: [RefusalCode; 14] = [
+    RefusalCode::InvalidReqId,
+    RefusalCode::InvalidUserId,
+    RefusalCode::InvalidAsset,
+    RefusalCode::InvalidAmount,
+    RefusalCode::PrecisionOverflow,
+    RefusalCode::Overflow,
+    RefusalCode::ReqIdConflict,
+    RefusalCode::SourceAccountNotFound,
+    RefusalCode::AccountFrozen,
+    RefusalCode::AccountDisabled,
+    RefusalCode::InsufficientBalance,
+    RefusalCode::NoMatchingWithdraw,
+    RefusalCode::Cancelled,
+    RefusalCode::ReqIdExpired,
+];
+
+pub(crate) fn encode_outcome(code: Option<RefusalCode>) -> u8 {
+    match code {
+        None => APPLIED,
+        Some(code) => {
+            let i = RECORDED_CODES
+                .iter()
+                .position(|c| *c == code)
+                .expect("every refusal code is listed");
+            u8::try_from(i + 1).expect("fewer than 255 codes")
+        }
     }
+}
+
+/// The outcome and code of a stored number; `None` for a number no version wrote.
+pub(crate) fn try_decode_outcome(n: u8) -> Option<(Outcome, Option<RefusalCode>)> {
+    if n == APPLIED {
+        return Some((Outcome::Applied, None));
+    }
+    let code = *RECORDED_CODES.get(usize::from(n) - 1)?;
+    Some((Outcome::Refused, Some(code)))
+}
+
+fn decode_outcome(n: u8) -> (Outcome, Option<RefusalCode>) {
+    try_decode_outcome(n).expect("outcome numbers are validated when stored")
 }
 
 fn ops_response(ops: Vec<LookupOp>) -> Response {
@@ -471,6 +722,21 @@ fn ops_response(ops: Vec<LookupOp>) -> Response {
         totals: None,
         records: None,
         core: None,
+    }
+}
+
+fn remembered_response(r: &Remembered, duplicate: bool) -> Response {
+    match decode_outcome(r.outcome) {
+        (Outcome::Applied, _) => Response::Applied {
+            balance: r.balance.expect("applied records carry a balance"),
+            duplicate,
+            seq: r.seq,
+        },
+        (Outcome::Refused, code) => Response::refused(
+            code.expect("refused records carry a code"),
+            duplicate,
+            Some(r.seq),
+        ),
     }
 }
 
@@ -496,11 +762,9 @@ fn credit(balance: Decimal, amount: Decimal) -> Result<Decimal, RefusalCode> {
     }
 }
 
+/// A req_id is a canonical ULID (see `ulid::parse`).
 pub fn valid_req_id(req_id: &str) -> bool {
-    (1..=64).contains(&req_id.len())
-        && req_id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    ulid::parse(req_id).is_some()
 }
 
 pub fn valid_user_id(user_id: u64) -> bool {
@@ -557,9 +821,28 @@ mod tests {
         Engine::new(Assets::builtin())
     }
 
+    /// Creation time of the test req_ids.
+    const T0: u64 = 1_700_000_000_000;
+
+    /// A canonical ULID standing for `label` (created at `T0`); a label that cannot be one
+    /// (empty, with a space, longer than a ULID) is passed through, for the validation tests.
+    fn id(label: &str) -> String {
+        if label.is_empty()
+            || label.contains(' ')
+            || label.len() > ulid::ULID_LEN
+            || !label.is_ascii()
+        {
+            return label.to_string();
+        }
+        let h = label.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
+        });
+        ulid::format(ulid::from_parts(T0, u128::from(h)))
+    }
+
     fn mv(op: MovementOp, req_id: &str, user_id: u64, asset: &str, amount: &str) -> Request {
         let body = MovementRequest {
-            req_id: req_id.into(),
+            req_id: id(req_id),
             user_id,
             asset: asset.into(),
             amount: amount.into(),
@@ -693,6 +976,17 @@ mod tests {
             mv(w, "é", 1, "USDT", "1"),
             RefusalCode::InvalidReqId,
         );
+        // Not canonical: lowercase, or not a ULID at all (the old free-form ids).
+        let mut lower = mv(w, "x", 1, "USDT", "1");
+        if let Request::Withdraw(m) = &mut lower {
+            m.req_id = m.req_id.to_lowercase();
+        }
+        assert_unrecorded(&mut e, lower, RefusalCode::InvalidReqId);
+        let mut short = mv(w, "x", 1, "USDT", "1");
+        if let Request::Withdraw(m) = &mut short {
+            m.req_id = "t-1".into();
+        }
+        assert_unrecorded(&mut e, short, RefusalCode::InvalidReqId);
         assert_unrecorded(
             &mut e,
             mv(w, "r1", 0, "USDT", "1"),
@@ -771,6 +1065,13 @@ mod tests {
             &mut e,
             Request::Lookup {
                 req_id: "no good".into(),
+            },
+            RefusalCode::InvalidReqId,
+        );
+        assert_unrecorded(
+            &mut e,
+            Request::Lookup {
+                req_id: id("r1").to_lowercase(),
             },
             RefusalCode::InvalidReqId,
         );
@@ -1058,11 +1359,8 @@ mod tests {
         withdraw(&mut e, "t1", 7, "USDT", "10.5");
         refund(&mut e, "t1", 7, "USDT", "10.5");
         withdraw(&mut e, "t2", 7, "USDT", "999");
-        let Response::Ok { ops: Some(ops), .. } = e
-            .apply(&Request::Lookup {
-                req_id: "t1".into(),
-            })
-            .response
+        let Response::Ok { ops: Some(ops), .. } =
+            e.apply(&Request::Lookup { req_id: id("t1") }).response
         else {
             panic!("lookup failed")
         };
@@ -1075,11 +1373,8 @@ mod tests {
             (ops[1].op, ops[1].outcome, ops[1].seq),
             (MovementOp::Refund, Outcome::Applied, 3)
         );
-        let Response::Ok { ops: Some(ops), .. } = e
-            .apply(&Request::Lookup {
-                req_id: "t2".into(),
-            })
-            .response
+        let Response::Ok { ops: Some(ops), .. } =
+            e.apply(&Request::Lookup { req_id: id("t2") }).response
         else {
             panic!("lookup failed")
         };
@@ -1089,7 +1384,7 @@ mod tests {
         );
         let Response::Ok { ops: Some(ops), .. } = e
             .apply(&Request::Lookup {
-                req_id: "never".into(),
+                req_id: id("never"),
             })
             .response
         else {
@@ -1126,40 +1421,24 @@ mod tests {
                 },
             ]
         );
-        let all = e.journal(0, 1000);
-        assert_eq!(
-            all.iter().map(JournalRecord::seq).collect::<Vec<_>>(),
-            vec![1, 2, 3, 4, 5]
-        );
-        assert_eq!(
-            e.journal(3, 1)
-                .iter()
-                .map(JournalRecord::seq)
-                .collect::<Vec<_>>(),
-            vec![4]
-        );
-        assert!(e.journal(5, 10).is_empty());
-        assert!(e.journal(u64::MAX, 10).is_empty());
-        for _ in 0..(MAX_JOURNAL_LIMIT + 10) {
-            e.apply(&Request::SetStatus {
-                user_id: 9,
-                asset: "BTC".into(),
-                status: AccountStatus::Active,
-            });
-        }
-        assert_eq!(e.journal(0, u32::MAX).len(), MAX_JOURNAL_LIMIT as usize);
     }
 
     #[test]
     fn replaying_the_records_rebuilds_the_same_engine() {
         let mut e = engine();
-        deposit(&mut e, "a", 1, "USDT", "10");
-        withdraw(&mut e, "b", 1, "USDT", "4");
-        withdraw(&mut e, "c", 1, "USDT", "40");
-        refund(&mut e, "b", 1, "USDT", "4");
-        set_status(&mut e, 1, "USDT", AccountStatus::Frozen);
+        let records: Vec<JournalRecord> = [
+            deposit(&mut e, "a", 1, "USDT", "10"),
+            withdraw(&mut e, "b", 1, "USDT", "4"),
+            withdraw(&mut e, "c", 1, "USDT", "40"),
+            refund(&mut e, "b", 1, "USDT", "4"),
+            set_status(&mut e, 1, "USDT", AccountStatus::Frozen),
+        ]
+        .into_iter()
+        .filter_map(|effect| effect.record)
+        .collect();
+        assert_eq!(records.len(), 5);
         let mut r = engine();
-        for rec in e.journal(0, 1000) {
+        for rec in records {
             r.apply_record(rec).unwrap();
         }
         assert_eq!(r, e);
@@ -1212,7 +1491,7 @@ mod tests {
         amount: &str,
     ) -> Effect {
         e.apply(&Request::Cancel {
-            req_id: req_id.into(),
+            req_id: id(req_id),
             movement: op,
             user_id: user,
             asset: asset.into(),
@@ -1230,7 +1509,7 @@ mod tests {
     #[test]
     fn cancel_records_a_refusal_that_every_later_copy_gets() {
         let mut e = engine();
-        deposit(&mut e, "seed", 1, "USDT", "100");
+        let mut records = vec![deposit(&mut e, "seed", 1, "USDT", "100").record.unwrap()];
         for op in [
             MovementOp::Withdraw,
             MovementOp::Deposit,
@@ -1243,6 +1522,7 @@ mod tests {
                 .record
                 .clone()
                 .expect("a cancel of nothing is recorded");
+            records.push(rec.clone());
             let (rec_op, m) = rec.as_movement().unwrap();
             assert_eq!(rec_op, op);
             assert_eq!(
@@ -1283,19 +1563,18 @@ mod tests {
             // And lookup shows it.
             assert_eq!(
                 single_op(&e.apply(&Request::Lookup {
-                    req_id: req_id.clone()
+                    req_id: id(&req_id)
                 })),
                 entry
             );
         }
         // A cancelled withdraw was never applied, so there is nothing to refund.
-        assert_eq!(
-            code(&refund(&mut e, "c-withdraw", 1, "USDT", "10.5")),
-            Some(RefusalCode::NoMatchingWithdraw)
-        );
+        let refused = refund(&mut e, "c-withdraw", 1, "USDT", "10.5");
+        assert_eq!(code(&refused), Some(RefusalCode::NoMatchingWithdraw));
+        records.push(refused.record.unwrap());
         assert_eq!(balance(&e, 1, "USDT"), Some(d("100")));
         let mut r = engine();
-        for rec in e.journal(0, 1000) {
+        for rec in records {
             r.apply_record(rec).unwrap();
         }
         assert_eq!(r, e);
@@ -1368,13 +1647,206 @@ mod tests {
             ),
         ] {
             let req = Request::Cancel {
-                req_id: req_id.into(),
+                req_id: id(req_id),
                 movement: w,
                 user_id: user,
                 asset: asset.into(),
                 amount: amount.into(),
             };
             assert_unrecorded(&mut e, req, expected);
+        }
+    }
+
+    fn key_at(ms: u64, n: u128) -> String {
+        ulid::format(ulid::from_parts(ms, n))
+    }
+
+    fn dep(e: &mut Engine, req_id: &str, amount: &str, now: u64) -> Effect {
+        e.apply_at(
+            &Request::Deposit(MovementRequest {
+                req_id: req_id.into(),
+                user_id: 1,
+                asset: "USDT".into(),
+                amount: amount.into(),
+            }),
+            now,
+        )
+    }
+
+    fn horizon(e: &mut Engine, before_ms: u64, now: u64) -> Effect {
+        e.apply_at(&Request::AdvanceHorizon { before_ms }, now)
+    }
+
+    fn core(effect: &Effect) -> CoreStatus {
+        match &effect.response {
+            Response::Ok { core: Some(c), .. } => c.clone(),
+            other => panic!("expected ok with core, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_req_id_too_far_in_the_future_is_invalid() {
+        let mut e = engine();
+        let now = T0;
+        let ok = key_at(now + MAX_REQ_ID_FUTURE_MS, 1);
+        let late = key_at(now + MAX_REQ_ID_FUTURE_MS + 1, 2);
+        assert!(matches!(
+            dep(&mut e, &ok, "1", now).response,
+            Response::Applied { .. }
+        ));
+        let before = e.clone();
+        let r = dep(&mut e, &late, "1", now);
+        assert_eq!(code(&r), Some(RefusalCode::InvalidReqId));
+        assert!(r.record.is_none());
+        assert_eq!(e, before);
+        let r = e.apply_at(&Request::Lookup { req_id: late }, now);
+        assert_eq!(code(&r), Some(RefusalCode::InvalidReqId));
+    }
+
+    #[test]
+    fn the_horizon_forgets_older_keys_and_refuses_them_for_good() {
+        let mut e = engine();
+        let now = T0 + 10_000;
+        let old = key_at(T0 + 999, 7);
+        let edge = key_at(T0 + 1000, 0);
+        let young = key_at(T0 + 5000, 3);
+        for k in [&old, &edge, &young] {
+            assert!(matches!(
+                dep(&mut e, k, "1", now).response,
+                Response::Applied { .. }
+            ));
+        }
+        assert_eq!(e.remembered(), 3);
+        let h = horizon(&mut e, T0 + 1000, now);
+        let rec = h.record.clone().expect("a forward horizon is recorded");
+        assert_eq!(
+            rec,
+            JournalRecord::Horizon(HorizonRecord {
+                seq: 4,
+                before_ms: T0 + 1000
+            })
+        );
+        let c = core(&h);
+        assert_eq!((c.horizon_ms, c.remembered, c.last_seq), (T0 + 1000, 2, 4));
+        // The forgotten key: a retry is refused, not applied again; memory does not grow.
+        let before = e.clone();
+        let retry = dep(&mut e, &old, "1", now);
+        assert_eq!(
+            retry.response,
+            Response::refused(RefusalCode::ReqIdExpired, false, None)
+        );
+        assert!(retry.record.is_none());
+        let cancel = e.apply_at(
+            &Request::Cancel {
+                req_id: old.clone(),
+                movement: MovementOp::Deposit,
+                user_id: 1,
+                asset: "USDT".into(),
+                amount: "1".into(),
+            },
+            now,
+        );
+        assert_eq!(code(&cancel), Some(RefusalCode::ReqIdExpired));
+        assert!(cancel.record.is_none());
+        // lookup never answers "not seen" for it.
+        let lookup = e.apply_at(
+            &Request::Lookup {
+                req_id: old.clone(),
+            },
+            now,
+        );
+        assert_eq!(code(&lookup), Some(RefusalCode::ReqIdExpired));
+        assert_eq!(e, before);
+        assert_eq!(balance(&e, 1, "USDT"), Some(d("3")));
+        // The key exactly at the horizon is kept: a duplicate is still answered verbatim.
+        let dup = dep(&mut e, &edge, "1", now);
+        assert!(matches!(
+            dup.response,
+            Response::Applied {
+                duplicate: true,
+                seq: 2,
+                ..
+            }
+        ));
+        // A repeated or older horizon changes nothing and records nothing.
+        for before_ms in [T0 + 1000, T0 + 10, 0] {
+            let same = horizon(&mut e, before_ms, now);
+            assert!(same.record.is_none());
+            assert_eq!(core(&same).horizon_ms, T0 + 1000);
+        }
+        assert_eq!(e, before);
+        // A horizon in the future of spot-core's clock is a bad request.
+        let future = horizon(&mut e, now + 1, now);
+        assert!(matches!(future.response, Response::Error { .. }));
+        assert!(future.record.is_none());
+        assert_eq!(e, before);
+    }
+
+    #[test]
+    fn retain_moves_forward_only() {
+        let mut e = engine();
+        deposit(&mut e, "a", 1, "USDT", "1");
+        deposit(&mut e, "b", 1, "USDT", "1");
+        let r = e.apply(&Request::Retain { after_seq: 3 });
+        assert!(matches!(r.response, Response::Error { .. }));
+        let r = e.apply(&Request::Retain { after_seq: 2 });
+        assert_eq!(
+            r.record,
+            Some(JournalRecord::Retain(RetainRecord {
+                seq: 3,
+                after_seq: 2
+            }))
+        );
+        assert_eq!(core(&r).retain_after, 2);
+        for after_seq in [2, 1, 0] {
+            let again = e.apply(&Request::Retain { after_seq });
+            assert!(again.record.is_none());
+            assert_eq!(core(&again).retain_after, 2);
+        }
+        let s = core(&e.apply(&Request::Status {}));
+        assert_eq!((s.last_seq, s.remembered, s.accounts), (3, 2, 1));
+    }
+
+    #[test]
+    fn replay_refuses_a_horizon_or_retain_moving_backwards_and_keys_below_the_horizon() {
+        let now = T0 + 10_000;
+        let mut e = engine();
+        let k = key_at(T0 + 100, 1);
+        let mut records = vec![dep(&mut e, &k, "1", now).record.unwrap()];
+        records.push(horizon(&mut e, T0 + 500, now).record.unwrap());
+        let mut r = engine();
+        for rec in records.clone() {
+            r.apply_record(rec).unwrap();
+        }
+        assert_eq!(r, e);
+        assert_eq!(r.remembered(), 0);
+        let bad = [
+            JournalRecord::Horizon(HorizonRecord {
+                seq: 3,
+                before_ms: T0 + 500,
+            }),
+            JournalRecord::Horizon(HorizonRecord {
+                seq: 3,
+                before_ms: T0 + 1,
+            }),
+            JournalRecord::Retain(RetainRecord {
+                seq: 3,
+                after_seq: 3,
+            }),
+            // The key created before the horizon, recorded after it: impossible live.
+            {
+                let JournalRecord::Deposit(mut m) = records[0].clone() else {
+                    unreachable!()
+                };
+                m.seq = 3;
+                m.balance = Some(d("2"));
+                JournalRecord::Deposit(m)
+            },
+        ];
+        for rec in bad {
+            let mut probe = r.clone();
+            assert!(probe.apply_record(rec.clone()).is_err(), "{rec:?}");
+            assert_eq!(probe, r, "{rec:?} must change nothing");
         }
     }
 }

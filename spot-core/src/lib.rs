@@ -1,11 +1,15 @@
-//! spot-core: the SPOT account engine (RAM balances made durable by a checksummed WAL),
-//! served over TCP, plus the client and wire types other crates use to talk to it.
+//! spot-core: the SPOT account engine (RAM balances made durable by a segmented, checksummed
+//! WAL and periodic snapshots), served over TCP, plus the client and wire types other crates use
+//! to talk to it.
 
 pub mod assets;
 pub mod client;
 pub mod engine;
+pub mod journal;
 pub mod protocol;
 pub mod server;
+pub mod snapshot;
+pub mod ulid;
 pub mod wal;
 
 use std::io::Write;
@@ -20,7 +24,7 @@ pub use protocol::{Request, Response};
 
 use assets::Assets;
 use engine::Engine;
-use wal::{EngineHandle, FailPoints, Wal};
+use wal::{EngineHandle, FailPoints, StorageOptions, Wal};
 
 /// Command line of the `spot-core` binary (and of anything embedding it).
 #[derive(Debug, Clone, clap::Parser)]
@@ -32,7 +36,7 @@ pub struct Args {
     /// Address to listen on, e.g. 127.0.0.1:7400 (port 0 picks a free one).
     #[arg(long)]
     pub listen: String,
-    /// Directory holding wal.log (created if missing).
+    /// Directory holding the WAL segments, snapshots and the LOCK file (created if missing).
     #[arg(long)]
     pub data_dir: PathBuf,
     /// Asset config JSON (the format of config/assets.json); the built-in default when absent.
@@ -55,6 +59,9 @@ pub struct Args {
     /// Crash-test hooks, comma-separated (normally from `SPOT_CORE_FAILPOINT`).
     #[arg(long, env = FailPoints::ENV, hide = true)]
     pub failpoints: Option<String>,
+    /// Segments, snapshots and the archive.
+    #[command(flatten)]
+    pub storage: StorageOptions,
 }
 
 /// Environment variable holding the shared token when `--token-file` is absent.
@@ -129,9 +136,11 @@ pub async fn bind(args: &Args) -> anyhow::Result<Bound> {
         None => Assets::builtin(),
     };
     let data_dir = args.data_dir.clone();
-    let (engine, wal) = tokio::task::spawn_blocking(move || open_engine(assets, &data_dir))
-        .await
-        .context("replay task failed")??;
+    let storage = args.storage.clone();
+    let (engine, wal) =
+        tokio::task::spawn_blocking(move || open_engine_with(assets, &data_dir, &storage))
+            .await
+            .context("replay task failed")??;
     let fail = FailPoints::parse(args.failpoints.as_deref().unwrap_or_default());
     if fail != FailPoints::default() {
         tracing::warn!(?fail, "fail points enabled");
@@ -158,16 +167,29 @@ pub async fn bind(args: &Args) -> anyhow::Result<Bound> {
     })
 }
 
-/// Replay `<data_dir>/wal.log` into a fresh engine.
+/// Open `data_dir` with the default storage options (see `open_engine_with`).
 pub fn open_engine(assets: Assets, data_dir: &Path) -> anyhow::Result<(Engine, Wal)> {
-    let mut engine = Engine::new(assets);
-    let (wal, report) = Wal::open(data_dir, |record| Ok(engine.apply_record(record)?))?;
+    open_engine_with(assets, data_dir, &StorageOptions::default())
+}
+
+/// Load the newest valid snapshot of `data_dir` and replay the WAL after it.
+pub fn open_engine_with(
+    assets: Assets,
+    data_dir: &Path,
+    storage: &StorageOptions,
+) -> anyhow::Result<(Engine, Wal)> {
+    let started = std::time::Instant::now();
+    let (engine, wal, report) = wal::open(assets, data_dir, storage)?;
     tracing::info!(
         path = %wal.path().display(),
+        snapshot_seq = report.snapshot_seq,
+        snapshot_ms = report.snapshot_ms,
         records = report.records,
         dropped_bytes = report.dropped_bytes,
         last_seq = engine.last_seq(),
-        "WAL replayed"
+        remembered = engine.remembered(),
+        ms = started.elapsed().as_millis() as u64,
+        "snapshot loaded and WAL replayed"
     );
     Ok((engine, wal))
 }

@@ -251,7 +251,10 @@ impl RefusalCode {
     /// Human-readable text; derived from the code only, so a duplicate repeats it exactly.
     pub fn message(self) -> &'static str {
         match self {
-            RefusalCode::InvalidReqId => "req_id must be 1..64 characters of [0-9A-Za-z_-]",
+            RefusalCode::InvalidReqId => {
+                "req_id must be a canonical ULID (26 uppercase Crockford base32 characters) \
+                 created at most 24 h ahead of spot-core's clock"
+            }
             RefusalCode::InvalidUserId => "user_id must be between 1 and 9223372036854775807",
             RefusalCode::InvalidAsset => "asset is not configured",
             RefusalCode::InvalidAmount => "amount must be a positive plain decimal string",

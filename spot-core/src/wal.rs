@@ -1,24 +1,74 @@
-//! The write-ahead log: framing, replay with torn-tail repair, and the group-commit thread
-//! that owns the engine and the file.
+//! The write-ahead log: framing, segments, start-up (newest valid snapshot plus the WAL after
+//! it, with torn-tail repair), and the group-commit thread that owns the engine and the active
+//! segment, with the snapshot thread beside it.
 //!
 //! Record framing: `u32 LE payload length | u32 LE crc32(payload) | payload (JSON JournalRecord)`.
+//! Segments: `<data-dir>/wal-<first seq, 20 digits>.seg`, a new one started once the active one
+//! reaches `--segment-bytes` (after a synced batch, so a segment never ends with a torn record
+//! unless it is the last one).
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::{bail, Context};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::assets::Assets;
 use crate::engine::Engine;
+use crate::journal::{self, Catalog, JournalJob, LiveSegment, SharedCatalog};
 use crate::protocol::{JournalRecord, Request, Response};
+use crate::snapshot::{self, WalPosition};
 
-pub const WAL_FILE: &str = "wal.log";
+/// The single log file of spot-core before segments; adopted at start as the first segment.
+pub const LEGACY_WAL_FILE: &str = "wal.log";
+/// Held with `flock` while a process uses the data directory.
+pub const LOCK_FILE: &str = "LOCK";
 /// A length above this cannot have been written by us, so it marks a damaged header.
 pub const MAX_RECORD_BYTES: u32 = 1 << 20;
-const HEADER_BYTES: usize = 8;
+pub const HEADER_BYTES: usize = 8;
 /// Most requests folded into one write + sync.
 pub const MAX_BATCH: usize = 4096;
+
+/// Where and how often spot-core writes segments, snapshots and archives.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct StorageOptions {
+    /// Take a snapshot after this many WAL records since the previous one (0: never by count).
+    #[arg(
+        long,
+        env = "SPOT_CORE_SNAPSHOT_EVERY_RECORDS",
+        default_value_t = 100_000
+    )]
+    pub snapshot_every_records: u64,
+    /// Take a snapshot after this many WAL bytes since the previous one (0: never by size).
+    #[arg(
+        long,
+        env = "SPOT_CORE_SNAPSHOT_EVERY_BYTES",
+        default_value_t = 64 << 20
+    )]
+    pub snapshot_every_bytes: u64,
+    /// Start a new WAL segment once the active one reaches this size.
+    #[arg(long, env = "SPOT_CORE_SEGMENT_BYTES", default_value_t = 64 << 20)]
+    pub segment_bytes: u64,
+    /// Move compacted segments here instead of deleting them (an operator keeps them for
+    /// audits; `journal` serves them).
+    #[arg(long, env = "SPOT_CORE_ARCHIVE_DIR")]
+    pub archive_dir: Option<PathBuf>,
+}
+
+impl Default for StorageOptions {
+    fn default() -> Self {
+        StorageOptions {
+            snapshot_every_records: 100_000,
+            snapshot_every_bytes: 64 << 20,
+            segment_bytes: 64 << 20,
+            archive_dir: None,
+        }
+    }
+}
 
 /// Append one framed record to `out`.
 pub fn encode_record(record: &JournalRecord, out: &mut Vec<u8>) {
@@ -32,160 +82,482 @@ pub fn encode_record(record: &JournalRecord, out: &mut Vec<u8>) {
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
-/// What `Wal::open` found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReplayReport {
-    pub records: u64,
-    /// Bytes of a torn or damaged tail that were cut off.
-    pub dropped_bytes: u64,
-    /// Length of the file after repair.
-    pub valid_len: u64,
+pub fn segment_name(first_seq: u64) -> String {
+    format!("wal-{first_seq:020}.seg")
 }
 
+pub fn parse_segment_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("wal-")?.strip_suffix(".seg")?;
+    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+/// What start-up found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayReport {
+    /// Seq of the snapshot start-up began from (0: none, the WAL from seq 1).
+    pub snapshot_seq: u64,
+    /// WAL records applied after the snapshot.
+    pub records: u64,
+    /// Bytes of a torn or damaged tail that were cut off the last segment.
+    pub dropped_bytes: u64,
+    /// Length of the last segment after repair.
+    pub valid_len: u64,
+    /// Snapshots found damaged and skipped (renamed to `*.damaged`).
+    pub damaged_snapshots: Vec<String>,
+    /// Time spent reading and decoding snapshots, ms.
+    pub snapshot_ms: u64,
+}
+
+/// The active segment and what the commit thread needs to rotate it and publish it.
 #[derive(Debug)]
 pub struct Wal {
     file: File,
-    path: PathBuf,
+    dir: PathBuf,
+    active_first: u64,
+    active_bytes: u64,
+    options: StorageOptions,
+    catalog: SharedCatalog,
+    _lock: File,
 }
 
 impl Wal {
-    /// Open `<dir>/wal.log` (creating dir and file if missing), feed every intact record to
-    /// `apply` in order, and cut off a torn tail (short header or payload, absurd length, bad
-    /// crc, empty payload) when nothing intact follows it. An error from `apply`, a record with
-    /// a valid checksum that does not parse, or a damaged frame followed by an intact record
-    /// with a higher seq (corruption in the middle, not a torn write) aborts the open and
-    /// leaves the file untouched: dropping such records could lose acknowledged money.
-    pub fn open(
-        dir: &Path,
-        mut apply: impl FnMut(JournalRecord) -> anyhow::Result<()>,
-    ) -> anyhow::Result<(Wal, ReplayReport)> {
-        let dir_existed = dir.is_dir();
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("creating data dir {}", dir.display()))?;
-        if !dir_existed {
-            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-                sync_dir(parent)?;
-            }
+    /// Write already-framed records and make them durable.
+    pub fn append(&mut self, framed: &[u8]) -> io::Result<()> {
+        self.file.write_all(framed)?;
+        self.file.sync_data()?;
+        self.active_bytes += framed.len() as u64;
+        Ok(())
+    }
+
+    /// Path of the active segment.
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(segment_name(self.active_first))
+    }
+
+    pub fn catalog(&self) -> &SharedCatalog {
+        &self.catalog
+    }
+
+    /// Start a new segment at `next_seq` when the active one is full. Only called with every
+    /// written record synced, so sealed segments never end torn.
+    fn maybe_rotate(&mut self, next_seq: u64) -> anyhow::Result<()> {
+        if self.active_bytes < self.options.segment_bytes || next_seq == self.active_first {
+            return Ok(());
         }
-        let path = dir.join(WAL_FILE);
-        let file_existed = path.exists();
+        let path = self.dir.join(segment_name(next_seq));
         let file = OpenOptions::new()
             .read(true)
             .append(true)
-            .create(true)
+            .create_new(true)
+            .open(&path)
+            .with_context(|| format!("creating {}", path.display()))?;
+        sync_dir(&self.dir)?;
+        let sealed = (self.active_first, self.active_bytes);
+        self.file = file;
+        self.active_first = next_seq;
+        self.active_bytes = 0;
+        let mut c = journal::lock(&self.catalog);
+        if let Some(s) = c.live.last_mut().filter(|s| s.first_seq == sealed.0) {
+            s.bytes = sealed.1;
+        }
+        c.live.push(LiveSegment {
+            first_seq: next_seq,
+            bytes: 0,
+        });
+        Ok(())
+    }
+
+    /// Fill the storage fields of a status answer.
+    fn fill_status(&self, core: &mut crate::protocol::CoreStatus) {
+        let c = journal::lock(&self.catalog);
+        c.fill(core);
+        core.wal_bytes += self.active_bytes;
+    }
+}
+
+/// Open the data directory: lock it, adopt a legacy `wal.log`, load the newest valid snapshot
+/// (falling back to the previous one when it is damaged), replay the WAL after it and repair
+/// a torn tail of the last segment. Refuses (leaving every file as it is) when the WAL does not
+/// reach the snapshot, when there is a gap between the snapshot and the segments or between
+/// segments, when a segment other than the last is damaged, or when the last one is damaged in
+/// the middle: any of those could forget acknowledged money.
+pub fn open(
+    assets: Assets,
+    dir: &Path,
+    options: &StorageOptions,
+) -> anyhow::Result<(Engine, Wal, ReplayReport)> {
+    create_dir(dir)?;
+    if let Some(archive) = &options.archive_dir {
+        create_dir(archive)?;
+    }
+    let lock_path = dir.join(LOCK_FILE);
+    let lock_existed = lock_path.exists();
+    let lock = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .with_context(|| format!("opening {}", lock_path.display()))?;
+    // Two engines appending to one log would interleave records and double-spend.
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            bail!(
+                "{} is locked by another spot-core process",
+                lock_path.display()
+            )
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(e).with_context(|| format!("locking {}", lock_path.display()))
+        }
+    }
+    if !lock_existed {
+        sync_dir(dir)?;
+    }
+
+    let legacy = dir.join(LEGACY_WAL_FILE);
+    if legacy.exists() {
+        let segs = journal::list_segments(dir)?;
+        if !segs.is_empty() {
+            bail!(
+                "{} holds both a legacy {LEGACY_WAL_FILE} and WAL segments ({} ...); refusing to \
+                 guess which is current",
+                dir.display(),
+                segment_name(segs[0])
+            );
+        }
+        // An older spot-core locks `wal.log` itself, not `LOCK`: make sure none is running.
+        let old = File::open(&legacy).with_context(|| format!("opening {}", legacy.display()))?;
+        if let Err(std::fs::TryLockError::WouldBlock) = old.try_lock() {
+            bail!(
+                "{} is locked by another (older) spot-core process",
+                legacy.display()
+            );
+        }
+        drop(old);
+        let first = dir.join(segment_name(1));
+        std::fs::rename(&legacy, &first)
+            .with_context(|| format!("adopting {} as {}", legacy.display(), first.display()))?;
+        sync_dir(dir)?;
+        tracing::info!(from = %legacy.display(), to = %first.display(), "legacy WAL adopted as the first segment");
+    }
+
+    // Snapshots: leftovers of an interrupted write go; the newest valid one is the base.
+    let mut snapshots = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+        let name = entry?.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name.starts_with("snapshot-") && name.ends_with(".snap.tmp") {
+            let p = dir.join(name);
+            tracing::warn!(path = %p.display(), "removing an unfinished snapshot");
+            std::fs::remove_file(&p).with_context(|| format!("removing {}", p.display()))?;
+        } else if let Some(seq) = snapshot::parse_name(name) {
+            snapshots.push(seq);
+        }
+    }
+    snapshots.sort_unstable();
+    let mut damaged = Vec::new();
+    let mut base: Option<(u64, Engine, WalPosition)> = None;
+    let loading = Instant::now();
+    for &seq in snapshots.iter().rev() {
+        let path = dir.join(snapshot::file_name(seq));
+        let decoded = std::fs::read(&path)
+            .context("reading")
+            .and_then(|bytes| snapshot::decode(&bytes, assets.clone()));
+        match decoded {
+            Ok((engine, pos)) if engine.last_seq() == seq => {
+                base = Some((seq, engine, pos));
+                break;
+            }
+            Ok((engine, _)) => {
+                tracing::warn!(path = %path.display(), seq = engine.last_seq(), "snapshot holds another seq than its name says; skipping it");
+                damaged.push(path);
+            }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %format!("{e:#}"), "snapshot is damaged; falling back to the previous one");
+                damaged.push(path);
+            }
+        }
+    }
+    let damaged_names: Vec<String> = damaged.iter().map(|p| p.display().to_string()).collect();
+    let (snap_seq, mut engine, pos) = match base {
+        Some((seq, engine, pos)) => (seq, engine, Some(pos)),
+        None => (0, Engine::new(assets), None),
+    };
+    let snap_name = dir.join(snapshot::file_name(snap_seq));
+
+    let segs = journal::list_segments(dir)?;
+    let mut report = ReplayReport {
+        snapshot_seq: snap_seq,
+        records: 0,
+        dropped_bytes: 0,
+        valid_len: 0,
+        damaged_snapshots: damaged_names.clone(),
+        snapshot_ms: u64::try_from(loading.elapsed().as_millis()).unwrap_or(u64::MAX),
+    };
+    if segs.is_empty() {
+        if snap_seq > 0 {
+            bail!(
+                "snapshot {} covers seq {snap_seq} but {} holds no WAL segment: the WAL is behind \
+                 the snapshot; refusing to start",
+                snap_name.display(),
+                dir.display()
+            );
+        }
+        if !damaged.is_empty() {
+            bail!(
+                "no usable snapshot (damaged: {}) and no WAL segment in {}; refusing to start",
+                damaged_names.join(", "),
+                dir.display()
+            );
+        }
+        let path = dir.join(segment_name(1));
+        File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        sync_dir(dir)?;
+    }
+    let segs = if segs.is_empty() { vec![1] } else { segs };
+    let Some(start) = segs.iter().rposition(|f| *f <= snap_seq + 1) else {
+        if snap_seq == 0 {
+            bail!(
+                "the WAL segments in {} start at {} (seq {}), not at seq 1, and there is no usable \
+                 snapshot{}: records 1..{} are missing; refusing to start",
+                dir.display(),
+                segment_name(segs[0]),
+                segs[0],
+                if damaged.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (damaged: {})", damaged_names.join(", "))
+                },
+                segs[0] - 1
+            );
+        }
+        bail!(
+            "gap between snapshot {} (seq {snap_seq}) and the first WAL segment {} (seq {}): \
+             records {}..{} are missing; refusing to start",
+            snap_name.display(),
+            segment_name(segs[0]),
+            segs[0],
+            snap_seq + 1,
+            segs[0] - 1
+        );
+    };
+
+    let mut wal_last = 0u64;
+    let mut active: Option<(File, u64)> = None;
+    for (j, &first) in segs.iter().enumerate().skip(start) {
+        let path = dir.join(segment_name(first));
+        let last_segment = j + 1 == segs.len();
+        if j > start && first != engine.last_seq() + 1 {
+            bail!(
+                "gap between WAL segments: {} ends at seq {} but the next segment {} starts at \
+                 seq {first}; refusing to start",
+                segment_name(segs[j - 1]),
+                engine.last_seq(),
+                path.display()
+            );
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .append(true)
             .open(&path)
             .with_context(|| format!("opening {}", path.display()))?;
-        // Two engines appending to one log would interleave records and double-spend.
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                bail!("{} is locked by another spot-core process", path.display())
-            }
-            Err(std::fs::TryLockError::Error(e)) => {
-                return Err(e).with_context(|| format!("locking {}", path.display()))
-            }
-        }
-        if !file_existed {
-            // Make the new directory entry itself durable, not just the file's contents.
-            sync_dir(dir)?;
-        }
-
         let total_len = file.metadata()?.len();
-        let mut reader = BufReader::with_capacity(1 << 20, &file);
-        let mut valid_len = 0u64;
-        let mut records = 0u64;
-        let mut last_seq = 0u64;
-        let mut payload = Vec::new();
-        loop {
-            let mut header = [0u8; HEADER_BYTES];
-            if read_full(&mut reader, &mut header)? < HEADER_BYTES {
-                break;
-            }
-            let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes"));
-            let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
-            if len > MAX_RECORD_BYTES {
-                break;
-            }
-            payload.resize(len as usize, 0);
-            if read_full(&mut reader, &mut payload)? < payload.len() {
-                break;
-            }
-            if crc32fast::hash(&payload) != crc {
-                break;
-            }
-            let record = match serde_json::from_slice::<JournalRecord>(&payload) {
-                Ok(r) => r,
-                // An all-zero header frames an empty payload with a matching crc: that is a
-                // zero-filled tail (preallocated or not yet written blocks), i.e. torn.
-                Err(_) if payload.is_empty() => break,
-                // A checksummed record we cannot read was written whole, most likely by a
-                // newer spot-core. Truncating it would silently forget acknowledged money
-                // movements, so refuse to start instead.
-                Err(e) => bail!(
-                    "{} holds an intact record at byte {valid_len} that this version cannot read: {e}",
-                    path.display()
-                ),
-            };
-            let seq = record.seq();
-            apply(record).with_context(|| {
-                format!(
-                    "replaying {} at byte {valid_len} (seq {seq})",
-                    path.display()
-                )
-            })?;
-            valid_len += (HEADER_BYTES + payload.len()) as u64;
-            records += 1;
-            last_seq = seq;
-        }
-        drop(reader);
-
-        let dropped_bytes = total_len - valid_len;
-        if dropped_bytes > 0 {
-            // A torn write leaves nothing valid behind it. A damaged frame followed by an
-            // intact later record is corruption of synced (acknowledged) data: cutting there
-            // would silently forget everything after it, so stop and let an operator decide.
-            let mut rest = vec![0u8; usize::try_from(dropped_bytes).context("WAL tail too large")?];
-            std::os::unix::fs::FileExt::read_exact_at(&file, &mut rest, valid_len)
-                .with_context(|| format!("reading {}", path.display()))?;
-            if let Some((at, seq)) = later_valid_frame(&rest, last_seq) {
+        let mut offset = 0;
+        if let Some(p) = pos.filter(|p| j == start && p.segment == first) {
+            if p.offset > total_len {
                 bail!(
-                    "{} is damaged at byte {valid_len} (after seq {last_seq}), but an intact record \
-                     (seq {seq}) follows at byte {}: this is not a torn tail but corruption in the \
-                     middle of the log; refusing to start and leaving the file untouched",
+                    "snapshot {} covers seq {snap_seq}, ending at byte {} of {}, but that segment \
+                     has only {total_len} bytes: the WAL is behind the snapshot; refusing to start",
+                    snap_name.display(),
+                    p.offset,
+                    path.display()
+                );
+            }
+            offset = p.offset;
+            wal_last = wal_last.max(snap_seq);
+        }
+        let scan = scan_segment(&file, &path, offset, |record| {
+            let seq = record.seq();
+            wal_last = wal_last.max(seq);
+            if seq <= snap_seq {
+                return Ok(());
+            }
+            engine.apply_record(record)?;
+            report.records += 1;
+            Ok(())
+        })?;
+        if scan.valid_len < total_len {
+            let dropped = total_len - scan.valid_len;
+            if !last_segment {
+                bail!(
+                    "{} is damaged at byte {} (after seq {}), and later segments follow: this is \
+                     corruption in the middle of the log, not a torn tail; refusing to start and \
+                     leaving the files untouched",
                     path.display(),
-                    valid_len + at as u64
+                    scan.valid_len,
+                    engine.last_seq()
+                );
+            }
+            let mut rest = vec![0u8; usize::try_from(dropped).context("WAL tail too large")?];
+            let mut f = &file;
+            f.seek(SeekFrom::Start(scan.valid_len))?;
+            f.read_exact(&mut rest)?;
+            if let Some((at, seq)) = later_valid_frame(&rest, wal_last.max(engine.last_seq())) {
+                bail!(
+                    "{} is damaged at byte {} (after seq {}), but an intact record (seq {seq}) \
+                     follows at byte {}: this is not a torn tail but corruption in the middle of \
+                     the log; refusing to start and leaving the file untouched",
+                    path.display(),
+                    scan.valid_len,
+                    engine.last_seq(),
+                    scan.valid_len + at as u64
                 );
             }
             tracing::warn!(
                 path = %path.display(),
-                dropped_bytes,
-                valid_len,
+                dropped_bytes = dropped,
+                valid_len = scan.valid_len,
                 "WAL ends with a torn or damaged record; dropping it (it was never acknowledged)"
             );
-            file.set_len(valid_len)
+            file.set_len(scan.valid_len)
                 .with_context(|| format!("truncating {}", path.display()))?;
             file.sync_all()
                 .with_context(|| format!("syncing {}", path.display()))?;
+            report.dropped_bytes = dropped;
         }
-        Ok((
-            Wal { file, path },
-            ReplayReport {
-                records,
-                dropped_bytes,
-                valid_len,
-            },
-        ))
+        if last_segment {
+            report.valid_len = scan.valid_len;
+            active = Some((file, scan.valid_len));
+        }
+    }
+    if wal_last < snap_seq {
+        bail!(
+            "snapshot {} covers seq {snap_seq} but the WAL ends at seq {wal_last}: the WAL is \
+             behind the snapshot; refusing to start",
+            snap_name.display()
+        );
+    }
+    let (file, active_bytes) = active.expect("there is at least one segment");
+    let active_first = *segs.last().expect("at least one segment");
+
+    // Damaged snapshots are set aside (kept for an operator, never read again).
+    for p in &damaged {
+        let aside = PathBuf::from(format!("{}.damaged", p.display()));
+        std::fs::rename(p, &aside).with_context(|| format!("setting aside {}", p.display()))?;
+    }
+    if !damaged.is_empty() {
+        sync_dir(dir)?;
     }
 
-    /// Write already-framed records and make them durable.
-    pub fn append(&mut self, framed: &[u8]) -> io::Result<()> {
-        self.file.write_all(framed)?;
-        self.file.sync_data()
+    let mut catalog = Catalog::new(dir.to_path_buf(), options.archive_dir.clone());
+    for &first in &segs {
+        let bytes = if first == active_first {
+            0
+        } else {
+            std::fs::metadata(dir.join(segment_name(first)))?.len()
+        };
+        catalog.live.push(LiveSegment {
+            first_seq: first,
+            bytes,
+        });
     }
+    if let Some(archive) = &options.archive_dir {
+        catalog.archived = journal::list_segments(archive)?
+            .into_iter()
+            .filter(|f| *f < segs[0])
+            .collect();
+    }
+    for &seq in snapshots.iter().filter(|s| **s <= snap_seq) {
+        let len = std::fs::metadata(dir.join(snapshot::file_name(seq)))?.len();
+        catalog.snapshots.push((seq, len));
+    }
+    let wal = Wal {
+        file,
+        dir: dir.to_path_buf(),
+        active_first,
+        active_bytes,
+        options: options.clone(),
+        catalog: Arc::new(std::sync::Mutex::new(catalog)),
+        _lock: lock,
+    };
+    Ok((engine, wal, report))
+}
 
-    pub fn path(&self) -> &Path {
-        &self.path
+fn create_dir(dir: &Path) -> anyhow::Result<()> {
+    let existed = dir.is_dir();
+    std::fs::create_dir_all(dir).with_context(|| format!("creating dir {}", dir.display()))?;
+    if !existed {
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            sync_dir(parent)?;
+        }
     }
+    Ok(())
+}
+
+/// What `scan_segment` read.
+struct Scan {
+    /// End of the last intact record.
+    valid_len: u64,
+}
+
+/// Feed every intact record of one segment from `start` to `apply`, stopping at the first bad
+/// frame (short header or payload, absurd length, bad crc, empty payload). An error from
+/// `apply`, or a record with a valid checksum that does not parse, aborts.
+fn scan_segment(
+    file: &File,
+    path: &Path,
+    start: u64,
+    mut apply: impl FnMut(JournalRecord) -> anyhow::Result<()>,
+) -> anyhow::Result<Scan> {
+    let mut f = file;
+    f.seek(SeekFrom::Start(start))?;
+    let mut reader = BufReader::with_capacity(1 << 20, f);
+    let mut valid_len = start;
+    let mut payload = Vec::new();
+    loop {
+        let mut header = [0u8; HEADER_BYTES];
+        if read_full(&mut reader, &mut header)? < HEADER_BYTES {
+            break;
+        }
+        let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes"));
+        let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
+        if len > MAX_RECORD_BYTES {
+            break;
+        }
+        payload.resize(len as usize, 0);
+        if read_full(&mut reader, &mut payload)? < payload.len() {
+            break;
+        }
+        if crc32fast::hash(&payload) != crc {
+            break;
+        }
+        let record = match serde_json::from_slice::<JournalRecord>(&payload) {
+            Ok(r) => r,
+            // An all-zero header frames an empty payload with a matching crc: that is a
+            // zero-filled tail (preallocated or not yet written blocks), i.e. torn.
+            Err(_) if payload.is_empty() => break,
+            // A checksummed record we cannot read was written whole, most likely by a
+            // newer spot-core. Truncating it would silently forget acknowledged money
+            // movements, so refuse to start instead.
+            Err(e) => bail!(
+                "{} holds an intact record at byte {valid_len} that this version cannot read: {e}",
+                path.display()
+            ),
+        };
+        let seq = record.seq();
+        apply(record).with_context(|| {
+            format!(
+                "replaying {} at byte {valid_len} (seq {seq})",
+                path.display()
+            )
+        })?;
+        valid_len += (HEADER_BYTES + payload.len()) as u64;
+    }
+    Ok(Scan { valid_len })
 }
 
 /// The first position after the start of `rest` (which begins with a damaged frame) where an
@@ -218,14 +590,14 @@ fn later_valid_frame(rest: &[u8], last_seq: u64) -> Option<(usize, u64)> {
     None
 }
 
-fn sync_dir(dir: &Path) -> anyhow::Result<()> {
+pub(crate) fn sync_dir(dir: &Path) -> anyhow::Result<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .with_context(|| format!("syncing directory {}", dir.display()))
 }
 
 /// Like `read_exact`, but reports how much was read instead of failing at end of file.
-fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+pub(crate) fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     let mut filled = 0;
     while filled < buf.len() {
         match r.read(&mut buf[filled..]) {
@@ -243,6 +615,12 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
 pub struct FailPoints {
     /// Abort right after the first sync of a batch containing a movement, before answering.
     pub abort_after_wal_sync: bool,
+    /// Abort with the snapshot's `.tmp` written and fsynced, before the rename.
+    pub snapshot_before_rename: bool,
+    /// Abort right after the rename, before the directory is fsynced.
+    pub snapshot_before_dir_sync: bool,
+    /// Abort with the snapshot renamed and the directory fsynced, before compaction.
+    pub snapshot_after_rename: bool,
 }
 
 impl FailPoints {
@@ -251,8 +629,20 @@ impl FailPoints {
 
     /// The hooks named in `value` (comma-separated); unknown names are ignored.
     pub fn parse(value: &str) -> FailPoints {
+        let has = |name: &str| value.split(',').any(|v| v.trim() == name);
         FailPoints {
-            abort_after_wal_sync: value.split(',').any(|v| v.trim() == "abort_after_wal_sync"),
+            abort_after_wal_sync: has("abort_after_wal_sync"),
+            snapshot_before_rename: has("snapshot_before_rename"),
+            snapshot_before_dir_sync: has("snapshot_before_dir_sync"),
+            snapshot_after_rename: has("snapshot_after_rename"),
+        }
+    }
+
+    /// Abort the process when `armed`.
+    pub(crate) fn hit(&self, armed: bool, name: &str) {
+        if armed {
+            eprintln!("spot-core: failpoint {name}");
+            std::process::abort();
         }
     }
 }
@@ -282,17 +672,71 @@ impl EngineHandle {
     }
 }
 
-/// Start the single thread that owns `engine` and `wal`. It exits when every handle is dropped.
+/// A snapshot serialized by the engine thread, for the snapshot thread to write.
+struct SnapshotJob {
+    seq: u64,
+    bytes: Vec<u8>,
+    pause: std::time::Duration,
+}
+
+/// Start the single thread that owns `engine` and `wal`, with the journal reader and the
+/// snapshot writer beside it. It exits when every handle is dropped.
 pub fn spawn_committer(
     engine: Engine,
     wal: Wal,
     fail: FailPoints,
 ) -> io::Result<(EngineHandle, std::thread::JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel(MAX_BATCH * 4);
+    let journal = journal::spawn_reader(wal.catalog.clone())?;
+    let retain = Arc::new(AtomicU64::new(engine.retain_after()));
+    let in_flight = Arc::new(AtomicBool::new(false));
+    let (snap_tx, snap_rx) = std::sync::mpsc::channel::<SnapshotJob>();
+    // Written snapshot buffers go back to the engine thread for reuse.
+    let (spare_tx, spare_rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    let snapshot_thread = {
+        let catalog = wal.catalog.clone();
+        let retain = retain.clone();
+        let in_flight = in_flight.clone();
+        let dir = wal.dir.clone();
+        std::thread::Builder::new()
+            .name("spot-snapshot".into())
+            .spawn(move || {
+                while let Ok(job) = snap_rx.recv() {
+                    let buffer = write_snapshot(&dir, &catalog, job, &retain, fail);
+                    let _ = spare_tx.send(buffer);
+                    in_flight.store(false, Ordering::Release);
+                }
+            })?
+    };
     let thread = std::thread::Builder::new()
         .name("spot-engine".into())
-        .spawn(move || commit_loop(engine, wal, rx, fail))?;
+        .spawn(move || {
+            commit_loop(
+                engine,
+                wal,
+                rx,
+                Side {
+                    journal,
+                    snapshots: snap_tx,
+                    spare: spare_rx,
+                    snapshot_thread,
+                    in_flight,
+                    retain,
+                },
+                fail,
+            )
+        })?;
     Ok((EngineHandle { tx }, thread))
+}
+
+/// The engine thread's links to its helper threads.
+struct Side {
+    journal: std::sync::mpsc::Sender<JournalJob>,
+    snapshots: std::sync::mpsc::Sender<SnapshotJob>,
+    spare: std::sync::mpsc::Receiver<Vec<u8>>,
+    snapshot_thread: std::thread::JoinHandle<()>,
+    in_flight: Arc<AtomicBool>,
+    retain: Arc<AtomicU64>,
 }
 
 /// Aborts the process if the engine thread unwinds: memory may then be ahead of the log or
@@ -308,22 +752,48 @@ impl Drop for AbortOnPanic {
     }
 }
 
-fn commit_loop(mut engine: Engine, mut wal: Wal, mut rx: mpsc::Receiver<Job>, fail: FailPoints) {
+fn commit_loop(
+    mut engine: Engine,
+    mut wal: Wal,
+    mut rx: mpsc::Receiver<Job>,
+    side: Side,
+    fail: FailPoints,
+) {
     let _guard = AbortOnPanic;
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
     let mut answers: Vec<(oneshot::Sender<Response>, Response)> = Vec::with_capacity(MAX_BATCH);
+    let mut journals: Vec<JournalJob> = Vec::new();
     let mut framed = Vec::with_capacity(1 << 16);
+    let (mut since_records, mut since_bytes) = (0u64, 0u64);
     loop {
         if rx.blocking_recv_many(&mut batch, MAX_BATCH) == 0 {
+            // Every handle is gone: let a snapshot being written finish (it holds no lock the
+            // next opener needs, but a test reopening the directory must not race it).
+            drop(side.snapshots);
+            let _ = side.snapshot_thread.join();
             return;
         }
         let mut has_movement = false;
+        let mut wants_storage = false;
         for job in batch.drain(..) {
+            if let Request::Journal { after_seq, limit } = job.request {
+                // Served by the reader thread once this batch is synced, up to what the engine
+                // had decided when the request came (read-your-writes on a connection).
+                journals.push(JournalJob {
+                    after_seq,
+                    limit,
+                    upto: engine.last_seq(),
+                    reply: job.reply,
+                });
+                continue;
+            }
             let effect = engine.apply(&job.request);
             if let Some(record) = &effect.record {
                 has_movement |= record.as_movement().is_some();
                 encode_record(record, &mut framed);
+                since_records += 1;
             }
+            wants_storage |= matches!(&effect.response, Response::Ok { core: Some(_), .. });
             answers.push((job.reply, effect.response));
         }
         if !framed.is_empty() {
@@ -334,19 +804,212 @@ fn commit_loop(mut engine: Engine, mut wal: Wal, mut rx: mpsc::Receiver<Job>, fa
                 eprintln!("spot-core: WAL write/sync failed: {e}; aborting");
                 std::process::abort();
             }
+            since_bytes += framed.len() as u64;
             framed.clear();
             if fail.abort_after_wal_sync && has_movement {
                 eprintln!("spot-core: failpoint abort_after_wal_sync");
                 std::process::abort();
+            }
+            side.retain.store(engine.retain_after(), Ordering::Release);
+            if let Err(e) = wal.maybe_rotate(engine.last_seq() + 1) {
+                // Not fatal: the active segment keeps taking records; retried next batch.
+                tracing::error!(error = %format!("{e:#}"), "starting a new WAL segment failed");
+            }
+        }
+        if wants_storage {
+            for (_, response) in answers.iter_mut() {
+                if let Response::Ok {
+                    core: Some(core), ..
+                } = response
+                {
+                    wal.fill_status(core);
+                }
             }
         }
         for (reply, response) in answers.drain(..) {
             // The asker may have hung up; the result is durable and visible through lookup.
             let _ = reply.send(response);
         }
+        for job in journals.drain(..) {
+            if let Err(e) = side.journal.send(job) {
+                // The reader is gone (it never exits while we run); answer rather than hang.
+                let _ =
+                    e.0.reply
+                        .send(Response::bad_request("journal reader stopped"));
+            }
+        }
+        let due = (wal.options.snapshot_every_records > 0
+            && since_records >= wal.options.snapshot_every_records)
+            || (wal.options.snapshot_every_bytes > 0
+                && since_bytes >= wal.options.snapshot_every_bytes);
+        if due && !side.in_flight.load(Ordering::Acquire) {
+            // The pause: serializing the live state on this thread. Bounded by what is live
+            // (accounts and remembered keys), not by history.
+            let started = Instant::now();
+            let mut bytes = side.spare.try_recv().unwrap_or_default();
+            snapshot::encode_into(
+                &engine,
+                WalPosition {
+                    segment: wal.active_first,
+                    offset: wal.active_bytes,
+                },
+                &mut bytes,
+            );
+            let pause = started.elapsed();
+            side.in_flight.store(true, Ordering::Release);
+            if side
+                .snapshots
+                .send(SnapshotJob {
+                    seq: engine.last_seq(),
+                    bytes,
+                    pause,
+                })
+                .is_err()
+            {
+                side.in_flight.store(false, Ordering::Release);
+            }
+            since_records = 0;
+            since_bytes = 0;
+        }
     }
 }
 
+/// Write one snapshot, then compact; returns the buffer for reuse. Failures are logged, never
+/// fatal: the WAL still holds everything the snapshot would have covered.
+fn write_snapshot(
+    dir: &Path,
+    catalog: &SharedCatalog,
+    job: SnapshotJob,
+    retain: &AtomicU64,
+    fail: FailPoints,
+) -> Vec<u8> {
+    let started = Instant::now();
+    match snapshot::write_file(dir, job.seq, &job.bytes, fail) {
+        Ok(path) => {
+            tracing::info!(
+                "snapshot seq={} pause_ms={} bytes={} write_ms={} path={}",
+                job.seq,
+                millis(job.pause),
+                job.bytes.len(),
+                millis(started.elapsed()),
+                path.display()
+            );
+            journal::lock(catalog)
+                .snapshots
+                .push((job.seq, job.bytes.len() as u64));
+            if let Err(e) = compact(catalog, retain.load(Ordering::Acquire)) {
+                tracing::error!(error = %format!("{e:#}"), "compaction failed");
+            }
+        }
+        Err(e) => {
+            tracing::error!(seq = job.seq, error = %format!("{e:#}"), "writing a snapshot failed");
+        }
+    }
+    job.bytes
+}
+
+/// A duration as milliseconds with three decimals, without float arithmetic.
+fn millis(d: std::time::Duration) -> String {
+    format!("{}.{:03}", d.as_millis(), d.as_micros() % 1000)
+}
+
+/// Remove (or archive) every sealed segment whose last seq is at or before both the older of
+/// the two newest durable snapshots and the audit's retained position, then delete snapshots
+/// older than the two newest.
+fn compact(catalog: &SharedCatalog, retain_after: u64) -> anyhow::Result<()> {
+    let (dir, archive, victims, old_snapshots) = {
+        let c = journal::lock(catalog);
+        let n = c.snapshots.len();
+        if n < 2 {
+            return Ok(());
+        }
+        let limit = c.snapshots[n - 2].0.min(retain_after);
+        let victims: Vec<u64> = c
+            .live
+            .windows(2)
+            .filter(|w| w[1].first_seq - 1 <= limit)
+            .map(|w| w[0].first_seq)
+            .collect();
+        let old: Vec<u64> = c.snapshots[..n - 2].iter().map(|s| s.0).collect();
+        (c.dir.clone(), c.archive.clone(), victims, old)
+    };
+    for first in &victims {
+        let name = segment_name(*first);
+        let from = dir.join(&name);
+        match &archive {
+            Some(archive) => {
+                let to = archive.join(&name);
+                move_file(&from, &to, catalog, *first)?;
+                sync_dir(archive)?;
+            }
+            None => {
+                let mut c = journal::lock(catalog);
+                std::fs::remove_file(&from)
+                    .with_context(|| format!("removing {}", from.display()))?;
+                c.live.retain(|s| s.first_seq != *first);
+                c.drop_index(*first);
+            }
+        }
+        tracing::info!(segment = %name, archived = archive.is_some(), "WAL segment compacted");
+    }
+    if !victims.is_empty() {
+        sync_dir(&dir)?;
+    }
+    for seq in &old_snapshots {
+        let path = dir.join(snapshot::file_name(*seq));
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("removing {}", path.display())),
+        }
+        journal::lock(catalog).snapshots.retain(|s| s.0 != *seq);
+    }
+    if !old_snapshots.is_empty() {
+        sync_dir(&dir)?;
+    }
+    Ok(())
+}
+
+/// Move a sealed segment into the archive: a rename when both are on one file system, else a
+/// copy (fsynced, renamed into place) and a removal. The catalog switches under its lock, so a
+/// journal reader never picks a path that is gone.
+fn move_file(from: &Path, to: &Path, catalog: &SharedCatalog, first: u64) -> anyhow::Result<()> {
+    let switch = |c: &mut Catalog| {
+        c.live.retain(|s| s.first_seq != first);
+        if !c.archived.contains(&first) {
+            c.archived.push(first);
+            c.archived.sort_unstable();
+        }
+    };
+    {
+        let mut c = journal::lock(catalog);
+        match std::fs::rename(from, to) {
+            Ok(()) => {
+                switch(&mut c);
+                return Ok(());
+            }
+            Err(e) if e.raw_os_error() == Some(18) => {} // EXDEV: another file system
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("moving {} to {}", from.display(), to.display()))
+            }
+        }
+    }
+    let tmp = PathBuf::from(format!("{}.tmp", to.display()));
+    std::fs::copy(from, &tmp)
+        .with_context(|| format!("copying {} to {}", from.display(), tmp.display()))?;
+    File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .with_context(|| format!("syncing {}", tmp.display()))?;
+    let mut c = journal::lock(catalog);
+    std::fs::rename(&tmp, to).with_context(|| format!("renaming {}", tmp.display()))?;
+    if let Some(parent) = to.parent() {
+        sync_dir(parent)?;
+    }
+    std::fs::remove_file(from).with_context(|| format!("removing {}", from.display()))?;
+    switch(&mut c);
+    Ok(())
+}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -358,14 +1021,36 @@ mod tests {
     }
 
     fn open(dir: &Path) -> anyhow::Result<(Engine, Wal, ReplayReport)> {
-        let mut e = engine();
-        let (wal, report) = Wal::open(dir, |r| Ok(e.apply_record(r)?))?;
-        Ok((e, wal, report))
+        super::open(Assets::builtin(), dir, &StorageOptions::default())
+    }
+
+    /// The first (and in these tests only) segment.
+    fn seg(dir: &Path) -> PathBuf {
+        dir.join(segment_name(1))
+    }
+
+    fn expect_report(records: u64, dropped_bytes: u64, valid_len: u64) -> ReplayReport {
+        ReplayReport {
+            snapshot_seq: 0,
+            records,
+            dropped_bytes,
+            valid_len,
+            damaged_snapshots: vec![],
+            snapshot_ms: 0,
+        }
+    }
+
+    /// A canonical ULID for a test label.
+    fn id(label: &str) -> String {
+        let h = label.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
+        });
+        crate::ulid::format(crate::ulid::from_parts(1_700_000_000_000, u128::from(h)))
     }
 
     fn mv(kind: &str, req_id: &str, user_id: u64, asset: &str, amount: &str) -> Request {
         let body = MovementRequest {
-            req_id: req_id.into(),
+            req_id: id(req_id),
             user_id,
             asset: asset.into(),
             amount: amount.into(),
@@ -380,7 +1065,17 @@ mod tests {
     /// Apply requests and persist their records, one append per request; returns the end
     /// offset of every record written.
     fn run(engine: &mut Engine, wal: &mut Wal, requests: &[Request]) -> Vec<u64> {
+        run_records(engine, wal, requests).0
+    }
+
+    /// Like `run`, also returning the records written.
+    fn run_records(
+        engine: &mut Engine,
+        wal: &mut Wal,
+        requests: &[Request],
+    ) -> (Vec<u64>, Vec<JournalRecord>) {
         let mut ends = Vec::new();
+        let mut records = Vec::new();
         let mut offset = std::fs::metadata(wal.path()).unwrap().len();
         for req in requests {
             if let Some(rec) = engine.apply(req).record {
@@ -389,9 +1084,10 @@ mod tests {
                 wal.append(&buf).unwrap();
                 offset += buf.len() as u64;
                 ends.push(offset);
+                records.push(rec);
             }
         }
-        ends
+        (ends, records)
     }
 
     fn workload() -> Vec<Request> {
@@ -418,9 +1114,9 @@ mod tests {
         let (mut e, mut wal, report) = open(dir).unwrap();
         assert_eq!(report.records, 0);
         let reqs = workload();
-        let ends = run(&mut e, &mut wal, &reqs);
+        let (ends, records) = run_records(&mut e, &mut wal, &reqs);
         let mut before_last = engine();
-        for rec in e.journal(0, 1000).into_iter().take(ends.len() - 1) {
+        for rec in records.into_iter().take(ends.len() - 1) {
             before_last.apply_record(rec).unwrap();
         }
         (e, ends, before_last)
@@ -432,14 +1128,11 @@ mod tests {
         let (e, ends, _) = written(dir.path());
         assert_eq!(e.last_seq(), 9);
         let (replayed, _wal, report) = open(dir.path()).unwrap();
-        assert_eq!(
-            report,
-            ReplayReport {
-                records: 9,
-                dropped_bytes: 0,
-                valid_len: *ends.last().unwrap()
-            }
-        );
+        let report = ReplayReport {
+            snapshot_ms: 0,
+            ..report
+        };
+        assert_eq!(report, expect_report(9, 0, *ends.last().unwrap()));
         assert_eq!(replayed, e);
     }
 
@@ -451,6 +1144,11 @@ mod tests {
         assert!(err.to_string().contains("locked"), "{err:#}");
     }
 
+    fn first_record(bytes: &[u8]) -> JournalRecord {
+        let len = u32::from_le_bytes(bytes[0..4].try_into().unwrap()) as usize;
+        serde_json::from_slice(&bytes[HEADER_BYTES..HEADER_BYTES + len]).unwrap()
+    }
+
     /// After damage to the last record: only it is dropped, the file is cut back to the end
     /// of the previous record, and new appends continue the sequence and survive a replay.
     fn check_tail_damage(dir: &Path, ends: &[u64], before_last: &Engine) {
@@ -459,10 +1157,7 @@ mod tests {
         assert_eq!(report.records, ends.len() as u64 - 1);
         assert_eq!(report.valid_len, prev_end);
         assert_eq!(&e, before_last);
-        assert_eq!(
-            std::fs::metadata(dir.join(WAL_FILE)).unwrap().len(),
-            prev_end
-        );
+        assert_eq!(std::fs::metadata(seg(dir)).unwrap().len(), prev_end);
         let new = run(&mut e, &mut wal, &[mv("d", "after", 5, "ETH", "7")]);
         assert_eq!(e.last_seq(), ends.len() as u64);
         drop(wal);
@@ -477,11 +1172,11 @@ mod tests {
     fn truncation_anywhere_inside_the_last_record_drops_only_it() {
         let dir = tempfile::tempdir().unwrap();
         let (_, ends, before_last) = written(dir.path());
-        let original = std::fs::read(dir.path().join(WAL_FILE)).unwrap();
+        let original = std::fs::read(seg(dir.path())).unwrap();
         let prev_end = ends[ends.len() - 2];
         for cut in prev_end..*ends.last().unwrap() {
             let case = tempfile::tempdir().unwrap();
-            std::fs::write(case.path().join(WAL_FILE), &original[..cut as usize]).unwrap();
+            std::fs::write(seg(case.path()), &original[..cut as usize]).unwrap();
             let (_, _, report) = open(case.path()).unwrap();
             assert_eq!(report.dropped_bytes, cut - prev_end, "cut at {cut}");
             check_tail_damage(case.path(), &ends, &before_last);
@@ -492,14 +1187,14 @@ mod tests {
     fn bit_flips_in_the_last_record_drop_only_it() {
         let dir = tempfile::tempdir().unwrap();
         let (_, ends, before_last) = written(dir.path());
-        let original = std::fs::read(dir.path().join(WAL_FILE)).unwrap();
+        let original = std::fs::read(seg(dir.path())).unwrap();
         let prev_end = ends[ends.len() - 2] as usize;
         for byte in prev_end..original.len() {
             for bit in 0..8 {
                 let case = tempfile::tempdir().unwrap();
                 let mut damaged = original.clone();
                 damaged[byte] ^= 1 << bit;
-                std::fs::write(case.path().join(WAL_FILE), &damaged).unwrap();
+                std::fs::write(seg(case.path()), &damaged).unwrap();
                 check_tail_damage(case.path(), &ends, &before_last);
             }
         }
@@ -509,7 +1204,7 @@ mod tests {
     fn garbage_and_absurd_lengths_after_the_last_record_are_dropped() {
         let dir = tempfile::tempdir().unwrap();
         let (e, ends, _) = written(dir.path());
-        let original = std::fs::read(dir.path().join(WAL_FILE)).unwrap();
+        let original = std::fs::read(seg(dir.path())).unwrap();
         let tails: Vec<Vec<u8>> = vec![
             vec![0; 4096],            // preallocated zeros: length 0, parse fails
             vec![0xff; 3],            // short header
@@ -520,7 +1215,7 @@ mod tests {
             let case = tempfile::tempdir().unwrap();
             let mut bytes = original.clone();
             bytes.extend_from_slice(&tail);
-            std::fs::write(case.path().join(WAL_FILE), &bytes).unwrap();
+            std::fs::write(seg(case.path()), &bytes).unwrap();
             let (replayed, _, report) = open(case.path()).unwrap();
             assert_eq!(report.dropped_bytes, tail.len() as u64);
             assert_eq!(report.valid_len, *ends.last().unwrap());
@@ -531,33 +1226,33 @@ mod tests {
     #[test]
     fn a_well_formed_but_inconsistent_record_stops_startup_without_truncating() {
         let dir = tempfile::tempdir().unwrap();
-        let (e, _, _) = written(dir.path());
-        let mut bytes = std::fs::read(dir.path().join(WAL_FILE)).unwrap();
+        written(dir.path());
+        let mut bytes = std::fs::read(seg(dir.path())).unwrap();
         // A valid frame whose seq does not follow.
-        let mut rec = e.journal(0, 1).remove(0);
+        let mut rec = first_record(&bytes);
         if let JournalRecord::Deposit(m) = &mut rec {
             m.seq = 42;
         }
         encode_record(&rec, &mut bytes);
-        std::fs::write(dir.path().join(WAL_FILE), &bytes).unwrap();
+        std::fs::write(seg(dir.path()), &bytes).unwrap();
         let err = open(dir.path()).unwrap_err();
         assert!(format!("{err:#}").contains("seq 42"), "{err:#}");
-        assert_eq!(std::fs::read(dir.path().join(WAL_FILE)).unwrap(), bytes);
+        assert_eq!(std::fs::read(seg(dir.path())).unwrap(), bytes);
     }
 
     #[test]
     fn an_intact_but_unreadable_record_stops_startup_without_truncating() {
         let dir = tempfile::tempdir().unwrap();
         written(dir.path());
-        let mut bytes = std::fs::read(dir.path().join(WAL_FILE)).unwrap();
+        let mut bytes = std::fs::read(seg(dir.path())).unwrap();
         let payload = br#"{"op":"snapshot","seq":10}"#;
         bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
         bytes.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
         bytes.extend_from_slice(payload);
-        std::fs::write(dir.path().join(WAL_FILE), &bytes).unwrap();
+        std::fs::write(seg(dir.path()), &bytes).unwrap();
         let err = open(dir.path()).unwrap_err();
         assert!(format!("{err:#}").contains("cannot read"), "{err:#}");
-        assert_eq!(std::fs::read(dir.path().join(WAL_FILE)).unwrap(), bytes);
+        assert_eq!(std::fs::read(seg(dir.path())).unwrap(), bytes);
     }
 
     #[test]
@@ -629,13 +1324,13 @@ mod tests {
     fn damage_in_the_middle_stops_startup_without_truncating() {
         let dir = tempfile::tempdir().unwrap();
         let (_, ends, _) = written(dir.path());
-        let original = std::fs::read(dir.path().join(WAL_FILE)).unwrap();
+        let original = std::fs::read(seg(dir.path())).unwrap();
         for index in [0, 3, ends.len() - 2] {
             for how in ["crc", "payload", "length", "zero"] {
                 let case = tempfile::tempdir().unwrap();
                 let mut bytes = original.clone();
                 damage(&mut bytes, &ends, index, how);
-                std::fs::write(case.path().join(WAL_FILE), &bytes).unwrap();
+                std::fs::write(seg(case.path()), &bytes).unwrap();
                 let err = open(case.path()).unwrap_err();
                 let text = format!("{err:#}");
                 assert!(
@@ -644,7 +1339,7 @@ mod tests {
                     "record {index} {how}: {text}"
                 );
                 assert_eq!(
-                    std::fs::read(case.path().join(WAL_FILE)).unwrap(),
+                    std::fs::read(seg(case.path())).unwrap(),
                     bytes,
                     "record {index} {how}: the file must be left untouched"
                 );
@@ -656,12 +1351,12 @@ mod tests {
     fn damage_to_the_last_record_is_still_a_torn_tail() {
         let dir = tempfile::tempdir().unwrap();
         let (_, ends, before_last) = written(dir.path());
-        let original = std::fs::read(dir.path().join(WAL_FILE)).unwrap();
+        let original = std::fs::read(seg(dir.path())).unwrap();
         for how in ["crc", "payload", "length", "zero"] {
             let case = tempfile::tempdir().unwrap();
             let mut bytes = original.clone();
             damage(&mut bytes, &ends, ends.len() - 1, how);
-            std::fs::write(case.path().join(WAL_FILE), &bytes).unwrap();
+            std::fs::write(seg(case.path()), &bytes).unwrap();
             check_tail_damage(case.path(), &ends, &before_last);
         }
     }
@@ -671,16 +1366,16 @@ mod tests {
         // Only an intact frame carrying a later seq proves acknowledged records follow.
         let dir = tempfile::tempdir().unwrap();
         let (e, ends, _) = written(dir.path());
-        let mut bytes = std::fs::read(dir.path().join(WAL_FILE)).unwrap();
+        let mut bytes = std::fs::read(seg(dir.path())).unwrap();
         bytes.extend_from_slice(&[0xff; 16]);
         let mut old = Vec::new();
-        encode_record(&e.journal(0, 1).remove(0), &mut old);
+        encode_record(&first_record(&bytes), &mut old);
         bytes.extend_from_slice(&old);
         let payload = br#"{"no_seq":true}"#;
         bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
         bytes.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
         bytes.extend_from_slice(payload);
-        std::fs::write(dir.path().join(WAL_FILE), &bytes).unwrap();
+        std::fs::write(seg(dir.path()), &bytes).unwrap();
         let (replayed, _, report) = open(dir.path()).unwrap();
         assert_eq!(report.valid_len, *ends.last().unwrap());
         assert_eq!(replayed, e);

@@ -16,6 +16,17 @@ use tokio::net::TcpStream;
 use tokio::process::{Child, ChildStdout, Command};
 use tokio::time::timeout;
 
+/// A canonical ULID standing for a test label (created at a fixed past time), as req_id.
+fn k(label: impl AsRef<str>) -> String {
+    let h = label.as_ref().bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
+    });
+    spot_core::ulid::format(spot_core::ulid::from_parts(
+        1_700_000_000_000,
+        u128::from(h),
+    ))
+}
+
 const DEADLINE: Duration = Duration::from_secs(20);
 const TOKEN: &str = "s3cret-token-for-tests";
 
@@ -171,7 +182,7 @@ async fn with_a_token_only_a_matching_hello_opens_the_connection() {
     for i in 0..8 {
         let c = good.clone();
         tasks.push(tokio::spawn(async move {
-            c.call(&Request::deposit(format!("d{i}"), 1, "USDT", d("1")))
+            c.call(&Request::deposit(k(format!("d{i}")), 1, "USDT", d("1")))
                 .await
                 .unwrap()
         }));
@@ -187,7 +198,7 @@ async fn with_a_token_only_a_matching_hello_opens_the_connection() {
     // Without one, its request is answered UNAUTHORIZED and not executed.
     let c = SpotClient::new(p.addr.clone(), DEADLINE);
     let answer = c
-        .call(&Request::deposit("never", 1, "USDT", d("1")))
+        .call(&Request::deposit(k("never"), 1, "USDT", d("1")))
         .await
         .unwrap();
     assert!(
@@ -266,7 +277,7 @@ async fn without_a_token_only_loopback_is_allowed() {
 
 fn cancel(req_id: &str, movement: MovementOp, amount: &str) -> Request {
     Request::Cancel {
-        req_id: req_id.into(),
+        req_id: k(req_id),
         movement,
         user_id: 7,
         asset: "USDT".into(),
@@ -290,7 +301,10 @@ async fn cancel_is_durable_and_refuses_every_later_copy() {
     // The documented wire shape.
     let got = raw_session(
         &p.addr,
-        "{\"op\":\"cancel\",\"req_id\":\"t1\",\"movement\":\"deposit\",\"user_id\":7,\"asset\":\"USDT\",\"amount\":\"10.50\"}\n",
+        &format!(
+            "{{\"op\":\"cancel\",\"req_id\":\"{}\",\"movement\":\"deposit\",\"user_id\":7,\"asset\":\"USDT\",\"amount\":\"10.50\"}}\n",
+            k("t1")
+        ),
     )
     .await;
     assert_eq!(
@@ -299,7 +313,7 @@ async fn cancel_is_durable_and_refuses_every_later_copy() {
             "amount":"10.5","outcome":"refused","code":"CANCELLED","seq":1}]})
     );
     let c = SpotClient::new(p.addr.clone(), DEADLINE);
-    c.call(&Request::deposit("seed", 7, "USDT", d("100")))
+    c.call(&Request::deposit(k("seed"), 7, "USDT", d("100")))
         .await
         .unwrap();
     let applied = one_op(
@@ -314,7 +328,7 @@ async fn cancel_is_durable_and_refuses_every_later_copy() {
     let p = start(tmp.path(), "127.0.0.1:0", &[], &[]).await;
     let c = SpotClient::new(p.addr.clone(), DEADLINE);
     let late = c
-        .call(&Request::deposit("t1", 7, "USDT", d("10.5")))
+        .call(&Request::deposit(k("t1"), 7, "USDT", d("10.5")))
         .await
         .unwrap();
     assert_eq!(
@@ -345,13 +359,13 @@ async fn corruption_in_the_middle_of_the_wal_stops_startup() {
     let p = start(tmp.path(), "127.0.0.1:0", &[], &[]).await;
     let c = SpotClient::new(p.addr.clone(), DEADLINE);
     for i in 0..5 {
-        c.call(&Request::deposit(format!("d{i}"), 1, "USDT", d("1")))
+        c.call(&Request::deposit(k(format!("d{i}")), 1, "USDT", d("1")))
             .await
             .unwrap();
     }
     drop(p);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let wal = tmp.path().join("wal.log");
+    let wal = tmp.path().join("wal-00000000000000000001.seg");
     let mut bytes = std::fs::read(&wal).unwrap();
     // Flip a byte inside the second record's payload.
     let first_len = u32::from_le_bytes(bytes[0..4].try_into().unwrap()) as usize;

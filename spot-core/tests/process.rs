@@ -17,6 +17,17 @@ use tokio::net::TcpStream;
 use tokio::process::{Child, ChildStdout, Command};
 use tokio::time::timeout;
 
+/// A canonical ULID standing for a test label (created at a fixed past time), as req_id.
+fn k(label: impl AsRef<str>) -> String {
+    let h = label.as_ref().bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
+    });
+    spot_core::ulid::format(spot_core::ulid::from_parts(
+        1_700_000_000_000,
+        u128::from(h),
+    ))
+}
+
 const DEADLINE: Duration = Duration::from_secs(20);
 
 fn d(s: &str) -> Decimal {
@@ -114,14 +125,14 @@ async fn state_and_idempotency_survive_sigkill() {
     let c = p.client();
     assert_eq!(call(&c, Request::Ping {}).await, Response::ok());
     assert_eq!(
-        applied(&call(&c, Request::deposit("dep-1", 7, "USDT", d("100"))).await),
+        applied(&call(&c, Request::deposit(k("dep-1"), 7, "USDT", d("100"))).await),
         (d("100"), false, 1)
     );
     assert_eq!(
-        applied(&call(&c, Request::withdraw("tr-1", 7, "USDT", d("30.5"))).await),
+        applied(&call(&c, Request::withdraw(k("tr-1"), 7, "USDT", d("30.5"))).await),
         (d("69.5"), false, 2)
     );
-    let refused = call(&c, Request::withdraw("tr-2", 7, "USDT", d("1000"))).await;
+    let refused = call(&c, Request::withdraw(k("tr-2"), 7, "USDT", d("1000"))).await;
     assert_eq!(
         refused,
         Response::refused(RefusalCode::InsufficientBalance, false, Some(3))
@@ -159,33 +170,27 @@ async fn state_and_idempotency_survive_sigkill() {
     );
     // Duplicates return the first result and change nothing.
     assert_eq!(
-        applied(&call(&c, Request::deposit("dep-1", 7, "USDT", d("100"))).await),
+        applied(&call(&c, Request::deposit(k("dep-1"), 7, "USDT", d("100"))).await),
         (d("100"), true, 1)
     );
     assert_eq!(
-        applied(&call(&c, Request::withdraw("tr-1", 7, "USDT", d("30.5"))).await),
+        applied(&call(&c, Request::withdraw(k("tr-1"), 7, "USDT", d("30.5"))).await),
         (d("69.5"), true, 2)
     );
     assert_eq!(
-        call(&c, Request::withdraw("tr-2", 7, "USDT", d("1000"))).await,
+        call(&c, Request::withdraw(k("tr-2"), 7, "USDT", d("1000"))).await,
         Response::refused(RefusalCode::InsufficientBalance, true, Some(3))
     );
     assert_eq!(
-        call(&c, Request::withdraw("tr-1", 7, "USDT", d("1"))).await,
+        call(&c, Request::withdraw(k("tr-1"), 7, "USDT", d("1"))).await,
         Response::refused(RefusalCode::ReqIdConflict, false, None)
     );
     // Seq numbering continues after the replayed records.
     assert_eq!(
-        applied(&call(&c, Request::refund("tr-1", 7, "USDT", d("30.5"))).await),
+        applied(&call(&c, Request::refund(k("tr-1"), 7, "USDT", d("30.5"))).await),
         (d("100"), false, 5)
     );
-    let Response::Ok { ops: Some(ops), .. } = call(
-        &c,
-        Request::Lookup {
-            req_id: "tr-1".into(),
-        },
-    )
-    .await
+    let Response::Ok { ops: Some(ops), .. } = call(&c, Request::Lookup { req_id: k("tr-1") }).await
     else {
         panic!()
     };
@@ -241,7 +246,7 @@ async fn crash_after_sync_before_ack_is_durable_and_deduplicated() {
     // Reads do not trip the fail point.
     assert_eq!(call(&c, Request::Ping {}).await, Response::ok());
     let err = c
-        .call(&Request::deposit("crash-1", 9, "BTC", d("2")))
+        .call(&Request::deposit(k("crash-1"), 9, "BTC", d("2")))
         .await
         .unwrap_err();
     assert!(matches!(err, ClientError::Io(_)), "{err:?}");
@@ -254,7 +259,7 @@ async fn crash_after_sync_before_ack_is_durable_and_deduplicated() {
     let Response::Ok { ops: Some(ops), .. } = call(
         &c,
         Request::Lookup {
-            req_id: "crash-1".into(),
+            req_id: k("crash-1"),
         },
     )
     .await
@@ -268,7 +273,7 @@ async fn crash_after_sync_before_ack_is_durable_and_deduplicated() {
     );
     // The coordinator's retry gets the durable first result instead of a second credit.
     assert_eq!(
-        applied(&call(&c, Request::deposit("crash-1", 9, "BTC", d("2"))).await),
+        applied(&call(&c, Request::deposit(k("crash-1"), 9, "BTC", d("2"))).await),
         (d("2"), true, 1)
     );
     assert_eq!(balances(&c, 9).await[0].available, d("2"));
@@ -280,10 +285,10 @@ async fn torn_tail_left_by_a_crash_is_dropped_on_restart() {
     let dir = tempfile::tempdir().unwrap();
     let p = Proc::start(dir.path(), None).await;
     let c = p.client();
-    call(&c, Request::deposit("a", 1, "ETH", d("5"))).await;
-    call(&c, Request::withdraw("b", 1, "ETH", d("1"))).await;
+    call(&c, Request::deposit(k("a"), 1, "ETH", d("5"))).await;
+    call(&c, Request::withdraw(k("b"), 1, "ETH", d("1"))).await;
     p.kill().await;
-    let wal = dir.path().join("wal.log");
+    let wal = dir.path().join("wal-00000000000000000001.seg");
     let good_len = std::fs::metadata(&wal).unwrap().len();
     // Half of a record header and payload, as a crash mid-write would leave.
     let mut f = std::fs::OpenOptions::new().append(true).open(&wal).unwrap();
@@ -295,7 +300,7 @@ async fn torn_tail_left_by_a_crash_is_dropped_on_restart() {
     assert_eq!(std::fs::metadata(&wal).unwrap().len(), good_len);
     assert_eq!(balances(&c, 1).await[0].available, d("4"));
     assert_eq!(
-        applied(&call(&c, Request::deposit("c", 1, "ETH", d("1"))).await),
+        applied(&call(&c, Request::deposit(k("c"), 1, "ETH", d("1"))).await),
         (d("5"), false, 3)
     );
     p.kill().await;
@@ -325,12 +330,12 @@ async fn raw_protocol_pipelining_and_bad_requests() {
         "{\"op\":\"ping\"}\n",
         "\n",
         "{\"op\":\"explode\"}\n",
-        "{\"op\":\"deposit\",\"req_id\":\"r1\",\"user_id\":7,\"asset\":\"USDT\",\"amount\":\"10.5\"}\n",
-        "{\"op\":\"deposit\",\"req_id\":\"r2\",\"user_id\":7,\"asset\":\"USDT\",\"amount\":\"1\",\"extra\":true}\n",
-        "{\"op\":\"withdraw\",\"req_id\":\"r3\",\"user_id\":7,\"asset\":\"USDT\",\"amount\":\"1e1\"}\n",
-        "{\"op\":\"withdraw\",\"req_id\":\"r4\",\"user_id\":7,\"asset\":\"USDT\",\"amount\":\"0.5\"}\r\n",
+        "{\"op\":\"deposit\",\"req_id\":\"01HF7YAT0000000000000000R1\",\"user_id\":7,\"asset\":\"USDT\",\"amount\":\"10.5\"}\n",
+        "{\"op\":\"deposit\",\"req_id\":\"01HF7YAT0000000000000000R2\",\"user_id\":7,\"asset\":\"USDT\",\"amount\":\"1\",\"extra\":true}\n",
+        "{\"op\":\"withdraw\",\"req_id\":\"01HF7YAT0000000000000000R3\",\"user_id\":7,\"asset\":\"USDT\",\"amount\":\"1e1\"}\n",
+        "{\"op\":\"withdraw\",\"req_id\":\"01HF7YAT0000000000000000R4\",\"user_id\":7,\"asset\":\"USDT\",\"amount\":\"0.5\"}\r\n",
         "{\"op\":\"balances\",\"user_id\":7}\n",
-        "{\"op\":\"lookup\",\"req_id\":\"r1\"}\n",
+        "{\"op\":\"lookup\",\"req_id\":\"01HF7YAT0000000000000000R1\"}\n",
     );
     conn.get_mut().write_all(batch.as_bytes()).await.unwrap();
     let got = read_responses(&mut conn, 9).await;
@@ -375,7 +380,7 @@ async fn concurrent_clients_never_create_or_lose_money() {
     let dir = tempfile::tempdir().unwrap();
     let p = Proc::start(dir.path(), None).await;
     let c = p.client();
-    call(&c, Request::deposit("seed", 1, "USDT", d("1000"))).await;
+    call(&c, Request::deposit(k("seed"), 1, "USDT", d("1000"))).await;
     let mut tasks = Vec::new();
     for t in 0..16 {
         let c = c.clone();
@@ -383,7 +388,7 @@ async fn concurrent_clients_never_create_or_lose_money() {
             let mut applied = 0u32;
             for i in 0..50 {
                 // Every request is sent twice; only one may count.
-                let req = Request::withdraw(format!("w-{t}-{i}"), 1, "USDT", d("1.5"));
+                let req = Request::withdraw(k(format!("w-{t}-{i}")), 1, "USDT", d("1.5"));
                 let (first, second) = tokio::join!(c.call(&req), c.call(&req));
                 let (first, second) = (first.unwrap(), second.unwrap());
                 if let (Response::Applied { seq: a, .. }, Response::Applied { seq: b, .. }) =

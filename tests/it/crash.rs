@@ -377,7 +377,8 @@ async fn cra_004_old_log_left_in_source_done_recovery_starts_the_deposit() {
 async fn fnd_005_spot_wal_torn_or_bit_flipped_tail_is_dropped_and_acked_ops_kept() {
     let mut s = Stack::start().await;
     let spot = s.spot_adapter.clone();
-    let wal = s.spot.data_dir.join("wal.log");
+    // The first WAL segment (default size: every record of this test is in it).
+    let wal = s.spot.data_dir.join(spot_core::wal::segment_name(1));
     let user = UserId::new(9).unwrap();
     let usdt = AssetSymbol::parse("USDT").unwrap();
     let mut acked = Vec::new();
