@@ -454,10 +454,11 @@ async fn audit_growth(args: &Args) -> anyhow::Result<Vec<String>> {
         }
         let agree = report["assets"] == full_report["assets"];
         println!(
-            "{point} transfers ({:.0}/s so far): periodic check {:.3} s (ok {}), full check {:.3} s (ok {}, same per-asset figures: {agree}), catch-up check {:.3} s, /metrics {:.3} s",
+            "{point} transfers ({:.0}/s so far): periodic check {:.3} s (ok {}, read {}), full check {:.3} s (ok {}, same per-asset figures: {agree}), catch-up check {:.3} s, /metrics {:.3} s",
             made.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64(),
             periodic.as_secs_f64(),
             report["ok"],
+            report["read"],
             full.as_secs_f64(),
             full_report["ok"],
             catch_up.as_secs_f64(),

@@ -119,6 +119,10 @@ pub struct Wal {
     active_bytes: u64,
     options: StorageOptions,
     catalog: SharedCatalog,
+    /// Records replayed after the snapshot start-up began from: they count towards the next
+    /// snapshot, so a spot-core restarted more often than every N records still takes one (the
+    /// WAL to replay at start stays bounded however often the process dies).
+    since_snapshot_records: u64,
     _lock: File,
 }
 
@@ -482,6 +486,7 @@ pub fn open(
         active_bytes,
         options: options.clone(),
         catalog: Arc::new(std::sync::Mutex::new(catalog)),
+        since_snapshot_records: report.records,
         _lock: lock,
     };
     Ok((engine, wal, report))
@@ -764,7 +769,7 @@ fn commit_loop(
     let mut answers: Vec<(oneshot::Sender<Response>, Response)> = Vec::with_capacity(MAX_BATCH);
     let mut journals: Vec<JournalJob> = Vec::new();
     let mut framed = Vec::with_capacity(1 << 16);
-    let (mut since_records, mut since_bytes) = (0u64, 0u64);
+    let (mut since_records, mut since_bytes) = (wal.since_snapshot_records, 0u64);
     loop {
         if rx.blocking_recv_many(&mut batch, MAX_BATCH) == 0 {
             // Every handle is gone: let a snapshot being written finish (it holds no lock the
