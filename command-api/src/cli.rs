@@ -85,6 +85,44 @@ pub struct UpArgs {
     /// The event relay to NATS JetStream, run in-process when `--nats` is given.
     #[command(flatten)]
     pub relay: crate::relay_cli::RelayOptions,
+    /// Passed to the spot-core child: its snapshot and WAL settings.
+    #[command(flatten)]
+    pub spot_storage: SpotStorage,
+}
+
+/// The spot-core child's storage settings `ledger up` passes through (spot-core's own flags of
+/// the same names without `spot-`); each is left to spot-core's default when unset.
+#[derive(Debug, Clone, Default, Args)]
+pub struct SpotStorage {
+    /// A snapshot every this many WAL records (0: never).
+    #[arg(long, env = "LEDGER_SPOT_SNAPSHOT_EVERY_RECORDS")]
+    pub spot_snapshot_every_records: Option<u64>,
+    /// Bytes of one WAL segment.
+    #[arg(long, env = "LEDGER_SPOT_SEGMENT_BYTES")]
+    pub spot_segment_bytes: Option<u64>,
+    /// Where compacted WAL segments are moved instead of deleted.
+    #[arg(long, env = "LEDGER_SPOT_ARCHIVE_DIR")]
+    pub spot_archive_dir: Option<PathBuf>,
+}
+
+impl SpotStorage {
+    /// spot-core's flags for these settings.
+    fn args(&self) -> Vec<std::ffi::OsString> {
+        let mut args = Vec::new();
+        if let Some(n) = self.spot_snapshot_every_records {
+            args.push("--snapshot-every-records".into());
+            args.push(n.to_string().into());
+        }
+        if let Some(n) = self.spot_segment_bytes {
+            args.push("--segment-bytes".into());
+            args.push(n.to_string().into());
+        }
+        if let Some(dir) = &self.spot_archive_dir {
+            args.push("--archive-dir".into());
+            args.push(dir.clone().into_os_string());
+        }
+        args
+    }
 }
 
 #[derive(Debug, Args)]
@@ -153,7 +191,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 /// The application state with everything the settings configure: limits, the fail point, the
-/// recovery worker and the audit's interval.
+/// recovery worker, the audit's interval and the idempotency horizon.
 fn configured_state(
     settings: &Settings,
     pool: sqlx::PgPool,
@@ -161,7 +199,10 @@ fn configured_state(
     assets: domain::AssetRegistry,
     secret: &JwtSecret,
 ) -> anyhow::Result<AppState> {
-    Ok(AppState::new(pool, spot, assets, &secret.bytes)
+    let horizon = settings.horizon()?;
+    let mut state = AppState::new(pool, spot, assets, &secret.bytes);
+    state.ledger = state.ledger.with_idempotency_retention(horizon.retention);
+    Ok(state
         .with_limits(settings.limits()?)
         .with_http_limits(settings.http_limits()?)
         .with_failpoints(settings.failpoints())
@@ -169,6 +210,7 @@ fn configured_state(
             recovery: Some(settings.recovery()),
             audit_interval: settings.audit_interval(),
             relay: None,
+            horizon: Some(horizon),
         }))
 }
 
@@ -252,6 +294,7 @@ async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> {
                 &args.data_dir.join("spot"),
                 args.assets.as_deref(),
                 &token_file,
+                &args.spot_storage,
             )
             .await?;
             (child.addr.clone(), Some(token), Some(child))
@@ -431,6 +474,7 @@ impl SpotChild {
         data_dir: &Path,
         assets: Option<&Path>,
         token_file: &Path,
+        storage: &SpotStorage,
     ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(data_dir)
             .with_context(|| format!("create spot-core data dir {}", data_dir.display()))?;
@@ -456,6 +500,7 @@ impl SpotChild {
         if let Some(assets) = assets {
             command.arg("--assets").arg(assets);
         }
+        command.args(storage.args());
         command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
