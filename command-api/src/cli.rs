@@ -587,6 +587,47 @@ mod tests {
     use clap::CommandFactory;
 
     #[test]
+    fn up_passes_spot_storage_settings_to_its_child_only_when_set() {
+        use clap::Parser;
+        let cli = Cli::try_parse_from(["ledger", "up"]).unwrap();
+        let Command::Up(args) = cli.command else {
+            panic!("not up")
+        };
+        assert!(args.spot_storage.args().is_empty(), "spot-core's defaults");
+        let cli = Cli::try_parse_from([
+            "ledger",
+            "up",
+            "--spot-snapshot-every-records",
+            "300",
+            "--spot-segment-bytes",
+            "65536",
+            "--spot-archive-dir",
+            "/tmp/archive",
+        ])
+        .unwrap();
+        let Command::Up(args) = cli.command else {
+            panic!("not up")
+        };
+        let given: Vec<String> = args
+            .spot_storage
+            .args()
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect();
+        assert_eq!(
+            given,
+            [
+                "--snapshot-every-records",
+                "300",
+                "--segment-bytes",
+                "65536",
+                "--archive-dir",
+                "/tmp/archive"
+            ]
+        );
+    }
+
+    #[test]
     fn the_spot_token_is_generated_private_and_reused() {
         use std::os::unix::fs::PermissionsExt;
         let dir = std::env::temp_dir().join(format!("ledger-spot-token-{}", ulid_like()));
