@@ -320,17 +320,20 @@ mod tests {
                 std::fs::write(&path, t).unwrap();
                 path
             });
-            let bound = spot_core::bind(&spot_core::Args {
-                listen: "127.0.0.1:0".into(),
-                data_dir: dir.join("spot"),
-                assets: None,
-                token_file,
-                exit_with_stdin: false,
-                token: None,
-                failpoints: None,
-            })
-            .await
-            .unwrap();
+            // Parsed like the binary's command line, so every storage option keeps its default.
+            let data_dir = dir.join("spot");
+            let mut argv = vec![
+                "spot-core".to_owned(),
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+                "--data-dir".into(),
+                data_dir.display().to_string(),
+            ];
+            if let Some(path) = &token_file {
+                argv.extend(["--token-file".to_owned(), path.display().to_string()]);
+            }
+            let args = <spot_core::Args as clap::Parser>::try_parse_from(argv).unwrap();
+            let bound = spot_core::bind(&args).await.unwrap();
             let addr = bound.local_addr.to_string();
             let server = tokio::spawn(async move {
                 let _ = bound.serve().await;

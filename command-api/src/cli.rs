@@ -639,15 +639,16 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         assert_eq!(stored_or_generated_spot_token(&path).unwrap(), token);
         // spot-core reads the same file and gets the same token.
-        let args = spot_core::Args {
-            listen: "127.0.0.1:0".into(),
-            data_dir: dir.clone(),
-            assets: None,
-            token_file: Some(path.clone()),
-            exit_with_stdin: false,
-            token: None,
-            failpoints: None,
-        };
+        let args = <spot_core::Args as clap::Parser>::try_parse_from([
+            "spot-core".as_ref(),
+            "--listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--data-dir".as_ref(),
+            dir.as_os_str(),
+            "--token-file".as_ref(),
+            path.as_os_str(),
+        ])
+        .unwrap();
         assert_eq!(spot_core::resolve_token(&args).unwrap(), Some(token));
         std::fs::remove_dir_all(&dir).unwrap();
     }
