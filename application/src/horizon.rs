@@ -19,10 +19,16 @@
 //!   under its req_id after it left `open_transfers`.
 //! - Each process computes H from the same committed state and a clock; a process with an older
 //!   view sends an older H, which spot-core ignores. A later H is only later in time, and every
-//!   process's H satisfies the bound above on its own.
+//!   process's H satisfies the bound above on its own. Clocks count against the retention too: a
+//!   ledger clock δ ahead of the one that made a req_id needs d + δ < retention (spot-core
+//!   refuses a horizon ahead of its own clock).
+//!
+//! A transfer stuck open holds the horizon back for as long as it stays open (spot-core's memory
+//! then grows with the traffic since it); once it is older than the retention that is logged at
+//! warn level, naming it, each time the transfer holding the horizon changes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use adapters::{SpotAdapter, SpotError};
@@ -95,19 +101,39 @@ pub fn ulid_time_ms(text: &str) -> Option<u64> {
     Some(ms)
 }
 
+/// The horizon at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Computed {
+    /// min(now − retention, creation time of the oldest open transfer), Unix ms.
+    pub before_ms: u64,
+    /// The open transfer holding the horizon back, when it is older than the retention.
+    pub held_by: Option<String>,
+}
+
 /// The horizon now: the earlier of `now_ms − retention` and the creation time of the oldest
 /// transfer that is not terminal.
-pub async fn compute(pool: &PgPool, retention: Duration, now_ms: u64) -> Result<u64, HorizonError> {
+pub async fn compute(
+    pool: &PgPool,
+    retention: Duration,
+    now_ms: u64,
+) -> Result<Computed, HorizonError> {
     let oldest: Option<String> = sqlx::query_scalar("SELECT min(req_id) FROM open_transfers")
         .fetch_one(pool)
         .await?;
     let retention_ms = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
     let by_age = now_ms.saturating_sub(retention_ms);
     match oldest {
-        None => Ok(by_age),
+        None => Ok(Computed {
+            before_ms: by_age,
+            held_by: None,
+        }),
         Some(req_id) => {
-            let created = ulid_time_ms(&req_id).ok_or(HorizonError::NotUlid(req_id))?;
-            Ok(by_age.min(created))
+            let created =
+                ulid_time_ms(&req_id).ok_or_else(|| HorizonError::NotUlid(req_id.clone()))?;
+            Ok(Computed {
+                before_ms: by_age.min(created),
+                held_by: (created < by_age).then_some(req_id),
+            })
         }
     }
 }
@@ -121,6 +147,8 @@ pub struct Horizon {
     config: HorizonConfig,
     /// The last horizon spot-core accepted from this process (0: none yet).
     sent: Arc<AtomicU64>,
+    /// The open transfer last reported as holding the horizon back.
+    held_by: Arc<Mutex<Option<String>>>,
 }
 
 /// What one step did.
@@ -140,6 +168,7 @@ impl Horizon {
             spot,
             config,
             sent: Arc::default(),
+            held_by: Arc::default(),
         }
     }
 
@@ -150,7 +179,9 @@ impl Horizon {
 
     /// Computes the horizon and sends it when it is later than the last one sent.
     pub async fn step(&self) -> Result<Step, HorizonError> {
-        let before_ms = compute(&self.pool, self.config.retention, now_ms()).await?;
+        let Computed { before_ms, held_by } =
+            compute(&self.pool, self.config.retention, now_ms()).await?;
+        self.report_held_by(held_by);
         if before_ms <= self.last_sent() {
             return Ok(Step::Unchanged { before_ms });
         }
@@ -160,6 +191,24 @@ impl Horizon {
             before_ms,
             horizon_ms: status.horizon_ms,
         })
+    }
+
+    /// Warns when the transfer holding the horizon back past the retention changes.
+    fn report_held_by(&self, held_by: Option<String>) {
+        // A poisoned lock only means a writer panicked mid-assignment of an Option.
+        let mut last = self.held_by.lock().unwrap_or_else(|e| e.into_inner());
+        if *last == held_by {
+            return;
+        }
+        if let Some(req_id) = &held_by {
+            tracing::warn!(
+                %req_id,
+                retention_secs = self.config.retention.as_secs(),
+                "an open transfer older than the retention holds the idempotency horizon back; \
+                 spot-core's memory grows until it ends"
+            );
+        }
+        *last = held_by;
     }
 
     /// Runs [`Horizon::step`] every interval forever. A step that fails (spot-core or the

@@ -255,6 +255,14 @@ async fn a_transfer_stuck_open_past_the_retention_holds_the_horizon_and_still_co
         held.horizon_ms > 0 && held.horizon_ms <= stuck_ms,
         "the horizon waits for the open transfer ({stuck_ms}): {held:?}"
     );
+    // The operator is told which transfer holds it back.
+    let log = serving.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("holds the idempotency horizon back")
+                && l.contains(&stuck.to_string())),
+        "{log}"
+    );
     // Its deposit is still remembered, exactly once.
     assert_eq!(
         spot_ops(&s, &stuck).await,
