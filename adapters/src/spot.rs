@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use domain::{
-    AccountPort, AccountType, AdapterOutcome, AssetSymbol, Movement, Operation, Recorded, UserId,
+    AccountPort, AccountType, AdapterOutcome, AssetSymbol, Movement, Operation, Recorded, ReqId,
+    UserId,
 };
 use rust_decimal::Decimal;
 use spot_core::client::{ClientError, SpotClient};
@@ -15,6 +16,7 @@ use spot_core::protocol::{self, MovementOp, RefusalCode, Request, Response};
 use crate::funding::AccountStatus;
 
 mod audit;
+mod horizon;
 
 /// One SPOT balance as spot-core reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,6 +133,11 @@ impl SpotAdapter {
                 [found] if found.op == op => recorded(found, m),
                 _ => Recorded::Unavailable(format!("unexpected cancel answer: {ops:?}")),
             },
+            Ok(Response::Refused {
+                code: RefusalCode::ReqIdExpired,
+                message,
+                ..
+            }) => Recorded::Unavailable(expired(&m.req_id, "cancel", &message)),
             Ok(Response::Refused { code, message, .. }) => Recorded::Unavailable(format!(
                 "cancel refused, nothing settled: {code}: {message}"
             )),
@@ -156,6 +163,13 @@ impl SpotAdapter {
                 message,
                 ..
             }) => AdapterOutcome::Mismatch(format!("REQ_ID_CONFLICT: {message}")),
+            // Not a refusal: it says nothing about whether the movement was applied before the
+            // horizon passed its req_id (its record is forgotten). The transfer stays open.
+            Ok(Response::Refused {
+                code: RefusalCode::ReqIdExpired,
+                message,
+                ..
+            }) => AdapterOutcome::Unknown(expired(&m.req_id, op_name(op), &message)),
             Ok(Response::Refused { code, message, .. }) => AdapterOutcome::ExplicitFail {
                 code: code.as_str().to_owned(),
                 message,
@@ -205,6 +219,12 @@ impl AccountPort for SpotAdapter {
         };
         let ops = match self.client.call(&request).await {
             Ok(Response::Ok { ops: Some(ops), .. }) => ops,
+            // Never "not seen": the record may have been forgotten, not absent.
+            Ok(Response::Refused {
+                code: RefusalCode::ReqIdExpired,
+                message,
+                ..
+            }) => return Recorded::Unavailable(expired(&m.req_id, "lookup", &message)),
             Ok(other) => return Recorded::Unavailable(format!("unexpected answer: {other:?}")),
             Err(e) => return Recorded::Unavailable(e.to_string()),
         };
@@ -216,6 +236,31 @@ impl AccountPort for SpotAdapter {
 
     async fn cancel(&self, m: &Movement, operation: Operation) -> Recorded {
         SpotAdapter::cancel(self, m, operation).await
+    }
+}
+
+/// `REQ_ID_EXPIRED` for a movement, cancel or lookup of a transfer the ledger still drives: the
+/// horizon passed a transfer that is not terminal. The horizon is never set past the oldest open
+/// transfer, so this is a broken assumption (a clock far off, a retention shorter than a
+/// transfer's creation took, another ledger sharing this spot-core): nothing can be concluded
+/// about the movement, which stays unknown (the transfer open) until an operator looks. Logged
+/// at error level; returns the reason.
+fn expired(req_id: &ReqId, what: &str, message: &str) -> String {
+    tracing::error!(
+        alert = "CRITICAL",
+        code = "REQ_ID_EXPIRED",
+        %req_id,
+        what,
+        "spot-core's idempotency horizon passed an open transfer; its outcome stays unknown"
+    );
+    format!("REQ_ID_EXPIRED on {what}, outcome unknown: {message}")
+}
+
+fn op_name(op: MovementOp) -> &'static str {
+    match op {
+        MovementOp::Withdraw => "withdraw",
+        MovementOp::Deposit => "deposit",
+        MovementOp::Refund => "refund",
     }
 }
 
@@ -275,17 +320,20 @@ mod tests {
                 std::fs::write(&path, t).unwrap();
                 path
             });
-            let bound = spot_core::bind(&spot_core::Args {
-                listen: "127.0.0.1:0".into(),
-                data_dir: dir.join("spot"),
-                assets: None,
-                token_file,
-                exit_with_stdin: false,
-                token: None,
-                failpoints: None,
-            })
-            .await
-            .unwrap();
+            // Parsed like the binary's command line, so every storage option keeps its default.
+            let data_dir = dir.join("spot");
+            let mut argv = vec![
+                "spot-core".to_owned(),
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+                "--data-dir".into(),
+                data_dir.display().to_string(),
+            ];
+            if let Some(path) = &token_file {
+                argv.extend(["--token-file".to_owned(), path.display().to_string()]);
+            }
+            let args = <spot_core::Args as clap::Parser>::try_parse_from(argv).unwrap();
+            let bound = spot_core::bind(&args).await.unwrap();
             let addr = bound.local_addr.to_string();
             let server = tokio::spawn(async move {
                 let _ = bound.serve().await;

@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use chrono::Utc;
 
@@ -110,6 +111,9 @@ pub struct Coordinator {
     pub(crate) assets: Arc<RwLock<AssetRegistry>>,
     pub(crate) daily: Arc<DailyLimits>,
     pub(crate) failpoints: FailPoints,
+    /// The idempotency horizon's retention: how old a client key's orphan claim may get before
+    /// it is re-keyed (`submit.rs`, `horizon.rs`).
+    pub(crate) retention: Duration,
 }
 
 impl Coordinator {
@@ -129,6 +133,7 @@ impl Coordinator {
             assets,
             daily: Arc::new(DailyLimits::default()),
             failpoints: FailPoints::default(),
+            retention: crate::horizon::RETENTION_DEFAULT,
         }
     }
 
@@ -142,6 +147,12 @@ impl Coordinator {
     /// Arms a fail point (crash tests only).
     pub fn with_failpoints(mut self, failpoints: FailPoints) -> Self {
         self.failpoints = failpoints;
+        self
+    }
+
+    /// The idempotency horizon's retention (the default is `horizon::RETENTION_DEFAULT`).
+    pub fn with_idempotency_retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
         self
     }
 

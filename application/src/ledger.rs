@@ -100,6 +100,12 @@ impl Ledger {
         self
     }
 
+    /// The idempotency horizon's retention, for re-keying old orphan client-key claims.
+    pub fn with_idempotency_retention(mut self, retention: Duration) -> Self {
+        self.coordinator = self.coordinator.with_idempotency_retention(retention);
+        self
+    }
+
     pub fn coordinator(&self) -> &Coordinator {
         &self.coordinator
     }

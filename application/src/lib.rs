@@ -1,10 +1,10 @@
 //! The application core: every command the edges (HTTP, GraphQL, the recovery worker) call, over
 //! the pure `domain` and the `adapters`. Creating a transfer (`Ledger::request_transfer`,
 //! `Coordinator::submit`), driving and resuming it (`drive.rs`), resolving it by hand, the daily
-//! limits, the fund-conservation audit and the halt flag, the asset settings, and the fail points
-//! of the crash tests. It never reads the environment, never starts a background service (the
-//! edge's start-up runs the periodic work it offers), and never imports the read side
-//! (`projections`).
+//! limits, the fund-conservation audit and the halt flag, the idempotency horizon
+//! (`horizon.rs`), the asset settings, and the fail points of the crash tests. It never reads
+//! the environment, never starts a background service (the edge's start-up runs the periodic
+//! work it offers), and never imports the read side (`projections`).
 
 pub mod assets;
 pub mod audit;
@@ -12,6 +12,7 @@ pub mod coordinator;
 pub mod drive;
 pub mod failpoint;
 pub mod halt;
+pub mod horizon;
 pub mod lease;
 pub mod ledger;
 pub mod limits;
@@ -23,6 +24,7 @@ pub use assets::AssetSettings;
 pub use coordinator::{Coordinator, CoordinatorError, NewTransfer, StoreCause};
 pub use drive::{Resumed, StillOpen};
 pub use failpoint::FailPoints;
+pub use horizon::{Horizon, HorizonConfig};
 pub use ledger::{Ledger, RateGate, RequestError, Unlimited};
 pub use limits::DailyLimits;
 pub use request::TransferRequest;

@@ -2,15 +2,25 @@
 //! key (`cid`), the daily limits, `TransferCreated` with the withdraw's announcement in one
 //! commit, and the first drive.
 
+use std::time::Duration;
+
 use chrono::{NaiveDate, Utc};
 use domain::{ErrorCode, ReqId, Transfer, TransferCommand, TransferData, TransferError};
 
 use crate::coordinator::{Context, Coordinator, CoordinatorError, NewTransfer};
+use crate::horizon;
 use crate::limits;
 
 enum Claim {
     New(ReqId),
     Existing(ReqId),
+}
+
+/// What an orphan claim comes to: the req_id to create under, or the transfer another request
+/// created meanwhile.
+enum Usable {
+    Create(ReqId),
+    Exists(TransferData),
 }
 
 impl Coordinator {
@@ -31,17 +41,21 @@ impl Coordinator {
         &self,
         request: NewTransfer,
     ) -> Result<TransferData, CoordinatorError> {
-        let req_id = match &request.cid {
-            None => ReqId::generate(),
+        let claimed = match &request.cid {
+            None => None,
             Some(cid) => match self.claim_cid(&request, cid).await? {
-                Claim::New(id) => id,
+                Claim::New(id) => Some(id),
                 Claim::Existing(id) => {
                     // The first request may have died between claiming the key and creating the
-                    // transfer; creating it now is safe because the key fixed its req_id.
+                    // transfer; creating it now is safe because the key fixed its req_id (or
+                    // re-keyed it, when it is too old for the idempotency horizon).
                     if let Some(existing) = self.load(&id).await? {
                         return Ok(existing);
                     }
-                    id
+                    match self.usable_claim(&request, cid, id).await? {
+                        Usable::Create(id) => Some(id),
+                        Usable::Exists(existing) => return Ok(existing),
+                    }
                 }
             },
         };
@@ -64,6 +78,9 @@ impl Coordinator {
             .map_err(CoordinatorError::Refused)?;
             Some(day)
         };
+        // Generated as late as possible: the horizon's safety needs a req_id's time close to its
+        // TransferCreated commit (`horizon.rs`).
+        let req_id = claimed.unwrap_or_else(ReqId::generate);
         let ctx = match self.create(req_id, &request).await {
             Ok(ctx) => ctx,
             // A concurrent duplicate created it first: answer with that transfer, and give back
@@ -211,6 +228,85 @@ impl Coordinator {
         let req_id = ReqId::parse(&req_id)
             .map_err(|_| CoordinatorError::store("stored req_id is malformed"))?;
         Ok(Claim::Existing(req_id))
+    }
+
+    /// Whether an orphan claim's req_id (no transfer under it) may still be used. spot-core
+    /// refuses a req_id older than the idempotency horizon (`REQ_ID_EXPIRED`), and the horizon
+    /// may pass any req_id with no transfer once it is a retention old: a claim is used while it
+    /// is younger than half the retention, and re-keyed after that. No movement was ever sent
+    /// under a req_id without `TransferCreated`, so a new req_id changes nothing anywhere.
+    ///
+    /// A request that found the claim young may still be creating under it: a re-key waits until
+    /// the claim is half a retention plus a grace old (that request has committed by then, or
+    /// never will), then swaps the req_id only if the claim still names it and no transfer was
+    /// created under it, in one transaction.
+    async fn usable_claim(
+        &self,
+        request: &NewTransfer,
+        cid: &str,
+        mut req_id: ReqId,
+    ) -> Result<Usable, CoordinatorError> {
+        let half = self.retention / 2;
+        let grace = (self.retention / 4).min(horizon::CLAIM_GRACE_MAX);
+        loop {
+            let made = horizon::ulid_time_ms(&req_id.to_string())
+                .ok_or_else(|| CoordinatorError::store("claimed req_id is not a ULID"))?;
+            let age = Duration::from_millis(horizon::now_ms().saturating_sub(made));
+            if age < half {
+                return Ok(Usable::Create(req_id));
+            }
+            if age < half + grace {
+                tokio::time::sleep(half + grace - age).await;
+            }
+            let fresh = ReqId::generate();
+            let mut tx = self.pool.begin().await?;
+            let swapped = sqlx::query(
+                "UPDATE transfer_cids SET req_id = $4
+                 WHERE user_id = $1 AND cid = $2 AND req_id = $3",
+            )
+            .bind(request.user_id.as_i64())
+            .bind(cid)
+            .bind(req_id.to_string())
+            .bind(fresh.to_string())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            let created: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM events
+                                WHERE aggregate_type = 'Transfer' AND aggregate_id = $1)",
+            )
+            .bind(req_id.to_string())
+            .fetch_one(&mut *tx)
+            .await?;
+            if created {
+                drop(tx);
+                let existing = self.load(&req_id).await?;
+                return existing
+                    .map(Usable::Exists)
+                    .ok_or(CoordinatorError::NotFound);
+            }
+            if swapped == 1 {
+                tx.commit().await?;
+                tracing::info!(
+                    user_id = %request.user_id, cid, old = %req_id, new = %fresh,
+                    "orphan client-key claim too old for the idempotency horizon: re-keyed"
+                );
+                return Ok(Usable::Create(fresh));
+            }
+            // Another request re-keyed it first: go on with what the claim names now.
+            drop(tx);
+            let (now_claimed,): (String,) =
+                sqlx::query_as("SELECT req_id FROM transfer_cids WHERE user_id = $1 AND cid = $2")
+                    .bind(request.user_id.as_i64())
+                    .bind(cid)
+                    .fetch_one(&self.pool)
+                    .await?;
+            req_id = ReqId::parse(&now_claimed)
+                .map_err(|_| CoordinatorError::store("stored req_id is malformed"))?;
+            if let Some(existing) = self.load(&req_id).await? {
+                return Ok(Usable::Exists(existing));
+            }
+        }
     }
 
     /// Commits `TransferCreated` and, in the same commit, `SourceWithdrawStarted` (nothing

@@ -89,6 +89,44 @@ pub struct UpArgs {
     /// The event relay to NATS JetStream, run in-process when `--nats` is given.
     #[command(flatten)]
     pub relay: crate::relay_cli::RelayOptions,
+    /// Passed to the spot-core child: its snapshot and WAL settings.
+    #[command(flatten)]
+    pub spot_storage: SpotStorage,
+}
+
+/// The spot-core child's storage settings `ledger up` passes through (spot-core's own flags of
+/// the same names without `spot-`); each is left to spot-core's default when unset.
+#[derive(Debug, Clone, Default, Args)]
+pub struct SpotStorage {
+    /// A snapshot every this many WAL records (0: never).
+    #[arg(long, env = "LEDGER_SPOT_SNAPSHOT_EVERY_RECORDS")]
+    pub spot_snapshot_every_records: Option<u64>,
+    /// Bytes of one WAL segment.
+    #[arg(long, env = "LEDGER_SPOT_SEGMENT_BYTES")]
+    pub spot_segment_bytes: Option<u64>,
+    /// Where compacted WAL segments are moved instead of deleted.
+    #[arg(long, env = "LEDGER_SPOT_ARCHIVE_DIR")]
+    pub spot_archive_dir: Option<PathBuf>,
+}
+
+impl SpotStorage {
+    /// spot-core's flags for these settings.
+    fn args(&self) -> Vec<std::ffi::OsString> {
+        let mut args = Vec::new();
+        if let Some(n) = self.spot_snapshot_every_records {
+            args.push("--snapshot-every-records".into());
+            args.push(n.to_string().into());
+        }
+        if let Some(n) = self.spot_segment_bytes {
+            args.push("--segment-bytes".into());
+            args.push(n.to_string().into());
+        }
+        if let Some(dir) = &self.spot_archive_dir {
+            args.push("--archive-dir".into());
+            args.push(dir.clone().into_os_string());
+        }
+        args
+    }
 }
 
 #[derive(Debug, Args)]
@@ -187,7 +225,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 /// The application state with everything the settings configure: limits, the fail point, the
-/// recovery worker and the audit's interval.
+/// recovery worker, the audit's interval and the idempotency horizon.
 fn configured_state(
     settings: &Settings,
     pool: sqlx::PgPool,
@@ -195,7 +233,10 @@ fn configured_state(
     assets: domain::AssetRegistry,
     secret: &JwtSecret,
 ) -> anyhow::Result<AppState> {
-    Ok(AppState::new(pool, spot, assets, &secret.bytes)
+    let horizon = settings.horizon()?;
+    let mut state = AppState::new(pool, spot, assets, &secret.bytes);
+    state.ledger = state.ledger.with_idempotency_retention(horizon.retention);
+    Ok(state
         .with_limits(settings.limits()?)
         .with_http_limits(settings.http_limits()?)
         .with_failpoints(settings.failpoints())
@@ -203,6 +244,7 @@ fn configured_state(
             recovery: Some(settings.recovery()),
             audit_interval: settings.audit_interval(),
             relay: None,
+            horizon: Some(horizon),
         }))
 }
 
@@ -323,6 +365,7 @@ async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> {
                 &args.data_dir.join("spot"),
                 args.assets.as_deref(),
                 &token_file,
+                &args.spot_storage,
             )
             .await?;
             (child.addr.clone(), Some(token), Some(child))
@@ -502,6 +545,7 @@ impl SpotChild {
         data_dir: &Path,
         assets: Option<&Path>,
         token_file: &Path,
+        storage: &SpotStorage,
     ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(data_dir)
             .with_context(|| format!("create spot-core data dir {}", data_dir.display()))?;
@@ -527,6 +571,7 @@ impl SpotChild {
         if let Some(assets) = assets {
             command.arg("--assets").arg(assets);
         }
+        command.args(storage.args());
         command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -613,6 +658,47 @@ mod tests {
     use clap::CommandFactory;
 
     #[test]
+    fn up_passes_spot_storage_settings_to_its_child_only_when_set() {
+        use clap::Parser;
+        let cli = Cli::try_parse_from(["ledger", "up"]).unwrap();
+        let Command::Up(args) = cli.command else {
+            panic!("not up")
+        };
+        assert!(args.spot_storage.args().is_empty(), "spot-core's defaults");
+        let cli = Cli::try_parse_from([
+            "ledger",
+            "up",
+            "--spot-snapshot-every-records",
+            "300",
+            "--spot-segment-bytes",
+            "65536",
+            "--spot-archive-dir",
+            "/tmp/archive",
+        ])
+        .unwrap();
+        let Command::Up(args) = cli.command else {
+            panic!("not up")
+        };
+        let given: Vec<String> = args
+            .spot_storage
+            .args()
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect();
+        assert_eq!(
+            given,
+            [
+                "--snapshot-every-records",
+                "300",
+                "--segment-bytes",
+                "65536",
+                "--archive-dir",
+                "/tmp/archive"
+            ]
+        );
+    }
+
+    #[test]
     fn the_spot_token_is_generated_private_and_reused() {
         use std::os::unix::fs::PermissionsExt;
         let dir = std::env::temp_dir().join(format!("ledger-spot-token-{}", ulid_like()));
@@ -624,15 +710,16 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         assert_eq!(stored_or_generated_spot_token(&path).unwrap(), token);
         // spot-core reads the same file and gets the same token.
-        let args = spot_core::Args {
-            listen: "127.0.0.1:0".into(),
-            data_dir: dir.clone(),
-            assets: None,
-            token_file: Some(path.clone()),
-            exit_with_stdin: false,
-            token: None,
-            failpoints: None,
-        };
+        let args = <spot_core::Args as clap::Parser>::try_parse_from([
+            "spot-core".as_ref(),
+            "--listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--data-dir".as_ref(),
+            dir.as_os_str(),
+            "--token-file".as_ref(),
+            path.as_os_str(),
+        ])
+        .unwrap();
         assert_eq!(spot_core::resolve_token(&args).unwrap(), Some(token));
         std::fs::remove_dir_all(&dir).unwrap();
     }

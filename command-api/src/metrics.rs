@@ -1,7 +1,8 @@
 //! `GET /metrics`: OpenMetrics text exposition (MON-001, MON-002, the periodic fund-conservation
 //! check's health), encoded by `prometheus-client`.
 //! Every figure is read from PostgreSQL at scrape time, so all `ledger serve` instances report
-//! the same cluster-wide values and nothing is lost when a process restarts. Gathering
+//! the same cluster-wide values and nothing is lost when a process restarts; the idempotency
+//! horizon is read from spot-core, which holds it. Gathering
 //! (`TransferView::metric_figures`, the SQL) and encoding (`Snapshot`'s `Collector`) are kept
 //! apart.
 
@@ -39,6 +40,9 @@ struct Snapshot {
     relays: Vec<relay::RelayStatus>,
     /// The periodic fund-conservation check (`audit_status`).
     audit: application::audit::status::AuditHealth,
+    /// spot-core's idempotency horizon (Unix ms), read from spot-core itself; `None` when it did
+    /// not answer (the gauge is left out rather than reported wrong).
+    horizon_ms: Option<u64>,
 }
 
 async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
@@ -48,11 +52,19 @@ async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
     let audit = application::audit::status::health(state.ledger.pool())
         .await
         .map_err(internal)?;
+    let horizon_ms = state
+        .ledger
+        .spot()
+        .core_status()
+        .await
+        .ok()
+        .map(|c| c.horizon_ms);
     let snapshot = Snapshot {
         by_state,
         figures,
         relays,
         audit,
+        horizon_ms,
     };
     Ok(([(CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], render(snapshot)).into_response())
 }
@@ -142,6 +154,15 @@ impl Collector for Snapshot {
             )?)?;
         }
         encode_audit(&self.audit, &mut encoder)?;
+        if let Some(ms) = self.horizon_ms {
+            let gauge = ConstGauge::new(i64::try_from(ms).unwrap_or(i64::MAX));
+            gauge.encode(encoder.encode_descriptor(
+                "ledger_idempotency_horizon_ms",
+                "spot-core's idempotency horizon (Unix ms): req_ids created before it are forgotten and refused (0: none yet).",
+                None,
+                gauge.metric_type(),
+            )?)?;
+        }
         encode_relays(&self.relays, &mut encoder)
     }
 }
@@ -342,12 +363,29 @@ mod tests {
     }
 
     #[test]
+    fn the_horizon_is_reported_when_spot_core_answered() {
+        let text = render(Snapshot {
+            horizon_ms: Some(1_700_000_000_000),
+            ..Snapshot::default()
+        });
+        assert!(
+            text.contains("# TYPE ledger_idempotency_horizon_ms gauge"),
+            "{text}"
+        );
+        assert!(text
+            .lines()
+            .any(|l| l == "ledger_idempotency_horizon_ms 1700000000000"));
+        assert!(!render(Snapshot::default()).contains("ledger_idempotency_horizon_ms"));
+    }
+
+    #[test]
     fn every_state_is_reported_even_at_zero() {
         let text = render(Snapshot {
             by_state: vec![("TARGET_PENDING".into(), 2)],
             figures: Figures::default(),
             relays: Vec::new(),
             audit: Default::default(),
+            horizon_ms: None,
         });
         assert!(text.contains("ledger_transfers{state=\"TARGET_PENDING\"} 2"));
         assert!(text.contains("ledger_transfers{state=\"COMMITTED\"} 0"));

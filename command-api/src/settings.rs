@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use application::horizon::{self, HorizonConfig};
 use application::FailPoints;
 use recovery::{RecoveryConfig, RecoveryOverrides};
 
@@ -61,6 +62,13 @@ pub struct Settings {
     /// Seconds between periodic fund-conservation checks (default 60).
     #[arg(long, global = true, env = "LEDGER_INVARIANT_INTERVAL_SECS")]
     pub invariant_interval_secs: Option<String>,
+    /// How long (s) spot-core remembers a req_id at least (the idempotency horizon's retention;
+    /// default 604800, at least 1).
+    #[arg(long, global = true, env = "LEDGER_IDEMPOTENCY_RETENTION_SECS")]
+    pub idempotency_retention_secs: Option<String>,
+    /// Time (ms) between two advances of spot-core's idempotency horizon (default 60000).
+    #[arg(long, global = true, env = "LEDGER_HORIZON_INTERVAL_MS")]
+    pub horizon_interval_ms: Option<String>,
     /// Longest wait (ms) for a request's headers, new or idle connection alike (default 10000).
     #[arg(long, global = true, env = "LEDGER_HTTP_HEADER_TIMEOUT_MS")]
     pub http_header_timeout_ms: Option<u64>,
@@ -158,6 +166,39 @@ impl Settings {
             .map_or(AUDIT_INTERVAL_DEFAULT, Duration::from_secs)
     }
 
+    /// The idempotency horizon's retention and interval: the defaults, overridden by the
+    /// settings. A malformed value, a retention under `horizon::RETENTION_MIN` or a zero
+    /// interval is an error (a typo must not forget keys early or never advance).
+    pub fn horizon(&self) -> anyhow::Result<HorizonConfig> {
+        let number = |name: &str, value: &Option<String>| -> anyhow::Result<Option<u64>> {
+            given(value)
+                .map(|v| {
+                    v.trim()
+                        .parse::<u64>()
+                        .map_err(|_| anyhow::anyhow!("{name} must be a whole number, not {v:?}"))
+                })
+                .transpose()
+        };
+        let mut config = HorizonConfig::default();
+        if let Some(secs) = number(
+            "LEDGER_IDEMPOTENCY_RETENTION_SECS",
+            &self.idempotency_retention_secs,
+        )? {
+            config.retention = Duration::from_secs(secs);
+            anyhow::ensure!(
+                config.retention >= horizon::RETENTION_MIN,
+                "LEDGER_IDEMPOTENCY_RETENTION_SECS must be at least {} s: it must exceed the time \
+                 from a req_id's generation to its transfer's creation",
+                horizon::RETENTION_MIN.as_secs()
+            );
+        }
+        if let Some(ms) = number("LEDGER_HORIZON_INTERVAL_MS", &self.horizon_interval_ms)? {
+            anyhow::ensure!(ms > 0, "LEDGER_HORIZON_INTERVAL_MS must be positive");
+            config.interval = Duration::from_millis(ms);
+        }
+        Ok(config)
+    }
+
     /// The HTTP server's timeouts and caps: the defaults, with the HTTP settings laid over them.
     pub fn http_limits(&self) -> anyhow::Result<crate::http_server::HttpLimits> {
         let positive = |name: &str, value: Option<u64>| -> anyhow::Result<Option<u64>> {
@@ -215,6 +256,34 @@ mod tests {
         assert_eq!(settings.database_url(), schema::DEFAULT_DATABASE_URL);
         assert_eq!(settings.audit_interval(), AUDIT_INTERVAL_DEFAULT);
         assert_eq!(settings.failpoints(), FailPoints::default());
+    }
+
+    #[test]
+    fn horizon_settings_default_override_and_refuse_nonsense() {
+        assert_eq!(
+            Settings::default().horizon().unwrap(),
+            HorizonConfig::default()
+        );
+        let settings = Settings {
+            idempotency_retention_secs: Some("5".into()),
+            horizon_interval_ms: Some(" 500 ".into()),
+            ..Settings::default()
+        };
+        assert_eq!(
+            settings.horizon().unwrap(),
+            HorizonConfig {
+                retention: Duration::from_secs(5),
+                interval: Duration::from_millis(500),
+            }
+        );
+        for (retention, interval) in [("0", "1"), ("x", "1"), ("5", "0"), ("5", "-1")] {
+            let settings = Settings {
+                idempotency_retention_secs: Some(retention.into()),
+                horizon_interval_ms: Some(interval.into()),
+                ..Settings::default()
+            };
+            assert!(settings.horizon().is_err(), "{retention} {interval}");
+        }
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Start-up: the one place that starts every background task of a serving process and stops them
 //! together (zero-to-production's `main`): the projector (read models and feed), the recovery
-//! worker, the periodic fund-conservation audit and the asset-settings reloader. No other code
-//! starts a long-running task. These tasks run forever; one that ends (a panic) is reported, and
-//! [`Tasks::first_exit`] lets the server stop on it.
+//! worker, the periodic fund-conservation audit, the asset-settings reloader and the idempotency
+//! horizon's advances. No other code starts a long-running task. These tasks run forever; one
+//! that ends (a panic) is reported, and [`Tasks::first_exit`] lets the server stop on it.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -31,6 +31,9 @@ pub struct Background {
     pub audit_interval: Duration,
     /// The JetStream relay of the feed, when a NATS server is configured (`--nats`).
     pub relay: Option<relay::RelayConfig>,
+    /// spot-core's idempotency horizon, advanced periodically; `None` leaves it alone (an
+    /// in-process test server).
+    pub horizon: Option<application::HorizonConfig>,
 }
 
 impl Default for Background {
@@ -39,6 +42,7 @@ impl Default for Background {
             recovery: None,
             audit_interval: AUDIT_INTERVAL_DEFAULT,
             relay: None,
+            horizon: None,
         }
     }
 }
@@ -94,6 +98,11 @@ impl Tasks {
                 .audit_periodically(state.background.audit_interval),
         );
         tasks.spawn("asset reloader", reload_assets(ledger.assets().clone()));
+        if let Some(config) = state.background.horizon {
+            let horizon =
+                application::Horizon::new(ledger.pool().clone(), ledger.spot().clone(), config);
+            tasks.spawn("idempotency horizon", horizon.run());
+        }
         if let Some(config) = &state.background.relay {
             tracing::info!(stream = %config.stream, nats = %config.nats_url, "relay starts in-process");
             let stats = Arc::new(relay::RelayStats::default());

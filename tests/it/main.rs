@@ -18,6 +18,7 @@ mod defense;
 mod feed;
 mod fsm;
 mod graphql;
+mod horizon;
 mod invariant;
 mod ledger_up;
 mod pool_safety;
