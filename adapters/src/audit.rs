@@ -109,3 +109,18 @@ pub(crate) const SNAPSHOT_HORIZON_SQL: &str = "
                AND a.backend_xid::text::bigint = x::text::bigint % 4294967296))
     )::text::bigint
     FROM (SELECT pg_current_snapshot() AS s) AS q";
+
+/// Makes the rest of an incremental audit transaction read by index. Its reads after a position
+/// (`tx_id >= $1` on the event log, the funding journal and external deposits) have an index each,
+/// but a planner without statistics (a database whose autovacuum is off, as on this project's
+/// test machines, or a table grown far since its last ANALYZE) guesses that a range matches a
+/// third of the table and scans all of it: the check's cost would follow the history again. With
+/// sequential scans priced out, the only plans left are the indexed ones (a table with no usable
+/// index, like the per-account balances summed in full, is still read whole). Not used by the
+/// full check, which reads everything anyway.
+pub async fn prefer_indexes(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::query("SET LOCAL enable_seqscan = off")
+        .execute(conn)
+        .await
+        .map(|_| ())
+}

@@ -335,17 +335,27 @@ pub async fn audit_transfers(
         .await?;
     // Never behind `since` (see `SNAPSHOT_HORIZON_SQL`).
     let horizon = horizon.max(i64::try_from(since).unwrap_or(i64::MAX));
+    if since > 0 {
+        crate::audit::prefer_indexes(&mut tx).await?;
+    }
+    // The ids come from the (tx_id, global_position) index (no condition on the aggregate type
+    // there: the primary key's would tempt the planner into reading every transfer's events);
+    // each transfer's first and last events are then read by key, which drops other aggregates. Both lookups are LATERAL with a LIMIT, which the planner
+    // cannot turn into a join against every transfer's first event (a hash join over the whole
+    // log, as a plain join was planned at 100k transfers).
     let rows: Vec<(String, Value, i64, Value)> = sqlx::query_as(
         "WITH ids AS (
-             SELECT aggregate_id FROM events
-             WHERE aggregate_type = 'Transfer' AND tx_id >= $1::text::xid8
+             SELECT aggregate_id FROM events WHERE tx_id >= $1::text::xid8
              UNION
              SELECT unnest($2::text[])
          )
-         SELECT c.aggregate_id, c.payload::jsonb, c.tx_id::text::bigint, l.payload::jsonb
+         SELECT ids.aggregate_id, c.payload::jsonb, c.tx_id::text::bigint, l.payload::jsonb
          FROM ids
-         JOIN events c ON c.aggregate_type = 'Transfer' AND c.aggregate_id = ids.aggregate_id
-                      AND c.sequence = 1
+         CROSS JOIN LATERAL (
+             SELECT e.payload, e.tx_id FROM events e
+             WHERE e.aggregate_type = 'Transfer' AND e.aggregate_id = ids.aggregate_id
+             ORDER BY e.sequence LIMIT 1
+         ) c
          CROSS JOIN LATERAL (
              SELECT e.payload FROM events e
              WHERE e.aggregate_type = 'Transfer' AND e.aggregate_id = ids.aggregate_id

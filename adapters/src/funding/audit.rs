@@ -33,6 +33,9 @@ impl FundingLedger {
         // Never behind `since`: everything below it was consumed before (see
         // `SNAPSHOT_HORIZON_SQL` on why a horizon could otherwise step back).
         let horizon = horizon.max(since);
+        if since > 0 {
+            crate::audit::prefer_indexes(&mut tx).await?;
+        }
         let balances: Vec<(String, Decimal)> =
             sqlx::query_as("SELECT asset, SUM(balance) FROM funding_accounts GROUP BY asset")
                 .fetch_all(&mut *tx)
