@@ -60,7 +60,7 @@ pub struct FundingRead {
 pub struct SpotRead {
     pub totals: BTreeMap<String, Decimal>,
     pub last_seq: u64,
-    /// Journal records read after the position (all kinds).
+    /// Journal records read after the position (all kinds but the audit's own `retain` marks).
     pub records: u64,
 }
 

@@ -162,7 +162,9 @@ pub async fn check_incremental(
     report.stored = checkpoint::store(pool, start.version, &next).await?;
     if !report.stored {
         tracing::debug!("another audit run stored its checkpoint first; this one is not kept");
-    } else if next.spot_seq > start.spot_seq {
+    } else if report.read.spot_records > 0 {
+        // Only when something besides the previous run's own mark was consumed: a mark is a
+        // record too, and marking it would write one more at every run, forever.
         // Only after the checkpoint is durable: spot-core may then drop what it consumed.
         // A refusal costs nothing but disk (spot-core keeps more), so it never fails the check.
         if let Err(e) = spot.retain(next.spot_seq).await {
