@@ -16,6 +16,7 @@ pub mod horizon;
 pub mod lease;
 pub mod ledger;
 pub mod limits;
+pub mod maintenance;
 pub mod request;
 pub mod resolve;
 pub mod submit;

@@ -98,6 +98,13 @@ impl Tasks {
                 .audit_periodically(state.background.audit_interval),
         );
         tasks.spawn("asset reloader", reload_assets(ledger.assets().clone()));
+        tasks.spawn(
+            "hot-table vacuum",
+            application::maintenance::run(
+                ledger.pool().clone(),
+                application::maintenance::INTERVAL,
+            ),
+        );
         if let Some(config) = state.background.horizon {
             let horizon =
                 application::Horizon::new(ledger.pool().clone(), ledger.spot().clone(), config);
