@@ -124,3 +124,25 @@ pub async fn prefer_indexes(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::E
         .await
         .map(|_| ())
 }
+
+/// Opens one of the audit's reads: a REPEATABLE READ, read-only transaction whose first statement
+/// takes the snapshot and its commit-order horizon ([`SNAPSHOT_HORIZON_SQL`]), never behind
+/// `since` (everything below it was consumed before); an incremental read (`since > 0`) is then
+/// made to go by index ([`prefer_indexes`]).
+pub(crate) async fn begin_snapshot(
+    pool: &sqlx::PgPool,
+    since: u64,
+) -> Result<(sqlx::Transaction<'static, sqlx::Postgres>, u64), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    let horizon: i64 = sqlx::query_scalar(SNAPSHOT_HORIZON_SQL)
+        .fetch_one(&mut *tx)
+        .await?;
+    let horizon = u64::try_from(horizon).unwrap_or(0).max(since);
+    if since > 0 {
+        prefer_indexes(&mut tx).await?;
+    }
+    Ok((tx, horizon))
+}

@@ -326,23 +326,13 @@ pub async fn audit_transfers(
     since: u64,
     ids: &[String],
 ) -> Result<(u64, Vec<AuditTransfer>), LogError> {
-    let mut tx = pool.begin().await?;
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        .execute(&mut *tx)
-        .await?;
-    let horizon: i64 = sqlx::query_scalar(crate::audit::SNAPSHOT_HORIZON_SQL)
-        .fetch_one(&mut *tx)
-        .await?;
-    // Never behind `since` (see `SNAPSHOT_HORIZON_SQL`).
-    let horizon = horizon.max(i64::try_from(since).unwrap_or(i64::MAX));
-    if since > 0 {
-        crate::audit::prefer_indexes(&mut tx).await?;
-    }
+    let (mut tx, horizon) = crate::audit::begin_snapshot(pool, since).await?;
     // The ids come from the (tx_id, global_position) index (no condition on the aggregate type
     // there: the primary key's would tempt the planner into reading every transfer's events);
-    // each transfer's first and last events are then read by key, which drops other aggregates. Both lookups are LATERAL with a LIMIT, which the planner
-    // cannot turn into a join against every transfer's first event (a hash join over the whole
-    // log, as a plain join was planned at 100k transfers).
+    // each transfer's first and last events are then read by key, which drops other aggregates.
+    // Both lookups are LATERAL with a LIMIT, which the planner cannot turn into a join against
+    // every transfer's first event (a hash join over the whole log, as a plain join was planned
+    // at 100k transfers).
     let rows: Vec<(String, Value, i64, Value)> = sqlx::query_as(
         "WITH ids AS (
              SELECT aggregate_id FROM events WHERE tx_id >= $1::text::xid8
@@ -386,5 +376,5 @@ pub async fn audit_transfers(
             })
         })
         .collect::<Result<_, _>>()?;
-    Ok((u64::try_from(horizon).unwrap_or(0), transfers))
+    Ok((horizon, transfers))
 }

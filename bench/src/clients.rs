@@ -123,27 +123,8 @@ pub(crate) async fn drive(
             let mut to_spot = vec![true; tokens.len()];
             let mut turn = 0;
             while Instant::now() < deadline {
-                let (from, to) = if to_spot[turn] {
-                    ("FUNDING", "SPOT")
-                } else {
-                    ("SPOT", "FUNDING")
-                };
                 let t0 = Instant::now();
-                let r = http
-                    .post(&url)
-                    .bearer_auth(&tokens[turn])
-                    .json(&json!({"from": from, "to": to, "asset": "USDT", "amount": "1"}))
-                    .send()
-                    .await;
-                let committed = match r {
-                    Ok(r) => r
-                        .json::<serde_json::Value>()
-                        .await
-                        .map(|b| b["state"] == "COMMITTED")
-                        .unwrap_or(false),
-                    Err(_) => false,
-                };
-                if committed {
+                if transfer_one(&http, &url, &tokens[turn], to_spot[turn]).await {
                     mine.push(t0.elapsed());
                     to_spot[turn] = !to_spot[turn];
                     turn = (turn + 1) % tokens.len();
@@ -168,4 +149,33 @@ pub(crate) async fn drive(
         cpu,
         pids,
     })
+}
+
+/// One transfer of 1 USDT as `token`'s user, FUNDING→SPOT when `to_spot`, else back; whether it
+/// was answered COMMITTED.
+pub(crate) async fn transfer_one(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    to_spot: bool,
+) -> bool {
+    let (from, to) = if to_spot {
+        ("FUNDING", "SPOT")
+    } else {
+        ("SPOT", "FUNDING")
+    };
+    let r = http
+        .post(url)
+        .bearer_auth(token)
+        .json(&json!({"from": from, "to": to, "asset": "USDT", "amount": "1"}))
+        .send()
+        .await;
+    match r {
+        Ok(r) => r
+            .json::<serde_json::Value>()
+            .await
+            .map(|b| b["state"] == "COMMITTED")
+            .unwrap_or(false),
+        Err(_) => false,
+    }
 }

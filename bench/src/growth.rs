@@ -570,26 +570,7 @@ async fn make_transfers(
                 if made.load(Ordering::Relaxed) >= until {
                     return Ok::<(), anyhow::Error>(());
                 }
-                let (from, to) = if to_spot {
-                    ("FUNDING", "SPOT")
-                } else {
-                    ("SPOT", "FUNDING")
-                };
-                let r = http
-                    .post(&url)
-                    .bearer_auth(&token)
-                    .json(&json!({"from": from, "to": to, "asset": "USDT", "amount": "1"}))
-                    .send()
-                    .await;
-                let committed = match r {
-                    Ok(r) => r
-                        .json::<serde_json::Value>()
-                        .await
-                        .map(|b| b["state"] == "COMMITTED")
-                        .unwrap_or(false),
-                    Err(_) => false,
-                };
-                if committed {
+                if crate::clients::transfer_one(&http, &url, &token, to_spot).await {
                     made.fetch_add(1, Ordering::Relaxed);
                     to_spot = !to_spot;
                     failures = 0;

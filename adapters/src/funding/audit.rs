@@ -21,21 +21,7 @@ impl FundingLedger {
         since: u64,
         sink: &mut (dyn FnMut(FundingItem) + Send),
     ) -> Result<FundingRead, FundingError> {
-        let since = i64::try_from(since).unwrap_or(i64::MAX);
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            .execute(&mut *tx)
-            .await?;
-        // The first statement takes the transaction's snapshot; the horizon is that snapshot's.
-        let horizon: i64 = sqlx::query_scalar(crate::audit::SNAPSHOT_HORIZON_SQL)
-            .fetch_one(&mut *tx)
-            .await?;
-        // Never behind `since`: everything below it was consumed before (see
-        // `SNAPSHOT_HORIZON_SQL` on why a horizon could otherwise step back).
-        let horizon = horizon.max(since);
-        if since > 0 {
-            crate::audit::prefer_indexes(&mut tx).await?;
-        }
+        let (mut tx, horizon) = crate::audit::begin_snapshot(&self.pool, since).await?;
         let balances: Vec<(String, Decimal)> =
             sqlx::query_as("SELECT asset, SUM(balance) FROM funding_accounts GROUP BY asset")
                 .fetch_all(&mut *tx)
@@ -87,7 +73,7 @@ impl FundingLedger {
         tx.commit().await?;
         Ok(FundingRead {
             balances: balances.into_iter().collect(),
-            horizon: u64::try_from(horizon).unwrap_or(0),
+            horizon,
             journal_rows,
             deposit_rows,
         })
