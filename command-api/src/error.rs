@@ -174,7 +174,9 @@ impl ApiError {
             ),
             Self::UnsupportedMediaType => "request body must be application/json".to_owned(),
             Self::MethodNotAllowed => "method not allowed on this route".to_owned(),
-            Self::RequestTimeout => "the request was not received in time".to_owned(),
+            Self::RequestTimeout => {
+                "the request was not read and answered within the request timeout (LEDGER_HTTP_REQUEST_TIMEOUT_MS)".to_owned()
+            }
             Self::Refused(code) => describe(*code).to_owned(),
             Self::TransferFailed { code, .. } => match parse_code(code) {
                 Some(code) => format!("transfer failed: {}", describe(code)),
