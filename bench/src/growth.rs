@@ -175,16 +175,18 @@ async fn spot_growth(args: &Args) -> anyhow::Result<Vec<String>> {
     let sent = Arc::new(AtomicU64::new(0));
     let mut results = Vec::new();
     let started = Instant::now();
+    // The ledger's part, for the whole run: the horizon keeps the newest `remembered`
+    // operations' keys, and the audit has consumed everything. One keeper throughout, as a
+    // ledger's horizon follows time without a break (a keeper started afresh at each point
+    // forgot what it had sent before, and the keys of the previous point stayed twice as long).
+    let stop = Arc::new(AtomicBool::new(false));
+    let horizon = tokio::spawn(keep_horizon(
+        addr.clone(),
+        sent.clone(),
+        args.remembered,
+        stop.clone(),
+    ));
     for &point in &points {
-        // The ledger's part: the horizon keeps the newest `remembered` operations' keys, and the
-        // audit has consumed everything.
-        let stop = Arc::new(AtomicBool::new(false));
-        let horizon = tokio::spawn(keep_horizon(
-            addr.clone(),
-            sent.clone(),
-            args.remembered,
-            stop.clone(),
-        ));
         let mut tasks = Vec::new();
         for _ in 0..args.connections.max(1) {
             tasks.push(tokio::spawn(send_ops(
@@ -198,8 +200,6 @@ async fn spot_growth(args: &Args) -> anyhow::Result<Vec<String>> {
         for t in tasks {
             t.await??;
         }
-        stop.store(true, Ordering::Relaxed);
-        horizon.await??;
         let client = SpotClient::new(addr.clone(), Duration::from_secs(30));
         let status = core_status(&client, &Request::Status {}).await?;
         let rss = procstat::rss(proc_.child.id());
@@ -255,6 +255,8 @@ async fn spot_growth(args: &Args) -> anyhow::Result<Vec<String>> {
             rss_after_restart,
         });
     }
+    stop.store(true, Ordering::Relaxed);
+    horizon.await??;
     drop(proc_);
     std::fs::remove_dir_all(&data).ok();
 
