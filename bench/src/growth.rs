@@ -416,16 +416,9 @@ async fn audit_growth(args: &Args) -> anyhow::Result<Vec<String>> {
     // With an archive, as an operator who runs full checks keeps one: compacted WAL segments
     // move there, and `ledger audit --full` reads spot-core's journal from seq 1 through them.
     let (spot, spot_addr, _) = spawn_spot(&data.join("spot"), Some(&data.join("archive")))?;
-    let mut ledger_cmd = Command::new(bin("ledger")?);
-    ledger_cmd
-        .args(["serve", "--listen", "127.0.0.1:0", "--spot-url", &spot_addr])
-        .env("DATABASE_URL", &url)
-        .env("LEDGER_JWT_SECRET", SECRET)
-        .env("LEDGER_RATE_PER_SECOND", "off")
-        .env("LEDGER_DAILY_COUNT_MAX", "off")
-        // The benchmark runs the periodic check itself, at known points.
-        .env("LEDGER_INVARIANT_INTERVAL_SECS", "86400")
-        .env("RUST_LOG", "warn");
+    let mut ledger_cmd = crate::transfers::serve_command(&url, &spot_addr)?;
+    // The benchmark runs the periodic check itself, at known points.
+    ledger_cmd.env("LEDGER_INVARIANT_INTERVAL_SECS", "86400");
     let (ledger, serving) = spawn_ready(ledger_cmd, "ledger serving on ")?;
     let base = serving
         .split_whitespace()

@@ -88,6 +88,20 @@ impl Drop for Proc {
     }
 }
 
+/// `ledger serve` on `database_url` against the spot-core at `spot_addr`, with the benchmark's
+/// secret, warnings-only logging, and the per-user rate limits off (a benchmark measures
+/// throughput, not the limits).
+pub fn serve_command(database_url: &str, spot_addr: &str) -> anyhow::Result<Command> {
+    let mut cmd = Command::new(bin("ledger")?);
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--spot-url", spot_addr])
+        .env("DATABASE_URL", database_url)
+        .env("LEDGER_JWT_SECRET", SECRET)
+        .env("LEDGER_RATE_PER_SECOND", "off")
+        .env("LEDGER_DAILY_COUNT_MAX", "off")
+        .env("RUST_LOG", "warn");
+    Ok(cmd)
+}
+
 pub fn bin(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let path = exe.parent().context("exe dir")?.join(name);
@@ -150,15 +164,7 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
         .args(["--listen", "127.0.0.1:0", "--data-dir"])
         .arg(data.join("spot"));
     let (spot, spot_addr) = spawn_ready(spot_cmd, "spot-core listening on ")?;
-    let mut ledger_cmd = Command::new(bin("ledger")?);
-    ledger_cmd
-        .args(["serve", "--listen", "127.0.0.1:0", "--spot-url", &spot_addr])
-        .env("DATABASE_URL", &url)
-        .env("LEDGER_JWT_SECRET", SECRET)
-        // The benchmark measures throughput, so the per-user rate limits are off.
-        .env("LEDGER_RATE_PER_SECOND", "off")
-        .env("LEDGER_DAILY_COUNT_MAX", "off")
-        .env("RUST_LOG", "warn");
+    let mut ledger_cmd = serve_command(&url, &spot_addr)?;
     let nats = match args.relay {
         true => Some(crate::relay::start_nats(&PathBuf::from("/usr/sbin/nats-server")).await?),
         false => None,

@@ -51,10 +51,7 @@ pub fn file_name(seq: u64) -> String {
 
 /// The seq of a snapshot file name (not of its `.tmp`).
 pub fn parse_name(name: &str) -> Option<u64> {
-    let digits = name.strip_prefix("snapshot-")?.strip_suffix(".snap")?;
-    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| digits.parse().ok())
-        .flatten()
+    crate::wal::parse_seq_name(name, "snapshot-", ".snap")
 }
 
 /// The whole file (header and body) for the engine's current state.

@@ -54,6 +54,18 @@ pub fn lower_bound(ms: u64) -> u128 {
     u128::from(ms) << 80
 }
 
+/// A canonical ULID standing for a label (its FNV-1a hash as the random bits, created at a fixed
+/// past time): tests name their req_ids with it.
+pub fn for_label(label: impl AsRef<str>) -> String {
+    let h = label
+        .as_ref()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    format(from_parts(1_700_000_000_000, u128::from(h)))
+}
+
 /// A ULID created at `ms` with the given 80 random bits (tests and benchmarks make
 /// deterministic keys with it).
 pub fn from_parts(ms: u64, random: u128) -> u128 {

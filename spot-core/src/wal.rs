@@ -87,7 +87,12 @@ pub fn segment_name(first_seq: u64) -> String {
 }
 
 pub fn parse_segment_name(name: &str) -> Option<u64> {
-    let digits = name.strip_prefix("wal-")?.strip_suffix(".seg")?;
+    parse_seq_name(name, "wal-", ".seg")
+}
+
+/// The seq of a file named `<prefix><seq as 20 digits><suffix>` (segments and snapshots).
+pub(crate) fn parse_seq_name(name: &str, prefix: &str, suffix: &str) -> Option<u64> {
+    let digits = name.strip_prefix(prefix)?.strip_suffix(suffix)?;
     (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
         .then(|| digits.parse().ok())
         .flatten()

@@ -17,16 +17,8 @@ use tokio::net::TcpStream;
 use tokio::process::{Child, ChildStdout, Command};
 use tokio::time::timeout;
 
-/// A canonical ULID standing for a test label (created at a fixed past time), as req_id.
-fn k(label: impl AsRef<str>) -> String {
-    let h = label.as_ref().bytes().fold(0xcbf29ce484222325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
-    });
-    spot_core::ulid::format(spot_core::ulid::from_parts(
-        1_700_000_000_000,
-        u128::from(h),
-    ))
-}
+// A canonical ULID standing for a test label, as req_id.
+use spot_core::ulid::for_label as k;
 
 const DEADLINE: Duration = Duration::from_secs(20);
 

@@ -12,36 +12,14 @@ use std::time::{Duration, Instant};
 
 use application::audit::{check_full, check_incremental, InvariantReport};
 use application::{Coordinator, NewTransfer};
-use async_trait::async_trait;
 use domain::AccountType::{Funding, Spot};
 use domain::{
     AccountPort, AccountType, AdapterOutcome, Amount, AssetSymbol, Movement, ReqId, TransferState,
     UserId,
 };
 
-use crate::helpers::{bin, dec, Stack};
+use crate::helpers::{bin, dec, Stack, WithdrawThenLoseAnswer};
 use crate::procs::{wait_terminal, LedgerProcess, RECOVER_NOW};
-
-/// FUNDING that applies a withdraw and then loses the answer (a crash between the call and
-/// recording its outcome): the transfer stays SOURCE_PENDING with its withdraw applied.
-struct WithdrawThenLoseAnswer(adapters::FundingLedger);
-
-#[async_trait]
-impl AccountPort for WithdrawThenLoseAnswer {
-    fn account_type(&self) -> AccountType {
-        AccountType::Funding
-    }
-    async fn withdraw(&self, m: &Movement) -> AdapterOutcome {
-        assert_eq!(self.0.withdraw(m).await, AdapterOutcome::Success);
-        AdapterOutcome::Timeout
-    }
-    async fn deposit(&self, m: &Movement) -> AdapterOutcome {
-        self.0.deposit(m).await
-    }
-    async fn refund(&self, m: &Movement) -> AdapterOutcome {
-        self.0.refund(m).await
-    }
-}
 
 async fn incremental(s: &Stack) -> InvariantReport {
     check_incremental(&s.funding, &s.spot_adapter)

@@ -142,6 +142,27 @@ fn spawn_spot(data_dir: &Path, listen: &str, env: &[(&str, &str)]) -> (Child, St
 }
 
 /// A database, a spot-core process and a coordinator over both.
+/// FUNDING that applies a withdraw and then loses the answer: a crash between the adapter call
+/// and recording its outcome, so the transfer stays SOURCE_PENDING with its withdraw applied.
+pub struct WithdrawThenLoseAnswer(pub FundingLedger);
+
+#[async_trait::async_trait]
+impl domain::AccountPort for WithdrawThenLoseAnswer {
+    fn account_type(&self) -> AccountType {
+        AccountType::Funding
+    }
+    async fn withdraw(&self, m: &domain::Movement) -> domain::AdapterOutcome {
+        assert_eq!(self.0.withdraw(m).await, domain::AdapterOutcome::Success);
+        domain::AdapterOutcome::Timeout
+    }
+    async fn deposit(&self, m: &domain::Movement) -> domain::AdapterOutcome {
+        self.0.deposit(m).await
+    }
+    async fn refund(&self, m: &domain::Movement) -> domain::AdapterOutcome {
+        self.0.refund(m).await
+    }
+}
+
 pub struct Stack {
     pub db: TestDb,
     pub spot: SpotProcess,

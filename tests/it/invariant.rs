@@ -6,35 +6,12 @@
 use std::sync::Arc;
 
 use application::{Coordinator, NewTransfer};
-use async_trait::async_trait;
 use domain::AccountType::{Funding, Spot};
-use domain::{AccountPort, AccountType, AdapterOutcome, Amount, Movement, TransferState, UserId};
+use domain::{Amount, TransferState, UserId};
 use reqwest::Method;
 use serde_json::json;
 
-use crate::helpers::{dec, ApiStack, Stack};
-
-/// FUNDING that applies a withdraw and then loses the answer: the process "crashed" between the
-/// adapter call and recording its outcome.
-struct WithdrawThenLoseAnswer(adapters::FundingLedger);
-
-#[async_trait]
-impl AccountPort for WithdrawThenLoseAnswer {
-    fn account_type(&self) -> AccountType {
-        AccountType::Funding
-    }
-    async fn withdraw(&self, m: &Movement) -> AdapterOutcome {
-        let applied = self.0.withdraw(m).await;
-        assert_eq!(applied, AdapterOutcome::Success);
-        AdapterOutcome::Timeout
-    }
-    async fn deposit(&self, m: &Movement) -> AdapterOutcome {
-        self.0.deposit(m).await
-    }
-    async fn refund(&self, m: &Movement) -> AdapterOutcome {
-        self.0.refund(m).await
-    }
-}
+use crate::helpers::{dec, ApiStack, Stack, WithdrawThenLoseAnswer};
 
 #[tokio::test]
 async fn inv_exact_check_has_no_false_alarm_for_a_transfer_caught_mid_step() {
