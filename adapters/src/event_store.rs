@@ -136,6 +136,12 @@ async fn append_batch(conn: &mut PgConnection, jobs: &mut Vec<Job>) -> bool {
 /// One multi-row INSERT for every event of every job, as one statement in its own implicit
 /// transaction: atomic, and durable when it returns (the server answers after the commit is
 /// flushed), in one round trip instead of three (BEGIN, INSERT, COMMIT).
+///
+/// The same statement takes the events' feed positions from `feed_head` (migration 0013): its
+/// UPDATE locks that one row until the commit, so the next append anywhere takes the positions
+/// after these only once they are visible, or after they were given back by a rollback. Each
+/// event also carries its owner (the commit's `user_id` metadata, or the `TransferCreated` it
+/// holds) and its domain time, which the feed serves.
 async fn insert(conn: &mut PgConnection, jobs: &[&Job]) -> Result<(), sqlx::Error> {
     let n: usize = jobs.iter().map(|j| j.events.len()).sum();
     let mut types = Vec::with_capacity(n);
@@ -145,6 +151,8 @@ async fn insert(conn: &mut PgConnection, jobs: &[&Job]) -> Result<(), sqlx::Erro
     let mut versions = Vec::with_capacity(n);
     let mut payloads = Vec::with_capacity(n);
     let mut metadata = Vec::with_capacity(n);
+    let mut owners = Vec::with_capacity(n);
+    let mut times = Vec::with_capacity(n);
     for job in jobs {
         for e in &job.events {
             types.push(job.aggregate_type);
@@ -154,11 +162,23 @@ async fn insert(conn: &mut PgConnection, jobs: &[&Job]) -> Result<(), sqlx::Erro
             versions.push(e.event_version.as_str());
             payloads.push(&e.payload);
             metadata.push(&e.metadata);
+            owners.push(owner(e));
+            times.push(occurred_at(&e.payload));
         }
     }
     sqlx::query(
-        "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata)
-         SELECT * FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::json[], $7::json[])",
+        "WITH head AS (
+             UPDATE feed_head SET position = position + cardinality($1::text[])
+             RETURNING position - cardinality($1::text[]) AS before
+         )
+         INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version,
+                             payload, metadata, user_id, occurred_at, feed_position)
+         SELECT u.t, u.id, u.seq, u.et, u.v, u.p, u.m, u.owner, COALESCE(u.at, now()),
+                head.before + u.n
+         FROM head,
+              UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::json[],
+                     $7::json[], $8::bigint[], $9::timestamptz[])
+                  WITH ORDINALITY AS u(t, id, seq, et, v, p, m, owner, at, n)",
     )
     .bind(&types)
     .bind(&ids)
@@ -167,9 +187,36 @@ async fn insert(conn: &mut PgConnection, jobs: &[&Job]) -> Result<(), sqlx::Erro
     .bind(&versions)
     .bind(&payloads)
     .bind(&metadata)
+    .bind(&owners)
+    .bind(&times)
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// The metadata key under which a commit names its transfer's owner.
+pub const OWNER_METADATA_KEY: &str = "user_id";
+
+/// The user whose event this is: the commit's owner metadata, else the user a `TransferCreated`
+/// names; none for an event of no user.
+fn owner(e: &SerializedEvent) -> Option<i64> {
+    let text = e.metadata.get(OWNER_METADATA_KEY).and_then(Value::as_str);
+    if let Some(id) = text.and_then(|t| t.parse().ok()) {
+        return Some(id);
+    }
+    e.payload
+        .get("TransferCreated")
+        .and_then(|created| created.get("user_id"))
+        .and_then(Value::as_i64)
+}
+
+/// The domain time an event carries (`at` in its one variant's fields), if any.
+fn occurred_at(payload: &Value) -> Option<chrono::DateTime<chrono::Utc>> {
+    let fields = payload.as_object()?.values().next()?;
+    let at = fields.get("at")?.as_str()?;
+    chrono::DateTime::parse_from_rfc3339(at)
+        .ok()
+        .map(|t| t.with_timezone(&chrono::Utc))
 }
 
 fn is_conflict(e: &sqlx::Error) -> bool {

@@ -232,7 +232,18 @@ impl Coordinator {
         let events = sink.collect().await;
         let aggregate = ctx.aggregate.clone();
         let aggregate_id = ctx.aggregate_id.clone();
-        let committed = self.store.commit(events, ctx, HashMap::new()).await?;
+        // The owner travels with every event, so the feed can serve one user's stream.
+        let metadata = aggregate
+            .data
+            .as_ref()
+            .map(|d| {
+                HashMap::from([(
+                    adapters::event_store::OWNER_METADATA_KEY.to_owned(),
+                    d.user_id.to_string(),
+                )])
+            })
+            .unwrap_or_default();
+        let committed = self.store.commit(events, ctx, metadata).await?;
         let current_sequence = committed.last().map_or(0, |e| e.sequence);
         // No read-model write here: the projector (projections::Projector) applies every
         // committed event exactly once, in a commit-safe order, from the log itself.

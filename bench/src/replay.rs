@@ -47,9 +47,13 @@ pub struct Args {
 /// 80 % committed (5 events), 10 % failed at the withdraw (3), 8 % rolled back after a refused
 /// deposit (6), 2 % still waiting for the deposit (4, so money stays in flight). Rows are ordered
 /// by the time of each step, so the lifecycles of neighbouring transfers interleave in the log as
-/// they do under concurrent load.
+/// they do under concurrent load. Feed positions follow that order, after `feed_head`, which the
+/// statement takes and advances as the ledger's appender does.
 const GENERATE: &str = r#"
-INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata)
+WITH head AS (SELECT position AS before FROM feed_head FOR UPDATE),
+ins AS (
+INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload,
+                    metadata, user_id, occurred_at, feed_position)
 SELECT 'Transfer', t.req_id, s.seq, s.event_type, '1',
        jsonb_build_object(s.event_type, CASE s.event_type
            WHEN 'TransferCreated' THEN jsonb_build_object(
@@ -62,8 +66,10 @@ SELECT 'Transfer', t.req_id, s.seq, s.event_type, '1',
                'code', 'ACCOUNT_DISABLED', 'message', 'account is disabled', 'at', s.at)
            ELSE jsonb_build_object('at', s.at)
        END)::json,
-       '{}'::json
-FROM (
+       json_build_object('user_id', t.user_id::text),
+       t.user_id, s.at::timestamptz,
+       head.before + row_number() OVER (ORDER BY t.t0 + s.seq * interval '1.5 ms', t.i, s.seq)
+FROM head, (
     SELECT i,
            -- A canonical ULID: a fixed 8-character prefix and the transfer number in Crockford
            -- base32 (18 digits).
@@ -105,6 +111,9 @@ CROSS JOIN LATERAL (
                                ELSE 4 END
 ) s
 ORDER BY t.t0 + s.seq * interval '1.5 ms', t.i, s.seq
+RETURNING feed_position
+)
+UPDATE feed_head SET position = COALESCE((SELECT max(feed_position) FROM ins), position)
 "#;
 
 /// A benchmark's own database on `server`: dropped and made anew, or kept when `reuse` is asked
@@ -140,9 +149,8 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
     let (url, pool, reuse) = own_database(&args.server, DATABASE, args.reuse).await?;
     let events: i64 = if reuse {
         sqlx::raw_sql(
-            "TRUNCATE feed_index, transfers_view, transfer_balances, transfer_state_counts;
-             UPDATE projector_cursor SET tx_id = '0', global_position = 0, feed_position = 0,
-                 events_applied = 0",
+            "TRUNCATE transfers_view, transfer_balances, transfer_state_counts;
+             UPDATE projector_cursor SET tx_id = '0', global_position = 0, events_applied = 0",
         )
         .execute(&pool)
         .await?;

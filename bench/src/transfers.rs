@@ -473,23 +473,27 @@ struct Floor {
 
 /// An upper bound for any implementation of the contract on this machine: the rows one
 /// committed FUNDING→SPOT transfer leaves in PostgreSQL (five events through the real table with
-/// its indexes and trigger, one funding journal row and balance update, one transfers_view row,
-/// five feed_index rows), for `FLOOR_BATCH` transfers in ONE statement and ONE commit. That is
+/// its indexes and trigger, each with its feed position taken from `feed_head` as the appender
+/// takes it, one funding journal row and balance update, one transfers_view row), for `FLOOR_BATCH` transfers in ONE statement and ONE commit. That is
 /// cheaper than any correct transfer can be: no HTTP, no spot-core, no reads, one commit instead
 /// of one per durable step, and each transfer row inserted once already final. Run on the
 /// benchmark's database after the transfers (the rows are the benchmark's own, never read).
 async fn floor(pool: &sqlx::PgPool, clients: usize, duration: Duration) -> anyhow::Result<Floor> {
     const SQL: &str = r#"
         WITH ids AS (SELECT gen_random_uuid()::text AS id FROM generate_series(1, $2)),
+        head AS (
+            UPDATE feed_head SET position = position + 5 * $2
+            RETURNING position - 5 * $2 AS before),
         ev AS (
-            INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata)
+            INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version,
+                                payload, metadata, user_id, occurred_at, feed_position)
             SELECT 'Transfer', ids.id, s, 'BenchFloor', '1.0',
                    json_build_object('TransferCreated', json_build_object(
                        'at', now(), 'to', 'SPOT', 'cid', NULL, 'from', 'FUNDING', 'asset', 'USDT',
                        'amount', '1', 'req_id', ids.id, 'user_id', $1)),
-                   '{}'::json
-            FROM ids, generate_series(1, 5) s
-            RETURNING global_position),
+                   json_build_object('user_id', $1::text), $1, now(),
+                   head.before + row_number() OVER ()
+            FROM head, ids, generate_series(1, 5) s),
         j AS (
             INSERT INTO funding_journal (req_id, operation, user_id, asset, amount, outcome)
             SELECT id, 'WITHDRAW', $1, 'USDT', 1, 'APPLIED' FROM ids),
@@ -499,10 +503,7 @@ async fn floor(pool: &sqlx::PgPool, clients: usize, duration: Duration) -> anyho
         v AS (
             INSERT INTO transfers_view (req_id, user_id, from_account, to_account, asset, amount,
                                         state, state_id, created_at, updated_at, last_sequence)
-            SELECT id, $1, 'FUNDING', 'SPOT', 'USDT', 1, 'COMMITTED', 40, now(), now(), 5 FROM ids),
-        f AS (
-            INSERT INTO feed_index (position, global_position, user_id, occurred_at)
-            SELECT global_position, global_position, $1, now() FROM ev)
+            SELECT id, $1, 'FUNDING', 'SPOT', 'USDT', 1, 'COMMITTED', 40, now(), now(), 5 FROM ids)
         SELECT 1"#;
     let deadline = Instant::now() + duration;
     let busy_before = procstat::machine_busy();

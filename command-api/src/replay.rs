@@ -70,11 +70,11 @@ async fn full_replay(pool: &sqlx::PgPool, keep: bool) -> anyhow::Result<()> {
     .context("replay")?;
     bar.finish_and_clear();
     println!(
-        "replayed {} events into schema {}{}; compared at feed position {}",
+        "replayed {} events into schema {}{}; compared after {} events",
         report.events_replayed,
         report.schema,
         if keep { " (kept)" } else { " (dropped)" },
-        report.feed_position
+        report.events_compared
     );
     for t in &report.tables {
         println!(

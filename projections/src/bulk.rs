@@ -2,12 +2,10 @@
 //! the same order, but read, folded and written the way a bulk load is cheapest, in three stages
 //! that run at once (a COPY reader, the fold, a COPY writer).
 
-use chrono::Utc;
-use domain::TransferEvent;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio::sync::mpsc::{Receiver, Sender};
 
-use crate::copy::{event_from_copy_line, CopyText, FeedCopy, COPY_TRANSFERS};
+use crate::copy::{event_from_copy_line, CopyText, COPY_TRANSFERS};
 use crate::error::ProjectionError;
 use crate::fold::Fold;
 use crate::log::{event_id, BatchEvent, SELECT_EVENTS};
@@ -78,32 +76,19 @@ impl Projector {
     }
 }
 
-/// One folded batch of a bulk pass, for its writer: the events, each one's feed position and
-/// owner, and the rows of the transfers that reached a final state in it.
+/// One folded batch of a bulk pass, for its writer: the rows of the transfers that reached a final
+/// state in it.
 struct Folded {
-    events: Vec<BatchEvent>,
-    feed: Vec<(i64, Option<i64>)>,
     finished: Vec<TransferRow>,
 }
 
-/// The writer stage: sends each folded batch's feed rows and finished transfer rows with COPY
-/// inside `tx`, and hands `tx` back when the fold stops sending.
+/// The writer stage: sends each folded batch's finished transfer rows with COPY inside `tx`, and
+/// hands `tx` back when the fold stops sending.
 async fn write_batches(
     mut tx: Transaction<'static, Postgres>,
     mut writes: Receiver<Folded>,
 ) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
     while let Some(batch) = writes.recv().await {
-        let now = Utc::now();
-        let mut feed = FeedCopy::with_capacity(batch.events.len());
-        for (e, (position, owner)) in batch.events.iter().zip(batch.feed) {
-            feed.push(
-                position,
-                e,
-                owner,
-                e.event.as_ref().map_or(now, TransferEvent::at),
-            );
-        }
-        feed.insert(&mut tx).await?;
         let mut transfers = CopyText::with_capacity(batch.finished.len() * 200);
         for row in &batch.finished {
             transfers.transfer(row);
@@ -120,8 +105,6 @@ struct BulkFold {
     fold: Fold,
     /// Events folded so far.
     applied: usize,
-    /// The last feed position handed out.
-    feed_head: i64,
     /// The (tx_id, global_position) of the last event folded.
     last: Option<(i64, i64)>,
 }
@@ -154,10 +137,9 @@ impl BulkFold {
         Ok(())
     }
 
-    /// Folds one batch, for the writer: each event's feed position and owner, and the rows of the
-    /// transfers it finished (taken out of the fold).
+    /// Folds one batch, for the writer: the rows of the transfers it finished (taken out of the
+    /// fold).
     fn fold_batch(&mut self, events: Vec<BatchEvent>) -> Result<Folded, ProjectionError> {
-        let mut feed = Vec::with_capacity(events.len());
         let mut finished = Vec::new();
         for e in &events {
             if e.sequence > 1 && e.event.is_some() && !self.fold.rows.contains_key(&e.aggregate_id)
@@ -169,14 +151,12 @@ impl BulkFold {
                             .into(),
                 });
             }
-            let owner = self.fold.apply_decoded(
+            self.fold.apply_decoded(
                 &e.aggregate_type,
                 &e.aggregate_id,
                 e.sequence,
                 e.event.as_ref(),
             )?;
-            self.feed_head += 1;
-            feed.push((self.feed_head, owner));
             if e.event
                 .as_ref()
                 .is_some_and(|ev| ev.resulting_state().is_terminal())
@@ -186,11 +166,7 @@ impl BulkFold {
                 }
             }
         }
-        Ok(Folded {
-            events,
-            feed,
-            finished,
-        })
+        Ok(Folded { finished })
     }
 
     /// Writes what only the end knows (the transfers still open, the balances, the state counts,
@@ -209,7 +185,6 @@ impl BulkFold {
                 &Cursor {
                     tx_id,
                     global_position,
-                    feed_position: self.feed_head,
                     events_applied: i64::try_from(self.applied).unwrap_or(i64::MAX),
                 },
             )

@@ -172,67 +172,6 @@ impl CopyText {
     }
 }
 
-/// The feed rows of one batch, sent with one `COPY ... FROM STDIN` in the binary format (the
-/// server parses no text, and times go as the integers they are stored as). A feed row is what
-/// the projector decides (position, which event, owner, time); the event itself stays in the log
-/// and the `feed` view joins it (migration 0006).
-pub(crate) struct FeedCopy {
-    data: Vec<u8>,
-}
-
-/// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01 00:00:00 UTC).
-const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
-
-impl FeedCopy {
-    /// Four fields per row.
-    const FIELDS: i16 = 4;
-
-    pub fn with_capacity(events: usize) -> Self {
-        let mut data = Vec::with_capacity(32 + events * 42);
-        // Signature, flags (no OIDs), header extension length.
-        data.extend_from_slice(b"PGCOPY\n\xff\r\n\0");
-        data.extend_from_slice(&0_i32.to_be_bytes());
-        data.extend_from_slice(&0_i32.to_be_bytes());
-        Self { data }
-    }
-
-    fn int8(&mut self, value: i64) {
-        self.data.extend_from_slice(&8_i32.to_be_bytes());
-        self.data.extend_from_slice(&value.to_be_bytes());
-    }
-
-    pub fn push(&mut self, position: i64, e: &BatchEvent, owner: Option<i64>, at: DateTime<Utc>) {
-        self.data.extend_from_slice(&Self::FIELDS.to_be_bytes());
-        self.int8(position);
-        self.int8(e.global_position);
-        match owner {
-            Some(user) => self.int8(user),
-            // NULL: length -1, no bytes.
-            None => self.data.extend_from_slice(&(-1_i32).to_be_bytes()),
-        }
-        // timestamptz: microseconds since PostgreSQL's epoch.
-        self.int8(at.timestamp_micros() - PG_EPOCH_MICROS);
-    }
-
-    pub async fn insert(
-        mut self,
-        tx: &mut Transaction<'static, Postgres>,
-    ) -> Result<(), sqlx::Error> {
-        // The file trailer.
-        self.data.extend_from_slice(&(-1_i16).to_be_bytes());
-        let mut copy = tx
-            .copy_in_raw(
-                "COPY feed_index (position, global_position, user_id, occurred_at)
-                 FROM STDIN (FORMAT binary)",
-            )
-            .await?;
-        // A failed send drops `copy`, which aborts the COPY; the transaction then rolls back.
-        copy.send(self.data).await?;
-        copy.finish().await?;
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::copy_unescape;

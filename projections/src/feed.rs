@@ -1,7 +1,9 @@
 //! Reading the consumer feed: every event once, at a dense position, in an order that never
 //! changes. A consumer that has handled everything up to position P asks for `position > P`; it
-//! can never miss an event, because the projector hands out positions only to events no running
-//! transaction can precede (see `projector.rs`).
+//! can never miss an event, because positions are handed out when events are appended, under the
+//! lock of the one `feed_head` row, which the appending transaction holds until it ends: an
+//! appender takes positions only after every lower one has committed or been given back
+//! (migration 0013).
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{json, Value};
@@ -69,7 +71,7 @@ pub async fn read_after(
 
 /// The last position handed out (0 when the feed is empty).
 pub async fn head(pool: &PgPool) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar("SELECT feed_position FROM projector_cursor WHERE projector = 'main'")
+    sqlx::query_scalar("SELECT position FROM feed_head")
         .fetch_one(pool)
         .await
 }

@@ -1,6 +1,7 @@
 //! The projector: reads the event log in a commit-safe order and applies each event exactly once
-//! to every read model (the consumer feed, `transfers_view`, `transfer_balances`,
-//! `transfer_state_counts`), storing its position in the same transaction as its rows.
+//! to every read model (`transfers_view`, `transfer_balances`, `transfer_state_counts`), storing
+//! its position in the same transaction as its rows. The consumer feed is not among them: its
+//! dense positions are handed out when events are appended (migration 0013, `feed.rs`).
 //!
 //! Why the order is safe (docs/adr/0002-global-position.md): `global_position` comes from a
 //! sequence, so a higher position can commit before a lower one. The projector only reads events
@@ -8,8 +9,7 @@
 //! (`tx_id < pg_snapshot_xmin(pg_current_snapshot())`): those transactions have ended, so no
 //! event can ever appear below that horizon again. Taking them in (tx_id, global_position) order,
 //! and remembering the last pair applied, every event is applied once, in one fixed order. A
-//! transaction-scoped advisory lock makes one projector at a time the writer, which is what lets
-//! it hand out dense feed positions.
+//! transaction-scoped advisory lock makes one projector at a time the writer.
 
 //!
 //! This module is the live pass and its loop; the pure fold is in `fold.rs`, the bulk rebuild in
@@ -18,11 +18,8 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
-use domain::TransferEvent;
 use sqlx::{PgPool, Postgres, Transaction};
 
-use crate::copy::FeedCopy;
 pub use crate::error::ProjectionError;
 pub use crate::fold::{BalanceDelta, Fold};
 pub use crate::log::{event_id, StoredEvent, TRANSFER_AGGREGATE};
@@ -49,8 +46,6 @@ pub struct Pass {
     /// True when the pass applied everything below the horizon (it was not cut by the batch size
     /// or by `upto`).
     pub exhausted: bool,
-    /// The last feed position handed out.
-    pub feed_head: i64,
 }
 
 /// A projector over one set of read-model tables: the live ones (`schema == None`) or a fresh
@@ -113,8 +108,8 @@ impl Projector {
     /// with the new stored position.
     pub async fn pass(&self, upto: Option<(i64, i64)>) -> Result<Pass, ProjectionError> {
         let mut tx = self.begin_locked().await?;
-        let (cur_tx, cur_pos, feed_head, applied_total): (i64, i64, i64, i64) = sqlx::query_as(
-            "SELECT tx_id::text::bigint, global_position, feed_position, events_applied
+        let (cur_tx, cur_pos, applied_total): (i64, i64, i64) = sqlx::query_as(
+            "SELECT tx_id::text::bigint, global_position, events_applied
              FROM projector_cursor WHERE projector = 'main' FOR UPDATE",
         )
         .fetch_one(&mut *tx)
@@ -137,20 +132,18 @@ impl Projector {
                 applied: 0,
                 horizon,
                 exhausted,
-                feed_head,
             });
         }
         let events = rows
             .into_iter()
             .map(BatchEvent::decode)
             .collect::<Result<Vec<_>, _>>()?;
-        let new_head = apply_batch(&mut tx, &events, feed_head, applied_total).await?;
+        apply_batch(&mut tx, &events, applied_total).await?;
         tx.commit().await?;
         Ok(Pass {
             applied: events.len(),
             horizon,
             exhausted,
-            feed_head: new_head,
         })
     }
 
@@ -230,19 +223,17 @@ fn continued_elsewhere(events: &[BatchEvent]) -> Vec<&str> {
     known
 }
 
-/// Applies one batch (in log order, right after the stored position) inside `tx`: feed rows at
-/// dense positions after `feed_head`, the transfer rows, balances and counts, and the new stored
-/// position, so they commit or roll back together. Used by the live pass (and so by the replay's
-/// final catch-up); the bulk rebuild keeps one fold across batches instead. Returns the new feed
-/// head.
+/// Applies one batch (in log order, right after the stored position) inside `tx`: the transfer
+/// rows, balances and counts, and the new stored position, so they commit or roll back together.
+/// Used by the live pass (and so by the replay's final catch-up); the bulk rebuild keeps one fold
+/// across batches instead.
 async fn apply_batch(
     tx: &mut Transaction<'static, Postgres>,
     events: &[BatchEvent],
-    feed_head: i64,
     applied_total: i64,
-) -> Result<i64, ProjectionError> {
+) -> Result<(), ProjectionError> {
     let Some(last) = events.last() else {
-        return Ok(feed_head);
+        return Ok(());
     };
     let mut fold = Fold::default();
     let known = continued_elsewhere(events);
@@ -253,22 +244,14 @@ async fn apply_batch(
             .map(|r| (r.req_id.clone(), r))
             .collect();
     }
-    let now = Utc::now();
-    let mut feed = FeedCopy::with_capacity(events.len());
-    for (i, e) in events.iter().enumerate() {
-        let owner = fold.apply_decoded(
+    for e in events {
+        fold.apply_decoded(
             &e.aggregate_type,
             &e.aggregate_id,
             e.sequence,
             e.event.as_ref(),
         )?;
-        let position = feed_head + i64::try_from(i).unwrap_or(i64::MAX) + 1;
-        // The domain time the event carries; an event of another aggregate has none.
-        let at = e.event.as_ref().map_or(now, TransferEvent::at);
-        feed.push(position, e, owner, at);
     }
-    let new_head = feed_head + i64::try_from(events.len()).unwrap_or(i64::MAX);
-    feed.insert(tx).await?;
     tables::write_transfers(tx, &fold).await?;
     tables::write_balances(tx, &fold).await?;
     tables::write_counts(tx, &fold).await?;
@@ -277,10 +260,9 @@ async fn apply_batch(
         &Cursor {
             tx_id: last.tx_id,
             global_position: last.global_position,
-            feed_position: new_head,
             events_applied: applied_total + i64::try_from(events.len()).unwrap_or(i64::MAX),
         },
     )
     .await?;
-    Ok(new_head)
+    Ok(())
 }

@@ -22,7 +22,7 @@ const REPLAY_LOCK_KEY: i64 = 0x4c45_4447_4552_0002;
 
 /// Events per transaction of the replay's bulk pass: large, since nothing waits on the replay's
 /// lock (fewer, larger upserts of the same balances), and bounded, so memory stays small (about
-/// 50 MB of events and feed rows).
+/// 50 MB of events).
 const BULK_BATCH_EVENTS: usize = 50_000;
 
 /// The indexes writing needs (ON CONFLICT targets); every other index of the replay's tables is
@@ -70,9 +70,8 @@ async fn copy_indexes(
 }
 
 /// The tables a replay rebuilds, in its own schema.
-const REPLAY_TABLES: [&str; 5] = [
+const REPLAY_TABLES: [&str; 4] = [
     "projector_cursor",
-    "feed_index",
     "transfers_view",
     "transfer_balances",
     "transfer_state_counts",
@@ -102,9 +101,9 @@ where
     Ok(results.into_iter().flatten().collect())
 }
 
-/// Builds the index statements side by side, the feed's (on the largest table) first.
+/// Builds the index statements side by side, the history's (on the largest table) first.
 async fn build_indexes(pool: &PgPool, mut indexes: Vec<String>) -> Result<(), sqlx::Error> {
-    indexes.sort_by_key(|def| !def.contains(".feed_index "));
+    indexes.sort_by_key(|def| !def.contains(".transfers_view "));
     side_by_side(indexes, |def| async move {
         let mut tx = pool.begin().await?;
         // Enough sort memory to build each index in one pass (the default, 64 MB, spills to
@@ -122,16 +121,11 @@ async fn build_indexes(pool: &PgPool, mut indexes: Vec<String>) -> Result<(), sq
     Ok(())
 }
 
-/// Each projection table and the columns compared (a feed row's `recorded_at` is when it was
-/// projected, which a replay cannot reproduce, so it is left out; the rest of a feed event is the
-/// event itself, joined from the log by `global_position`), with the filter that drops rows
-/// meaning "nothing" (a zero sum may or may not have a row, depending on batching).
-const TABLES: [(&str, &str, &str); 4] = [
-    (
-        "feed_index",
-        "position, global_position, user_id, occurred_at",
-        "true",
-    ),
+/// Each projection table and the columns compared, with the filter that drops rows meaning
+/// "nothing" (a zero sum may or may not have a row, depending on batching). The feed is not a
+/// projection: its positions are written with the events themselves (migration 0013), so there
+/// is nothing of it to rebuild.
+const TABLES: [(&str, &str, &str); 3] = [
     ("transfers_view", "*", "true"),
     (
         "transfer_balances",
@@ -217,8 +211,8 @@ pub struct ReplayReport {
     /// Where the rebuilt tables were written (dropped afterwards unless kept).
     pub schema: String,
     pub events_replayed: i64,
-    /// The feed position both sides were compared at.
-    pub feed_position: i64,
+    /// How many events the live projections had applied where both sides were compared.
+    pub events_compared: i64,
     pub tables: Vec<TableComparison>,
 }
 
@@ -262,8 +256,8 @@ pub async fn replay(
     }
     let indexes = copy_indexes(&mut setup, &schema).await?;
     sqlx::query(&format!(
-        "INSERT INTO \"{schema}\".projector_cursor (projector, tx_id, global_position, feed_position, events_applied)
-         VALUES ('main', '0', 0, 0, 0)"
+        "INSERT INTO \"{schema}\".projector_cursor (projector, tx_id, global_position, events_applied)
+         VALUES ('main', '0', 0, 0)"
     ))
     .execute(&mut *setup)
     .await?;
@@ -302,8 +296,8 @@ pub async fn replay(
             break;
         }
     }
-    let feed_position: i64 =
-        sqlx::query_scalar("SELECT feed_position FROM projector_cursor WHERE projector = 'main'")
+    let events_compared: i64 =
+        sqlx::query_scalar("SELECT events_applied FROM projector_cursor WHERE projector = 'main'")
             .fetch_one(&mut *hold)
             .await?;
     // The live tables stand still while `hold` keeps the lock, so the comparisons can run on
@@ -313,7 +307,7 @@ pub async fn replay(
     if keep {
         // The remaining indexes, only for tables that are kept: the comparison needs none (and a
         // row applied twice already shows there, as a row only the replay has). The unique ones
-        // prove it again: a duplicate feed position or global_position fails the build.
+        // prove it again: a transfer row applied twice fails the build.
         build_indexes(pool, indexes).await?;
         for table in REPLAY_TABLES {
             sqlx::query(&format!("ALTER TABLE \"{schema}\".{table} SET LOGGED"))
@@ -328,7 +322,7 @@ pub async fn replay(
     Ok(ReplayReport {
         schema,
         events_replayed: i64::try_from(applied).unwrap_or(i64::MAX),
-        feed_position,
+        events_compared,
         tables,
     })
 }

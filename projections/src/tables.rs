@@ -23,11 +23,10 @@ pub(crate) async fn load_rows(
 }
 
 /// Where the projector stands after a batch: the last event applied (its tx_id and
-/// global_position), the last feed position handed out and how many events were applied in all.
+/// global_position) and how many events were applied in all.
 pub(crate) struct Cursor {
     pub tx_id: i64,
     pub global_position: i64,
-    pub feed_position: i64,
     pub events_applied: i64,
 }
 
@@ -38,12 +37,11 @@ pub(crate) async fn write_cursor(
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
         "UPDATE projector_cursor SET tx_id = $1::text::xid8, global_position = $2,
-            feed_position = $3, events_applied = $4, updated_at = now()
+            events_applied = $3, updated_at = now()
          WHERE projector = 'main'",
     )
     .bind(cursor.tx_id.to_string())
     .bind(cursor.global_position)
-    .bind(cursor.feed_position)
     .bind(cursor.events_applied)
     .execute(&mut **tx)
     .await?;

@@ -149,8 +149,7 @@ const STATUS_SQL: &str = "
                      FROM feed f WHERE f.position = c.position + 1), 0)::float8 AS lag_seconds,
            c.updated_at, c.leader, c.leader_since, c.last_error, c.last_error_at, c.lag_alerts
     FROM relay_checkpoint c
-    CROSS JOIN (SELECT COALESCE((SELECT feed_position FROM projector_cursor
-                                 WHERE projector = 'main'), 0) AS head) h";
+    CROSS JOIN (SELECT COALESCE((SELECT position FROM feed_head), 0) AS head) h";
 
 /// Every stream's relay status (none when no relay ever ran).
 pub async fn status(pool: &PgPool) -> Result<Vec<RelayStatus>, sqlx::Error> {

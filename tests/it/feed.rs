@@ -1,7 +1,8 @@
 //! The consumer feed: dense positions, event ids, admin only, and the proof that a consumer
-//! polling from position P never misses an event that commits later with a lower raw position,
-//! under many concurrent writers (some holding their transactions open, some batching several
-//! transfers' events in one transaction as the batched repository will).
+//! polling from position P never misses an event that commits later: an append takes its
+//! positions only once every lower one has committed or been given back, under many concurrent
+//! writers (some holding their transactions open, some appending several transfers' events in
+//! one transaction as the batched repository does).
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -13,6 +14,7 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 
 use crate::helpers::ApiStack;
+use crate::procs::LedgerProcess;
 
 /// Appends one new transfer's `TransferCreated` the way postgres-es does (its seven columns
 /// only), inside `tx`; returns its event id.
@@ -64,58 +66,71 @@ async fn page(api: &ApiStack, admin: &str, after: i64, limit: i64) -> Value {
     body
 }
 
+/// Appends one `TransferCreated` in a transaction of its own, on a task, and commits it.
+fn append_and_commit(pool: &PgPool, user: u64) -> tokio::task::JoinHandle<String> {
+    let pool = pool.clone();
+    tokio::spawn(async move {
+        let mut tx = pool.begin().await.unwrap();
+        let id = append_created(&mut tx, user).await;
+        tx.commit().await.unwrap();
+        id
+    })
+}
+
+async fn feed_ids(api: &ApiStack, admin: &str) -> Vec<(i64, String)> {
+    page(api, admin, 0, 100).await["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["position"].as_i64().unwrap(),
+                e["event_id"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn feed_never_delivers_a_position_while_a_lower_one_may_still_commit() {
     let api = ApiStack::start().await;
     let pool = &api.stack.db.pool;
     let admin = api.token(1, true);
 
-    // A takes the lower raw position and stays open; B takes a higher one and commits first.
+    // A takes position 1 and stays open. B's append must wait: it cannot take a position while a
+    // lower one may still commit.
     let mut a = pool.begin().await.unwrap();
-    let a_id = append_created(&mut a, 1).await;
-    let mut b = pool.begin().await.unwrap();
-    let b_id = append_created(&mut b, 2).await;
-    b.commit().await.unwrap();
-    let raw: Vec<(String, i64)> =
-        sqlx::query_as("SELECT aggregate_id, global_position FROM events")
-            .fetch_all(pool)
-            .await
-            .unwrap();
-    assert_eq!(raw.len(), 1, "only B is visible to a naive reader: {raw:?}");
+    append_created(&mut a, 1).await;
+    let b = append_and_commit(pool, 2);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!b.is_finished(), "B appended while A held a lower position");
+    assert!(feed_ids(&api, &admin).await.is_empty());
+
+    // A rolls back: its position is given back with it, so B takes 1 and there is no gap.
+    a.rollback().await.unwrap();
+    let b_id = b.await.unwrap();
+    assert_eq!(feed_ids(&api, &admin).await, [(1, b_id.clone())]);
+
+    // C takes 2 and stays open; D waits, and follows C once C commits.
+    let mut c = pool.begin().await.unwrap();
+    let c_id = append_created(&mut c, 3).await;
+    let d = append_and_commit(pool, 4);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!d.is_finished(), "D appended while C held a lower position");
+    assert_eq!(feed_ids(&api, &admin).await, [(1, b_id.clone())]);
+    c.commit().await.unwrap();
+    let d_id = d.await.unwrap();
     assert_eq!(
-        raw[0].1, 2,
-        "and it has position 2 while position 1 is still open"
+        feed_ids(&api, &admin).await,
+        [(1, b_id), (2, c_id), (3, d_id)]
     );
-
-    // The projector cannot hand B out yet: A's transaction is older than the horizon.
-    let caught_up = projections::Projector::new(pool.clone())
-        .catch_up(Duration::from_millis(300))
-        .await
-        .unwrap();
-    assert!(!caught_up, "the horizon must wait for A");
-    assert!(page(&api, &admin, 0, 100).await["events"]
-        .as_array()
-        .unwrap()
-        .is_empty());
-
-    a.commit().await.unwrap();
-    api.stack.wait_for_projections().await;
-    let body = page(&api, &admin, 0, 100).await;
-    let ids: Vec<&str> = body["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["event_id"].as_str().unwrap())
-        .collect();
-    assert_eq!(ids, [a_id.as_str(), b_id.as_str()]);
-    assert_eq!(body["events"][0]["position"], 1);
-    assert_eq!(body["events"][1]["position"], 2);
 }
 
 #[tokio::test]
 async fn feed_has_no_gap_and_no_duplicate_under_many_concurrent_writers() {
     const WRITERS: u64 = 12;
     const TXS_PER_WRITER: u64 = 20;
+    const TRANSFERS: usize = 24;
     let api = ApiStack::start().await;
     let pool = api.stack.db.pool.clone();
     let admin = api.token(1, true);
@@ -141,12 +156,21 @@ async fn feed_has_no_gap_and_no_duplicate_under_many_concurrent_writers() {
             ids
         }));
     }
-    // Real transfers through the API at the same time: five events each, own transactions.
+    // Real transfers at the same time, five events each, through this process's API and through
+    // two more `ledger serve` processes: three appenders, each batching its own commits, with the
+    // raw writers above between them.
+    let serving = [
+        LedgerProcess::start(&api.stack.db.url, &api.stack.spot.addr, &[]),
+        LedgerProcess::start(&api.stack.db.url, &api.stack.spot.addr, &[]),
+    ];
+    let bases: Vec<String> = std::iter::once(api.base.clone())
+        .chain(serving.iter().map(|p| p.base.clone()))
+        .collect();
     let user = api.token(500, false);
     let mut transfers = Vec::new();
-    for _ in 0..8 {
+    for i in 0..TRANSFERS {
         let http = api.http.clone();
-        let url = format!("{}/api/v1/internal_transfer", api.base);
+        let url = format!("{}/api/v1/internal_transfer", bases[i % bases.len()]);
         let user = user.clone();
         transfers.push(tokio::spawn(async move {
             let resp = http
@@ -208,10 +232,24 @@ async fn feed_has_no_gap_and_no_duplicate_under_many_concurrent_writers() {
     );
     let raw_count = WRITERS * TXS_PER_WRITER;
     assert!(
-        seen.len() as u64 >= raw_count + 8 * 5,
+        seen.len() as u64 >= raw_count + TRANSFERS as u64 * 5,
         "{} events",
         seen.len()
     );
+    // Every event of the user's transfers carries its owner, whichever process appended it, so
+    // the user's own stream holds all of them.
+    let (owned, of_user): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM feed WHERE user_id = 500),
+                (SELECT count(*) FROM events e JOIN events c
+                   ON c.aggregate_type = e.aggregate_type AND c.aggregate_id = e.aggregate_id
+                  AND c.sequence = 1
+                 WHERE c.payload -> 'TransferCreated' ->> 'user_id' = '500')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(owned, of_user);
+    assert!(owned >= TRANSFERS as i64 * 3, "{owned} events of user 500");
 }
 
 #[tokio::test]
