@@ -1,6 +1,5 @@
-//! COPY's wire formats, for the projector's bulk reads and writes: decoding the event log's rows
-//! from COPY's text format, encoding whole transfer rows in it, and the feed rows in COPY's
-//! binary format. Each encoder also sends its rows with one `COPY ... FROM STDIN`.
+//! COPY's text format, for the projector's bulk reads and writes: decoding the event log's rows
+//! and encoding whole transfer rows, which the encoder sends with one `COPY ... FROM STDIN`.
 
 use std::borrow::Cow;
 

@@ -108,6 +108,14 @@ impl Projector {
     /// with the new stored position.
     pub async fn pass(&self, upto: Option<(i64, i64)>) -> Result<Pass, ProjectionError> {
         let mut tx = self.begin_locked().await?;
+        // Every statement of a pass reads or writes a few rows by key. Plans are cached per
+        // connection, and one made while the tables were small (a fresh database) is a
+        // sequential scan that grows with the history for as long as the connection lives:
+        // reading a batch's transfer rows took 3.3 ms instead of 0.15 in `ledger-bench`. Planned
+        // without sequential scans, every lookup stays on its index whatever the statistics say.
+        sqlx::query("SET LOCAL enable_seqscan = off")
+            .execute(&mut *tx)
+            .await?;
         let (cur_tx, cur_pos, applied_total): (i64, i64, i64) = sqlx::query_as(
             "SELECT tx_id::text::bigint, global_position, events_applied
              FROM projector_cursor WHERE projector = 'main' FOR UPDATE",
