@@ -128,6 +128,10 @@ pub struct Report {
     pub exited: Vec<String>,
     /// spot-core journal records read from seq 1 at the end.
     pub journal_records: usize,
+    /// Events in the log at the end, and whether their feed positions are exactly 1..=that
+    /// (dense, each once), after every crash and restart.
+    pub feed_events: i64,
+    pub feed_dense: bool,
     /// spot-core's `status` at the end (`None` from a spot-core without the op).
     pub core: Option<CoreStatus>,
     /// WAL segments moved to the archive directory.
@@ -183,6 +187,16 @@ impl fmt::Display for Report {
         for name in &self.exited {
             writeln!(f, "  {name}")?;
         }
+        writeln!(
+            f,
+            "feed positions:       {} events, {}",
+            self.feed_events,
+            if self.feed_dense {
+                "exactly 1..=N, each once"
+            } else {
+                "NOT dense (a gap or a repeat)"
+            }
+        )?;
         writeln!(
             f,
             "spot-core journal:    {} records read from seq 1, {} segments archived",

@@ -216,6 +216,24 @@ pub(super) async fn check(
     report.duplicates =
         seen.values().filter(|n| **n > 1).count() + applied.values().filter(|n| **n > 1).count();
 
+    // Positions are taken at append under `feed_head`'s lock: a crash, a cut connection or a
+    // restart of PostgreSQL mid-append rolls them back with the append, never leaving a gap.
+    let (events, distinct, first, last, head): (i64, i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(DISTINCT feed_position), COALESCE(min(feed_position), 1),
+                COALESCE(max(feed_position), 0), (SELECT position FROM feed_head)
+         FROM events",
+    )
+    .fetch_one(pool)
+    .await?;
+    report.feed_events = events;
+    report.feed_dense = distinct == events && first == 1 && last == events && head == events;
+    if !report.feed_dense {
+        report.problems.push(format!(
+            "feed positions not dense: {events} events, {distinct} distinct positions, \
+             {first}..={last}, head {head}"
+        ));
+    }
+
     let sent = sent.lock().unwrap_or_else(|e| e.into_inner()).clone();
     for (req_id, event_type, manual_to) in &finals {
         let state = match event_type.as_str() {
