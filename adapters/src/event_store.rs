@@ -140,8 +140,8 @@ async fn append_batch(conn: &mut PgConnection, jobs: &mut Vec<Job>) -> bool {
 /// The same statement takes the events' feed positions from `feed_head` (migration 0013): its
 /// UPDATE locks that one row until the commit, so the next append anywhere takes the positions
 /// after these only once they are visible, or after they were given back by a rollback. Each
-/// event also carries its owner (the commit's `user_id` metadata, or the `TransferCreated` it
-/// holds) and its domain time, which the feed serves.
+/// event also carries its owner (the commit's `user_id` metadata) and its domain time, which the
+/// feed serves.
 async fn insert(conn: &mut PgConnection, jobs: &[&Job]) -> Result<(), sqlx::Error> {
     let n: usize = jobs.iter().map(|j| j.events.len()).sum();
     let mut types = Vec::with_capacity(n);
@@ -197,17 +197,13 @@ async fn insert(conn: &mut PgConnection, jobs: &[&Job]) -> Result<(), sqlx::Erro
 /// The metadata key under which a commit names its transfer's owner.
 pub const OWNER_METADATA_KEY: &str = "user_id";
 
-/// The user whose event this is: the commit's owner metadata, else the user a `TransferCreated`
-/// names; none for an event of no user.
+/// The user whose event this is, from the commit's owner metadata (the coordinator, the only
+/// committer through this repository, always sets it); none for an event of no user.
 fn owner(e: &SerializedEvent) -> Option<i64> {
-    let text = e.metadata.get(OWNER_METADATA_KEY).and_then(Value::as_str);
-    if let Some(id) = text.and_then(|t| t.parse().ok()) {
-        return Some(id);
-    }
-    e.payload
-        .get("TransferCreated")
-        .and_then(|created| created.get("user_id"))
-        .and_then(Value::as_i64)
+    e.metadata
+        .get(OWNER_METADATA_KEY)
+        .and_then(Value::as_str)
+        .and_then(|t| t.parse().ok())
 }
 
 /// The domain time an event carries (`at` in its one variant's fields), if any.

@@ -36,7 +36,8 @@ impl Projector {
         batch_max: usize,
         mut progress: impl FnMut(usize),
     ) -> Result<usize, ProjectionError> {
-        let mut tx = self.begin_locked().await?;
+        // One streaming read of the whole log: a sequential scan may be the best plan for it.
+        let mut tx = self.begin_locked(true).await?;
         let applied_before: i64 = sqlx::query_scalar(
             "SELECT events_applied FROM projector_cursor WHERE projector = 'main' FOR UPDATE",
         )

@@ -93,11 +93,16 @@ impl Projector {
     }
 
     /// Begins a transaction in this projector's schema holding its advisory lock: the one writer
-    /// of its tables until the transaction ends.
-    pub(crate) async fn begin_locked(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    /// of its tables until the transaction ends. With `seqscan` false, its statements are planned
+    /// without sequential scans (set in the same round trip as the lock).
+    pub(crate) async fn begin_locked(
+        &self,
+        seqscan: bool,
+    ) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
         let mut tx = self.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        sqlx::query("SELECT pg_advisory_xact_lock($1), set_config('enable_seqscan', $2, true)")
             .bind(self.lock_key)
+            .bind(if seqscan { "on" } else { "off" })
             .execute(&mut *tx)
             .await?;
         Ok(tx)
@@ -107,15 +112,12 @@ impl Projector {
     /// below `upto`, a (tx_id, global_position) bound, if given) in one transaction, together
     /// with the new stored position.
     pub async fn pass(&self, upto: Option<(i64, i64)>) -> Result<Pass, ProjectionError> {
-        let mut tx = self.begin_locked().await?;
         // Every statement of a pass reads or writes a few rows by key. Plans are cached per
         // connection, and one made while the tables were small (a fresh database) is a
         // sequential scan that grows with the history for as long as the connection lives:
         // reading a batch's transfer rows took 3.3 ms instead of 0.15 in `ledger-bench`. Planned
         // without sequential scans, every lookup stays on its index whatever the statistics say.
-        sqlx::query("SET LOCAL enable_seqscan = off")
-            .execute(&mut *tx)
-            .await?;
+        let mut tx = self.begin_locked(false).await?;
         let (cur_tx, cur_pos, applied_total): (i64, i64, i64) = sqlx::query_as(
             "SELECT tx_id::text::bigint, global_position, events_applied
              FROM projector_cursor WHERE projector = 'main' FOR UPDATE",
