@@ -308,12 +308,16 @@ mod tests {
 
     impl Spot {
         async fn start(token: Option<&str>) -> Spot {
+            // Unique per start: the tests run in parallel threads of one process, and two of them
+            // once read the same clock value and shared a data dir (its LOCK refused the second).
+            static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let nanos = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap()
                 .as_nanos();
-            let dir =
-                std::env::temp_dir().join(format!("adapters-spot-{}-{nanos}", std::process::id()));
+            let dir = std::env::temp_dir()
+                .join(format!("adapters-spot-{}-{n}-{nanos}", std::process::id()));
             let token_file = token.map(|t| {
                 std::fs::create_dir_all(&dir).unwrap();
                 let path = dir.join("spot.token");
