@@ -73,12 +73,33 @@ pub struct Tasks {
     set: JoinSet<&'static str>,
 }
 
+/// How long serving waits for the stored asset settings while the database is away.
+const STORED_ASSETS_WAIT_MAX: Duration = Duration::from_secs(30);
+
+/// The stored asset settings (an admin's suspensions among them) are read before any request is
+/// served. A database restarting at that moment is waited out, as every other caller of the pool
+/// does, instead of ending a process that has already announced it is serving (a chaos run with
+/// PostgreSQL restarts once caught a restarted `ledger serve` exiting here).
+async fn read_stored_assets(assets: &application::AssetSettings) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + STORED_ASSETS_WAIT_MAX;
+    loop {
+        match assets.reload().await {
+            Ok(_) => return Ok(()),
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                tracing::warn!(error = %e, "stored asset settings unreadable; retrying before serving");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(anyhow::Error::new(e).context("read the stored asset settings")),
+        }
+    }
+}
+
 impl Tasks {
     /// Lays the stored asset settings over the file's defaults (before the first request), then
     /// starts every background task `state` is configured for.
     pub async fn start(state: &AppState) -> anyhow::Result<Self> {
         let ledger = &state.ledger;
-        ledger.assets().reload().await?;
+        read_stored_assets(ledger.assets()).await?;
         let mut tasks = Self {
             set: JoinSet::new(),
         };
