@@ -137,9 +137,11 @@ async fn append_batch(conn: &mut PgConnection, jobs: &mut Vec<Job>) -> bool {
 /// transaction: atomic, and durable when it returns (the server answers after the commit is
 /// flushed), in one round trip instead of three (BEGIN, INSERT, COMMIT).
 ///
-/// The same statement takes the events' feed positions from `feed_head` (migration 0013): its
-/// UPDATE locks that one row until the commit, so the next append anywhere takes the positions
-/// after these only once they are visible, or after they were given back by a rollback. Each
+/// The same statement takes the events' feed positions (migrations 0013 and 0015): `feed_take()`
+/// holds the feed's advisory lock until the commit and reads the last position handed out, so the
+/// next append anywhere takes the positions after these only once they are visible, or after they
+/// were given back by a rollback. No row is updated for it, so an old snapshot held elsewhere
+/// costs the append nothing (an updated counter row would keep a version per append). Each
 /// event also carries its owner (the commit's `user_id` metadata) and its domain time, which the
 /// feed serves.
 async fn insert(conn: &mut PgConnection, jobs: &[&Job]) -> Result<(), sqlx::Error> {
@@ -167,10 +169,7 @@ async fn insert(conn: &mut PgConnection, jobs: &[&Job]) -> Result<(), sqlx::Erro
         }
     }
     sqlx::query(
-        "WITH head AS (
-             UPDATE feed_head SET position = position + cardinality($1::text[])
-             RETURNING position - cardinality($1::text[]) AS before
-         )
+        "WITH head AS MATERIALIZED (SELECT feed_take() AS before)
          INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version,
                              payload, metadata, user_id, occurred_at, feed_position)
          SELECT u.t, u.id, u.seq, u.et, u.v, u.p, u.m, u.owner, COALESCE(u.at, now()),

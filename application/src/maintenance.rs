@@ -22,7 +22,6 @@ pub const HOT_TABLES: &[&str] = &[
     "transfer_balances",
     "transfer_state_counts",
     "projector_cursor",
-    "feed_head",
     "audit_checkpoint",
     "audit_checkpoint_assets",
     "audit_checkpoint_open",

@@ -47,10 +47,10 @@ pub struct Args {
 /// 80 % committed (5 events), 10 % failed at the withdraw (3), 8 % rolled back after a refused
 /// deposit (6), 2 % still waiting for the deposit (4, so money stays in flight). Rows are ordered
 /// by the time of each step, so the lifecycles of neighbouring transfers interleave in the log as
-/// they do under concurrent load. Feed positions follow that order, after `feed_head`, which the
-/// statement takes and advances as the ledger's appender does.
+/// they do under concurrent load. Feed positions follow that order, after the feed's head, which
+/// the statement takes under the feed's lock as the ledger's appender does.
 const GENERATE: &str = r#"
-WITH head AS (SELECT position AS before FROM feed_head FOR UPDATE),
+WITH head AS MATERIALIZED (SELECT feed_take() AS before),
 ins AS (
 INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload,
                     metadata, user_id, occurred_at, feed_position)
@@ -113,7 +113,7 @@ CROSS JOIN LATERAL (
 ORDER BY t.t0 + s.seq * interval '1.5 ms', t.i, s.seq
 RETURNING feed_position
 )
-UPDATE feed_head SET position = COALESCE((SELECT max(feed_position) FROM ins), position)
+SELECT count(*) FROM ins
 "#;
 
 /// A benchmark's own database on `server`: dropped and made anew, or kept when `reuse` is asked

@@ -1,9 +1,8 @@
 //! Reading the consumer feed: every event once, at a dense position, in an order that never
 //! changes. A consumer that has handled everything up to position P asks for `position > P`; it
 //! can never miss an event, because positions are handed out when events are appended, under the
-//! lock of the one `feed_head` row, which the appending transaction holds until it ends: an
-//! appender takes positions only after every lower one has committed or been given back
-//! (migration 0013).
+//! feed's advisory lock, which the appending transaction holds until it ends: an appender takes
+//! positions only after every lower one has committed or been given back (migrations 0013, 0015).
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{json, Value};

@@ -216,8 +216,9 @@ pub(super) async fn check(
     report.duplicates =
         seen.values().filter(|n| **n > 1).count() + applied.values().filter(|n| **n > 1).count();
 
-    // Positions are taken at append under `feed_head`'s lock: a crash, a cut connection or a
-    // restart of PostgreSQL mid-append rolls them back with the append, never leaving a gap.
+    // Positions are taken at append under the feed's advisory lock (`feed_take()`): a crash, a
+    // cut connection or a restart of PostgreSQL mid-append rolls them back with the append,
+    // never leaving a gap.
     let (events, distinct, first, last, head): (i64, i64, i64, i64, i64) = sqlx::query_as(
         "SELECT count(*), count(DISTINCT feed_position), COALESCE(min(feed_position), 1),
                 COALESCE(max(feed_position), 0), (SELECT position FROM feed_head)

@@ -21,6 +21,7 @@ mod graphql;
 mod horizon;
 mod invariant;
 mod ledger_up;
+mod old_snapshot;
 mod pool_safety;
 mod projections;
 mod recovery;
