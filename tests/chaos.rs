@@ -271,6 +271,7 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     let pg = if cfg.pg_restarts > 0 {
         let pg = PgCluster::serving(&cfg.server_url)?;
         let lock = tokio::task::spawn_blocking(crate::pg_ctl::lock).await??;
+        pg.settle(&cfg.server_url).await?;
         Some((pg, Arc::new(lock)))
     } else {
         None
@@ -470,7 +471,7 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     let pg_restarts = restarter.await??;
     if let Some((pg, _)) = &pg {
         let pg = pg.clone();
-        tokio::task::spawn_blocking(move || pg.wait_ready(Duration::from_secs(60))).await??;
+        tokio::task::spawn_blocking(move || pg.wait_ready(crate::pg_ctl::RECOVERY_MAX)).await??;
     }
     let c = cluster.clone();
     let died = tokio::task::spawn_blocking(move || c.restart_exited()).await??;

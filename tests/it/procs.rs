@@ -170,16 +170,21 @@ pub async fn wait_terminal(s: &Stack, req_id: &ReqId, within: Duration) -> Trans
 
 /// The req_ids of every transfer in the test's database, oldest first.
 pub async fn all_req_ids(s: &Stack) -> Vec<ReqId> {
+    try_all_req_ids(s).await.expect("list transfers")
+}
+
+/// [`all_req_ids`], or the database's error (while it is still recovering from a stop).
+pub async fn try_all_req_ids(s: &Stack) -> Result<Vec<ReqId>, sqlx::Error> {
     let ids: Vec<String> = sqlx::query_scalar(
         "SELECT aggregate_id FROM events WHERE event_type = 'TransferCreated'
          ORDER BY payload->'TransferCreated'->>'at', aggregate_id",
     )
     .fetch_all(&s.db.pool)
-    .await
-    .expect("list transfers");
-    ids.iter()
+    .await?;
+    Ok(ids
+        .iter()
         .map(|i| ReqId::parse(i).expect("req_id"))
-        .collect()
+        .collect())
 }
 
 /// The state a transfer's events fold to.

@@ -21,7 +21,7 @@ use domain::AccountType::{Funding, Spot};
 use domain::{Amount, UserId};
 
 use helpers::{bin, server_url, Stack};
-use procs::{all_req_ids, spot_ops, wait_terminal, LedgerProcess, RECOVER_NOW};
+use procs::{spot_ops, try_all_req_ids, wait_terminal, LedgerProcess, RECOVER_NOW};
 use tests::chaos::Snapshots;
 use tests::pg_ctl::{self, PgCluster};
 
@@ -29,6 +29,7 @@ use tests::pg_ctl::{self, PgCluster};
 async fn fnd_006_inv_004_postgres_immediate_stop_under_load_loses_nothing() {
     let _lock = pg_ctl::lock().expect("PostgreSQL restart lock");
     let pg = PgCluster::serving(&server_url()).expect("the cluster behind the test server");
+    pg.settle(&server_url()).await.expect("PostgreSQL settled");
     let s = Stack::start().await;
     for user in 1..=4 {
         s.deposit(user, "USDT", "1000").await;
@@ -63,12 +64,14 @@ async fn fnd_006_inv_004_postgres_immediate_stop_under_load_loses_nothing() {
     while load.join_next().await.is_some() {}
 
     // Every transfer that was created (its TransferCreated committed) finishes.
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + pg_ctl::RECOVERY_MAX;
     let ids = loop {
-        match tokio::time::timeout(Duration::from_secs(5), all_req_ids(&s)).await {
-            Ok(ids) => break ids,
+        match tokio::time::timeout(Duration::from_secs(5), try_all_req_ids(&s)).await {
+            Ok(Ok(ids)) => break ids,
+            Ok(Err(e)) => assert!(Instant::now() < deadline, "database never came back: {e}"),
             Err(_) => assert!(Instant::now() < deadline, "database never came back"),
         }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert!(!ids.is_empty());
     for id in &ids {
