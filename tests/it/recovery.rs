@@ -271,6 +271,9 @@ async fn mon_001_target_pending_over_threshold_is_critical_and_visible_in_metric
     assert!(line.contains(&req_id), "{line}");
     assert_eq!(log.matches("CRITICAL MON-001").count(), 1, "raised once");
 
+    // The state gauges are read models: the projector may still be behind the log line on a
+    // loaded machine (it once read TARGET_PENDING 0 here).
+    s.wait_for_projections().await;
     let metrics = http
         .get(format!("{}/metrics", ledger.base))
         .send()
