@@ -277,11 +277,11 @@ async fn run(
     );
     let (_, after) = event_store::audit_transfers(pool, start.events_horizon, &ids).await?;
     let transfers_read = after.len() as u64;
+    // Consumed as it is turned into the compact form: the two are never both held whole.
     let known: HashMap<String, Known> = after
-        .iter()
-        .filter_map(|t| Known::from_log(t).map(|k| (t.req_id.clone(), k)))
+        .into_iter()
+        .filter_map(|t| Known::from_log(&t).map(|k| (t.req_id, k)))
         .collect();
-    drop(after);
 
     let mut assets: BTreeMap<String, AssetReport> = BTreeMap::new();
     let mut next = Checkpoint {

@@ -401,6 +401,8 @@ struct AuditPoint {
     /// The same check before the database was vacuumed (autovacuum is off on this machine).
     unvacuumed: Duration,
     full: Duration,
+    /// Peak resident memory of `ledger audit --full`.
+    full_peak: u64,
     metrics: Duration,
 }
 
@@ -509,7 +511,7 @@ async fn audit_growth(args: &Args) -> anyhow::Result<Vec<String>> {
         // From zero, as an operator runs it at this size: `ledger audit --full`, a process of its
         // own. The admin route's `?full=true` is bounded by the HTTP request timeout (30 s by
         // default), which the full check outgrows somewhere past a few hundred thousand transfers.
-        let (full, full_report) = full_check(&url, &spot_addr)?;
+        let (full, full_peak, full_report) = full_check(&url, &spot_addr)?;
         let t0 = Instant::now();
         let scrape = http.get(format!("{base}/metrics")).send().await?;
         let ok = scrape.status().is_success();
@@ -520,7 +522,7 @@ async fn audit_growth(args: &Args) -> anyhow::Result<Vec<String>> {
         }
         let agree = report["assets"] == full_report["assets"];
         println!(
-            "{point} transfers ({:.0}/s so far): periodic check {:.3} s (median of {:.3}, {:.3}, {:.3}; ok {}, read {}; {:.3} s before a VACUUM, which took {:.1} s), full check (`ledger audit --full`) {:.3} s (ok {}, same per-asset figures: {agree}), last catch-up check {:.3} s, /metrics {:.3} s",
+            "{point} transfers ({:.0}/s so far): periodic check {:.3} s (median of {:.3}, {:.3}, {:.3}; ok {}, read {}; {:.3} s before a VACUUM, which took {:.1} s), full check (`ledger audit --full`) {:.3} s, peak RSS {:.1} MiB (ok {}, same per-asset figures: {agree}), last catch-up check {:.3} s, /metrics {:.3} s",
             made.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64(),
             periodic.as_secs_f64(),
             runs[0].as_secs_f64(),
@@ -531,6 +533,7 @@ async fn audit_growth(args: &Args) -> anyhow::Result<Vec<String>> {
             unvacuumed.as_secs_f64(),
             vacuum.as_secs_f64(),
             full.as_secs_f64(),
+            mib(full_peak),
             full_report["ok"],
             catch_up.as_secs_f64(),
             metrics.as_secs_f64(),
@@ -540,6 +543,7 @@ async fn audit_growth(args: &Args) -> anyhow::Result<Vec<String>> {
             periodic,
             unvacuumed,
             full,
+            full_peak,
             metrics,
         });
     }
@@ -553,17 +557,28 @@ async fn audit_growth(args: &Args) -> anyhow::Result<Vec<String>> {
     let first = results.first().context("a point")?;
     let last = results.last().context("a point")?;
     println!();
-    println!("transfers   periodic s   (unvacuumed s)   full s   /metrics s");
+    println!("transfers   periodic s   (unvacuumed s)   full s   full peak MiB   /metrics s");
     for p in &results {
         println!(
-            "{:<10}  {:>10.3}  {:>16.3}  {:>7.3}  {:>10.3}",
+            "{:<10}  {:>10.3}  {:>16.3}  {:>7.3}  {:>13.1}  {:>10.3}",
             p.transfers,
             p.periodic.as_secs_f64(),
             p.unvacuumed.as_secs_f64(),
             p.full.as_secs_f64(),
+            mib(p.full_peak),
             p.metrics.as_secs_f64()
         );
     }
+    // The full check holds every transfer's details and movements until its end (ADR 0006):
+    // its memory per transfer, from the growth between the first and the last point.
+    let per_transfer = (last.full_peak as f64 - first.full_peak as f64)
+        / (last.transfers as f64 - first.transfers as f64).max(1.0);
+    println!(
+        "full check memory: {per_transfer:.0} bytes per transfer between {} and {} transfers ({:.1} GiB per 100M)",
+        first.transfers,
+        last.transfers,
+        per_transfer * 1e8 / f64::from(1u32 << 30)
+    );
     let ratio = last.periodic.as_secs_f64() / first.periodic.as_secs_f64().max(1e-9);
     let unvacuumed_ratio = last.unvacuumed.as_secs_f64() / first.unvacuumed.as_secs_f64().max(1e-9);
     println!(
@@ -571,13 +586,15 @@ async fn audit_growth(args: &Args) -> anyhow::Result<Vec<String>> {
         last.transfers, first.transfers
     );
     Ok(vec![format!(
-        "growth, audit: periodic check {:.3} s at {} transfers, {:.3} s at {} (ratio {ratio:.2}, target <= 2); full check {:.3} s and {:.3} s",
+        "growth, audit: periodic check {:.3} s at {} transfers, {:.3} s at {} (ratio {ratio:.2}, target <= 2); full check {:.3} s and {:.3} s, peak RSS {:.1} and {:.1} MiB",
         first.periodic.as_secs_f64(),
         first.transfers,
         last.periodic.as_secs_f64(),
         last.transfers,
         first.full.as_secs_f64(),
         last.full.as_secs_f64(),
+        mib(first.full_peak),
+        mib(last.full_peak),
     )])
 }
 
@@ -604,18 +621,42 @@ async fn check(
     Ok((took, body))
 }
 
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / f64::from(1u32 << 20)
+}
+
 /// Runs `ledger audit --full` against the benchmark's database and spot-core; returns its wall
-/// time and report.
+/// time, its peak resident memory (VmHWM, sampled every 5 ms while it runs: a process that has
+/// exited has none to read, so growth in its last few ms may be missed) and its report.
 fn full_check(
     database_url: &str,
     spot_addr: &str,
-) -> anyhow::Result<(Duration, serde_json::Value)> {
+) -> anyhow::Result<(Duration, u64, serde_json::Value)> {
     let t0 = Instant::now();
-    let out = Command::new(bin("ledger")?)
+    let child = Command::new(bin("ledger")?)
         .args(["audit", "--full", "--spot-url", spot_addr])
         .env("DATABASE_URL", database_url)
         .env("RUST_LOG", "warn")
-        .output()?;
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let pid = child.id();
+    let done = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !done.load(Ordering::Relaxed) {
+                peak = peak.max(crate::procstat::peak_rss(pid));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            peak
+        })
+    };
+    let out = child.wait_with_output();
+    done.store(true, Ordering::Relaxed);
+    let peak = sampler.join().unwrap_or(0);
+    let out = out?;
     let took = t0.elapsed();
     if !out.status.success() {
         bail!(
@@ -627,7 +668,7 @@ fn full_check(
     }
     let body: serde_json::Value =
         serde_json::from_slice(&out.stdout).context("ledger audit --full printed no report")?;
-    Ok((took, body))
+    Ok((took, peak, body))
 }
 
 /// Makes committed transfers until `made` reaches `until`, alternating each client's direction.
