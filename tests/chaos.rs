@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use rand::Rng;
 use rust_decimal::Decimal;
 use serde_json::json;
@@ -538,20 +538,9 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     // A clean run's database goes (every run makes one, and a server's crash recovery after an
     // immediate stop syncs every file of every database); a run with findings keeps it.
     if report.clean() {
-        drop_database(&cfg.server_url, &database).await?;
+        crate::pg_ctl::drop_database(&cfg.server_url, &database).await?;
     } else {
         report.database = Some(database);
     }
     Ok(report)
-}
-
-async fn drop_database(server_url: &str, database: &str) -> anyhow::Result<()> {
-    use sqlx::Connection;
-    let mut admin = sqlx::PgConnection::connect(&format!("{server_url}/postgres")).await?;
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
-        .execute(&mut admin)
-        .await
-        .with_context(|| format!("drop {database}"))?;
-    admin.close().await.ok();
-    Ok(())
 }

@@ -11,6 +11,7 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use sqlx::Connection;
 
 /// How long a stopped or restarted server may take to accept connections again. Crash recovery
 /// replays the WAL since the last checkpoint and then fsyncs every file it touched: on a busy
@@ -92,16 +93,12 @@ impl PgCluster {
     pub async fn settle(&self, server_url: &str) -> anyhow::Result<()> {
         let me = self.clone();
         tokio::task::spawn_blocking(move || me.wait_ready(RECOVERY_MAX)).await??;
-        let options = sqlx::postgres::PgConnectOptions::from_str(server_url)
-            .with_context(|| format!("parse {server_url}"))?
-            .database("postgres");
-        let mut conn = sqlx::ConnectOptions::connect(&options)
-            .await
-            .context("connect for CHECKPOINT")?;
+        let mut admin = admin(server_url).await?;
         sqlx::query("CHECKPOINT")
-            .execute(&mut conn)
+            .execute(&mut admin)
             .await
             .context("CHECKPOINT")?;
+        admin.close().await.ok();
         Ok(())
     }
 
@@ -165,6 +162,28 @@ impl Drop for StartOnDrop {
     fn drop(&mut self) {
         self.0.ensure_started();
     }
+}
+
+/// A connection to the server's `postgres` database, for statements about the server itself.
+async fn admin(server_url: &str) -> anyhow::Result<sqlx::PgConnection> {
+    sqlx::PgConnection::connect(&format!("{server_url}/postgres"))
+        .await
+        .with_context(|| format!("connect to {server_url}/postgres"))
+}
+
+/// Drops a test's or a run's database, ending its connections. Done for every one that passed:
+/// a server's crash recovery syncs every file of every database before it accepts connections,
+/// so leftovers make each restart of the tests that stop it slower.
+pub async fn drop_database(server_url: &str, database: &str) -> anyhow::Result<()> {
+    let mut admin = admin(server_url).await?;
+    sqlx::query(&format!(
+        "DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)"
+    ))
+    .execute(&mut admin)
+    .await
+    .with_context(|| format!("drop {database}"))?;
+    admin.close().await.ok();
+    Ok(())
 }
 
 /// `(version, cluster)` of the row of `pg_lsclusters -h` whose port is `port`.

@@ -222,19 +222,18 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
     let lag = nats
         .is_some()
         .then(|| tokio::spawn(crate::relay::sample_lag(pool.clone(), stop_rx)));
-    let old_snapshot = match args.old_snapshot {
-        true => {
-            let mut tx = pool.begin().await?;
-            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                .execute(&mut *tx)
-                .await?;
-            let events: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
-                .fetch_one(&mut *tx)
-                .await?;
-            println!("holding a snapshot open (it sees {events} events) while the transfers run");
-            Some(tx)
-        }
-        false => None,
+    let old_snapshot = if args.old_snapshot {
+        let mut tx = pool.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .execute(&mut *tx)
+            .await?;
+        let events: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
+            .fetch_one(&mut *tx)
+            .await?;
+        println!("holding a snapshot open (it sees {events} events) while the transfers run");
+        Some(tx)
+    } else {
+        None
     };
     let mut runs = Vec::new();
     for &n in &args.clients {
@@ -282,9 +281,10 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
     )
     .await?;
 
-    let held = match args.old_snapshot {
-        true => ", an old snapshot held open",
-        false => "",
+    let held = if args.old_snapshot {
+        ", an old snapshot held open"
+    } else {
+        ""
     };
     for (n, run) in &runs {
         run.print(&format!("transfers ({n} clients{held})"));

@@ -24,6 +24,7 @@ pub struct TestDb {
     /// The connection string, for child processes that need the same database.
     pub url: String,
     pub pool: PgPool,
+    name: String,
 }
 
 impl TestDb {
@@ -33,21 +34,21 @@ impl TestDb {
         let pool = schema::prepare(&url, 20)
             .await
             .expect("prepare test database");
-        Self { url, pool }
+        Self { url, pool, name }
     }
 }
 
-/// A test that passed takes its database with it: the server's data directory then holds what
-/// is live, not every test of the run. PostgreSQL's crash recovery fsyncs every file of it before
-/// it accepts connections, and the `pg_restart` tests' stops once waited minutes on a busy disk
-/// for the 45,000 files of the catalogue's leftover databases. A failed test's database is kept
-/// to be looked at; `scripts/test` drops leftovers before the next run.
+/// A test that passed takes its database with it (`tests::pg_ctl::drop_database`, as a clean
+/// chaos run does): the server's data directory then holds what is live, not every test of the
+/// run, and the `pg_restart` tests' stops once waited minutes on a busy disk for the 45,000 files
+/// of the catalogue's leftovers. A failed test's database is kept to be looked at; `scripts/test`
+/// drops leftovers before the next run.
 impl Drop for TestDb {
     fn drop(&mut self) {
         if std::thread::panicking() {
             return;
         }
-        let url = self.url.clone();
+        let name = self.name.clone();
         // Its own thread and runtime: this may run inside the test's runtime, which cannot be
         // blocked on from within. `WITH (FORCE)` ends the connections of this pool and of any
         // child process still holding one.
@@ -56,28 +57,13 @@ impl Drop for TestDb {
                 .enable_all()
                 .build()
                 .expect("runtime")
-                .block_on(drop_database(&url))
+                .block_on(tests::pg_ctl::drop_database(&server_url(), &name))
         })
         .join();
         if let Ok(Err(e)) = dropped {
-            eprintln!("test database {} not dropped: {e:#}", self.url);
+            eprintln!("test database {} not dropped: {e:#}", self.name);
         }
     }
-}
-
-async fn drop_database(url: &str) -> anyhow::Result<()> {
-    use sqlx::ConnectOptions;
-    use std::str::FromStr;
-    let options = sqlx::postgres::PgConnectOptions::from_str(url)?;
-    let name = options
-        .get_database()
-        .unwrap_or_default()
-        .replace('"', "\"\"");
-    let mut admin = options.database("postgres").connect().await?;
-    sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-        .execute(&mut admin)
-        .await?;
-    Ok(())
 }
 
 /// Where the workspace's binaries are built: beside the test binary's `deps/` directory.
