@@ -51,6 +51,7 @@ pub fn document() -> Value {
         crate::routes::admin_set_status,
         crate::admin_assets::list_assets,
         crate::admin_assets::put_asset,
+        crate::admin_alerts::list_alerts,
     ),
     components(schemas(ErrorBody)),
     security(("bearer" = [])),
@@ -224,6 +225,8 @@ refusals! {
     AssetListRefusals: [401, 403];
     /// `PUT /api/v1/admin/assets/{symbol}`.
     AssetPutRefusals: [400, 401, 403, 404, 413, 415, 422];
+    /// `GET /api/v1/admin/alerts`.
+    AlertListRefusals: [400, 401, 403, 503];
 }
 
 // ---- schema-only types: what the handlers accept and refuse with ------------------------------
@@ -371,6 +374,7 @@ mod tests {
             "/api/v1/admin/deposits",
             "/api/v1/admin/accounts/{user_id}/{account_type}/status",
             "/api/v1/admin/assets/{symbol}",
+            "/api/v1/admin/alerts",
         ] {
             assert!(paths.contains_key(path), "{path}");
         }
