@@ -6,6 +6,7 @@ mod nats;
 mod procs;
 
 mod adapters_idempotency;
+mod alerts;
 mod api;
 mod attacks;
 mod audit_incremental;
@@ -24,6 +25,7 @@ mod ledger_up;
 mod old_snapshot;
 mod pool_safety;
 mod projections;
+mod prometheus;
 mod recovery;
 mod recovery_safety;
 mod relay;
