@@ -156,10 +156,9 @@ impl UserWindow {
 
 /// A sliding-window estimate: the current bucket plus the part of the previous one the window
 /// still covers.
+#[allow(clippy::float_arithmetic)]
 fn estimate(counts: [u32; 2], into_bucket: f64) -> f64 {
-    #[allow(clippy::float_arithmetic)]
-    let estimate = f64::from(counts[0]) * (1.0 - into_bucket) + f64::from(counts[1]);
-    estimate
+    f64::from(counts[0]) * (1.0 - into_bucket) + f64::from(counts[1])
 }
 
 /// The start of a MON-004 episode: what went over, for the log line and the stored detail.

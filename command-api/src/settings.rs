@@ -275,7 +275,10 @@ impl Settings {
     /// MON-004's thresholds: the defaults, overridden by the alert settings (`0` or `off` turns
     /// one off); anything else is an error.
     pub fn frequency(&self) -> anyhow::Result<application::alerts::FrequencyConfig> {
-        let threshold = |name: &str, value: &Option<String>, default: Option<u32>| {
+        let threshold = |name: &str,
+                         value: &Option<String>,
+                         default: Option<u32>|
+         -> anyhow::Result<Option<u32>> {
             let Some(text) = given(value).map(str::trim) else {
                 return Ok(default);
             };
@@ -285,7 +288,7 @@ impl Settings {
             let n: u32 = text
                 .parse()
                 .map_err(|_| anyhow::anyhow!("{name} must be a whole number or `off`, not {text:?}"))?;
-            Ok::<_, anyhow::Error>((n > 0).then_some(n))
+            Ok((n > 0).then_some(n))
         };
         let defaults = application::alerts::FrequencyConfig::default();
         Ok(application::alerts::FrequencyConfig {
