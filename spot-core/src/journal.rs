@@ -297,8 +297,9 @@ fn read_segment(
     Ok((offset, new_index))
 }
 
-/// One frame, checked (length bound, crc, parse); `None` at the end of the segment.
-fn read_frame(r: &mut impl Read) -> io::Result<Option<(JournalRecord, u64)>> {
+/// One frame, checked (length bound, crc, parse); `None` at the end of the segment. Public for
+/// the fuzz targets, which hold it to the same records as start-up's scan.
+pub fn read_frame(r: &mut impl Read) -> io::Result<Option<(JournalRecord, u64)>> {
     let mut header = [0u8; HEADER_BYTES];
     let n = read_full(r, &mut header)?;
     if n == 0 {

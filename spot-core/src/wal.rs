@@ -623,11 +623,25 @@ fn scan_segment(
     file: &File,
     path: &Path,
     start: u64,
-    mut apply: impl FnMut(JournalRecord) -> anyhow::Result<()>,
+    apply: impl FnMut(JournalRecord) -> anyhow::Result<()>,
 ) -> anyhow::Result<Scan> {
     let mut f = file;
     f.seek(SeekFrom::Start(start))?;
-    let mut reader = BufReader::with_capacity(1 << 20, f);
+    let reader = BufReader::with_capacity(1 << 20, f);
+    let valid_len = scan_frames(reader, path, start, apply)?;
+    Ok(Scan { valid_len })
+}
+
+/// The frame loop of start-up's segment scan, over any reader positioned at byte `start` of
+/// the segment at `path` (named in errors): feeds every intact record to `apply` and returns
+/// the end of the last one. Public so the fuzz targets read segments from memory through the
+/// same code.
+pub fn scan_frames(
+    mut reader: impl Read,
+    path: &Path,
+    start: u64,
+    mut apply: impl FnMut(JournalRecord) -> anyhow::Result<()>,
+) -> anyhow::Result<u64> {
     let mut valid_len = start;
     let mut payload = Vec::new();
     loop {
@@ -668,14 +682,14 @@ fn scan_segment(
         })?;
         valid_len += (HEADER_BYTES + payload.len()) as u64;
     }
-    Ok(Scan { valid_len })
+    Ok(valid_len)
 }
 
 /// The first position after the start of `rest` (which begins with a damaged frame) where an
 /// intact frame starts: length within bounds, whole frame inside `rest`, crc matching, and a
 /// payload that is a JSON object with a `seq` above `last_seq`. Only `seq` is read, so a record
 /// of a newer version counts too. Returns (offset in `rest`, seq).
-fn later_valid_frame(rest: &[u8], last_seq: u64) -> Option<(usize, u64)> {
+pub fn later_valid_frame(rest: &[u8], last_seq: u64) -> Option<(usize, u64)> {
     #[derive(serde::Deserialize)]
     struct SeqOnly {
         seq: u64,
