@@ -13,6 +13,7 @@ mod balance;
 mod chaos;
 mod concurrency;
 mod concurrency_api;
+mod console;
 mod crash;
 mod defense;
 mod feed;
