@@ -90,6 +90,26 @@ impl SpotAdapter {
         }
     }
 
+    /// Everything spot-core recorded under `req_id` (one entry per movement op), as it answers
+    /// `lookup`: for operators, who read it whole; the coordinator reads one op through
+    /// `AccountPort::lookup`. An expired req_id (below the idempotency horizon) is `Unexpected`.
+    pub async fn lookup_records(
+        &self,
+        req_id: &ReqId,
+    ) -> Result<Vec<protocol::LookupOp>, SpotError> {
+        let request = Request::Lookup {
+            req_id: req_id.to_string(),
+        };
+        match self.client.call(&request).await? {
+            Response::Ok { ops: Some(ops), .. } => Ok(ops),
+            Response::Refused { code, .. } => Err(SpotError::Unexpected(format!(
+                "lookup refused: {}",
+                code.as_str()
+            ))),
+            other => Err(SpotError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
     pub async fn set_status(
         &self,
         user_id: UserId,

@@ -21,6 +21,7 @@
 //! moving on during the check is never mistaken for a broken one.
 
 pub mod checkpoint;
+pub mod history;
 mod reconcile;
 pub mod status;
 

@@ -117,6 +117,7 @@ pub fn build_app(state: AppState) -> Router {
         .merge(crate::metrics::routes())
         .merge(crate::admin_recovery::routes())
         .merge(crate::console::routes())
+        .merge(crate::admin_views::routes())
         .merge(
             crate::feed::routes()
                 .merge(crate::invariant::routes())

@@ -5,6 +5,7 @@
 
 pub mod admin_assets;
 pub mod admin_recovery;
+pub mod admin_views;
 pub mod admission;
 pub mod app;
 pub mod auth;
@@ -18,6 +19,7 @@ pub mod http_server;
 pub mod invariant;
 pub mod metrics;
 pub mod openapi;
+pub mod ops_metrics;
 pub mod ratelimit;
 pub mod relay_cli;
 pub mod render;

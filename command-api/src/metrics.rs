@@ -43,6 +43,8 @@ struct Snapshot {
     /// spot-core's idempotency horizon (Unix ms), read from spot-core itself; `None` when it did
     /// not answer (the gauge is left out rather than reported wrong).
     horizon_ms: Option<u64>,
+    /// The recovery worker's last pass and the projector's lag (`ops_metrics.rs`).
+    ops: crate::ops_metrics::OpsFigures,
 }
 
 async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
@@ -59,12 +61,16 @@ async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
         .await
         .ok()
         .map(|c| c.horizon_ms);
+    let ops = crate::ops_metrics::gather(state.ledger.pool())
+        .await
+        .map_err(internal)?;
     let snapshot = Snapshot {
         by_state,
         figures,
         relays,
         audit,
         horizon_ms,
+        ops,
     };
     Ok(([(CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], render(snapshot)).into_response())
 }
@@ -163,6 +169,7 @@ impl Collector for Snapshot {
                 gauge.metric_type(),
             )?)?;
         }
+        crate::ops_metrics::encode(&self.ops, &mut encoder)?;
         encode_relays(&self.relays, &mut encoder)
     }
 }
@@ -386,6 +393,7 @@ mod tests {
             relays: Vec::new(),
             audit: Default::default(),
             horizon_ms: None,
+            ops: Default::default(),
         });
         assert!(text.contains("ledger_transfers{state=\"TARGET_PENDING\"} 2"));
         assert!(text.contains("ledger_transfers{state=\"COMMITTED\"} 0"));

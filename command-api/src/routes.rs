@@ -24,7 +24,7 @@ use utoipa::{IntoParams, ToSchema};
 use crate::app::AppState;
 use crate::auth::{AdminUser, AuthUser};
 use crate::error::ApiError;
-use crate::render::{merge_balances, money, rfc3339};
+use crate::render::{money, rfc3339};
 
 /// Longest external deposit id.
 pub const EXTERNAL_ID_CHARS_MAX: usize = 128;
@@ -416,16 +416,8 @@ pub async fn balances(
     State(state): State<AppState>,
     user: AuthUser,
 ) -> Result<Json<BalancesResponse>, ApiError> {
-    let (funding, spot, in_flight) = tokio::join!(
-        state.ledger.funding().balances(user.user_id),
-        state.ledger.spot().balances(user.user_id),
-        state.view.in_flight(user.user_id.as_i64()),
-    );
-    let funding = funding.map_err(|e| ApiError::Internal(format!("funding balances: {e}")))?;
-    let spot = spot.map_err(|e| spot_error("balances", e))?;
-    let in_flight = in_flight.map_err(|e| ApiError::Internal(format!("in-flight sums: {e}")))?;
-
-    let balances = merge_balances(funding, spot, in_flight)
+    let balances = crate::render::user_balances(&state, user.user_id)
+        .await?
         .into_iter()
         .map(|b| BalanceEntry {
             asset: b.asset,

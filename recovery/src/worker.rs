@@ -299,6 +299,9 @@ impl RecoveryWorker {
                 Err(e) => tracing::error!(error = %e, "recovery task ended abnormally"),
             }
         }
+        if let Err(e) = crate::heartbeat::beat(&self.pool, &self.id).await {
+            tracing::warn!(error = %e, "could not record the recovery worker's heartbeat");
+        }
         Ok(report)
     }
 
@@ -452,12 +455,13 @@ impl RecoveryWorker {
         let mut tx = self.pool.begin().await?;
         sqlx::query(
             "UPDATE recovery_attempts SET finished_at = clock_timestamp(), state_after = $2,
-                outcome = $3, error = $4 WHERE id = $1",
+                outcome = $3, error = $4, error_category = $5 WHERE id = $1",
         )
         .bind(attempt_id)
         .bind(state_after.map(TransferState::as_str))
         .bind(outcome)
         .bind(error.as_deref())
+        .bind(category)
         .execute(&mut *tx)
         .await?;
         let refund_failed = backoff && state_after == Some(TransferState::Compensating);

@@ -6,6 +6,7 @@ mod nats;
 mod procs;
 
 mod adapters_idempotency;
+mod admin_api;
 mod api;
 mod attacks;
 mod audit_incremental;
