@@ -554,12 +554,17 @@
       : h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "operation"), h("th", { class: "num" }, "amount"), h("th", {}, "result"), h("th", {}, "when"))),
         h("tbody", {}, funding.map(function (f) {
           return h("tr", {}, h("td", { class: "mono" }, f.operation), h("td", { class: "num" }, amount(f.amount)),
-            h("td", {}, f.state || f.result || f.outcome || "—"), h("td", {}, when(f.at)));
+            h("td", {}, f.state || "—", f.code ? " (" + f.code + ")" : ""), h("td", {}, when(f.at)));
         })));
     var spot = t.spot;
     var spotView = !spot ? h("div", { class: "empty" }, "Not looked up.")
-      : spot.error ? h("div", { class: "error" }, "spot-core lookup failed: " + spot.error)
-        : h("pre", {}, JSON.stringify(spot, null, 2));
+      : spot.error ? h("div", { class: "error" }, "spot-core could not answer the lookup: " + spot.error)
+        : !spot.records || spot.records.length === 0 ? h("div", { class: "empty" }, "spot-core has no record of this req_id.")
+          : h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "operation"), h("th", { class: "num" }, "amount"), h("th", {}, "outcome"), h("th", {}, "code"), h("th", { class: "num" }, "seq"))),
+            h("tbody", {}, spot.records.map(function (r) {
+              return h("tr", {}, h("td", { class: "mono" }, r.op), h("td", { class: "num" }, amount(r.amount)), h("td", {}, r.outcome),
+                h("td", {}, r.code || "—"), h("td", { class: "num mono" }, String(r.seq)));
+            })));
     return [h("h2", {}, "FUNDING (PostgreSQL journal)"), fundingView, h("h2", { class: "spaced" }, "SPOT (spot-core lookup)"), spotView];
   }
 
