@@ -12,6 +12,7 @@ pub mod app;
 pub mod auth;
 pub mod cli;
 pub mod config;
+pub mod console;
 pub mod error;
 pub mod feed;
 pub mod graphql;

@@ -15,6 +15,7 @@ mod balance;
 mod chaos;
 mod concurrency;
 mod concurrency_api;
+mod console;
 mod crash;
 mod defense;
 mod feed;
