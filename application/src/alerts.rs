@@ -247,7 +247,7 @@ impl FrequencyMonitor {
             || over(refusals, self.config.refusals_per_minute);
         let started = over_now && !window.alerting;
         window.alerting = over_now;
-        started.then(|| Episode {
+        started.then_some(Episode {
             user,
             requests,
             requests_max: self.config.requests_per_minute,
