@@ -80,6 +80,8 @@ pub struct JournalEntry {
     pub amount: Decimal,
     pub applied: bool,
     pub code: Option<String>,
+    /// When the journal decided it (database time).
+    pub at: chrono::DateTime<chrono::Utc>,
 }
 
 /// An operation as the journal spells it (`funding_journal.operation`).
@@ -309,9 +311,18 @@ impl FundingLedger {
 
     /// What the journal holds for one `req_id`: the answer to "what happened to X?".
     pub async fn journal_for(&self, req_id: &str) -> Result<Vec<JournalEntry>, FundingError> {
-        let rows: Vec<(String, i64, String, Decimal, String, Option<String>)> = sqlx::query_as(
-            "SELECT operation, user_id, asset, amount, outcome, code FROM funding_journal
-             WHERE req_id = $1 ORDER BY id",
+        type Row = (
+            String,
+            i64,
+            String,
+            Decimal,
+            String,
+            Option<String>,
+            chrono::DateTime<chrono::Utc>,
+        );
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT operation, user_id, asset, amount, outcome, code, created_at
+             FROM funding_journal WHERE req_id = $1 ORDER BY id",
         )
         .bind(req_id)
         .fetch_all(&self.pool)
@@ -319,13 +330,14 @@ impl FundingLedger {
         Ok(rows
             .into_iter()
             .map(
-                |(operation, user_id, asset, amount, outcome, code)| JournalEntry {
+                |(operation, user_id, asset, amount, outcome, code, at)| JournalEntry {
                     operation,
                     user_id,
                     asset,
                     amount,
                     applied: outcome == "APPLIED",
                     code,
+                    at,
                 },
             )
             .collect())

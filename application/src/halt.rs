@@ -30,6 +30,15 @@ pub async fn is_halted(pool: &PgPool) -> Result<bool, sqlx::Error> {
         .await
 }
 
+/// Whether transfers are halted, and the reason given when they were.
+pub async fn status(pool: &PgPool) -> Result<(bool, Option<String>), sqlx::Error> {
+    let (halted, reason): (bool, Option<String>) =
+        sqlx::query_as("SELECT halted, reason FROM service_halt")
+            .fetch_one(pool)
+            .await?;
+    Ok((halted, reason.filter(|_| halted)))
+}
+
 /// Lifts the halt; `admin` is recorded as who cleared it.
 pub async fn clear(pool: &PgPool, admin: i64) -> Result<(), sqlx::Error> {
     sqlx::query("UPDATE service_halt SET halted = false, cleared_at = now(), cleared_by = $1")

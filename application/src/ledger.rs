@@ -219,10 +219,14 @@ impl Ledger {
 
     async fn audit_and_enforce(&self, mode: Mode) -> Result<(InvariantReport, bool), CheckError> {
         let pool = self.pool();
+        let started = std::time::Instant::now();
         let report = match mode {
             Mode::Incremental => audit::check_incremental(&self.funding, &self.spot).await?,
             Mode::Full => audit::check_full(&self.funding, &self.spot).await?,
         };
+        if let Err(e) = audit::history::record(pool, &report, started.elapsed()).await {
+            tracing::warn!(error = %e, "could not record the check in the run history");
+        }
         let report_json = serde_json::to_value(&report)
             .unwrap_or_else(|_| serde_json::Value::Object(serde_json::Map::new()));
         sqlx::query("INSERT INTO invariant_checks (ok, report) VALUES ($1, $2)")
@@ -291,6 +295,11 @@ impl Ledger {
                 tracing::warn!(error = %e, "could not record the audit's status");
             }
         }
+    }
+
+    /// Whether new transfers are halted now, and why (read from the database, not cached).
+    pub async fn halt_status(&self) -> Result<(bool, Option<String>), sqlx::Error> {
+        halt::status(self.pool()).await
     }
 
     /// An admin lifts the halt (after looking into the cause).

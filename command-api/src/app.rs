@@ -142,6 +142,8 @@ pub fn build_app(state: AppState) -> Router {
         .merge(metrics)
         .merge(crate::admin_alerts::routes())
         .merge(crate::admin_recovery::routes())
+        .merge(crate::console::routes())
+        .merge(crate::admin_views::routes())
         .merge(
             crate::feed::routes()
                 .merge(crate::invariant::routes())

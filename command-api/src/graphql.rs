@@ -23,13 +23,13 @@ use std::time::{Duration, SystemTime};
 use async_graphql::extensions::{
     Extension, ExtensionContext, ExtensionFactory, NextPrepareRequest,
 };
-use async_graphql::http::{GraphiQLSource, ALL_WEBSOCKET_PROTOCOLS};
+use async_graphql::http::ALL_WEBSOCKET_PROTOCOLS;
 use async_graphql::{Context, Data, ErrorExtensionValues, Schema, ServerError, ServerResult};
 use async_graphql_axum::{GraphQLProtocol, GraphQLWebSocket};
 use axum::body::Bytes;
 use axum::extract::{State, WebSocketUpgrade};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use domain::ErrorCode;
@@ -200,16 +200,11 @@ async fn graphql_post(State(state): State<AppState>, headers: HeaderMap, body: B
     Json(response).into_response()
 }
 
-/// `GET /graphql`: the GraphiQL page for exploring the schema (paste a token into its headers:
-/// `{"Authorization": "Bearer <token>"}`).
-async fn graphiql() -> Html<String> {
-    Html(
-        GraphiQLSource::build()
-            .endpoint("/graphql")
-            .subscription_endpoint("/graphql/ws")
-            .title("ledger GraphQL")
-            .finish(),
-    )
+/// `GET /graphql`: the GraphiQL page for exploring the schema, served from the binary with
+/// everything it loads (`console.rs`). It sends the console's token when signed in from the same
+/// tab; otherwise paste one into its headers: `{"Authorization": "Bearer <token>"}`.
+async fn graphiql() -> Response {
+    crate::console::graphiql_page()
 }
 
 /// `GET /graphql/ws`: subscriptions over websocket (graphql-ws or graphql-transport-ws). The

@@ -51,6 +51,8 @@ struct Snapshot {
     /// spot-core's idempotency horizon (Unix ms), read from spot-core itself; `None` when it did
     /// not answer (the gauge is left out rather than reported wrong).
     horizon_ms: Option<u64>,
+    /// The recovery worker's last pass and the projector's lag (`ops_metrics.rs`).
+    ops: crate::ops_metrics::OpsFigures,
     /// The alerts' own figures: spot-core's health, the halt flag, MON-004's count.
     health: Health,
 }
@@ -83,6 +85,9 @@ async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
         .await
         .ok()
         .map(|c| c.horizon_ms);
+    let ops = crate::ops_metrics::gather(state.ledger.pool())
+        .await
+        .map_err(internal)?;
     let health = Health {
         spot_core_up: horizon_ms.is_some(),
         halted: application::halt::is_halted(state.ledger.pool())
@@ -108,6 +113,7 @@ async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
         relays,
         audit,
         horizon_ms,
+        ops,
         health,
     };
     Ok(([(CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], render(snapshot)).into_response())
@@ -208,6 +214,7 @@ impl Collector for Snapshot {
                 gauge.metric_type(),
             )?)?;
         }
+        crate::ops_metrics::encode(&self.ops, &mut encoder)?;
         encode_relays(&self.relays, &mut encoder)
     }
 }
@@ -466,6 +473,7 @@ mod tests {
             relays: Vec::new(),
             audit: Default::default(),
             horizon_ms: None,
+            ops: Default::default(),
             health: Health::default(),
         });
         assert!(text.contains("ledger_transfers{state=\"TARGET_PENDING\"} 2"));

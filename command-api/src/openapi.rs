@@ -51,6 +51,11 @@ pub fn document() -> Value {
         crate::routes::admin_set_status,
         crate::admin_assets::list_assets,
         crate::admin_assets::put_asset,
+        crate::admin_views::list_transfers,
+        crate::admin_views::transfer_timeline,
+        crate::admin_views::user_view,
+        crate::admin_views::overview,
+        crate::admin_views::invariant_history,
         crate::admin_alerts::list_alerts,
     ),
     components(schemas(ErrorBody)),
@@ -225,6 +230,12 @@ refusals! {
     AssetListRefusals: [401, 403];
     /// `PUT /api/v1/admin/assets/{symbol}`.
     AssetPutRefusals: [400, 401, 403, 404, 413, 415, 422];
+    /// The admin views' listings and overview.
+    AdminReadRefusals: [400, 401, 403, 429, 503];
+    /// `GET /api/v1/admin/transfers/{req_id}`.
+    AdminLookupRefusals: [401, 403, 404, 429];
+    /// `GET /api/v1/admin/users/{user_id}`.
+    AdminUserRefusals: [400, 401, 403, 429, 503];
     /// `GET /api/v1/admin/alerts`.
     AlertListRefusals: [400, 401, 403, 503];
 }
@@ -374,6 +385,11 @@ mod tests {
             "/api/v1/admin/deposits",
             "/api/v1/admin/accounts/{user_id}/{account_type}/status",
             "/api/v1/admin/assets/{symbol}",
+            "/api/v1/admin/transfers",
+            "/api/v1/admin/transfers/{req_id}",
+            "/api/v1/admin/users/{user_id}",
+            "/api/v1/admin/overview",
+            "/api/v1/admin/invariant/history",
             "/api/v1/admin/alerts",
         ] {
             assert!(paths.contains_key(path), "{path}");

@@ -52,3 +52,25 @@ pub fn merge_balances(
         })
         .collect()
 }
+
+/// One user's FUNDING, SPOT and in-flight amounts per asset: the one read behind
+/// `GET /api/v1/balances`, GraphQL's `balances` and the admin user view. If spot-core cannot
+/// answer, the whole read fails (503): a missing SPOT balance must never read as zero.
+pub async fn user_balances(
+    state: &crate::app::AppState,
+    user: domain::UserId,
+) -> Result<Vec<MergedBalance>, crate::error::ApiError> {
+    use crate::error::ApiError;
+    let (funding, spot, in_flight) = tokio::join!(
+        state.ledger.funding().balances(user),
+        state.ledger.spot().balances(user),
+        state.view.in_flight(user.as_i64()),
+    );
+    let funding = funding.map_err(|e| ApiError::Internal(format!("funding balances: {e}")))?;
+    let spot = spot.map_err(|e| match e {
+        adapters::SpotError::Transport(_) => ApiError::Unavailable(format!("spot balances: {e}")),
+        adapters::SpotError::Unexpected(_) => ApiError::Internal(format!("spot balances: {e}")),
+    })?;
+    let in_flight = in_flight.map_err(|e| ApiError::Internal(format!("in-flight sums: {e}")))?;
+    Ok(merge_balances(funding, spot, in_flight))
+}

@@ -24,7 +24,7 @@ use utoipa::{IntoParams, ToSchema};
 use crate::app::AppState;
 use crate::auth::{AdminUser, AuthUser};
 use crate::error::ApiError;
-use crate::render::{merge_balances, money, rfc3339};
+use crate::render::{money, rfc3339};
 
 /// Longest external deposit id.
 pub const EXTERNAL_ID_CHARS_MAX: usize = 128;
@@ -62,14 +62,20 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
                 ApiError::BadRequest("could not read the request body".into())
             }
         })?;
-        let value: Value = serde_json::from_slice(&bytes)
-            .map_err(|_| ApiError::BadRequest("request body is not valid JSON".into()))?;
-        match value {
-            Value::Object(map) => Ok(Self(map)),
-            _ => Err(ApiError::BadRequest(
-                "request body must be a JSON object".into(),
-            )),
-        }
+        json_object(&bytes).map(Self)
+    }
+}
+
+/// A request body's bytes as the JSON object every handler takes apart; anything else is
+/// BAD_REQUEST.
+pub fn json_object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    let value: Value = serde_json::from_slice(bytes)
+        .map_err(|_| ApiError::BadRequest("request body is not valid JSON".into()))?;
+    match value {
+        Value::Object(map) => Ok(map),
+        _ => Err(ApiError::BadRequest(
+            "request body must be a JSON object".into(),
+        )),
     }
 }
 
@@ -416,16 +422,8 @@ pub async fn balances(
     State(state): State<AppState>,
     user: AuthUser,
 ) -> Result<Json<BalancesResponse>, ApiError> {
-    let (funding, spot, in_flight) = tokio::join!(
-        state.ledger.funding().balances(user.user_id),
-        state.ledger.spot().balances(user.user_id),
-        state.view.in_flight(user.user_id.as_i64()),
-    );
-    let funding = funding.map_err(|e| ApiError::Internal(format!("funding balances: {e}")))?;
-    let spot = spot.map_err(|e| spot_error("balances", e))?;
-    let in_flight = in_flight.map_err(|e| ApiError::Internal(format!("in-flight sums: {e}")))?;
-
-    let balances = merge_balances(funding, spot, in_flight)
+    let balances = crate::render::user_balances(&state, user.user_id)
+        .await?
         .into_iter()
         .map(|b| BalanceEntry {
             asset: b.asset,

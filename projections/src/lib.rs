@@ -5,8 +5,9 @@
 //!
 //! By job: `log` (an event row and its decoding) → `fold` (the pure fold) → `projector` (the
 //! live pass) or `bulk` (the replay's bulk rebuild), which write through `tables` and `copy`;
-//! `transfers` and `feed` read the tables back. Nothing here imports a module that imports it.
+//! `transfers`, `admin` and `feed` read the tables back. Nothing here imports a module that imports it.
 
+pub mod admin;
 mod bulk;
 mod copy;
 mod error;

@@ -1,8 +1,9 @@
 //! The recovery worker: finds transfers left open, claims each under a lease, and resumes it
 //! through the application core's commands (`application::Coordinator::resume`), recording every
-//! attempt; also the stuck listing the admin routes show. It reads no read model and never
-//! imports the read side.
+//! attempt; also the stuck listing, the attempt log and the heartbeat the admin routes show. It
+//! reads no read model and never imports the read side.
 
+pub mod heartbeat;
 pub mod stuck;
 pub mod worker;
 

@@ -6,6 +6,7 @@ mod nats;
 mod procs;
 
 mod adapters_idempotency;
+mod admin_api;
 mod alerts;
 mod api;
 mod attacks;
@@ -14,6 +15,7 @@ mod balance;
 mod chaos;
 mod concurrency;
 mod concurrency_api;
+mod console;
 mod crash;
 mod defense;
 mod feed;

@@ -11,7 +11,8 @@ use super::types::{
     TransferEdge, TransferFilter, TransferGql,
 };
 use super::{app, busy, caller, coded, internal, IO_FIELD_COST, PAGE_SIZE_DEFAULT};
-use crate::render::{merge_balances, money};
+use crate::error::ApiError;
+use crate::render::{money, user_balances};
 
 /// The read side of the schema.
 #[derive(Debug, Default)]
@@ -142,18 +143,14 @@ impl QueryRoot {
         let state = app(ctx);
         // Three calls at once: two queries and one spot-core call.
         let _turns = state.admission.reads_at_once(3).await.map_err(busy)?;
-        let (funding, spot, in_flight) = tokio::join!(
-            state.ledger.funding().balances(user),
-            state.ledger.spot().balances(user),
-            state.view.in_flight(user.as_i64()),
-        );
-        let funding = funding.map_err(internal)?;
-        let spot = spot.map_err(|e| {
-            tracing::warn!(error = %e, "spot-core balances unavailable");
-            coded(ErrorCode::SystemError)
+        let merged = user_balances(state, user).await.map_err(|e| match e {
+            ApiError::Unavailable(detail) => {
+                tracing::warn!(error = %detail, "spot-core balances unavailable");
+                coded(ErrorCode::SystemError)
+            }
+            other => internal(format!("{other:?}")),
         })?;
-        let in_flight = in_flight.map_err(internal)?;
-        Ok(merge_balances(funding, spot, in_flight)
+        Ok(merged
             .into_iter()
             .map(|b| BalanceGql {
                 user_id: user.as_i64(),
