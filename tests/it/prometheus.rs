@@ -187,6 +187,16 @@ async fn mon_001_shipped_rule_fires_in_a_real_prometheus_scraping_a_real_ledger(
         .find(|a| a["labels"]["alertname"] == "LedgerTargetPendingTooLong")
         .unwrap();
     assert_eq!(alert["labels"]["code"], "MON-001", "{alert}");
+    // A live ledger with its worker and projector running pages for nothing else but what is
+    // true: spot-core is down (its rule waits a minute), the rest is healthy.
+    for healthy in [
+        "LedgerRecoveryWorkerNotRunning",
+        "LedgerProjectorStalled",
+        "LedgerHalted",
+        "LedgerAuditUnavailable",
+    ] {
+        assert_ne!(state_of(&firing, healthy), Some("firing"), "{firing}");
+    }
     assert_eq!(alert["labels"]["severity"], "critical", "{alert}");
     assert_eq!(
         alert["annotations"]["runbook"], "docs/runbook.md#mon-001",
