@@ -23,7 +23,7 @@ pub fn routes() -> Router<AppState> {
     Router::new().route("/api/v1/admin/alerts", get(list_alerts))
 }
 
-/// `?limit=`: 1 to 500 (default 50; larger values are capped).
+/// `?limit=`: 1 to 500 (default 50); anything else is refused (400).
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
@@ -69,10 +69,12 @@ pub(crate) async fn list_alerts(
             "malformed query string: only `limit` (a positive integer)".into(),
         ));
     };
-    let limit = q
-        .limit
-        .unwrap_or(ALERTS_PAGE_DEFAULT)
-        .clamp(1, ALERTS_PAGE_MAX);
+    let limit = q.limit.unwrap_or(ALERTS_PAGE_DEFAULT);
+    if !(1..=ALERTS_PAGE_MAX).contains(&limit) {
+        return Err(ApiError::BadRequest(format!(
+            "`limit` must be 1 to {ALERTS_PAGE_MAX}"
+        )));
+    }
     let rows = application::alerts::recent(state.ledger.pool(), limit)
         .await
         .map_err(|e| ApiError::Unavailable(format!("list alerts: {e}")))?;

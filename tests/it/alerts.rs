@@ -58,8 +58,12 @@ async fn wait_metric(ledger: &LedgerProcess, line: &str) -> String {
 }
 
 async fn alerts(ledger: &LedgerProcess, bearer: &str) -> (u16, Value) {
+    alerts_with(ledger, bearer, "limit=10").await
+}
+
+async fn alerts_with(ledger: &LedgerProcess, bearer: &str, query: &str) -> (u16, Value) {
     let answer = reqwest::Client::new()
-        .get(format!("{}/api/v1/admin/alerts?limit=10", ledger.base))
+        .get(format!("{}/api/v1/admin/alerts?{query}", ledger.base))
         .bearer_auth(bearer)
         .send()
         .await
@@ -124,6 +128,10 @@ async fn mon_004_request_frequency_over_threshold_is_one_warning_a_metric_and_an
     let (status, body) = alerts(&ledger, &token(7, false)).await;
     assert_eq!(status, 403, "admin only: {body}");
     assert_eq!(body["code"], "FORBIDDEN");
+    for query in ["limit=0", "limit=501", "limit=x", "page=2"] {
+        let (status, body) = alerts_with(&ledger, &token(1, true), query).await;
+        assert_eq!(status, 400, "{query}: {body}");
+    }
 
     let doc: Value = reqwest::get(format!("{}/api/v1/openapi.json", ledger.base))
         .await

@@ -187,6 +187,16 @@ async fn mon_001_shipped_rule_fires_in_a_real_prometheus_scraping_a_real_ledger(
         .find(|a| a["labels"]["alertname"] == "LedgerTargetPendingTooLong")
         .unwrap();
     assert_eq!(alert["labels"]["code"], "MON-001", "{alert}");
+    // A live ledger with its worker and projector running pages for nothing else but what is
+    // true: spot-core is down (its rule waits a minute), the rest is healthy.
+    for healthy in [
+        "LedgerRecoveryWorkerNotRunning",
+        "LedgerProjectorStalled",
+        "LedgerHalted",
+        "LedgerAuditUnavailable",
+    ] {
+        assert_ne!(state_of(&firing, healthy), Some("firing"), "{firing}");
+    }
     assert_eq!(alert["labels"]["severity"], "critical", "{alert}");
     assert_eq!(
         alert["annotations"]["runbook"], "docs/runbook.md#mon-001",
@@ -194,7 +204,10 @@ async fn mon_001_shipped_rule_fires_in_a_real_prometheus_scraping_a_real_ledger(
     );
     // spot-core is down for real: the same scrape says so.
     let spot_down = prometheus_query(&prometheus, "ledger_spot_core_up").await;
-    assert_eq!(spot_down, "0", "ledger_spot_core_up as Prometheus scraped it");
+    assert_eq!(
+        spot_down, "0",
+        "ledger_spot_core_up as Prometheus scraped it"
+    );
 
     // spot-core back: the worker commits the transfer and the alert resolves.
     s.spot.restart();
