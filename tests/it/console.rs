@@ -279,5 +279,5 @@ async fn console_flows_in_headless_chromium_with_no_route_elsewhere() {
         output.status,
         ledger.log()
     );
-    assert!(stdout.contains("all 5 flows passed"), "{stdout}");
+    assert!(stdout.contains("all 6 flows passed"), "{stdout}");
 }
