@@ -644,7 +644,7 @@
       var started = Date.now();
       api("/api/v1/admin/invariant" + (full ? "?full=true" : "")).then(function (rep) {
         replace(result, reportView(rep, Date.now() - started));
-        showHalt(rep.halted, null);
+        showHaltState(rep.halted, null);
         loadHistory();
       }, function (e) { replace(result, errorBox(e)); }).then(function () { running = false; });
     }
@@ -652,12 +652,20 @@
       api("/api/v1/admin/invariant/history?limit=20").then(function (b) { replace(history, historyTable(b.checks || [])); },
         function (e) { replace(history, e.status === 404 ? h("div", { class: "muted" }, "This build keeps no history of checks.") : errorBox(e)); });
     }
-    var clear = h("button", { type: "button", class: "danger", id: "clear-halt" }, "Clear the halt");
-    var clearOut = h("div");
+    var clear = h("button", { type: "button", class: "danger", id: "clear-halt", hidden: true }, "Clear the halt");
+    var clearOut = h("div", {}, h("div", { class: "muted" }, "Reading the halt flag…"));
+    function showHaltState(halted, reason) {
+      showHalt(halted, reason);
+      clear.hidden = !halted;
+      replace(clearOut, halted ? h("div", { class: "error" }, "Transfers are halted" + (reason ? ": " + reason : "") + ".")
+        : h("div", { class: "ok-box" }, "Not halted: transfers are accepted."));
+    }
+    api("/api/v1/admin/overview").then(function (o) { showHaltState(o.halted, o.halt_reason); },
+      function (e) { replace(clearOut, errorBox(e)); });
     clear.addEventListener("click", function () {
       if (clear.getAttribute("data-armed") !== "1") { clear.setAttribute("data-armed", "1"); clear.textContent = "Confirm: transfers resume now"; return; }
       api("/api/v1/admin/invariant/clear", { method: "POST" }).then(function () {
-        replace(clearOut, h("div", { class: "ok-box" }, "Halt cleared.")); showHalt(false, null);
+        showHaltState(false, null);
       }, function (e) { replace(clearOut, errorBox(e)); });
     });
     append(root, [h("h1", {}, "Conservation check"),
@@ -667,7 +675,7 @@
           h("button", { type: "button", id: "run-full", class: "secondary", onclick: function () { run(true); } }, "Run the full check now")),
         result]),
       card("Recent checks", history),
-      card("Halt", [h("p", { class: "muted" }, "A violation halts new transfers. Clear it only after you have found the cause."), clear, clearOut])]);
+      card("Halt", [h("p", { class: "muted" }, "A violation halts new transfers. Clear it only after you have found the cause."), clearOut, clear])]);
     loadHistory();
   };
 
