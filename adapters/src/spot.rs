@@ -26,17 +26,25 @@ pub struct SpotBalance {
     pub status: String,
 }
 
+/// Why a call that is not a movement (status, balances, horizon, the audit's reads) failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SpotError {
+    /// No answer: the client's error, kept whole, says whether the request may have reached
+    /// spot-core (`SpotError::outcome_unknown`).
     #[error("spot-core unreachable or failed: {0}")]
-    Transport(String),
+    Transport(#[from] ClientError),
     #[error("spot-core answered unexpectedly: {0}")]
     Unexpected(String),
 }
 
-impl From<ClientError> for SpotError {
-    fn from(e: ClientError) -> Self {
-        Self::Transport(e.to_string())
+impl SpotError {
+    /// False only when the request provably never reached spot-core (no connection could be
+    /// made): then nothing changed there. An unexpected answer means it was received.
+    pub fn outcome_unknown(&self) -> bool {
+        match self {
+            SpotError::Transport(e) => e.outcome_unknown(),
+            SpotError::Unexpected(_) => true,
+        }
     }
 }
 
@@ -318,6 +326,24 @@ fn recorded(found: &protocol::LookupOp, m: &Movement) -> Recorded {
 mod tests {
     use super::*;
     use domain::{Amount, ReqId};
+    use std::error::Error as _;
+
+    #[test]
+    fn a_transport_error_keeps_the_client_error_and_whether_the_request_may_have_arrived() {
+        let never_sent = SpotError::from(ClientError::Connect("refused".into()));
+        assert!(!never_sent.outcome_unknown());
+        assert_eq!(
+            never_sent.to_string(),
+            "spot-core unreachable or failed: could not connect to spot-core: refused"
+        );
+        let source = never_sent
+            .source()
+            .and_then(|s| s.downcast_ref::<ClientError>());
+        assert_eq!(source, Some(&ClientError::Connect("refused".into())));
+        assert!(SpotError::from(ClientError::Timeout).outcome_unknown());
+        assert!(SpotError::from(ClientError::Io("reset".into())).outcome_unknown());
+        assert!(SpotError::Unexpected("odd".into()).outcome_unknown());
+    }
 
     /// A spot-core served in this process on loopback, with its own data dir.
     struct Spot {

@@ -27,7 +27,7 @@ pub mod status;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use adapters::audit::{AppliedMovement, FundingItem, SpotReadError};
+use adapters::audit::{AppliedMovement, FundingItem, FundingRead, SpotRead, SpotReadError};
 use adapters::event_store::{self, LogError};
 use adapters::{FundingError, FundingLedger, SpotAdapter, SpotError};
 use chrono::{DateTime, Utc};
@@ -168,8 +168,10 @@ pub async fn check_incremental(
         // record too, and marking it would write one more at every run, forever.
         // Only after the checkpoint is durable: spot-core may then drop what it consumed.
         // A refusal costs nothing but disk (spot-core keeps more), so it never fails the check.
+        // Whether it may have been taken anyway (`outcome_unknown`) changes nothing: a later
+        // retain covers it.
         if let Err(e) = spot.retain(next.spot_seq).await {
-            tracing::warn!(seq = next.spot_seq, error = %e, "spot-core did not take the audit's retain position");
+            tracing::warn!(seq = next.spot_seq, error = %e, outcome_unknown = e.outcome_unknown(), "spot-core did not take the audit's retain position");
         }
     }
     Ok(report)
@@ -248,9 +250,64 @@ async fn run(
     start: &Checkpoint,
     mode: Mode,
 ) -> Result<(InvariantReport, Checkpoint), CheckError> {
+    let reads = read_after(funding, spot, start).await?;
+    let mut next = Checkpoint {
+        version: 0,
+        events_horizon: reads.events_horizon,
+        funding_horizon: reads.funding.horizon,
+        spot_seq: reads.spot.last_seq,
+        transfers: start.transfers,
+        assets: start.assets.clone(),
+        open: BTreeMap::new(),
+    };
+    let (mut assets, transfers_checked) = sum_assets(start, &reads, &mut next);
+    let disagreements = reconcile_req_ids(start, &reads, &mut assets, &mut next);
+    let assets = finish_assets(assets);
+    let report = InvariantReport {
+        ok: assets.iter().all(|a| a.ok) && disagreements.is_empty(),
+        checked_at: Utc::now(),
+        assets,
+        disagreements,
+        transfers_checked: usize::try_from(transfers_checked).unwrap_or(usize::MAX),
+        mode,
+        from: positions(start),
+        positions: positions(&next),
+        read: ReadCounts {
+            transfers: reads.transfers_read,
+            funding_journal_rows: reads.funding.journal_rows,
+            external_deposit_rows: reads.funding.deposit_rows,
+            spot_records: reads.spot.records,
+            open_before: start.open.len() as u64,
+            open_after: next.open.len() as u64,
+        },
+        stored: false,
+    };
+    Ok((report, next))
+}
+
+/// Everything one run reads after the checkpoint's positions.
+struct Reads {
+    /// The event-log horizon stored next: every event below it was visible to this run.
+    events_horizon: u64,
+    /// Transfer states before the journals were read (what must have been applied).
+    before: HashMap<String, TransferState>,
+    new: NewWork,
+    funding: FundingRead,
+    spot: SpotRead,
+    /// Details and state after the journals of every transfer the run meets.
+    known: HashMap<String, Known>,
+    transfers_read: u64,
+}
+
+/// The reads, in the order that keeps a transfer moving on during the run from looking broken:
+/// the events (before), the funding side, spot-core, the events again (after).
+async fn read_after(
+    funding: &FundingLedger,
+    spot: &SpotAdapter,
+    start: &Checkpoint,
+) -> Result<Reads, CheckError> {
     let pool = funding.pool();
     let open_ids: Vec<String> = start.open.keys().cloned().collect();
-
     // Before: the horizon stored next (every event below it is visible in this snapshot), and
     // the states the requirements are taken from.
     let (events_horizon, before) =
@@ -283,58 +340,77 @@ async fn run(
         .into_iter()
         .filter_map(|t| Known::from_log(&t).map(|k| (t.req_id, k)))
         .collect();
-
-    let mut assets: BTreeMap<String, AssetReport> = BTreeMap::new();
-    let mut next = Checkpoint {
-        version: 0,
+    Ok(Reads {
         events_horizon,
-        funding_horizon: funding_read.horizon,
-        spot_seq: spot_read.last_seq,
-        transfers: start.transfers,
-        assets: start.assets.clone(),
-        open: BTreeMap::new(),
-    };
+        before,
+        new,
+        funding: funding_read,
+        spot: spot_read,
+        known,
+        transfers_read,
+    })
+}
+
+/// Per-asset sums (the checkpoint's, then what was read) and the count of transfers checked;
+/// the consumed deposits and transfers go into `next`.
+fn sum_assets(
+    start: &Checkpoint,
+    reads: &Reads,
+    next: &mut Checkpoint,
+) -> (BTreeMap<String, AssetReport>, u64) {
+    let mut assets: BTreeMap<String, AssetReport> = BTreeMap::new();
     for (asset, (deposits, in_flight)) in &start.assets {
         let a = entry(&mut assets, asset);
         a.deposits += *deposits;
         a.in_flight += *in_flight;
     }
-    for (asset, sum) in &new.deposits {
+    for (asset, sum) in &reads.new.deposits {
         entry(&mut assets, asset).deposits += *sum;
     }
-    for (asset, sum) in &new.deposits_consumed {
+    for (asset, sum) in &reads.new.deposits_consumed {
         next.assets.entry(asset.clone()).or_default().0 += *sum;
     }
-    for (asset, sum) in &funding_read.balances {
+    for (asset, sum) in &reads.funding.balances {
         entry(&mut assets, asset).funding += *sum;
     }
-    for (asset, sum) in &spot_read.totals {
+    for (asset, sum) in &reads.spot.totals {
         entry(&mut assets, asset).spot += *sum;
     }
     let mut transfers_checked = start.transfers;
-    for t in known.values() {
+    for t in reads.known.values() {
         if t.state.is_in_flight() {
             entry(&mut assets, &t.asset).in_flight_by_state += t.amount;
         }
         if t.created_tx >= start.events_horizon {
             transfers_checked += 1;
-            if t.created_tx < events_horizon {
+            if t.created_tx < reads.events_horizon {
                 next.transfers += 1;
             }
         }
     }
+    (assets, transfers_checked)
+}
 
+/// Every req_id met (open before, in the log, or in a journal): its movements counted in
+/// flight, checked against its events, kept open in `next` until settled. Returns the
+/// disagreements, sorted.
+fn reconcile_req_ids(
+    start: &Checkpoint,
+    reads: &Reads,
+    assets: &mut BTreeMap<String, AssetReport>,
+    next: &mut Checkpoint,
+) -> Vec<Disagreement> {
     let empty = (Vec::new(), Vec::new());
     let mut disagreements = Vec::new();
     let every: BTreeSet<&String> = start
         .open
         .keys()
-        .chain(known.keys())
-        .chain(new.applied.keys())
+        .chain(reads.known.keys())
+        .chain(reads.new.applied.keys())
         .collect();
     for req_id in every {
-        let t = known.get(req_id);
-        let (consumed_new, visible) = new.applied.get(req_id).unwrap_or(&empty);
+        let t = reads.known.get(req_id);
+        let (consumed_new, visible) = reads.new.applied.get(req_id).unwrap_or(&empty);
         // What was consumed before this run: the stored movements of an open req_id, or, for
         // a transfer met again after it was settled (not open, created below the stored
         // horizon: every such transfer was met by an earlier run and either kept open or
@@ -347,25 +423,29 @@ async fn run(
             _ => Vec::new(),
         };
         for m in consumed_new {
-            add_in_flight(&mut entry(&mut assets, &m.asset).in_flight, m);
+            add_in_flight(&mut entry(assets, &m.asset).in_flight, m);
             add_in_flight(&mut next.assets.entry(m.asset.clone()).or_default().1, m);
         }
         for m in visible {
-            add_in_flight(&mut entry(&mut assets, &m.asset).in_flight, m);
+            add_in_flight(&mut entry(assets, &m.asset).in_flight, m);
         }
         consumed.extend(consumed_new.iter().cloned());
         let mut all = consumed.clone();
         all.extend(visible.iter().cloned());
         reconcile::applied_disagreements(req_id, &all, t, &mut disagreements);
-        if let (Some(state), Some(t)) = (before.get(req_id), t) {
+        if let (Some(state), Some(t)) = (reads.before.get(req_id), t) {
             reconcile::missing_movements(req_id, *state, &all, t, &mut disagreements);
         }
-        if !reconcile::is_settled(t, &consumed, events_horizon) {
+        if !reconcile::is_settled(t, &consumed, reads.events_horizon) {
             next.open.insert(req_id.clone(), consumed);
         }
     }
     disagreements.sort();
+    disagreements
+}
 
+/// Each asset's difference (zero when money is conserved) and its figures normalized.
+fn finish_assets(assets: BTreeMap<String, AssetReport>) -> Vec<AssetReport> {
     let mut assets: Vec<AssetReport> = assets.into_values().collect();
     for a in &mut assets {
         a.difference = a.funding + a.spot + a.in_flight - a.deposits;
@@ -377,27 +457,7 @@ async fn run(
         a.in_flight_by_state = a.in_flight_by_state.normalize();
         a.difference = a.difference.normalize();
     }
-    let ok = assets.iter().all(|a| a.ok) && disagreements.is_empty();
-    let report = InvariantReport {
-        ok,
-        checked_at: Utc::now(),
-        assets,
-        disagreements,
-        transfers_checked: usize::try_from(transfers_checked).unwrap_or(usize::MAX),
-        mode,
-        from: positions(start),
-        positions: positions(&next),
-        read: ReadCounts {
-            transfers: transfers_read,
-            funding_journal_rows: funding_read.journal_rows,
-            external_deposit_rows: funding_read.deposit_rows,
-            spot_records: spot_read.records,
-            open_before: start.open.len() as u64,
-            open_after: next.open.len() as u64,
-        },
-        stored: false,
-    };
-    Ok((report, next))
+    assets
 }
 
 fn positions(c: &Checkpoint) -> Positions {

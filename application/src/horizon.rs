@@ -73,6 +73,15 @@ pub enum HorizonError {
     Spot(#[from] SpotError),
 }
 
+impl HorizonError {
+    /// Whether spot-core may have taken the horizon although the call failed (no answer after
+    /// the request may have been sent). Sending it again at the next tick is safe either way:
+    /// spot-core never moves its horizon backwards.
+    pub fn spot_may_have_advanced(&self) -> bool {
+        matches!(self, HorizonError::Spot(e) if e.outcome_unknown())
+    }
+}
+
 /// Unix milliseconds now.
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -227,6 +236,7 @@ impl Horizon {
                 Ok(Step::Unchanged { .. }) => {}
                 Err(e) => tracing::warn!(
                     error = %crate::error_chain(&e),
+                    spot_may_have_advanced = e.spot_may_have_advanced(),
                     "idempotency horizon not advanced; trying again at the next tick"
                 ),
             }

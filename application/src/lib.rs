@@ -6,6 +6,7 @@
 //! the environment, never starts a background service (the edge's start-up runs the periodic
 //! work it offers), and never imports the read side (`projections`).
 
+pub mod alerts;
 pub mod assets;
 pub mod audit;
 pub mod coordinator;

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use adapters::SpotAdapter;
+use application::alerts::{FrequencyConfig, WatchedGate};
 use application::{FailPoints, Ledger, RateGate};
 use axum::extract::DefaultBodyLimit;
 use axum::response::{IntoResponse, Response};
@@ -40,6 +41,9 @@ pub struct AppState {
     pub graphql: crate::graphql::LedgerSchema,
     /// The background work `serve_with_shutdown` starts (see `startup.rs`).
     pub background: Background,
+    /// Whether `/metrics` is served on the API's own address (in-process servers); the `ledger`
+    /// binary serves it on `--metrics-listen` instead unless told `api`.
+    pub metrics_on_api: bool,
 }
 
 /// The per-second limiter is the core's rate gate.
@@ -62,13 +66,29 @@ impl AppState {
             http: crate::http_server::HttpLimits::default(),
             graphql: crate::graphql::schema(),
             background: Background::default(),
+            metrics_on_api: true,
         }
     }
 
-    /// Applies rate limits: per second in this process, daily counts and amounts in PostgreSQL.
-    pub fn with_limits(mut self, limits: LimitsConfig) -> Self {
+    /// Applies rate limits: per second in this process, daily counts and amounts in PostgreSQL;
+    /// MON-004 watches the requests with its default thresholds.
+    pub fn with_limits(self, limits: LimitsConfig) -> Self {
+        self.with_watched_limits(limits, FrequencyConfig::default())
+    }
+
+    /// Applies rate limits, with MON-004 (a user's abnormal request frequency) watching every
+    /// request the per-second gate sees (`application::alerts::WatchedGate`).
+    pub fn with_watched_limits(mut self, limits: LimitsConfig, frequency: FrequencyConfig) -> Self {
         let rate = Arc::new(RateLimiter::new(limits.requests_per_second));
-        self.ledger = self.ledger.with_limits(rate, limits.daily);
+        let gate = WatchedGate::new(rate, frequency, self.ledger.pool().clone());
+        self.ledger = self.ledger.with_limits(Arc::new(gate), limits.daily);
+        self
+    }
+
+    /// Serves `/metrics` on the API's address (`true`) or only where the caller serves
+    /// `crate::metrics::app` (`false`).
+    pub fn with_metrics_on_api(mut self, on_api: bool) -> Self {
+        self.metrics_on_api = on_api;
         self
     }
 
@@ -99,6 +119,11 @@ impl AppState {
 
 /// The router with every route, the body limit, panic catching and request tracing.
 pub fn build_app(state: AppState) -> Router {
+    let metrics = if state.metrics_on_api {
+        crate::metrics::routes()
+    } else {
+        Router::new()
+    };
     Router::new()
         .route("/healthz", get(routes::healthz))
         .route("/api/v1/internal_transfer", post(routes::create_transfer))
@@ -114,7 +139,8 @@ pub fn build_app(state: AppState) -> Router {
         )
         .merge(crate::admin_assets::routes())
         .merge(crate::openapi::routes())
-        .merge(crate::metrics::routes())
+        .merge(metrics)
+        .merge(crate::admin_alerts::routes())
         .merge(crate::admin_recovery::routes())
         .merge(crate::console::routes())
         .merge(crate::admin_views::routes())

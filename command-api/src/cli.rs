@@ -17,7 +17,7 @@ use tokio::process::{Child, ChildStdin, Command as ChildCommand};
 use crate::app::{serve_with_shutdown, AppState};
 use crate::auth::mint;
 use crate::config::{self, JwtSecret, SecretSource};
-use crate::settings::Settings;
+use crate::settings::{MetricsListen, Settings};
 use crate::startup::Background;
 
 /// The line spot-core prints on stdout once it accepts connections.
@@ -237,7 +237,8 @@ fn configured_state(
     let mut state = AppState::new(pool, spot, assets, &secret.bytes);
     state.ledger = state.ledger.with_idempotency_retention(horizon.retention);
     Ok(state
-        .with_limits(settings.limits()?)
+        .with_watched_limits(settings.limits()?, settings.frequency()?)
+        .with_metrics_on_api(settings.metrics_listen() == MetricsListen::Api)
         .with_http_limits(settings.http_limits()?)
         .with_failpoints(settings.failpoints())
         .with_background(Background {
@@ -343,8 +344,9 @@ async fn serve(args: ServeArgs, settings: &Settings) -> anyhow::Result<()> {
     let local = listener.local_addr()?;
     let state =
         configured_state(settings, pool, spot, assets, &secret)?.with_relay(args.relay.config());
+    let metrics = bind_metrics(settings).await?;
     println!("ledger serving on http://{local} (spot-core at {spot_addr})");
-    run_until_stopped(listener, state, None).await
+    run_until_stopped(listener, metrics, state, None).await
 }
 
 async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> {
@@ -382,9 +384,15 @@ async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> {
     let local = listener.local_addr()?;
     let state =
         configured_state(settings, pool, spot, assets, &secret)?.with_relay(args.relay.config());
+    let metrics = bind_metrics(settings).await?;
 
     print_banner(&Banner {
         base: format!("http://{local}"),
+        metrics: match &metrics {
+            Some(l) => format!("http://{}/metrics", l.local_addr()?),
+            None if state.metrics_on_api => format!("http://{local}/metrics"),
+            None => "not served (see the warning above)".to_owned(),
+        },
         database: config::redact_url(&url),
         spot: match &child {
             Some(_) => format!(
@@ -395,11 +403,12 @@ async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> {
         },
         secret: &secret,
     });
-    run_until_stopped(listener, state, child).await
+    run_until_stopped(listener, metrics, state, child).await
 }
 
 struct Banner<'a> {
     base: String,
+    metrics: String,
     database: String,
     spot: String,
     secret: &'a JwtSecret,
@@ -427,6 +436,7 @@ fn print_banner(b: &Banner<'_>) {
     let base = &b.base;
     println!("ledger is up");
     println!("  API:        {base}");
+    println!("  metrics:    {}", b.metrics);
     println!("  database:   {}", b.database);
     println!("  spot-core:  {}", b.spot);
     println!("  JWT secret: {secret_line}");
@@ -452,15 +462,53 @@ fn print_banner(b: &Banner<'_>) {
     println!("  curl -s {base}/api/v1/balances -H \"Authorization: Bearer $USER_TOKEN\"");
 }
 
+/// The line `ledger serve` and `ledger up` print on stdout when `/metrics` has its own address.
+pub const METRICS_READY_PREFIX: &str = "ledger metrics on ";
+
+/// Binds `/metrics`' own address, unless it is served on the API's (`api`). An address the
+/// settings name must bind; the default one may be taken (another `ledger` on this host): every
+/// figure but `ledger_spot_core_up` is read from the shared database, so that instance's
+/// `/metrics` already reports them, and this one warns and serves none.
+async fn bind_metrics(settings: &Settings) -> anyhow::Result<Option<TcpListener>> {
+    let MetricsListen::Address { addr, explicit } = settings.metrics_listen() else {
+        return Ok(None);
+    };
+    match TcpListener::bind(&addr).await {
+        Ok(listener) => {
+            println!(
+                "{METRICS_READY_PREFIX}http://{}/metrics",
+                listener.local_addr()?
+            );
+            Ok(Some(listener))
+        }
+        Err(e) if !explicit => {
+            tracing::warn!(address = %addr, error = %e, "metrics not served: the default metrics address is taken; set --metrics-listen (LEDGER_METRICS_LISTEN)");
+            Ok(None)
+        }
+        Err(e) => Err(e).with_context(|| format!("metrics listen on {addr}")),
+    }
+}
+
 /// Serves the API with its background tasks (`startup.rs`, the recovery worker among them) until
 /// ctrl-c or SIGTERM (or until the spot-core child dies: the stack is not whole without it), then
 /// stops in order: no new requests, requests in progress finish (bounded), the background tasks
 /// stop, the child is killed and reaped.
 async fn run_until_stopped(
     listener: TcpListener,
+    metrics: Option<TcpListener>,
     state: AppState,
     mut child: Option<SpotChild>,
 ) -> anyhow::Result<()> {
+    // `/metrics` on its own address lives exactly as long as the API server.
+    let metrics = metrics.map(|l| {
+        let app = crate::metrics::app(state.clone());
+        tokio::spawn(crate::http_server::serve(
+            l,
+            app,
+            state.http,
+            std::future::pending(),
+        ))
+    });
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let mut server = tokio::spawn(serve_with_shutdown(listener, state, async move {
         let _ = stop_rx.await;
@@ -487,6 +535,9 @@ async fn run_until_stopped(
     {
         tracing::warn!("requests still in progress after the grace period; stopping anyway");
         server.abort();
+    }
+    if let Some(metrics) = metrics {
+        metrics.abort();
     }
     if let Some(child) = child {
         child.stop().await;

@@ -3,6 +3,7 @@
 //! answers in the contract's shapes; it holds the `ledger` binary, its one `Settings`, and the
 //! one start-up module that runs every background task.
 
+pub mod admin_alerts;
 pub mod admin_assets;
 pub mod admin_recovery;
 pub mod admin_views;

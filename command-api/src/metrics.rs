@@ -25,9 +25,17 @@ use crate::error::ApiError;
 /// The OpenMetrics text format's media type, what `prometheus_client::encoding::text` writes.
 const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// The routes of this module, merged into the app by `build_app`.
+/// The routes of this module, merged into the app by `build_app` when metrics are served on the
+/// API's address.
 pub fn routes() -> Router<AppState> {
     Router::new().route("/metrics", get(metrics))
+}
+
+/// The metrics-only application served on `--metrics-listen`: `/metrics` and nothing else.
+pub fn app(state: AppState) -> Router {
+    routes()
+        .fallback(crate::routes::not_found)
+        .with_state(state)
 }
 
 /// Everything one scrape reports.
@@ -45,6 +53,22 @@ struct Snapshot {
     horizon_ms: Option<u64>,
     /// The recovery worker's last pass and the projector's lag (`ops_metrics.rs`).
     ops: crate::ops_metrics::OpsFigures,
+    /// The alerts' own figures: spot-core's health, the halt flag, MON-004's count.
+    health: Health,
+}
+
+/// `ledger_spot_core_up`, `ledger_halted` and `ledger_alerts_request_frequency_total`.
+#[derive(Debug, Default, Clone, Copy)]
+struct Health {
+    /// spot-core answered this scrape's `status` call (one round trip, the horizon's read).
+    spot_core_up: bool,
+    /// The MON-003 halt flag (new transfers refused).
+    halted: bool,
+    /// MON-004 alerts ever raised (`alert_totals`).
+    request_frequency_alerts: i64,
+    /// MON-001's threshold this process applies (`LEDGER_ALERT_TARGET_PENDING_MS`), so the
+    /// shipped rule compares the age with the same value the log line uses.
+    target_pending_threshold_seconds: f64,
 }
 
 async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
@@ -64,6 +88,25 @@ async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
     let ops = crate::ops_metrics::gather(state.ledger.pool())
         .await
         .map_err(internal)?;
+    let health = Health {
+        spot_core_up: horizon_ms.is_some(),
+        halted: application::halt::is_halted(state.ledger.pool())
+            .await
+            .map_err(internal)?,
+        request_frequency_alerts: application::alerts::total(
+            state.ledger.pool(),
+            application::alerts::MON_004,
+        )
+        .await
+        .map_err(internal)?,
+        target_pending_threshold_seconds: state
+            .background
+            .recovery
+            .clone()
+            .unwrap_or_default()
+            .target_pending_alert_after
+            .as_secs_f64(),
+    };
     let snapshot = Snapshot {
         by_state,
         figures,
@@ -71,6 +114,7 @@ async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
         audit,
         horizon_ms,
         ops,
+        health,
     };
     Ok(([(CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], render(snapshot)).into_response())
 }
@@ -160,6 +204,7 @@ impl Collector for Snapshot {
             )?)?;
         }
         encode_audit(&self.audit, &mut encoder)?;
+        encode_health(self.health, &mut encoder)?;
         if let Some(ms) = self.horizon_ms {
             let gauge = ConstGauge::new(i64::try_from(ms).unwrap_or(i64::MAX));
             gauge.encode(encoder.encode_descriptor(
@@ -213,6 +258,41 @@ fn encode_audit(
     Ok(())
 }
 
+/// spot-core's health and the halt flag as gauges (what the SPOT_CORE_DOWN and MON-003 rules
+/// read), and MON-004's counter.
+fn encode_health(health: Health, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let gauges: [(&str, &str, bool); 2] = [
+        (
+            "ledger_spot_core_up",
+            "1 when spot-core answered this scrape's status call, 0 when it did not.",
+            health.spot_core_up,
+        ),
+        (
+            "ledger_halted",
+            "1 while new transfers are halted after a fund-conservation violation (MON-003).",
+            health.halted,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let gauge = ConstGauge::new(i64::from(value));
+        gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+    }
+    let threshold = ConstGauge::new(health.target_pending_threshold_seconds);
+    threshold.encode(encoder.encode_descriptor(
+        "ledger_alert_target_pending_threshold_seconds",
+        "MON-001's threshold (LEDGER_ALERT_TARGET_PENDING_MS) in seconds, what the shipped rule compares the age with.",
+        None,
+        threshold.metric_type(),
+    )?)?;
+    let alerts = ConstCounter::new(u64::try_from(health.request_frequency_alerts).unwrap_or(0));
+    alerts.encode(encoder.encode_descriptor(
+        "ledger_alerts_request_frequency",
+        "WARNING MON-004 alerts raised (a user's transfer requests above the configured frequency).",
+        None,
+        alerts.metric_type(),
+    )?)
+}
+
 /// A relay figure: its name, its help, and how to read it from a status row.
 type RelayFigure = (&'static str, &'static str, fn(&relay::RelayStatus) -> i64);
 
@@ -220,7 +300,7 @@ type RelayFigure = (&'static str, &'static str, fn(&relay::RelayStatus) -> i64);
 const RELAY_LEADER_FRESH: chrono::TimeDelta = chrono::TimeDelta::seconds(5);
 
 /// The relay's figures, one series per stream: lag (positions, seconds), events relayed, a live
-/// leader, MON-004 alerts, and the last error (its text as a label, its time as the value).
+/// leader, RELAY-LAG alerts, and the last error (its text as a label, its time as the value).
 fn encode_relays(
     relays: &[relay::RelayStatus],
     encoder: &mut DescriptorEncoder,
@@ -253,7 +333,7 @@ fn encode_relays(
         ),
         (
             "ledger_alerts_relay_lag",
-            "CRITICAL MON-004 alerts raised (relay lag over LEDGER_RELAY_LAG_ALERT_MS).",
+            "CRITICAL RELAY-LAG alerts raised (relay lag over LEDGER_RELAY_LAG_ALERT_MS; logged as MON-004 before it had its own name).",
             |r| r.lag_alerts,
         ),
     ];
@@ -394,6 +474,7 @@ mod tests {
             audit: Default::default(),
             horizon_ms: None,
             ops: Default::default(),
+            health: Health::default(),
         });
         assert!(text.contains("ledger_transfers{state=\"TARGET_PENDING\"} 2"));
         assert!(text.contains("ledger_transfers{state=\"COMMITTED\"} 0"));
@@ -402,6 +483,31 @@ mod tests {
         assert!(text.contains("\nledger_transfer_retries_total 0\n"));
         assert!(text.contains("ledger_refund_failures_total 0"));
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn spot_core_health_the_halt_and_mon_004_are_reported() {
+        let text = render(Snapshot {
+            health: Health {
+                spot_core_up: true,
+                halted: true,
+                request_frequency_alerts: 2,
+                target_pending_threshold_seconds: 0.5,
+            },
+            ..Snapshot::default()
+        });
+        for line in [
+            "ledger_spot_core_up 1",
+            "ledger_halted 1",
+            "# TYPE ledger_alerts_request_frequency counter",
+            "ledger_alerts_request_frequency_total 2",
+            "ledger_alert_target_pending_threshold_seconds 0.5",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} in\n{text}");
+        }
+        let text = render(Snapshot::default());
+        assert!(text.lines().any(|l| l == "ledger_spot_core_up 0"), "{text}");
+        assert!(text.lines().any(|l| l == "ledger_halted 0"), "{text}");
     }
 
     #[test]

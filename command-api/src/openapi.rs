@@ -56,6 +56,7 @@ pub fn document() -> Value {
         crate::admin_views::user_view,
         crate::admin_views::overview,
         crate::admin_views::invariant_history,
+        crate::admin_alerts::list_alerts,
     ),
     components(schemas(ErrorBody)),
     security(("bearer" = [])),
@@ -235,6 +236,8 @@ refusals! {
     AdminLookupRefusals: [401, 403, 404, 429];
     /// `GET /api/v1/admin/users/{user_id}`.
     AdminUserRefusals: [400, 401, 403, 429, 503];
+    /// `GET /api/v1/admin/alerts`.
+    AlertListRefusals: [400, 401, 403, 503];
 }
 
 // ---- schema-only types: what the handlers accept and refuse with ------------------------------
@@ -387,6 +390,7 @@ mod tests {
             "/api/v1/admin/users/{user_id}",
             "/api/v1/admin/overview",
             "/api/v1/admin/invariant/history",
+            "/api/v1/admin/alerts",
         ] {
             assert!(paths.contains_key(path), "{path}");
         }

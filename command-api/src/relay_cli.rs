@@ -32,7 +32,7 @@ pub struct RelayOptions {
         default_value_t = 120_000
     )]
     pub duplicate_window_ms: u64,
-    /// MON-004: a relay lag (age of the oldest event not relayed) above this is CRITICAL.
+    /// RELAY-LAG: a relay lag (age of the oldest event not relayed) above this is CRITICAL.
     #[arg(
         long = "relay-lag-alert-ms",
         env = "LEDGER_RELAY_LAG_ALERT_MS",

@@ -62,14 +62,20 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
                 ApiError::BadRequest("could not read the request body".into())
             }
         })?;
-        let value: Value = serde_json::from_slice(&bytes)
-            .map_err(|_| ApiError::BadRequest("request body is not valid JSON".into()))?;
-        match value {
-            Value::Object(map) => Ok(Self(map)),
-            _ => Err(ApiError::BadRequest(
-                "request body must be a JSON object".into(),
-            )),
-        }
+        json_object(&bytes).map(Self)
+    }
+}
+
+/// A request body's bytes as the JSON object every handler takes apart; anything else is
+/// BAD_REQUEST.
+pub fn json_object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    let value: Value = serde_json::from_slice(bytes)
+        .map_err(|_| ApiError::BadRequest("request body is not valid JSON".into()))?;
+    match value {
+        Value::Object(map) => Ok(map),
+        _ => Err(ApiError::BadRequest(
+            "request body must be a JSON object".into(),
+        )),
     }
 }
 

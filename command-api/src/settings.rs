@@ -16,6 +16,20 @@ use crate::ratelimit::LimitsConfig;
 /// How often the periodic fund-conservation check runs, unless configured otherwise.
 pub const AUDIT_INTERVAL_DEFAULT: Duration = Duration::from_secs(60);
 
+/// Where `/metrics` is served unless configured otherwise: loopback only, the port Prometheus
+/// exporters conventionally use for an application's own metrics.
+pub const METRICS_LISTEN_DEFAULT: &str = "127.0.0.1:9464";
+
+/// Where `/metrics` is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetricsListen {
+    /// On the API's own address (`--metrics-listen api`), as before there was a choice.
+    Api,
+    /// On an address of its own and not on the API's; `explicit` when the setting named it (a
+    /// failed bind is then an error; the default's only a warning, see `cli.rs`).
+    Address { addr: String, explicit: bool },
+}
+
 /// Settings shared by every `ledger` command. Each may be given as a flag or in its environment
 /// variable; an empty variable counts as unset.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -82,6 +96,18 @@ pub struct Settings {
     /// Connections open at once from one IP address (default 256).
     #[arg(long, global = true, env = "LEDGER_HTTP_CONNECTIONS_PER_ADDRESS_MAX")]
     pub http_connections_per_address_max: Option<usize>,
+    /// Where `/metrics` is served: HOST:PORT (not on the API's address then), or `api` for the
+    /// API's address (default 127.0.0.1:9464).
+    #[arg(long, global = true, env = "LEDGER_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
+    /// MON-004: transfer requests per user in a sliding minute above which a WARNING alert is
+    /// raised (default 300; `0` or `off`: none).
+    #[arg(long, global = true, env = "LEDGER_ALERT_REQUESTS_PER_MINUTE")]
+    pub alert_requests_per_minute: Option<String>,
+    /// MON-004: rate-limit refusals per user in a sliding minute above which a WARNING alert is
+    /// raised (default 30; `0` or `off`: none).
+    #[arg(long, global = true, env = "LEDGER_ALERT_REFUSALS_PER_MINUTE")]
+    pub alert_refusals_per_minute: Option<String>,
     /// The crash tests' fail point to arm (CRA-001..006).
     #[arg(long, global = true, env = "LEDGER_FAILPOINT", hide = true)]
     pub failpoint: Option<String>,
@@ -231,6 +257,54 @@ impl Settings {
         Ok(limits)
     }
 
+    /// Where `/metrics` is served (`METRICS_LISTEN_DEFAULT` when unset).
+    pub fn metrics_listen(&self) -> MetricsListen {
+        match given(&self.metrics_listen).map(str::trim) {
+            Some(v) if v.eq_ignore_ascii_case("api") => MetricsListen::Api,
+            Some(v) => MetricsListen::Address {
+                addr: v.to_owned(),
+                explicit: true,
+            },
+            None => MetricsListen::Address {
+                addr: METRICS_LISTEN_DEFAULT.to_owned(),
+                explicit: false,
+            },
+        }
+    }
+
+    /// MON-004's thresholds: the defaults, overridden by the alert settings (`0` or `off` turns
+    /// one off); anything else is an error.
+    pub fn frequency(&self) -> anyhow::Result<application::alerts::FrequencyConfig> {
+        let threshold = |name: &str,
+                         value: &Option<String>,
+                         default: Option<u32>|
+         -> anyhow::Result<Option<u32>> {
+            let Some(text) = given(value).map(str::trim) else {
+                return Ok(default);
+            };
+            if text.eq_ignore_ascii_case("off") {
+                return Ok(None);
+            }
+            let n: u32 = text
+                .parse()
+                .map_err(|_| anyhow::anyhow!("{name} must be a whole number or `off`, not {text:?}"))?;
+            Ok((n > 0).then_some(n))
+        };
+        let defaults = application::alerts::FrequencyConfig::default();
+        Ok(application::alerts::FrequencyConfig {
+            requests_per_minute: threshold(
+                "LEDGER_ALERT_REQUESTS_PER_MINUTE",
+                &self.alert_requests_per_minute,
+                defaults.requests_per_minute,
+            )?,
+            refusals_per_minute: threshold(
+                "LEDGER_ALERT_REFUSALS_PER_MINUTE",
+                &self.alert_refusals_per_minute,
+                defaults.refusals_per_minute,
+            )?,
+        })
+    }
+
     /// The armed fail point, if any.
     pub fn failpoints(&self) -> FailPoints {
         FailPoints::armed(self.failpoint.as_deref())
@@ -284,6 +358,48 @@ mod tests {
             };
             assert!(settings.horizon().is_err(), "{retention} {interval}");
         }
+    }
+
+    #[test]
+    fn metrics_listen_defaults_to_loopback_and_takes_api_or_an_address() {
+        assert_eq!(
+            Settings::default().metrics_listen(),
+            MetricsListen::Address {
+                addr: METRICS_LISTEN_DEFAULT.into(),
+                explicit: false
+            }
+        );
+        let with = |v: &str| Settings {
+            metrics_listen: Some(v.into()),
+            ..Settings::default()
+        };
+        assert_eq!(with(" API ").metrics_listen(), MetricsListen::Api);
+        assert_eq!(
+            with("10.0.0.5:9100").metrics_listen(),
+            MetricsListen::Address {
+                addr: "10.0.0.5:9100".into(),
+                explicit: true
+            }
+        );
+    }
+
+    #[test]
+    fn mon_004_thresholds_default_override_and_turn_off() {
+        let defaults = Settings::default().frequency().unwrap();
+        assert_eq!(defaults, application::alerts::FrequencyConfig::default());
+        let settings = Settings {
+            alert_requests_per_minute: Some("5".into()),
+            alert_refusals_per_minute: Some("off".into()),
+            ..Settings::default()
+        };
+        let config = settings.frequency().unwrap();
+        assert_eq!(config.requests_per_minute, Some(5));
+        assert_eq!(config.refusals_per_minute, None);
+        let bad = Settings {
+            alert_requests_per_minute: Some("-1".into()),
+            ..Settings::default()
+        };
+        assert!(bad.frequency().is_err());
     }
 
     #[test]

@@ -171,6 +171,106 @@ pub fn error_category(result: &Result<Resumed, CoordinatorError>) -> Option<&'st
     }
 }
 
+/// How a recovery attempt ended, as recorded.
+struct AttemptEnd {
+    state_after: Option<TransferState>,
+    /// `TERMINAL`, `UNKNOWN`, `CONFLICT` or `ERROR`.
+    outcome: &'static str,
+    error: Option<String>,
+    /// Whether it counts as an attempt.
+    counts: bool,
+    /// Whether the next retry waits (the transfer is still open, or the attempt failed).
+    backoff: bool,
+}
+
+impl AttemptEnd {
+    fn of(key: &str, result: &Result<Resumed, CoordinatorError>) -> AttemptEnd {
+        let end = |state_after, outcome, error, counts, backoff| AttemptEnd {
+            state_after,
+            outcome,
+            error,
+            counts,
+            backoff,
+        };
+        match result {
+            Ok(Resumed {
+                data,
+                unknown: None,
+            }) => {
+                tracing::info!(req_id = %key, state = %data.state, "recovery finished transfer");
+                end(Some(data.state), "TERMINAL", None, true, false)
+            }
+            Ok(Resumed {
+                data,
+                unknown: Some(why),
+            }) => end(
+                Some(data.state),
+                "UNKNOWN",
+                Some(why.to_string()),
+                true,
+                true,
+            ),
+            // Someone else moved it first: not a failure, and no reason to wait longer.
+            Err(CoordinatorError::Conflict) => end(None, "CONFLICT", None, false, false),
+            Err(e) => end(None, "ERROR", Some(application::error_chain(e)), true, true),
+        }
+    }
+}
+
+/// Counts the attempt in `transfer_retries` and releases the lease; returns (attempts, refund
+/// failures, whether no refund alert was raised yet).
+async fn release_retry(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    key: &str,
+    end: &AttemptEnd,
+    refund_failed: bool,
+    category: Option<&'static str>,
+) -> Result<(i32, i32, bool), sqlx::Error> {
+    sqlx::query_as(
+        "UPDATE transfer_retries SET
+            state = COALESCE($2, state),
+            attempts = attempts + $3,
+            refund_failures = refund_failures + $4,
+            last_error = COALESCE($5, last_error),
+            last_error_category = COALESCE($6, last_error_category),
+            last_attempt_at = CASE WHEN $3 = 1 THEN clock_timestamp() ELSE last_attempt_at END,
+            lease_owner = NULL, lease_until = NULL, updated_at = now()
+         WHERE req_id = $1 RETURNING attempts, refund_failures, refund_alerted_at IS NULL",
+    )
+    .bind(key)
+    .bind(end.state_after.map(TransferState::as_str))
+    .bind(i32::from(end.counts))
+    .bind(i32::from(refund_failed))
+    .bind(end.error.as_deref())
+    .bind(category)
+    .fetch_one(&mut **tx)
+    .await
+}
+
+/// MON-002 for a transfer whose refund keeps failing, or was refused for good.
+fn raise_refund_alert(key: &str, refused: bool, refund_failures: i32, end: &AttemptEnd) {
+    let last_error = end.error.as_deref().unwrap_or("");
+    if refused {
+        tracing::error!(
+            alert = "CRITICAL",
+            code = "MON-002",
+            req_id = %key,
+            status = "REFUND_REFUSED",
+            last_error,
+            "CRITICAL MON-002: refund of transfer {key} was REFUSED by the source account system; retrying cannot succeed, it stays COMPENSATING (REFUND_REFUSED) until an operator acts"
+        );
+    } else {
+        tracing::error!(
+            alert = "CRITICAL",
+            code = "MON-002",
+            req_id = %key,
+            refund_failures,
+            last_error,
+            "CRITICAL MON-002: refund of transfer {key} failed {refund_failures} times; it stays COMPENSATING and is retried"
+        );
+    }
+}
+
 /// Whether the read models' projector keeps up with the event log. The worker only watches it
 /// (it never reads the read models), through this port, so recovery does not depend on the read
 /// side; the `ledger` binary wires in the real projector.
@@ -430,76 +530,27 @@ impl RecoveryWorker {
         result: Result<Resumed, CoordinatorError>,
     ) -> Result<(), sqlx::Error> {
         let category = error_category(&result);
-        let (state_after, outcome, error, counts, backoff) = match &result {
-            Ok(Resumed {
-                data,
-                unknown: None,
-            }) => {
-                tracing::info!(req_id = %key, state = %data.state, "recovery finished transfer");
-                (Some(data.state), "TERMINAL", None, true, false)
-            }
-            Ok(Resumed {
-                data,
-                unknown: Some(why),
-            }) => (
-                Some(data.state),
-                "UNKNOWN",
-                Some(why.to_string()),
-                true,
-                true,
-            ),
-            // Someone else moved it first: not a failure, and no reason to wait longer.
-            Err(CoordinatorError::Conflict) => (None, "CONFLICT", None, false, false),
-            Err(e) => (None, "ERROR", Some(application::error_chain(e)), true, true),
-        };
+        let end = AttemptEnd::of(key, &result);
         let mut tx = self.pool.begin().await?;
         sqlx::query(
             "UPDATE recovery_attempts SET finished_at = clock_timestamp(), state_after = $2,
                 outcome = $3, error = $4, error_category = $5 WHERE id = $1",
         )
         .bind(attempt_id)
-        .bind(state_after.map(TransferState::as_str))
-        .bind(outcome)
-        .bind(error.as_deref())
+        .bind(end.state_after.map(TransferState::as_str))
+        .bind(end.outcome)
+        .bind(end.error.as_deref())
         .bind(category)
         .execute(&mut *tx)
         .await?;
-        let refund_failed = backoff && state_after == Some(TransferState::Compensating);
+        let refund_failed = end.backoff && end.state_after == Some(TransferState::Compensating);
         // A refused refund is recorded for good (the same refusal answers every retry): no
         // retry can end it, so it is raised at once instead of after `refund_failures_alert`.
         let refund_refused = refund_failed && category == Some(REFUSED_BY_TARGET);
-        let row: (i32, i32, bool) = sqlx::query_as(
-            "UPDATE transfer_retries SET
-                state = COALESCE($2, state),
-                attempts = attempts + $3,
-                refund_failures = refund_failures + $4,
-                last_error = COALESCE($5, last_error),
-                last_error_category = COALESCE($6, last_error_category),
-                last_attempt_at = CASE WHEN $3 = 1 THEN clock_timestamp() ELSE last_attempt_at END,
-                lease_owner = NULL, lease_until = NULL, updated_at = now()
-             WHERE req_id = $1 RETURNING attempts, refund_failures, refund_alerted_at IS NULL",
-        )
-        .bind(key)
-        .bind(state_after.map(TransferState::as_str))
-        .bind(i32::from(counts))
-        .bind(i32::from(refund_failed))
-        .bind(error.as_deref())
-        .bind(category)
-        .fetch_one(&mut *tx)
-        .await?;
-        let (attempts, refund_failures, refund_not_alerted) = row;
-        if backoff {
-            let delay = self.config.backoff_ms(attempts);
-            sqlx::query(
-                "UPDATE transfer_retries
-                 SET next_retry_at = clock_timestamp() + $2 * interval '1 millisecond'
-                 WHERE req_id = $1",
-            )
-            .bind(key)
-            .bind(i64::try_from(delay).unwrap_or(i64::MAX))
-            .execute(&mut *tx)
-            .await?;
-            tracing::warn!(req_id = %key, attempts, next_retry_ms = delay, error = error.as_deref().unwrap_or(""), "transfer still open; retry scheduled");
+        let (attempts, refund_failures, refund_not_alerted) =
+            release_retry(&mut tx, key, &end, refund_failed, category).await?;
+        if end.backoff {
+            self.schedule_retry(&mut tx, key, attempts, &end).await?;
         }
         let alert_refund = refund_failed
             && refund_not_alerted
@@ -511,25 +562,31 @@ impl RecoveryWorker {
                 .await?;
         }
         tx.commit().await?;
-        if alert_refund && refund_refused {
-            tracing::error!(
-                alert = "CRITICAL",
-                code = "MON-002",
-                req_id = %key,
-                status = "REFUND_REFUSED",
-                last_error = error.as_deref().unwrap_or(""),
-                "CRITICAL MON-002: refund of transfer {key} was REFUSED by the source account system; retrying cannot succeed, it stays COMPENSATING (REFUND_REFUSED) until an operator acts"
-            );
-        } else if alert_refund {
-            tracing::error!(
-                alert = "CRITICAL",
-                code = "MON-002",
-                req_id = %key,
-                refund_failures,
-                last_error = error.as_deref().unwrap_or(""),
-                "CRITICAL MON-002: refund of transfer {key} failed {refund_failures} times; it stays COMPENSATING and is retried"
-            );
+        if alert_refund {
+            raise_refund_alert(key, refund_refused, refund_failures, &end);
         }
+        Ok(())
+    }
+
+    /// The next retry after `attempts` failed ones: capped exponential backoff.
+    async fn schedule_retry(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        key: &str,
+        attempts: i32,
+        end: &AttemptEnd,
+    ) -> Result<(), sqlx::Error> {
+        let delay = self.config.backoff_ms(attempts);
+        sqlx::query(
+            "UPDATE transfer_retries
+             SET next_retry_at = clock_timestamp() + $2 * interval '1 millisecond'
+             WHERE req_id = $1",
+        )
+        .bind(key)
+        .bind(i64::try_from(delay).unwrap_or(i64::MAX))
+        .execute(&mut **tx)
+        .await?;
+        tracing::warn!(req_id = %key, attempts, next_retry_ms = delay, error = end.error.as_deref().unwrap_or(""), "transfer still open; retry scheduled");
         Ok(())
     }
 

@@ -1,6 +1,6 @@
 //! The relay's PostgreSQL side: the leader lock (a session advisory lock held on a connection of
 //! its own), the checkpoint row (`relay_checkpoint`, migration 0009) written through that same
-//! connection, and the status read by `/metrics` and the MON-004 monitor.
+//! connection, and the status read by `/metrics` and the RELAY-LAG monitor.
 
 use chrono::{DateTime, Utc};
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
@@ -111,7 +111,7 @@ pub async fn record_error(pool: &PgPool, stream: &str, error: &str) -> Result<()
     Ok(())
 }
 
-/// Counts one MON-004 alert raised.
+/// Counts one RELAY-LAG alert raised.
 pub async fn record_lag_alert(pool: &PgPool, stream: &str) -> Result<(), sqlx::Error> {
     sqlx::query("UPDATE relay_checkpoint SET lag_alerts = lag_alerts + 1 WHERE stream = $1")
         .bind(stream)

@@ -6,7 +6,7 @@
 //! side: connect, create or verify the stream, read where it ends) and `checkpoint` (the
 //! PostgreSQL side: the leader lock, the checkpoint row, the status) → `publisher` (one
 //! leadership: resync, then pipelined publishing) → [`run`] (standby and leadership, backoff,
-//! the MON-004 lag monitor). `tail` is the consumer side (`ledger tail`).
+//! the RELAY-LAG lag monitor). `tail` is the consumer side (`ledger tail`).
 //!
 //! The relay only reads the feed (`projections::feed`) and writes its own table; it takes its
 //! configuration as arguments and reads no environment.
@@ -42,7 +42,7 @@ pub struct RelayConfig {
     pub window: usize,
     /// The stream's duplicate window, used when the relay creates the stream.
     pub duplicate_window: Duration,
-    /// MON-004: a relay lag above this raises `CRITICAL MON-004`.
+    /// RELAY-LAG: a relay lag above this raises `CRITICAL RELAY-LAG`.
     pub lag_alert: Duration,
     /// How often the feed is read again when everything was relayed.
     pub poll_interval: Duration,

@@ -1,6 +1,6 @@
-//! MON-004: the relay's lag, measured every second from PostgreSQL (positions behind the feed's
+//! RELAY-LAG: the relay's lag, measured every second from PostgreSQL (positions behind the feed's
 //! head, age of the oldest event not relayed yet); above the threshold the leader raises
-//! `CRITICAL MON-004 relay lag` once per episode and counts it in `relay_checkpoint.lag_alerts`.
+//! `CRITICAL RELAY-LAG relay lag` once per episode and counts it in `relay_checkpoint.lag_alerts`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,16 +48,16 @@ pub(crate) async fn watch_lag(pool: PgPool, config: RelayConfig, stats: Arc<Rela
                 lag_ms,
                 threshold_ms = config.lag_alert.as_millis() as u64,
                 last_error = status.last_error.as_deref().unwrap_or(""),
-                "CRITICAL MON-004 relay lag {lag_ms} ms ({} positions) behind the feed exceeds {} ms",
+                "CRITICAL RELAY-LAG relay lag {lag_ms} ms ({} positions) behind the feed exceeds {} ms",
                 status.lag_positions,
                 config.lag_alert.as_millis()
             );
             stats.lag_alert_raised();
             if let Err(e) = checkpoint::record_lag_alert(&pool, &config.stream).await {
-                tracing::warn!(error = %e, "could not count the MON-004 alert");
+                tracing::warn!(error = %e, "could not count the RELAY-LAG alert");
             }
         } else if !over_now && alerting {
-            tracing::info!(stream = %config.stream, lag_ms, "MON-004 relay lag back under the threshold");
+            tracing::info!(stream = %config.stream, lag_ms, "RELAY-LAG relay lag back under the threshold");
         }
         alerting = over_now;
     }

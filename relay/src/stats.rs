@@ -61,7 +61,7 @@ impl RelayStats {
         self.lag_millis.store(millis, Ordering::Relaxed);
     }
 
-    /// MON-004 alerts this process raised.
+    /// RELAY-LAG alerts this process raised.
     pub fn lag_alerts(&self) -> u64 {
         self.lag_alerts.load(Ordering::Relaxed)
     }

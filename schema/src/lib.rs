@@ -5,12 +5,18 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 
+pub mod failover;
+
 /// Every migration of the project, in order.
 pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+/// How long a caller waits for a pooled connection.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The database used when `DATABASE_URL` is unset.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/ledger";
@@ -18,7 +24,14 @@ pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/ledge
 /// Creates the database named in `url` if it does not exist yet, by connecting to the server's
 /// `postgres` database.
 pub async fn ensure_database(url: &str) -> anyhow::Result<()> {
-    let options = PgConnectOptions::from_str(url).context("parse DATABASE_URL")?;
+    let servers = failover::Servers::parse(url)?;
+    let options = if servers.options.len() > 1 {
+        let (found, conn) = servers.first_writable(ACQUIRE_TIMEOUT).await?;
+        conn.close().await.ok();
+        servers.options[found].clone()
+    } else {
+        PgConnectOptions::from_str(url).context("parse DATABASE_URL")?
+    };
     let name = options
         .get_database()
         .context("DATABASE_URL names no database")?
@@ -63,32 +76,76 @@ pub async fn ensure_database(url: &str) -> anyhow::Result<()> {
 /// replaces sqlx's own liveness ping, one round trip either way, and a connection that fails it
 /// is closed (which rolls the stale transaction back) and another one is taken.
 pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
+    let servers = failover::Servers::parse(url)?;
+    let (first, probe) = if servers.options.len() > 1 {
+        let (found, conn) = servers.first_writable(ACQUIRE_TIMEOUT).await?;
+        (found, Some(conn))
+    } else {
+        (0, None)
+    };
+    let pool = pool_options(max_connections, &servers)
+        .connect_with(servers.options[first].clone())
+        .await
+        .context("connect to PostgreSQL")?;
+    if let Some(probe) = probe {
+        tokio::spawn(failover::watch(pool.clone(), servers, first, probe));
+    }
+    Ok(pool)
+}
+
+/// The pool's settings and checks. A connection to a server that cannot write (in recovery:
+/// a standby, or an old primary come back as one; or read-only by setting) is refused when it
+/// is made and dropped when it is handed out, and the failover watcher is told
+/// (`failover::Servers::suspect`).
+fn pool_options(max_connections: u32, servers: &Arc<failover::Servers>) -> PgPoolOptions {
+    let on_connect = Arc::clone(servers);
+    let on_acquire = Arc::clone(servers);
     PgPoolOptions::new()
         .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(5))
+        .acquire_timeout(ACQUIRE_TIMEOUT)
         .test_before_acquire(false)
-        .before_acquire(|conn, _meta| {
+        .after_connect(move |conn, _meta| {
+            let servers = Arc::clone(&on_connect);
+            Box::pin(async move {
+                let writable: bool = sqlx::query_scalar(failover::WRITABLE_SQL)
+                    .fetch_one(&mut *conn)
+                    .await?;
+                if writable {
+                    return Ok(());
+                }
+                servers.suspect();
+                Err(sqlx::Error::Protocol(
+                    "the PostgreSQL server is in recovery or read-only".into(),
+                ))
+            })
+        })
+        .before_acquire(move |conn, _meta| {
+            let servers = Arc::clone(&on_acquire);
             Box::pin(async move {
                 // A simple query's own implicit transaction starts with the statement; inside
                 // an open block it started earlier. A query without arguments goes as a simple
                 // query, on purpose: with the extended protocol, Bind starts the transaction and
                 // Execute restarts the statement clock, so the two differ even on a clean
                 // connection.
-                let row =
-                    sqlx::Executor::fetch_one(&mut *conn, "SELECT now() = statement_timestamp()")
-                        .await?;
+                let row = sqlx::Executor::fetch_one(
+                    &mut *conn,
+                    "SELECT now() = statement_timestamp(), NOT pg_is_in_recovery() \
+                     AND current_setting('transaction_read_only') = 'off'",
+                )
+                .await?;
                 let clean: bool = sqlx::Row::try_get(&row, 0)?;
+                let writable: bool = sqlx::Row::try_get(&row, 1)?;
                 if !clean {
                     tracing::warn!(
                         "a pooled connection was inside a transaction block; closing it"
                     );
+                } else if !writable {
+                    tracing::warn!("a pooled connection's server cannot write; closing it");
+                    servers.suspect();
                 }
-                Ok(clean)
+                Ok(clean && writable)
             })
         })
-        .connect(url)
-        .await
-        .context("connect to PostgreSQL")
 }
 
 /// Creates the database if needed, connects, and applies every migration.

@@ -541,129 +541,143 @@ impl Engine {
     /// horizon and retain only forward) before touching anything.
     pub fn apply_record(&mut self, record: JournalRecord) -> Result<(), ReplayError> {
         let seq = record.seq();
-        let fail = |reason: String| Err(ReplayError { seq, reason });
-        if seq != self.last_seq + 1 {
-            return fail(format!("expected seq {}", self.last_seq + 1));
-        }
-        match &record {
-            JournalRecord::Horizon(h) => {
-                if h.before_ms <= self.horizon_ms {
-                    return fail(format!(
-                        "horizon {} does not move forward from {}",
-                        h.before_ms, self.horizon_ms
-                    ));
-                }
-                self.horizon_ms = h.before_ms;
-                // Everything created before the horizon goes in one split.
-                let keep = self
-                    .remembered
-                    .split_off(&(ulid::lower_bound(h.before_ms), MovementOp::Withdraw));
-                self.remembered = keep;
+        let replayed = if seq != self.last_seq + 1 {
+            Err(format!("expected seq {}", self.last_seq + 1))
+        } else {
+            match &record {
+                JournalRecord::Horizon(h) => self.replay_horizon(h.before_ms),
+                JournalRecord::Retain(r) => self.replay_retain(r.after_seq, seq),
+                JournalRecord::SetStatus(s) => self
+                    .intern(&s.asset)
+                    .map(|asset| self.account_mut(s.user_id, asset).status = s.status),
+                JournalRecord::Withdraw(_)
+                | JournalRecord::Deposit(_)
+                | JournalRecord::Refund(_) => match record.as_movement() {
+                    Some((op, m)) => self.replay_movement(seq, op, m),
+                    None => Err("not a movement".into()),
+                },
             }
-            JournalRecord::Retain(r) => {
-                if r.after_seq <= self.retain_after || r.after_seq >= seq {
-                    return fail(format!(
-                        "retain {} does not move forward from {} or is not before its own seq",
-                        r.after_seq, self.retain_after
-                    ));
-                }
-                self.retain_after = r.after_seq;
-            }
-            JournalRecord::SetStatus(s) => {
-                let asset = match self.intern(&s.asset) {
-                    Ok(a) => a,
-                    Err(e) => return fail(e),
-                };
-                self.accounts
-                    .entry((s.user_id, asset))
-                    .or_insert(Account {
-                        available: Decimal::ZERO,
-                        status: AccountStatus::Active,
-                    })
-                    .status = s.status;
-            }
-            JournalRecord::Withdraw(m) | JournalRecord::Deposit(m) | JournalRecord::Refund(m) => {
-                let (op, _) = record.as_movement().expect("movement");
-                let Some(id) = ulid::parse(&m.req_id) else {
-                    return fail(format!("req_id {} is not a ULID", m.req_id));
-                };
-                if ulid::time_ms(id) < self.horizon_ms {
-                    return fail(format!(
-                        "req_id {} is older than the horizon {}",
-                        m.req_id, self.horizon_ms
-                    ));
-                }
-                if self.remembered.contains_key(&(id, op)) {
-                    return fail(format!("second {} for req_id {}", op.as_str(), m.req_id));
-                }
-                if m.amount <= Decimal::ZERO || m.amount > max_amount() {
-                    return fail("invalid amount".into());
-                }
-                let outcome = match (m.outcome, m.code, m.balance) {
-                    (Outcome::Refused, Some(code), None) => encode_outcome(Some(code)),
-                    (Outcome::Applied, None, Some(_)) => APPLIED,
-                    _ => return fail("outcome, code and balance disagree".into()),
-                };
-                // Check everything before changing anything (interning included).
-                let known = self.asset_ids.get(&m.asset).copied();
-                let mut new_balance = None;
-                if let Some(recorded) = m.balance {
-                    let current = known
-                        .and_then(|a| self.accounts.get(&(m.user_id, a)))
-                        .map(|a| a.available);
-                    let new = match (op, current) {
-                        (MovementOp::Withdraw, Some(cur)) if cur >= m.amount => cur - m.amount,
-                        (MovementOp::Withdraw, _) => {
-                            return fail("withdraw exceeds the balance".into())
-                        }
-                        (MovementOp::Refund, None) => {
-                            return fail("refund into a missing account".into())
-                        }
-                        (_, cur) => match credit(cur.unwrap_or(Decimal::ZERO), m.amount) {
-                            Ok(v) => v,
-                            Err(_) => return fail("credit exceeds 10^20".into()),
-                        },
-                    };
-                    if new != recorded {
-                        return fail(format!("computed balance {new} but recorded {recorded}"));
-                    }
-                    new_balance = Some(new);
-                }
-                let asset = match self.intern(&m.asset) {
-                    Ok(a) => a,
-                    Err(e) => return fail(e),
-                };
-                if let Some(new) = new_balance {
-                    let key = (m.user_id, asset);
-                    let total = self.totals.entry(asset).or_insert(Decimal::ZERO);
-                    *total = if op == MovementOp::Withdraw {
-                        *total - m.amount
-                    } else {
-                        *total + m.amount
-                    };
-                    self.accounts
-                        .entry(key)
-                        .or_insert(Account {
-                            available: Decimal::ZERO,
-                            status: AccountStatus::Active,
-                        })
-                        .available = new.normalize();
-                }
-                self.remembered.insert(
-                    (id, op),
-                    Remembered {
-                        user_id: m.user_id,
-                        seq,
-                        amount: m.amount,
-                        balance: m.balance,
-                        asset,
-                        outcome,
-                    },
-                );
-            }
-        }
+        };
+        replayed.map_err(|reason| ReplayError { seq, reason })?;
         self.last_seq = seq;
         Ok(())
+    }
+
+    /// The account, created active and empty when missing.
+    fn account_mut(&mut self, user_id: u64, asset: u16) -> &mut Account {
+        self.accounts.entry((user_id, asset)).or_insert(Account {
+            available: Decimal::ZERO,
+            status: AccountStatus::Active,
+        })
+    }
+
+    fn replay_horizon(&mut self, before_ms: u64) -> Result<(), String> {
+        if before_ms <= self.horizon_ms {
+            return Err(format!(
+                "horizon {} does not move forward from {}",
+                before_ms, self.horizon_ms
+            ));
+        }
+        self.horizon_ms = before_ms;
+        // Everything created before the horizon goes in one split.
+        let keep = self
+            .remembered
+            .split_off(&(ulid::lower_bound(before_ms), MovementOp::Withdraw));
+        self.remembered = keep;
+        Ok(())
+    }
+
+    fn replay_retain(&mut self, after_seq: u64, seq: u64) -> Result<(), String> {
+        if after_seq <= self.retain_after || after_seq >= seq {
+            return Err(format!(
+                "retain {} does not move forward from {} or is not before its own seq",
+                after_seq, self.retain_after
+            ));
+        }
+        self.retain_after = after_seq;
+        Ok(())
+    }
+
+    /// A recorded movement, checked whole (key, horizon, amount, outcome, balance arithmetic)
+    /// before anything changes.
+    fn replay_movement(
+        &mut self,
+        seq: u64,
+        op: MovementOp,
+        m: &MovementRecord,
+    ) -> Result<(), String> {
+        let Some(id) = ulid::parse(&m.req_id) else {
+            return Err(format!("req_id {} is not a ULID", m.req_id));
+        };
+        if ulid::time_ms(id) < self.horizon_ms {
+            return Err(format!(
+                "req_id {} is older than the horizon {}",
+                m.req_id, self.horizon_ms
+            ));
+        }
+        if self.remembered.contains_key(&(id, op)) {
+            return Err(format!("second {} for req_id {}", op.as_str(), m.req_id));
+        }
+        if m.amount <= Decimal::ZERO || m.amount > max_amount() {
+            return Err("invalid amount".into());
+        }
+        let outcome = match (m.outcome, m.code, m.balance) {
+            (Outcome::Refused, Some(code), None) => encode_outcome(Some(code)),
+            (Outcome::Applied, None, Some(_)) => APPLIED,
+            _ => return Err("outcome, code and balance disagree".into()),
+        };
+        // Check everything before changing anything (interning included).
+        let new_balance = self.replayed_balance(op, m)?;
+        let asset = self.intern(&m.asset)?;
+        if let Some(new) = new_balance {
+            let total = self.totals.entry(asset).or_insert(Decimal::ZERO);
+            *total = if op == MovementOp::Withdraw {
+                *total - m.amount
+            } else {
+                *total + m.amount
+            };
+            self.account_mut(m.user_id, asset).available = new.normalize();
+        }
+        let remembered = Remembered {
+            user_id: m.user_id,
+            seq,
+            amount: m.amount,
+            balance: m.balance,
+            asset,
+            outcome,
+        };
+        self.remembered.insert((id, op), remembered);
+        Ok(())
+    }
+
+    /// The balance an applied movement leaves, checked against the one it recorded (none for a
+    /// refusal).
+    fn replayed_balance(
+        &self,
+        op: MovementOp,
+        m: &MovementRecord,
+    ) -> Result<Option<Decimal>, String> {
+        let Some(recorded) = m.balance else {
+            return Ok(None);
+        };
+        let current = self
+            .asset_ids
+            .get(&m.asset)
+            .and_then(|a| self.accounts.get(&(m.user_id, *a)))
+            .map(|a| a.available);
+        let new = match (op, current) {
+            (MovementOp::Withdraw, Some(cur)) if cur >= m.amount => cur - m.amount,
+            (MovementOp::Withdraw, _) => return Err("withdraw exceeds the balance".into()),
+            (MovementOp::Refund, None) => return Err("refund into a missing account".into()),
+            (_, cur) => match credit(cur.unwrap_or(Decimal::ZERO), m.amount) {
+                Ok(v) => v,
+                Err(_) => return Err("credit exceeds 10^20".into()),
+            },
+        };
+        if new != recorded {
+            return Err(format!("computed balance {new} but recorded {recorded}"));
+        }
+        Ok(Some(new))
     }
 }
 

@@ -12,13 +12,13 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
 
 use crate::protocol::{CoreStatus, ErrorCode, JournalRecord, Response, MAX_JOURNAL_LIMIT};
-use crate::wal::{segment_name, HEADER_BYTES, MAX_RECORD_BYTES};
+use crate::storage::{frame_header, read_full, segment_name, HEADER_BYTES, MAX_RECORD_BYTES};
 
 /// One sparse index entry per this many records of a segment.
 pub const INDEX_EVERY: u64 = 1024;
@@ -179,69 +179,9 @@ fn read_records(
     let mut out = Vec::new();
     let mut want = after_seq.saturating_add(1);
     while out.len() < limit && want <= upto {
-        // Choose the segment and open it under the lock, so compaction cannot remove it between
-        // the choice and the open (an open file survives a later rename or unlink).
-        let (seg_first, file, start, next_first) = {
-            let c = lock(catalog);
-            let first = c.first_seq();
-            if want < first {
-                return Err(ReadError::Compacted(first));
-            }
-            let segs = c.segments();
-            let Some(i) = segs.iter().rposition(|(f, _)| *f <= want) else {
-                return Err(ReadError::Compacted(first));
-            };
-            let (seg_first, path) = &segs[i];
-            let file = File::open(path)
-                .map_err(|e| ReadError::Io(format!("opening {}: {e}", path.display())))?;
-            let start = match c.cursor {
-                Some((next, seg, off)) if next == want && seg == *seg_first => (want, off),
-                _ => c
-                    .index
-                    .get(seg_first)
-                    .and_then(|ix| {
-                        let k = ix.partition_point(|(s, _)| *s <= want);
-                        k.checked_sub(1).map(|k| ix[k])
-                    })
-                    .unwrap_or((*seg_first, 0)),
-            };
-            (*seg_first, file, start, segs.get(i + 1).map(|(f, _)| *f))
-        };
-        let path_note = segment_name(seg_first);
-        let mut reader = BufReader::with_capacity(64 * 1024, file);
-        reader
-            .seek(SeekFrom::Start(start.1))
-            .map_err(|e| ReadError::Io(format!("seeking {path_note}: {e}")))?;
-        let mut offset = start.1;
-        let mut new_index = Vec::new();
-        let mut progressed = false;
-        loop {
-            if out.len() >= limit || want > upto {
-                break;
-            }
-            let Some((record, len)) = read_frame(&mut reader)
-                .map_err(|e| ReadError::Io(format!("reading {path_note} at byte {offset}: {e}")))?
-            else {
-                break;
-            };
-            let seq = record.seq();
-            if (seq - seg_first) % INDEX_EVERY == 0 {
-                new_index.push((seq, offset));
-            }
-            offset += len;
-            if seq < want {
-                continue;
-            }
-            if seq != want {
-                return Err(ReadError::Io(format!(
-                    "{path_note}: expected seq {want} at byte {}, found {seq}",
-                    offset - len
-                )));
-            }
-            out.push(record);
-            want += 1;
-            progressed = true;
-        }
+        let chosen = choose_segment(catalog, want)?;
+        let seg_first = chosen.first_seq;
+        let (offset, new_index) = read_segment(&chosen, &mut want, upto, limit, &mut out)?;
         {
             let mut c = lock(catalog);
             let ix = c.index.entry(seg_first).or_default();
@@ -256,7 +196,7 @@ fn read_records(
             break;
         }
         // This segment is exhausted: go on with the next one, if it starts where we are.
-        match next_first {
+        match chosen.next_first {
             Some(n) if n == want => {}
             Some(n) => {
                 return Err(ReadError::Io(format!(
@@ -264,30 +204,116 @@ fn read_records(
                     segment_name(seg_first)
                 )))
             }
-            None if progressed => break,
             None => break,
         }
     }
     Ok(out)
 }
 
-/// One frame, checked (length bound, crc, parse); `None` at the end of the segment.
-fn read_frame(r: &mut impl Read) -> io::Result<Option<(JournalRecord, u64)>> {
+/// The segment holding `want`, opened, and where to start reading it.
+struct Chosen {
+    first_seq: u64,
+    file: File,
+    /// (seq, byte offset) of a frame at or before `want`: the cursor, an index entry, or 0.
+    start: (u64, u64),
+    /// The next segment's first seq, if any.
+    next_first: Option<u64>,
+}
+
+/// Choose the segment and open it under the lock, so compaction cannot remove it between the
+/// choice and the open (an open file survives a later rename or unlink).
+fn choose_segment(catalog: &SharedCatalog, want: u64) -> Result<Chosen, ReadError> {
+    let c = lock(catalog);
+    let first = c.first_seq();
+    if want < first {
+        return Err(ReadError::Compacted(first));
+    }
+    let segs = c.segments();
+    let Some(i) = segs.iter().rposition(|(f, _)| *f <= want) else {
+        return Err(ReadError::Compacted(first));
+    };
+    let (seg_first, path) = &segs[i];
+    let file =
+        File::open(path).map_err(|e| ReadError::Io(format!("opening {}: {e}", path.display())))?;
+    let start = match c.cursor {
+        Some((next, seg, off)) if next == want && seg == *seg_first => (want, off),
+        _ => c
+            .index
+            .get(seg_first)
+            .and_then(|ix| {
+                let k = ix.partition_point(|(s, _)| *s <= want);
+                k.checked_sub(1).map(|k| ix[k])
+            })
+            .unwrap_or((*seg_first, 0)),
+    };
+    Ok(Chosen {
+        first_seq: *seg_first,
+        file,
+        start,
+        next_first: segs.get(i + 1).map(|(f, _)| *f),
+    })
+}
+
+/// Read the chosen segment's records from `want` on into `out`, up to `upto` and `limit`;
+/// returns where reading stopped and the index entries passed on the way.
+fn read_segment(
+    chosen: &Chosen,
+    want: &mut u64,
+    upto: u64,
+    limit: usize,
+    out: &mut Vec<JournalRecord>,
+) -> Result<(u64, Vec<(u64, u64)>), ReadError> {
+    let seg_first = chosen.first_seq;
+    let path_note = segment_name(seg_first);
+    let mut reader = BufReader::with_capacity(64 * 1024, &chosen.file);
+    reader
+        .seek(SeekFrom::Start(chosen.start.1))
+        .map_err(|e| ReadError::Io(format!("seeking {path_note}: {e}")))?;
+    let mut offset = chosen.start.1;
+    let mut new_index = Vec::new();
+    while out.len() < limit && *want <= upto {
+        let Some((record, len)) = read_frame(&mut reader)
+            .map_err(|e| ReadError::Io(format!("reading {path_note} at byte {offset}: {e}")))?
+        else {
+            break;
+        };
+        let seq = record.seq();
+        if (seq - seg_first).is_multiple_of(INDEX_EVERY) {
+            new_index.push((seq, offset));
+        }
+        offset += len;
+        if seq < *want {
+            continue;
+        }
+        if seq != *want {
+            return Err(ReadError::Io(format!(
+                "{path_note}: expected seq {want} at byte {}, found {seq}",
+                offset - len
+            )));
+        }
+        out.push(record);
+        *want += 1;
+    }
+    Ok((offset, new_index))
+}
+
+/// One frame, checked (length bound, crc, parse); `None` at the end of the segment. Public for
+/// the fuzz targets, which hold it to the same records as start-up's scan.
+pub fn read_frame(r: &mut impl Read) -> io::Result<Option<(JournalRecord, u64)>> {
     let mut header = [0u8; HEADER_BYTES];
-    let n = crate::wal::read_full(r, &mut header)?;
+    let n = read_full(r, &mut header)?;
     if n == 0 {
         return Ok(None);
     }
     if n < HEADER_BYTES {
         return Err(io::Error::other("short frame header"));
     }
-    let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes"));
-    let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
+    let (len, crc) = frame_header(&header);
     if len == 0 || len > MAX_RECORD_BYTES {
         return Err(io::Error::other(format!("bad frame length {len}")));
     }
     let mut payload = vec![0u8; len as usize];
-    if crate::wal::read_full(r, &mut payload)? < payload.len() {
+    if read_full(r, &mut payload)? < payload.len() {
         return Err(io::Error::other("short frame payload"));
     }
     if crc32fast::hash(&payload) != crc {
@@ -295,23 +321,4 @@ fn read_frame(r: &mut impl Read) -> io::Result<Option<(JournalRecord, u64)>> {
     }
     let record = serde_json::from_slice(&payload).map_err(io::Error::other)?;
     Ok(Some((record, (HEADER_BYTES + payload.len()) as u64)))
-}
-
-/// Paths of every segment in `dir`, by first seq.
-pub fn list_segments(dir: &Path) -> io::Result<Vec<u64>> {
-    let mut out = Vec::new();
-    match std::fs::read_dir(dir) {
-        Ok(entries) => {
-            for entry in entries {
-                let name = entry?.file_name();
-                if let Some(first) = name.to_str().and_then(crate::wal::parse_segment_name) {
-                    out.push(first);
-                }
-            }
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    out.sort_unstable();
-    Ok(out)
 }

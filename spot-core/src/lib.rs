@@ -9,6 +9,7 @@ pub mod journal;
 pub mod protocol;
 pub mod server;
 pub mod snapshot;
+pub mod storage;
 pub mod ulid;
 pub mod wal;
 

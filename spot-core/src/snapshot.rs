@@ -31,7 +31,7 @@ use rust_decimal::Decimal;
 use crate::assets::Assets;
 use crate::engine::{try_decode_outcome, Account, Engine, Key, Remembered};
 use crate::protocol::{AccountStatus, MovementOp};
-use crate::wal::{sync_dir, FailPoints};
+use crate::storage::{parse_seq_name, sync_dir, FailPoints};
 
 pub const MAGIC: &[u8; 8] = b"SPOTSNAP";
 pub const FORMAT_VERSION: u32 = 1;
@@ -51,7 +51,7 @@ pub fn file_name(seq: u64) -> String {
 
 /// The seq of a snapshot file name (not of its `.tmp`).
 pub fn parse_name(name: &str) -> Option<u64> {
-    crate::wal::parse_seq_name(name, "snapshot-", ".snap")
+    parse_seq_name(name, "snapshot-", ".snap")
 }
 
 /// The whole file (header and body) for the engine's current state.
@@ -119,29 +119,7 @@ pub fn header_seq(bytes: &[u8]) -> Option<u64> {
 
 /// Check and decode a whole snapshot file into an engine with `assets`.
 pub fn decode(bytes: &[u8], assets: Assets) -> anyhow::Result<(Engine, WalPosition)> {
-    if bytes.len() < HEADER_BYTES {
-        bail!("{} bytes is shorter than the header", bytes.len());
-    }
-    if &bytes[0..8] != MAGIC {
-        bail!("bad magic");
-    }
-    let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
-    if version != FORMAT_VERSION {
-        bail!("format version {version}, this spot-core reads {FORMAT_VERSION}");
-    }
-    let crc = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes"));
-    let seq = u64::from_le_bytes(bytes[16..24].try_into().expect("8 bytes"));
-    let body_len = u64::from_le_bytes(bytes[24..32].try_into().expect("8 bytes"));
-    let body = &bytes[HEADER_BYTES..];
-    if body.len() as u64 != body_len {
-        bail!(
-            "body is {} bytes, the header says {body_len} (truncated or extended)",
-            body.len()
-        );
-    }
-    if crc32fast::hash(body) != crc {
-        bail!("checksum mismatch");
-    }
+    let (seq, body) = checked_body(bytes)?;
     let mut r = Reader { bytes: body, at: 0 };
     let mut engine = Engine::new(assets);
     engine.last_seq = r.u64()?;
@@ -154,6 +132,57 @@ pub fn decode(bytes: &[u8], assets: Assets) -> anyhow::Result<(Engine, WalPositi
         segment: r.u64()?,
         offset: r.u64()?,
     };
+    let n_assets = decode_assets(&mut r, &mut engine)?;
+    let sums = decode_accounts(&mut r, &mut engine, n_assets)?;
+    decode_totals(&mut r, &mut engine, n_assets, &sums)?;
+    decode_remembered(&mut r, &mut engine, n_assets)?;
+    if r.at != body.len() {
+        bail!("{} unread bytes after the body", body.len() - r.at);
+    }
+    Ok((engine, pos))
+}
+
+/// The header's checks (length, magic, version, body length, checksum); the seq it claims and
+/// the body.
+fn checked_body(bytes: &[u8]) -> anyhow::Result<(u64, &[u8])> {
+    if bytes.len() < HEADER_BYTES {
+        bail!("{} bytes is shorter than the header", bytes.len());
+    }
+    let mut header = Reader { bytes, at: 0 };
+    if header.take(8)? != MAGIC {
+        bail!("bad magic");
+    }
+    let version = header.u32()?;
+    if version != FORMAT_VERSION {
+        bail!("format version {version}, this spot-core reads {FORMAT_VERSION}");
+    }
+    let crc = header.u32()?;
+    let seq = header.u64()?;
+    let body_len = header.u64()?;
+    let body = &bytes[HEADER_BYTES..];
+    if body.len() as u64 != body_len {
+        bail!(
+            "body is {} bytes, the header says {body_len} (truncated or extended)",
+            body.len()
+        );
+    }
+    if crc32fast::hash(body) != crc {
+        bail!("checksum mismatch");
+    }
+    Ok((seq, body))
+}
+
+/// An asset index within the asset table.
+fn asset_ok(a: u16, n_assets: u32) -> anyhow::Result<u16> {
+    if u32::from(a) < n_assets {
+        Ok(a)
+    } else {
+        bail!("asset index {a} out of range")
+    }
+}
+
+/// The asset table; returns its length.
+fn decode_assets(r: &mut Reader<'_>, engine: &mut Engine) -> anyhow::Result<u32> {
     let n_assets = r.u32()?;
     for _ in 0..n_assets {
         let len = usize::from(r.u16()?);
@@ -166,19 +195,21 @@ pub fn decode(bytes: &[u8], assets: Assets) -> anyhow::Result<(Engine, WalPositi
         }
         engine.asset_names.push(name);
     }
-    let asset_ok = |a: u16| -> anyhow::Result<u16> {
-        if u32::from(a) < n_assets {
-            Ok(a)
-        } else {
-            bail!("asset index {a} out of range")
-        }
-    };
+    Ok(n_assets)
+}
+
+/// The accounts, sorted; returns each asset's sum of balances.
+fn decode_accounts(
+    r: &mut Reader<'_>,
+    engine: &mut Engine,
+    n_assets: u32,
+) -> anyhow::Result<BTreeMap<u16, Decimal>> {
     let n = r.u64()?;
     let mut accounts = Vec::with_capacity(usize::try_from(n.min(1 << 24))?);
     let mut sums: BTreeMap<u16, Decimal> = BTreeMap::new();
     for _ in 0..n {
         let user = r.u64()?;
-        let asset = asset_ok(r.u16()?)?;
+        let asset = asset_ok(r.u16()?, n_assets)?;
         let status = match r.u8()? {
             0 => AccountStatus::Active,
             1 => AccountStatus::Frozen,
@@ -193,9 +224,19 @@ pub fn decode(bytes: &[u8], assets: Assets) -> anyhow::Result<(Engine, WalPositi
         accounts.push(((user, asset), Account { available, status }));
     }
     engine.accounts = accounts.into_iter().collect();
+    Ok(sums)
+}
+
+/// The per-asset totals, each the sum of its balances.
+fn decode_totals(
+    r: &mut Reader<'_>,
+    engine: &mut Engine,
+    n_assets: u32,
+    sums: &BTreeMap<u16, Decimal>,
+) -> anyhow::Result<()> {
     let n = r.u32()?;
     for _ in 0..n {
-        let asset = asset_ok(r.u16()?)?;
+        let asset = asset_ok(r.u16()?, n_assets)?;
         let sum = r.decimal()?;
         if sums.get(&asset).copied().unwrap_or(Decimal::ZERO) != sum {
             bail!("total of asset index {asset} is not the sum of its balances");
@@ -210,11 +251,16 @@ pub fn decode(bytes: &[u8], assets: Assets) -> anyhow::Result<(Engine, WalPositi
     {
         bail!("balances of an asset without a total");
     }
+    Ok(())
+}
+
+/// The remembered first results, sorted by key.
+fn decode_remembered(r: &mut Reader<'_>, engine: &mut Engine, n_assets: u32) -> anyhow::Result<()> {
     let n = r.u64()?;
     let mut remembered: Vec<(Key, Remembered)> =
         Vec::with_capacity(usize::try_from(n.min(1 << 26))?);
     for _ in 0..n {
-        let id = u128::from_le_bytes(r.take(16)?.try_into().expect("16 bytes"));
+        let id = r.u128()?;
         let op = match r.u8()? {
             0 => MovementOp::Withdraw,
             1 => MovementOp::Deposit,
@@ -222,7 +268,7 @@ pub fn decode(bytes: &[u8], assets: Assets) -> anyhow::Result<(Engine, WalPositi
             o => bail!("unknown op {o}"),
         };
         let user_id = r.u64()?;
-        let asset = asset_ok(r.u16()?)?;
+        let asset = asset_ok(r.u16()?, n_assets)?;
         let outcome = r.u8()?;
         let (_, code) = try_decode_outcome(outcome).context("unknown outcome")?;
         let seq = r.u64()?;
@@ -237,23 +283,18 @@ pub fn decode(bytes: &[u8], assets: Assets) -> anyhow::Result<(Engine, WalPositi
         if remembered.last().is_some_and(|(k, _)| *k >= (id, op)) {
             bail!("remembered records are not sorted");
         }
-        remembered.push((
-            (id, op),
-            Remembered {
-                user_id,
-                seq,
-                amount,
-                balance,
-                asset,
-                outcome,
-            },
-        ));
+        let record = Remembered {
+            user_id,
+            seq,
+            amount,
+            balance,
+            asset,
+            outcome,
+        };
+        remembered.push(((id, op), record));
     }
     engine.remembered = remembered.into_iter().collect();
-    if r.at != body.len() {
-        bail!("{} unread bytes after the body", body.len() - r.at);
-    }
-    Ok((engine, pos))
+    Ok(())
 }
 
 fn status_byte(s: AccountStatus) -> u8 {
@@ -290,17 +331,25 @@ impl Reader<'_> {
     fn u8(&mut self) -> anyhow::Result<u8> {
         Ok(self.take(1)?[0])
     }
+    fn array<const N: usize>(&mut self) -> anyhow::Result<[u8; N]> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N)?);
+        Ok(out)
+    }
     fn u16(&mut self) -> anyhow::Result<u16> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2")))
+        Ok(u16::from_le_bytes(self.array()?))
     }
     fn u32(&mut self) -> anyhow::Result<u32> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
+        Ok(u32::from_le_bytes(self.array()?))
     }
     fn u64(&mut self) -> anyhow::Result<u64> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    fn u128(&mut self) -> anyhow::Result<u128> {
+        Ok(u128::from_le_bytes(self.array()?))
     }
     fn decimal(&mut self) -> anyhow::Result<Decimal> {
-        let raw: [u8; 16] = self.take(16)?.try_into().expect("16");
+        let raw: [u8; 16] = self.array()?;
         // Byte 2 is the scale; Decimal supports at most 28.
         if raw[2] > 28 {
             bail!("decimal with scale {}", raw[2]);

@@ -1,8 +1,7 @@
-//! The write-ahead log: framing, segments, start-up (newest valid snapshot plus the WAL after
-//! it, with torn-tail repair), and the group-commit thread that owns the engine and the active
-//! segment, with the snapshot thread beside it.
+//! The write-ahead log: segments, start-up (newest valid snapshot plus the WAL after it, with
+//! torn-tail repair), and the group-commit thread that owns the engine and the active segment,
+//! with the snapshot thread beside it. Framing, names and fail points are in `storage.rs`.
 //!
-//! Record framing: `u32 LE payload length | u32 LE crc32(payload) | payload (JSON JournalRecord)`.
 //! Segments: `<data-dir>/wal-<first seq, 20 digits>.seg`, a new one started once the active one
 //! reaches `--segment-bytes` (after a synced batch, so a segment never ends with a torn record
 //! unless it is the last one).
@@ -22,14 +21,12 @@ use crate::engine::Engine;
 use crate::journal::{self, Catalog, JournalJob, LiveSegment, SharedCatalog};
 use crate::protocol::{JournalRecord, Request, Response};
 use crate::snapshot::{self, WalPosition};
+use crate::storage::{create_dir, frame_header, list_segments, read_full, sync_dir};
+pub use crate::storage::{
+    encode_record, parse_segment_name, segment_name, FailPoints, HEADER_BYTES, LEGACY_WAL_FILE,
+    LOCK_FILE, MAX_RECORD_BYTES,
+};
 
-/// The single log file of spot-core before segments; adopted at start as the first segment.
-pub const LEGACY_WAL_FILE: &str = "wal.log";
-/// Held with `flock` while a process uses the data directory.
-pub const LOCK_FILE: &str = "LOCK";
-/// A length above this cannot have been written by us, so it marks a damaged header.
-pub const MAX_RECORD_BYTES: u32 = 1 << 20;
-pub const HEADER_BYTES: usize = 8;
 /// Most requests folded into one write + sync.
 pub const MAX_BATCH: usize = 4096;
 
@@ -68,34 +65,6 @@ impl Default for StorageOptions {
             archive_dir: None,
         }
     }
-}
-
-/// Append one framed record to `out`.
-pub fn encode_record(record: &JournalRecord, out: &mut Vec<u8>) {
-    let start = out.len();
-    out.extend_from_slice(&[0u8; HEADER_BYTES]);
-    serde_json::to_writer(&mut *out, record).expect("serializing a record to memory cannot fail");
-    let payload = &out[start + HEADER_BYTES..];
-    let len = u32::try_from(payload.len()).expect("record fits u32");
-    let crc = crc32fast::hash(payload);
-    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
-    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
-}
-
-pub fn segment_name(first_seq: u64) -> String {
-    format!("wal-{first_seq:020}.seg")
-}
-
-pub fn parse_segment_name(name: &str) -> Option<u64> {
-    parse_seq_name(name, "wal-", ".seg")
-}
-
-/// The seq of a file named `<prefix><seq as 20 digits><suffix>` (segments and snapshots).
-pub(crate) fn parse_seq_name(name: &str, prefix: &str, suffix: &str) -> Option<u64> {
-    let digits = name.strip_prefix(prefix)?.strip_suffix(suffix)?;
-    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| digits.parse().ok())
-        .flatten()
 }
 
 /// What start-up found.
@@ -197,6 +166,39 @@ pub fn open(
     dir: &Path,
     options: &StorageOptions,
 ) -> anyhow::Result<(Engine, Wal, ReplayReport)> {
+    let lock = lock_dir(dir, options)?;
+    adopt_legacy_wal(dir)?;
+    let mut base = load_base(dir, assets)?;
+    let segs = wal_segments(dir, &base)?;
+    let start = first_segment_to_replay(dir, &segs, &base)?;
+    let mut report = ReplayReport {
+        snapshot_seq: base.seq,
+        records: 0,
+        dropped_bytes: 0,
+        valid_len: 0,
+        damaged_snapshots: base.damaged_names(),
+        snapshot_ms: base.snapshot_ms,
+    };
+    let (file, active_bytes) = replay_segments(dir, &segs, start, &mut base, &mut report)?;
+    let active_first = *segs.last().context("there is at least one segment")?;
+    set_aside(dir, &base.damaged)?;
+    let catalog = build_catalog(dir, options, &segs, &base)?;
+    let wal = Wal {
+        file,
+        dir: dir.to_path_buf(),
+        active_first,
+        active_bytes,
+        options: options.clone(),
+        catalog: Arc::new(std::sync::Mutex::new(catalog)),
+        since_snapshot_records: report.records,
+        _lock: lock,
+    };
+    Ok((base.engine, wal, report))
+}
+
+/// Create the data directory (and the archive) and take its `LOCK`: two engines appending to
+/// one log would interleave records and double-spend.
+fn lock_dir(dir: &Path, options: &StorageOptions) -> anyhow::Result<File> {
     create_dir(dir)?;
     if let Some(archive) = &options.archive_dir {
         create_dir(archive)?;
@@ -210,7 +212,6 @@ pub fn open(
         .truncate(false)
         .open(&lock_path)
         .with_context(|| format!("opening {}", lock_path.display()))?;
-    // Two engines appending to one log would interleave records and double-spend.
     match lock.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
@@ -226,35 +227,73 @@ pub fn open(
     if !lock_existed {
         sync_dir(dir)?;
     }
+    Ok(lock)
+}
 
+/// Rename a legacy `wal.log` to the first segment, unless segments exist already (refused:
+/// which one is current cannot be guessed) or an older spot-core still holds it.
+fn adopt_legacy_wal(dir: &Path) -> anyhow::Result<()> {
     let legacy = dir.join(LEGACY_WAL_FILE);
-    if legacy.exists() {
-        let segs = journal::list_segments(dir)?;
-        if !segs.is_empty() {
-            bail!(
-                "{} holds both a legacy {LEGACY_WAL_FILE} and WAL segments ({} ...); refusing to \
-                 guess which is current",
-                dir.display(),
-                segment_name(segs[0])
-            );
-        }
-        // An older spot-core locks `wal.log` itself, not `LOCK`: make sure none is running.
-        let old = File::open(&legacy).with_context(|| format!("opening {}", legacy.display()))?;
-        if let Err(std::fs::TryLockError::WouldBlock) = old.try_lock() {
-            bail!(
-                "{} is locked by another (older) spot-core process",
-                legacy.display()
-            );
-        }
-        drop(old);
-        let first = dir.join(segment_name(1));
-        std::fs::rename(&legacy, &first)
-            .with_context(|| format!("adopting {} as {}", legacy.display(), first.display()))?;
-        sync_dir(dir)?;
-        tracing::info!(from = %legacy.display(), to = %first.display(), "legacy WAL adopted as the first segment");
+    if !legacy.exists() {
+        return Ok(());
+    }
+    let segs = list_segments(dir)?;
+    if !segs.is_empty() {
+        bail!(
+            "{} holds both a legacy {LEGACY_WAL_FILE} and WAL segments ({} ...); refusing to \
+             guess which is current",
+            dir.display(),
+            segment_name(segs[0])
+        );
+    }
+    // An older spot-core locks `wal.log` itself, not `LOCK`: make sure none is running.
+    let old = File::open(&legacy).with_context(|| format!("opening {}", legacy.display()))?;
+    if let Err(std::fs::TryLockError::WouldBlock) = old.try_lock() {
+        bail!(
+            "{} is locked by another (older) spot-core process",
+            legacy.display()
+        );
+    }
+    drop(old);
+    let first = dir.join(segment_name(1));
+    std::fs::rename(&legacy, &first)
+        .with_context(|| format!("adopting {} as {}", legacy.display(), first.display()))?;
+    sync_dir(dir)?;
+    tracing::info!(from = %legacy.display(), to = %first.display(), "legacy WAL adopted as the first segment");
+    Ok(())
+}
+
+/// The snapshot start-up begins from, and what it found on the way.
+struct Base {
+    /// Seq of the snapshot (0: none, the WAL from seq 1).
+    seq: u64,
+    engine: Engine,
+    /// Where the WAL record after `seq` starts (none without a snapshot).
+    pos: Option<WalPosition>,
+    /// Seqs of every snapshot file found, sorted.
+    snapshots: Vec<u64>,
+    /// Snapshots found damaged, set aside once start-up succeeds.
+    damaged: Vec<PathBuf>,
+    /// Time spent reading and decoding snapshots, ms.
+    snapshot_ms: u64,
+}
+
+impl Base {
+    fn path(&self, dir: &Path) -> PathBuf {
+        dir.join(snapshot::file_name(self.seq))
     }
 
-    // Snapshots: leftovers of an interrupted write go; the newest valid one is the base.
+    fn damaged_names(&self) -> Vec<String> {
+        self.damaged
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect()
+    }
+}
+
+/// Remove the leftovers of an interrupted snapshot write and decode the newest valid snapshot
+/// (an empty engine when there is none).
+fn load_base(dir: &Path, assets: Assets) -> anyhow::Result<Base> {
     let mut snapshots = Vec::new();
     for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
         let name = entry?.file_name();
@@ -269,8 +308,8 @@ pub fn open(
     }
     snapshots.sort_unstable();
     let mut damaged = Vec::new();
-    let mut base: Option<(u64, Engine, WalPosition)> = None;
     let loading = Instant::now();
+    let mut found = None;
     for &seq in snapshots.iter().rev() {
         let path = dir.join(snapshot::file_name(seq));
         let decoded = std::fs::read(&path)
@@ -278,7 +317,7 @@ pub fn open(
             .and_then(|bytes| snapshot::decode(&bytes, assets.clone()));
         match decoded {
             Ok((engine, pos)) if engine.last_seq() == seq => {
-                base = Some((seq, engine, pos));
+                found = Some((seq, engine, pos));
                 break;
             }
             Ok((engine, _)) => {
@@ -291,180 +330,264 @@ pub fn open(
             }
         }
     }
-    let damaged_names: Vec<String> = damaged.iter().map(|p| p.display().to_string()).collect();
-    let (snap_seq, mut engine, pos) = match base {
+    let (seq, engine, pos) = match found {
         Some((seq, engine, pos)) => (seq, engine, Some(pos)),
         None => (0, Engine::new(assets), None),
     };
-    let snap_name = dir.join(snapshot::file_name(snap_seq));
+    let snapshot_ms = u64::try_from(loading.elapsed().as_millis()).unwrap_or(u64::MAX);
+    Ok(Base {
+        seq,
+        engine,
+        pos,
+        snapshots,
+        damaged,
+        snapshot_ms,
+    })
+}
 
-    let segs = journal::list_segments(dir)?;
-    let mut report = ReplayReport {
-        snapshot_seq: snap_seq,
-        records: 0,
-        dropped_bytes: 0,
-        valid_len: 0,
-        damaged_snapshots: damaged_names.clone(),
-        snapshot_ms: u64::try_from(loading.elapsed().as_millis()).unwrap_or(u64::MAX),
-    };
-    if segs.is_empty() {
-        if snap_seq > 0 {
-            bail!(
-                "snapshot {} covers seq {snap_seq} but {} holds no WAL segment: the WAL is behind \
-                 the snapshot; refusing to start",
-                snap_name.display(),
-                dir.display()
-            );
-        }
-        if !damaged.is_empty() {
-            bail!(
-                "no usable snapshot (damaged: {}) and no WAL segment in {}; refusing to start",
-                damaged_names.join(", "),
-                dir.display()
-            );
-        }
-        let path = dir.join(segment_name(1));
-        File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-        sync_dir(dir)?;
+/// The segments to start from; the first one is created in an empty directory, refused when a
+/// snapshot (or a damaged one) says there should be a WAL.
+fn wal_segments(dir: &Path, base: &Base) -> anyhow::Result<Vec<u64>> {
+    let segs = list_segments(dir)?;
+    if !segs.is_empty() {
+        return Ok(segs);
     }
-    let segs = if segs.is_empty() { vec![1] } else { segs };
-    let Some(start) = segs.iter().rposition(|f| *f <= snap_seq + 1) else {
-        if snap_seq == 0 {
-            bail!(
-                "the WAL segments in {} start at {} (seq {}), not at seq 1, and there is no usable \
-                 snapshot{}: records 1..{} are missing; refusing to start",
-                dir.display(),
-                segment_name(segs[0]),
-                segs[0],
-                if damaged.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (damaged: {})", damaged_names.join(", "))
-                },
-                segs[0] - 1
-            );
-        }
+    if base.seq > 0 {
         bail!(
-            "gap between snapshot {} (seq {snap_seq}) and the first WAL segment {} (seq {}): \
-             records {}..{} are missing; refusing to start",
-            snap_name.display(),
+            "snapshot {} covers seq {} but {} holds no WAL segment: the WAL is behind \
+             the snapshot; refusing to start",
+            base.path(dir).display(),
+            base.seq,
+            dir.display()
+        );
+    }
+    if !base.damaged.is_empty() {
+        bail!(
+            "no usable snapshot (damaged: {}) and no WAL segment in {}; refusing to start",
+            base.damaged_names().join(", "),
+            dir.display()
+        );
+    }
+    let path = dir.join(segment_name(1));
+    File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    sync_dir(dir)?;
+    Ok(vec![1])
+}
+
+/// Index in `segs` of the segment holding the record after the snapshot; refused when the
+/// segments start later (records would be missing).
+fn first_segment_to_replay(dir: &Path, segs: &[u64], base: &Base) -> anyhow::Result<usize> {
+    let snap_seq = base.seq;
+    if let Some(start) = segs.iter().rposition(|f| *f <= snap_seq + 1) {
+        return Ok(start);
+    }
+    if snap_seq == 0 {
+        bail!(
+            "the WAL segments in {} start at {} (seq {}), not at seq 1, and there is no usable \
+             snapshot{}: records 1..{} are missing; refusing to start",
+            dir.display(),
             segment_name(segs[0]),
             segs[0],
-            snap_seq + 1,
+            if base.damaged.is_empty() {
+                String::new()
+            } else {
+                format!(" (damaged: {})", base.damaged_names().join(", "))
+            },
             segs[0] - 1
         );
-    };
+    }
+    bail!(
+        "gap between snapshot {} (seq {snap_seq}) and the first WAL segment {} (seq {}): \
+         records {}..{} are missing; refusing to start",
+        base.path(dir).display(),
+        segment_name(segs[0]),
+        segs[0],
+        snap_seq + 1,
+        segs[0] - 1
+    );
+}
 
+/// Apply every record after the snapshot, segment by segment from `segs[start]`, cutting a torn
+/// tail off the last one. Returns the last segment, open for appends, and its valid length.
+fn replay_segments(
+    dir: &Path,
+    segs: &[u64],
+    start: usize,
+    base: &mut Base,
+    report: &mut ReplayReport,
+) -> anyhow::Result<(File, u64)> {
     let mut wal_last = 0u64;
-    let mut active: Option<(File, u64)> = None;
+    let mut active = None;
     for (j, &first) in segs.iter().enumerate().skip(start) {
         let path = dir.join(segment_name(first));
-        let last_segment = j + 1 == segs.len();
-        if j > start && first != engine.last_seq() + 1 {
-            bail!(
-                "gap between WAL segments: {} ends at seq {} but the next segment {} starts at \
-                 seq {first}; refusing to start",
-                segment_name(segs[j - 1]),
-                engine.last_seq(),
-                path.display()
-            );
+        if j > start && first != base.engine.last_seq() + 1 {
+            return Err(segment_gap(
+                segs[j - 1],
+                base.engine.last_seq(),
+                first,
+                &path,
+            ));
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
+        let from_snapshot = base.pos.filter(|p| j == start && p.segment == first);
+        let (file, valid_len) =
+            replay_segment(dir, &path, from_snapshot, base, &mut wal_last, report)?;
         let total_len = file.metadata()?.len();
-        let mut offset = 0;
-        if let Some(p) = pos.filter(|p| j == start && p.segment == first) {
-            if p.offset > total_len {
-                bail!(
-                    "snapshot {} covers seq {snap_seq}, ending at byte {} of {}, but that segment \
-                     has only {total_len} bytes: the WAL is behind the snapshot; refusing to start",
-                    snap_name.display(),
-                    p.offset,
-                    path.display()
-                );
-            }
-            offset = p.offset;
-            wal_last = wal_last.max(snap_seq);
-        }
-        let scan = scan_segment(&file, &path, offset, |record| {
-            let seq = record.seq();
-            wal_last = wal_last.max(seq);
-            if seq <= snap_seq {
-                return Ok(());
-            }
-            engine.apply_record(record)?;
-            report.records += 1;
-            Ok(())
-        })?;
-        if scan.valid_len < total_len {
-            let dropped = total_len - scan.valid_len;
-            if !last_segment {
+        if valid_len < total_len {
+            if j + 1 < segs.len() {
                 bail!(
                     "{} is damaged at byte {} (after seq {}), and later segments follow: this is \
                      corruption in the middle of the log, not a torn tail; refusing to start and \
                      leaving the files untouched",
                     path.display(),
-                    scan.valid_len,
-                    engine.last_seq()
+                    valid_len,
+                    base.engine.last_seq()
                 );
             }
-            let mut rest = vec![0u8; usize::try_from(dropped).context("WAL tail too large")?];
-            let mut f = &file;
-            f.seek(SeekFrom::Start(scan.valid_len))?;
-            f.read_exact(&mut rest)?;
-            if let Some((at, seq)) = later_valid_frame(&rest, wal_last.max(engine.last_seq())) {
-                bail!(
-                    "{} is damaged at byte {} (after seq {}), but an intact record (seq {seq}) \
-                     follows at byte {}: this is not a torn tail but corruption in the middle of \
-                     the log; refusing to start and leaving the file untouched",
-                    path.display(),
-                    scan.valid_len,
-                    engine.last_seq(),
-                    scan.valid_len + at as u64
-                );
-            }
-            tracing::warn!(
-                path = %path.display(),
-                dropped_bytes = dropped,
-                valid_len = scan.valid_len,
-                "WAL ends with a torn or damaged record; dropping it (it was never acknowledged)"
-            );
-            file.set_len(scan.valid_len)
-                .with_context(|| format!("truncating {}", path.display()))?;
-            file.sync_all()
-                .with_context(|| format!("syncing {}", path.display()))?;
-            report.dropped_bytes = dropped;
+            let last_seq = base.engine.last_seq();
+            report.dropped_bytes = cut_torn_tail(
+                &file,
+                &path,
+                valid_len,
+                total_len,
+                wal_last.max(last_seq),
+                last_seq,
+            )?;
         }
-        if last_segment {
-            report.valid_len = scan.valid_len;
-            active = Some((file, scan.valid_len));
+        if j + 1 == segs.len() {
+            report.valid_len = valid_len;
+            active = Some((file, valid_len));
         }
     }
-    if wal_last < snap_seq {
+    if wal_last < base.seq {
         bail!(
-            "snapshot {} covers seq {snap_seq} but the WAL ends at seq {wal_last}: the WAL is \
+            "snapshot {} covers seq {} but the WAL ends at seq {wal_last}: the WAL is \
              behind the snapshot; refusing to start",
-            snap_name.display()
+            base.path(dir).display(),
+            base.seq
         );
     }
-    let (file, active_bytes) = active.expect("there is at least one segment");
-    let active_first = *segs.last().expect("at least one segment");
+    active.context("there is at least one segment")
+}
 
-    // Damaged snapshots are set aside (kept for an operator, never read again).
-    for p in &damaged {
+/// Two segments that do not join: refused, records would be missing.
+fn segment_gap(previous: u64, last_seq: u64, first: u64, path: &Path) -> anyhow::Error {
+    anyhow::anyhow!(
+        "gap between WAL segments: {} ends at seq {} but the next segment {} starts at \
+         seq {first}; refusing to start",
+        segment_name(previous),
+        last_seq,
+        path.display()
+    )
+}
+
+/// Open one segment and apply its records after the snapshot (from its position when
+/// `from_snapshot` is this segment's); returns the file and where its intact records end.
+fn replay_segment(
+    dir: &Path,
+    path: &Path,
+    from_snapshot: Option<WalPosition>,
+    base: &mut Base,
+    wal_last: &mut u64,
+    report: &mut ReplayReport,
+) -> anyhow::Result<(File, u64)> {
+    let file = OpenOptions::new()
+        .read(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let snap_seq = base.seq;
+    let mut offset = 0;
+    if let Some(p) = from_snapshot {
+        let total_len = file.metadata()?.len();
+        if p.offset > total_len {
+            bail!(
+                "snapshot {} covers seq {snap_seq}, ending at byte {} of {}, but that segment \
+                 has only {total_len} bytes: the WAL is behind the snapshot; refusing to start",
+                base.path(dir).display(),
+                p.offset,
+                path.display()
+            );
+        }
+        offset = p.offset;
+        *wal_last = (*wal_last).max(snap_seq);
+    }
+    let engine = &mut base.engine;
+    let scan = scan_segment(&file, path, offset, |record| {
+        let seq = record.seq();
+        *wal_last = (*wal_last).max(seq);
+        if seq <= snap_seq {
+            return Ok(());
+        }
+        engine.apply_record(record)?;
+        report.records += 1;
+        Ok(())
+    })?;
+    Ok((file, scan.valid_len))
+}
+
+/// Cut the damaged end of the last segment, `valid_len..total_len`, unless an intact record
+/// after `last_seq` follows in it (corruption in the middle: refused). Returns the bytes cut.
+fn cut_torn_tail(
+    file: &File,
+    path: &Path,
+    valid_len: u64,
+    total_len: u64,
+    last_seq: u64,
+    engine_seq: u64,
+) -> anyhow::Result<u64> {
+    let dropped = total_len - valid_len;
+    let mut rest = vec![0u8; usize::try_from(dropped).context("WAL tail too large")?];
+    let mut f = file;
+    f.seek(SeekFrom::Start(valid_len))?;
+    f.read_exact(&mut rest)?;
+    if let Some((at, seq)) = later_valid_frame(&rest, last_seq) {
+        bail!(
+            "{} is damaged at byte {} (after seq {}), but an intact record (seq {seq}) \
+             follows at byte {}: this is not a torn tail but corruption in the middle of \
+             the log; refusing to start and leaving the file untouched",
+            path.display(),
+            valid_len,
+            engine_seq,
+            valid_len + at as u64
+        );
+    }
+    tracing::warn!(
+        path = %path.display(),
+        dropped_bytes = dropped,
+        valid_len,
+        "WAL ends with a torn or damaged record; dropping it (it was never acknowledged)"
+    );
+    file.set_len(valid_len)
+        .with_context(|| format!("truncating {}", path.display()))?;
+    file.sync_all()
+        .with_context(|| format!("syncing {}", path.display()))?;
+    Ok(dropped)
+}
+
+/// Damaged snapshots are set aside (kept for an operator, never read again).
+fn set_aside(dir: &Path, damaged: &[PathBuf]) -> anyhow::Result<()> {
+    for p in damaged {
         let aside = PathBuf::from(format!("{}.damaged", p.display()));
         std::fs::rename(p, &aside).with_context(|| format!("setting aside {}", p.display()))?;
     }
     if !damaged.is_empty() {
         sync_dir(dir)?;
     }
+    Ok(())
+}
 
+/// The catalog of what start-up found: live segments (the last one, active, with 0 bytes),
+/// archived ones before them, and the snapshots up to the base.
+fn build_catalog(
+    dir: &Path,
+    options: &StorageOptions,
+    segs: &[u64],
+    base: &Base,
+) -> anyhow::Result<Catalog> {
     let mut catalog = Catalog::new(dir.to_path_buf(), options.archive_dir.clone());
-    for &first in &segs {
-        let bytes = if first == active_first {
+    let active_first = segs.last().copied();
+    for &first in segs {
+        let bytes = if Some(first) == active_first {
             0
         } else {
             std::fs::metadata(dir.join(segment_name(first)))?.len()
@@ -475,37 +598,16 @@ pub fn open(
         });
     }
     if let Some(archive) = &options.archive_dir {
-        catalog.archived = journal::list_segments(archive)?
+        catalog.archived = list_segments(archive)?
             .into_iter()
             .filter(|f| *f < segs[0])
             .collect();
     }
-    for &seq in snapshots.iter().filter(|s| **s <= snap_seq) {
+    for &seq in base.snapshots.iter().filter(|s| **s <= base.seq) {
         let len = std::fs::metadata(dir.join(snapshot::file_name(seq)))?.len();
         catalog.snapshots.push((seq, len));
     }
-    let wal = Wal {
-        file,
-        dir: dir.to_path_buf(),
-        active_first,
-        active_bytes,
-        options: options.clone(),
-        catalog: Arc::new(std::sync::Mutex::new(catalog)),
-        since_snapshot_records: report.records,
-        _lock: lock,
-    };
-    Ok((engine, wal, report))
-}
-
-fn create_dir(dir: &Path) -> anyhow::Result<()> {
-    let existed = dir.is_dir();
-    std::fs::create_dir_all(dir).with_context(|| format!("creating dir {}", dir.display()))?;
-    if !existed {
-        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-            sync_dir(parent)?;
-        }
-    }
-    Ok(())
+    Ok(catalog)
 }
 
 /// What `scan_segment` read.
@@ -521,11 +623,25 @@ fn scan_segment(
     file: &File,
     path: &Path,
     start: u64,
-    mut apply: impl FnMut(JournalRecord) -> anyhow::Result<()>,
+    apply: impl FnMut(JournalRecord) -> anyhow::Result<()>,
 ) -> anyhow::Result<Scan> {
     let mut f = file;
     f.seek(SeekFrom::Start(start))?;
-    let mut reader = BufReader::with_capacity(1 << 20, f);
+    let reader = BufReader::with_capacity(1 << 20, f);
+    let valid_len = scan_frames(reader, path, start, apply)?;
+    Ok(Scan { valid_len })
+}
+
+/// The frame loop of start-up's segment scan, over any reader positioned at byte `start` of
+/// the segment at `path` (named in errors): feeds every intact record to `apply` and returns
+/// the end of the last one. Public so the fuzz targets read segments from memory through the
+/// same code.
+pub fn scan_frames(
+    mut reader: impl Read,
+    path: &Path,
+    start: u64,
+    mut apply: impl FnMut(JournalRecord) -> anyhow::Result<()>,
+) -> anyhow::Result<u64> {
     let mut valid_len = start;
     let mut payload = Vec::new();
     loop {
@@ -533,8 +649,7 @@ fn scan_segment(
         if read_full(&mut reader, &mut header)? < HEADER_BYTES {
             break;
         }
-        let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes"));
-        let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
+        let (len, crc) = frame_header(&header);
         if len > MAX_RECORD_BYTES {
             break;
         }
@@ -567,23 +682,23 @@ fn scan_segment(
         })?;
         valid_len += (HEADER_BYTES + payload.len()) as u64;
     }
-    Ok(Scan { valid_len })
+    Ok(valid_len)
 }
 
 /// The first position after the start of `rest` (which begins with a damaged frame) where an
 /// intact frame starts: length within bounds, whole frame inside `rest`, crc matching, and a
 /// payload that is a JSON object with a `seq` above `last_seq`. Only `seq` is read, so a record
 /// of a newer version counts too. Returns (offset in `rest`, seq).
-fn later_valid_frame(rest: &[u8], last_seq: u64) -> Option<(usize, u64)> {
+pub fn later_valid_frame(rest: &[u8], last_seq: u64) -> Option<(usize, u64)> {
     #[derive(serde::Deserialize)]
     struct SeqOnly {
         seq: u64,
     }
     let mut at = 1;
     while at + HEADER_BYTES <= rest.len() {
-        let header = &rest[at..at + HEADER_BYTES];
-        let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes"));
-        let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
+        let mut header = [0u8; HEADER_BYTES];
+        header.copy_from_slice(&rest[at..at + HEADER_BYTES]);
+        let (len, crc) = frame_header(&header);
         let start = at + HEADER_BYTES;
         if len > 0 && len <= MAX_RECORD_BYTES && start + len as usize <= rest.len() {
             let payload = &rest[start..start + len as usize];
@@ -598,63 +713,6 @@ fn later_valid_frame(rest: &[u8], last_seq: u64) -> Option<(usize, u64)> {
         at += 1;
     }
     None
-}
-
-pub(crate) fn sync_dir(dir: &Path) -> anyhow::Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .with_context(|| format!("syncing directory {}", dir.display()))
-}
-
-/// Like `read_exact`, but reports how much was read instead of failing at end of file.
-pub(crate) fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        match r.read(&mut buf[filled..]) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(filled)
-}
-
-/// Crash-test hooks, chosen once at start-up.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FailPoints {
-    /// Abort right after the first sync of a batch containing a movement, before answering.
-    pub abort_after_wal_sync: bool,
-    /// Abort with the snapshot's `.tmp` written and fsynced, before the rename.
-    pub snapshot_before_rename: bool,
-    /// Abort right after the rename, before the directory is fsynced.
-    pub snapshot_before_dir_sync: bool,
-    /// Abort with the snapshot renamed and the directory fsynced, before compaction.
-    pub snapshot_after_rename: bool,
-}
-
-impl FailPoints {
-    /// The environment variable the binary's arguments read them from.
-    pub const ENV: &'static str = "SPOT_CORE_FAILPOINT";
-
-    /// The hooks named in `value` (comma-separated); unknown names are ignored.
-    pub fn parse(value: &str) -> FailPoints {
-        let has = |name: &str| value.split(',').any(|v| v.trim() == name);
-        FailPoints {
-            abort_after_wal_sync: has("abort_after_wal_sync"),
-            snapshot_before_rename: has("snapshot_before_rename"),
-            snapshot_before_dir_sync: has("snapshot_before_dir_sync"),
-            snapshot_after_rename: has("snapshot_after_rename"),
-        }
-    }
-
-    /// Abort the process when `armed`.
-    pub(crate) fn hit(&self, armed: bool, name: &str) {
-        if armed {
-            eprintln!("spot-core: failpoint {name}");
-            std::process::abort();
-        }
-    }
 }
 
 struct Job {
@@ -762,6 +820,20 @@ impl Drop for AbortOnPanic {
     }
 }
 
+/// The engine thread's buffers, reused from batch to batch, and its snapshot counters.
+struct Batch {
+    jobs: Vec<Job>,
+    answers: Vec<(oneshot::Sender<Response>, Response)>,
+    journals: Vec<JournalJob>,
+    framed: Vec<u8>,
+    /// A movement is in this batch (the `abort_after_wal_sync` fail point's condition).
+    has_movement: bool,
+    /// An answer carries a status to fill with the storage figures.
+    wants_storage: bool,
+    since_records: u64,
+    since_bytes: u64,
+}
+
 fn commit_loop(
     mut engine: Engine,
     mut wal: Wal,
@@ -770,117 +842,140 @@ fn commit_loop(
     fail: FailPoints,
 ) {
     let _guard = AbortOnPanic;
-    let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
-    let mut answers: Vec<(oneshot::Sender<Response>, Response)> = Vec::with_capacity(MAX_BATCH);
-    let mut journals: Vec<JournalJob> = Vec::new();
-    let mut framed = Vec::with_capacity(1 << 16);
-    let (mut since_records, mut since_bytes) = (wal.since_snapshot_records, 0u64);
+    let mut batch = Batch {
+        jobs: Vec::with_capacity(MAX_BATCH),
+        answers: Vec::with_capacity(MAX_BATCH),
+        journals: Vec::new(),
+        framed: Vec::with_capacity(1 << 16),
+        has_movement: false,
+        wants_storage: false,
+        since_records: wal.since_snapshot_records,
+        since_bytes: 0,
+    };
     loop {
-        if rx.blocking_recv_many(&mut batch, MAX_BATCH) == 0 {
+        if rx.blocking_recv_many(&mut batch.jobs, MAX_BATCH) == 0 {
             // Every handle is gone: let a snapshot being written finish (it holds no lock the
             // next opener needs, but a test reopening the directory must not race it).
             drop(side.snapshots);
             let _ = side.snapshot_thread.join();
             return;
         }
-        let mut has_movement = false;
-        let mut wants_storage = false;
-        for job in batch.drain(..) {
-            if let Request::Journal { after_seq, limit } = job.request {
-                // Served by the reader thread once this batch is synced, up to what the engine
-                // had decided when the request came (read-your-writes on a connection).
-                journals.push(JournalJob {
-                    after_seq,
-                    limit,
-                    upto: engine.last_seq(),
-                    reply: job.reply,
-                });
-                continue;
-            }
-            let effect = engine.apply(&job.request);
-            if let Some(record) = &effect.record {
-                has_movement |= record.as_movement().is_some();
-                encode_record(record, &mut framed);
-                since_records += 1;
-            }
-            wants_storage |= matches!(&effect.response, Response::Ok { core: Some(_), .. });
-            answers.push((job.reply, effect.response));
+        decide(&mut engine, &mut batch);
+        if !batch.framed.is_empty() {
+            make_durable(&engine, &mut wal, &mut batch, &side, fail);
         }
-        if !framed.is_empty() {
-            if let Err(e) = wal.append(&framed) {
-                // Memory is now ahead of the disk; answering or continuing could acknowledge
-                // something a restart would forget.
-                tracing::error!(path = %wal.path().display(), error = %e, "WAL write or sync failed; aborting");
-                eprintln!("spot-core: WAL write/sync failed: {e}; aborting");
-                std::process::abort();
-            }
-            since_bytes += framed.len() as u64;
-            framed.clear();
-            if fail.abort_after_wal_sync && has_movement {
-                eprintln!("spot-core: failpoint abort_after_wal_sync");
-                std::process::abort();
-            }
-            side.retain.store(engine.retain_after(), Ordering::Release);
-            if let Err(e) = wal.maybe_rotate(engine.last_seq() + 1) {
-                // Not fatal: the active segment keeps taking records; retried next batch.
-                tracing::error!(error = %format!("{e:#}"), "starting a new WAL segment failed");
-            }
-        }
-        if wants_storage {
-            for (_, response) in answers.iter_mut() {
-                if let Response::Ok {
-                    core: Some(core), ..
-                } = response
-                {
-                    wal.fill_status(core);
-                }
-            }
-        }
-        for (reply, response) in answers.drain(..) {
-            // The asker may have hung up; the result is durable and visible through lookup.
-            let _ = reply.send(response);
-        }
-        for job in journals.drain(..) {
-            if let Err(e) = side.journal.send(job) {
-                // The reader is gone (it never exits while we run); answer rather than hang.
-                let _ =
-                    e.0.reply
-                        .send(Response::bad_request("journal reader stopped"));
-            }
-        }
+        answer(&wal, &mut batch, &side);
         let due = (wal.options.snapshot_every_records > 0
-            && since_records >= wal.options.snapshot_every_records)
+            && batch.since_records >= wal.options.snapshot_every_records)
             || (wal.options.snapshot_every_bytes > 0
-                && since_bytes >= wal.options.snapshot_every_bytes);
+                && batch.since_bytes >= wal.options.snapshot_every_bytes);
         if due && !side.in_flight.load(Ordering::Acquire) {
-            // The pause: serializing the live state on this thread. Bounded by what is live
-            // (accounts and remembered keys), not by history.
-            let started = Instant::now();
-            let mut bytes = side.spare.try_recv().unwrap_or_default();
-            snapshot::encode_into(
-                &engine,
-                WalPosition {
-                    segment: wal.active_first,
-                    offset: wal.active_bytes,
-                },
-                &mut bytes,
-            );
-            let pause = started.elapsed();
-            side.in_flight.store(true, Ordering::Release);
-            if side
-                .snapshots
-                .send(SnapshotJob {
-                    seq: engine.last_seq(),
-                    bytes,
-                    pause,
-                })
-                .is_err()
-            {
-                side.in_flight.store(false, Ordering::Release);
-            }
-            since_records = 0;
-            since_bytes = 0;
+            hand_snapshot(&engine, &wal, &side);
+            batch.since_records = 0;
+            batch.since_bytes = 0;
         }
+    }
+}
+
+/// Apply the batch's requests in memory and frame their records; `journal` requests wait for
+/// the sync.
+fn decide(engine: &mut Engine, batch: &mut Batch) {
+    batch.has_movement = false;
+    batch.wants_storage = false;
+    for job in batch.jobs.drain(..) {
+        if let Request::Journal { after_seq, limit } = job.request {
+            // Served by the reader thread once this batch is synced, up to what the engine
+            // had decided when the request came (read-your-writes on a connection).
+            batch.journals.push(JournalJob {
+                after_seq,
+                limit,
+                upto: engine.last_seq(),
+                reply: job.reply,
+            });
+            continue;
+        }
+        let effect = engine.apply(&job.request);
+        if let Some(record) = &effect.record {
+            batch.has_movement |= record.as_movement().is_some();
+            encode_record(record, &mut batch.framed);
+            batch.since_records += 1;
+        }
+        batch.wants_storage |= matches!(&effect.response, Response::Ok { core: Some(_), .. });
+        batch.answers.push((job.reply, effect.response));
+    }
+}
+
+/// Write and sync the batch's records (abort if that fails), then publish the audit's retained
+/// position and start a new segment when the active one is full.
+fn make_durable(engine: &Engine, wal: &mut Wal, batch: &mut Batch, side: &Side, fail: FailPoints) {
+    if let Err(e) = wal.append(&batch.framed) {
+        // Memory is now ahead of the disk; answering or continuing could acknowledge
+        // something a restart would forget.
+        tracing::error!(path = %wal.path().display(), error = %e, "WAL write or sync failed; aborting");
+        eprintln!("spot-core: WAL write/sync failed: {e}; aborting");
+        std::process::abort();
+    }
+    batch.since_bytes += batch.framed.len() as u64;
+    batch.framed.clear();
+    if fail.abort_after_wal_sync && batch.has_movement {
+        eprintln!("spot-core: failpoint abort_after_wal_sync");
+        std::process::abort();
+    }
+    side.retain.store(engine.retain_after(), Ordering::Release);
+    if let Err(e) = wal.maybe_rotate(engine.last_seq() + 1) {
+        // Not fatal: the active segment keeps taking records; retried next batch.
+        tracing::error!(error = %format!("{e:#}"), "starting a new WAL segment failed");
+    }
+}
+
+/// Send every answer of the synced batch, and hand its `journal` requests to the reader.
+fn answer(wal: &Wal, batch: &mut Batch, side: &Side) {
+    if batch.wants_storage {
+        for (_, response) in batch.answers.iter_mut() {
+            if let Response::Ok {
+                core: Some(core), ..
+            } = response
+            {
+                wal.fill_status(core);
+            }
+        }
+    }
+    for (reply, response) in batch.answers.drain(..) {
+        // The asker may have hung up; the result is durable and visible through lookup.
+        let _ = reply.send(response);
+    }
+    for job in batch.journals.drain(..) {
+        if let Err(e) = side.journal.send(job) {
+            // The reader is gone (it never exits while we run); answer rather than hang.
+            let _ =
+                e.0.reply
+                    .send(Response::bad_request("journal reader stopped"));
+        }
+    }
+}
+
+/// Serialize a snapshot on this thread (the pause, bounded by what is live: accounts and
+/// remembered keys, not history) and hand it to the snapshot thread.
+fn hand_snapshot(engine: &Engine, wal: &Wal, side: &Side) {
+    let started = Instant::now();
+    let mut bytes = side.spare.try_recv().unwrap_or_default();
+    snapshot::encode_into(
+        engine,
+        WalPosition {
+            segment: wal.active_first,
+            offset: wal.active_bytes,
+        },
+        &mut bytes,
+    );
+    let pause = started.elapsed();
+    side.in_flight.store(true, Ordering::Release);
+    let job = SnapshotJob {
+        seq: engine.last_seq(),
+        bytes,
+        pause,
+    };
+    if side.snapshots.send(job).is_err() {
+        side.in_flight.store(false, Ordering::Release);
     }
 }
 

@@ -366,7 +366,7 @@ async fn audit_periodic_check_that_cannot_run_is_an_alert_and_a_metric() {
     );
     let http = reqwest::Client::new();
     let metrics = || async {
-        http.get(format!("{}/metrics", ledger.base))
+        http.get(&ledger.metrics)
             .send()
             .await
             .unwrap()

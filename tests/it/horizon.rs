@@ -166,7 +166,7 @@ async fn the_horizon_advances_during_traffic_and_spot_core_stops_remembering_his
         last_horizon = after.horizon_ms;
         last_seq = after.last_seq;
     }
-    let metrics = reqwest::get(format!("{}/metrics", a.base))
+    let metrics = reqwest::get(&a.metrics)
         .await
         .unwrap()
         .text()

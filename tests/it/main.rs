@@ -7,6 +7,7 @@ mod procs;
 
 mod adapters_idempotency;
 mod admin_api;
+mod alerts;
 mod api;
 mod attacks;
 mod audit_incremental;
@@ -26,6 +27,7 @@ mod ledger_up;
 mod old_snapshot;
 mod pool_safety;
 mod projections;
+mod prometheus;
 mod recovery;
 mod recovery_safety;
 mod relay;

@@ -18,6 +18,9 @@ const SERVE_READY_PREFIX: &str = "ledger serving on ";
 /// A `ledger serve` child process.
 pub struct LedgerProcess {
     pub base: String,
+    /// `/metrics`' full URL: its own address (a free port on loopback, as `--metrics-listen`
+    /// puts it), or on `base` when the test set `LEDGER_METRICS_LISTEN=api`.
+    pub metrics: String,
     child: Option<Child>,
     stderr_path: PathBuf,
     _tmp: tempfile::TempDir,
@@ -42,6 +45,8 @@ impl LedgerProcess {
             // Rate and daily limits are another issue's; these tests send bursts on purpose.
             .env("LEDGER_RATE_PER_SECOND", "off")
             .env("LEDGER_DAILY_COUNT_MAX", "off")
+            // Its own free port: the default address would be shared by parallel tests.
+            .env("LEDGER_METRICS_LISTEN", "127.0.0.1:0")
             .env_remove("LEDGER_FAILPOINT")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -52,9 +57,13 @@ impl LedgerProcess {
         let mut child = cmd.spawn().expect("spawn ledger serve");
         let stdout = child.stdout.take().expect("stdout");
         let mut lines = BufReader::new(stdout).lines();
+        let mut metrics = None;
         let base = loop {
             match lines.next() {
                 Some(Ok(line)) => {
+                    if let Some(rest) = line.strip_prefix(command_api::cli::METRICS_READY_PREFIX) {
+                        metrics = Some(rest.trim().to_owned());
+                    }
                     if let Some(rest) = line.strip_prefix(SERVE_READY_PREFIX) {
                         let url = rest.split_whitespace().next().expect("address");
                         break url.to_owned();
@@ -68,8 +77,10 @@ impl LedgerProcess {
         };
         // Keep draining stdout so a later line can never block or kill it with EPIPE.
         std::thread::spawn(move || for _ in lines {});
+        let metrics = metrics.unwrap_or_else(|| format!("{base}/metrics"));
         Self {
             base,
+            metrics,
             child: Some(child),
             stderr_path,
             _tmp: tmp,

@@ -275,7 +275,7 @@ async fn mon_001_target_pending_over_threshold_is_critical_and_visible_in_metric
     // loaded machine (it once read TARGET_PENDING 0 here).
     s.wait_for_projections().await;
     let metrics = http
-        .get(format!("{}/metrics", ledger.base))
+        .get(&ledger.metrics)
         .send()
         .await
         .unwrap()
