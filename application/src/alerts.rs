@@ -212,8 +212,7 @@ impl FrequencyMonitor {
     /// Counts one request of `user` at `now` (`refused` when the rate gate refused it); the
     /// episode's start when this request took the user over a threshold.
     pub fn observe_at(&self, user: UserId, refused: bool, now: Instant) -> Option<Episode> {
-        if self.config.requests_per_minute.is_none() && self.config.refusals_per_minute.is_none()
-        {
+        if self.config.requests_per_minute.is_none() && self.config.refusals_per_minute.is_none() {
             return None;
         }
         let elapsed = now.saturating_duration_since(self.origin);
@@ -381,7 +380,11 @@ mod tests {
         }
         let raised = (0..4)
             .filter_map(|i| {
-                m.observe_at(user(1), false, t0 + WINDOW + Duration::from_millis(1_000 + i))
+                m.observe_at(
+                    user(1),
+                    false,
+                    t0 + WINDOW + Duration::from_millis(1_000 + i),
+                )
             })
             .count();
         assert_eq!(raised, 1);

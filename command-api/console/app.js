@@ -391,7 +391,7 @@
     if (!result.ok) { return errorBox(result.error); }
     var alerts = result.value.alerts || [];
     if (alerts.length === 0) { return h("div", { class: "empty" }, "No alerts."); }
-    return h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "when"), h("th", {}, "code"), h("th", {}, "severity"),
+    return h("table", { id: "alerts-table" }, h("thead", {}, h("tr", {}, h("th", {}, "when"), h("th", {}, "code"), h("th", {}, "severity"),
       h("th", {}, "user"), h("th", {}, "detail"))),
       h("tbody", {}, alerts.map(function (a) {
         return h("tr", {}, h("td", {}, when(a.at)), h("td", { class: "mono" }, a.code),

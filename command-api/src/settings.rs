@@ -285,9 +285,9 @@ impl Settings {
             if text.eq_ignore_ascii_case("off") {
                 return Ok(None);
             }
-            let n: u32 = text
-                .parse()
-                .map_err(|_| anyhow::anyhow!("{name} must be a whole number or `off`, not {text:?}"))?;
+            let n: u32 = text.parse().map_err(|_| {
+                anyhow::anyhow!("{name} must be a whole number or `off`, not {text:?}")
+            })?;
             Ok((n > 0).then_some(n))
         };
         let defaults = application::alerts::FrequencyConfig::default();

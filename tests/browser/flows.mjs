@@ -134,7 +134,9 @@ async function stuckResolved(page) {
   await mark(page);
   const row = page.locator(`#stuck-table tr[data-req-id="${STUCK}"]`);
   await row.waitFor({ timeout: 30000 });
-  await shot(page, "05-stuck-list.png");
+  // The ledger runs with MON-004 at 2 requests a minute: user 7's three transfers raised it.
+  await page.locator("#alerts-table tr", { hasText: "MON-004" }).first().waitFor({ timeout: 15000 });
+  await shot(page, "05-stuck-list-and-mon-004.png");
   await row.locator("a.id").click();
   await page.locator("#resolve-form").waitFor();
   await assertNotReloaded(page);

@@ -194,7 +194,10 @@ async fn mon_001_shipped_rule_fires_in_a_real_prometheus_scraping_a_real_ledger(
     );
     // spot-core is down for real: the same scrape says so.
     let spot_down = prometheus_query(&prometheus, "ledger_spot_core_up").await;
-    assert_eq!(spot_down, "0", "ledger_spot_core_up as Prometheus scraped it");
+    assert_eq!(
+        spot_down, "0",
+        "ledger_spot_core_up as Prometheus scraped it"
+    );
 
     // spot-core back: the worker commits the transfer and the alert resolves.
     s.spot.restart();
