@@ -250,7 +250,7 @@
 
   function reqLink(reqId) { return h("a", { class: "id", href: "#/transfer/" + encodeURIComponent(reqId) }, reqId); }
 
-  function userLink(userId) { return h("a", { href: "#/user/" + encodeURIComponent(userId) }, "user " + userId); }
+  function userLink(userId) { return h("a", { class: "nowrap", href: "#/user/" + encodeURIComponent(userId) }, "user " + userId); }
 
   function amount(text) { return h("span", { class: "amount" }, text === null || text === undefined ? "—" : String(text)); }
 
@@ -349,9 +349,9 @@
     var o = result.value;
     showHalt(o.halted, o.halt_reason);
     var counts = o.by_state || {};
-    replace(stateBox, h("table", {}, h("tbody", {}, STATES.map(function (s) {
-      return h("tr", {}, h("td", {}, stateBadge(s)), h("td", { class: "num mono" }, String(counts[s] || 0)));
-    }))));
+    replace(stateBox, h("div", { class: "state-tiles" }, STATES.map(function (s) {
+      return h("div", { class: "state-tile" + (counts[s] ? "" : " zero") }, stateBadge(s), h("span", { class: "count mono" }, String(counts[s] || 0)));
+    })));
     var check = o.last_check;
     var lag = o.lag || {};
     replace(statsBox, [
@@ -391,7 +391,7 @@
     if (!result.ok) { return errorBox(result.error); }
     var alerts = result.value.alerts || [];
     if (alerts.length === 0) { return h("div", { class: "empty" }, "No alerts."); }
-    return h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "when"), h("th", {}, "code"), h("th", {}, "severity"),
+    return h("table", { id: "alerts-table" }, h("thead", {}, h("tr", {}, h("th", {}, "when"), h("th", {}, "code"), h("th", {}, "severity"),
       h("th", {}, "user"), h("th", {}, "detail"))),
       h("tbody", {}, alerts.map(function (a) {
         return h("tr", {}, h("td", {}, when(a.at)), h("td", { class: "mono" }, a.code),
@@ -501,7 +501,7 @@
     var resolution = resolutionOf(t);
     return [
       h("section", { class: "card" }, h("dl", { class: "kv" },
-        h("dt", {}, "state"), h("dd", {}, stateBadge(row.state), open ? h("span", { class: "muted small" }, "  open") : null),
+        h("dt", {}, "state"), h("dd", {}, stateBadge(row.state), open ? h("span", { class: "muted small" }, "  open: ", h("a", { href: "#resolve-form", onclick: function (ev) { ev.preventDefault(); $("resolve-form").scrollIntoView(); } }, "resolve it below")) : null),
         h("dt", {}, "user"), h("dd", {}, userLink(row.user_id)),
         h("dt", {}, "movement"), h("dd", {}, amount(row.amount), " ", row.asset, " from ", row.from, " to ", row.to),
         h("dt", {}, "cid"), h("dd", { class: "mono" }, row.cid || "—"),
@@ -511,17 +511,17 @@
       resolution ? h("section", { class: "card" }, h("h2", {}, "Manual resolution"), h("div", { class: "resolution", id: "resolution" },
         h("div", {}, "Resolved as ", stateBadge(resolution.outcome), " by ", h("strong", { class: "mono" }, resolution.by), " at ", when(resolution.at)),
         h("div", {}, "Reason: ", h("q", { class: "reason" }, resolution.reason)))) : null,
-      open ? resolveForm(row, reload) : null,
       card("Timeline", timeline(t.events || [])),
-      card("Recovery attempts", attemptsTable(t.attempts || [])),
       card("Account systems' records for this req_id", adapterRecords(t)),
+      card("Recovery attempts", attemptsTable(t.attempts || [])),
+      open ? resolveForm(row, reload) : null,
     ];
   }
 
   function timeline(events) {
     if (events.length === 0) { return h("div", { class: "empty" }, "No events."); }
     return h("ol", { class: "timeline", id: "timeline" }, events.map(function (e) {
-      var cls = /ManuallyResolved/.test(e.type) ? "resolved" : /Committed|RolledBack/.test(e.type) ? "terminal" : /Failed|Compensation/.test(e.type) ? "failure" : "";
+      var cls = /ManuallyResolved|RolledBack|Compensation/.test(e.type) ? "resolved" : /Committed/.test(e.type) ? "terminal" : /Failed/.test(e.type) ? "failure" : "";
       return h("li", { class: cls }, h("div", {}, h("span", { class: "event-type" }, e.type), " ",
         h("span", { class: "muted small" }, "v" + e.version + " · "), when(e.at)), eventData(e.data));
     }));
@@ -644,7 +644,7 @@
       var started = Date.now();
       api("/api/v1/admin/invariant" + (full ? "?full=true" : "")).then(function (rep) {
         replace(result, reportView(rep, Date.now() - started));
-        showHalt(rep.halted, null);
+        showHaltState(rep.halted, null);
         loadHistory();
       }, function (e) { replace(result, errorBox(e)); }).then(function () { running = false; });
     }
@@ -652,12 +652,20 @@
       api("/api/v1/admin/invariant/history?limit=20").then(function (b) { replace(history, historyTable(b.checks || [])); },
         function (e) { replace(history, e.status === 404 ? h("div", { class: "muted" }, "This build keeps no history of checks.") : errorBox(e)); });
     }
-    var clear = h("button", { type: "button", class: "danger", id: "clear-halt" }, "Clear the halt");
-    var clearOut = h("div");
+    var clear = h("button", { type: "button", class: "danger", id: "clear-halt", hidden: true }, "Clear the halt");
+    var clearOut = h("div", {}, h("div", { class: "muted" }, "Reading the halt flag…"));
+    function showHaltState(halted, reason) {
+      showHalt(halted, reason);
+      clear.hidden = !halted;
+      replace(clearOut, halted ? h("div", { class: "error" }, "Transfers are halted" + (reason ? ": " + reason : "") + ".")
+        : h("div", { class: "ok-box" }, "Not halted: transfers are accepted."));
+    }
+    api("/api/v1/admin/overview").then(function (o) { showHaltState(o.halted, o.halt_reason); },
+      function (e) { replace(clearOut, errorBox(e)); });
     clear.addEventListener("click", function () {
       if (clear.getAttribute("data-armed") !== "1") { clear.setAttribute("data-armed", "1"); clear.textContent = "Confirm: transfers resume now"; return; }
       api("/api/v1/admin/invariant/clear", { method: "POST" }).then(function () {
-        replace(clearOut, h("div", { class: "ok-box" }, "Halt cleared.")); showHalt(false, null);
+        showHaltState(false, null);
       }, function (e) { replace(clearOut, errorBox(e)); });
     });
     append(root, [h("h1", {}, "Conservation check"),
@@ -667,7 +675,7 @@
           h("button", { type: "button", id: "run-full", class: "secondary", onclick: function () { run(true); } }, "Run the full check now")),
         result]),
       card("Recent checks", history),
-      card("Halt", [h("p", { class: "muted" }, "A violation halts new transfers. Clear it only after you have found the cause."), clear, clearOut])]);
+      card("Halt", [h("p", { class: "muted" }, "A violation halts new transfers. Clear it only after you have found the cause."), clearOut, clear])]);
     loadHistory();
   };
 

@@ -134,7 +134,9 @@ async function stuckResolved(page) {
   await mark(page);
   const row = page.locator(`#stuck-table tr[data-req-id="${STUCK}"]`);
   await row.waitFor({ timeout: 30000 });
-  await shot(page, "05-stuck-list.png");
+  // The ledger runs with MON-004 at 2 requests a minute: user 7's three transfers raised it.
+  await page.locator("#alerts-table tr", { hasText: "MON-004" }).first().waitFor({ timeout: 15000 });
+  await shot(page, "05-stuck-list-and-mon-004.png");
   await row.locator("a.id").click();
   await page.locator("#resolve-form").waitFor();
   await assertNotReloaded(page);
@@ -164,6 +166,31 @@ async function graphiql(page) {
   await shot(page, "08-graphiql-query.png");
 }
 
+/** The other pages an operator uses: transfers with a filter, a user, the full check, assets. */
+async function operatorPages(page) {
+  await page.goto(`${BASE}/console#/transfers?user_id=7`);
+  await page.locator("table.transfers").waitFor();
+  await shot(page, "09-transfers-filtered.png");
+  await page.goto(`${BASE}/console#/user/7`);
+  await page.locator("h2", { hasText: "Balances" }).waitFor();
+  await page.locator("table").first().waitFor();
+  await shot(page, "10-user.png");
+  await page.goto(`${BASE}/console#/invariant`);
+  await page.click("#run-full");
+  await page.locator("#invariant-assets").waitFor({ timeout: 30000 });
+  const verdict = await page.locator(".pill", { hasText: "money is conserved" }).count();
+  if (verdict !== 1) { throw new Error("the full check did not report conservation"); }
+  await page.locator("#invariant-history").waitFor({ timeout: 10000 });
+  await shot(page, "11-conservation-full-check.png");
+  await page.goto(`${BASE}/console#/assets`);
+  const btc = page.locator('#assets-table tr[data-asset="BTC"]');
+  await btc.waitFor();
+  await btc.locator('select[name="status"]').selectOption("SUSPENDED");
+  await btc.locator("button", { hasText: "Save" }).click();
+  await btc.locator(".pill", { hasText: "SUSPENDED" }).waitFor({ timeout: 10000 });
+  await shot(page, "12-assets-btc-suspended.png");
+}
+
 async function main() {
   fs.mkdirSync(OUT, { recursive: true });
   const interfaces = await proveIsolation();
@@ -186,7 +213,7 @@ async function main() {
     if (m.type() === "error" && !/status of 40[134]/.test(m.text())) { problems.push(`console error: ${m.text()}`); }
   });
   const flows = [["user token refused", userTokenRefused], ["sign in", signIn], ["live transfer", liveTransfer],
-    ["stuck transfer resolved", stuckResolved], ["graphiql query", graphiql]];
+    ["stuck transfer resolved", stuckResolved], ["operator pages", operatorPages], ["graphiql query", graphiql]];
   const failed = [];
   for (const [name, flow] of flows) {
     try {

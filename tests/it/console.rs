@@ -241,7 +241,10 @@ async fn console_flows_in_headless_chromium_with_no_route_elsewhere() {
     let ledger = LedgerProcess::start(
         &s.db.url,
         &s.spot.addr,
-        &[("LEDGER_RECOVERY_STALE_MS", "3600000")],
+        &[
+            ("LEDGER_RECOVERY_STALE_MS", "3600000"),
+            ("LEDGER_ALERT_REQUESTS_PER_MINUTE", "2"),
+        ],
     );
     let user = token(7, false);
     let stuck = hold_one_open(&mut s, &ledger, &user).await;
@@ -279,5 +282,5 @@ async fn console_flows_in_headless_chromium_with_no_route_elsewhere() {
         output.status,
         ledger.log()
     );
-    assert!(stdout.contains("all 5 flows passed"), "{stdout}");
+    assert!(stdout.contains("all 6 flows passed"), "{stdout}");
 }
