@@ -17,6 +17,7 @@ pub mod lease;
 pub mod ledger;
 pub mod limits;
 pub mod maintenance;
+pub mod repair;
 pub mod request;
 pub mod resolve;
 pub mod submit;
@@ -28,6 +29,7 @@ pub use failpoint::FailPoints;
 pub use horizon::{Horizon, HorizonConfig};
 pub use ledger::{Ledger, RateGate, RequestError, Unlimited};
 pub use limits::DailyLimits;
+pub use repair::{RepairError, RepairOutcome};
 pub use request::TransferRequest;
 pub use resolve::ManualResolutionError;
 

@@ -116,6 +116,7 @@ pub fn build_app(state: AppState) -> Router {
         .merge(crate::openapi::routes())
         .merge(crate::metrics::routes())
         .merge(crate::admin_recovery::routes())
+        .merge(crate::admin_repairs::routes())
         .merge(
             crate::feed::routes()
                 .merge(crate::invariant::routes())
