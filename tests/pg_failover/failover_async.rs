@@ -189,7 +189,7 @@ async fn inv_004_mon_003_async_failover_lost_commits_are_reported_halted_and_rep
     assert_eq!(refused.status().as_u16(), 503);
     assert_eq!(refused.json::<Value>().await.unwrap()["code"], "SERVICE_HALTED");
 
-    repair_all(&http, &ledger.base, &expected).await;
+    repair_all(&http, &ledger, &expected).await;
 
     let after = admin_get(&http, &format!("{}/api/v1/admin/invariant?full=true", ledger.base)).await;
     assert_eq!(after["ok"], true, "not repaired: {after:#}");
@@ -214,9 +214,9 @@ async fn inv_004_mon_003_async_failover_lost_commits_are_reported_halted_and_rep
 }
 
 /// Repairs each reported req_id, once and then again (the repeat changes nothing).
-async fn repair_all(http: &Client, base: &str, ids: &BTreeSet<String>) {
+async fn repair_all(http: &Client, ledger: &LedgerProcess, ids: &BTreeSet<String>) {
     for (i, id) in ids.iter().enumerate() {
-        let url = format!("{base}/api/v1/admin/repairs/{id}");
+        let url = format!("{}/api/v1/admin/repairs/{id}", ledger.base);
         let body = json!({"reason": "async failover lost the events; spot-core applied it"});
         let first: Value = http
             .post(&url)
@@ -228,7 +228,12 @@ async fn repair_all(http: &Client, base: &str, ids: &BTreeSet<String>) {
             .json()
             .await
             .unwrap();
-        assert_eq!(first["state"], "COMMITTED", "{id}: {first}");
+        assert_eq!(
+            first["state"],
+            "COMMITTED",
+            "{id}: {first}\n{}",
+            ledger.log()
+        );
         assert_eq!(first["repeated"], false, "{id}: {first}");
         if i == 0 {
             let again: Value = http
