@@ -417,9 +417,13 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
                 };
                 match answered {
                     Some((id, state)) => {
-                        sent.lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .insert(id, Sent { from_funding, state });
+                        sent.lock().unwrap_or_else(|e| e.into_inner()).insert(
+                            id,
+                            Sent {
+                                from_funding,
+                                state,
+                            },
+                        );
                         answers.fetch_add(1, Ordering::SeqCst);
                     }
                     None => {

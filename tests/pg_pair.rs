@@ -145,7 +145,9 @@ impl PgPair {
     /// backup; its port is appended after).
     fn conf(&self, i: usize) -> String {
         let sync = match self.replication {
-            Replication::Synchronous => "synchronous_standby_names = '*'\nsynchronous_commit = on\n",
+            Replication::Synchronous => {
+                "synchronous_standby_names = '*'\nsynchronous_commit = on\n"
+            }
             Replication::Asynchronous => "synchronous_standby_names = ''\n",
         };
         format!(
@@ -172,7 +174,16 @@ impl PgPair {
     fn init_primary(&self) -> anyhow::Result<()> {
         self.run(
             "initdb",
-            &["-D", self.data(0), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"],
+            &[
+                "-D",
+                self.data(0),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
         )?;
         self.append_conf(0, &self.conf(0))?;
         self.start_node(0)
@@ -182,7 +193,16 @@ impl PgPair {
         let log = self.log_path(i);
         self.run(
             "pg_ctl",
-            &["-D", self.data(i), "-l", &log, "-w", "-t", CTL_WAIT_SECS, "start"],
+            &[
+                "-D",
+                self.data(i),
+                "-l",
+                &log,
+                "-w",
+                "-t",
+                CTL_WAIT_SECS,
+                "start",
+            ],
         )
     }
 
@@ -198,8 +218,21 @@ impl PgPair {
         self.run(
             "pg_basebackup",
             &[
-                "-h", "127.0.0.1", "-p", &port, "-U", "postgres", "-D", self.data(i), "-X",
-                "stream", "-R", "-c", "fast", "-d", &name,
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-U",
+                "postgres",
+                "-D",
+                self.data(i),
+                "-X",
+                "stream",
+                "-R",
+                "-c",
+                "fast",
+                "-d",
+                &name,
             ],
         )?;
         self.append_conf(i, &self.conf(i))?;
@@ -248,7 +281,16 @@ impl PgPair {
         let p = self.primary();
         self.run(
             "pg_ctl",
-            &["-D", self.data(p), "-m", "immediate", "-w", "-t", CTL_WAIT_SECS, "stop"],
+            &[
+                "-D",
+                self.data(p),
+                "-m",
+                "immediate",
+                "-w",
+                "-t",
+                CTL_WAIT_SECS,
+                "stop",
+            ],
         )
     }
 
@@ -287,7 +329,15 @@ impl PgPair {
         self.run(
             "pg_ctl",
             &[
-                "-D", self.data(p), "-l", &log, "-m", "immediate", "-w", "-t", CTL_WAIT_SECS,
+                "-D",
+                self.data(p),
+                "-l",
+                &log,
+                "-m",
+                "immediate",
+                "-w",
+                "-t",
+                CTL_WAIT_SECS,
                 "restart",
             ],
         )

@@ -23,6 +23,9 @@ use serde::Serialize;
 use crate::coordinator::{Coordinator, CoordinatorError, NewTransfer};
 use adapters::SpotAdapter;
 
+/// How many times a re-record's creation is tried when the store's answer is unknown.
+const CREATE_ATTEMPTS: u32 = 5;
+
 /// Why a repair was refused or could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum RepairError {
@@ -140,10 +143,7 @@ impl Coordinator {
                 amount = %implied.transfer.amount,
                 "failover repair: re-recording a transfer spot-core applied and the event log lost"
             );
-            match self.create_for_repair(*req_id, &implied.transfer).await {
-                Ok(()) | Err(CoordinatorError::Conflict) => {}
-                Err(e) => return Err(e.into()),
-            }
+            self.create_repaired(req_id, &implied.transfer).await?;
         }
         let row = self
             .repair_row(req_id)
@@ -172,10 +172,7 @@ impl Coordinator {
     ) -> Result<RepairOutcome, RepairError> {
         if self.load(req_id).await?.is_none() {
             let transfer = row_transfer(&row)?;
-            match self.create_for_repair(*req_id, &transfer).await {
-                Ok(()) | Err(CoordinatorError::Conflict) => {}
-                Err(e) => return Err(e.into()),
-            }
+            self.create_repaired(req_id, &transfer).await?;
         }
         let data = self.drive_repaired(req_id).await?;
         if data.state.is_terminal() {
@@ -204,16 +201,51 @@ impl Coordinator {
         })
     }
 
+    /// Creates the re-recorded transfer. A store error is an unknown outcome (right after a
+    /// failover, the first commit through a connection kept from the old primary fails): it is
+    /// tried again a few times, and an existing transfer is success.
+    async fn create_repaired(&self, req_id: &ReqId, t: &NewTransfer) -> Result<(), RepairError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.create_for_repair(*req_id, t).await {
+                Ok(()) | Err(CoordinatorError::Conflict) => return Ok(()),
+                Err(CoordinatorError::Store(_)) if attempt < CREATE_ATTEMPTS => {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    if self.load(req_id).await.ok().flatten().is_some() {
+                        return Ok(());
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
     /// Drives with every pending call looked up first; a concurrent driver (the recovery
-    /// worker) winning a step is no failure: the state then is what the log says.
+    /// worker) winning a step is no failure: the state then is what the log says. A transfer
+    /// still open after the attempts is answered as it stands; the recovery worker finishes it.
     async fn drive_repaired(&self, req_id: &ReqId) -> Result<TransferData, RepairError> {
-        match self.resume(req_id).await {
-            Ok(resumed) => Ok(resumed.data),
-            Err(CoordinatorError::Conflict) => self
-                .load(req_id)
-                .await?
-                .ok_or_else(|| CoordinatorError::NotFound.into()),
-            Err(e) => Err(e.into()),
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.resume(req_id).await {
+                // An unknown outcome (a connection kept from the old primary) is looked up and
+                // retried, as the recovery worker would, a few times before answering.
+                Ok(resumed) if resumed.unknown.is_some() && attempt < CREATE_ATTEMPTS => {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+                Ok(resumed) => return Ok(resumed.data),
+                Err(CoordinatorError::Conflict) => {
+                    return self
+                        .load(req_id)
+                        .await?
+                        .ok_or_else(|| CoordinatorError::NotFound.into())
+                }
+                Err(CoordinatorError::Store(_)) if attempt < CREATE_ATTEMPTS => {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
     }
 

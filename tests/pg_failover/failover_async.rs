@@ -30,7 +30,13 @@ fn token(user: u64, admin: bool) -> String {
 }
 
 /// One transfer through the HTTP API: its req_id and the state it was answered with.
-async fn transfer(http: &Client, base: &str, user: u64, from_funding: bool, amount: &str) -> (String, String) {
+async fn transfer(
+    http: &Client,
+    base: &str,
+    user: u64,
+    from_funding: bool,
+    amount: &str,
+) -> (String, String) {
     let (from, to) = if from_funding {
         ("FUNDING", "SPOT")
     } else {
@@ -95,7 +101,10 @@ async fn audit_after_failover(http: &Client, base: &str, within: Duration) -> Va
                 return r.json().await.expect("report");
             }
         }
-        assert!(Instant::now() < deadline, "the ledger never audited again after the failover");
+        assert!(
+            Instant::now() < deadline,
+            "the ledger never audited again after the failover"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -111,13 +120,12 @@ fn reported(report: &Value) -> BTreeSet<String> {
 
 /// The req_ids of `ids` the (new) primary's event log has.
 async fn known(pool: &sqlx::PgPool, ids: &[String]) -> BTreeSet<String> {
-    let found: Vec<String> = sqlx::query_scalar(
-        "SELECT DISTINCT aggregate_id FROM events WHERE aggregate_id = ANY($1)",
-    )
-    .bind(ids)
-    .fetch_all(pool)
-    .await
-    .expect("read events");
+    let found: Vec<String> =
+        sqlx::query_scalar("SELECT DISTINCT aggregate_id FROM events WHERE aggregate_id = ANY($1)")
+            .bind(ids)
+            .fetch_all(pool)
+            .await
+            .expect("read events");
     found.into_iter().collect()
 }
 
@@ -128,7 +136,9 @@ async fn inv_004_mon_003_async_failover_lost_commits_are_reported_halted_and_rep
         .await
         .expect("a private primary and asynchronous standby");
     let db_url = pair.url("failover_async");
-    let pool = schema::prepare(&db_url, 4).await.expect("database on the pair");
+    let pool = schema::prepare(&db_url, 4)
+        .await
+        .expect("database on the pair");
     let funding = adapters::FundingLedger::new(pool.clone());
     for user in 1..=USERS {
         funding
@@ -149,12 +159,19 @@ async fn inv_004_mon_003_async_failover_lost_commits_are_reported_halted_and_rep
         &spot.addr,
         &[("LEDGER_INVARIANT_INTERVAL_SECS", "3600")],
     );
-    let http = Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
+    let http = Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
 
     // Replicated: answered, and on the standby before the cut.
     let kept = load(&http, &ledger.base, 2).await;
-    pair.wait_caught_up(Duration::from_secs(60)).await.expect("standby caught up");
-    pair.cut_replication().await.expect("cut the standby's WAL receipt");
+    pair.wait_caught_up(Duration::from_secs(60))
+        .await
+        .expect("standby caught up");
+    pair.cut_replication()
+        .await
+        .expect("cut the standby's WAL receipt");
     // Acknowledged on the primary only.
     let lost = load(&http, &ledger.base, 2).await;
     let p = &pair;
@@ -162,19 +179,33 @@ async fn inv_004_mon_003_async_failover_lost_commits_are_reported_halted_and_rep
 
     let report = audit_after_failover(&http, &ledger.base, Duration::from_secs(60)).await;
     // Independently of the ledger: the new primary lost exactly the window.
-    let new_pool = schema::connect(&db_url, 2).await.expect("pool on the new primary");
-    assert_eq!(known(&new_pool, &kept).await.len(), kept.len(), "replicated transfers lost");
-    assert!(known(&new_pool, &lost).await.is_empty(), "the window was not lost: the test proves nothing");
+    let new_pool = schema::connect(&db_url, 2)
+        .await
+        .expect("pool on the new primary");
+    assert_eq!(
+        known(&new_pool, &kept).await.len(),
+        kept.len(),
+        "replicated transfers lost"
+    );
+    assert!(
+        known(&new_pool, &lost).await.is_empty(),
+        "the window was not lost: the test proves nothing"
+    );
     let expected: BTreeSet<String> = lost.iter().cloned().collect();
     assert_eq!(reported(&report), expected, "{report:#}");
     assert_eq!(report["ok"], false);
     assert_eq!(report["halted"], true, "MON-003: transfers not halted");
-    let full = admin_get(&http, &format!("{}/api/v1/admin/invariant?full=true", ledger.base)).await;
+    let full = admin_get(
+        &http,
+        &format!("{}/api/v1/admin/invariant?full=true", ledger.base),
+    )
+    .await;
     assert_eq!(reported(&full), expected, "full check: {full:#}");
     let log = ledger.log();
     for id in &expected {
         assert!(
-            log.lines().any(|l| l.contains("RECORDS_DISAGREE") && l.contains(id.as_str())),
+            log.lines()
+                .any(|l| l.contains("RECORDS_DISAGREE") && l.contains(id.as_str())),
             "no CRITICAL alert for {id}"
         );
     }
@@ -187,11 +218,18 @@ async fn inv_004_mon_003_async_failover_lost_commits_are_reported_halted_and_rep
         .await
         .unwrap();
     assert_eq!(refused.status().as_u16(), 503);
-    assert_eq!(refused.json::<Value>().await.unwrap()["code"], "SERVICE_HALTED");
+    assert_eq!(
+        refused.json::<Value>().await.unwrap()["code"],
+        "SERVICE_HALTED"
+    );
 
     repair_all(&http, &ledger, &expected).await;
 
-    let after = admin_get(&http, &format!("{}/api/v1/admin/invariant?full=true", ledger.base)).await;
+    let after = admin_get(
+        &http,
+        &format!("{}/api/v1/admin/invariant?full=true", ledger.base),
+    )
+    .await;
     assert_eq!(after["ok"], true, "not repaired: {after:#}");
     for asset in after["assets"].as_array().unwrap() {
         assert_eq!(asset["difference"], "0", "{after:#}");
