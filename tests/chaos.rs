@@ -11,6 +11,7 @@
 
 mod check;
 mod cluster;
+mod failover;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -27,8 +28,10 @@ use spot_core::client::SpotClient;
 use spot_core::protocol::{CoreStatus, Request, Response};
 
 use crate::pg_ctl::PgCluster;
+use crate::pg_pair::{PgPair, Replication};
 pub use check::spot_journal;
 use cluster::{Cluster, Settings};
+pub use failover::FailoverTimes;
 
 /// The shared secret of the chaos run's ledger processes.
 const SECRET: &str = "chaos-run-secret-of-at-least-32-bytes-long";
@@ -48,6 +51,11 @@ pub struct Config {
     /// PostgreSQL restarts (`pg_ctlcluster ... restart -m immediate` of the cluster serving
     /// `server_url`), spread evenly over the transfers. Holds [`crate::pg_ctl::lock`] for the run.
     pub pg_restarts: usize,
+    /// Failovers: the run's database lives on a private primary and synchronous standby
+    /// (`crate::pg_pair`) instead of `server_url`, whose primary is killed with `-m immediate`
+    /// and the standby promoted this many times, spread over the transfers (and a new standby
+    /// made each time). `pg_restarts` then restart the pair's primary.
+    pub pg_failovers: usize,
     /// spot-core's snapshot and WAL segment settings, compacted segments archived (`None`:
     /// spot-core's defaults, no archive).
     pub snapshots: Option<Snapshots>,
@@ -77,6 +85,7 @@ impl Config {
             kill_ledgers: true,
             kill_spot: true,
             pg_restarts: 0,
+            pg_failovers: 0,
             snapshots: Some(Snapshots::FULL_RUN),
             horizon: true,
             audit_interval_secs: 2,
@@ -117,6 +126,10 @@ pub struct Report {
     pub ledger_crashes: usize,
     pub spot_crashes: usize,
     pub pg_restarts: usize,
+    /// Each failover's times.
+    pub failovers: Vec<FailoverTimes>,
+    /// Answered transfers missing after the run, or found in an earlier state than answered.
+    pub answered_lost: usize,
     pub states: BTreeMap<String, usize>,
     pub created: Decimal,
     pub lost: Decimal,
@@ -155,6 +168,7 @@ impl Report {
             && self.mismatched == 0
             && self.stuck == 0
             && self.unanswered == 0
+            && self.answered_lost == 0
             && self.exited.is_empty()
             && self.problems.is_empty()
     }
@@ -174,6 +188,11 @@ impl fmt::Display for Report {
             self.crashes, self.ledger_crashes, self.spot_crashes
         )?;
         writeln!(f, "PostgreSQL restarts:  {}", self.pg_restarts)?;
+        writeln!(f, "PostgreSQL failovers: {}", self.failovers.len())?;
+        for (i, t) in self.failovers.iter().enumerate() {
+            writeln!(f, "  failover {}: {t}", i + 1)?;
+        }
+        writeln!(f, "answers lost:         {}", self.answered_lost)?;
         for (state, n) in &self.states {
             writeln!(f, "  {state:<20}{n}")?;
         }
@@ -240,6 +259,8 @@ impl fmt::Display for Report {
 #[derive(Debug, Clone)]
 struct Sent {
     from_funding: bool,
+    /// The state the client was answered with.
+    state: String,
 }
 
 /// Runs the whole chaos scenario and reports what it found.
@@ -267,8 +288,14 @@ pub async fn run(cfg: Config) -> anyhow::Result<Report> {
 }
 
 async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
-    // Restarting PostgreSQL: one such run at a time on this machine, held to the end.
-    let pg = if cfg.pg_restarts > 0 {
+    // Failovers: a private pair; otherwise restarting PostgreSQL: one such run at a time on
+    // this machine, held to the end.
+    let pair = if cfg.pg_failovers > 0 {
+        Some(Arc::new(PgPair::start(Replication::Synchronous).await?))
+    } else {
+        None
+    };
+    let pg = if cfg.pg_restarts > 0 && pair.is_none() {
         let pg = PgCluster::serving(&cfg.server_url)?;
         let lock = tokio::task::spawn_blocking(crate::pg_ctl::lock).await??;
         pg.settle(&cfg.server_url).await?;
@@ -277,7 +304,10 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
         None
     };
     let database = format!("chaos_{}", ulid::Ulid::new().to_string().to_lowercase());
-    let db_url = format!("{}/{database}", cfg.server_url);
+    let db_url = match &pair {
+        Some(pair) => pair.url(&database),
+        None => format!("{}/{database}", cfg.server_url),
+    };
     let pool = schema::prepare(&db_url, 8).await?;
     let settings = Settings::new(&cfg, db_url.clone(), dir)?;
     let ledgers = cfg.ledgers;
@@ -317,16 +347,18 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     // Clients: each transfer is sent with its own cid until some process answers, so a request
     // lost in a crash is retried without ever creating a second transfer.
     let next = Arc::new(AtomicUsize::new(0));
+    let answers = Arc::new(AtomicUsize::new(0));
     let unanswered = Arc::new(AtomicUsize::new(0));
     let sent: Arc<Mutex<HashMap<String, Sent>>> = Arc::default();
     let mut clients = tokio::task::JoinSet::new();
     for _ in 0..cfg.clients.max(1) {
-        let (cluster, next, unanswered, sent, cfg) = (
+        let (cluster, next, unanswered, sent, cfg, answers) = (
             cluster.clone(),
             next.clone(),
             unanswered.clone(),
             sent.clone(),
             cfg.clone(),
+            answers.clone(),
         );
         clients.spawn(async move {
             let http = reqwest::Client::builder()
@@ -376,17 +408,23 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
                     if let Ok(resp) = resp {
                         if let Ok(v) = resp.json::<serde_json::Value>().await {
                             if let Some(id) = v["req_id"].as_str() {
-                                break Some(id.to_owned());
+                                let state = v["state"].as_str().unwrap_or("").to_owned();
+                                break Some((id.to_owned(), state));
                             }
                         }
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 };
                 match answered {
-                    Some(id) => {
-                        sent.lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .insert(id, Sent { from_funding });
+                    Some((id, state)) => {
+                        sent.lock().unwrap_or_else(|e| e.into_inner()).insert(
+                            id,
+                            Sent {
+                                from_funding,
+                                state,
+                            },
+                        );
+                        answers.fetch_add(1, Ordering::SeqCst);
                     }
                     None => {
                         unanswered.fetch_add(1, Ordering::SeqCst);
@@ -465,10 +503,29 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
             Ok(n)
         })
     };
+    let pair_faults = pair.clone().map(|pair| {
+        let progress = failover::Progress {
+            next: next.clone(),
+            answered: answers.clone(),
+            clients_done: clients_done.clone(),
+        };
+        let (restarts, failovers) = (cfg.pg_restarts, cfg.pg_failovers);
+        tokio::spawn(failover::run_faults(
+            pair,
+            progress,
+            restarts,
+            failovers,
+            cfg.transfers,
+        ))
+    });
     while clients.join_next().await.is_some() {}
     clients_done.store(true, Ordering::SeqCst);
     let (ledger_crashes, spot_crashes) = killer.await??;
-    let pg_restarts = restarter.await??;
+    let mut pg_restarts = restarter.await??;
+    let mut failovers = Vec::new();
+    if let Some(faults) = pair_faults {
+        (pg_restarts, failovers) = faults.await??;
+    }
     if let Some((pg, _)) = &pg {
         let pg = pg.clone();
         tokio::task::spawn_blocking(move || pg.wait_ready(crate::pg_ctl::RECOVERY_MAX)).await??;
@@ -530,6 +587,7 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     report.ledger_crashes = ledger_crashes;
     report.spot_crashes = spot_crashes;
     report.pg_restarts = pg_restarts;
+    report.failovers = failovers;
     report.stuck = stuck;
     report.unanswered = unanswered.load(Ordering::SeqCst);
     report.exited = exited.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -537,7 +595,9 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     pool.close().await;
     // A clean run's database goes (every run makes one, and a server's crash recovery after an
     // immediate stop syncs every file of every database); a run with findings keeps it.
-    if report.clean() {
+    if pair.is_some() {
+        // The pair and its data go with the run.
+    } else if report.clean() {
         crate::pg_ctl::drop_database(&cfg.server_url, &database).await?;
     } else {
         report.database = Some(database);

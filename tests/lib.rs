@@ -3,3 +3,4 @@
 
 pub mod chaos;
 pub mod pg_ctl;
+pub mod pg_pair;

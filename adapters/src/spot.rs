@@ -17,6 +17,9 @@ use crate::funding::AccountStatus;
 
 mod audit;
 mod horizon;
+mod repair;
+
+pub use repair::SpotRecord;
 
 /// One SPOT balance as spot-core reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -241,6 +241,18 @@ impl Ledger {
                 report = %report_json,
                 "CRITICAL: fund conservation violated; new transfers are halted until an admin clears it"
             );
+            for d in &report.disagreements {
+                tracing::error!(
+                    alert = "CRITICAL",
+                    code = "RECORDS_DISAGREE",
+                    req_id = %d.req_id,
+                    state = d.state.as_deref().unwrap_or("none"),
+                    problem = %d.problem,
+                    "CRITICAL RECORDS_DISAGREE: req_id {}: {}",
+                    d.req_id,
+                    d.problem
+                );
+            }
             halt::halt(pool, "fund conservation violated").await?;
         }
         let halted = halt::is_halted(pool).await?;

@@ -18,6 +18,7 @@ pub mod lease;
 pub mod ledger;
 pub mod limits;
 pub mod maintenance;
+pub mod repair;
 pub mod request;
 pub mod resolve;
 pub mod submit;
@@ -29,6 +30,7 @@ pub use failpoint::FailPoints;
 pub use horizon::{Horizon, HorizonConfig};
 pub use ledger::{Ledger, RateGate, RequestError, Unlimited};
 pub use limits::DailyLimits;
+pub use repair::{RepairError, RepairOutcome};
 pub use request::TransferRequest;
 pub use resolve::ManualResolutionError;
 

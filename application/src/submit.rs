@@ -312,6 +312,22 @@ impl Coordinator {
     /// Commits `TransferCreated` and, in the same commit, `SourceWithdrawStarted` (nothing
     /// happens between them, so INIT is never durable alone): the transfer starts in
     /// SOURCE_PENDING, its withdraw announced.
+    /// Creates a transfer under a given req_id for a failover repair (`repair.rs`): no gate,
+    /// cid or daily limit (it re-records what already happened); `Conflict` when it exists.
+    pub(crate) async fn create_for_repair(
+        &self,
+        req_id: ReqId,
+        r: &NewTransfer,
+    ) -> Result<(), CoordinatorError> {
+        match self.create(req_id, r).await {
+            Ok(_) => Ok(()),
+            Err(CoordinatorError::Transition(TransferError::AlreadyExists)) => {
+                Err(CoordinatorError::Conflict)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     async fn create(&self, req_id: ReqId, r: &NewTransfer) -> Result<Context, CoordinatorError> {
         // A new transfer has no events to read: start from the empty aggregate at sequence 0.
         // If the req_id does exist (a cid claimed by a request that died), the commit of

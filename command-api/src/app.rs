@@ -144,6 +144,7 @@ pub fn build_app(state: AppState) -> Router {
         .merge(crate::admin_recovery::routes())
         .merge(crate::console::routes())
         .merge(crate::admin_views::routes())
+        .merge(crate::admin_repairs::routes())
         .merge(
             crate::feed::routes()
                 .merge(crate::invariant::routes())

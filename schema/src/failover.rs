@@ -51,6 +51,18 @@ impl Servers {
         }))
     }
 
+    /// The same servers, each with `database` instead of the URL's.
+    pub fn on_database(&self, database: &str) -> Self {
+        Self {
+            options: self
+                .options
+                .iter()
+                .map(|o| o.clone().database(database))
+                .collect(),
+            wake: Notify::new(),
+        }
+    }
+
     /// Asks the watcher to look for the writable server now.
     pub fn suspect(&self) {
         self.wake.notify_one();

@@ -26,7 +26,11 @@ pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/ledge
 pub async fn ensure_database(url: &str) -> anyhow::Result<()> {
     let servers = failover::Servers::parse(url)?;
     let options = if servers.options.len() > 1 {
-        let (found, conn) = servers.first_writable(ACQUIRE_TIMEOUT).await?;
+        // Asked on the server's own database: the one named may not exist yet.
+        let (found, conn) = servers
+            .on_database("postgres")
+            .first_writable(ACQUIRE_TIMEOUT)
+            .await?;
         conn.close().await.ok();
         servers.options[found].clone()
     } else {

@@ -173,6 +173,41 @@ pub(super) async fn ledger_invariant(base: &str, full: bool) -> anyhow::Result<O
     }
 }
 
+/// Answered transfers the log no longer has, or has in an earlier state than the client was
+/// answered with (an answered terminal state must be the final one). Every other figure looks
+/// only at the transfers the log has; a failover that lost acknowledged commits shows here.
+fn answered_lost(finals: &[(String, String, String)], sent: &HashMap<String, Sent>) -> usize {
+    let last: HashMap<&str, (&str, &str)> = finals
+        .iter()
+        .map(|(id, ty, to)| (id.as_str(), (ty.as_str(), to.as_str())))
+        .collect();
+    let mut lost = 0;
+    for (req_id, s) in sent {
+        let final_state = match last.get(req_id.as_str()) {
+            None => None,
+            Some(("TransferCommitted", _)) => Some("COMMITTED"),
+            Some(("TransferFailed", _)) => Some("FAILED"),
+            Some(("TransferRolledBack", _)) => Some("ROLLED_BACK"),
+            Some(("TransferManuallyResolved", to)) => Some(*to),
+            Some(_) => Some("OPEN"),
+        };
+        let terminal = ["COMMITTED", "FAILED", "ROLLED_BACK"];
+        let ok = match final_state {
+            None => false,
+            Some(f) => !terminal.contains(&s.state.as_str()) || f == s.state,
+        };
+        if !ok {
+            lost += 1;
+            eprintln!(
+                "answered transfer {req_id} ({}) is {} after the run",
+                s.state,
+                final_state.unwrap_or("missing")
+            );
+        }
+    }
+    lost
+}
+
 /// Everything but the counts of the run itself.
 pub(super) async fn check(
     pool: &sqlx::PgPool,
@@ -236,6 +271,7 @@ pub(super) async fn check(
     }
 
     let sent = sent.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    report.answered_lost = answered_lost(&finals, &sent);
     for (req_id, event_type, manual_to) in &finals {
         let state = match event_type.as_str() {
             "TransferCommitted" => "COMMITTED",

@@ -85,6 +85,8 @@ pub(super) struct Settings {
     pub logs: PathBuf,
     pub snapshots: Option<Snapshots>,
     pub horizon: bool,
+    /// The idempotency retention with the horizon on.
+    pub retention_secs: u64,
     pub audit_interval_secs: u64,
 }
 
@@ -98,6 +100,10 @@ impl Settings {
             logs: dir.join("logs"),
             snapshots: cfg.snapshots,
             horizon: cfg.horizon,
+            // A cid claim is re-keyed once half a retention plus a grace old, which assumes a
+            // creation commits within that; after a failover, commits wait seconds for the new
+            // synchronous standby, so the run with failovers keeps 30 s (production: 7 days).
+            retention_secs: if cfg.pg_failovers > 0 { 30 } else { 5 },
             audit_interval_secs: cfg.audit_interval_secs,
         };
         std::fs::create_dir_all(&settings.archive)?;
@@ -150,10 +156,13 @@ impl Settings {
                     .env("LEDGER_RECOVERY_LEASE_MS", "15000")
                     .env_remove("LEDGER_FAILPOINT");
                 if self.horizon {
-                    // Remembered keys older than 5 s are forgotten, the horizon moved twice a
+                    // Remembered keys older than the retention (5 s) are forgotten, the horizon moved twice a
                     // second: it passes most of the run's transfers while others still retry.
-                    c.env("LEDGER_IDEMPOTENCY_RETENTION_SECS", "5")
-                        .env("LEDGER_HORIZON_INTERVAL_MS", "500");
+                    c.env(
+                        "LEDGER_IDEMPOTENCY_RETENTION_SECS",
+                        self.retention_secs.to_string(),
+                    )
+                    .env("LEDGER_HORIZON_INTERVAL_MS", "500");
                 }
                 if self.audit_interval_secs > 0 {
                     c.env(

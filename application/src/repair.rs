@@ -1,0 +1,327 @@
+//! Repairing a transfer a PostgreSQL failover lost (`docs/adr/0009-postgres-failover.md`).
+//!
+//! With asynchronous replication a promoted standby may lack commits the old primary had
+//! acknowledged. spot-core keeps its own durable record, so it can hold a movement under a
+//! req_id whose events are gone: the audit reports it ("money moved under a req_id that names
+//! no transfer"), raises the CRITICAL alert and halts new transfers. The operator's repair
+//! re-records the transfer from spot-core's record: the same req_id, user, asset, amount and the
+//! direction the applied movement implies (a SPOT withdraw: SPOT → FUNDING; a SPOT deposit:
+//! FUNDING → SPOT), then drives it through the ordinary commands, every pending call looked up
+//! first. The SPOT movement is found applied (the same details, so its repeat is answered from
+//! spot-core's record and never applied twice) and the FUNDING side is applied now, so the
+//! records agree and conservation is exact again. The request is recorded first in
+//! `failover_repairs` (migration 0019: who, why, from which record, how it ended); a repeat
+//! answers from that row and drives the transfer on if it is still open. A transfer the event
+//! log still knows is not repaired here: the recovery worker resumes it with lookups, and
+//! manual resolution covers the rest.
+
+use chrono::{DateTime, Utc};
+use domain::{AccountType, Amount, AssetSymbol, Operation, ReqId, TransferData, UserId};
+use rust_decimal::Decimal;
+use serde::Serialize;
+
+use crate::coordinator::{Coordinator, CoordinatorError, NewTransfer};
+use adapters::SpotAdapter;
+
+/// How many times a re-record's creation is tried when the store's answer is unknown.
+const CREATE_ATTEMPTS: u32 = 5;
+
+/// Why a repair was refused or could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RepairError {
+    /// The event log knows the transfer and no repair created it: recovery or manual
+    /// resolution is the way, not a re-record.
+    #[error("the ledger knows this transfer ({0}); it is not a lost one")]
+    Known(String),
+    /// spot-core applied nothing under the req_id: no money moved there, nothing to repair.
+    #[error("spot-core applied nothing under this req_id")]
+    NothingApplied,
+    /// spot-core's record is not one movement a transfer could have made alone (a refund, or
+    /// a withdraw and a deposit together): left to an engineer.
+    #[error("spot-core's record is not one re-recordable movement: {0}")]
+    NotRepairable(String),
+    /// Re-recording a FUNDING → SPOT transfer withdraws from FUNDING now; the account cannot
+    /// pay it, and a refused withdraw would leave the SPOT deposit standing against a FAILED
+    /// transfer. Nothing is recorded; credit the account first.
+    #[error("the FUNDING account holds {available}, the repair must withdraw {amount}")]
+    InsufficientFunding { available: Decimal, amount: Decimal },
+    /// spot-core could not answer (down, or the req_id is past its idempotency horizon).
+    #[error("spot-core could not answer: {0}")]
+    SpotUnavailable(String),
+    #[error("the operator and the reason must not be empty")]
+    MissingReason,
+    #[error("database")]
+    Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Coordinator(#[from] CoordinatorError),
+}
+
+/// What a repair did (or, repeated, had done).
+#[derive(Debug, Clone, Serialize)]
+pub struct RepairOutcome {
+    pub req_id: String,
+    pub action: &'static str,
+    pub user_id: i64,
+    pub from: String,
+    pub to: String,
+    pub asset: String,
+    #[serde(with = "rust_decimal::serde::str")]
+    pub amount: Decimal,
+    /// The transfer's state now.
+    pub state: String,
+    /// True when an earlier request had already recorded this repair.
+    pub repeated: bool,
+    pub operator: String,
+    pub reason: String,
+    pub requested_at: DateTime<Utc>,
+}
+
+/// The transfer spot-core's applied movement implies.
+struct Implied {
+    transfer: NewTransfer,
+    record: serde_json::Value,
+}
+
+/// A stored repair row.
+#[derive(sqlx::FromRow)]
+struct Row {
+    user_id: i64,
+    from_type: String,
+    to_type: String,
+    asset: String,
+    amount: Decimal,
+    operator: String,
+    reason: String,
+    requested_at: DateTime<Utc>,
+}
+
+impl Coordinator {
+    /// Repairs one lost transfer (see the module's documentation); idempotent by req_id.
+    pub async fn repair_lost(
+        &self,
+        spot: &SpotAdapter,
+        req_id: &ReqId,
+        operator: &str,
+        reason: &str,
+    ) -> Result<RepairOutcome, RepairError> {
+        if operator.trim().is_empty() || reason.trim().is_empty() {
+            return Err(RepairError::MissingReason);
+        }
+        if let Some(row) = self.repair_row(req_id).await? {
+            return self.finish_repair(req_id, row, true).await;
+        }
+        if let Some(known) = self.load(req_id).await? {
+            return Err(RepairError::Known(known.state.as_str().to_owned()));
+        }
+        let implied = implied_transfer(spot, req_id).await?;
+        self.check_funding(&implied.transfer).await?;
+        let inserted = sqlx::query(
+            "INSERT INTO failover_repairs
+                 (req_id, action, user_id, from_type, to_type, asset, amount, spot_record,
+                  operator, reason)
+             VALUES ($1, 'RE_RECORD', $2, $3, $4, $5, $6, $7, $8, $9)
+             ON CONFLICT (req_id) DO NOTHING",
+        )
+        .bind(req_id.to_string())
+        .bind(implied.transfer.user_id.as_i64())
+        .bind(implied.transfer.from.as_str())
+        .bind(implied.transfer.to.as_str())
+        .bind(implied.transfer.asset.as_str())
+        .bind(implied.transfer.amount.value())
+        .bind(&implied.record)
+        .bind(operator)
+        .bind(reason)
+        .execute(self.pool())
+        .await?
+        .rows_affected();
+        let repeated = inserted == 0;
+        if !repeated {
+            tracing::warn!(
+                %req_id, operator, reason,
+                user_id = %implied.transfer.user_id, from = %implied.transfer.from,
+                to = %implied.transfer.to, asset = %implied.transfer.asset,
+                amount = %implied.transfer.amount,
+                "failover repair: re-recording a transfer spot-core applied and the event log lost"
+            );
+            self.create_repaired(req_id, &implied.transfer).await?;
+        }
+        let row = self
+            .repair_row(req_id)
+            .await?
+            .ok_or_else(|| CoordinatorError::store("repair row vanished"))?;
+        self.finish_repair(req_id, row, repeated).await
+    }
+
+    async fn repair_row(&self, req_id: &ReqId) -> Result<Option<Row>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT user_id, from_type, to_type, asset, amount, operator, reason, requested_at
+             FROM failover_repairs WHERE req_id = $1",
+        )
+        .bind(req_id.to_string())
+        .fetch_optional(self.pool())
+        .await
+    }
+
+    /// Creates the transfer if a repair row exists without it (a repair interrupted between
+    /// the two), drives it with lookups first, and records where it ended.
+    async fn finish_repair(
+        &self,
+        req_id: &ReqId,
+        row: Row,
+        repeated: bool,
+    ) -> Result<RepairOutcome, RepairError> {
+        if self.load(req_id).await?.is_none() {
+            let transfer = row_transfer(&row)?;
+            self.create_repaired(req_id, &transfer).await?;
+        }
+        let data = self.drive_repaired(req_id).await?;
+        if data.state.is_terminal() {
+            sqlx::query(
+                "UPDATE failover_repairs SET final_state = $2, finished_at = now()
+                 WHERE req_id = $1 AND final_state IS NULL",
+            )
+            .bind(req_id.to_string())
+            .bind(data.state.as_str())
+            .execute(self.pool())
+            .await?;
+        }
+        Ok(RepairOutcome {
+            req_id: req_id.to_string(),
+            action: "RE_RECORD",
+            user_id: row.user_id,
+            from: row.from_type,
+            to: row.to_type,
+            asset: row.asset,
+            amount: row.amount.normalize(),
+            state: data.state.as_str().to_owned(),
+            repeated,
+            operator: row.operator,
+            reason: row.reason,
+            requested_at: row.requested_at,
+        })
+    }
+
+    /// Creates the re-recorded transfer. A store error is an unknown outcome (right after a
+    /// failover, the first commit through a connection kept from the old primary fails): it is
+    /// tried again a few times, and an existing transfer is success.
+    async fn create_repaired(&self, req_id: &ReqId, t: &NewTransfer) -> Result<(), RepairError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.create_for_repair(*req_id, t).await {
+                Ok(()) | Err(CoordinatorError::Conflict) => return Ok(()),
+                Err(CoordinatorError::Store(_)) if attempt < CREATE_ATTEMPTS => {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    if self.load(req_id).await.ok().flatten().is_some() {
+                        return Ok(());
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Drives with every pending call looked up first; a concurrent driver (the recovery
+    /// worker) winning a step is no failure: the state then is what the log says. A transfer
+    /// still open after the attempts is answered as it stands; the recovery worker finishes it.
+    async fn drive_repaired(&self, req_id: &ReqId) -> Result<TransferData, RepairError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.resume(req_id).await {
+                // An unknown outcome (a connection kept from the old primary) is looked up and
+                // retried, as the recovery worker would, a few times before answering.
+                Ok(resumed) if resumed.unknown.is_some() && attempt < CREATE_ATTEMPTS => {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+                Ok(resumed) => return Ok(resumed.data),
+                Err(CoordinatorError::Conflict) => {
+                    return self
+                        .load(req_id)
+                        .await?
+                        .ok_or_else(|| CoordinatorError::NotFound.into())
+                }
+                Err(CoordinatorError::Store(_)) if attempt < CREATE_ATTEMPTS => {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// A FUNDING → SPOT re-record withdraws from FUNDING: refused up front when the account
+    /// cannot pay it.
+    async fn check_funding(&self, t: &NewTransfer) -> Result<(), RepairError> {
+        if t.from != AccountType::Funding {
+            return Ok(());
+        }
+        let available: Option<Decimal> = sqlx::query_scalar(
+            "SELECT balance FROM funding_accounts WHERE user_id = $1 AND asset = $2",
+        )
+        .bind(t.user_id.as_i64())
+        .bind(t.asset.as_str())
+        .fetch_optional(self.pool())
+        .await?;
+        let available = available.unwrap_or_default();
+        if available < t.amount.value() {
+            return Err(RepairError::InsufficientFunding {
+                available: available.normalize(),
+                amount: t.amount.value(),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn row_transfer(row: &Row) -> Result<NewTransfer, CoordinatorError> {
+    let bad = |what: &str| CoordinatorError::store(format!("repair row: bad {what}"));
+    Ok(NewTransfer {
+        user_id: u64::try_from(row.user_id)
+            .ok()
+            .and_then(|u| UserId::new(u).ok())
+            .ok_or_else(|| bad("user"))?,
+        from: AccountType::parse(&row.from_type).map_err(|_| bad("from"))?,
+        to: AccountType::parse(&row.to_type).map_err(|_| bad("to"))?,
+        asset: AssetSymbol::parse(&row.asset).map_err(|_| bad("asset"))?,
+        amount: Amount::parse(&row.amount.normalize().to_string()).map_err(|_| bad("amount"))?,
+        cid: None,
+    })
+}
+
+/// What spot-core applied under `req_id`, as the transfer that made it.
+async fn implied_transfer(spot: &SpotAdapter, req_id: &ReqId) -> Result<Implied, RepairError> {
+    let record = spot
+        .record_of(&req_id.to_string())
+        .await
+        .map_err(|e| RepairError::SpotUnavailable(e.to_string()))?;
+    let (op, (from, to)) = match record.applied.as_slice() {
+        [] => return Err(RepairError::NothingApplied),
+        [one] => match one.operation {
+            Operation::Withdraw => (one, (AccountType::Spot, AccountType::Funding)),
+            Operation::Deposit => (one, (AccountType::Funding, AccountType::Spot)),
+            Operation::Refund => return Err(RepairError::NotRepairable("a refund alone".into())),
+        },
+        more => {
+            return Err(RepairError::NotRepairable(format!(
+                "{} applied movements",
+                more.len()
+            )))
+        }
+    };
+    let bad = |what: &str| RepairError::NotRepairable(format!("spot-core's {what}"));
+    let transfer = NewTransfer {
+        user_id: u64::try_from(op.user_id)
+            .ok()
+            .and_then(|u| UserId::new(u).ok())
+            .ok_or_else(|| bad("user"))?,
+        from,
+        to,
+        asset: AssetSymbol::parse(&op.asset).map_err(|_| bad("asset"))?,
+        amount: Amount::parse(&op.amount.normalize().to_string()).map_err(|_| bad("amount"))?,
+        cid: None,
+    };
+    Ok(Implied {
+        transfer,
+        record: record.raw,
+    })
+}
