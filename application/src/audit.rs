@@ -36,6 +36,7 @@ use rust_decimal::Decimal;
 use serde::Serialize;
 
 pub use checkpoint::{Checkpoint, CheckpointError};
+pub use reconcile::Disagreement;
 use reconcile::Known;
 
 /// One asset's sums.
@@ -60,14 +61,6 @@ pub struct AssetReport {
     #[serde(with = "rust_decimal::serde::str")]
     pub difference: Decimal,
     pub ok: bool,
-}
-
-/// A transfer (or a req_id with no transfer) whose records disagree with its events.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-pub struct Disagreement {
-    pub req_id: String,
-    pub state: Option<String>,
-    pub problem: String,
 }
 
 /// Which check ran.

@@ -7,8 +7,15 @@ use adapters::audit::AppliedMovement;
 use adapters::event_store::AuditTransfer;
 use domain::{AccountType, Operation, TransferEvent, TransferState};
 use rust_decimal::Decimal;
+use serde::Serialize;
 
-use super::Disagreement;
+/// A transfer (or a req_id with no transfer) whose records disagree with its events.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Disagreement {
+    pub req_id: String,
+    pub state: Option<String>,
+    pub problem: String,
+}
 
 /// The three operations, in the order missing ones are reported.
 pub(super) const OPERATIONS: [Operation; 3] =
