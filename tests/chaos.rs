@@ -1,11 +1,11 @@
-//! The chaos run (FND-001..006, INV-004, issue 15): N transfers in both directions through
+//! The chaos run (FND-001..006, INV-004): N transfers in both directions through
 //! several real `ledger serve` processes while those and spot-core are killed with SIGKILL at
 //! random moments, again and again, and PostgreSQL is restarted with `-m immediate` (a power cut
 //! for the database) a few times; spot-core takes snapshots every few hundred records, rotates
 //! small WAL segments and archives the compacted ones, and the ledgers advance the idempotency
 //! horizon every half second with a 5 s retention. Then every transfer must reach a terminal
 //! state, every `req_id` must be applied at most once in each system and exactly as its final
-//! state says, fund conservation must hold, spot-core's journal must still be readable from seq 1
+//! state says, conservation must hold, spot-core's journal must still be readable from seq 1
 //! (through the archive) and add up to its balances, and the ledger's own exact check, incremental
 //! and full, must answer ok. Used by `cargo run -p tests --bin chaos` and by smaller tests.
 
@@ -61,7 +61,7 @@ pub struct Config {
     pub snapshots: Option<Snapshots>,
     /// The ledgers advance the idempotency horizon every 500 ms with a 5 s retention.
     pub horizon: bool,
-    /// Seconds between the ledgers' periodic fund-conservation checks (which let spot-core
+    /// Seconds between the ledgers' periodic conservation checks (which let spot-core
     /// compact what they consumed); 0 leaves the ledger's default.
     pub audit_interval_secs: u64,
     /// Where `ledger` and `spot-core` are built.

@@ -1,7 +1,7 @@
-//! What the fund-conservation audit reads from each account system: its live totals and the
+//! What the conservation check reads from each account system: its live totals and the
 //! movements it applied after a position, keyed by req_id. The funding ledger answers from one
 //! consistent PostgreSQL snapshot (`FundingLedger::audit_read`), spot-core from its journal and
-//! totals (`SpotAdapter::audit_read`); the audit itself, and its checkpoint, are the
+//! totals (`SpotAdapter::audit_read`); the conservation check itself, and its checkpoint, are the
 //! application's (`application::audit`).
 //!
 //! Rows are handed to a sink one by one as they stream in, so a full check from zero holds no
@@ -24,7 +24,7 @@ pub struct AppliedMovement {
 }
 
 /// One row of the funding side read after a position. `consumed` is true when the row's
-/// transaction is below the read's horizon (it can be stored as read for good); a row above it
+/// transaction is below the read's snapshot watermark (it can be stored as read for good); a row above it
 /// is visible in this snapshot, counts in this run, and is read again by the next one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FundingItem {
@@ -47,7 +47,7 @@ pub struct FundingRead {
     /// Sum of balances per asset (live, whole: one row per account).
     pub balances: BTreeMap<String, Decimal>,
     /// `pg_snapshot_xmin` of the snapshot: every transaction below it has ended.
-    pub horizon: u64,
+    pub watermark: u64,
     /// Journal rows read (applied movements after the position).
     pub journal_rows: u64,
     /// External deposit rows read after the position.
@@ -60,7 +60,7 @@ pub struct FundingRead {
 pub struct SpotRead {
     pub totals: BTreeMap<String, Decimal>,
     pub last_seq: u64,
-    /// Journal records read after the position (all kinds but the audit's own `retain` marks).
+    /// Journal records read after the position (all kinds but the conservation check's own `retain` marks).
     pub records: u64,
 }
 
@@ -78,7 +78,7 @@ pub enum SpotReadError {
     JournalCompacted { after_seq: u64, message: String },
 }
 
-/// The horizon of the calling transaction's snapshot (run it as the first statement of a
+/// The snapshot watermark of the calling transaction's snapshot (run it as the first statement of a
 /// REPEATABLE READ transaction, so that it is the transaction's snapshot): a transaction id H
 /// such that every transaction below H that could have written to this database had ended when
 /// the snapshot was taken, so every committed row with `tx_id < H` is visible in it, and no row
@@ -87,7 +87,7 @@ pub enum SpotReadError {
 ///
 /// `pg_snapshot_xmin` alone is such an H, but it is cluster-wide: one long transaction in
 /// another database on the same server (a bulk load, a benchmark) would hold it back, and the
-/// incremental audit would read everything after it again at every run. So the in-progress
+/// incremental check would read everything after it again at every run. So the in-progress
 /// transactions of the snapshot (`pg_snapshot_xip`) that provably belong to another database
 /// are skipped: a backend is connected to one database for life, and a transaction listed in
 /// `pg_stat_activity` with that id (its 32 low bits; running transactions are never 2^31 ids
@@ -98,7 +98,7 @@ pub enum SpotReadError {
 /// Because a transaction proven foreign at one run may be hidden at the next (a role without
 /// `pg_read_all_stats`), H could step back below the previous run's; callers take the larger of
 /// H and the position they read from: every row below that position was consumed before.
-pub(crate) const SNAPSHOT_HORIZON_SQL: &str = "
+pub(crate) const SNAPSHOT_WATERMARK_SQL: &str = "
     SELECT LEAST(
         pg_snapshot_xmax(q.s),
         (SELECT min(x) FROM pg_snapshot_xip(q.s) AS x
@@ -110,7 +110,7 @@ pub(crate) const SNAPSHOT_HORIZON_SQL: &str = "
     )::text::bigint
     FROM (SELECT pg_current_snapshot() AS s) AS q";
 
-/// Makes the rest of an incremental audit transaction read by index. Its reads after a position
+/// Makes the rest of an incremental check's transaction read by index. Its reads after a position
 /// (`tx_id >= $1` on the event log, the funding journal and external deposits) have an index each,
 /// but a planner without statistics (a database whose autovacuum is off, as on this project's
 /// test machines, or a table grown far since its last ANALYZE) guesses that a range matches a
@@ -125,8 +125,8 @@ pub async fn prefer_indexes(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::E
         .map(|_| ())
 }
 
-/// Opens one of the audit's reads: a REPEATABLE READ, read-only transaction whose first statement
-/// takes the snapshot and its commit-order horizon ([`SNAPSHOT_HORIZON_SQL`]), never behind
+/// Opens one of the conservation check's reads: a REPEATABLE READ, read-only transaction whose first statement
+/// takes the snapshot and its snapshot watermark ([`SNAPSHOT_WATERMARK_SQL`]), never behind
 /// `since` (everything below it was consumed before); an incremental read (`since > 0`) is then
 /// made to go by index ([`prefer_indexes`]).
 pub(crate) async fn begin_snapshot(
@@ -137,12 +137,12 @@ pub(crate) async fn begin_snapshot(
     sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         .execute(&mut *tx)
         .await?;
-    let horizon: i64 = sqlx::query_scalar(SNAPSHOT_HORIZON_SQL)
+    let watermark: i64 = sqlx::query_scalar(SNAPSHOT_WATERMARK_SQL)
         .fetch_one(&mut *tx)
         .await?;
-    let horizon = u64::try_from(horizon).unwrap_or(0).max(since);
+    let watermark = u64::try_from(watermark).unwrap_or(0).max(since);
     if since > 0 {
         prefer_indexes(&mut tx).await?;
     }
-    Ok((tx, horizon))
+    Ok((tx, watermark))
 }

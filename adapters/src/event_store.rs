@@ -1,6 +1,6 @@
 //! The event store: postgres-es's layout and reads, with a batching repository whose appends from many
 //! concurrent commits share one PostgreSQL transaction (group commit), and the few raw reads of
-//! the log the audit and the GraphQL `events` field need.
+//! the log the conservation check and the GraphQL `events` field need.
 //!
 //! A batching event repository: postgres-es's layout and reads, but appends from many
 //! concurrent commits share one PostgreSQL transaction (group commit). Each commit is still
@@ -316,15 +316,16 @@ pub enum LogError {
     Undecodable { req_id: String, problem: String },
 }
 
-fn decode(req_id: &str, payload: Value) -> Result<TransferEvent, LogError> {
-    serde_json::from_value(payload).map_err(|e| LogError::Undecodable {
+/// A stored payload through the log's one decoder (`domain::stored`, with the version check).
+fn decode(req_id: &str, event_version: &str, payload: Value) -> Result<TransferEvent, LogError> {
+    domain::stored::decode_value(event_version, payload).map_err(|e| LogError::Undecodable {
         req_id: req_id.to_owned(),
         problem: e.to_string(),
     })
 }
 
 /// One transfer's events, in order, from the event log itself (not the feed: events above the
-/// projector's horizon are included).
+/// projector's commit watermark are included).
 pub async fn transfer_events(pool: &PgPool, req_id: &str) -> Result<Vec<LoggedEvent>, LogError> {
     let rows: Vec<(i64, String, String, Value, i64)> = sqlx::query_as(
         "SELECT sequence, event_type, event_version, payload::jsonb, global_position
@@ -337,11 +338,12 @@ pub async fn transfer_events(pool: &PgPool, req_id: &str) -> Result<Vec<LoggedEv
     rows.into_iter()
         .map(
             |(sequence, event_type, event_version, payload, global_position)| {
+                let event = decode(req_id, &event_version, payload)?;
                 Ok(LoggedEvent {
                     sequence,
                     event_type,
                     event_version,
-                    event: decode(req_id, payload)?,
+                    event,
                     global_position,
                 })
             },
@@ -349,7 +351,7 @@ pub async fn transfer_events(pool: &PgPool, req_id: &str) -> Result<Vec<LoggedEv
         .collect()
 }
 
-/// A transfer as the fund-conservation audit sees it: its `TransferCreated` (the details), the
+/// A transfer as the conservation check sees it: its `TransferCreated` (the details), the
 /// transaction that wrote that event, and its current state (from its last event).
 #[derive(Debug, Clone)]
 pub struct AuditTransfer {
@@ -359,17 +361,17 @@ pub struct AuditTransfer {
     pub state: TransferState,
 }
 
-/// The audit's read of the log, in one REPEATABLE READ snapshot: that snapshot's horizon
+/// The conservation check's read of the log, in one REPEATABLE READ snapshot: that snapshot's watermark
 /// (`pg_snapshot_xmin`: every event below it is committed or aborted for good), and every
 /// transfer with an event whose transaction id is at or above `since` (0: every transfer) or
-/// whose req_id is in `ids` (the audit's open transfers), each read by key. Its cost follows the
+/// whose req_id is in `ids` (the conservation check's open transfers), each read by key. Its cost follows the
 /// events after `since` plus `ids`, not the log's length.
 pub async fn audit_transfers(
     pool: &PgPool,
     since: u64,
     ids: &[String],
 ) -> Result<(u64, Vec<AuditTransfer>), LogError> {
-    let (mut tx, horizon) = crate::audit::begin_snapshot(pool, since).await?;
+    let (mut tx, watermark) = crate::audit::begin_snapshot(pool, since).await?;
     // The ids come from the (tx_id, global_position) index (no condition on the aggregate type
     // there: the primary key's would tempt the planner into reading every transfer's events);
     // each transfer's first and last events are then read by key, which drops other aggregates.
@@ -380,21 +382,22 @@ pub async fn audit_transfers(
     // whole, were most of a full check's memory (about 4 KB per transfer, measured by
     // `ledger-bench growth`).
     let mut transfers = Vec::new();
-    let mut rows = sqlx::query_as::<_, (String, Value, i64, Value)>(
+    let mut rows = sqlx::query_as::<_, (String, Value, String, i64, Value, String)>(
         "WITH ids AS (
              SELECT aggregate_id FROM events WHERE tx_id >= $1::text::xid8
              UNION
              SELECT unnest($2::text[])
          )
-         SELECT ids.aggregate_id, c.payload::jsonb, c.tx_id::text::bigint, l.payload::jsonb
+         SELECT ids.aggregate_id, c.payload::jsonb, c.event_version, c.tx_id::text::bigint,
+                l.payload::jsonb, l.event_version
          FROM ids
          CROSS JOIN LATERAL (
-             SELECT e.payload, e.tx_id FROM events e
+             SELECT e.payload, e.event_version, e.tx_id FROM events e
              WHERE e.aggregate_type = 'Transfer' AND e.aggregate_id = ids.aggregate_id
              ORDER BY e.sequence LIMIT 1
          ) c
          CROSS JOIN LATERAL (
-             SELECT e.payload FROM events e
+             SELECT e.payload, e.event_version FROM events e
              WHERE e.aggregate_type = 'Transfer' AND e.aggregate_id = ids.aggregate_id
              ORDER BY e.sequence DESC LIMIT 1
          ) l",
@@ -402,15 +405,17 @@ pub async fn audit_transfers(
     .bind(since.to_string())
     .bind(ids)
     .fetch(&mut *tx);
-    while let Some((req_id, created, created_tx, last)) = rows.try_next().await? {
-        let created = decode(&req_id, created)?;
+    while let Some((req_id, created, created_version, created_tx, last, last_version)) =
+        rows.try_next().await?
+    {
+        let created = decode(&req_id, &created_version, created)?;
         if !matches!(created, TransferEvent::TransferCreated { .. }) {
             return Err(LogError::Undecodable {
                 req_id,
                 problem: "first event is not TransferCreated".into(),
             });
         }
-        let state = decode(&req_id, last)?.resulting_state();
+        let state = decode(&req_id, &last_version, last)?.resulting_state();
         transfers.push(AuditTransfer {
             req_id,
             created,
@@ -420,5 +425,5 @@ pub async fn audit_transfers(
     }
     drop(rows);
     tx.commit().await?;
-    Ok((horizon, transfers))
+    Ok((watermark, transfers))
 }

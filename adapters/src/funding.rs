@@ -93,7 +93,7 @@ fn journal_name(operation: Operation) -> &'static str {
     }
 }
 
-/// The journal's spelling read back; anything else is a refund, as the audit always read it.
+/// The journal's spelling read back; anything else is a refund, as the conservation check always read it.
 fn operation_from_journal(name: &str) -> Operation {
     match name {
         "WITHDRAW" => Operation::Withdraw,

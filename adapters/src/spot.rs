@@ -29,7 +29,7 @@ pub struct SpotBalance {
     pub status: String,
 }
 
-/// Why a call that is not a movement (status, balances, horizon, the audit's reads) failed.
+/// Why a call that is not a movement (status, balances, horizon, the conservation check's reads) failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SpotError {
     /// No answer: the client's error, kept whole, says whether the request may have reached

@@ -1,4 +1,4 @@
-//! Fund conservation (DESIGN section 6), exact: per asset, FUNDING + SPOT + in-flight equals the
+//! The conservation check (DESIGN section 6), exact: per asset, FUNDING + SPOT + in-flight equals the
 //! external deposits, where in-flight is reconciled from what each account system actually
 //! applied, keyed by req_id (the funding journal and spot-core's journal), not guessed from
 //! transfer states. Every transfer whose records disagree with its events is reported. A real
@@ -6,7 +6,8 @@
 //!
 //! Incremental (docs/adr/0006-incremental-audit.md): a durable checkpoint ([`checkpoint`]) holds
 //! the per-asset sums of everything consumed, the positions below which everything was consumed
-//! (an event-log and a funding transaction horizon, a spot-core seq), and the applied movements
+//! (an event-log and a funding snapshot watermark, stored as `events_horizon` and
+//! `funding_horizon`, and a spot-core seq), and the applied movements
 //! of every req_id not yet settled. A run reads only what came after those positions, the live
 //! totals (balances per account, spot-core's totals) and the open req_ids' transfers by key, so
 //! its cost follows new work and what is live, not history. A full check is the same run from
@@ -36,6 +37,7 @@ use rust_decimal::Decimal;
 use serde::Serialize;
 
 pub use checkpoint::{Checkpoint, CheckpointError};
+pub use reconcile::Disagreement;
 use reconcile::Known;
 
 /// One asset's sums.
@@ -62,14 +64,6 @@ pub struct AssetReport {
     pub ok: bool,
 }
 
-/// A transfer (or a req_id with no transfer) whose records disagree with its events.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-pub struct Disagreement {
-    pub req_id: String,
-    pub state: Option<String>,
-    pub problem: String,
-}
-
 /// Which check ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -84,9 +78,9 @@ pub enum Mode {
 /// checkpoint it stored).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Positions {
-    /// Event-log transaction horizon (`xid8`).
+    /// Event-log snapshot watermark (`xid8`; the stored and reported name keeps "horizon").
     pub events_horizon: u64,
-    /// Funding journal and external deposits transaction horizon (`xid8`).
+    /// Funding journal and external deposits snapshot watermark (`xid8`).
     pub funding_horizon: u64,
     pub spot_seq: u64,
 }
@@ -202,7 +196,7 @@ pub async fn check(
 struct NewWork {
     deposits: BTreeMap<String, Decimal>,
     deposits_consumed: BTreeMap<String, Decimal>,
-    /// Applied movements by req_id: (consumed, visible above the horizon).
+    /// Applied movements by req_id: (consumed, visible above the watermark).
     applied: BTreeMap<String, (Vec<AppliedMovement>, Vec<AppliedMovement>)>,
 }
 
@@ -253,8 +247,8 @@ async fn run(
     let reads = read_after(funding, spot, start).await?;
     let mut next = Checkpoint {
         version: 0,
-        events_horizon: reads.events_horizon,
-        funding_horizon: reads.funding.horizon,
+        events_horizon: reads.events_watermark,
+        funding_horizon: reads.funding.watermark,
         spot_seq: reads.spot.last_seq,
         transfers: start.transfers,
         assets: start.assets.clone(),
@@ -287,8 +281,8 @@ async fn run(
 
 /// Everything one run reads after the checkpoint's positions.
 struct Reads {
-    /// The event-log horizon stored next: every event below it was visible to this run.
-    events_horizon: u64,
+    /// The event-log snapshot watermark stored next: every event below it was visible to this run.
+    events_watermark: u64,
     /// Transfer states before the journals were read (what must have been applied).
     before: HashMap<String, TransferState>,
     new: NewWork,
@@ -308,9 +302,9 @@ async fn read_after(
 ) -> Result<Reads, CheckError> {
     let pool = funding.pool();
     let open_ids: Vec<String> = start.open.keys().cloned().collect();
-    // Before: the horizon stored next (every event below it is visible in this snapshot), and
+    // Before: the watermark stored next (every event below it is visible in this snapshot), and
     // the states the requirements are taken from.
-    let (events_horizon, before) =
+    let (events_watermark, before) =
         event_store::audit_transfers(pool, start.events_horizon, &open_ids).await?;
     let before: HashMap<String, TransferState> =
         before.into_iter().map(|t| (t.req_id, t.state)).collect();
@@ -341,7 +335,7 @@ async fn read_after(
         .filter_map(|t| Known::from_log(&t).map(|k| (t.req_id, k)))
         .collect();
     Ok(Reads {
-        events_horizon,
+        events_watermark,
         before,
         new,
         funding: funding_read,
@@ -383,7 +377,7 @@ fn sum_assets(
         }
         if t.created_tx >= start.events_horizon {
             transfers_checked += 1;
-            if t.created_tx < reads.events_horizon {
+            if t.created_tx < reads.events_watermark {
                 next.transfers += 1;
             }
         }
@@ -413,7 +407,7 @@ fn reconcile_req_ids(
         let (consumed_new, visible) = reads.new.applied.get(req_id).unwrap_or(&empty);
         // What was consumed before this run: the stored movements of an open req_id, or, for
         // a transfer met again after it was settled (not open, created below the stored
-        // horizon: every such transfer was met by an earlier run and either kept open or
+        // watermark: every such transfer was met by an earlier run and either kept open or
         // settled), exactly the movements settling it required.
         let mut consumed = match (start.open.get(req_id), t) {
             (Some(stored), _) => stored.clone(),
@@ -436,7 +430,7 @@ fn reconcile_req_ids(
         if let (Some(state), Some(t)) = (reads.before.get(req_id), t) {
             reconcile::missing_movements(req_id, *state, &all, t, &mut disagreements);
         }
-        if !reconcile::is_settled(t, &consumed, reads.events_horizon) {
+        if !reconcile::is_settled(t, &consumed, reads.events_watermark) {
             next.open.insert(req_id.clone(), consumed);
         }
     }

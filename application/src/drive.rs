@@ -142,22 +142,7 @@ impl Coordinator {
                     .expect("INIT and SOURCE_DONE have a call-free step")
             }
             TransferState::SourcePending => {
-                fail.hit("source_pending_before_call");
-                let outcome =
-                    call_or_lookup(source, Operation::Withdraw, &movement, lookup_first).await;
-                fail.hit("source_after_call");
-                let command = match definite(data, Operation::Withdraw, outcome) {
-                    Ok(outcome) => TransferCommand::RecordSourceOutcome { outcome, at: at() },
-                    Err(open) => return Ok(Stepped::Open(open)),
-                };
-                // A withdrawn source goes straight on to the deposit's announcement, in the same
-                // commit: SourceWithdrawn and TargetDepositStarted are durable together, before
-                // the deposit is called.
-                let next = self.execute_through(ctx, command).await?;
-                if next.aggregate.state() == Some(TransferState::TargetPending) {
-                    fail.hit("after_withdrawn_deposit_started");
-                }
-                return Ok(Stepped::Next(next));
+                return self.withdraw_step(ctx, data, &movement, lookup_first).await
             }
             TransferState::TargetPending => {
                 fail.hit("target_pending_before_call");
@@ -191,6 +176,36 @@ impl Coordinator {
             }
         };
         Ok(Stepped::Next(self.execute(ctx, command).await?))
+    }
+
+    /// SOURCE_PENDING: call (or look up) the withdraw and record its outcome. A withdrawn
+    /// source goes straight on to the deposit's announcement, in the same commit:
+    /// SourceWithdrawn and TargetDepositStarted are durable together, before the deposit is
+    /// called.
+    async fn withdraw_step(
+        &self,
+        ctx: Context,
+        data: &TransferData,
+        movement: &Movement,
+        lookup_first: bool,
+    ) -> Result<Stepped, CoordinatorError> {
+        let fail = &self.failpoints;
+        fail.hit("source_pending_before_call");
+        let source = self.port(data.from);
+        let outcome = call_or_lookup(source, Operation::Withdraw, movement, lookup_first).await;
+        fail.hit("source_after_call");
+        let command = match definite(data, Operation::Withdraw, outcome) {
+            Ok(outcome) => TransferCommand::RecordSourceOutcome {
+                outcome,
+                at: Utc::now(),
+            },
+            Err(open) => return Ok(Stepped::Open(open)),
+        };
+        let next = self.execute_through(ctx, command).await?;
+        if next.aggregate.state() == Some(TransferState::TargetPending) {
+            fail.hit("after_withdrawn_deposit_started");
+        }
+        Ok(Stepped::Next(next))
     }
 }
 

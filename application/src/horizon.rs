@@ -1,4 +1,4 @@
-//! The idempotency horizon (issue 15): spot-core may forget the `(req_id, op)` records of every
+//! The idempotency horizon: spot-core may forget the `(req_id, op)` records of every
 //! `req_id` created before it, so its memory follows what is live, not the whole history.
 //!
 //! H = min(now − retention, ULID time of the oldest transfer that is not terminal). The oldest

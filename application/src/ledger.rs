@@ -207,7 +207,7 @@ impl Ledger {
             .flatten()
     }
 
-    /// Runs the fund-conservation check (`Mode::Incremental`: from the stored checkpoint, which
+    /// Runs the conservation check (`Mode::Incremental`: from the stored checkpoint, which
     /// it advances; `Mode::Full`: from the start of history), records it, and on a violation
     /// raises the CRITICAL alert and halts new transfers. Returns the report and whether
     /// transfers are halted now.

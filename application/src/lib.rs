@@ -1,7 +1,7 @@
 //! The application core: every command the edges (HTTP, GraphQL, the recovery worker) call, over
 //! the pure `domain` and the `adapters`. Creating a transfer (`Ledger::request_transfer`,
 //! `Coordinator::submit`), driving and resuming it (`drive.rs`), resolving it by hand, the daily
-//! limits, the fund-conservation audit and the halt flag, the idempotency horizon
+//! limits, the conservation check and the halt flag, the idempotency horizon
 //! (`horizon.rs`), the asset settings, and the fail points of the crash tests. It never reads
 //! the environment, never starts a background service (the edge's start-up runs the periodic
 //! work it offers), and never imports the read side (`projections`).

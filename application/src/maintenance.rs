@@ -2,7 +2,7 @@
 //!
 //! A few small tables are updated in place or entered and left at every transfer:
 //! `open_transfers` (every transfer enters and leaves it), `funding_accounts` (a balance per
-//! movement), the projector's counters and cursor, the audit's checkpoint, the recovery totals,
+//! movement), the projector's counters and cursor, the conservation check's checkpoint, the recovery totals,
 //! the relay's checkpoint. PostgreSQL keeps each old row version until a VACUUM; without one
 //! (a server with autovacuum off, as this project's development machine runs) they grow with
 //! history: at 680k transfers `open_transfers` held 1.16M dead rows for 42 live ones and the write

@@ -23,6 +23,14 @@ enum Usable {
     Exists(TransferData),
 }
 
+/// What a request's cid leads to.
+enum CidKey {
+    /// A repeat: the transfer the cid already names.
+    Answered(TransferData),
+    /// Create under this req_id (the cid's), or a fresh one.
+    Key(Option<ReqId>),
+}
+
 impl Coordinator {
     /// Creates a transfer and drives it as far as it goes now. With a `cid`, a repeat of the same
     /// body returns the original transfer, and the same `cid` with another body is refused.
@@ -41,43 +49,11 @@ impl Coordinator {
         &self,
         request: NewTransfer,
     ) -> Result<TransferData, CoordinatorError> {
-        let claimed = match &request.cid {
-            None => None,
-            Some(cid) => match self.claim_cid(&request, cid).await? {
-                Claim::New(id) => Some(id),
-                Claim::Existing(id) => {
-                    // The first request may have died between claiming the key and creating the
-                    // transfer; creating it now is safe because the key fixed its req_id (or
-                    // re-keyed it, when it is too old for the idempotency horizon).
-                    if let Some(existing) = self.load(&id).await? {
-                        return Ok(existing);
-                    }
-                    match self.usable_claim(&request, cid, id).await? {
-                        Usable::Create(id) => Some(id),
-                        Usable::Exists(existing) => return Ok(existing),
-                    }
-                }
-            },
+        let claimed = match self.cid_key(&request).await? {
+            CidKey::Answered(existing) => return Ok(existing),
+            CidKey::Key(claimed) => claimed,
         };
-        // Only a transfer about to be created is charged: a repeat answered above is not. A
-        // refused request keeps its cid claim, so retrying it later still creates exactly one
-        // transfer under the same req_id.
-        let reservation = if self.daily.is_unlimited() {
-            None
-        } else {
-            let day = limits::day_of(Utc::now());
-            limits::reserve(
-                &self.pool,
-                &self.daily,
-                request.user_id,
-                &request.asset,
-                request.amount,
-                day,
-            )
-            .await?
-            .map_err(CoordinatorError::Refused)?;
-            Some(day)
-        };
+        let reservation = self.reserve_daily(&request).await?;
         // Generated as late as possible: the horizon's safety needs a req_id's time close to its
         // TransferCreated commit (`horizon.rs`).
         let req_id = claimed.unwrap_or_else(ReqId::generate);
@@ -124,6 +100,55 @@ impl Coordinator {
                     .ok_or_else(|| CoordinatorError::store("created transfer has no state"))
             }
         }
+    }
+
+    /// The req_id the client's cid fixed (none without a cid), or the transfer a repeat is
+    /// answered with.
+    async fn cid_key(&self, request: &NewTransfer) -> Result<CidKey, CoordinatorError> {
+        let Some(cid) = &request.cid else {
+            return Ok(CidKey::Key(None));
+        };
+        match self.claim_cid(request, cid).await? {
+            Claim::New(id) => Ok(CidKey::Key(Some(id))),
+            Claim::Existing(id) => {
+                // The first request may have died between claiming the key and creating the
+                // transfer; creating it now is safe because the key fixed its req_id (or
+                // re-keyed it, when it is too old for the idempotency horizon).
+                if let Some(existing) = self.load(&id).await? {
+                    return Ok(CidKey::Answered(existing));
+                }
+                match self.usable_claim(request, cid, id).await? {
+                    Usable::Create(id) => Ok(CidKey::Key(Some(id))),
+                    Usable::Exists(existing) => Ok(CidKey::Answered(existing)),
+                }
+            }
+        }
+    }
+
+    /// Charges the daily limits; returns the day charged (none when unlimited).
+    ///
+    /// Only a transfer about to be created is charged: a repeat answered before is not. A
+    /// refused request keeps its cid claim, so retrying it later still creates exactly one
+    /// transfer under the same req_id.
+    async fn reserve_daily(
+        &self,
+        request: &NewTransfer,
+    ) -> Result<Option<NaiveDate>, CoordinatorError> {
+        if self.daily.is_unlimited() {
+            return Ok(None);
+        }
+        let day = limits::day_of(Utc::now());
+        limits::reserve(
+            &self.pool,
+            &self.daily,
+            request.user_id,
+            &request.asset,
+            request.amount,
+            day,
+        )
+        .await?
+        .map_err(CoordinatorError::Refused)?;
+        Ok(Some(day))
     }
 
     /// Gives back a daily-limit charge for a transfer that was not created by this request.

@@ -1,11 +1,11 @@
-//! Growth: what running for years costs, from real processes (issue 15). Figures, never
+//! Growth: what running for years costs, from real processes. Figures, never
 //! assertions.
 //!
 //! - **spot-core**: one real process with its default snapshot settings, driven over pipelined
 //!   connections with operations over `--accounts` accounts (deposits, and every fourth a
 //!   withdraw). While it runs, the benchmark plays the ledger's part: every 200 ms it advances the
 //!   idempotency horizon so that only the newest `--remembered` operations' keys are kept (as a
-//!   retention window does), and tells spot-core the audit consumed everything (`retain`). At
+//!   retention window does), and tells spot-core the conservation check consumed everything (`retain`). At
 //!   each point of `--ops` it stops sending and prints spot-core's resident memory, its newest
 //!   snapshot's size, the WAL on disk, the keys it remembers; then it freezes the process
 //!   (SIGSTOP), copies its data dir (what a SIGKILL would leave), lets it go on, and times a
@@ -76,7 +76,7 @@ pub struct Args {
     /// Skip the spot-core part.
     #[arg(long)]
     skip_spot: bool,
-    /// Skip the audit part.
+    /// Skip the conservation check part.
     #[arg(long)]
     skip_audit: bool,
     /// The PostgreSQL server; the benchmark makes its own database `ledger_growth` there.
@@ -158,6 +158,7 @@ struct SpotPoint {
     rss_after_restart: u64,
 }
 
+// long: one measurement read top to bottom (operations in steps, snapshot, restart, figures); a figures tool.
 async fn spot_growth(args: &Args) -> anyhow::Result<Vec<String>> {
     let mut points: Vec<u64> = args.ops.clone();
     points.sort_unstable();
@@ -176,7 +177,7 @@ async fn spot_growth(args: &Args) -> anyhow::Result<Vec<String>> {
     let mut results = Vec::new();
     let started = Instant::now();
     // The ledger's part, for the whole run: the horizon keeps the newest `remembered`
-    // operations' keys, and the audit has consumed everything. One keeper throughout, as a
+    // operations' keys, and the conservation check has consumed everything. One keeper throughout, as a
     // ledger's horizon follows time without a break (a keeper started afresh at each point
     // forgot what it had sent before, and the keys of the previous point stayed twice as long).
     let stop = Arc::new(AtomicBool::new(false));
@@ -354,7 +355,7 @@ async fn send_ops(
 }
 
 /// Every 200 ms: notes (operations sent, now), advances the horizon to the newest note at least
-/// `remembered` operations old, and retains nothing for the audit (it has consumed everything).
+/// `remembered` operations old, and retains nothing for the conservation check (it has consumed everything).
 async fn keep_horizon(
     addr: String,
     sent: Arc<AtomicU64>,
@@ -394,7 +395,7 @@ async fn keep_horizon(
     }
 }
 
-/// One figure point of the audit part.
+/// One figure point of the conservation check part.
 struct AuditPoint {
     transfers: u64,
     periodic: Duration,
@@ -406,6 +407,7 @@ struct AuditPoint {
     metrics: Duration,
 }
 
+// long: one measurement read top to bottom (history grown in steps, each step's figures); a figures tool.
 async fn audit_growth(args: &Args) -> anyhow::Result<Vec<String>> {
     let mut points: Vec<u64> = args.transfers.clone();
     points.sort_unstable();

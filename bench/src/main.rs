@@ -2,7 +2,7 @@
 //!
 //! - `transfers`: a clean database, a real `ledger serve` and `spot-core` process, N concurrent
 //!   HTTP clients moving money both ways, one run per N in `--clients 8,32,128`; transfers/s,
-//!   latency percentiles, CPU per 1,000 transfers, peak memory, fund conservation, and the raw
+//!   latency percentiles, CPU per 1,000 transfers, peak memory, conservation, and the raw
 //!   durable-commit baseline and rows-only floor measured in the same run. With `--wrk`, also a
 //!   `ledger up` with default settings driven by `wrk` and by the own client, side by side.
 //! - `spot`: spot-core alone: durable operations per second in-process and over TCP, and memory
@@ -11,7 +11,7 @@
 //!   catch-up and the full rebuild `ledger replay` does, in events per second, in the same run.
 //! - `relay`: the JetStream relay publishing a backlog of about a million feed events to a
 //!   nats-server the benchmark starts; events per second beside the feed read alone.
-//! - `growth`: what years of traffic cost (issue 15): spot-core's memory, snapshot, WAL and
+//! - `growth`: what years of traffic cost: spot-core's memory, snapshot, WAL and
 //!   restart time after 1M, 5M and 10M operations with the horizon advancing, and the
 //!   conservation check's time (periodic and full) at 10k, 100k and 1M transfers in the log. Not
 //!   part of `all` (it takes several minutes more).

@@ -17,7 +17,7 @@ const DATABASE: &str = "ledger_bench_relay";
 /// The stream the benchmark publishes to.
 const STREAM: &str = "BENCH_EVENTS";
 
-/// The target from issue 11.
+/// The relay's throughput target, events per second.
 const TARGET_EVENTS_PER_SECOND: f64 = 50_000.0;
 
 #[derive(clap::Args, Debug)]
@@ -86,6 +86,7 @@ pub(crate) async fn start_nats(binary: &PathBuf) -> anyhow::Result<Nats> {
     }
 }
 
+// long: one measurement read top to bottom (stream, load, lag, figures); a figures tool.
 pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
     let (url, pool, reuse) =
         crate::replay::own_database(&args.server, DATABASE, args.reuse).await?;

@@ -145,6 +145,7 @@ pub(crate) async fn own_database(
     Ok((url, pool, reuse))
 }
 
+// long: one measurement read top to bottom (history, rebuild, comparison, figures); a figures tool.
 pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
     let (url, pool, reuse) = own_database(&args.server, DATABASE, args.reuse).await?;
     let events: i64 = if reuse {

@@ -35,6 +35,7 @@ fn ok(response: &Response) -> bool {
     matches!(response, Response::Applied { .. })
 }
 
+// long: one measurement read top to bottom (engine, load, restart, figures); a figures tool.
 pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
     let tmp = std::env::temp_dir().join(format!("spot-bench-{}", ulid::Ulid::new()));
 

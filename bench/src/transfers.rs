@@ -141,6 +141,7 @@ pub fn spawn_ready(mut cmd: Command, prefix: &str) -> anyhow::Result<(Proc, Stri
     }
 }
 
+// long: one measurement read top to bottom (set-up, warm-up, load, figures); a figures tool, not the ledger's code.
 pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
     let url = format!("{}/ledger_bench?sslmode={}", args.server, args.sslmode);
     let admin = url
@@ -262,7 +263,7 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
     let ledger_peak = procstat::peak_rss(ledger.child.id());
     let spot_peak = procstat::peak_rss(spot.child.id());
 
-    // Fund conservation, system-wide for the asset: deposits = funding + spot + in-flight.
+    // Conservation, system-wide for the asset: deposits = funding + spot + in-flight.
     let conservation = conservation(&pool, &spot_addr).await?;
 
     // One HTTP round trip through the ledger's whole middleware stack, doing nothing else: the

@@ -77,6 +77,7 @@ impl WrkResult {
 }
 
 /// Runs both clients against one `ledger up` on its own database; returns the summary lines.
+// long: one measurement read top to bottom (start the server, run both clients, figures); a figures tool.
 pub async fn run(args: &Args, serve_url: &str) -> anyhow::Result<Vec<String>> {
     if Command::new("wrk").arg("--version").output().is_err() {
         println!("== ledger up through wrk: wrk is not installed (Debian: apt-get install wrk); skipped ==");

@@ -5,6 +5,7 @@ pub mod assets;
 pub mod codes;
 pub mod movements;
 pub mod port;
+pub mod stored;
 pub mod transfer;
 pub mod values;
 

@@ -1,5 +1,5 @@
 //! What a transfer's state says about the movements its account systems may have applied, the
-//! other half of the transition table (`Transfer::decide`): the fund-conservation audit holds each
+//! other half of the transition table (`Transfer::decide`): the conservation check holds each
 //! system's record of applied movements against these rules.
 
 use crate::port::Operation;

@@ -383,6 +383,7 @@ impl Transfer {
     }
 
     /// The transition table. Returns the events a command produces in `state`, or the refusal.
+    // long: the transition table, one arm per (state, command), kept whole so it reads as the table.
     fn decide(
         state: TransferState,
         command: TransferCommand,

@@ -9,7 +9,7 @@ use crate::copy::{event_from_copy_line, CopyText, COPY_TRANSFERS};
 use crate::error::ProjectionError;
 use crate::fold::Fold;
 use crate::log::{event_id, BatchEvent, SELECT_EVENTS};
-use crate::projector::{horizon, Projector};
+use crate::projector::{commit_watermark, Projector};
 use crate::rows::TransferRow;
 use crate::tables::{self, Cursor};
 
@@ -27,7 +27,7 @@ impl Projector {
     /// the whole pass: a second writer waits, and the stored position moves once, with
     /// everything. Memory holds the open transfers, the balances and a few batches.
     /// Refused unless nothing was applied yet (the replay's fresh tables). Only for bounds the
-    /// caller knows are below the horizon (the replay's target is a position the live projector
+    /// caller knows are below the commit watermark (the replay's target is a position the live projector
     /// already applied), so the set read can never change. Returns the number of events applied;
     /// `progress` gets each batch's size.
     pub async fn bulk_pass(
@@ -48,12 +48,12 @@ impl Projector {
                 "a bulk pass needs empty tables; {applied_before} events were applied"
             )));
         }
-        let horizon = horizon(&mut tx).await?;
+        let watermark = commit_watermark(&mut tx).await?;
         let batch_max = batch_max.max(1);
         let (send, mut recv) = tokio::sync::mpsc::channel::<EventBatch>(2);
         let reader = tokio::spawn(copy_events(
             self.pool().clone(),
-            [horizon, 0, 0, upto.0, upto.1],
+            [watermark, 0, 0, upto.0, upto.1],
             batch_max,
             send,
         ));
@@ -196,12 +196,12 @@ impl BulkFold {
     }
 }
 
-/// [`SELECT_EVENTS`] with its bounds (horizon, from, upto) inlined: COPY takes no parameters, and
+/// [`SELECT_EVENTS`] with its bounds (watermark, from, upto) inlined: COPY takes no parameters, and
 /// they are integers.
 fn copy_query(bounds: [i64; 5]) -> Result<String, ProjectionError> {
-    let [horizon, from_tx, from_pos, upto_tx, upto_pos] = bounds;
+    let [watermark, from_tx, from_pos, upto_tx, upto_pos] = bounds;
     let query = SELECT_EVENTS
-        .replace("$1::text::xid8", &format!("'{horizon}'::xid8"))
+        .replace("$1::text::xid8", &format!("'{watermark}'::xid8"))
         .replace("$2::text::xid8", &format!("'{from_tx}'::xid8"))
         .replace("$3", &from_pos.to_string())
         .replace("$4::text::xid8", &format!("'{upto_tx}'::xid8"))

@@ -8,9 +8,6 @@ use crate::error::ProjectionError;
 /// The aggregate type of transfers in the event table.
 pub const TRANSFER_AGGREGATE: &str = "Transfer";
 
-/// The one version of transfer events this crate reads; another needs an upcaster first.
-const TRANSFER_EVENT_VERSION: &str = domain::EVENT_VERSION;
-
 /// One row of the event table with its position.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct StoredEvent {
@@ -48,9 +45,9 @@ pub fn event_id(aggregate_type: &str, aggregate_id: &str, sequence: i64) -> Stri
     format!("{aggregate_type}:{aggregate_id}:{sequence}")
 }
 
-/// The transfer event of one row, or `None` for another aggregate type: refuses a version this
-/// crate cannot read before decoding anything. `decode` reads the payload (from JSON text or an
-/// already parsed value).
+/// The transfer event of one row, or `None` for another aggregate type, through the log's one
+/// payload decoder (`domain::stored`: a version without an upcaster is refused before anything
+/// is decoded). `decode` reads the payload (from JSON text or an already parsed value).
 pub(crate) fn decode_transfer_event(
     aggregate_type: &str,
     aggregate_id: &str,
@@ -61,13 +58,7 @@ pub(crate) fn decode_transfer_event(
     if aggregate_type != TRANSFER_AGGREGATE {
         return Ok(None);
     }
-    if event_version != TRANSFER_EVENT_VERSION {
-        return Err(ProjectionError::Undecodable {
-            event_id: event_id(aggregate_type, aggregate_id, sequence),
-            detail: format!("version {event_version} has no upcaster"),
-        });
-    }
-    decode()
+    domain::stored::decode_payload(event_version, decode)
         .map(Some)
         .map_err(|e| ProjectionError::Undecodable {
             event_id: event_id(aggregate_type, aggregate_id, sequence),
@@ -75,7 +66,7 @@ pub(crate) fn decode_transfer_event(
         })
 }
 
-/// The event query of both passes: events below the horizon ($1), after the stored pair ($2,
+/// The event query of both passes: events below the commit watermark ($1), after the stored pair ($2,
 /// $3), at or before a bound ($4, $5), in the one fixed order. The ORDER BY names the table's
 /// columns (`e.`), not the text-cast output column of the same name, so the
 /// (tx_id, global_position) index serves it; ordering by the alias made every pass sort the whole

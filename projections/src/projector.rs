@@ -6,9 +6,9 @@
 //! Why the order is safe (docs/adr/0002-global-position.md): `global_position` comes from a
 //! sequence, so a higher position can commit before a lower one. The projector only reads events
 //! whose writing transaction is older than every transaction still running
-//! (`tx_id < pg_snapshot_xmin(pg_current_snapshot())`): those transactions have ended, so no
-//! event can ever appear below that horizon again. Taking them in (tx_id, global_position) order,
-//! and remembering the last pair applied, every event is applied once, in one fixed order. A
+//! (`tx_id < pg_snapshot_xmin(pg_current_snapshot())`, the commit watermark): those
+//! transactions have ended, so no event can ever appear below it again. Taking them in
+//! (tx_id, global_position) order, and remembering the last pair applied, every event is applied once, in one fixed order. A
 //! transaction-scoped advisory lock makes one projector at a time the writer.
 
 //!
@@ -40,10 +40,10 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(20);
 pub struct Pass {
     /// Events applied in this pass.
     pub applied: usize,
-    /// The horizon used: every transaction below it had ended, and (when `exhausted`) every event
+    /// The commit watermark used: every transaction below it had ended, and (when `exhausted`) every event
     /// they wrote is now projected.
-    pub horizon: i64,
-    /// True when the pass applied everything below the horizon (it was not cut by the batch size
+    pub watermark: i64,
+    /// True when the pass applied everything below the watermark (it was not cut by the batch size
     /// or by `upto`).
     pub exhausted: bool,
 }
@@ -108,7 +108,7 @@ impl Projector {
         Ok(tx)
     }
 
-    /// One pass: applies up to [`BATCH_EVENTS_MAX`] events below the safe horizon (and at or
+    /// One pass: applies up to [`BATCH_EVENTS_MAX`] events below the commit watermark (and at or
     /// below `upto`, a (tx_id, global_position) bound, if given) in one transaction, together
     /// with the new stored position.
     pub async fn pass(&self, upto: Option<(i64, i64)>) -> Result<Pass, ProjectionError> {
@@ -124,10 +124,10 @@ impl Projector {
         )
         .fetch_one(&mut *tx)
         .await?;
-        let horizon = horizon(&mut tx).await?;
+        let watermark = commit_watermark(&mut tx).await?;
         let (up_tx, up_pos) = upto.unwrap_or((i64::MAX, i64::MAX));
         let rows: Vec<EventRow> = sqlx::query_as(&format!("{SELECT_EVENTS} LIMIT $6"))
-            .bind(horizon.to_string())
+            .bind(watermark.to_string())
             .bind(cur_tx.to_string())
             .bind(cur_pos)
             .bind(up_tx.to_string())
@@ -140,7 +140,7 @@ impl Projector {
             tx.commit().await?;
             return Ok(Pass {
                 applied: 0,
-                horizon,
+                watermark,
                 exhausted,
             });
         }
@@ -152,13 +152,13 @@ impl Projector {
         tx.commit().await?;
         Ok(Pass {
             applied: events.len(),
-            horizon,
+            watermark,
             exhausted,
         })
     }
 
     /// Projects until every event committed before this call is applied, or until `wait_max`
-    /// passes (a transaction still running anywhere on the server holds the horizon back).
+    /// passes (a transaction still running anywhere on the server holds the watermark back).
     /// Returns whether it caught up.
     pub async fn catch_up(&self, wait_max: Duration) -> Result<bool, ProjectionError> {
         // Every transaction that had committed when this call began has an id below this.
@@ -169,14 +169,14 @@ impl Projector {
         let deadline = Instant::now() + wait_max;
         loop {
             let pass = self.pass(None).await?;
-            if pass.exhausted && pass.horizon >= target {
+            if pass.exhausted && pass.watermark >= target {
                 return Ok(true);
             }
             if pass.exhausted {
                 if Instant::now() >= deadline {
                     return Ok(false);
                 }
-                // The horizon moves when the transactions running now end; they are short.
+                // The watermark moves when the transactions running now end; they are short.
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
         }
@@ -204,9 +204,11 @@ impl Projector {
     }
 }
 
-/// The transaction horizon: every transaction below it has ended. Read in a statement of its
+/// The commit watermark: every transaction below it has ended. Read in a statement of its
 /// own, so the statements after it (with later snapshots) see all of those transactions' events.
-pub(crate) async fn horizon(tx: &mut Transaction<'static, Postgres>) -> Result<i64, sqlx::Error> {
+pub(crate) async fn commit_watermark(
+    tx: &mut Transaction<'static, Postgres>,
+) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
         .fetch_one(&mut **tx)
         .await

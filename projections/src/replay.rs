@@ -239,30 +239,7 @@ pub async fn replay(
     mut progress: impl FnMut(u64, u64),
 ) -> Result<ReplayReport, ProjectionError> {
     let schema = format!("replay_{}", Utc::now().format("%Y%m%d_%H%M%S_%6f"));
-    let mut setup = pool.begin().await?;
-    sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
-        .execute(&mut *setup)
-        .await?;
-    for table in REPLAY_TABLES {
-        // Without indexes: maintaining them row by row is most of a bulk rebuild's cost, and
-        // building them once afterwards is far cheaper. The ones writing needs come first.
-        // Unlogged: the rebuild is scratch, compared and dropped, so writing it (and its index
-        // builds) to the WAL buys nothing; a kept replay is made logged at the end.
-        sqlx::query(&format!(
-            "CREATE UNLOGGED TABLE \"{schema}\".{table} (LIKE public.{table} INCLUDING ALL EXCLUDING INDEXES)"
-        ))
-        .execute(&mut *setup)
-        .await?;
-    }
-    let indexes = copy_indexes(&mut setup, &schema).await?;
-    sqlx::query(&format!(
-        "INSERT INTO \"{schema}\".projector_cursor (projector, tx_id, global_position, events_applied)
-         VALUES ('main', '0', 0, 0)"
-    ))
-    .execute(&mut *setup)
-    .await?;
-    setup.commit().await?;
-
+    let indexes = create_schema(pool, &schema).await?;
     let total: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
         .fetch_one(pool)
         .await?;
@@ -271,7 +248,7 @@ pub async fn replay(
     let mut applied: u64 = 0;
 
     // Phase 1, without pausing anything: up to where the live projector stood when we began.
-    // That position was below the horizon when it was applied, so the events up to it can no
+    // That position was below the commit watermark when it was applied, so the events up to it can no
     // longer change, and one streaming read in large batches (the bulk pass) takes them all.
     let target = live_cursor(pool).await?;
     projector
@@ -304,6 +281,52 @@ pub async fn replay(
     // other connections, side by side.
     let tables = compare(pool, &schema).await?;
     hold.commit().await?;
+    finish_schema(pool, &schema, keep, indexes).await?;
+    Ok(ReplayReport {
+        schema,
+        events_replayed: i64::try_from(applied).unwrap_or(i64::MAX),
+        events_compared,
+        tables,
+    })
+}
+
+/// The replay's schema: every projection table, unlogged and without indexes (returned, to
+/// build at the end), and a cursor at the start of the log.
+async fn create_schema(pool: &PgPool, schema: &str) -> Result<Vec<String>, ProjectionError> {
+    let mut setup = pool.begin().await?;
+    sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
+        .execute(&mut *setup)
+        .await?;
+    for table in REPLAY_TABLES {
+        // Without indexes: maintaining them row by row is most of a bulk rebuild's cost, and
+        // building them once afterwards is far cheaper. The ones writing needs come first.
+        // Unlogged: the rebuild is scratch, compared and dropped, so writing it (and its index
+        // builds) to the WAL buys nothing; a kept replay is made logged at the end.
+        sqlx::query(&format!(
+            "CREATE UNLOGGED TABLE \"{schema}\".{table} (LIKE public.{table} INCLUDING ALL EXCLUDING INDEXES)"
+        ))
+        .execute(&mut *setup)
+        .await?;
+    }
+    let indexes = copy_indexes(&mut setup, schema).await?;
+    sqlx::query(&format!(
+        "INSERT INTO \"{schema}\".projector_cursor (projector, tx_id, global_position, events_applied)
+         VALUES ('main', '0', 0, 0)"
+    ))
+    .execute(&mut *setup)
+    .await?;
+    setup.commit().await?;
+
+    Ok(indexes)
+}
+
+/// A kept replay gets its indexes and is made logged; otherwise it is dropped.
+async fn finish_schema(
+    pool: &PgPool,
+    schema: &str,
+    keep: bool,
+    indexes: Vec<String>,
+) -> Result<(), ProjectionError> {
     if keep {
         // The remaining indexes, only for tables that are kept: the comparison needs none (and a
         // row applied twice already shows there, as a row only the replay has). The unique ones
@@ -319,12 +342,7 @@ pub async fn replay(
             .execute(pool)
             .await?;
     }
-    Ok(ReplayReport {
-        schema,
-        events_replayed: i64::try_from(applied).unwrap_or(i64::MAX),
-        events_compared,
-        tables,
-    })
+    Ok(())
 }
 
 /// "As of": a feed position, or a time (events that happened at or before it).

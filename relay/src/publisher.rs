@@ -242,51 +242,19 @@ async fn pump(
         config.poll_interval,
         tx,
     )));
-    let window = config.window.max(1);
-    let mut pending: VecDeque<FeedEvent> = VecDeque::new();
-    let mut inflight: VecDeque<(i64, u64, AckFuture)> = VecDeque::with_capacity(window);
-    // The feed position the next message carries, and the stream sequence it must follow.
-    let mut next_position = start + 1;
-    let mut expected = last_sequence;
+    let mut window = Window {
+        size: config.window.max(1),
+        pending: VecDeque::new(),
+        inflight: VecDeque::with_capacity(config.window.max(1)),
+        next_position: start + 1,
+        expected: last_sequence,
+    };
     let (mut acked, mut acked_sequence) = (start, last_sequence);
     let mut checkpointed = start;
     let mut checkpointed_at = Instant::now();
     loop {
-        while inflight.len() < window {
-            let Some(e) = pending.pop_front() else {
-                match rx.try_recv() {
-                    Ok(page) => {
-                        pending = page?.into();
-                        continue;
-                    }
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => {
-                        return Err(RelayError::Feed("the feed reader stopped".into()).into())
-                    }
-                }
-            };
-            if e.position != next_position {
-                return Err(RelayError::Feed(format!(
-                    "expected position {next_position}, the feed gave {}",
-                    e.position
-                ))
-                .into());
-            }
-            let ack = js
-                .publish_with_headers(
-                    message::subject(&e),
-                    message::headers(&e, expected),
-                    message::body(&e),
-                )
-                .await
-                .map_err(|err| {
-                    RelayError::Nats(format!("publish position {}: {err}", e.position))
-                })?;
-            expected += 1;
-            next_position += 1;
-            inflight.push_back((e.position, expected, ack.into_future()));
-        }
-        let Some((position, sequence, ack)) = inflight.pop_front() else {
+        window.fill(js, &mut rx).await?;
+        let Some((position, sequence, ack)) = window.inflight.pop_front() else {
             // Everything sent is acknowledged: wait for the feed, proving the lock meanwhile.
             if acked > checkpointed {
                 lead.advance(acked, acked_sequence)
@@ -297,34 +265,20 @@ async fn pump(
             }
             tokio::select! {
                 page = rx.recv() => match page {
-                    Some(page) => pending = page?.into(),
+                    Some(page) => window.pending = page?.into(),
                     None => return Err(RelayError::Feed("the feed reader stopped".into()).into()),
                 },
                 () = tokio::time::sleep(HEARTBEAT) => lead.heartbeat().await.map_err(lock_lost)?,
             }
             continue;
         };
-        let ack = ack
-            .await
-            .map_err(|e| RelayError::Nats(format!("ack of position {position}: {e}")))?;
-        if ack.duplicate {
-            return Err(Ended::Resync(format!(
-                "position {position} was in the stream already (sequence {})",
-                ack.sequence
-            )));
-        }
-        if ack.sequence != sequence {
-            return Err(Ended::Resync(format!(
-                "position {position} stored at sequence {}, not {sequence}",
-                ack.sequence
-            )));
-        }
+        checked_ack(position, sequence, ack.await)?;
         acked = position;
         acked_sequence = sequence;
         stats.acked(position, 1);
         if acked - checkpointed >= CHECKPOINT_EVERY
             || checkpointed_at.elapsed() >= CHECKPOINT_INTERVAL
-            || inflight.is_empty()
+            || window.inflight.is_empty()
         {
             lead.advance(acked, acked_sequence)
                 .await
@@ -333,4 +287,87 @@ async fn pump(
             checkpointed_at = Instant::now();
         }
     }
+}
+
+/// The publishes in flight and the feed events read but not yet sent.
+struct Window {
+    /// At most this many publishes in flight.
+    size: usize,
+    pending: VecDeque<FeedEvent>,
+    /// (feed position, stream sequence it must get, its ack), in publish order.
+    inflight: VecDeque<(i64, u64, AckFuture)>,
+    /// The feed position the next message carries...
+    next_position: i64,
+    /// ... and the stream sequence it must follow.
+    expected: u64,
+}
+
+impl Window {
+    /// Publish what the feed has ready until the window is full; a gap in the feed's positions
+    /// or a stopped reader ends the pipeline.
+    async fn fill(
+        &mut self,
+        js: &jetstream::Context,
+        rx: &mut mpsc::Receiver<Result<Vec<FeedEvent>, sqlx::Error>>,
+    ) -> Result<(), Ended> {
+        while self.inflight.len() < self.size {
+            let Some(e) = self.pending.pop_front() else {
+                match rx.try_recv() {
+                    Ok(page) => {
+                        self.pending = page?.into();
+                        continue;
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        return Err(RelayError::Feed("the feed reader stopped".into()).into())
+                    }
+                }
+            };
+            if e.position != self.next_position {
+                return Err(RelayError::Feed(format!(
+                    "expected position {}, the feed gave {}",
+                    self.next_position, e.position
+                ))
+                .into());
+            }
+            let ack = js
+                .publish_with_headers(
+                    message::subject(&e),
+                    message::headers(&e, self.expected),
+                    message::body(&e),
+                )
+                .await
+                .map_err(|err| {
+                    RelayError::Nats(format!("publish position {}: {err}", e.position))
+                })?;
+            self.expected += 1;
+            self.next_position += 1;
+            self.inflight
+                .push_back((e.position, self.expected, ack.into_future()));
+        }
+        Ok(())
+    }
+}
+
+/// An ack that is not the stream storing `position` at `sequence` sends the leader back to
+/// resync (a repeat, or another publisher in between).
+fn checked_ack(
+    position: i64,
+    sequence: u64,
+    ack: Result<PublishAck, PublishError>,
+) -> Result<(), Ended> {
+    let ack = ack.map_err(|e| RelayError::Nats(format!("ack of position {position}: {e}")))?;
+    if ack.duplicate {
+        return Err(Ended::Resync(format!(
+            "position {position} was in the stream already (sequence {})",
+            ack.sequence
+        )));
+    }
+    if ack.sequence != sequence {
+        return Err(Ended::Resync(format!(
+            "position {position} stored at sequence {}, not {sequence}",
+            ack.sequence
+        )));
+    }
+    Ok(())
 }

@@ -101,7 +101,7 @@ pub struct Engine {
     pub(crate) last_seq: u64,
     /// Idempotency horizon, Unix ms: req_ids created before it are forgotten and refused.
     pub(crate) horizon_ms: u64,
-    /// The audit's consumed position (`retain`).
+    /// The conservation check's consumed position (`retain`).
     pub(crate) retain_after: u64,
     pub(crate) remembered: BTreeMap<Key, Remembered>,
 }

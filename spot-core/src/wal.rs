@@ -905,7 +905,7 @@ fn decide(engine: &mut Engine, batch: &mut Batch) {
     }
 }
 
-/// Write and sync the batch's records (abort if that fails), then publish the audit's retained
+/// Write and sync the batch's records (abort if that fails), then publish the conservation check's retained
 /// position and start a new segment when the active one is full.
 fn make_durable(engine: &Engine, wal: &mut Wal, batch: &mut Batch, side: &Side, fail: FailPoints) {
     if let Err(e) = wal.append(&batch.framed) {
@@ -1019,7 +1019,7 @@ fn millis(d: std::time::Duration) -> String {
 }
 
 /// Remove (or archive) every sealed segment whose last seq is at or before both the older of
-/// the two newest durable snapshots and the audit's retained position, then delete snapshots
+/// the two newest durable snapshots and the conservation check's retained position, then delete snapshots
 /// older than the two newest.
 fn compact(catalog: &SharedCatalog, retain_after: u64) -> anyhow::Result<()> {
     let (dir, archive, victims, old_snapshots) = {

@@ -311,7 +311,7 @@ fn snap_seqs(dir: &Path) -> Vec<u64> {
 }
 
 /// A directory where at least three snapshots were taken (one every 20 records, so the oldest
-/// was deleted and two are kept), the audit's retain at 45 so segments wholly before the older
+/// was deleted and two are kept), the conservation check's retain at 45 so segments wholly before the older
 /// kept snapshot were compacted away; killed.
 async fn prepared(dir: &Path) -> Prepared {
     let p = Proc::start(dir, &ARGS, None).await;

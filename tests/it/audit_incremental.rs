@@ -1,4 +1,4 @@
-//! Issue 15, deliverable 3: the incremental fund-conservation check. It agrees with the full
+//! The incremental conservation check. It agrees with the full
 //! check from zero after a mixed load with refused withdraws, compensations (refused deposits
 //! refunded), a transfer caught mid-step, SIGKILLed spot-core and ledger processes (whose
 //! periodic checks advance the same checkpoint); a real violation injected into the funding

@@ -1,7 +1,7 @@
 //! FND-001..006 and INV-004 under chaos, a smaller version of `cargo run -p tests --bin chaos`:
 //! transfers in both directions through two real `ledger serve` processes while they and
 //! spot-core are killed with SIGKILL at random moments, with spot-core taking snapshots, rotating
-//! and archiving small segments and the ledgers advancing the idempotency horizon (issue 15);
+//! and archiving small segments and the ledgers advancing the idempotency horizon;
 //! then nothing is stuck, nothing is applied twice, every record agrees with its transfer's final
 //! state, no money is created or lost, spot-core's journal reads back from seq 1 and the ledger's
 //! own exact check, incremental and full, is ok. The run with PostgreSQL restarts is in the
@@ -100,7 +100,7 @@ async fn chaos_end_check_reads_the_journal_through_the_archive_and_refuses_a_com
         for i in 0..100 {
             assert!(matches!(call(deposit(i)).await, Response::Applied { .. }));
         }
-        // The audit consumed everything so far; more records bring two snapshots past it, and
+        // The conservation check consumed everything so far; more records bring two snapshots past it, and
         // compaction takes every segment before it.
         assert!(matches!(
             call(Request::Retain { after_seq: 100 }).await,

@@ -1,5 +1,5 @@
 //! FSM-001..004 and INV-001..003: every path of the state machine, end to end, with balances and
-//! fund conservation checked after each.
+//! conservation checked after each.
 
 use domain::AccountType::{Funding, Spot};
 use domain::{AssetSymbol, TransferState, UserId};

@@ -315,7 +315,7 @@ impl Stack {
         assert!(report.ok, "fund conservation violated: {report:#?}");
     }
 
-    /// Fund conservation for one user and asset: FUNDING + SPOT + in-flight = net deposits.
+    /// Conservation for one user and asset: FUNDING + SPOT + in-flight = net deposits.
     pub async fn assert_conserved(&self, user: u64, asset: &str) {
         let funding = self.funding_balance(user, asset).await;
         let spot = self.spot_balance(user, asset).await;

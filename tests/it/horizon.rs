@@ -1,6 +1,5 @@
-//! The idempotency horizon with real processes (issue 15, deliverable 2 and the horizon faults of
-//! 6): `ledger serve` advances spot-core's horizon while transfers run and spot-core's remembered
-//! keys stop growing; a transfer stuck open longer than the retention holds the horizon back and
+//! The idempotency horizon with real processes (and its faults): `ledger serve` advances
+//! spot-core's horizon while transfers run and spot-core's remembered keys stop growing; a transfer stuck open longer than the retention holds the horizon back and
 //! still commits; a req_id just older than the horizon is refused for good (nothing applied, not
 //! even after a restart), and read as an unknown outcome by the adapter, never as a refusal or
 //! "not seen"; horizon requests repeated and out of order change nothing; an orphan client-key
@@ -76,7 +75,7 @@ async fn post_transfer(base: &str, user: u64, body: serde_json::Value) -> serde_
         .expect("JSON answer")
 }
 
-/// The exact fund-conservation check through the admin route of a running ledger.
+/// The exact conservation check through the admin route of a running ledger.
 async fn assert_invariant_route(base: &str) {
     let report: serde_json::Value = reqwest::Client::new()
         .get(format!("{base}/api/v1/admin/invariant"))

@@ -1,4 +1,4 @@
-//! The exact fund-conservation check (DESIGN section 6) at `GET /api/v1/admin/invariant`: per
+//! The exact conservation check (DESIGN section 6) at `GET /api/v1/admin/invariant`: per
 //! asset sums reconciled by req_id, no false alarm for a transfer caught between an applied
 //! withdraw and its recorded outcome, and MON-003: a real violation halts new transfers
 //! (SERVICE_HALTED) until an admin clears it.

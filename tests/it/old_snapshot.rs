@@ -2,7 +2,7 @@
 //! a snapshot may still see, so while one transaction stays open (a pg_dump, a long report, a
 //! stuck client) nothing updated or deleted after it began can be cleaned up. What an append
 //! reads must still follow what is live: the transfers in flight and the head of the feed, not
-//! every transfer since that snapshot (migrations 0015 and 0016, docs/adr/0003-performance.md).
+//! every transfer since that snapshot (migrations 0015 and 0016, docs/perf-log.md).
 //!
 //! Measured in buffers, not time: PostgreSQL counts the blocks each transaction asks for per
 //! relation, which makes the cost exact and the test independent of the machine's speed.

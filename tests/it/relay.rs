@@ -1,4 +1,4 @@
-//! The JetStream relay (issue 11, docs/adr/0005-relay.md) against a real `nats-server -js` and
+//! The JetStream relay (docs/adr/0005-relay.md) against a real `nats-server -js` and
 //! real `ledger relay` processes: every event of the feed in the stream exactly once, in feed
 //! order, checked message by message, across SIGKILLs of the relay, a killed NATS server, a
 //! leader change, and a restart after the duplicate window has passed.

@@ -1,6 +1,6 @@
 //! PostgreSQL stopped with `-m immediate` (no checkpoint, like a power cut) under load, then
 //! started again: no committed step is lost, transfers caught mid-way are finished by the
-//! recovery worker, nothing is applied twice and fund conservation holds. And the chaos run with
+//! recovery worker, nothing is applied twice and conservation holds. And the chaos run with
 //! PostgreSQL restarted twice among the SIGKILLs of the ledgers and spot-core. Its own test
 //! binary (cargo runs test binaries one after another), each test serialized by the file lock of
 //! `tests::pg_ctl` against the other and against other runs on this machine, and PostgreSQL is

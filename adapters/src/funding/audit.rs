@@ -1,5 +1,5 @@
-//! The funding ledger's side of the fund-conservation audit: balances (whole, live), and the
-//! external deposits and applied journal movements written after a transaction horizon, all read
+//! The funding ledger's side of the conservation check: balances (whole, live), and the
+//! external deposits and applied journal movements written after a snapshot watermark, all read
 //! in one REPEATABLE READ snapshot so that balances and rows agree with each other.
 
 use domain::AccountType;
@@ -12,16 +12,16 @@ use crate::audit::{AppliedMovement, FundingItem, FundingRead};
 impl FundingLedger {
     /// Balances per asset, and every external deposit and applied movement whose transaction
     /// id is at or above `since` (0: all of them), handed to `sink` as they stream in. The
-    /// answer's `horizon` is the snapshot's `pg_snapshot_xmin`: each row is marked consumed
-    /// when its transaction is below it. No row below the horizon can commit after this read
-    /// (its transaction has ended), so a caller that stores `horizon` and later reads from it
+    /// answer's `watermark` is the snapshot's `pg_snapshot_xmin`: each row is marked consumed
+    /// when its transaction is below it. No row below the watermark can commit after this read
+    /// (its transaction has ended), so a caller that stores `watermark` and later reads from it
     /// again misses nothing and reads nothing twice (docs/adr/0006-incremental-audit.md).
     pub async fn audit_read(
         &self,
         since: u64,
         sink: &mut (dyn FnMut(FundingItem) + Send),
     ) -> Result<FundingRead, FundingError> {
-        let (mut tx, horizon) = crate::audit::begin_snapshot(&self.pool, since).await?;
+        let (mut tx, watermark) = crate::audit::begin_snapshot(&self.pool, since).await?;
         let balances: Vec<(String, Decimal)> =
             sqlx::query_as("SELECT asset, SUM(balance) FROM funding_accounts GROUP BY asset")
                 .fetch_all(&mut *tx)
@@ -31,7 +31,7 @@ impl FundingLedger {
              WHERE tx_id >= $1::text::xid8 GROUP BY 1, 2 ORDER BY 1, 2",
         )
         .bind(since.to_string())
-        .bind(horizon.to_string())
+        .bind(watermark.to_string())
         .fetch_all(&mut *tx)
         .await?;
         let mut deposit_rows = 0;
@@ -52,7 +52,7 @@ impl FundingLedger {
                  FROM funding_journal WHERE tx_id >= $1::text::xid8 AND outcome = 'APPLIED'",
             )
             .bind(since.to_string())
-            .bind(horizon.to_string())
+            .bind(watermark.to_string())
             .fetch(&mut *tx);
             while let Some((req_id, op, user_id, asset, amount, consumed)) = rows.try_next().await?
             {
@@ -73,7 +73,7 @@ impl FundingLedger {
         tx.commit().await?;
         Ok(FundingRead {
             balances: balances.into_iter().collect(),
-            horizon,
+            watermark,
             journal_rows,
             deposit_rows,
         })

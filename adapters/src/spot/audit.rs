@@ -1,6 +1,6 @@
-//! spot-core's side of the fund-conservation audit over spot-core's protocol: its totals and the
+//! spot-core's side of the conservation check over spot-core's protocol: its totals and the
 //! journal after a seq that produced exactly them (streamed page by page into the caller's sink,
-//! so no record count bounds the check), and `retain`, which tells spot-core the audit has
+//! so no record count bounds the check), and `retain`, which tells spot-core the conservation check has
 //! consumed its journal up to a seq so that compaction may drop what is before it.
 
 use std::collections::BTreeMap;
@@ -60,7 +60,7 @@ impl SpotAdapter {
         )
     }
 
-    /// Tells spot-core the audit consumed its journal up to `after_seq` (durably, in the
+    /// Tells spot-core the conservation check consumed its journal up to `after_seq` (durably, in the
     /// audit's checkpoint): records up to there may be compacted.
     pub async fn retain(&self, after_seq: u64) -> Result<Option<CoreStatus>, SpotError> {
         match self.client.call(&Request::Retain { after_seq }).await? {
@@ -97,7 +97,7 @@ impl SpotAdapter {
                 return Ok(after_seq);
             };
             after_seq = last.seq();
-            // The audit's own `retain` marks are not work to check: counting them would make
+            // The conservation check's own `retain` marks are not work to check: counting them would make
             // every run find one new record (its predecessor's mark) and send a mark again.
             *count += records
                 .iter()

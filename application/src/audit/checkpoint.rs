@@ -159,8 +159,19 @@ pub async fn store(pool: &PgPool, read: i64, next: &Checkpoint) -> Result<bool, 
         tx.rollback().await?;
         return Ok(false);
     }
+    store_assets(&mut tx, next).await?;
+    store_open(&mut tx, next).await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// The per-asset sums, rewritten whole.
+async fn store_assets(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    next: &Checkpoint,
+) -> Result<(), CheckpointError> {
     sqlx::query("DELETE FROM audit_checkpoint_assets")
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
     let (names, sums): (Vec<&str>, Vec<(Decimal, Decimal)>) = next
         .assets
@@ -175,12 +186,20 @@ pub async fn store(pool: &PgPool, read: i64, next: &Checkpoint) -> Result<bool, 
     .bind(&names)
     .bind(&deposits)
     .bind(&in_flight)
-    .execute(&mut *tx)
+    .execute(&mut **tx)
     .await?;
+    Ok(())
+}
+
+/// The open req_ids and their applied movements.
+async fn store_open(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    next: &Checkpoint,
+) -> Result<(), CheckpointError> {
     // The open set is what is live (open transfers and open disagreements): rewriting it whole
     // costs what is live, not history.
     sqlx::query("DELETE FROM audit_checkpoint_open")
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
     let mut ids = Vec::with_capacity(next.open.len());
     let mut applied = Vec::with_capacity(next.open.len());
@@ -206,8 +225,7 @@ pub async fn store(pool: &PgPool, read: i64, next: &Checkpoint) -> Result<bool, 
     )
     .bind(&ids)
     .bind(&applied)
-    .execute(&mut *tx)
+    .execute(&mut **tx)
     .await?;
-    tx.commit().await?;
-    Ok(true)
+    Ok(())
 }

@@ -7,8 +7,15 @@ use adapters::audit::AppliedMovement;
 use adapters::event_store::AuditTransfer;
 use domain::{AccountType, Operation, TransferEvent, TransferState};
 use rust_decimal::Decimal;
+use serde::Serialize;
 
-use super::Disagreement;
+/// A transfer (or a req_id with no transfer) whose records disagree with its events.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Disagreement {
+    pub req_id: String,
+    pub state: Option<String>,
+    pub problem: String,
+}
 
 /// The three operations, in the order missing ones are reported.
 pub(super) const OPERATIONS: [Operation; 3] =
@@ -158,7 +165,7 @@ pub(super) fn missing_movements(
 }
 
 /// Settled: the transfer is terminal (no event will change what it requires or allows), its
-/// `TransferCreated` is below the event horizon being stored (so a later run that meets it
+/// `TransferCreated` is below the event-log watermark being stored (so a later run that meets it
 /// again knows it was settled, see `audit::run`), and its applied movements are exactly one
 /// correct movement per operation its state requires and nothing else. Such a transfer can
 /// only disagree again if a new movement appears under its req_id, which a later run reads as
@@ -166,11 +173,11 @@ pub(super) fn missing_movements(
 pub(super) fn is_settled(
     known: Option<&Known>,
     applied: &[AppliedMovement],
-    events_horizon: u64,
+    events_watermark: u64,
 ) -> bool {
     let Some(t) = known else { return false };
     t.state.is_terminal()
-        && t.created_tx < events_horizon
+        && t.created_tx < events_watermark
         && applied.iter().all(|a| movement_problem(a, t).is_none())
         && OPERATIONS.into_iter().all(|op| {
             let n = applied.iter().filter(|a| a.operation == op).count();
