@@ -593,7 +593,8 @@
         method: "POST", body: { resolution: choice, reason: reason.value.trim(), force: force.checked },
       }).then(function (res) {
         replace(out, h("div", { class: "ok-box" }, "Recorded " + res.resolution + " by " + res.operator + "; the transfer is now " + res.state + (res.pending ? " (a call is still pending)" : "") + "."));
-        setTimeout(reload, 600);
+        // The resolution is shown at the top of the page: go there once it is read back.
+        setTimeout(function () { reload().then(function () { window.scrollTo(0, 0); }); }, 600);
       }, function (e) { replace(out, errorBox(e)); check(); });
     });
     return card("Resolve this open transfer", form);

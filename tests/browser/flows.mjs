@@ -76,6 +76,8 @@ async function apiTransfer(amount) {
 
 async function shot(page, name) {
   const file = path.join(OUT, name);
+  // A full-page capture of a scrolled page draws the sticky header over the middle.
+  await page.evaluate(() => window.scrollTo(0, 0));
   await page.screenshot({ path: file, fullPage: true });
   log(`screenshot ${file}`);
 }
