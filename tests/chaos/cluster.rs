@@ -57,7 +57,9 @@ fn spawn_ready(
             .context("spawn")?;
         let stdout = child.stdout.take().context("stdout")?;
         let mut lines = BufReader::new(stdout).lines();
-        if let Some(Ok(line)) = lines.next() {
+        // Other lines may come first (`ledger metrics on ...`); the ready line ends the wait.
+        for line in lines.by_ref() {
+            let Ok(line) = line else { break };
             if let Some(rest) = line.strip_prefix(ready) {
                 let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
                 std::thread::spawn(move || for _ in lines {});
