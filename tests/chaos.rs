@@ -11,6 +11,7 @@
 
 mod check;
 mod cluster;
+pub mod netfaults;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -23,9 +24,9 @@ use anyhow::bail;
 use rand::Rng;
 use rust_decimal::Decimal;
 use serde_json::json;
-use spot_core::client::SpotClient;
 use spot_core::protocol::{CoreStatus, Request, Response};
 
+use crate::netns::{Fault, PathTo};
 use crate::pg_ctl::PgCluster;
 pub use check::spot_journal;
 use cluster::{Cluster, Settings};
@@ -62,6 +63,11 @@ pub struct Config {
     pub server_url: String,
     /// How long everything may take to settle after the last crash.
     pub settle_max: Duration,
+    /// Network faults spread over the transfers; any number runs every process in network
+    /// namespaces of its own (root only, see `crate::netns`).
+    pub net_faults: usize,
+    /// The (path, fault) kinds drawn from; every one when empty.
+    pub net_kinds: Vec<(PathTo, Fault)>,
 }
 
 impl Config {
@@ -83,6 +89,8 @@ impl Config {
             bin_dir,
             server_url,
             settle_max: Duration::from_secs(300),
+            net_faults: 0,
+            net_kinds: Vec::new(),
         }
     }
 }
@@ -117,6 +125,8 @@ pub struct Report {
     pub ledger_crashes: usize,
     pub spot_crashes: usize,
     pub pg_restarts: usize,
+    /// Every network fault injected, with the time the ledgers took to notice it.
+    pub net_faults: Vec<netfaults::Detection>,
     pub states: BTreeMap<String, usize>,
     pub created: Decimal,
     pub lost: Decimal,
@@ -124,6 +134,8 @@ pub struct Report {
     pub mismatched: usize,
     pub stuck: usize,
     pub unanswered: usize,
+    /// Transfers a recovery worker had to take up (left open by a crash or an unknown outcome).
+    pub resumed: usize,
     /// Processes that exited by themselves (each was started again).
     pub exited: Vec<String>,
     /// spot-core journal records read from seq 1 at the end.
@@ -174,6 +186,10 @@ impl fmt::Display for Report {
             self.crashes, self.ledger_crashes, self.spot_crashes
         )?;
         writeln!(f, "PostgreSQL restarts:  {}", self.pg_restarts)?;
+        writeln!(f, "network faults:       {}", self.net_faults.len())?;
+        for d in &self.net_faults {
+            writeln!(f, "  {d}")?;
+        }
         for (state, n) in &self.states {
             writeln!(f, "  {state:<20}{n}")?;
         }
@@ -183,6 +199,7 @@ impl fmt::Display for Report {
         writeln!(f, "records disagreeing:  {}", self.mismatched)?;
         writeln!(f, "transfers stuck:      {}", self.stuck)?;
         writeln!(f, "requests unanswered:  {}", self.unanswered)?;
+        writeln!(f, "resumed by recovery:  {}", self.resumed)?;
         writeln!(f, "exited by themselves: {}", self.exited.len())?;
         for name in &self.exited {
             writeln!(f, "  {name}")?;
@@ -240,6 +257,7 @@ impl fmt::Display for Report {
 #[derive(Debug, Clone)]
 struct Sent {
     from_funding: bool,
+    user: u64,
 }
 
 /// Runs the whole chaos scenario and reports what it found.
@@ -279,11 +297,17 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     let database = format!("chaos_{}", ulid::Ulid::new().to_string().to_lowercase());
     let db_url = format!("{}/{database}", cfg.server_url);
     let pool = schema::prepare(&db_url, 8).await?;
-    let settings = Settings::new(&cfg, db_url.clone(), dir)?;
+    let mut settings = Settings::new(&cfg, db_url.clone(), dir)?;
+    let net = if cfg.net_faults > 0 {
+        let (net, place) = netfaults::start(&cfg.server_url, &database).await?;
+        settings.net = Some(place);
+        Some(Arc::new(net))
+    } else {
+        None
+    };
     let ledgers = cfg.ledgers;
     let cluster =
         Arc::new(tokio::task::spawn_blocking(move || Cluster::start(settings, ledgers)).await??);
-    let spot_addr = cluster.spot_addr.clone();
 
     let funding = adapters::FundingLedger::new(pool.clone());
     let usdt = domain::AssetSymbol::parse("USDT").map_err(|e| anyhow::anyhow!("{e:?}"))?;
@@ -301,7 +325,7 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
 
     // Every seventh user's SPOT account refuses deposits, so transfers into it are refused at
     // the target and must be compensated (COMPENSATING → ROLLED_BACK) under the same chaos.
-    let spot_admin = SpotClient::new(spot_addr.clone(), Duration::from_secs(5));
+    let spot_admin = cluster.spot_client(Duration::from_secs(5));
     for user in (7..=cfg.users).step_by(7) {
         let req = Request::SetStatus {
             user_id: user,
@@ -386,7 +410,7 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
                     Some(id) => {
                         sent.lock()
                             .unwrap_or_else(|e| e.into_inner())
-                            .insert(id, Sent { from_funding });
+                            .insert(id, Sent { from_funding, user });
                     }
                     None => {
                         unanswered.fetch_add(1, Ordering::SeqCst);
@@ -465,10 +489,30 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
             Ok(n)
         })
     };
+    let faulter = {
+        let (net, cluster, next, done, cfg) = (
+            net.clone(),
+            cluster.clone(),
+            next.clone(),
+            clients_done.clone(),
+            cfg.clone(),
+        );
+        tokio::task::spawn_blocking(move || match net {
+            Some(net) => netfaults::inject(
+                &net,
+                &cluster,
+                &cfg.net_kinds,
+                cfg.net_faults,
+                (&next, &done, cfg.transfers),
+            ),
+            None => Ok(Vec::new()),
+        })
+    };
     while clients.join_next().await.is_some() {}
     clients_done.store(true, Ordering::SeqCst);
     let (ledger_crashes, spot_crashes) = killer.await??;
     let pg_restarts = restarter.await??;
+    let net_faults = faulter.await??;
     if let Some((pg, _)) = &pg {
         let pg = pg.clone();
         tokio::task::spawn_blocking(move || pg.wait_ready(crate::pg_ctl::RECOVERY_MAX)).await??;
@@ -504,7 +548,7 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     for full in [false, true] {
         problems.extend(check::ledger_invariant(&base, full).await?);
     }
-    let spot_client = SpotClient::new(spot_addr, Duration::from_secs(30));
+    let spot_client = cluster.spot_client(Duration::from_secs(30));
     let mut report = check::check(&pool, &spot_client, &sent).await?;
     report.problems.extend(problems);
     match &report.core {
@@ -530,10 +574,13 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     report.ledger_crashes = ledger_crashes;
     report.spot_crashes = spot_crashes;
     report.pg_restarts = pg_restarts;
+    report.problems.extend(netfaults::problems(&net_faults));
+    report.net_faults = net_faults;
     report.stuck = stuck;
     report.unanswered = unanswered.load(Ordering::SeqCst);
     report.exited = exited.lock().unwrap_or_else(|e| e.into_inner()).clone();
     drop(cluster);
+    drop(net);
     pool.close().await;
     // A clean run's database goes (every run makes one, and a server's crash recovery after an
     // immediate stop syncs every file of every database); a run with findings keeps it.

@@ -9,6 +9,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+pub mod net;
+pub use net::DbLiveness;
+
 /// Every migration of the project, in order.
 pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 
@@ -63,7 +66,33 @@ pub async fn ensure_database(url: &str) -> anyhow::Result<()> {
 /// replaces sqlx's own liveness ping, one round trip either way, and a connection that fails it
 /// is closed (which rolls the stale transaction back) and another one is taken.
 pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
+    connect_with(url, max_connections, DbLiveness::DEFAULT).await
+}
+
+/// [`connect`], with the keepalive, `TCP_USER_TIMEOUT` and idle-in-transaction bound of
+/// `liveness` on both ends of every connection (`net.rs`). A query whose answer never comes and a
+/// pooled connection whose server vanished then fail within a bound, as I/O errors: outcome
+/// unknown.
+pub async fn connect_with(
+    url: &str,
+    max_connections: u32,
+    liveness: DbLiveness,
+) -> anyhow::Result<PgPool> {
+    let options =
+        liveness.server_options(PgConnectOptions::from_str(url).context("parse DATABASE_URL")?);
+    let ports = std::sync::Arc::new(net::database_ports(url));
     PgPoolOptions::new()
+        .after_connect(move |_conn, _meta| {
+            let ports = ports.clone();
+            Box::pin(async move {
+                match liveness.tune_process_sockets(&ports) {
+                    Ok(0) => tracing::warn!(?ports, "no database socket found to tune"),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "database sockets not tuned"),
+                }
+                Ok(())
+            })
+        })
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(5))
         .test_before_acquire(false)
@@ -86,15 +115,24 @@ pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> 
                 Ok(clean)
             })
         })
-        .connect(url)
+        .connect_with(options)
         .await
         .context("connect to PostgreSQL")
 }
 
 /// Creates the database if needed, connects, and applies every migration.
 pub async fn prepare(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
+    prepare_with(url, max_connections, DbLiveness::DEFAULT).await
+}
+
+/// [`prepare`] with [`connect_with`]'s liveness settings.
+pub async fn prepare_with(
+    url: &str,
+    max_connections: u32,
+    liveness: DbLiveness,
+) -> anyhow::Result<PgPool> {
     ensure_database(url).await?;
-    let pool = connect(url, max_connections).await?;
+    let pool = connect_with(url, max_connections, liveness).await?;
     MIGRATOR.run(&pool).await.context("apply migrations")?;
     Ok(pool)
 }

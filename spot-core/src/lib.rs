@@ -9,6 +9,7 @@ pub mod journal;
 pub mod protocol;
 pub mod server;
 pub mod snapshot;
+pub mod tcp;
 pub mod ulid;
 pub mod wal;
 

@@ -1,16 +1,19 @@
 //! `cargo run --release -p tests --bin chaos -- [TRANSFERS] [CRASHES] [--pg-restarts N]
-//! [--no-horizon] [--no-snapshots | --snapshot-every-records N --segment-bytes B]`: the chaos run against the machine's PostgreSQL
+//! [--net-faults N] [--no-horizon] [--no-snapshots | --snapshot-every-records N --segment-bytes B]`: the chaos run against the machine's PostgreSQL
 //! (`TEST_DATABASE_SERVER`, default postgres://postgres@127.0.0.1:5432) with the `ledger` and
 //! `spot-core` binaries built beside this one. `--pg-restarts N` restarts that server's cluster
 //! N times with `-m immediate` during the run (it needs the rights of `pg_ctlcluster`, and takes
-//! the machine's PostgreSQL-restart lock). spot-core snapshots every 300 records in 64 KiB
+//! the machine's PostgreSQL-restart lock). `--net-faults N` runs the processes in network
+//! namespaces of their own and injects N nftables faults between the ledgers and spot-core or
+//! PostgreSQL (root only; `tests::netns`). spot-core snapshots every 300 records in 64 KiB
 //! segments unless told otherwise. Exits non-zero unless every figure that must be zero
 //! is and the end check found nothing else wrong.
 
 use anyhow::{bail, Context};
 use tests::chaos::Snapshots;
 
-const USAGE: &str = "usage: chaos [TRANSFERS] [CRASHES] [--pg-restarts N] [--no-horizon] \
+const USAGE: &str =
+    "usage: chaos [TRANSFERS] [CRASHES] [--pg-restarts N] [--net-faults N] [--no-horizon] \
                      [--no-snapshots | --snapshot-every-records N --segment-bytes B]";
 
 #[tokio::main]
@@ -30,6 +33,10 @@ async fn main() -> anyhow::Result<()> {
             "--pg-restarts" => {
                 let n = args.next().context(USAGE)?;
                 config.pg_restarts = n.parse().with_context(|| format!("--pg-restarts {n}"))?;
+            }
+            "--net-faults" => {
+                let n = args.next().context(USAGE)?;
+                config.net_faults = n.parse().with_context(|| format!("--net-faults {n}"))?;
             }
             "--no-snapshots" => config.snapshots = None,
             "--snapshot-every-records" | "--segment-bytes" => {
@@ -63,10 +70,11 @@ async fn main() -> anyhow::Result<()> {
     }
     println!(
         "chaos: {} transfers, at least {} crashes (ledger serve ×2 and spot-core, SIGKILL), \
-         {} PostgreSQL restarts; snapshots {}, horizon {}",
+         {} PostgreSQL restarts, {} network faults; snapshots {}, horizon {}",
         config.transfers,
         config.crashes_min,
         config.pg_restarts,
+        config.net_faults,
         match config.snapshots {
             Some(s) => format!(
                 "every {} records, {} B segments",
