@@ -83,7 +83,7 @@ pub struct Settings {
     #[arg(long, global = true, env = "LEDGER_HTTP_CONNECTIONS_PER_ADDRESS_MAX")]
     pub http_connections_per_address_max: Option<usize>,
     /// Idle time (ms) before a spot-core or PostgreSQL connection is probed by TCP keepalive
-    /// (default 4000; a dead idle peer is noticed within twice this).
+    /// (default 4000; unanswered probes end it once `TCP_USER_TIMEOUT` passed).
     #[arg(long, global = true, env = "LEDGER_TCP_KEEPALIVE_MS")]
     pub tcp_keepalive_ms: Option<u64>,
     /// How long (ms) sent data may stay unacknowledged before the connection is given up

@@ -28,7 +28,8 @@ pub const KEEPALIVE_PROBES: u32 = 4;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DbLiveness {
     /// Idle time before the first keepalive probe (whole seconds, at least 1); probes follow
-    /// every quarter of it (at least 1 s), [`KEEPALIVE_PROBES`] of them.
+    /// every quarter of it (at least 1 s). With `user_timeout` set, Linux ends a connection whose
+    /// probes go unanswered once nothing was received for `user_timeout`.
     pub keepalive: Duration,
     /// `TCP_USER_TIMEOUT`: sent data unacknowledged this long ends the connection.
     pub user_timeout: Duration,
@@ -43,8 +44,9 @@ impl Default for DbLiveness {
 }
 
 impl DbLiveness {
-    /// 4 s of idleness before probing (a dead idle peer noticed within 8 s), 10 s for sent
-    /// data, 60 s idle inside a transaction.
+    /// 4 s of idleness before probing, 10 s without an acknowledgement or an answered probe
+    /// (a vanished server noticed within about 11 s, idle or not), 60 s idle inside a
+    /// transaction.
     pub const DEFAULT: DbLiveness = DbLiveness {
         keepalive: Duration::from_secs(4),
         user_timeout: Duration::from_secs(10),

@@ -17,8 +17,9 @@ pub const KEEPALIVE_PROBES: u32 = 4;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TcpLiveness {
     /// Idle time before the first keepalive probe (whole seconds, at least 1). Probes follow
-    /// every quarter of it (at least 1 s); [`KEEPALIVE_PROBES`] unanswered ones end the
-    /// connection.
+    /// every quarter of it (at least 1 s). With `user_timeout` set, Linux ends a connection whose
+    /// probes go unanswered once nothing was received for `user_timeout` (the probe count,
+    /// [`KEEPALIVE_PROBES`], only applies without it).
     pub keepalive: Duration,
     /// `TCP_USER_TIMEOUT`: sent data unacknowledged this long ends the connection.
     pub user_timeout: Duration,
@@ -31,7 +32,8 @@ impl Default for TcpLiveness {
 }
 
 impl TcpLiveness {
-    /// 4 s of idleness before probing (a dead idle peer noticed within 8 s), 10 s for sent data.
+    /// 4 s of idleness before probing, 10 s without an acknowledgement or an answered probe:
+    /// a vanished peer is noticed within about 11 s, idle or not.
     pub const DEFAULT: TcpLiveness = TcpLiveness {
         keepalive: Duration::from_secs(4),
         user_timeout: Duration::from_secs(10),
@@ -47,10 +49,13 @@ impl TcpLiveness {
         Duration::from_secs((self.keepalive_idle().as_secs() / 4).max(1))
     }
 
-    /// The longest an idle connection to a vanished peer lives on: the idle time and every
-    /// probe.
+    /// About the longest an idle connection to a vanished peer lives on: until the first probe
+    /// timer after `user_timeout` (at least the first probe and one interval).
     pub fn idle_bound(&self) -> Duration {
-        self.keepalive_idle() + self.probe_interval() * KEEPALIVE_PROBES
+        let (idle, step) = (self.keepalive_idle(), self.probe_interval());
+        let after_idle = self.user_timeout.saturating_sub(idle).max(step);
+        let steps = after_idle.as_millis().div_ceil(step.as_millis());
+        idle + step * u32::try_from(steps).unwrap_or(u32::MAX)
     }
 
     /// Sets keepalive and `TCP_USER_TIMEOUT` on a connected TCP socket.
@@ -90,6 +95,7 @@ mod tests {
         );
         assert_eq!(sockopt::tcp_keepcnt(&stream).unwrap(), KEEPALIVE_PROBES);
         assert_eq!(sockopt::tcp_user_timeout(&stream).unwrap(), 2_500);
-        assert_eq!(liveness.idle_bound(), Duration::from_secs(16));
+        assert_eq!(liveness.idle_bound(), Duration::from_secs(10));
+        assert_eq!(TcpLiveness::DEFAULT.idle_bound(), Duration::from_secs(10));
     }
 }

@@ -312,6 +312,21 @@ pub(super) async fn check(
         report.lost = (-diff).normalize();
     }
 
+    // One client request (a cid, retried until answered) must create one transfer.
+    let (twice, extra): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), COALESCE(sum(n - 1), 0)::bigint FROM (
+            SELECT count(*) AS n FROM events WHERE event_type = 'TransferCreated'
+              AND payload->'TransferCreated'->>'cid' IS NOT NULL
+            GROUP BY payload->'TransferCreated'->>'user_id', payload->'TransferCreated'->>'cid'
+            HAVING count(*) > 1) repeated",
+    )
+    .fetch_one(pool)
+    .await?;
+    if twice > 0 {
+        report.problems.push(format!(
+            "{twice} client keys (cid) created more than one transfer ({extra} extra transfers)"
+        ));
+    }
     let resumed: i64 = sqlx::query_scalar("SELECT count(DISTINCT req_id) FROM recovery_attempts")
         .fetch_one(pool)
         .await?;
