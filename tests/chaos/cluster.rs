@@ -185,13 +185,7 @@ impl Settings {
                 if self.horizon {
                     // Remembered keys older than 5 s are forgotten, the horizon moved twice a
                     // second: it passes most of the run's transfers while others still retry.
-                    // Under network faults a transfer's creation may commit 20 s after its
-                    // client key was claimed (a blackholed commit waits out TCP_USER_TIMEOUT, a
-                    // lock held by a vanished session the server's keepalive): the retention must
-                    // exceed that delay, or an orphan-looking claim is re-keyed while its first
-                    // creation is still on the way (two transfers for one cid).
-                    let retention = if self.net.is_some() { "60" } else { "5" };
-                    c.env("LEDGER_IDEMPOTENCY_RETENTION_SECS", retention)
+                    c.env("LEDGER_IDEMPOTENCY_RETENTION_SECS", "5")
                         .env("LEDGER_HORIZON_INTERVAL_MS", "500");
                 }
                 if self.audit_interval_secs > 0 {
