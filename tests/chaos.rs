@@ -12,6 +12,7 @@
 mod check;
 mod cluster;
 mod failover;
+pub mod netfaults;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -24,9 +25,9 @@ use anyhow::bail;
 use rand::Rng;
 use rust_decimal::Decimal;
 use serde_json::json;
-use spot_core::client::SpotClient;
 use spot_core::protocol::{CoreStatus, Request, Response};
 
+use crate::netns::{Fault, PathTo};
 use crate::pg_ctl::PgCluster;
 use crate::pg_pair::{PgPair, Replication};
 pub use check::spot_journal;
@@ -70,6 +71,11 @@ pub struct Config {
     pub server_url: String,
     /// How long everything may take to settle after the last crash.
     pub settle_max: Duration,
+    /// Network faults spread over the transfers; any number runs every process in network
+    /// namespaces of its own (root only, see `crate::netns`).
+    pub net_faults: usize,
+    /// The (path, fault) kinds drawn from; every one when empty.
+    pub net_kinds: Vec<(PathTo, Fault)>,
 }
 
 impl Config {
@@ -92,6 +98,8 @@ impl Config {
             bin_dir,
             server_url,
             settle_max: Duration::from_secs(300),
+            net_faults: 0,
+            net_kinds: Vec::new(),
         }
     }
 }
@@ -130,6 +138,8 @@ pub struct Report {
     pub failovers: Vec<FailoverTimes>,
     /// Answered transfers missing after the run, or found in an earlier state than answered.
     pub answered_lost: usize,
+    /// Every network fault injected, with the time the ledgers took to notice it.
+    pub net_faults: Vec<netfaults::Detection>,
     pub states: BTreeMap<String, usize>,
     pub created: Decimal,
     pub lost: Decimal,
@@ -137,6 +147,8 @@ pub struct Report {
     pub mismatched: usize,
     pub stuck: usize,
     pub unanswered: usize,
+    /// Transfers a recovery worker had to take up (left open by a crash or an unknown outcome).
+    pub resumed: usize,
     /// Processes that exited by themselves (each was started again).
     pub exited: Vec<String>,
     /// spot-core journal records read from seq 1 at the end.
@@ -193,6 +205,10 @@ impl fmt::Display for Report {
             writeln!(f, "  failover {}: {t}", i + 1)?;
         }
         writeln!(f, "answers lost:         {}", self.answered_lost)?;
+        writeln!(f, "network faults:       {}", self.net_faults.len())?;
+        for d in &self.net_faults {
+            writeln!(f, "  {d}")?;
+        }
         for (state, n) in &self.states {
             writeln!(f, "  {state:<20}{n}")?;
         }
@@ -202,6 +218,7 @@ impl fmt::Display for Report {
         writeln!(f, "records disagreeing:  {}", self.mismatched)?;
         writeln!(f, "transfers stuck:      {}", self.stuck)?;
         writeln!(f, "requests unanswered:  {}", self.unanswered)?;
+        writeln!(f, "resumed by recovery:  {}", self.resumed)?;
         writeln!(f, "exited by themselves: {}", self.exited.len())?;
         for name in &self.exited {
             writeln!(f, "  {name}")?;
@@ -261,6 +278,7 @@ struct Sent {
     from_funding: bool,
     /// The state the client was answered with.
     state: String,
+    user: u64,
 }
 
 /// Runs the whole chaos scenario and reports what it found.
@@ -309,11 +327,17 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
         None => format!("{}/{database}", cfg.server_url),
     };
     let pool = schema::prepare(&db_url, 8).await?;
-    let settings = Settings::new(&cfg, db_url.clone(), dir)?;
+    let mut settings = Settings::new(&cfg, db_url.clone(), dir)?;
+    let net = if cfg.net_faults > 0 {
+        let (net, place) = netfaults::start(&cfg.server_url, &database).await?;
+        settings.net = Some(place);
+        Some(Arc::new(net))
+    } else {
+        None
+    };
     let ledgers = cfg.ledgers;
     let cluster =
         Arc::new(tokio::task::spawn_blocking(move || Cluster::start(settings, ledgers)).await??);
-    let spot_addr = cluster.spot_addr.clone();
 
     let funding = adapters::FundingLedger::new(pool.clone());
     let usdt = domain::AssetSymbol::parse("USDT").map_err(|e| anyhow::anyhow!("{e:?}"))?;
@@ -331,7 +355,7 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
 
     // Every seventh user's SPOT account refuses deposits, so transfers into it are refused at
     // the target and must be compensated (COMPENSATING → ROLLED_BACK) under the same chaos.
-    let spot_admin = SpotClient::new(spot_addr.clone(), Duration::from_secs(5));
+    let spot_admin = cluster.spot_client(Duration::from_secs(5));
     for user in (7..=cfg.users).step_by(7) {
         let req = Request::SetStatus {
             user_id: user,
@@ -422,6 +446,7 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
                             Sent {
                                 from_funding,
                                 state,
+                                user,
                             },
                         );
                         answers.fetch_add(1, Ordering::SeqCst);
@@ -518,10 +543,30 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
             cfg.transfers,
         ))
     });
+    let faulter = {
+        let (net, cluster, next, done, cfg) = (
+            net.clone(),
+            cluster.clone(),
+            next.clone(),
+            clients_done.clone(),
+            cfg.clone(),
+        );
+        tokio::task::spawn_blocking(move || match net {
+            Some(net) => netfaults::inject(
+                &net,
+                &cluster,
+                &cfg.net_kinds,
+                cfg.net_faults,
+                (&next, &done, cfg.transfers),
+            ),
+            None => Ok(Vec::new()),
+        })
+    };
     while clients.join_next().await.is_some() {}
     clients_done.store(true, Ordering::SeqCst);
     let (ledger_crashes, spot_crashes) = killer.await??;
     let mut pg_restarts = restarter.await??;
+    let net_faults = faulter.await??;
     let mut failovers = Vec::new();
     if let Some(faults) = pair_faults {
         (pg_restarts, failovers) = faults.await??;
@@ -561,7 +606,7 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     for full in [false, true] {
         problems.extend(check::ledger_invariant(&base, full).await?);
     }
-    let spot_client = SpotClient::new(spot_addr, Duration::from_secs(30));
+    let spot_client = cluster.spot_client(Duration::from_secs(30));
     let mut report = check::check(&pool, &spot_client, &sent).await?;
     report.problems.extend(problems);
     match &report.core {
@@ -588,10 +633,13 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     report.spot_crashes = spot_crashes;
     report.pg_restarts = pg_restarts;
     report.failovers = failovers;
+    report.problems.extend(netfaults::problems(&net_faults));
+    report.net_faults = net_faults;
     report.stuck = stuck;
     report.unanswered = unanswered.load(Ordering::SeqCst);
     report.exited = exited.lock().unwrap_or_else(|e| e.into_inner()).clone();
     drop(cluster);
+    drop(net);
     pool.close().await;
     // A clean run's database goes (every run makes one, and a server's crash recovery after an
     // immediate stop syncs every file of every database); a run with findings keeps it.

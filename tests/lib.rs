@@ -1,6 +1,8 @@
 //! Integration-test package: the acceptance catalogue lives in `it/`; the library holds the chaos
-//! run and the PostgreSQL control shared by the tests that restart it.
+//! run, the PostgreSQL control shared by the tests that restart it, and the network namespaces
+//! and nftables faults of the network-fault tests.
 
 pub mod chaos;
+pub mod netns;
 pub mod pg_ctl;
 pub mod pg_pair;

@@ -70,6 +70,18 @@ impl SpotAdapter {
         }
     }
 
+    /// Like `with_token`, with the TCP keepalive and `TCP_USER_TIMEOUT` of every connection.
+    pub fn with_liveness(
+        addr: String,
+        timeout: Duration,
+        token: Option<String>,
+        liveness: spot_core::tcp::TcpLiveness,
+    ) -> Self {
+        Self {
+            client: SpotClient::with_liveness(addr, timeout, token, liveness),
+        }
+    }
+
     pub fn client(&self) -> &SpotClient {
         &self.client
     }

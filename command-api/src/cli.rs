@@ -329,10 +329,11 @@ async fn serve(args: ServeArgs, settings: &Settings) -> anyhow::Result<()> {
     let spot_addr = config::spot_addr(&args.spot_url)?;
     let pool = settings.pool(config::POOL_CONNECTIONS_MAX).await?;
     // Optional: a spot-core on loopback may run without a token.
-    let spot = SpotAdapter::with_token(
+    let spot = SpotAdapter::with_liveness(
         spot_addr.clone(),
         Duration::from_millis(args.spot_timeout_ms),
         settings.spot_core_token()?,
+        settings.spot_liveness(),
     );
     // Serving while spot-core is down is allowed: transfers wait and the recovery worker retries.
     if let Err(e) = spot.ping().await {
@@ -373,7 +374,12 @@ async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> {
             (child.addr.clone(), Some(token), Some(child))
         }
     };
-    let spot = SpotAdapter::with_token(spot_addr.clone(), timeout, spot_token);
+    let spot = SpotAdapter::with_liveness(
+        spot_addr.clone(),
+        timeout,
+        spot_token,
+        settings.spot_liveness(),
+    );
     spot.ping()
         .await
         .map_err(|e| anyhow!("spot-core at {spot_addr} does not answer: {e}"))?;

@@ -108,6 +108,17 @@ pub struct Settings {
     /// raised (default 30; `0` or `off`: none).
     #[arg(long, global = true, env = "LEDGER_ALERT_REFUSALS_PER_MINUTE")]
     pub alert_refusals_per_minute: Option<String>,
+    /// Idle time (ms) before a spot-core or PostgreSQL connection is probed by TCP keepalive
+    /// (default 4000; unanswered probes end it once `TCP_USER_TIMEOUT` passed).
+    #[arg(long, global = true, env = "LEDGER_TCP_KEEPALIVE_MS")]
+    pub tcp_keepalive_ms: Option<u64>,
+    /// How long (ms) sent data may stay unacknowledged before the connection is given up
+    /// (`TCP_USER_TIMEOUT`, default 10000).
+    #[arg(long, global = true, env = "LEDGER_TCP_USER_TIMEOUT_MS")]
+    pub tcp_user_timeout_ms: Option<u64>,
+    /// PostgreSQL ends a session idle inside a transaction this long (ms, default 60000).
+    #[arg(long, global = true, env = "LEDGER_DB_IDLE_IN_TRANSACTION_MS")]
+    pub db_idle_in_transaction_ms: Option<u64>,
     /// The crash tests' fail point to arm (CRA-001..006).
     #[arg(long, global = true, env = "LEDGER_FAILPOINT", hide = true)]
     pub failpoint: Option<String>,
@@ -310,9 +321,34 @@ impl Settings {
         FailPoints::armed(self.failpoint.as_deref())
     }
 
+    /// The keepalive and `TCP_USER_TIMEOUT` of spot-core connections.
+    pub fn spot_liveness(&self) -> spot_core::tcp::TcpLiveness {
+        let default = spot_core::tcp::TcpLiveness::DEFAULT;
+        spot_core::tcp::TcpLiveness {
+            keepalive: self
+                .tcp_keepalive_ms
+                .map_or(default.keepalive, Duration::from_millis),
+            user_timeout: (self.tcp_user_timeout_ms)
+                .map_or(default.user_timeout, Duration::from_millis),
+        }
+    }
+
+    /// The same for PostgreSQL connections, with the server's idle-in-transaction bound.
+    pub fn db_liveness(&self) -> schema::DbLiveness {
+        let spot = self.spot_liveness();
+        schema::DbLiveness {
+            keepalive: spot.keepalive,
+            user_timeout: spot.user_timeout,
+            idle_in_transaction: (self.db_idle_in_transaction_ms).map_or(
+                schema::DbLiveness::DEFAULT.idle_in_transaction,
+                Duration::from_millis,
+            ),
+        }
+    }
+
     /// The database pool for `connections_max` connections, migrated.
     pub async fn pool(&self, connections_max: u32) -> anyhow::Result<sqlx::PgPool> {
-        schema::prepare(&self.database_url(), connections_max).await
+        schema::prepare_with(&self.database_url(), connections_max, self.db_liveness()).await
     }
 }
 

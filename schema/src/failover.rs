@@ -51,6 +51,15 @@ impl Servers {
         }))
     }
 
+    /// The same servers, each connection's options passed through `tune` (the liveness
+    /// settings sent to the server, `net.rs`).
+    pub fn tuned(&self, tune: impl Fn(PgConnectOptions) -> PgConnectOptions) -> Arc<Self> {
+        Arc::new(Self {
+            options: self.options.iter().map(|o| tune(o.clone())).collect(),
+            wake: Notify::new(),
+        })
+    }
+
     /// The same servers, each with `database` instead of the URL's.
     pub fn on_database(&self, database: &str) -> Self {
         Self {

@@ -11,6 +11,8 @@ use std::time::Duration;
 use anyhow::Context;
 
 pub mod failover;
+pub mod net;
+pub use net::DbLiveness;
 
 /// Every migration of the project, in order.
 pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
@@ -80,14 +82,28 @@ pub async fn ensure_database(url: &str) -> anyhow::Result<()> {
 /// replaces sqlx's own liveness ping, one round trip either way, and a connection that fails it
 /// is closed (which rolls the stale transaction back) and another one is taken.
 pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
-    let servers = failover::Servers::parse(url)?;
+    connect_with(url, max_connections, DbLiveness::DEFAULT).await
+}
+
+/// [`connect`], with the keepalive, `TCP_USER_TIMEOUT` and idle-in-transaction bound of
+/// `liveness` on both ends of every connection (`net.rs`). A query whose answer never comes and a
+/// pooled connection whose server vanished then fail within a bound, as I/O errors: outcome
+/// unknown. With several hosts, the pool connects to the writable one and a watcher follows a
+/// promotion (`failover.rs`).
+pub async fn connect_with(
+    url: &str,
+    max_connections: u32,
+    liveness: DbLiveness,
+) -> anyhow::Result<PgPool> {
+    let servers = failover::Servers::parse(url)?.tuned(|o| liveness.server_options(o));
     let (first, probe) = if servers.options.len() > 1 {
         let (found, conn) = servers.first_writable(ACQUIRE_TIMEOUT).await?;
         (found, Some(conn))
     } else {
         (0, None)
     };
-    let pool = pool_options(max_connections, &servers)
+    let ports = Arc::new(net::database_ports(url));
+    let pool = pool_options(max_connections, &servers, liveness, ports)
         .connect_with(servers.options[first].clone())
         .await
         .context("connect to PostgreSQL")?;
@@ -97,11 +113,17 @@ pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> 
     Ok(pool)
 }
 
-/// The pool's settings and checks. A connection to a server that cannot write (in recovery:
-/// a standby, or an old primary come back as one; or read-only by setting) is refused when it
-/// is made and dropped when it is handed out, and the failover watcher is told
+/// The pool's settings and checks. Every new connection's socket gets the liveness settings
+/// (found by the database ports, `net.rs`). A connection to a server that cannot write (in
+/// recovery: a standby, or an old primary come back as one; or read-only by setting) is refused
+/// when it is made and dropped when it is handed out, and the failover watcher is told
 /// (`failover::Servers::suspect`).
-fn pool_options(max_connections: u32, servers: &Arc<failover::Servers>) -> PgPoolOptions {
+fn pool_options(
+    max_connections: u32,
+    servers: &Arc<failover::Servers>,
+    liveness: DbLiveness,
+    ports: Arc<std::collections::BTreeSet<u16>>,
+) -> PgPoolOptions {
     let on_connect = Arc::clone(servers);
     let on_acquire = Arc::clone(servers);
     PgPoolOptions::new()
@@ -110,7 +132,14 @@ fn pool_options(max_connections: u32, servers: &Arc<failover::Servers>) -> PgPoo
         .test_before_acquire(false)
         .after_connect(move |conn, _meta| {
             let servers = Arc::clone(&on_connect);
+            let ports = Arc::clone(&ports);
             Box::pin(async move {
+                // sqlx keeps one `after_connect`: the socket tuning and the writable check share it.
+                match liveness.tune_process_sockets(&ports) {
+                    Ok(0) => tracing::warn!(?ports, "no database socket found to tune"),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "database sockets not tuned"),
+                }
                 let writable: bool = sqlx::query_scalar(failover::WRITABLE_SQL)
                     .fetch_one(&mut *conn)
                     .await?;
@@ -154,8 +183,17 @@ fn pool_options(max_connections: u32, servers: &Arc<failover::Servers>) -> PgPoo
 
 /// Creates the database if needed, connects, and applies every migration.
 pub async fn prepare(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
+    prepare_with(url, max_connections, DbLiveness::DEFAULT).await
+}
+
+/// [`prepare`] with [`connect_with`]'s liveness settings.
+pub async fn prepare_with(
+    url: &str,
+    max_connections: u32,
+    liveness: DbLiveness,
+) -> anyhow::Result<PgPool> {
     ensure_database(url).await?;
-    let pool = connect(url, max_connections).await?;
+    let pool = connect_with(url, max_connections, liveness).await?;
     MIGRATOR.run(&pool).await.context("apply migrations")?;
     Ok(pool)
 }

@@ -12,6 +12,7 @@ use tokio::net::TcpStream;
 use tokio::time::{timeout_at, Instant};
 
 use crate::protocol::{Request, Response};
+use crate::tcp::TcpLiveness;
 
 /// Idle connections kept for reuse; more concurrent calls simply open more connections.
 pub const MAX_IDLE_CONNECTIONS: usize = 32;
@@ -47,13 +48,22 @@ struct Conn {
 impl Conn {
     /// Connect and, with a token, authenticate. Every failure here is `Connect`: the request
     /// itself has not been sent yet.
-    async fn connect(addr: &str, hello: Option<&[u8]>) -> Result<Conn, ClientError> {
+    async fn connect(
+        addr: &str,
+        hello: Option<&[u8]>,
+        liveness: &TcpLiveness,
+    ) -> Result<Conn, ClientError> {
         let stream = TcpStream::connect(addr)
             .await
             .map_err(|e| ClientError::Connect(e.to_string()))?;
         stream
             .set_nodelay(true)
             .map_err(|e| ClientError::Connect(e.to_string()))?;
+        // A pooled connection whose peer vanished (no FIN, no RST) is then errored by the kernel
+        // within a bound, and `looks_alive` drops it instead of sending on it.
+        liveness
+            .apply(&stream)
+            .map_err(|e| ClientError::Connect(format!("TCP liveness options: {e}")))?;
         let mut conn = Conn {
             stream: BufReader::new(stream),
         };
@@ -102,6 +112,7 @@ impl Conn {
 struct Inner {
     addr: String,
     timeout: Duration,
+    liveness: TcpLiveness,
     /// The framed `hello` line sent on every new connection, when there is a token.
     hello: Option<Vec<u8>>,
     idle: Mutex<Vec<Conn>>,
@@ -113,6 +124,7 @@ impl std::fmt::Debug for Inner {
         f.debug_struct("Inner")
             .field("addr", &self.addr)
             .field("timeout", &self.timeout)
+            .field("liveness", &self.liveness)
             .field("token", &self.hello.as_ref().map(|_| "<redacted>"))
             .finish_non_exhaustive()
     }
@@ -132,6 +144,16 @@ impl SpotClient {
 
     /// Like `new`; with a token, every new connection first authenticates with a `hello`.
     pub fn with_token(addr: String, timeout: Duration, token: Option<String>) -> SpotClient {
+        SpotClient::with_liveness(addr, timeout, token, TcpLiveness::DEFAULT)
+    }
+
+    /// Like `with_token`, with the keepalive and `TCP_USER_TIMEOUT` every connection gets.
+    pub fn with_liveness(
+        addr: String,
+        timeout: Duration,
+        token: Option<String>,
+        liveness: TcpLiveness,
+    ) -> SpotClient {
         let hello = token.map(|token| {
             let mut line = serde_json::to_vec(&Request::Hello { token })
                 .expect("serializing a hello cannot fail");
@@ -142,6 +164,7 @@ impl SpotClient {
             inner: Arc::new(Inner {
                 addr,
                 timeout,
+                liveness,
                 hello,
                 idle: Mutex::new(Vec::new()),
             }),
@@ -174,7 +197,11 @@ impl SpotClient {
         }
         let connected = match timeout_at(
             deadline,
-            Conn::connect(&self.inner.addr, self.inner.hello.as_deref()),
+            Conn::connect(
+                &self.inner.addr,
+                self.inner.hello.as_deref(),
+                &self.inner.liveness,
+            ),
         )
         .await
         {

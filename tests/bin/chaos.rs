@@ -1,12 +1,14 @@
 //! `cargo run --release -p tests --bin chaos -- [TRANSFERS] [CRASHES] [--pg-restarts N]
-//! [--pg-failovers N] [--no-horizon] [--no-snapshots | --snapshot-every-records N --segment-bytes B]`: the chaos run against the machine's PostgreSQL
+//! [--pg-failovers N] [--net-faults N] [--no-horizon] [--no-snapshots | --snapshot-every-records N --segment-bytes B]`: the chaos run against the machine's PostgreSQL
 //! (`TEST_DATABASE_SERVER`, default postgres://postgres@127.0.0.1:5432) with the `ledger` and
 //! `spot-core` binaries built beside this one. `--pg-restarts N` restarts that server's cluster
 //! N times with `-m immediate` during the run (it needs the rights of `pg_ctlcluster`, and takes
 //! the machine's PostgreSQL-restart lock). `--pg-failovers N` runs the database on a private
 //! primary and synchronous standby instead (`tests::pg_pair`, made as the `postgres` user) and
 //! fails over N times (primary killed with `-m immediate`, standby promoted, a new standby
-//! made); `--pg-restarts` then restart that pair's primary. spot-core snapshots every 300 records in 64 KiB
+//! made); `--pg-restarts` then restart that pair's primary. `--net-faults N` runs the processes
+//! in network namespaces of their own and injects N nftables faults between the ledgers and
+//! spot-core or PostgreSQL (root only; `tests::netns`). spot-core snapshots every 300 records in 64 KiB
 //! segments unless told otherwise. Exits non-zero unless every figure that must be zero
 //! is and the end check found nothing else wrong.
 
@@ -14,7 +16,7 @@ use anyhow::{bail, Context};
 use tests::chaos::Snapshots;
 
 const USAGE: &str = "usage: chaos [TRANSFERS] [CRASHES] [--pg-restarts N] [--pg-failovers N] \
-                     [--no-horizon] \
+                     [--net-faults N] [--no-horizon] \
                      [--no-snapshots | --snapshot-every-records N --segment-bytes B]";
 
 #[tokio::main]
@@ -38,6 +40,10 @@ async fn main() -> anyhow::Result<()> {
             "--pg-failovers" => {
                 let n = args.next().context(USAGE)?;
                 config.pg_failovers = n.parse().with_context(|| format!("--pg-failovers {n}"))?;
+            }
+            "--net-faults" => {
+                let n = args.next().context(USAGE)?;
+                config.net_faults = n.parse().with_context(|| format!("--net-faults {n}"))?;
             }
             "--no-snapshots" => config.snapshots = None,
             "--snapshot-every-records" | "--segment-bytes" => {
@@ -71,11 +77,12 @@ async fn main() -> anyhow::Result<()> {
     }
     println!(
         "chaos: {} transfers, at least {} crashes (ledger serve ×2 and spot-core, SIGKILL), \
-         {} PostgreSQL restarts, {} failovers; snapshots {}, horizon {}",
+         {} PostgreSQL restarts, {} failovers, {} network faults; snapshots {}, horizon {}",
         config.transfers,
         config.crashes_min,
         config.pg_restarts,
         config.pg_failovers,
+        config.net_faults,
         match config.snapshots {
             Some(s) => format!(
                 "every {} records, {} B segments",

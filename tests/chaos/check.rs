@@ -296,6 +296,14 @@ pub(super) async fn check(
                 .copied()
                 .unwrap_or(0)
         };
+        // Only a target that refuses (every seventh user's SPOT account is disabled) may turn
+        // a transfer back: a rollback anywhere else compensated an outcome that was unknown.
+        if state == "ROLLED_BACK" && !(s.from_funding && s.user % 7 == 0) {
+            report.problems.push(format!(
+                "{req_id} ROLLED_BACK although its target never refuses (user {}, from {src})",
+                s.user
+            ));
+        }
         let expected = match state {
             "COMMITTED" => (1, 1, 0),
             "FAILED" => (0, 0, 0),
@@ -340,6 +348,25 @@ pub(super) async fn check(
         report.lost = (-diff).normalize();
     }
 
+    // One client request (a cid, retried until answered) must create one transfer.
+    let (twice, extra): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), COALESCE(sum(n - 1), 0)::bigint FROM (
+            SELECT count(*) AS n FROM events WHERE event_type = 'TransferCreated'
+              AND payload->'TransferCreated'->>'cid' IS NOT NULL
+            GROUP BY payload->'TransferCreated'->>'user_id', payload->'TransferCreated'->>'cid'
+            HAVING count(*) > 1) repeated",
+    )
+    .fetch_one(pool)
+    .await?;
+    if twice > 0 {
+        report.problems.push(format!(
+            "{twice} client keys (cid) created more than one transfer ({extra} extra transfers)"
+        ));
+    }
+    let resumed: i64 = sqlx::query_scalar("SELECT count(DISTINCT req_id) FROM recovery_attempts")
+        .fetch_one(pool)
+        .await?;
+    report.resumed = usize::try_from(resumed).unwrap_or(0);
     report.core = core_status(spot).await?;
     report
         .problems

@@ -7,12 +7,23 @@ use std::fs::OpenOptions;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
 use super::{Config, Snapshots, SECRET};
+use crate::netns::{Net, PathTo};
+
+/// spot-core's token in a network-fault run (it listens beyond loopback there).
+pub(super) const SPOT_TOKEN: &str = "chaos-run-spot-core-token-of-some-length";
+
+/// Where the processes run in a network-fault run: the namespaces, and the database URL the
+/// ledgers use (through the forwarder).
+pub(super) struct NetPlace {
+    pub net: Arc<Net>,
+    pub ledger_db_url: String,
+}
 
 /// How long a process may take to print its ready line, retries included (a ledger started
 /// while PostgreSQL restarts waits for it).
@@ -90,6 +101,8 @@ pub(super) struct Settings {
     /// The idempotency retention with the horizon on.
     pub retention_secs: u64,
     pub audit_interval_secs: u64,
+    /// Set in a network-fault run.
+    pub net: Option<NetPlace>,
 }
 
 impl Settings {
@@ -107,6 +120,7 @@ impl Settings {
             // synchronous standby, so the run with failovers keeps 30 s (production: 7 days).
             retention_secs: if cfg.pg_failovers > 0 { 30 } else { 5 },
             audit_interval_secs: cfg.audit_interval_secs,
+            net: None,
         };
         std::fs::create_dir_all(&settings.archive)?;
         std::fs::create_dir_all(&settings.logs)?;
@@ -117,7 +131,14 @@ impl Settings {
         let exe = self.bin_dir.join("spot-core");
         spawn_ready(
             || {
-                let mut c = Command::new(&exe);
+                let mut c = match &self.net {
+                    Some(place) => {
+                        let mut c = place.net.command(&place.net.spot_ns, &exe);
+                        c.env(spot_core::TOKEN_ENV, SPOT_TOKEN);
+                        c
+                    }
+                    None => Command::new(&exe),
+                };
                 c.arg("--listen")
                     .arg(listen)
                     .arg("--data-dir")
@@ -143,10 +164,22 @@ impl Settings {
         let exe = self.bin_dir.join("ledger");
         spawn_ready(
             || {
-                let mut c = Command::new(&exe);
-                c.args(["serve", "--listen", "127.0.0.1:0", "--spot-url", spot])
+                let (mut c, listen, db_url) = match &self.net {
+                    Some(place) => {
+                        let mut c = place.net.command(&place.net.ledger_ns, &exe);
+                        c.env(spot_core::TOKEN_ENV, SPOT_TOKEN);
+                        let listen = format!("{}:0", place.net.ledger_ip);
+                        (c, listen, place.ledger_db_url.as_str())
+                    }
+                    None => (
+                        Command::new(&exe),
+                        "127.0.0.1:0".into(),
+                        self.db_url.as_str(),
+                    ),
+                };
+                c.args(["serve", "--listen", &listen, "--spot-url", spot])
                     .args(["--spot-timeout-ms", "1000"])
-                    .env("DATABASE_URL", &self.db_url)
+                    .env("DATABASE_URL", db_url)
                     .env("LEDGER_JWT_SECRET", SECRET)
                     .env("RUST_LOG", "warn")
                     .env("LEDGER_RATE_PER_SECOND", "off")
@@ -183,7 +216,14 @@ impl Settings {
 /// The running processes.
 pub(super) struct Cluster {
     pub settings: Settings,
+    /// spot-core's address as the run's own checks reach it.
     pub spot_addr: String,
+    /// What spot-core listens on, again at every restart.
+    spot_listen: String,
+    /// spot-core's address as the ledgers reach it.
+    spot_for_ledgers: String,
+    /// Held across a kill and the start after it, so two of them never overlap.
+    spot_life: Mutex<()>,
     spot: Mutex<Option<Proc>>,
     ledgers: Mutex<Vec<(Option<Proc>, String)>>,
 }
@@ -191,15 +231,38 @@ pub(super) struct Cluster {
 impl Cluster {
     /// Starts spot-core on a free port and `ledgers` ledger processes against it.
     pub fn start(settings: Settings, ledgers: usize) -> anyhow::Result<Cluster> {
-        let (spot, spot_addr) = settings.spawn_spot("127.0.0.1:0")?;
+        let any = if settings.net.is_some() {
+            "0.0.0.0:0"
+        } else {
+            "127.0.0.1:0"
+        };
+        let (spot, spot_listen) = settings.spawn_spot(any)?;
+        let (spot_addr, spot_for_ledgers) = match &settings.net {
+            Some(place) => {
+                let port: u16 = spot_listen
+                    .rsplit_once(':')
+                    .and_then(|(_, p)| p.parse().ok())
+                    .with_context(|| format!("spot-core's address {spot_listen}"))?;
+                let for_ledgers = std::net::SocketAddrV4::new(place.net.spot_ip_from_ledger, port);
+                place.net.set_peer(PathTo::Spot, for_ledgers);
+                (
+                    format!("{}:{port}", place.net.spot_ip_from_root),
+                    for_ledgers.to_string(),
+                )
+            }
+            None => (spot_listen.clone(), spot_listen.clone()),
+        };
         let mut procs = Vec::new();
         for i in 0..ledgers.max(1) {
-            let (p, base) = settings.spawn_ledger(i, &spot_addr)?;
+            let (p, base) = settings.spawn_ledger(i, &spot_for_ledgers)?;
             procs.push((Some(p), base));
         }
         Ok(Cluster {
             settings,
             spot_addr,
+            spot_listen,
+            spot_for_ledgers,
+            spot_life: Mutex::new(()),
             spot: Mutex::new(Some(spot)),
             ledgers: Mutex::new(procs),
         })
@@ -220,12 +283,24 @@ impl Cluster {
     }
 
     pub fn kill_spot_and_restart(&self, pause: Duration) -> anyhow::Result<()> {
+        self.kill_spot_then(|| std::thread::sleep(pause))
+    }
+
+    /// SIGKILLs spot-core, runs `meanwhile`, and starts it again on the same address.
+    pub fn kill_spot_then<T>(&self, meanwhile: impl FnOnce() -> T) -> anyhow::Result<T> {
+        let _life = self.spot_life.lock().unwrap_or_else(|e| e.into_inner());
         drop(self.spot.lock().unwrap_or_else(|e| e.into_inner()).take());
-        std::thread::sleep(pause);
-        let (p, addr) = self.settings.spawn_spot(&self.spot_addr)?;
-        anyhow::ensure!(addr == self.spot_addr, "spot-core moved to {addr}");
+        let out = meanwhile();
+        let (p, addr) = self.settings.spawn_spot(&self.spot_listen)?;
+        anyhow::ensure!(addr == self.spot_listen, "spot-core moved to {addr}");
         *self.spot.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
-        Ok(())
+        Ok(out)
+    }
+
+    /// A client of spot-core for the run's own requests (with the token where one is set).
+    pub fn spot_client(&self, timeout: Duration) -> spot_core::client::SpotClient {
+        let token = self.settings.net.as_ref().map(|_| SPOT_TOKEN.to_owned());
+        spot_core::client::SpotClient::with_token(self.spot_addr.clone(), timeout, token)
     }
 
     pub fn kill_ledger_and_restart(&self, i: usize, pause: Duration) -> anyhow::Result<()> {
@@ -235,7 +310,7 @@ impl Cluster {
                 .take(),
         );
         std::thread::sleep(pause);
-        let (p, base) = self.settings.spawn_ledger(i, &self.spot_addr)?;
+        let (p, base) = self.settings.spawn_ledger(i, &self.spot_for_ledgers)?;
         self.ledgers.lock().unwrap_or_else(|e| e.into_inner())[i] = (Some(p), base);
         Ok(())
     }

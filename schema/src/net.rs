@@ -1,0 +1,193 @@
+//! How a PostgreSQL connection whose peer vanished is noticed within a bounded time, on both
+//! ends of it.
+//!
+//! - The ledger's end: keepalive probes on an idle socket and `TCP_USER_TIMEOUT` on sent data.
+//!   sqlx opens its sockets itself and exposes none, so after each new connection every socket of
+//!   this process connected to a configured database port is tuned through a duplicate of its
+//!   descriptor (`pidfd_getfd` on the process itself: the same open socket, no unsafe code).
+//!   Without it, a query whose answer is lost waits out the kernel's retransmissions (about 15
+//!   minutes) and an idle pooled connection to a vanished server lives for hours.
+//! - The server's end, sent as connection options: the same keepalive and user timeout
+//!   (`tcp_keepalives_*`, `tcp_user_timeout`), and `idle_in_transaction_session_timeout`, so a
+//!   session whose ledger vanished mid-transaction stops holding its locks (the feed's advisory
+//!   lock, account rows) for the other ledgers.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use rustix::net::sockopt;
+use rustix::process::{getpid, pidfd_getfd, pidfd_open, PidfdFlags, PidfdGetfdFlags};
+use sqlx::postgres::PgConnectOptions;
+
+/// Keepalive probes sent before an idle connection is given up.
+pub const KEEPALIVE_PROBES: u32 = 4;
+
+/// The liveness settings of the pool's connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DbLiveness {
+    /// Idle time before the first keepalive probe (whole seconds, at least 1); probes follow
+    /// every quarter of it (at least 1 s). With `user_timeout` set, Linux ends a connection whose
+    /// probes go unanswered once nothing was received for `user_timeout`.
+    pub keepalive: Duration,
+    /// `TCP_USER_TIMEOUT`: sent data unacknowledged this long ends the connection.
+    pub user_timeout: Duration,
+    /// The server ends a session idle inside a transaction this long (0: never).
+    pub idle_in_transaction: Duration,
+}
+
+impl Default for DbLiveness {
+    fn default() -> Self {
+        DbLiveness::DEFAULT
+    }
+}
+
+impl DbLiveness {
+    /// 4 s of idleness before probing, 10 s without an acknowledgement or an answered probe
+    /// (a vanished server noticed within about 11 s, idle or not), 60 s idle inside a
+    /// transaction.
+    pub const DEFAULT: DbLiveness = DbLiveness {
+        keepalive: Duration::from_secs(4),
+        user_timeout: Duration::from_secs(10),
+        idle_in_transaction: Duration::from_secs(60),
+    };
+
+    fn idle_secs(&self) -> u64 {
+        self.keepalive.as_secs().max(1)
+    }
+
+    fn interval_secs(&self) -> u64 {
+        (self.idle_secs() / 4).max(1)
+    }
+
+    fn user_timeout_ms(&self) -> u32 {
+        u32::try_from(self.user_timeout.as_millis())
+            .unwrap_or(u32::MAX)
+            .max(1)
+    }
+
+    /// The server-side half, as run-time parameters of every connection.
+    pub fn server_options(&self, options: PgConnectOptions) -> PgConnectOptions {
+        let idle_tx = self.idle_in_transaction.as_millis().to_string();
+        options.options([
+            ("tcp_keepalives_idle", self.idle_secs().to_string()),
+            ("tcp_keepalives_interval", self.interval_secs().to_string()),
+            ("tcp_keepalives_count", KEEPALIVE_PROBES.to_string()),
+            ("tcp_user_timeout", self.user_timeout_ms().to_string()),
+            ("idle_in_transaction_session_timeout", idle_tx),
+        ])
+    }
+
+    /// Sets keepalive and `TCP_USER_TIMEOUT` on one connected TCP socket.
+    pub fn apply(&self, socket: impl AsFd) -> std::io::Result<()> {
+        let fd = socket.as_fd();
+        sockopt::set_socket_keepalive(fd, true)?;
+        sockopt::set_tcp_keepidle(fd, Duration::from_secs(self.idle_secs()))?;
+        sockopt::set_tcp_keepintvl(fd, Duration::from_secs(self.interval_secs()))?;
+        sockopt::set_tcp_keepcnt(fd, KEEPALIVE_PROBES)?;
+        sockopt::set_tcp_user_timeout(fd, self.user_timeout_ms())?;
+        Ok(())
+    }
+
+    /// Tunes every TCP socket of this process connected to one of `ports`; returns how many.
+    /// Sockets already tuned are set again (the same values).
+    pub fn tune_process_sockets(&self, ports: &BTreeSet<u16>) -> std::io::Result<usize> {
+        let me = pidfd_open(getpid(), PidfdFlags::empty())?;
+        let mut tuned = 0;
+        for entry in std::fs::read_dir("/proc/self/fd")? {
+            let Ok(entry) = entry else { continue };
+            let is_socket = std::fs::read_link(entry.path())
+                .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"));
+            let fd = entry.file_name().to_str().and_then(|n| n.parse().ok());
+            let (true, Some(fd)) = (is_socket, fd) else {
+                continue;
+            };
+            // Closed since the listing: nothing to tune.
+            let Ok(dup) = pidfd_getfd(&me, fd, PidfdGetfdFlags::empty()) else {
+                continue;
+            };
+            let peer = rustix::net::getpeername(&dup)
+                .ok()
+                .flatten()
+                .and_then(|p| SocketAddr::try_from(p).ok());
+            if peer.is_some_and(|p| ports.contains(&p.port())) {
+                self.apply(&dup)?;
+                tuned += 1;
+            }
+        }
+        Ok(tuned)
+    }
+}
+
+/// Every port `url` names: one per host of a multi-host URL (`h1:5432,h2:5433`), 5432 where a
+/// host gives none, and a `port=` query parameter's list.
+pub fn database_ports(url: &str) -> BTreeSet<u16> {
+    let mut ports = BTreeSet::new();
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let (authority, query) = match rest.split_once('/') {
+        Some((a, path)) => (a, path.split_once('?').map_or("", |(_, q)| q)),
+        None => (rest, ""),
+    };
+    let hosts = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    for host in hosts.split(',').filter(|h| !h.is_empty()) {
+        // `[::1]:5432`, `host:5432`, `host`
+        let port = match host.rsplit_once(':') {
+            Some((h, p)) if !h.ends_with(':') && !p.contains(']') => p.parse().ok(),
+            _ => None,
+        };
+        ports.insert(port.unwrap_or(5432));
+    }
+    for pair in query.split('&') {
+        if let Some(list) = pair.strip_prefix("port=") {
+            ports.extend(list.split(',').filter_map(|p| p.parse::<u16>().ok()));
+        }
+    }
+    if ports.is_empty() {
+        ports.insert(5432);
+    }
+    ports
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_host_of_a_url_gives_its_port() {
+        let ports = |u| database_ports(u).into_iter().collect::<Vec<_>>();
+        assert_eq!(ports("postgres://postgres@127.0.0.1:5432/ledger"), [5432]);
+        assert_eq!(
+            ports("postgres://u:p@h1:6000,h2:6001,h3/db?x=1"),
+            [5432, 6000, 6001]
+        );
+        assert_eq!(ports("postgres://[::1]:6432/db"), [6432]);
+        assert_eq!(ports("postgres://localhost/db?port=7000"), [5432, 7000]);
+    }
+
+    #[test]
+    fn a_connected_socket_of_this_process_is_found_and_tuned() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stream = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let liveness = DbLiveness {
+            keepalive: Duration::from_secs(8),
+            user_timeout: Duration::from_millis(2_500),
+            idle_in_transaction: Duration::from_secs(1),
+        };
+        let tuned = liveness
+            .tune_process_sockets(&BTreeSet::from([port]))
+            .unwrap();
+        assert!(tuned >= 1, "{tuned}");
+        assert!(sockopt::socket_keepalive(&stream).unwrap());
+        assert_eq!(
+            sockopt::tcp_keepidle(&stream).unwrap(),
+            Duration::from_secs(8)
+        );
+        assert_eq!(
+            sockopt::tcp_keepintvl(&stream).unwrap(),
+            Duration::from_secs(2)
+        );
+        assert_eq!(sockopt::tcp_user_timeout(&stream).unwrap(), 2_500);
+    }
+}

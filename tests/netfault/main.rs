@@ -1,0 +1,126 @@
+//! Real network faults (FSM-005, CRA-003/005, FND-002/004): the ledger, spot-core and the
+//! PostgreSQL path in network namespaces this test builds (`tests::netns`; it needs root, and
+//! fails saying so without it), with one nftables fault put on one path while transfers run:
+//! answers dropped (the request applied, its answer lost), a partition that heals, TCP resets,
+//! and a peer killed behind a blackhole so that the ledger's sockets stay half-open. Each test
+//! then checks, with the chaos run's end check, that the ledger noticed the dead connections
+//! within a bound (no socket left established with the peer), that every transfer ended terminal
+//! after the heal, that transfers were left open by the fault and resumed (unknown outcomes,
+//! looked up and retried), that nothing was rolled back but refusals, nothing applied twice,
+//! and that conservation is exact.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use tests::chaos::netfaults::NOTICE_MAX;
+use tests::chaos::{run, Config, Report, Snapshots};
+use tests::netns::{Fault, PathTo};
+
+/// The workspace's binaries, built once if missing.
+fn bin_dir() -> PathBuf {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target profile dir")
+        .to_path_buf();
+    if !dir.join("ledger").exists() || !dir.join("spot-core").exists() {
+        BUILT.get_or_init(|| {
+            let status = Command::new(env!("CARGO"))
+                .args(["build", "--bins", "--workspace"])
+                .status()
+                .expect("run cargo build");
+            assert!(status.success(), "cargo build --bins failed");
+        });
+    }
+    dir
+}
+
+fn server_url() -> String {
+    std::env::var("TEST_DATABASE_SERVER")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned())
+}
+
+/// One ledger, no SIGKILL, one fault of one kind on one path once half the transfers started.
+async fn fault_run(path: PathTo, fault: Fault) -> Report {
+    let mut c = Config::new(240, 0, bin_dir(), server_url());
+    c.users = 14;
+    c.clients = 8;
+    c.ledgers = 1;
+    c.kill_ledgers = false;
+    c.kill_spot = false;
+    c.snapshots = Some(Snapshots::SMALL_RUN);
+    c.settle_max = Duration::from_secs(120);
+    c.net_faults = 1;
+    c.net_kinds = vec![(path, fault)];
+    let report = run(c).await.unwrap_or_else(|e| {
+        panic!(
+            "network-fault run ({} on {}): {e:#}",
+            fault.name(),
+            path.name()
+        )
+    });
+    println!("{report}");
+    assert_eq!(report.net_faults.len(), 1, "{report}");
+    let d = &report.net_faults[0];
+    assert!(
+        d.connections > 0,
+        "the ledger held no connection to {} when the fault began: it proved nothing\n{report}",
+        path.name()
+    );
+    if fault != Fault::Partition {
+        let noticed = d.noticed.unwrap_or(Duration::MAX);
+        assert!(noticed <= NOTICE_MAX, "{d}\n{report}");
+    }
+    assert!(
+        report.resumed > 0,
+        "no transfer was left open by the fault: it proved nothing\n{report}"
+    );
+    assert_eq!(report.transfers, 240, "{report}");
+    assert!(report.clean(), "{report}");
+    report
+}
+
+#[tokio::test]
+async fn fsm_005_cra_005_spot_core_answers_dropped_applied_requests_are_looked_up_not_compensated()
+{
+    fault_run(PathTo::Spot, Fault::DropAnswers).await;
+}
+
+#[tokio::test]
+async fn fnd_004_spot_core_partition_heals_and_every_transfer_ends_terminal() {
+    fault_run(PathTo::Spot, Fault::Partition).await;
+}
+
+#[tokio::test]
+async fn fnd_002_spot_core_connections_reset_are_unknown_outcomes_retried() {
+    fault_run(PathTo::Spot, Fault::Reset).await;
+}
+
+#[tokio::test]
+async fn fnd_004_spot_core_dead_behind_a_blackhole_half_open_sockets_noticed() {
+    fault_run(PathTo::Spot, Fault::DeadPeer).await;
+}
+
+#[tokio::test]
+async fn cra_003_postgres_answers_dropped_commits_are_looked_up_not_compensated() {
+    fault_run(PathTo::Postgres, Fault::DropAnswers).await;
+}
+
+#[tokio::test]
+async fn fnd_004_postgres_partition_heals_and_every_transfer_ends_terminal() {
+    fault_run(PathTo::Postgres, Fault::Partition).await;
+}
+
+#[tokio::test]
+async fn fnd_002_postgres_connections_reset_are_unknown_outcomes_retried() {
+    fault_run(PathTo::Postgres, Fault::Reset).await;
+}
+
+#[tokio::test]
+async fn fnd_004_postgres_dead_behind_a_blackhole_half_open_sockets_noticed() {
+    fault_run(PathTo::Postgres, Fault::DeadPeer).await;
+}
