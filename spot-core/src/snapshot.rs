@@ -29,7 +29,7 @@ use anyhow::{bail, Context};
 use rust_decimal::Decimal;
 
 use crate::assets::Assets;
-use crate::engine::{try_decode_outcome, Account, Engine, Key, Remembered};
+use crate::engine::{max_amount, try_decode_outcome, Account, Engine, Key, Remembered};
 use crate::protocol::{AccountStatus, MovementOp};
 use crate::storage::{parse_seq_name, sync_dir, FailPoints};
 
@@ -217,10 +217,16 @@ fn decode_accounts(
             s => bail!("unknown account status {s}"),
         };
         let available = r.decimal()?;
+        if available < Decimal::ZERO || available > max_amount() {
+            bail!("balance {available} is outside 0..=10^20");
+        }
         if accounts.last().is_some_and(|(k, _)| *k >= (user, asset)) {
             bail!("accounts are not sorted");
         }
-        *sums.entry(asset).or_insert(Decimal::ZERO) += available;
+        let sum = sums.entry(asset).or_insert(Decimal::ZERO);
+        *sum = sum
+            .checked_add(available)
+            .context("the balances of one asset overflow a decimal")?;
         accounts.push(((user, asset), Account { available, status }));
     }
     engine.accounts = accounts.into_iter().collect();
@@ -354,6 +360,12 @@ impl Reader<'_> {
         if raw[2] > 28 {
             bail!("decimal with scale {}", raw[2]);
         }
+        // Bit 7 of byte 3 is the sign; `serialize` writes every other flag bit as zero. One
+        // set is damage: `deserialize` would ignore it, and the file would not be the one
+        // this state encodes to.
+        if raw[0] != 0 || raw[1] != 0 || raw[3] & 0x7f != 0 {
+            bail!("decimal with unknown flag bits {:02x?}", &raw[..4]);
+        }
         Ok(Decimal::deserialize(raw))
     }
 }
@@ -453,6 +465,69 @@ mod tests {
             b[byte] ^= 0x10;
             assert!(decode(&b, Assets::builtin()).is_err(), "flip at {byte}");
         }
+    }
+
+    /// A body the fuzz target gives a correct header: what only damage with a matching
+    /// checksum (or a writer's bug) could produce.
+    fn with_header(body: &[u8]) -> Vec<u8> {
+        let mut out = MAGIC.to_vec();
+        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+        out.extend_from_slice(&body[..8]);
+        out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        out.extend_from_slice(body);
+        out
+    }
+
+    /// A body with one asset, the given accounts `(user, raw decimal)` and their total.
+    fn body(accounts: &[(u64, [u8; 16])], total: [u8; 16]) -> Vec<u8> {
+        let mut b = Vec::new();
+        for v in [5u64, 0, 0, 1, 0] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.extend_from_slice(&4u16.to_le_bytes());
+        b.extend_from_slice(b"USDT");
+        b.extend_from_slice(&(accounts.len() as u64).to_le_bytes());
+        for (user, raw) in accounts {
+            b.extend_from_slice(&user.to_le_bytes());
+            b.extend_from_slice(&0u16.to_le_bytes());
+            b.push(0);
+            b.extend_from_slice(raw);
+        }
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.extend_from_slice(&0u16.to_le_bytes());
+        b.extend_from_slice(&total);
+        b.extend_from_slice(&0u64.to_le_bytes());
+        b
+    }
+
+    /// Found by the `snapshot` fuzz target: two balances whose sum overflows a decimal
+    /// panicked in `+=` instead of refusing the file.
+    #[test]
+    fn cra_balances_whose_sum_overflows_are_refused_not_a_panic() {
+        let big = Decimal::MAX.serialize();
+        let bytes = with_header(&body(&[(1, big), (2, big)], big));
+        let e = decode(&bytes, Assets::builtin()).unwrap_err();
+        assert!(format!("{e:#}").contains("outside") || format!("{e:#}").contains("overflow"));
+    }
+
+    /// Found by the `snapshot` target's properties: a negative balance decoded (a state the
+    /// engine never reaches), and stray flag bits in a decimal were ignored, so the file was
+    /// not the one its state encodes to.
+    #[test]
+    fn cra_negative_balances_and_stray_decimal_flags_are_refused() {
+        let minus = Decimal::new(-5, 0).serialize();
+        let bytes = with_header(&body(&[(1, minus)], minus));
+        assert!(decode(&bytes, Assets::builtin()).is_err());
+        let mut stray = Decimal::new(5, 0).serialize();
+        stray[0] = 1;
+        let bytes = with_header(&body(&[(1, stray)], Decimal::new(5, 0).serialize()));
+        assert!(decode(&bytes, Assets::builtin()).is_err());
+        let clean = Decimal::new(5, 0).serialize();
+        let bytes = with_header(&body(&[(1, clean)], clean));
+        let (engine, pos) = decode(&bytes, Assets::builtin()).unwrap();
+        assert_eq!(encode(&engine, pos), bytes, "a clean file round-trips");
     }
 
     #[test]

@@ -15,8 +15,10 @@ use async_graphql::parser::types::{
     DocumentOperations, ExecutableDocument, Selection, SelectionSet,
 };
 
-/// Most field selections an operation or fragment may expand to (every spread counted as often
-/// as it is reached). A legitimate history page selects a few dozen.
+/// Most selections an operation or fragment may expand to: fields, fragment spreads and inline
+/// fragments, every spread counted as often as it is reached. Spreads count because a
+/// validation walk visits each one, even a spread of a fragment with no field (or of an unknown
+/// one). A legitimate history page selects a few dozen.
 pub const SELECTIONS_EXPANDED_MAX: usize = 1_000;
 
 /// Most fields at an operation's root, fragments included: each root field that does I/O runs
@@ -41,7 +43,7 @@ impl Refusal {
     pub fn message(self) -> String {
         match self {
             Self::TooManySelections => {
-                format!("the query expands to more than {SELECTIONS_EXPANDED_MAX} field selections")
+                format!("the query expands to more than {SELECTIONS_EXPANDED_MAX} selections")
             }
             Self::TooManyRootFields => {
                 format!("the query has more than {ROOT_FIELDS_MAX} root fields")
@@ -57,7 +59,7 @@ impl Refusal {
 struct Cost {
     /// Fields at this level, through fragments and inline fragments.
     fields: usize,
-    /// Every field selection at and below this level, expanded.
+    /// Every selection (field, spread, inline fragment) at and below this level, expanded.
     selections: usize,
     /// Levels of nesting below this one (a leaf field's set is 0).
     depth: usize,
@@ -113,6 +115,7 @@ impl<'a> Walker<'a> {
                 Selection::InlineFragment(inline) => {
                     let inner = self.set(&inline.node.selection_set.node, level + 1)?;
                     Cost {
+                        selections: inner.selections.saturating_add(1),
                         depth: inner.depth + 1,
                         ..inner
                     }
@@ -120,6 +123,7 @@ impl<'a> Walker<'a> {
                 Selection::FragmentSpread(spread) => {
                     let inner = self.fragment(&spread.node.fragment_name.node, level + 1)?;
                     Cost {
+                        selections: inner.selections.saturating_add(1),
                         depth: inner.depth + 1,
                         ..inner
                     }
@@ -214,7 +218,7 @@ mod tests {
         assert_eq!(
             checked(&fan_out(3, "{ ...F3 }")),
             Ok(()),
-            "8 root selections"
+            "8 root fields through 14 spreads"
         );
         let nested = "{ transfers { nodes { ...F5 } } }".replace("QueryRoot", "Transfer");
         assert_eq!(
@@ -237,6 +241,21 @@ mod tests {
             "{:?}",
             start.elapsed()
         );
+    }
+
+    /// Found by the `graphql` fuzz target's naive walk: spreads of a fragment that selects no
+    /// field (here an unknown one) added nothing, so 12 levels of 10 spreads (10^11 visits for
+    /// a validation walk) passed.
+    #[test]
+    fn atk_spreads_without_fields_count_toward_the_expanded_size() {
+        let mut q = String::from("{ ...F12 }\nfragment F1 on QueryRoot { ...U ...U }\n");
+        for i in 2..=12 {
+            let spreads = format!("...F{} ", i - 1).repeat(10);
+            q.push_str(&format!("fragment F{i} on QueryRoot {{ {spreads}}}\n"));
+        }
+        assert_eq!(checked(&q), Err(Refusal::TooManySelections));
+        let inline = format!("{{ {} }}", "... on QueryRoot { __typename } ".repeat(600));
+        assert_eq!(checked(&inline), Err(Refusal::TooManySelections));
     }
 
     #[test]
