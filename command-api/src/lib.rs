@@ -6,8 +6,8 @@
 pub mod admin_alerts;
 pub mod admin_assets;
 pub mod admin_recovery;
-pub mod admin_views;
 pub mod admin_repairs;
+pub mod admin_views;
 pub mod admission;
 pub mod app;
 pub mod auth;
