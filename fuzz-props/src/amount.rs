@@ -48,7 +48,7 @@ fn reference(text: &str) -> Result<String, ErrorCode> {
     };
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     let shape_ok =
-        digits(int) && !(int.len() > 1 && int.starts_with('0')) && frac.is_none_or(|f| digits(f));
+        digits(int) && !(int.len() > 1 && int.starts_with('0')) && frac.is_none_or(digits);
     if !shape_ok {
         return Err(ErrorCode::InvalidAmount);
     }
