@@ -96,7 +96,8 @@ fn conflict(message: String) -> Response {
     refusal(StatusCode::CONFLICT, "CONFLICT", message)
 }
 
-fn refusal(status: StatusCode, code: &str, message: String) -> Response {
+/// A refusal in the error shape with a code of its own (the admin routes' `409`/`503` cases).
+pub(crate) fn refusal(status: StatusCode, code: &str, message: String) -> Response {
     (status, Json(json!({ "code": code, "message": message }))).into_response()
 }
 

@@ -15,7 +15,7 @@ use axum::{Json, Router};
 use domain::ReqId;
 use serde_json::{json, Value};
 
-use crate::admin_recovery::REASON_CHARS_MAX;
+use crate::admin_recovery::{refusal, REASON_CHARS_MAX};
 use crate::app::AppState;
 use crate::auth::AdminUser;
 use crate::error::ApiError;
@@ -24,10 +24,6 @@ use crate::routes::JsonObject;
 /// The routes of this module, merged into the app by `build_app`.
 pub fn routes() -> Router<AppState> {
     Router::new().route("/api/v1/admin/repairs/{req_id}", post(repair))
-}
-
-fn refusal(status: StatusCode, code: &str, message: String) -> Response {
-    (status, Json(json!({ "code": code, "message": message }))).into_response()
 }
 
 async fn repair(
