@@ -130,7 +130,13 @@ pub(super) fn one(
     net.inject(path, fault)?;
     let noticed = match (fault, path) {
         (Fault::Partition, _) => {
-            let hold = Duration::from_millis(rand::rng().random_range(2_000..15_000));
+            // A PostgreSQL partition shorter than the TCP user timeout (10 s) is ridden out by
+            // retransmission and leaves nothing for recovery: hold it past that bound.
+            let range = match path {
+                PathTo::Spot => 2_000..15_000,
+                PathTo::Postgres => 12_000..16_000,
+            };
+            let hold = Duration::from_millis(rand::rng().random_range(range));
             let noticed = net.wait_noticed(path, since, hold)?;
             std::thread::sleep(hold.saturating_sub(since.elapsed()));
             noticed
