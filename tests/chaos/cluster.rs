@@ -117,8 +117,14 @@ impl Settings {
             horizon: cfg.horizon,
             // A cid claim is re-keyed once half a retention plus a grace old, which assumes a
             // creation commits within that; after a failover, commits wait seconds for the new
-            // synchronous standby, so the run with failovers keeps 30 s (production: 7 days).
-            retention_secs: if cfg.pg_failovers > 0 { 30 } else { 5 },
+            // synchronous standby, and a network fault delays them up to the TCP user timeout
+            // (10 s), so runs with either keep 30 s (production: 7 days). A creation delayed past
+            // the re-key is a known open bug (docs/adr/0010-network-faults.md, chaos end check).
+            retention_secs: if cfg.pg_failovers > 0 || cfg.net_faults > 0 {
+                30
+            } else {
+                5
+            },
             audit_interval_secs: cfg.audit_interval_secs,
             net: None,
         };
