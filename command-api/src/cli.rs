@@ -60,7 +60,7 @@ pub enum Command {
     Relay(crate::relay_cli::RelayArgs),
     /// Print the JetStream stream's events as JSON lines (a pull consumer).
     Tail(crate::relay_cli::TailArgs),
-    /// Run the fund-conservation check now and print its JSON report: incremental from the
+    /// Run the conservation check now and print its JSON report: incremental from the
     /// stored checkpoint (which it advances), or `--full` from the start of history. Exit 0 when
     /// money is conserved, 1 on a violation (transfers are then halted), 2 when it cannot run.
     Audit(AuditArgs),
@@ -214,7 +214,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 Ok(true) => 0,
                 Ok(false) => 1,
                 Err(e) => {
-                    eprintln!("the fund-conservation check cannot run: {e:#}");
+                    eprintln!("the conservation check cannot run: {e:#}");
                     AUDIT_EXIT_CANNOT_RUN
                 }
             };

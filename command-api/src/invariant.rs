@@ -1,4 +1,4 @@
-//! The fund-conservation audit's admin routes (the audit and the halt flag are the core's,
+//! The conservation check's admin routes (the check and the halt flag are the core's,
 //! `application::audit` and `application::halt`): `GET /api/v1/admin/invariant` runs the check
 //! now and reports per asset (incremental from the stored checkpoint; `?full=true` from the
 //! start of history); `POST /api/v1/admin/invariant/clear` lifts the halt (MON-003).

@@ -1,4 +1,4 @@
-//! `GET /metrics`: OpenMetrics text exposition (MON-001, MON-002, the periodic fund-conservation
+//! `GET /metrics`: OpenMetrics text exposition (MON-001, MON-002, the periodic conservation
 //! check's health), encoded by `prometheus-client`.
 //! Every figure is read from PostgreSQL at scrape time, so all `ledger serve` instances report
 //! the same cluster-wide values and nothing is lost when a process restarts; the idempotency
@@ -46,7 +46,7 @@ struct Snapshot {
     figures: Figures,
     /// The JetStream relay of each stream that ever ran (`relay_checkpoint`).
     relays: Vec<relay::RelayStatus>,
-    /// The periodic fund-conservation check (`audit_status`).
+    /// The periodic conservation check (`audit_status`).
     audit: application::audit::status::AuditHealth,
     /// spot-core's idempotency horizon (Unix ms), read from spot-core itself; `None` when it did
     /// not answer (the gauge is left out rather than reported wrong).
@@ -219,7 +219,7 @@ impl Collector for Snapshot {
     }
 }
 
-/// The periodic fund-conservation check's health: a run that cannot decide is an alert
+/// The periodic conservation check's health: a run that cannot decide is an alert
 /// (`ledger_audit_up` 0), not only a log line.
 fn encode_audit(
     audit: &application::audit::status::AuditHealth,
@@ -228,26 +228,26 @@ fn encode_audit(
     let up = ConstGauge::new(i64::from(audit.up));
     up.encode(encoder.encode_descriptor(
         "ledger_audit_up",
-        "1 when the last periodic fund-conservation check decided, 0 when it could not run.",
+        "1 when the last periodic conservation check decided, 0 when it could not run.",
         None,
         up.metric_type(),
     )?)?;
     let failures = ConstCounter::new(u64::try_from(audit.failures).unwrap_or(0));
     failures.encode(encoder.encode_descriptor(
         "ledger_audit_failures",
-        "Periodic fund-conservation checks that could not run.",
+        "Periodic conservation checks that could not run.",
         None,
         failures.metric_type(),
     )?)?;
     let gauges: [(&str, &str, f64); 2] = [
         (
             "ledger_audit_duration_seconds",
-            "Duration of the last periodic fund-conservation check.",
+            "Duration of the last periodic conservation check.",
             audit.last_duration_seconds,
         ),
         (
             "ledger_audit_last_success_timestamp_seconds",
-            "When a periodic fund-conservation check last decided (0: never).",
+            "When a periodic conservation check last decided (0: never).",
             audit.last_success_epoch_seconds,
         ),
     ];
@@ -269,7 +269,7 @@ fn encode_health(health: Health, encoder: &mut DescriptorEncoder) -> Result<(), 
         ),
         (
             "ledger_halted",
-            "1 while new transfers are halted after a fund-conservation violation (MON-003).",
+            "1 while new transfers are halted after a conservation violation (MON-003).",
             health.halted,
         ),
     ];

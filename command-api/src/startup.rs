@@ -1,6 +1,6 @@
 //! Start-up: the one place that starts every background task of a serving process and stops them
 //! together (zero-to-production's `main`): the projector (read models and feed), the recovery
-//! worker, the periodic fund-conservation audit, the asset-settings reloader and the idempotency
+//! worker, the periodic conservation check, the asset-settings reloader and the idempotency
 //! horizon's advances. No other code starts a long-running task. These tasks run forever; one
 //! that ends (a panic) is reported, and [`Tasks::first_exit`] lets the server stop on it.
 
@@ -27,7 +27,7 @@ pub const ASSET_RELOAD_INTERVAL: Duration = Duration::from_secs(1);
 pub struct Background {
     /// The recovery worker's configuration; `None` runs no worker (an in-process test server).
     pub recovery: Option<RecoveryConfig>,
-    /// Time between periodic fund-conservation checks.
+    /// Time between periodic conservation checks.
     pub audit_interval: Duration,
     /// The JetStream relay of the feed, when a NATS server is configured (`--nats`).
     pub relay: Option<relay::RelayConfig>,
@@ -113,7 +113,7 @@ impl Tasks {
             tasks.spawn("recovery worker", worker.run());
         }
         tasks.spawn(
-            "fund-conservation audit",
+            "conservation check",
             ledger
                 .clone()
                 .audit_periodically(state.background.audit_interval),
