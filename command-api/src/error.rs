@@ -2,6 +2,7 @@
 //! of DESIGN section 5, and internal failures become a generic SYSTEM_ERROR whose detail goes to the
 //! log only.
 
+use adapters::SpotError;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -153,6 +154,23 @@ impl ApiError {
         Self::RefusedBecause {
             code,
             message: message.into(),
+        }
+    }
+
+    /// A failed spot-core call that is not a movement (status, balances): out of reach is 503
+    /// (retry later); an answer the adapter did not expect is a bug or a configuration mismatch
+    /// between the two systems, so 500. The logged detail says whether the call may have taken
+    /// effect there ([`SpotError::outcome_unknown`]): an operator reads a status back before
+    /// repeating it.
+    pub fn spot(call: &str, e: SpotError) -> Self {
+        let effect = if e.outcome_unknown() {
+            "may have taken effect"
+        } else {
+            "never reached spot-core"
+        };
+        match e {
+            SpotError::Transport(_) => Self::Unavailable(format!("spot {call} ({effect}): {e}")),
+            SpotError::Unexpected(_) => Self::Internal(format!("spot {call} ({effect}): {e}")),
         }
     }
 

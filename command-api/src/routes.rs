@@ -4,7 +4,6 @@
 //! body parsing, then the unit tests of that parsing; kept together because the tests pin the
 //! check order of exactly these functions.)
 
-use adapters::spot::SpotError;
 use adapters::{AccountStatus, FundingError};
 use application::{CoordinatorError, NewTransfer, RequestError, TransferRequest};
 use axum::body::Bytes;
@@ -438,15 +437,6 @@ pub async fn balances(
     }))
 }
 
-/// spot-core out of reach is 503 (retry later); an answer the adapter did not expect is a bug
-/// or a configuration mismatch between the two systems, so 500.
-fn spot_error(call: &str, e: SpotError) -> ApiError {
-    match e {
-        SpotError::Transport(_) => ApiError::Unavailable(format!("spot {call}: {e}")),
-        SpotError::Unexpected(_) => ApiError::Internal(format!("spot {call}: {e}")),
-    }
-}
-
 fn funding_error(e: FundingError) -> ApiError {
     match e {
         FundingError::ExternalIdReused => ApiError::Refused(ErrorCode::IdempotencyKeyReused),
@@ -600,7 +590,7 @@ pub async fn admin_set_status(
             .spot()
             .set_status(user_id, &config.symbol, status)
             .await
-            .map_err(|e| spot_error("set_status", e))?,
+            .map_err(|e| ApiError::spot("set_status", e))?,
         AccountType::Future | AccountType::Margin => {
             unreachable!("unsupported account types were refused above")
         }
