@@ -22,11 +22,11 @@ use recovery::stuck_transfers;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use crate::app::AppState;
 use crate::auth::AdminUser;
 use crate::error::ApiError;
 use crate::render::rfc3339;
 use crate::routes::JsonObject;
+use crate::state::AppState;
 
 /// Most rows one listing returns.
 pub const STUCK_PAGE_SIZE_MAX: i64 = 500;

@@ -14,10 +14,10 @@ use domain::{ErrorCode, ReqId};
 use serde_json::{json, Value};
 
 use crate::admin_recovery::{operator_reason, unknown_field};
-use crate::app::AppState;
 use crate::auth::AdminUser;
 use crate::error::ApiError;
 use crate::routes::JsonObject;
+use crate::state::AppState;
 
 /// The routes of this module, merged into the app by `build_app`.
 pub fn routes() -> Router<AppState> {
@@ -70,9 +70,8 @@ fn repair_refusal(e: RepairError) -> ApiError {
             )
         }
         RepairError::MissingReason => ApiError::BadRequest(message),
-        RepairError::Database(_) | RepairError::Coordinator(_) => ApiError::Internal(format!(
-            "failover repair: {}",
-            application::error_chain(&e)
-        )),
+        RepairError::Database(_) | RepairError::Coordinator(_) => {
+            ApiError::Internal(format!("failover repair: {}", application::error_chain(&e)))
+        }
     }
 }

@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
-use crate::app::AppState;
+use crate::state::AppState;
 
 /// The policy of every console and GraphiQL response. `data:` fonts and images are GraphiQL's
 /// stylesheet's embedded fonts and icons; `connect-src 'self'` covers the API, the feed's

@@ -133,7 +133,9 @@ pub fn describe(code: ErrorCode) -> &'static str {
         C::InvalidIdempotencyKey => "idempotency key must be 1 to 64 characters [A-Za-z0-9_-]",
         C::ServiceHalted => "transfers are halted; retry later",
         C::Conflict => "the resource was changed concurrently; retry",
-        C::TransferBusy => "a recovery worker or another operator is working this transfer; try again shortly",
+        C::TransferBusy => {
+            "a recovery worker or another operator is working this transfer; try again shortly"
+        }
         C::ReqIdMismatch => "the account system holds this req_id for a different movement",
         C::AccountSystemUnavailable => "the account system could not answer; nothing was recorded",
         C::TransferKnown => "the ledger knows this transfer; it needs no repair",

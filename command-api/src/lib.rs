@@ -29,7 +29,9 @@ pub mod replay;
 pub mod routes;
 pub mod settings;
 pub mod startup;
+pub mod state;
 
-pub use app::{build_app, serve_with, serve_with_shutdown, AppState};
+pub use app::{build_app, serve_with, serve_with_shutdown};
 pub use auth::{mint, AdminUser, AuthUser};
 pub use error::ApiError;
+pub use state::AppState;

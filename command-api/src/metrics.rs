@@ -6,6 +6,8 @@
 //! (`TransferView::metric_figures`, the SQL) and encoding (`Snapshot`'s `Collector`) are kept
 //! apart.
 
+use std::time::Duration;
+
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
@@ -19,21 +21,25 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
-use crate::app::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 /// The OpenMetrics text format's media type, what `prometheus_client::encoding::text` writes.
 const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// The routes of this module, merged into the app by `build_app` when metrics are served on the
-/// API's address.
-pub fn routes() -> Router<AppState> {
-    Router::new().route("/metrics", get(metrics))
+/// API's address. `target_pending_alert_after` is MON-001's threshold (`Serving`), reported as a
+/// gauge.
+pub fn routes(target_pending_alert_after: Duration) -> Router<AppState> {
+    Router::new().route(
+        "/metrics",
+        get(move |state: State<AppState>| metrics(state, target_pending_alert_after)),
+    )
 }
 
 /// The metrics-only application served on `--metrics-listen`: `/metrics` and nothing else.
-pub fn app(state: AppState) -> Router {
-    routes()
+pub fn app(state: AppState, target_pending_alert_after: Duration) -> Router {
+    routes(target_pending_alert_after)
         .fallback(crate::routes::not_found)
         .with_state(state)
 }
@@ -71,7 +77,10 @@ struct Health {
     target_pending_threshold_seconds: f64,
 }
 
-async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+async fn metrics(
+    State(state): State<AppState>,
+    target_pending_alert_after: Duration,
+) -> Result<Response, ApiError> {
     let internal = |e: sqlx::Error| ApiError::Internal(format!("metrics: {e}"));
     let (by_state, figures) = state.view.metric_figures().await.map_err(internal)?;
     let relays = relay::status(state.ledger.pool()).await.map_err(internal)?;
@@ -99,13 +108,7 @@ async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
         )
         .await
         .map_err(internal)?,
-        target_pending_threshold_seconds: state
-            .background
-            .recovery
-            .clone()
-            .unwrap_or_default()
-            .target_pending_alert_after
-            .as_secs_f64(),
+        target_pending_threshold_seconds: target_pending_alert_after.as_secs_f64(),
     };
     let snapshot = Snapshot {
         by_state,

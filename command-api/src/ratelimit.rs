@@ -28,6 +28,13 @@ pub const DAILY_COUNT_MAX_DEFAULT: u64 = 100;
 /// Checks between two sweeps of the users the limiter no longer needs to remember.
 const RETAIN_EVERY_CHECKS: u64 = 4096;
 
+/// The per-second limiter is the core's rate gate.
+impl application::RateGate for RateLimiter {
+    fn admit(&self, user: UserId) -> Result<(), ErrorCode> {
+        self.check(user)
+    }
+}
+
 /// Every limit the edge and the coordinator apply.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LimitsConfig {

@@ -57,7 +57,7 @@ pub fn merge_balances(
 /// `GET /api/v1/balances`, GraphQL's `balances` and the admin user view. If spot-core cannot
 /// answer, the whole read fails (503): a missing SPOT balance must never read as zero.
 pub async fn user_balances(
-    state: &crate::app::AppState,
+    state: &crate::state::AppState,
     user: domain::UserId,
 ) -> Result<Vec<MergedBalance>, crate::error::ApiError> {
     use crate::error::ApiError;

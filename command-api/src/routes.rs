@@ -20,10 +20,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::app::AppState;
 use crate::auth::{AdminUser, AuthUser};
 use crate::error::ApiError;
 use crate::render::{money, rfc3339};
+use crate::state::AppState;
 
 /// Longest external deposit id.
 pub const EXTERNAL_ID_CHARS_MAX: usize = 128;
@@ -232,11 +232,11 @@ fn refusal_code(code: &str) -> String {
 pub struct TransferResponse {
     pub transfer_id: String,
     pub req_id: String,
-    #[schema(schema_with = crate::openapi::account)]
+    #[schema(schema_with = crate::openapi::schemas::account)]
     pub from: &'static str,
-    #[schema(schema_with = crate::openapi::account)]
+    #[schema(schema_with = crate::openapi::schemas::account)]
     pub to: &'static str,
-    #[schema(schema_with = crate::openapi::asset)]
+    #[schema(schema_with = crate::openapi::schemas::asset)]
     pub asset: String,
     pub amount: String,
     pub state: &'static str,
@@ -272,9 +272,9 @@ fn state_message(data: &TransferData) -> String {
 /// `POST /api/v1/internal_transfer`: the body taken apart here, everything else is the core's
 /// one command (`Ledger::request_transfer`).
 #[utoipa::path(post, path = "/api/v1/internal_transfer",
-    request_body = crate::openapi::TransferRequest,
+    request_body = crate::openapi::schemas::TransferRequest,
     responses((status = 200, description = "ok", body = TransferResponse),
-        crate::openapi::TransferRefusals))]
+        crate::openapi::schemas::TransferRefusals))]
 pub async fn create_transfer(
     State(state): State<AppState>,
     user: AuthUser,
@@ -326,17 +326,17 @@ fn transfer_answer(data: TransferData) -> Result<Json<TransferResponse>, ApiErro
 pub struct TransferDetail {
     pub transfer_id: String,
     pub req_id: String,
-    #[schema(schema_with = crate::openapi::account)]
+    #[schema(schema_with = crate::openapi::schemas::account)]
     pub from: &'static str,
-    #[schema(schema_with = crate::openapi::account)]
+    #[schema(schema_with = crate::openapi::schemas::account)]
     pub to: &'static str,
-    #[schema(schema_with = crate::openapi::asset)]
+    #[schema(schema_with = crate::openapi::schemas::asset)]
     pub asset: String,
     pub amount: String,
     pub state: &'static str,
-    #[schema(schema_with = crate::openapi::date_time)]
+    #[schema(schema_with = crate::openapi::schemas::date_time)]
     pub created_at: String,
-    #[schema(schema_with = crate::openapi::date_time)]
+    #[schema(schema_with = crate::openapi::schemas::date_time)]
     pub updated_at: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure_code: Option<String>,
@@ -346,9 +346,9 @@ pub struct TransferDetail {
 
 /// `GET /api/v1/internal_transfer/{req_id}`: the owner's transfer, folded from its events.
 #[utoipa::path(get, path = "/api/v1/internal_transfer/{req_id}",
-    params(crate::openapi::TransferPath),
+    params(crate::openapi::schemas::TransferPath),
     responses((status = 200, description = "ok", body = TransferDetail),
-        crate::openapi::LookupRefusals))]
+        crate::openapi::schemas::LookupRefusals))]
 pub async fn get_transfer(
     State(state): State<AppState>,
     user: AuthUser,
@@ -416,7 +416,7 @@ pub struct BalancesResponse {
 /// zero.
 #[utoipa::path(get, path = "/api/v1/balances",
     responses((status = 200, description = "ok", body = BalancesResponse),
-        crate::openapi::BalancesRefusals))]
+        crate::openapi::schemas::BalancesRefusals))]
 pub async fn balances(
     State(state): State<AppState>,
     user: AuthUser,
@@ -475,9 +475,9 @@ pub struct DepositResponse {
 
 /// `POST /api/v1/admin/deposits`: credits FUNDING from outside, once per `external_id`.
 #[utoipa::path(post, path = "/api/v1/admin/deposits",
-    request_body = crate::openapi::DepositRequest,
+    request_body = crate::openapi::schemas::DepositRequest,
     responses((status = 200, description = "ok", body = DepositResponse),
-        crate::openapi::DepositRefusals))]
+        crate::openapi::schemas::DepositRefusals))]
 pub async fn admin_deposit(
     State(state): State<AppState>,
     _admin: AdminUser,
@@ -520,7 +520,7 @@ pub async fn admin_deposit(
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct AssetQuery {
-    #[param(schema_with = crate::openapi::asset, required = false)]
+    #[param(schema_with = crate::openapi::schemas::asset, required = false)]
     pub asset: Option<String>,
 }
 
@@ -536,10 +536,10 @@ pub struct StatusResponse {
 /// `PUT /api/v1/admin/accounts/{user_id}/{account_type}/status`: body `{status, asset?}`, the
 /// asset in the body or as `?asset=` (the body wins).
 #[utoipa::path(put, path = "/api/v1/admin/accounts/{user_id}/{account_type}/status",
-    params(crate::openapi::AccountPath, AssetQuery),
-    request_body = crate::openapi::StatusRequest,
+    params(crate::openapi::schemas::AccountPath, AssetQuery),
+    request_body = crate::openapi::schemas::StatusRequest,
     responses((status = 200, description = "ok", body = StatusResponse),
-        crate::openapi::StatusRefusals))]
+        crate::openapi::schemas::StatusRefusals))]
 pub async fn admin_set_status(
     State(state): State<AppState>,
     _admin: AdminUser,

@@ -1,16 +1,16 @@
 //! The query root: history with filters and cursor pagination, one transfer, balances and
-//! counts by state. Each field that does I/O costs [`IO_FIELD_COST`](super::IO_FIELD_COST) and
+//! counts by state. Each field that does I/O costs [`IO_FIELD_COST`] and
 //! takes a turn from the read admission.
 
 use async_graphql::{Context, Object};
 use domain::{ErrorCode, ReqId, TransferState, UserId};
 use projections::HistoryFilter;
 
+use super::context::{app, busy, caller, coded, internal, IO_FIELD_COST, PAGE_SIZE_DEFAULT};
 use super::types::{
     decode_cursor, encode_cursor, BalanceGql, Direction, PageInfo, StateCount, TransferConnection,
     TransferEdge, TransferFilter, TransferGql,
 };
-use super::{app, busy, caller, coded, internal, IO_FIELD_COST, PAGE_SIZE_DEFAULT};
 use crate::error::ApiError;
 use crate::render::{money, user_balances};
 

@@ -6,9 +6,9 @@ use domain::ErrorCode;
 use futures_util::stream::{self, Stream};
 use projections::feed as feed_store;
 
-use super::{app, busy, caller, coded, internal, SUBSCRIPTION_POLL_INTERVAL};
+use super::context::{app, busy, caller, coded, internal, SUBSCRIPTION_POLL_INTERVAL};
 use crate::admission::SubscriptionSlot;
-use crate::app::AppState;
+use crate::state::AppState;
 
 /// One state change of a transfer, as the subscription sends it.
 #[derive(SimpleObject, Debug, Clone)]
