@@ -586,17 +586,15 @@ impl Drop for SpotChild {
 }
 
 impl SpotChild {
-    /// Starts spot-core on an ephemeral port: the `spot-core` binary beside this executable if
-    /// there is one, else this executable's hidden `spot-core` subcommand. Returns once the child
-    /// has printed its ready line, or fails after [`config::SPOT_START_TIMEOUT`].
-    async fn start(
+    /// The command that runs spot-core on an ephemeral port with these settings: the `spot-core`
+    /// binary beside this executable if there is one, else this executable's hidden `spot-core`
+    /// subcommand; its stdin and stdout piped, killed if dropped.
+    fn command(
         data_dir: &Path,
         assets: Option<&Path>,
         token_file: &Path,
         storage: &SpotStorage,
-    ) -> anyhow::Result<Self> {
-        std::fs::create_dir_all(data_dir)
-            .with_context(|| format!("create spot-core data dir {}", data_dir.display()))?;
+    ) -> anyhow::Result<ChildCommand> {
         let exe = std::env::current_exe().context("locate the ledger executable")?;
         let beside = exe.with_file_name("spot-core");
         let mut command = if beside.is_file() {
@@ -626,6 +624,21 @@ impl SpotChild {
             .stderr(Stdio::inherit())
             // Any early return below (or a panic) must not leave an orphan engine running.
             .kill_on_drop(true);
+        Ok(command)
+    }
+
+    /// Starts spot-core on an ephemeral port: the `spot-core` binary beside this executable if
+    /// there is one, else this executable's hidden `spot-core` subcommand. Returns once the child
+    /// has printed its ready line, or fails after [`config::SPOT_START_TIMEOUT`].
+    async fn start(
+        data_dir: &Path,
+        assets: Option<&Path>,
+        token_file: &Path,
+        storage: &SpotStorage,
+    ) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(data_dir)
+            .with_context(|| format!("create spot-core data dir {}", data_dir.display()))?;
+        let mut command = Self::command(data_dir, assets, token_file, storage)?;
         let mut child = command.spawn().context("start spot-core")?;
         let lifeline = child
             .stdin

@@ -137,75 +137,8 @@ fn render(snapshot: Snapshot) -> String {
 /// the same names as always (`ledger_transfer_retries_total` and so on).
 impl Collector for Snapshot {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let f = &self.figures;
-        let mut by_state = encoder.encode_descriptor(
-            "ledger_transfers",
-            "Transfers by current state.",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
-        )?;
-        for state in TransferState::ALL {
-            let count = self
-                .by_state
-                .iter()
-                .find(|(s, _)| s == state.as_str())
-                .map_or(0, |(_, n)| *n);
-            let labels = [("state", state.as_str())];
-            ConstGauge::new(count).encode(by_state.encode_family(&labels)?)?;
-        }
-        let gauges: [(&str, &str, i64); 3] = [
-            (
-                "ledger_oldest_stuck_transfer_age_seconds",
-                "Age of the oldest transfer in a non-terminal state (0 when none).",
-                f.oldest_open_age_seconds,
-            ),
-            (
-                "ledger_oldest_target_pending_age_seconds",
-                "Age of the oldest transfer in TARGET_PENDING (MON-001; 0 when none).",
-                f.oldest_target_pending_age_seconds,
-            ),
-            (
-                "ledger_recovery_leases_held",
-                "Transfers a recovery worker is driving right now.",
-                f.leased,
-            ),
-        ];
-        for (name, help, value) in gauges {
-            let gauge = ConstGauge::new(value);
-            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
-        }
-        let counters: [(&str, &str, i64); 4] = [
-            (
-                "ledger_transfer_retries",
-                "Recovery attempts made on open transfers.",
-                f.retries_total,
-            ),
-            (
-                "ledger_refund_failures",
-                "Refund attempts of compensating transfers that did not succeed.",
-                f.refund_failures_total,
-            ),
-            (
-                "ledger_alerts_target_pending",
-                "CRITICAL MON-001 alerts raised (transfers stuck in TARGET_PENDING).",
-                f.stuck_alerts_total,
-            ),
-            (
-                "ledger_alerts_refund_failures",
-                "CRITICAL MON-002 alerts raised (refund failed 3 times).",
-                f.refund_alerts_total,
-            ),
-        ];
-        for (name, help, value) in counters {
-            // Sums and counts of rows are never negative; 0 if the database ever said otherwise.
-            let counter = ConstCounter::new(u64::try_from(value).unwrap_or(0));
-            counter.encode(encoder.encode_descriptor(
-                name,
-                help,
-                None,
-                counter.metric_type(),
-            )?)?;
-        }
+        encode_by_state(&self.by_state, &mut encoder)?;
+        encode_figures(&self.figures, &mut encoder)?;
         encode_audit(&self.audit, &mut encoder)?;
         encode_health(self.health, &mut encoder)?;
         if let Some(ms) = self.horizon_ms {
@@ -220,6 +153,82 @@ impl Collector for Snapshot {
         crate::ops_metrics::encode(&self.ops, &mut encoder)?;
         encode_relays(&self.relays, &mut encoder)
     }
+}
+
+/// `ledger_transfers`: one series per state, 0 for a state no transfer is in.
+fn encode_by_state(
+    by_state: &[(String, i64)],
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(
+        "ledger_transfers",
+        "Transfers by current state.",
+        None,
+        prometheus_client::metrics::MetricType::Gauge,
+    )?;
+    for state in TransferState::ALL {
+        let count = by_state
+            .iter()
+            .find(|(s, _)| s == state.as_str())
+            .map_or(0, |(_, n)| *n);
+        let labels = [("state", state.as_str())];
+        ConstGauge::new(count).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// The open transfers' ages and leases (gauges), and the recovery totals and MON-001/MON-002
+/// alert counts (counters).
+fn encode_figures(f: &Figures, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let gauges: [(&str, &str, i64); 3] = [
+        (
+            "ledger_oldest_stuck_transfer_age_seconds",
+            "Age of the oldest transfer in a non-terminal state (0 when none).",
+            f.oldest_open_age_seconds,
+        ),
+        (
+            "ledger_oldest_target_pending_age_seconds",
+            "Age of the oldest transfer in TARGET_PENDING (MON-001; 0 when none).",
+            f.oldest_target_pending_age_seconds,
+        ),
+        (
+            "ledger_recovery_leases_held",
+            "Transfers a recovery worker is driving right now.",
+            f.leased,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let gauge = ConstGauge::new(value);
+        gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+    }
+    let counters: [(&str, &str, i64); 4] = [
+        (
+            "ledger_transfer_retries",
+            "Recovery attempts made on open transfers.",
+            f.retries_total,
+        ),
+        (
+            "ledger_refund_failures",
+            "Refund attempts of compensating transfers that did not succeed.",
+            f.refund_failures_total,
+        ),
+        (
+            "ledger_alerts_target_pending",
+            "CRITICAL MON-001 alerts raised (transfers stuck in TARGET_PENDING).",
+            f.stuck_alerts_total,
+        ),
+        (
+            "ledger_alerts_refund_failures",
+            "CRITICAL MON-002 alerts raised (refund failed 3 times).",
+            f.refund_alerts_total,
+        ),
+    ];
+    for (name, help, value) in counters {
+        // Sums and counts of rows are never negative; 0 if the database ever said otherwise.
+        let counter = ConstCounter::new(u64::try_from(value).unwrap_or(0));
+        counter.encode(encoder.encode_descriptor(name, help, None, counter.metric_type())?)?;
+    }
+    Ok(())
 }
 
 /// The periodic conservation check's health: a run that cannot decide is an alert
@@ -353,6 +362,16 @@ fn encode_relays(
             ConstCounter::new(v).encode(d.encode_family(&[("stream", r.stream.as_str())])?)?;
         }
     }
+    encode_relay_lag_and_errors(relays, encoder)
+}
+
+/// Per stream: the age of the oldest event not relayed, and the last error (its text, made safe
+/// for a label, as a label; its time as the value).
+fn encode_relay_lag_and_errors(
+    relays: &[relay::RelayStatus],
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    use prometheus_client::metrics::MetricType::Gauge;
     let mut d = encoder.encode_descriptor(
         "ledger_relay_lag_seconds",
         "Age of the oldest event not yet relayed to JetStream (0 when none).",
@@ -371,22 +390,26 @@ fn encode_relays(
     )?;
     for r in relays {
         if let (Some(error), Some(at)) = (&r.last_error, r.last_error_at) {
-            let error: String = error
-                .chars()
-                .map(|c| {
-                    if c == '"' || c == '\\' || c.is_control() {
-                        ' '
-                    } else {
-                        c
-                    }
-                })
-                .take(200)
-                .collect();
+            let error = label_safe(error);
             let labels = [("stream", r.stream.as_str()), ("error", error.as_str())];
             ConstGauge::new(at.timestamp()).encode(d.encode_family(&labels)?)?;
         }
     }
     Ok(())
+}
+
+/// At most 200 characters of `text`, with quotes, backslashes and control characters blanked.
+fn label_safe(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c == '"' || c == '\\' || c.is_control() {
+                ' '
+            } else {
+                c
+            }
+        })
+        .take(200)
+        .collect()
 }
 
 #[cfg(test)]
