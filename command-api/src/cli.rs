@@ -22,10 +22,10 @@ use crate::startup::{shutdown_signal, Background, Serving};
 use crate::state::AppState;
 
 /// The line spot-core prints on stdout once it accepts connections.
-pub const SPOT_READY_PREFIX: &str = "spot-core listening on ";
+pub(crate) const SPOT_READY_PREFIX: &str = "spot-core listening on ";
 
 /// The file in `ledger up`'s data dir holding the token shared with its spot-core child.
-pub const SPOT_TOKEN_FILE: &str = "spot.token";
+pub(crate) const SPOT_TOKEN_FILE: &str = "spot.token";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -166,7 +166,7 @@ pub struct AuditArgs {
 }
 
 /// `ledger audit`'s exit status when the check cannot run.
-pub const AUDIT_EXIT_CANNOT_RUN: i32 = 2;
+pub(crate) const AUDIT_EXIT_CANNOT_RUN: i32 = 2;
 
 #[derive(Debug, Args)]
 pub struct TokenArgs {

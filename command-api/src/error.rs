@@ -53,7 +53,7 @@ pub enum ApiError {
 }
 
 /// The status a contract code is answered with.
-pub fn status_of(code: ErrorCode) -> StatusCode {
+pub(crate) fn status_of(code: ErrorCode) -> StatusCode {
     use ErrorCode as C;
     match code {
         C::Unauthorized => StatusCode::UNAUTHORIZED,
@@ -99,7 +99,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
 
 /// A fixed, client-safe sentence for each code. Messages never carry text from inside (SQL,
 /// adapter errors), so a refusal cannot leak anything.
-pub fn describe(code: ErrorCode) -> &'static str {
+pub(crate) fn describe(code: ErrorCode) -> &'static str {
     use ErrorCode as C;
     match code {
         C::Unauthorized => "missing or invalid credentials",
@@ -146,7 +146,7 @@ pub fn describe(code: ErrorCode) -> &'static str {
 }
 
 /// Reads a code an account system gave as text; `None` for a code outside the contract.
-pub fn parse_code(text: &str) -> Option<ErrorCode> {
+pub(crate) fn parse_code(text: &str) -> Option<ErrorCode> {
     serde_json::from_value(serde_json::Value::String(text.to_owned())).ok()
 }
 

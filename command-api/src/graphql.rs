@@ -14,10 +14,8 @@ mod query;
 mod subscription;
 mod types;
 
-pub use context::{IO_FIELD_COST, PAGE_SIZE_DEFAULT};
-pub use query::QueryRoot;
-pub use subscription::{SubscriptionRoot, TransferUpdate};
-pub use types::*;
+pub(crate) use query::QueryRoot;
+pub(crate) use subscription::SubscriptionRoot;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -42,19 +40,19 @@ use crate::state::AppState;
 use context::coded;
 
 /// Deepest query accepted.
-pub const QUERY_DEPTH_MAX: usize = 8;
+pub(crate) const QUERY_DEPTH_MAX: usize = 8;
 /// Most complex query accepted (a field counts 1; a page counts its size times its fields).
-pub const QUERY_COMPLEXITY_MAX: usize = 2_000;
+pub(crate) const QUERY_COMPLEXITY_MAX: usize = 2_000;
 /// Longest a query may run; past it the caller gets SYSTEM_ERROR and the work is dropped.
-pub const EXECUTION_TIME_MAX: Duration = Duration::from_secs(10);
+pub(crate) const EXECUTION_TIME_MAX: Duration = Duration::from_secs(10);
 /// Longest a websocket may wait for its `connection_init` (and token).
-pub const WS_INIT_WAIT_MAX: Duration = Duration::from_secs(10);
+pub(crate) const WS_INIT_WAIT_MAX: Duration = Duration::from_secs(10);
 
 /// The schema type.
-pub type LedgerSchema = Schema<QueryRoot, async_graphql::EmptyMutation, SubscriptionRoot>;
+pub(crate) type LedgerSchema = Schema<QueryRoot, async_graphql::EmptyMutation, SubscriptionRoot>;
 
 /// The GraphQL routes, with the schema built once for them; merged into the application router.
-pub fn routes() -> Router<AppState> {
+pub(crate) fn routes() -> Router<AppState> {
     Router::new()
         .route("/graphql", get(graphiql).post(graphql_post))
         .route("/graphql/ws", get(graphql_ws))
@@ -63,7 +61,7 @@ pub fn routes() -> Router<AppState> {
 
 /// Builds the schema with its limits, once per router ([`routes`]); each request (or websocket
 /// connection) carries the application state and the caller's identity as data.
-pub fn schema() -> LedgerSchema {
+pub(crate) fn schema() -> LedgerSchema {
     Schema::build(QueryRoot, async_graphql::EmptyMutation, SubscriptionRoot)
         .limit_depth(QUERY_DEPTH_MAX)
         .limit_complexity(QUERY_COMPLEXITY_MAX)

@@ -123,7 +123,7 @@ type Keyed<C> = governor::RateLimiter<
 /// as a fixed window has). A refusal's wait is at most 1 s, which the 429's `Retry-After: 1`
 /// states. Per process on purpose: a second is too short for a database round trip to be worth
 /// it, and N processes allow at most N times the rate.
-pub struct RateLimiter<C: Clock = DefaultClock> {
+pub(crate) struct RateLimiter<C: Clock = DefaultClock> {
     per_second: Option<u32>,
     /// None when off or when the limit is 0 (every request refused).
     limiter: Option<Keyed<C>>,

@@ -26,7 +26,7 @@ use crate::render::{money, rfc3339};
 use crate::state::AppState;
 
 /// Longest external deposit id.
-pub const EXTERNAL_ID_CHARS_MAX: usize = 128;
+pub(crate) const EXTERNAL_ID_CHARS_MAX: usize = 128;
 
 /// Longest field name echoed back in a BAD_REQUEST message.
 const FIELD_ECHO_CHARS_MAX: usize = 64;
@@ -37,7 +37,7 @@ const REFUSAL_CODE_CHARS_MAX: usize = 64;
 /// A request body that is declared `application/json`, fits the body limit, parses, and is a JSON
 /// object. Its fields are the handler's to check, in the contract's order.
 #[derive(Debug)]
-pub struct JsonObject(pub Map<String, Value>);
+pub(crate) struct JsonObject(pub(crate) Map<String, Value>);
 
 fn declares_json(headers: &HeaderMap) -> bool {
     let Some(value) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
@@ -229,7 +229,7 @@ fn refusal_code(code: &str) -> String {
 
 /// The answer to a transfer request.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct TransferResponse {
+pub(crate) struct TransferResponse {
     pub transfer_id: String,
     pub req_id: String,
     #[schema(schema_with = crate::openapi::schemas::account)]
@@ -275,7 +275,7 @@ fn state_message(data: &TransferData) -> String {
     request_body = crate::openapi::schemas::TransferRequest,
     responses((status = 200, description = "ok", body = TransferResponse),
         crate::openapi::schemas::TransferRefusals))]
-pub async fn create_transfer(
+pub(crate) async fn create_transfer(
     State(state): State<AppState>,
     user: AuthUser,
     JsonObject(body): JsonObject,
@@ -323,7 +323,7 @@ fn transfer_answer(data: TransferData) -> Result<Json<TransferResponse>, ApiErro
 
 /// One transfer as `GET /api/v1/internal_transfer/{req_id}` shows it.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct TransferDetail {
+pub(crate) struct TransferDetail {
     pub transfer_id: String,
     pub req_id: String,
     #[schema(schema_with = crate::openapi::schemas::account)]
@@ -349,7 +349,7 @@ pub struct TransferDetail {
     params(crate::openapi::schemas::TransferPath),
     responses((status = 200, description = "ok", body = TransferDetail),
         crate::openapi::schemas::LookupRefusals))]
-pub async fn get_transfer(
+pub(crate) async fn get_transfer(
     State(state): State<AppState>,
     user: AuthUser,
     path: Result<Path<String>, PathRejection>,
@@ -397,7 +397,7 @@ pub async fn get_transfer(
 }
 
 #[derive(Debug, Default, Serialize, ToSchema)]
-pub struct BalanceEntry {
+pub(crate) struct BalanceEntry {
     pub asset: String,
     pub funding: String,
     pub spot: String,
@@ -406,7 +406,7 @@ pub struct BalanceEntry {
 
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(as = Balances)]
-pub struct BalancesResponse {
+pub(crate) struct BalancesResponse {
     pub user_id: u64,
     pub balances: Vec<BalanceEntry>,
 }
@@ -417,7 +417,7 @@ pub struct BalancesResponse {
 #[utoipa::path(get, path = "/api/v1/balances",
     responses((status = 200, description = "ok", body = BalancesResponse),
         crate::openapi::schemas::BalancesRefusals))]
-pub async fn balances(
+pub(crate) async fn balances(
     State(state): State<AppState>,
     user: AuthUser,
 ) -> Result<Json<BalancesResponse>, ApiError> {
@@ -463,7 +463,7 @@ fn check_external_id(id: &str) -> Result<(), ApiError> {
 
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(as = Deposit)]
-pub struct DepositResponse {
+pub(crate) struct DepositResponse {
     pub external_id: String,
     pub user_id: u64,
     pub asset: String,
@@ -478,7 +478,7 @@ pub struct DepositResponse {
     request_body = crate::openapi::schemas::DepositRequest,
     responses((status = 200, description = "ok", body = DepositResponse),
         crate::openapi::schemas::DepositRefusals))]
-pub async fn admin_deposit(
+pub(crate) async fn admin_deposit(
     State(state): State<AppState>,
     _admin: AdminUser,
     JsonObject(body): JsonObject,
@@ -519,14 +519,14 @@ pub async fn admin_deposit(
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct AssetQuery {
+pub(crate) struct AssetQuery {
     #[param(schema_with = crate::openapi::schemas::asset, required = false)]
     pub asset: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(as = Status)]
-pub struct StatusResponse {
+pub(crate) struct StatusResponse {
     pub user_id: u64,
     pub account_type: &'static str,
     pub asset: String,
@@ -540,7 +540,7 @@ pub struct StatusResponse {
     request_body = crate::openapi::schemas::StatusRequest,
     responses((status = 200, description = "ok", body = StatusResponse),
         crate::openapi::schemas::StatusRefusals))]
-pub async fn admin_set_status(
+pub(crate) async fn admin_set_status(
     State(state): State<AppState>,
     _admin: AdminUser,
     path: Result<Path<(String, String)>, PathRejection>,
@@ -606,17 +606,17 @@ pub async fn admin_set_status(
 
 /// `GET /healthz`: the process is alive.
 #[utoipa::path(get, path = "/healthz", responses((status = 200, description = "alive")))]
-pub async fn healthz() -> Json<Value> {
+pub(crate) async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
 /// Any route that does not exist.
-pub async fn not_found() -> ApiError {
+pub(crate) async fn not_found() -> ApiError {
     ApiError::NotFound
 }
 
 /// A route that exists, called with the wrong method.
-pub async fn method_not_allowed() -> ApiError {
+pub(crate) async fn method_not_allowed() -> ApiError {
     ApiError::MethodNotAllowed
 }
 

@@ -25,11 +25,11 @@ use crate::settings::AUDIT_INTERVAL_DEFAULT;
 
 /// How often a process re-reads the stored asset settings: the longest another instance keeps
 /// accepting transfers of an asset an admin has just suspended.
-pub const ASSET_RELOAD_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const ASSET_RELOAD_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Which background work a serving process runs, and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Background {
+pub(crate) struct Background {
     /// The recovery worker's configuration; `None` runs no worker (an in-process test server).
     pub recovery: Option<RecoveryConfig>,
     /// Time between periodic conservation checks.
@@ -54,7 +54,7 @@ impl Default for Background {
 
 /// How a server runs: what start-up decides and no handler reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Serving {
+pub(crate) struct Serving {
     /// The background work to run while serving.
     pub background: Background,
     /// The HTTP server's timeouts and connection caps.
@@ -110,7 +110,7 @@ impl ProjectorProbe for ProjectorHealth {
 
 /// The running background tasks. Dropping this stops them all.
 #[derive(Debug)]
-pub struct Tasks {
+pub(crate) struct Tasks {
     set: JoinSet<&'static str>,
 }
 
@@ -209,7 +209,7 @@ impl Tasks {
 }
 
 /// Completes at ctrl-c or SIGTERM: when `ledger up`, `serve` and `relay` begin to stop.
-pub async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(term) => term,
         Err(e) => {

@@ -21,13 +21,13 @@ use crate::ratelimit::{LimitsConfig, RateLimiter};
 #[derive(Clone)]
 pub struct AppState {
     /// The application core: every command a handler calls.
-    pub ledger: Ledger,
+    pub(crate) ledger: Ledger,
     /// The transfer read models (history, in-flight sums, counts by state).
-    pub view: TransferView,
+    pub(crate) view: TransferView,
     /// The verifying side of the token secret (the `AuthUser` and `AdminUser` extractors).
-    pub jwt: Arc<JwtKeys>,
+    pub(crate) jwt: Arc<JwtKeys>,
     /// How much the read surfaces (GraphQL, the feed) may hold at once.
-    pub admission: Arc<Admission>,
+    pub(crate) admission: Arc<Admission>,
 }
 
 /// The extractors of `auth.rs` take the keys from any state that has them.

@@ -302,7 +302,9 @@ pub struct Timeline {
     pub resolution: Option<Resolution>,
 }
 
-/// The path of `GET /api/v1/admin/users/{user_id}`.
+/// The path of `GET /api/v1/admin/users/{user_id}`. Schema only: utoipa reads the field's
+/// attribute, no code reads the field.
+#[allow(dead_code)]
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Path)]
 pub struct UserPath {

@@ -2,6 +2,9 @@
 //! (`#[schema(schema_with = ...)]`), the documented shapes of the bodies the handlers parse field
 //! by field, their path parameters, and the refusals each route can answer with. Handlers import
 //! this module; the document that gathers the handlers (`openapi.rs`) sits above both.
+// The schema-only types exist for their `ToSchema`/`IntoParams` derives: utoipa reads their
+// fields' attributes, no code reads the fields.
+#![allow(dead_code)]
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
