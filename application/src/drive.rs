@@ -5,7 +5,6 @@
 
 use std::fmt;
 
-use chrono::Utc;
 use domain::{
     AccountPort, AdapterOutcome, Movement, Operation, Recorded, ReqId, StepOutcome,
     TransferCommand, TransferData, TransferState,
@@ -126,7 +125,7 @@ impl Coordinator {
         };
         let source = self.port(data.from);
         let target = self.port(data.to);
-        let at = Utc::now;
+        let at = || self.clock.now();
         let command = match data.state {
             // INIT and SOURCE_DONE are never committed alone by this code (see
             // `Coordinator::execute_through`); a transfer is found in them only in a log written
@@ -197,7 +196,7 @@ impl Coordinator {
         let command = match definite(data, Operation::Withdraw, outcome) {
             Ok(outcome) => TransferCommand::RecordSourceOutcome {
                 outcome,
-                at: Utc::now(),
+                at: self.clock.now(),
             },
             Err(open) => return Ok(Stepped::Open(open)),
         };
