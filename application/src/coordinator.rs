@@ -147,7 +147,8 @@ impl Coordinator {
         spot: Arc<dyn AccountPort>,
         assets: Arc<RwLock<AssetRegistry>>,
     ) -> Self {
-        let mut coordinator = Self::with_ports(Ports::postgres(pool.clone()), funding, spot, assets);
+        let mut coordinator =
+            Self::with_ports(Ports::postgres(pool.clone()), funding, spot, assets);
         coordinator.pool = Some(pool);
         coordinator
     }

@@ -6,6 +6,20 @@
 //! the environment, never starts a background service (the edge's start-up runs the periodic
 //! work it offers), and never imports the read side (`projections`).
 
+/// Whether a planted bug (`plant.rs`) is active: always false without the `plant` feature.
+#[cfg(feature = "plant")]
+macro_rules! planted {
+    ($bug:ident) => {
+        $crate::plant::active($crate::plant::Bug::$bug)
+    };
+}
+#[cfg(not(feature = "plant"))]
+macro_rules! planted {
+    ($bug:ident) => {
+        false
+    };
+}
+
 pub mod alerts;
 pub mod assets;
 pub mod audit;

@@ -99,8 +99,9 @@ impl Coordinator {
     /// The database a repair reads and records in: the repair is PostgreSQL's own (it mends
     /// what a PostgreSQL failover lost), so a coordinator over other ports has none.
     fn repair_pool(&self) -> Result<&sqlx::PgPool, sqlx::Error> {
-        self.pool()
-            .ok_or_else(|| sqlx::Error::Configuration("the failover repair needs PostgreSQL".into()))
+        self.pool().ok_or_else(|| {
+            sqlx::Error::Configuration("the failover repair needs PostgreSQL".into())
+        })
     }
 
     /// Repairs one lost transfer (see the module's documentation); idempotent by req_id.

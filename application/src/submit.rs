@@ -8,9 +8,9 @@ use chrono::NaiveDate;
 use domain::{ErrorCode, ReqId, Transfer, TransferCommand, TransferData, TransferError};
 
 use crate::coordinator::{Context, Coordinator, CoordinatorError, NewTransfer};
-use crate::ports::ClientKey;
 use crate::horizon;
 use crate::limits;
+use crate::ports::ClientKey;
 use crate::ports::Rekeyed;
 
 enum Claim {

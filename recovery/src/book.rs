@@ -48,8 +48,11 @@ pub trait AttemptPolicy: Send + Sync {
 pub trait RetryBook: Send + Sync {
     /// Open transfers unchanged for `stale_ms`, due for a retry and not leased: (req_id, state),
     /// the longest waiting first, at most `limit`.
-    async fn due(&self, stale_ms: i64, limit: i64)
-        -> Result<Vec<(String, String)>, CoordinatorError>;
+    async fn due(
+        &self,
+        stale_ms: i64,
+        limit: i64,
+    ) -> Result<Vec<(String, String)>, CoordinatorError>;
 
     /// Opens an attempt log entry; its id.
     async fn begin_attempt(

@@ -288,8 +288,7 @@ struct Policy<'a> {
 
 impl AttemptPolicy for Policy<'_> {
     fn retry_delay_ms(&self, tally: &Tally) -> Option<u64> {
-        self.backoff
-            .then(|| self.config.backoff_ms(tally.attempts))
+        self.backoff.then(|| self.config.backoff_ms(tally.attempts))
     }
 
     fn alert_refund(&self, tally: &Tally) -> bool {
@@ -492,8 +491,12 @@ impl RecoveryWorker {
                         .await;
                     match renewed {
                         Ok(true) => {}
-                        Ok(false) => tracing::error!(req_id = %key, worker = %self.id, "lease lost while driving"),
-                        Err(e) => tracing::warn!(req_id = %key, error = %e, "could not renew the lease"),
+                        Ok(false) => {
+                            tracing::error!(req_id = %key, worker = %self.id, "lease lost while driving")
+                        }
+                        Err(e) => {
+                            tracing::warn!(req_id = %key, error = %e, "could not renew the lease")
+                        }
                     }
                 }
             }
