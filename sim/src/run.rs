@@ -479,13 +479,13 @@ fn spawn_admin(sim: &Sim, registry: &Arc<RwLock<AssetRegistry>>) {
     let registry = registry.clone();
     sim.rt.spawn(OUTSIDE, Role::Admin, async move {
         loop {
-            let pause = s.rt.with_rng(|r| r.between(1_000, 6_000));
+            let pause = s.rt.with_rng(|r| r.between(500, 4_000));
             s.rt.sleep(Duration::from_millis(pause)).await;
             let (user, asset, what) = s.rt.with_rng(|r| {
                 (
                     r.between(1, USERS),
                     ASSETS[r.index(ASSETS.len())],
-                    r.below(6),
+                    r.below(8),
                 )
             });
             let mut w = s.world();
@@ -498,7 +498,7 @@ fn spawn_admin(sim: &Sim, registry: &Arc<RwLock<AssetRegistry>>) {
                     }
                     w.fault("admin-funding-status", status);
                 }
-                2 => {
+                2 | 3 => {
                     let status = if s.rt.with_rng(|r| r.chance(500)) {
                         AccountStatus::Frozen
                     } else {
@@ -514,7 +514,7 @@ fn spawn_admin(sim: &Sim, registry: &Arc<RwLock<AssetRegistry>>) {
                     );
                     w.fault("admin-spot-status", asset);
                 }
-                3 => {
+                4 => {
                     let mut reg = registry.write().unwrap_or_else(|e| e.into_inner());
                     if let Ok(mut config) = reg.get(asset).cloned() {
                         config.status = AssetStatus::Suspended;
