@@ -25,6 +25,20 @@ enum Usable {
     Exists(TransferData),
 }
 
+/// What one try at creating came to.
+enum Created {
+    /// Created by this request: its context after `TransferCreated` + `SourceWithdrawStarted`.
+    New(Context),
+    /// A repeat or a concurrent duplicate: the transfer that exists.
+    Answered(TransferData),
+    /// The event log refused the creation because the cid's claim names another req_id now.
+    ClaimMoved,
+}
+
+/// How many times a creation follows a moving claim before it gives up with a store error (a
+/// claim moves once per half retention at most, so a second try already finds it settled).
+const CLAIM_MOVED_ATTEMPTS: u32 = 3;
+
 /// What a request's cid leads to.
 enum CidKey {
     /// A repeat: the transfer the cid already names.
@@ -51,38 +65,29 @@ impl Coordinator {
         &self,
         request: NewTransfer,
     ) -> Result<TransferData, CoordinatorError> {
-        let claimed = match self.cid_key(&request).await? {
-            CidKey::Answered(existing) => return Ok(existing),
-            CidKey::Key(claimed) => claimed,
-        };
-        let reservation = self.reserve_daily(&request).await?;
-        // Generated as late as possible: the horizon's safety needs a req_id's time close to its
-        // TransferCreated commit (`horizon.rs`).
-        let req_id = claimed.unwrap_or_else(|| self.clock.req_id());
-        let ctx = match self.create(req_id, &request).await {
-            Ok(ctx) => ctx,
-            // A concurrent duplicate created it first: answer with that transfer, and give back
-            // this request's charge (the duplicate's own request was charged).
-            Err(
-                CoordinatorError::Conflict
-                | CoordinatorError::Transition(TransferError::AlreadyExists),
-            ) => {
-                self.release_reservation(&request, reservation).await;
-                return self.load(&req_id).await?.ok_or(CoordinatorError::NotFound);
-            }
-            // A store error leaves it unknown whether the transfer was created: give the charge
-            // back only when it is known not to exist (over-charging is the safe side).
-            Err(e @ CoordinatorError::Store(_)) => {
-                if matches!(self.load(&req_id).await, Ok(None)) {
-                    self.release_reservation(&request, reservation).await;
+        let mut attempt = 0;
+        let ctx = loop {
+            attempt += 1;
+            match self.create_claimed(&request).await? {
+                Created::New(ctx) => break ctx,
+                Created::Answered(existing) => return Ok(existing),
+                // The cid's claim was re-keyed while this creation was on its way (it took longer
+                // than half the idempotency retention): the claim names another req_id now, and
+                // the request is answered by what that one holds, or creates under it.
+                Created::ClaimMoved if attempt < CLAIM_MOVED_ATTEMPTS => continue,
+                Created::ClaimMoved => {
+                    return Err(CoordinatorError::store(
+                        "the client key's claim kept moving while the transfer was created",
+                    ))
                 }
-                return Err(e);
-            }
-            Err(e) => {
-                self.release_reservation(&request, reservation).await;
-                return Err(e);
             }
         };
+        let req_id = ctx
+            .aggregate
+            .data
+            .as_ref()
+            .map(|d| d.req_id)
+            .ok_or_else(|| CoordinatorError::store("created transfer has no state"))?;
         // TransferCreated and SourceWithdrawStarted are durable together: the withdraw is
         // announced before it is called.
         self.failpoints.hit("after_created_withdraw_started");
@@ -100,6 +105,48 @@ impl Coordinator {
                 reloaded
                     .or(last)
                     .ok_or_else(|| CoordinatorError::store("created transfer has no state"))
+            }
+        }
+    }
+
+    /// Claims the cid, charges the daily limits and creates: one try.
+    async fn create_claimed(&self, request: &NewTransfer) -> Result<Created, CoordinatorError> {
+        let claimed = match self.cid_key(request).await? {
+            CidKey::Answered(existing) => return Ok(Created::Answered(existing)),
+            CidKey::Key(claimed) => claimed,
+        };
+        let reservation = self.reserve_daily(request).await?;
+        // Generated as late as possible: the horizon's safety needs a req_id's time close to its
+        // TransferCreated commit (`horizon.rs`).
+        let req_id = claimed.unwrap_or_else(|| self.clock.req_id());
+        match self.create(req_id, request).await {
+            Ok(ctx) => Ok(Created::New(ctx)),
+            // A concurrent duplicate created it first: answer with that transfer, and give back
+            // this request's charge (the duplicate's own request was charged). With a cid and no
+            // transfer under the req_id, the refusal was the event log's claim guard: the claim
+            // was re-keyed meanwhile (migration 0020).
+            Err(
+                CoordinatorError::Conflict
+                | CoordinatorError::Transition(TransferError::AlreadyExists),
+            ) => {
+                self.release_reservation(request, reservation).await;
+                match self.load(&req_id).await? {
+                    Some(existing) => Ok(Created::Answered(existing)),
+                    None if request.cid.is_some() => Ok(Created::ClaimMoved),
+                    None => Err(CoordinatorError::NotFound),
+                }
+            }
+            // A store error leaves it unknown whether the transfer was created: give the charge
+            // back only when it is known not to exist (over-charging is the safe side).
+            Err(e @ CoordinatorError::Store(_)) => {
+                if matches!(self.load(&req_id).await, Ok(None)) {
+                    self.release_reservation(request, reservation).await;
+                }
+                Err(e)
+            }
+            Err(e) => {
+                self.release_reservation(request, reservation).await;
+                Err(e)
             }
         }
     }
