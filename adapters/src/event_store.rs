@@ -169,8 +169,11 @@ async fn insert(conn: &mut PgConnection, jobs: &[&Job]) -> Result<(), sqlx::Erro
             times.push(occurred_at(&e.payload));
         }
     }
+    let guards = ClaimGuards::of(jobs);
     sqlx::query(
-        "WITH head AS MATERIALIZED (SELECT feed_take() AS before)
+        "WITH guard AS MATERIALIZED (SELECT cid_claims_hold($10::bigint[], $11::text[],
+                                                          $12::text[]) AS held),
+              head AS MATERIALIZED (SELECT feed_take() AS before FROM guard)
          INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version,
                              payload, metadata, user_id, occurred_at, feed_position)
          SELECT u.t, u.id, u.seq, u.et, u.v, u.p, u.m, u.owner, COALESCE(u.at, now()),
@@ -189,10 +192,51 @@ async fn insert(conn: &mut PgConnection, jobs: &[&Job]) -> Result<(), sqlx::Erro
     .bind(&metadata)
     .bind(&owners)
     .bind(&times)
+    .bind(&guards.users)
+    .bind(&guards.cids)
+    .bind(&guards.req_ids)
     .execute(conn)
     .await?;
     Ok(())
 }
+
+/// The client-key claims the creations in a batch were made under: each must still name its
+/// transfer when the batch commits (`cid_claims_hold`, migration 0020), or the batch is refused
+/// with `CLAIM_MOVED` and retried commit by commit, so only the creation whose claim was re-keyed
+/// is refused. A creation is the first event (sequence 1) of a `TransferCreated` with a `cid`.
+#[derive(Default)]
+struct ClaimGuards<'a> {
+    users: Vec<i64>,
+    cids: Vec<&'a str>,
+    req_ids: Vec<&'a str>,
+}
+
+impl<'a> ClaimGuards<'a> {
+    fn of(jobs: &[&'a Job]) -> Self {
+        let mut guards = Self::default();
+        for e in jobs.iter().flat_map(|j| &j.events) {
+            if e.sequence != 1 || e.event_type != "TransferCreated" {
+                continue;
+            }
+            let Some(fields) = e.payload.get("TransferCreated") else {
+                continue;
+            };
+            let (Some(user), Some(cid)) = (
+                fields.get("user_id").and_then(Value::as_i64),
+                fields.get("cid").and_then(Value::as_str),
+            ) else {
+                continue;
+            };
+            guards.users.push(user);
+            guards.cids.push(cid);
+            guards.req_ids.push(e.aggregate_id.as_str());
+        }
+        guards
+    }
+}
+
+/// The SQLSTATE `cid_claims_hold` raises when a creation's client-key claim was re-keyed.
+const CLAIM_MOVED: &str = "LC001";
 
 /// The metadata key under which a commit names its transfer's owner.
 pub const OWNER_METADATA_KEY: &str = "user_id";
@@ -215,10 +259,12 @@ fn occurred_at(payload: &Value) -> Option<chrono::DateTime<chrono::Utc>> {
         .map(|t| t.with_timezone(&chrono::Utc))
 }
 
+/// A commit refused for what it wrote (a sequence already taken, or a creation whose client-key
+/// claim moved): nothing of it was applied, and the rest of its batch can be retried alone.
 fn is_conflict(e: &sqlx::Error) -> bool {
     e.as_database_error()
         .and_then(|d| d.code())
-        .is_some_and(|c| c == "23505")
+        .is_some_and(|c| c == "23505" || c == CLAIM_MOVED)
 }
 
 fn to_persistence(e: sqlx::Error) -> PersistenceError {

@@ -2,6 +2,7 @@
 //! TCP protocol. It tells an explicit refusal apart from everything else; anything it cannot be
 //! sure of is reported as unknown, never as a refusal.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -10,7 +11,7 @@ use domain::{
     UserId,
 };
 use rust_decimal::Decimal;
-use spot_core::client::{ClientError, SpotClient};
+use spot_core::client::{ClientError, SpotClient, SpotTransport};
 use spot_core::protocol::{self, MovementOp, RefusalCode, Request, Response};
 
 use crate::funding::AccountStatus;
@@ -51,10 +52,10 @@ impl SpotError {
     }
 }
 
-/// Adapter over a spot-core client. Cheap to clone.
+/// Adapter over a spot-core transport (the TCP client in production). Cheap to clone.
 #[derive(Clone)]
 pub struct SpotAdapter {
-    client: SpotClient,
+    client: Arc<dyn SpotTransport>,
 }
 
 impl SpotAdapter {
@@ -65,9 +66,7 @@ impl SpotAdapter {
 
     /// With `Some(token)`, every connection authenticates with spot-core's `hello` first.
     pub fn with_token(addr: String, timeout: Duration, token: Option<String>) -> Self {
-        Self {
-            client: SpotClient::with_token(addr, timeout, token),
-        }
+        Self::over(Arc::new(SpotClient::with_token(addr, timeout, token)))
     }
 
     /// Like `with_token`, with the TCP keepalive and `TCP_USER_TIMEOUT` of every connection.
@@ -77,13 +76,19 @@ impl SpotAdapter {
         token: Option<String>,
         liveness: spot_core::tcp::TcpLiveness,
     ) -> Self {
-        Self {
-            client: SpotClient::with_liveness(addr, timeout, token, liveness),
-        }
+        Self::over(Arc::new(SpotClient::with_liveness(
+            addr, timeout, token, liveness,
+        )))
     }
 
-    pub fn client(&self) -> &SpotClient {
-        &self.client
+    /// Over any transport: the simulation's in-process engine runs the same mapping.
+    pub fn over(transport: Arc<dyn SpotTransport>) -> Self {
+        Self { client: transport }
+    }
+
+    /// The transport every request goes through.
+    pub fn client(&self) -> &dyn SpotTransport {
+        self.client.as_ref()
     }
 
     pub async fn ping(&self) -> Result<(), SpotError> {

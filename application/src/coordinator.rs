@@ -4,16 +4,12 @@
 //! concurrency). Creating is in `submit.rs`, driving and resuming in `drive.rs`, manual
 //! resolution in `resolve.rs`.
 
-use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use chrono::Utc;
-
-use adapters::event_store::{transfer_store, TransferStore};
 use cqrs_es::event_sink::EventSink;
 use cqrs_es::persist::EventStoreAggregateContext;
-use cqrs_es::{Aggregate, AggregateError, EventStore};
+use cqrs_es::{Aggregate, AggregateError};
 use domain::{
     AccountPort, AccountType, Amount, AssetRegistry, AssetSymbol, ErrorCode, ReqId, Transfer,
     TransferCommand, TransferData, TransferError, UserId,
@@ -22,6 +18,8 @@ use sqlx::PgPool;
 
 use crate::failpoint::FailPoints;
 use crate::limits::DailyLimits;
+use crate::pg::{PgBookkeeping, PgTransferLog};
+use crate::ports::{Bookkeeping, Clock, Commit, SystemClock, TransferLog};
 
 /// A request for a new transfer, already parsed into domain types.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,11 +99,35 @@ impl From<sqlx::Error> for CoordinatorError {
 
 pub(crate) type Context = EventStoreAggregateContext<Transfer>;
 
+/// The ports a coordinator runs on (`ports.rs`): PostgreSQL and the system clock in
+/// production, in-memory ones in the simulation.
+#[derive(Clone)]
+pub struct Ports {
+    pub log: Arc<dyn TransferLog>,
+    pub book: Arc<dyn Bookkeeping>,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Ports {
+    /// The event log and bookkeeping in `pool`'s database, the system clock.
+    pub fn postgres(pool: PgPool) -> Self {
+        Self {
+            log: Arc::new(PgTransferLog::new(pool.clone())),
+            book: Arc::new(PgBookkeeping::new(pool)),
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
 /// Drives transfers. Cheap to clone.
 #[derive(Clone)]
 pub struct Coordinator {
-    pub(crate) store: Arc<TransferStore>,
-    pub(crate) pool: PgPool,
+    pub(crate) log: Arc<dyn TransferLog>,
+    pub(crate) book: Arc<dyn Bookkeeping>,
+    pub(crate) clock: Arc<dyn Clock>,
+    /// The database behind the ports, when they are PostgreSQL's (the failover repair and the
+    /// recovery worker's own tables use it); none in the simulation.
+    pub(crate) pool: Option<PgPool>,
     funding: Arc<dyn AccountPort>,
     spot: Arc<dyn AccountPort>,
     pub(crate) assets: Arc<RwLock<AssetRegistry>>,
@@ -125,9 +147,25 @@ impl Coordinator {
         spot: Arc<dyn AccountPort>,
         assets: Arc<RwLock<AssetRegistry>>,
     ) -> Self {
+        let mut coordinator =
+            Self::with_ports(Ports::postgres(pool.clone()), funding, spot, assets);
+        coordinator.pool = Some(pool);
+        coordinator
+    }
+
+    /// The coordinator over `ports` (the simulation's in-memory ones, or any other) and the two
+    /// account systems.
+    pub fn with_ports(
+        ports: Ports,
+        funding: Arc<dyn AccountPort>,
+        spot: Arc<dyn AccountPort>,
+        assets: Arc<RwLock<AssetRegistry>>,
+    ) -> Self {
         Self {
-            store: Arc::new(transfer_store(pool.clone())),
-            pool,
+            log: ports.log,
+            book: ports.book,
+            clock: ports.clock,
+            pool: None,
             funding,
             spot,
             assets,
@@ -160,20 +198,31 @@ impl Coordinator {
         &self.assets
     }
 
-    /// The database the coordinator writes to (the worker keeps its bookkeeping there too).
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
+    /// The database the coordinator writes to (the worker keeps its bookkeeping there too);
+    /// `None` when its ports are not PostgreSQL's.
+    pub fn pool(&self) -> Option<&PgPool> {
+        self.pool.as_ref()
+    }
+
+    /// The coordinator's bookkeeping (leases, claims, limits).
+    pub fn bookkeeping(&self) -> &Arc<dyn Bookkeeping> {
+        &self.book
+    }
+
+    /// The coordinator's clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
     }
 
     /// The current state of a transfer, folded from its events (the source of truth).
     pub async fn load(&self, req_id: &ReqId) -> Result<Option<TransferData>, CoordinatorError> {
-        let ctx = self.store.load_aggregate(&req_id.to_string()).await?;
+        let ctx = self.log.load(&req_id.to_string()).await?;
         Ok(ctx.aggregate.data)
     }
 
     /// The transfer's context (events folded) for a command, or `NotFound`.
     pub(crate) async fn load_context(&self, req_id: &ReqId) -> Result<Context, CoordinatorError> {
-        let ctx = self.store.load_aggregate(&req_id.to_string()).await?;
+        let ctx = self.log.load(&req_id.to_string()).await?;
         if ctx.aggregate.data.is_none() {
             return Err(CoordinatorError::NotFound);
         }
@@ -221,7 +270,7 @@ impl Coordinator {
             let next = ctx
                 .aggregate
                 .state()
-                .and_then(|state| TransferCommand::call_free_step(state, Utc::now()));
+                .and_then(|state| TransferCommand::call_free_step(state, self.clock.now()));
             if let Some(next) = next {
                 ctx.aggregate
                     .handle(next, &(), &sink)
@@ -232,19 +281,14 @@ impl Coordinator {
         let events = sink.collect().await;
         let aggregate = ctx.aggregate.clone();
         let aggregate_id = ctx.aggregate_id.clone();
-        // The owner travels with every event, so the feed can serve one user's stream.
-        let metadata = aggregate
-            .data
-            .as_ref()
-            .map(|d| {
-                HashMap::from([(
-                    adapters::event_store::OWNER_METADATA_KEY.to_owned(),
-                    d.user_id.to_string(),
-                )])
-            })
-            .unwrap_or_default();
-        let committed = self.store.commit(events, ctx, metadata).await?;
-        let current_sequence = committed.last().map_or(0, |e| e.sequence);
+        let commit = Commit {
+            aggregate_id: aggregate_id.clone(),
+            expected_sequence: ctx.current_sequence,
+            events,
+            // The owner travels with every event, so the feed can serve one user's stream.
+            owner: aggregate.data.as_ref().map(|d| d.user_id),
+        };
+        let current_sequence = self.log.append(commit).await?;
         // No read-model write here: the projector (projections::Projector) applies every
         // committed event exactly once, in a commit-safe order, from the log itself.
         Ok(Context {

@@ -5,7 +5,6 @@
 
 use std::fmt;
 
-use chrono::Utc;
 use domain::{
     AccountPort, AdapterOutcome, Movement, Operation, Recorded, ReqId, StepOutcome,
     TransferCommand, TransferData, TransferState,
@@ -126,7 +125,7 @@ impl Coordinator {
         };
         let source = self.port(data.from);
         let target = self.port(data.to);
-        let at = Utc::now;
+        let at = || self.clock.now();
         let command = match data.state {
             // INIT and SOURCE_DONE are never committed alone by this code (see
             // `Coordinator::execute_through`); a transfer is found in them only in a log written
@@ -195,10 +194,16 @@ impl Coordinator {
         let outcome = call_or_lookup(source, Operation::Withdraw, movement, lookup_first).await;
         fail.hit("source_after_call");
         let command = match definite(data, Operation::Withdraw, outcome) {
-            Ok(outcome) => TransferCommand::RecordSourceOutcome {
-                outcome,
-                at: Utc::now(),
-            },
+            Ok(outcome) => {
+                if planted!(PersistAfterCall) && outcome == StepOutcome::Succeeded {
+                    // Planted: the deposit is called before its announcement is durable.
+                    let _ = self.port(data.to).deposit(movement).await;
+                }
+                TransferCommand::RecordSourceOutcome {
+                    outcome,
+                    at: self.clock.now(),
+                }
+            }
             Err(open) => return Ok(Stepped::Open(open)),
         };
         let next = self.execute_through(ctx, command).await?;
@@ -226,6 +231,10 @@ fn definite(
             tracing::info!(req_id = %data.req_id, %code, "{what} refused");
             Ok(StepOutcome::Refused { code, message })
         }
+        unknown if planted!(CompensateOnUnknown) => Ok(StepOutcome::Refused {
+            code: "PLANTED".to_owned(),
+            message: format!("planted: unknown outcome {unknown:?} taken as a refusal"),
+        }),
         unknown => {
             tracing::warn!(req_id = %data.req_id, state = %data.state, outcome = ?unknown, "{what} outcome unknown; state kept for retry");
             Err(StillOpen::Call {
@@ -245,7 +254,7 @@ async fn call_or_lookup(
     movement: &Movement,
     lookup_first: bool,
 ) -> AdapterOutcome {
-    if lookup_first {
+    if lookup_first && !planted!(ResumeWithoutLookup) {
         match port.lookup(movement, operation).await {
             Recorded::Applied => {
                 tracing::info!(req_id = %movement.req_id, ?operation, "lookup: already applied; recording without a new call");
@@ -254,6 +263,12 @@ async fn call_or_lookup(
             Recorded::Refused { code, message } => {
                 tracing::info!(req_id = %movement.req_id, ?operation, %code, "lookup: already refused");
                 return AdapterOutcome::ExplicitFail { code, message };
+            }
+            Recorded::NotSeen if planted!(NotSeenAsRefusal) => {
+                return AdapterOutcome::ExplicitFail {
+                    code: "NOT_SEEN".to_owned(),
+                    message: "planted: not seen taken as a refusal".to_owned(),
+                };
             }
             Recorded::NotSeen => {}
             Recorded::Unavailable(why) => {

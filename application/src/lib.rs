@@ -6,6 +6,20 @@
 //! the environment, never starts a background service (the edge's start-up runs the periodic
 //! work it offers), and never imports the read side (`projections`).
 
+/// Whether a planted bug (`plant.rs`) is active: always false without the `plant` feature.
+#[cfg(feature = "plant")]
+macro_rules! planted {
+    ($bug:ident) => {
+        $crate::plant::active($crate::plant::Bug::$bug)
+    };
+}
+#[cfg(not(feature = "plant"))]
+macro_rules! planted {
+    ($bug:ident) => {
+        false
+    };
+}
+
 pub mod alerts;
 pub mod assets;
 pub mod audit;
@@ -18,18 +32,23 @@ pub mod lease;
 pub mod ledger;
 pub mod limits;
 pub mod maintenance;
+pub mod pg;
+#[cfg(feature = "plant")]
+pub mod plant;
+pub mod ports;
 pub mod repair;
 pub mod request;
 pub mod resolve;
 pub mod submit;
 
 pub use assets::AssetSettings;
-pub use coordinator::{Coordinator, CoordinatorError, NewTransfer, StoreCause};
+pub use coordinator::{Coordinator, CoordinatorError, NewTransfer, Ports, StoreCause};
 pub use drive::{Resumed, StillOpen};
 pub use failpoint::FailPoints;
 pub use horizon::{Horizon, HorizonConfig};
 pub use ledger::{Ledger, RateGate, RequestError, Unlimited};
 pub use limits::DailyLimits;
+pub use ports::{Bookkeeping, ClientKey, Clock, Commit, Rekeyed, SystemClock, TransferLog};
 pub use repair::{RepairError, RepairOutcome};
 pub use request::TransferRequest;
 pub use resolve::ManualResolutionError;

@@ -96,6 +96,14 @@ struct Row {
 }
 
 impl Coordinator {
+    /// The database a repair reads and records in: the repair is PostgreSQL's own (it mends
+    /// what a PostgreSQL failover lost), so a coordinator over other ports has none.
+    fn repair_pool(&self) -> Result<&sqlx::PgPool, sqlx::Error> {
+        self.pool().ok_or_else(|| {
+            sqlx::Error::Configuration("the failover repair needs PostgreSQL".into())
+        })
+    }
+
     /// Repairs one lost transfer (see the module's documentation); idempotent by req_id.
     pub async fn repair_lost(
         &self,
@@ -131,7 +139,7 @@ impl Coordinator {
         .bind(&implied.record)
         .bind(operator)
         .bind(reason)
-        .execute(self.pool())
+        .execute(self.repair_pool()?)
         .await?
         .rows_affected();
         let repeated = inserted == 0;
@@ -158,7 +166,7 @@ impl Coordinator {
              FROM failover_repairs WHERE req_id = $1",
         )
         .bind(req_id.to_string())
-        .fetch_optional(self.pool())
+        .fetch_optional(self.repair_pool()?)
         .await
     }
 
@@ -182,7 +190,7 @@ impl Coordinator {
             )
             .bind(req_id.to_string())
             .bind(data.state.as_str())
-            .execute(self.pool())
+            .execute(self.repair_pool()?)
             .await?;
         }
         Ok(RepairOutcome {
@@ -260,7 +268,7 @@ impl Coordinator {
         )
         .bind(t.user_id.as_i64())
         .bind(t.asset.as_str())
-        .fetch_optional(self.pool())
+        .fetch_optional(self.repair_pool()?)
         .await?;
         let available = available.unwrap_or_default();
         if available < t.amount.value() {

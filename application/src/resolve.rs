@@ -2,7 +2,6 @@
 //! where the account system's own record backs it, recorded as `TransferManuallyResolved`, and
 //! driven on under the transfer's lease.
 
-use chrono::Utc;
 use domain::{
     manual_resolution_target, Movement, Operation, Recorded, ReqId, Resolution, TransferCommand,
     TransferData, TransferError, TransferState,
@@ -67,22 +66,14 @@ impl Coordinator {
                 .record_resolution(ctx, &data, resolution, operator, reason)
                 .await;
         }
-        let owner = format!("manual:{operator}:{}", ReqId::generate());
+        let owner = format!("manual:{operator}:{}", self.clock.req_id());
         if !self.take_manual_lease(req_id, data.state, &owner).await? {
             return Err(ManualResolutionError::Busy);
         }
         let result = self
             .resolve_leased(req_id, resolution, operator, reason, force)
             .await;
-        if let Err(e) = sqlx::query(
-            "UPDATE transfer_retries SET lease_owner = NULL, lease_until = NULL, updated_at = now()
-             WHERE req_id = $1 AND lease_owner = $2",
-        )
-        .bind(req_id.to_string())
-        .bind(&owner)
-        .execute(&self.pool)
-        .await
-        {
+        if let Err(e) = self.book.release_lease(&req_id.to_string(), &owner).await {
             // The lease simply expires.
             tracing::warn!(%req_id, error = %e, "could not release the manual resolution's lease");
         }
@@ -115,15 +106,16 @@ impl Coordinator {
         state: TransferState,
         owner: &str,
     ) -> Result<bool, CoordinatorError> {
-        let taken = crate::lease::take(
-            &self.pool,
-            &req_id.to_string(),
-            state.as_str(),
-            owner,
-            MANUAL_LEASE_MS,
-            false,
-        )
-        .await?;
+        let taken = self
+            .book
+            .take_lease(
+                &req_id.to_string(),
+                state.as_str(),
+                owner,
+                MANUAL_LEASE_MS,
+                false,
+            )
+            .await?;
         Ok(taken.is_some())
     }
 
@@ -160,7 +152,7 @@ impl Coordinator {
             resolution,
             operator: operator.to_owned(),
             reason: reason.to_owned(),
-            at: Utc::now(),
+            at: self.clock.now(),
         };
         let ctx = match self.execute(ctx, command).await {
             Ok(ctx) => ctx,

@@ -4,12 +4,14 @@
 
 use std::time::Duration;
 
-use chrono::{NaiveDate, Utc};
+use chrono::NaiveDate;
 use domain::{ErrorCode, ReqId, Transfer, TransferCommand, TransferData, TransferError};
 
 use crate::coordinator::{Context, Coordinator, CoordinatorError, NewTransfer};
 use crate::horizon;
 use crate::limits;
+use crate::ports::ClientKey;
+use crate::ports::Rekeyed;
 
 enum Claim {
     New(ReqId),
@@ -22,6 +24,20 @@ enum Usable {
     Create(ReqId),
     Exists(TransferData),
 }
+
+/// What one try at creating came to.
+enum Created {
+    /// Created by this request: its context after `TransferCreated` + `SourceWithdrawStarted`.
+    New(Context),
+    /// A repeat or a concurrent duplicate: the transfer that exists.
+    Answered(TransferData),
+    /// The event log refused the creation because the cid's claim names another req_id now.
+    ClaimMoved,
+}
+
+/// How many times a creation follows a moving claim before it gives up with a store error (a
+/// claim moves once per half retention at most, so a second try already finds it settled).
+const CLAIM_MOVED_ATTEMPTS: u32 = 3;
 
 /// What a request's cid leads to.
 enum CidKey {
@@ -49,38 +65,29 @@ impl Coordinator {
         &self,
         request: NewTransfer,
     ) -> Result<TransferData, CoordinatorError> {
-        let claimed = match self.cid_key(&request).await? {
-            CidKey::Answered(existing) => return Ok(existing),
-            CidKey::Key(claimed) => claimed,
-        };
-        let reservation = self.reserve_daily(&request).await?;
-        // Generated as late as possible: the horizon's safety needs a req_id's time close to its
-        // TransferCreated commit (`horizon.rs`).
-        let req_id = claimed.unwrap_or_else(ReqId::generate);
-        let ctx = match self.create(req_id, &request).await {
-            Ok(ctx) => ctx,
-            // A concurrent duplicate created it first: answer with that transfer, and give back
-            // this request's charge (the duplicate's own request was charged).
-            Err(
-                CoordinatorError::Conflict
-                | CoordinatorError::Transition(TransferError::AlreadyExists),
-            ) => {
-                self.release_reservation(&request, reservation).await;
-                return self.load(&req_id).await?.ok_or(CoordinatorError::NotFound);
-            }
-            // A store error leaves it unknown whether the transfer was created: give the charge
-            // back only when it is known not to exist (over-charging is the safe side).
-            Err(e @ CoordinatorError::Store(_)) => {
-                if matches!(self.load(&req_id).await, Ok(None)) {
-                    self.release_reservation(&request, reservation).await;
+        let mut attempt = 0;
+        let ctx = loop {
+            attempt += 1;
+            match self.create_claimed(&request).await? {
+                Created::New(ctx) => break ctx,
+                Created::Answered(existing) => return Ok(existing),
+                // The cid's claim was re-keyed while this creation was on its way (it took longer
+                // than half the idempotency retention): the claim names another req_id now, and
+                // the request is answered by what that one holds, or creates under it.
+                Created::ClaimMoved if attempt < CLAIM_MOVED_ATTEMPTS => continue,
+                Created::ClaimMoved => {
+                    return Err(CoordinatorError::store(
+                        "the client key's claim kept moving while the transfer was created",
+                    ))
                 }
-                return Err(e);
-            }
-            Err(e) => {
-                self.release_reservation(&request, reservation).await;
-                return Err(e);
             }
         };
+        let req_id = ctx
+            .aggregate
+            .data
+            .as_ref()
+            .map(|d| d.req_id)
+            .ok_or_else(|| CoordinatorError::store("created transfer has no state"))?;
         // TransferCreated and SourceWithdrawStarted are durable together: the withdraw is
         // announced before it is called.
         self.failpoints.hit("after_created_withdraw_started");
@@ -98,6 +105,48 @@ impl Coordinator {
                 reloaded
                     .or(last)
                     .ok_or_else(|| CoordinatorError::store("created transfer has no state"))
+            }
+        }
+    }
+
+    /// Claims the cid, charges the daily limits and creates: one try.
+    async fn create_claimed(&self, request: &NewTransfer) -> Result<Created, CoordinatorError> {
+        let claimed = match self.cid_key(request).await? {
+            CidKey::Answered(existing) => return Ok(Created::Answered(existing)),
+            CidKey::Key(claimed) => claimed,
+        };
+        let reservation = self.reserve_daily(request).await?;
+        // Generated as late as possible: the horizon's safety needs a req_id's time close to its
+        // TransferCreated commit (`horizon.rs`).
+        let req_id = claimed.unwrap_or_else(|| self.clock.req_id());
+        match self.create(req_id, request).await {
+            Ok(ctx) => Ok(Created::New(ctx)),
+            // A concurrent duplicate created it first: answer with that transfer, and give back
+            // this request's charge (the duplicate's own request was charged). With a cid and no
+            // transfer under the req_id, the refusal was the event log's claim guard: the claim
+            // was re-keyed meanwhile (migration 0020).
+            Err(
+                CoordinatorError::Conflict
+                | CoordinatorError::Transition(TransferError::AlreadyExists),
+            ) => {
+                self.release_reservation(request, reservation).await;
+                match self.load(&req_id).await? {
+                    Some(existing) => Ok(Created::Answered(existing)),
+                    None if request.cid.is_some() => Ok(Created::ClaimMoved),
+                    None => Err(CoordinatorError::NotFound),
+                }
+            }
+            // A store error leaves it unknown whether the transfer was created: give the charge
+            // back only when it is known not to exist (over-charging is the safe side).
+            Err(e @ CoordinatorError::Store(_)) => {
+                if matches!(self.load(&req_id).await, Ok(None)) {
+                    self.release_reservation(request, reservation).await;
+                }
+                Err(e)
+            }
+            Err(e) => {
+                self.release_reservation(request, reservation).await;
+                Err(e)
             }
         }
     }
@@ -137,17 +186,17 @@ impl Coordinator {
         if self.daily.is_unlimited() {
             return Ok(None);
         }
-        let day = limits::day_of(Utc::now());
-        limits::reserve(
-            &self.pool,
-            &self.daily,
-            request.user_id,
-            &request.asset,
-            request.amount,
-            day,
-        )
-        .await?
-        .map_err(CoordinatorError::Refused)?;
+        let day = limits::day_of(self.clock.now());
+        self.book
+            .reserve_daily(
+                &self.daily,
+                request.user_id,
+                &request.asset,
+                request.amount,
+                day,
+            )
+            .await?
+            .map_err(CoordinatorError::Refused)?;
         Ok(Some(day))
     }
 
@@ -156,15 +205,16 @@ impl Coordinator {
         let Some(day) = reservation else {
             return;
         };
-        let released = limits::release(
-            &self.pool,
-            &self.daily,
-            request.user_id,
-            &request.asset,
-            request.amount,
-            day,
-        )
-        .await;
+        let released = self
+            .book
+            .release_daily(
+                &self.daily,
+                request.user_id,
+                &request.asset,
+                request.amount,
+                day,
+            )
+            .await;
         if let Err(e) = released {
             tracing::warn!(user_id = %request.user_id, error = %e, "daily limit charge not released");
         }
@@ -179,14 +229,12 @@ impl Coordinator {
         let Some(cid) = &request.cid else {
             return Ok(None);
         };
-        let found: Option<(String, String)> = sqlx::query_as(
-            "SELECT req_id, fingerprint FROM transfer_cids WHERE user_id = $1 AND cid = $2",
-        )
-        .bind(request.user_id.as_i64())
-        .bind(cid)
-        .fetch_optional(&self.pool)
-        .await?;
-        let Some((req_id, fingerprint)) = found else {
+        let found = self.book.find_client_key(request.user_id, cid).await?;
+        let Some(ClientKey {
+            req_id,
+            fingerprint,
+        }) = found
+        else {
             return Ok(None);
         };
         if fingerprint != request.fingerprint() {
@@ -225,28 +273,22 @@ impl Coordinator {
     }
 
     async fn claim_cid(&self, request: &NewTransfer, cid: &str) -> Result<Claim, CoordinatorError> {
-        let fresh = ReqId::generate();
-        let inserted = sqlx::query(
-            "INSERT INTO transfer_cids (user_id, cid, req_id, fingerprint) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (user_id, cid) DO NOTHING",
-        )
-        .bind(request.user_id.as_i64())
-        .bind(cid)
-        .bind(fresh.to_string())
-        .bind(request.fingerprint())
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
-        if inserted == 1 {
+        let fresh = self.clock.req_id();
+        let inserted = self
+            .book
+            .claim_client_key(request.user_id, cid, &fresh, &request.fingerprint())
+            .await?;
+        if inserted {
             return Ok(Claim::New(fresh));
         }
-        let (req_id, fingerprint): (String, String) = sqlx::query_as(
-            "SELECT req_id, fingerprint FROM transfer_cids WHERE user_id = $1 AND cid = $2",
-        )
-        .bind(request.user_id.as_i64())
-        .bind(cid)
-        .fetch_one(&self.pool)
-        .await?;
+        let ClientKey {
+            req_id,
+            fingerprint,
+        } = self
+            .book
+            .find_client_key(request.user_id, cid)
+            .await?
+            .ok_or_else(|| CoordinatorError::store("the client key's claim vanished"))?;
         if fingerprint != request.fingerprint() {
             return Err(CoordinatorError::Refused(ErrorCode::IdempotencyKeyReused));
         }
@@ -276,42 +318,25 @@ impl Coordinator {
         loop {
             let made = horizon::ulid_time_ms(&req_id.to_string())
                 .ok_or_else(|| CoordinatorError::store("claimed req_id is not a ULID"))?;
-            let age = Duration::from_millis(horizon::now_ms().saturating_sub(made));
+            let age = Duration::from_millis(self.clock.now_ms().saturating_sub(made));
             if age < half {
                 return Ok(Usable::Create(req_id));
             }
             if age < half + grace {
-                tokio::time::sleep(half + grace - age).await;
+                self.clock.sleep(half + grace - age).await;
             }
-            let fresh = ReqId::generate();
-            let mut tx = self.pool.begin().await?;
-            let swapped = sqlx::query(
-                "UPDATE transfer_cids SET req_id = $4
-                 WHERE user_id = $1 AND cid = $2 AND req_id = $3",
-            )
-            .bind(request.user_id.as_i64())
-            .bind(cid)
-            .bind(req_id.to_string())
-            .bind(fresh.to_string())
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            let created: bool = sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM events
-                                WHERE aggregate_type = 'Transfer' AND aggregate_id = $1)",
-            )
-            .bind(req_id.to_string())
-            .fetch_one(&mut *tx)
-            .await?;
-            if created {
-                drop(tx);
+            let fresh = self.clock.req_id();
+            let rekeyed = self
+                .book
+                .rekey_client_key(request.user_id, cid, &req_id, &fresh)
+                .await?;
+            if rekeyed == Rekeyed::Created {
                 let existing = self.load(&req_id).await?;
                 return existing
                     .map(Usable::Exists)
                     .ok_or(CoordinatorError::NotFound);
             }
-            if swapped == 1 {
-                tx.commit().await?;
+            if rekeyed == Rekeyed::Swapped {
                 tracing::info!(
                     user_id = %request.user_id, cid, old = %req_id, new = %fresh,
                     "orphan client-key claim too old for the idempotency horizon: re-keyed"
@@ -319,14 +344,12 @@ impl Coordinator {
                 return Ok(Usable::Create(fresh));
             }
             // Another request re-keyed it first: go on with what the claim names now.
-            drop(tx);
-            let (now_claimed,): (String,) =
-                sqlx::query_as("SELECT req_id FROM transfer_cids WHERE user_id = $1 AND cid = $2")
-                    .bind(request.user_id.as_i64())
-                    .bind(cid)
-                    .fetch_one(&self.pool)
-                    .await?;
-            req_id = ReqId::parse(&now_claimed)
+            let now_claimed = self
+                .book
+                .find_client_key(request.user_id, cid)
+                .await?
+                .ok_or_else(|| CoordinatorError::store("the client key's claim vanished"))?;
+            req_id = ReqId::parse(&now_claimed.req_id)
                 .map_err(|_| CoordinatorError::store("stored req_id is malformed"))?;
             if let Some(existing) = self.load(&req_id).await? {
                 return Ok(Usable::Exists(existing));
@@ -371,7 +394,7 @@ impl Coordinator {
             asset: r.asset.clone(),
             amount: r.amount,
             cid: r.cid.clone(),
-            at: Utc::now(),
+            at: self.clock.now(),
         };
         let ctx = self.execute_through(ctx, command).await?;
         tracing::info!(%req_id, user_id = %r.user_id, from = %r.from, to = %r.to, asset = %r.asset, amount = %r.amount, "transfer created");

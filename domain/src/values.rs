@@ -77,6 +77,12 @@ impl ReqId {
         Self(ulid::Ulid::new())
     }
 
+    /// The id made of a ULID time (Unix ms) and 80 random bits: for a clock other than the
+    /// machine's (the simulation's `Clock`, whose time and random source are seeded).
+    pub fn from_parts(time_ms: u64, random: u128) -> Self {
+        Self(ulid::Ulid::from_parts(time_ms, random))
+    }
+
     pub fn parse(text: &str) -> Result<Self, ErrorCode> {
         if text.len() != 26 {
             return Err(ErrorCode::NotFound);

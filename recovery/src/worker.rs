@@ -15,15 +15,18 @@
 //! - Alerts (MON-001, MON-002): a CRITICAL log line, once per transfer, when a transfer sits in
 //!   TARGET_PENDING longer than a threshold or a refund has failed 3 times.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use application::{Coordinator, CoordinatorError, Resumed, StillOpen};
+use application::{Bookkeeping, Clock, Coordinator, CoordinatorError, Resumed, StillOpen};
 use async_trait::async_trait;
 use domain::{AdapterOutcome, ReqId, TransferState};
-use sqlx::PgPool;
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
+use futures_util::future::Either;
+use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
+
+use crate::book::{AttemptPolicy, AttemptRecord, NoRetryBook, PgRetryBook, RetryBook, Tally};
 
 /// The worker's knobs. Every one has a limit; names carry their unit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -217,36 +220,6 @@ impl AttemptEnd {
     }
 }
 
-/// Counts the attempt in `transfer_retries` and releases the lease; returns (attempts, refund
-/// failures, whether no refund alert was raised yet).
-async fn release_retry(
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    key: &str,
-    end: &AttemptEnd,
-    refund_failed: bool,
-    category: Option<&'static str>,
-) -> Result<(i32, i32, bool), sqlx::Error> {
-    sqlx::query_as(
-        "UPDATE transfer_retries SET
-            state = COALESCE($2, state),
-            attempts = attempts + $3,
-            refund_failures = refund_failures + $4,
-            last_error = COALESCE($5, last_error),
-            last_error_category = COALESCE($6, last_error_category),
-            last_attempt_at = CASE WHEN $3 = 1 THEN clock_timestamp() ELSE last_attempt_at END,
-            lease_owner = NULL, lease_until = NULL, updated_at = now()
-         WHERE req_id = $1 RETURNING attempts, refund_failures, refund_alerted_at IS NULL",
-    )
-    .bind(key)
-    .bind(end.state_after.map(TransferState::as_str))
-    .bind(i32::from(end.counts))
-    .bind(i32::from(refund_failed))
-    .bind(end.error.as_deref())
-    .bind(category)
-    .fetch_one(&mut **tx)
-    .await
-}
-
 /// MON-002 for a transfer whose refund keeps failing, or was refused for good.
 fn raise_refund_alert(key: &str, refused: bool, refund_failures: i32, end: &AttemptEnd) {
     let last_error = end.error.as_deref().unwrap_or("");
@@ -303,11 +276,37 @@ pub struct PassReport {
     pub alerts: usize,
 }
 
+/// The retry policy of one attempt, applied by the book inside its transaction.
+struct Policy<'a> {
+    config: &'a RecoveryConfig,
+    /// The transfer is still open (or the attempt failed): the next retry waits.
+    backoff: bool,
+    refund_failed: bool,
+    /// The source recorded the refund as refused: alerted at once.
+    refund_refused: bool,
+}
+
+impl AttemptPolicy for Policy<'_> {
+    fn retry_delay_ms(&self, tally: &Tally) -> Option<u64> {
+        self.backoff.then(|| self.config.backoff_ms(tally.attempts))
+    }
+
+    fn alert_refund(&self, tally: &Tally) -> bool {
+        // A refused refund is recorded for good (the same refusal answers every retry): no
+        // retry can end it, so it is raised at once instead of after `refund_failures_alert`.
+        self.refund_failed
+            && tally.refund_not_alerted
+            && (self.refund_refused || tally.refund_failures >= self.config.refund_failures_alert)
+    }
+}
+
 /// The recovery worker. Cheap to clone.
 #[derive(Clone)]
 pub struct RecoveryWorker {
     coordinator: Coordinator,
-    pool: PgPool,
+    book: Arc<dyn RetryBook>,
+    leases: Arc<dyn Bookkeeping>,
+    clock: Arc<dyn Clock>,
     pub config: RecoveryConfig,
     /// Names this worker in leases and the attempt log.
     pub id: String,
@@ -316,14 +315,32 @@ pub struct RecoveryWorker {
 }
 
 impl RecoveryWorker {
-    /// A worker driving through `coordinator`'s commands with `config`. It watches no
-    /// projector until given one ([`RecoveryWorker::watching`]).
+    /// A worker driving through `coordinator`'s commands with `config`, its retry book in the
+    /// coordinator's PostgreSQL database. It watches no projector until given one
+    /// ([`RecoveryWorker::watching`]).
     pub fn with_config(coordinator: Coordinator, config: RecoveryConfig) -> Self {
-        let pool = coordinator.pool().clone();
-        let id = format!("pid{}-{}", std::process::id(), ReqId::generate());
+        let book: Arc<dyn RetryBook> = match coordinator.pool() {
+            Some(pool) => Arc::new(PgRetryBook::new(pool.clone())),
+            None => Arc::new(NoRetryBook),
+        };
+        Self::with_book(coordinator, config, book)
+    }
+
+    /// A worker over the retry book `book` (the simulation's in-memory one, or any other); its
+    /// leases are the coordinator's bookkeeping, its time the coordinator's clock.
+    pub fn with_book(
+        coordinator: Coordinator,
+        config: RecoveryConfig,
+        book: Arc<dyn RetryBook>,
+    ) -> Self {
+        let clock = coordinator.clock().clone();
+        let leases = coordinator.bookkeeping().clone();
+        let id = format!("pid{}-{}", std::process::id(), clock.req_id());
         Self {
             coordinator,
-            pool,
+            book,
+            leases,
+            clock,
             config,
             id,
             probe: None,
@@ -345,12 +362,12 @@ impl RecoveryWorker {
             if let Err(e) = self.pass().await {
                 tracing::warn!(error = %e, "recovery pass failed");
             }
-            tokio::time::sleep(self.config.interval).await;
+            self.clock.sleep(self.config.interval).await;
         }
     }
 
     /// One pass: raise due alerts, then claim and drive every due open transfer once.
-    pub async fn pass(&self) -> Result<PassReport, sqlx::Error> {
+    pub async fn pass(&self) -> Result<PassReport, CoordinatorError> {
         // The worker finds open transfers in `open_transfers`, kept by a trigger in the same
         // transaction as each event (schema/migrations/0005_recovery_events.sql), never through
         // the read models: a frozen projector cannot hide a transfer from recovery. The projector
@@ -359,36 +376,34 @@ impl RecoveryWorker {
             alerts: self.watch_projector().await + self.alert_stuck_target_pending().await?,
             ..PassReport::default()
         };
-        let due: Vec<(String, String)> = sqlx::query_as(
-            "SELECT o.req_id, o.state FROM open_transfers o
-             LEFT JOIN transfer_retries r USING (req_id)
-             WHERE o.recorded_at <= now() - $1 * interval '1 millisecond'
-               AND (r.req_id IS NULL OR (r.next_retry_at <= now()
-                    AND (r.lease_until IS NULL OR r.lease_until < now())))
-             ORDER BY COALESCE(r.next_retry_at, o.recorded_at) LIMIT $2",
-        )
-        .bind(millis(self.config.stale_after))
-        .bind(self.config.batch_max)
-        .fetch_all(&self.pool)
-        .await?;
+        let due = self
+            .book
+            .due(millis(self.config.stale_after), self.config.batch_max)
+            .await?;
 
-        let permits = Arc::new(Semaphore::new(self.config.concurrency_max.max(1)));
-        let mut tasks = JoinSet::new();
-        for (req_id, state) in due {
-            let Ok(req_id) = ReqId::parse(&req_id) else {
-                tracing::error!(%req_id, "malformed req_id in open_transfers");
-                continue;
-            };
-            let Ok(permit) = permits.clone().acquire_owned().await else {
+        // At most `concurrency_max` drives at once, all in this pass's task (no runtime's
+        // spawn, so the simulation's executor runs the same code); a panicking drive is caught
+        // and logged as a spawned task's was.
+        let mut due = due.into_iter();
+        let mut running = FuturesUnordered::new();
+        loop {
+            while running.len() < self.config.concurrency_max.max(1) {
+                let Some((req_id, state)) = due.next() else {
+                    break;
+                };
+                let Ok(req_id) = ReqId::parse(&req_id) else {
+                    tracing::error!(%req_id, "malformed req_id in open_transfers");
+                    continue;
+                };
+                let worker = self.clone();
+                running.push(
+                    AssertUnwindSafe(async move { worker.work_one(req_id, state).await })
+                        .catch_unwind(),
+                );
+            }
+            let Some(joined) = running.next().await else {
                 break;
             };
-            let worker = self.clone();
-            tasks.spawn(async move {
-                let _permit = permit;
-                worker.work_one(req_id, state).await
-            });
-        }
-        while let Some(joined) = tasks.join_next().await {
             match joined {
                 Ok(Ok(Some(terminal))) => {
                     report.driven += 1;
@@ -396,10 +411,10 @@ impl RecoveryWorker {
                 }
                 Ok(Ok(None)) => {}
                 Ok(Err(e)) => tracing::warn!(error = %e, "recovery of one transfer failed"),
-                Err(e) => tracing::error!(error = %e, "recovery task ended abnormally"),
+                Err(_) => tracing::error!("recovery task ended abnormally (panicked)"),
             }
         }
-        if let Err(e) = crate::heartbeat::beat(&self.pool, &self.id).await {
+        if let Err(e) = self.book.heartbeat(&self.id).await {
             tracing::warn!(error = %e, "could not record the recovery worker's heartbeat");
         }
         Ok(report)
@@ -462,27 +477,26 @@ impl RecoveryWorker {
         req_id: &ReqId,
     ) -> Result<Resumed, CoordinatorError> {
         let resume = self.coordinator.resume(req_id);
-        tokio::pin!(resume);
+        futures_util::pin_mut!(resume);
         let period = (self.config.lease / 3).max(Duration::from_millis(100));
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         loop {
-            tokio::select! {
-                result = &mut resume => return result,
-                _ = tick.tick() => {
-                    let renewed = sqlx::query(
-                        "UPDATE transfer_retries
-                         SET lease_until = clock_timestamp() + $3 * interval '1 millisecond'
-                         WHERE req_id = $1 AND lease_owner = $2",
-                    )
-                    .bind(key)
-                    .bind(&self.id)
-                    .bind(millis(self.config.lease))
-                    .execute(&self.pool)
-                    .await;
+            // The drive is polled first, so an ended drive never waits for a renewal.
+            let tick = self.clock.sleep(period);
+            match futures_util::future::select(resume.as_mut(), tick).await {
+                Either::Left((result, _)) => return result,
+                Either::Right(((), _)) => {
+                    let renewed = self
+                        .leases
+                        .renew_lease(key, &self.id, millis(self.config.lease))
+                        .await;
                     match renewed {
-                        Ok(r) if r.rows_affected() == 1 => {}
-                        Ok(_) => tracing::error!(req_id = %key, worker = %self.id, "lease lost while driving"),
-                        Err(e) => tracing::warn!(req_id = %key, error = %e, "could not renew the lease"),
+                        Ok(true) => {}
+                        Ok(false) => {
+                            tracing::error!(req_id = %key, worker = %self.id, "lease lost while driving")
+                        }
+                        Err(e) => {
+                            tracing::warn!(req_id = %key, error = %e, "could not renew the lease")
+                        }
                     }
                 }
             }
@@ -491,29 +505,20 @@ impl RecoveryWorker {
 
     /// Claims one transfer and drives it. `None` when another worker holds it or it is not due;
     /// otherwise whether it reached a terminal state.
-    async fn work_one(&self, req_id: ReqId, state: String) -> Result<Option<bool>, sqlx::Error> {
+    async fn work_one(
+        &self,
+        req_id: ReqId,
+        state: String,
+    ) -> Result<Option<bool>, CoordinatorError> {
         let key = req_id.to_string();
-        let claimed = application::lease::take(
-            &self.pool,
-            &key,
-            &state,
-            &self.id,
-            millis(self.config.lease),
-            true,
-        )
-        .await?;
+        let claimed = self
+            .leases
+            .take_lease(&key, &state, &self.id, millis(self.config.lease), true)
+            .await?;
         if claimed.is_none() {
             return Ok(None);
         }
-        let attempt_id: i64 = sqlx::query_scalar(
-            "INSERT INTO recovery_attempts (req_id, worker, state_before)
-             VALUES ($1, $2, $3) RETURNING id",
-        )
-        .bind(&key)
-        .bind(&self.id)
-        .bind(&state)
-        .fetch_one(&self.pool)
-        .await?;
+        let attempt_id = self.book.begin_attempt(&key, &self.id, &state).await?;
 
         let result = self.resume_renewing(&key, &req_id).await;
         let terminal = matches!(&result, Ok(Resumed { unknown: None, .. }));
@@ -528,89 +533,44 @@ impl RecoveryWorker {
         key: &str,
         attempt_id: i64,
         result: Result<Resumed, CoordinatorError>,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<(), CoordinatorError> {
         let category = error_category(&result);
         let end = AttemptEnd::of(key, &result);
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "UPDATE recovery_attempts SET finished_at = clock_timestamp(), state_after = $2,
-                outcome = $3, error = $4, error_category = $5 WHERE id = $1",
-        )
-        .bind(attempt_id)
-        .bind(end.state_after.map(TransferState::as_str))
-        .bind(end.outcome)
-        .bind(end.error.as_deref())
-        .bind(category)
-        .execute(&mut *tx)
-        .await?;
         let refund_failed = end.backoff && end.state_after == Some(TransferState::Compensating);
-        // A refused refund is recorded for good (the same refusal answers every retry): no
-        // retry can end it, so it is raised at once instead of after `refund_failures_alert`.
         let refund_refused = refund_failed && category == Some(REFUSED_BY_TARGET);
-        let (attempts, refund_failures, refund_not_alerted) =
-            release_retry(&mut tx, key, &end, refund_failed, category).await?;
-        if end.backoff {
-            self.schedule_retry(&mut tx, key, attempts, &end).await?;
+        let policy = Policy {
+            config: &self.config,
+            backoff: end.backoff,
+            refund_failed,
+            refund_refused,
+        };
+        let attempt = AttemptRecord {
+            attempt_id,
+            req_id: key,
+            state_after: end.state_after,
+            outcome: end.outcome,
+            error: end.error.as_deref(),
+            category,
+            counts: end.counts,
+            refund_failed,
+        };
+        let tally = self.book.record_attempt(&attempt, &policy).await?;
+        if let Some(delay) = policy.retry_delay_ms(&tally) {
+            tracing::warn!(req_id = %key, attempts = tally.attempts, next_retry_ms = delay, error = end.error.as_deref().unwrap_or(""), "transfer still open; retry scheduled");
         }
-        let alert_refund = refund_failed
-            && refund_not_alerted
-            && (refund_refused || refund_failures >= self.config.refund_failures_alert);
-        if alert_refund {
-            sqlx::query("UPDATE transfer_retries SET refund_alerted_at = now() WHERE req_id = $1")
-                .bind(key)
-                .execute(&mut *tx)
-                .await?;
+        if policy.alert_refund(&tally) {
+            raise_refund_alert(key, refund_refused, tally.refund_failures, &end);
         }
-        tx.commit().await?;
-        if alert_refund {
-            raise_refund_alert(key, refund_refused, refund_failures, &end);
-        }
-        Ok(())
-    }
-
-    /// The next retry after `attempts` failed ones: capped exponential backoff.
-    async fn schedule_retry(
-        &self,
-        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-        key: &str,
-        attempts: i32,
-        end: &AttemptEnd,
-    ) -> Result<(), sqlx::Error> {
-        let delay = self.config.backoff_ms(attempts);
-        sqlx::query(
-            "UPDATE transfer_retries
-             SET next_retry_at = clock_timestamp() + $2 * interval '1 millisecond'
-             WHERE req_id = $1",
-        )
-        .bind(key)
-        .bind(i64::try_from(delay).unwrap_or(i64::MAX))
-        .execute(&mut **tx)
-        .await?;
-        tracing::warn!(req_id = %key, attempts, next_retry_ms = delay, error = end.error.as_deref().unwrap_or(""), "transfer still open; retry scheduled");
         Ok(())
     }
 
     /// MON-001: raises a CRITICAL alert, once per transfer across all workers, for each transfer
     /// in TARGET_PENDING longer than the threshold. Returns how many it raised.
-    async fn alert_stuck_target_pending(&self) -> Result<usize, sqlx::Error> {
-        let raised: Vec<(String, i64)> = sqlx::query_as(
-            "WITH stuck AS (
-                SELECT req_id, state, recorded_at AS updated_at FROM open_transfers
-                WHERE state = 'TARGET_PENDING'
-                  AND recorded_at <= now() - $1 * interval '1 millisecond'
-             ), marked AS (
-                INSERT INTO transfer_retries (req_id, state, stuck_alerted_at)
-                SELECT req_id, state, now() FROM stuck
-                ON CONFLICT (req_id) DO UPDATE SET stuck_alerted_at = now()
-                  WHERE transfer_retries.stuck_alerted_at IS NULL
-                RETURNING req_id
-             )
-             SELECT m.req_id, (EXTRACT(EPOCH FROM (now() - s.updated_at)) * 1000)::bigint
-             FROM marked m JOIN stuck s USING (req_id)",
-        )
-        .bind(millis(self.config.target_pending_alert_after))
-        .fetch_all(&self.pool)
-        .await?;
+    async fn alert_stuck_target_pending(&self) -> Result<usize, CoordinatorError> {
+        let raised = self
+            .book
+            .mark_stuck_target_pending(millis(self.config.target_pending_alert_after))
+            .await?;
         for (req_id, age_ms) in &raised {
             tracing::error!(
                 alert = "CRITICAL",

@@ -1,4 +1,5 @@
-//! Async client for spot-core, used by the coordinator's adapter.
+//! Async client for spot-core, used by the coordinator's adapter, and the transport it is one of
+//! (`SpotTransport`: the simulation puts an in-process engine behind the same trait).
 //!
 //! Its errors separate "never sent" (`Connect`) from "sent, outcome unknown" (`Timeout`,
 //! `Io`, `Protocol`): only the first proves nothing happened; for the others the caller
@@ -127,6 +128,22 @@ impl std::fmt::Debug for Inner {
             .field("liveness", &self.liveness)
             .field("token", &self.hello.as_ref().map(|_| "<redacted>"))
             .finish_non_exhaustive()
+    }
+}
+
+/// One request, one answer: how the adapter reaches spot-core. `SpotClient` is the TCP one; the
+/// simulation (`ledger-sim`) answers from an in-process `Engine` with faults of its own.
+/// Errors keep `ClientError`'s meaning: only `Connect` proves the request was never sent.
+#[async_trait::async_trait]
+pub trait SpotTransport: Send + Sync {
+    /// Sends one request and waits for its answer.
+    async fn call(&self, req: &Request) -> Result<Response, ClientError>;
+}
+
+#[async_trait::async_trait]
+impl SpotTransport for SpotClient {
+    async fn call(&self, req: &Request) -> Result<Response, ClientError> {
+        SpotClient::call(self, req).await
     }
 }
 

@@ -278,7 +278,14 @@ fn read_segment(
             break;
         };
         let seq = record.seq();
-        if (seq - seg_first).is_multiple_of(INDEX_EVERY) {
+        // A record before its segment's first seq is a damaged or misplaced file: its checksum
+        // holds, but it cannot belong here.
+        let Some(into) = seq.checked_sub(seg_first) else {
+            return Err(ReadError::Io(format!(
+                "{path_note}: seq {seq} at byte {offset} is before the segment's first seq"
+            )));
+        };
+        if into.is_multiple_of(INDEX_EVERY) {
             new_index.push((seq, offset));
         }
         offset += len;
@@ -321,4 +328,42 @@ pub fn read_frame(r: &mut impl Read) -> io::Result<Option<(JournalRecord, u64)>>
     }
     let record = serde_json::from_slice(&payload).map_err(io::Error::other)?;
     Ok(Some((record, (HEADER_BYTES + payload.len()) as u64)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::HorizonRecord;
+    use crate::storage::encode_record;
+
+    /// A segment whose first frame's seq is below the segment's own first seq (a misnamed or
+    /// misplaced file with valid checksums) is reported as damaged, never read (nor, in a build
+    /// without overflow checks, indexed at a wrapped offset).
+    #[test]
+    fn cra_a_record_before_its_segments_first_seq_is_an_error_not_an_underflow() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bytes = Vec::new();
+        encode_record(
+            &JournalRecord::Horizon(HorizonRecord {
+                seq: 3,
+                before_ms: 1,
+            }),
+            &mut bytes,
+        );
+        let path = dir.path().join(segment_name(10));
+        std::fs::write(&path, &bytes).unwrap();
+        let chosen = Chosen {
+            first_seq: 10,
+            file: File::open(&path).unwrap(),
+            start: (10, 0),
+            next_first: None,
+        };
+        let (mut want, mut out) = (10, Vec::new());
+        match read_segment(&chosen, &mut want, 20, 10, &mut out) {
+            Err(ReadError::Io(e)) => assert!(e.contains("before the segment's first seq"), "{e}"),
+            Err(ReadError::Compacted(_)) => panic!("compacted"),
+            Ok(_) => panic!("a record before the segment's first seq was read"),
+        }
+        assert!(out.is_empty());
+    }
 }

@@ -482,3 +482,92 @@ async fn an_orphan_client_key_claim_too_old_for_the_horizon_is_rekeyed() {
     assert_eq!(s.funding_balance(41, "USDT").await, dec("85"));
     s.assert_invariant_exact().await;
 }
+
+/// IDP with a delayed creation (the bug ADR 0010 recorded): request A claims a cid and its
+/// `TransferCreated` commit stalls (here: the events table is locked, as a network stall past the
+/// TCP user timeout would hold it) for longer than half the retention plus the grace. The client's
+/// retry B finds the claim orphaned, re-keys it and creates under the new req_id. When the stall
+/// ends, A's commit must be refused by the claim guard (migration 0020), and A answers with B's
+/// transfer: one cid, one transfer, whatever order the two commits reach the log in.
+#[tokio::test]
+async fn idp_a_creation_delayed_past_a_rekey_of_its_claim_is_refused_not_doubled() {
+    let s = Stack::start().await;
+    s.deposit(42, "USDT", "100").await;
+    let coordinator = s
+        .another_coordinator()
+        .with_idempotency_retention(Duration::from_secs(2));
+    let request = application::NewTransfer {
+        user_id: UserId::new(42).unwrap(),
+        from: Funding,
+        to: Spot,
+        asset: AssetSymbol::parse("USDT").unwrap(),
+        amount: Amount::parse("5").unwrap(),
+        cid: Some("stalled".to_owned()),
+    };
+    let claimed = || {
+        let pool = s.db.pool.clone();
+        async move {
+            let id: Option<String> = sqlx::query_scalar(
+                "SELECT req_id FROM transfer_cids WHERE user_id = 42 AND cid = 'stalled'",
+            )
+            .fetch_optional(&pool)
+            .await
+            .unwrap();
+            id.map(|id| ReqId::parse(&id).unwrap())
+        }
+    };
+
+    // Every append waits while this transaction holds the table (reads go on).
+    let mut stall = s.db.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE events IN EXCLUSIVE MODE")
+        .execute(&mut *stall)
+        .await
+        .unwrap();
+    let a = tokio::spawn({
+        let (c, r) = (coordinator.clone(), request.clone());
+        async move { c.submit(r).await }
+    });
+    let first = loop {
+        if let Some(id) = claimed().await {
+            break id;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // The retry comes after half the retention: it waits out the grace, then re-keys.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let b = tokio::spawn({
+        let (c, r) = (coordinator.clone(), request.clone());
+        async move { c.submit(r).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while claimed().await == Some(first) {
+        assert!(
+            Instant::now() < deadline,
+            "the retry never re-keyed the claim"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stall.commit().await.unwrap();
+
+    let a = a.await.unwrap().expect("the stalled request answers");
+    let b = b.await.unwrap().expect("the retry answers");
+    assert_eq!(a.req_id, b.req_id, "one cid, one transfer");
+    assert_ne!(
+        a.req_id, first,
+        "the stalled creation under the old req_id was refused"
+    );
+    assert!(coordinator.load(&first).await.unwrap().is_none());
+    let created: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM events WHERE event_type = 'TransferCreated'
+           AND payload->'TransferCreated'->>'cid' = 'stalled'",
+    )
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(created, 1);
+    let done = wait_terminal(&s, &a.req_id, Duration::from_secs(10)).await;
+    assert_eq!(done.state, TransferState::Committed);
+    assert_eq!(s.spot_balance(42, "USDT").await, dec("5"));
+    assert_eq!(s.funding_balance(42, "USDT").await, dec("95"));
+    s.assert_invariant_exact().await;
+}

@@ -1,0 +1,230 @@
+//! The PostgreSQL implementations of the coordinator's ports (`ports.rs`): the event log over
+//! `adapters::event_store` (postgres-es's table, group-committed appends) and the bookkeeping
+//! tables `transfer_cids`, `transfer_retries`, `daily_transfer_counts` and
+//! `daily_transfer_amounts`. The SQL is the coordinator's own, unchanged by the seam.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use adapters::event_store::{transfer_store, TransferStore, OWNER_METADATA_KEY};
+use async_trait::async_trait;
+use chrono::NaiveDate;
+use cqrs_es::persist::EventStoreAggregateContext;
+use cqrs_es::EventStore;
+use domain::{Amount, AssetSymbol, ErrorCode, ReqId, Transfer, UserId};
+use sqlx::PgPool;
+
+use crate::coordinator::{Context, CoordinatorError};
+use crate::limits::{self, DailyLimits};
+use crate::ports::{Bookkeeping, ClientKey, Commit, Rekeyed, TransferLog};
+
+/// The event log in PostgreSQL.
+#[derive(Clone)]
+pub struct PgTransferLog {
+    store: Arc<TransferStore>,
+}
+
+impl PgTransferLog {
+    /// Over `pool`; the group-commit appender is started on the current tokio runtime and owned
+    /// by this value's clones.
+    pub fn new(pool: PgPool) -> Self {
+        Self {
+            store: Arc::new(transfer_store(pool)),
+        }
+    }
+}
+
+#[async_trait]
+impl TransferLog for PgTransferLog {
+    async fn load(&self, aggregate_id: &str) -> Result<Context, CoordinatorError> {
+        Ok(self.store.load_aggregate(aggregate_id).await?)
+    }
+
+    async fn append(&self, commit: Commit) -> Result<usize, CoordinatorError> {
+        // The owner travels with every event, so the feed can serve one user's stream.
+        let metadata = commit
+            .owner
+            .map(|owner| HashMap::from([(OWNER_METADATA_KEY.to_owned(), owner.to_string())]))
+            .unwrap_or_default();
+        // In plain event-store mode the store reads only the id and the sequence of the context.
+        let ctx = EventStoreAggregateContext {
+            aggregate_id: commit.aggregate_id,
+            aggregate: Transfer::default(),
+            current_sequence: commit.expected_sequence,
+            current_snapshot: None,
+        };
+        let committed = self.store.commit(commit.events, ctx, metadata).await?;
+        Ok(committed
+            .last()
+            .map_or(commit.expected_sequence, |e| e.sequence))
+    }
+
+    /// Every commit is handed to the group-commit appender at once, so they share its batches.
+    async fn append_many(&self, commits: Vec<Commit>) -> Vec<Result<usize, CoordinatorError>> {
+        futures_util::future::join_all(commits.into_iter().map(|c| self.append(c))).await
+    }
+}
+
+/// The bookkeeping tables in PostgreSQL.
+#[derive(Clone)]
+pub struct PgBookkeeping {
+    pool: PgPool,
+}
+
+impl PgBookkeeping {
+    pub fn new(pool: PgPool) -> Self {
+        Self { pool }
+    }
+}
+
+#[async_trait]
+impl Bookkeeping for PgBookkeeping {
+    async fn find_client_key(
+        &self,
+        user: UserId,
+        cid: &str,
+    ) -> Result<Option<ClientKey>, CoordinatorError> {
+        let found: Option<(String, String)> = sqlx::query_as(
+            "SELECT req_id, fingerprint FROM transfer_cids WHERE user_id = $1 AND cid = $2",
+        )
+        .bind(user.as_i64())
+        .bind(cid)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(found.map(|(req_id, fingerprint)| ClientKey {
+            req_id,
+            fingerprint,
+        }))
+    }
+
+    async fn claim_client_key(
+        &self,
+        user: UserId,
+        cid: &str,
+        req_id: &ReqId,
+        fingerprint: &str,
+    ) -> Result<bool, CoordinatorError> {
+        let inserted = sqlx::query(
+            "INSERT INTO transfer_cids (user_id, cid, req_id, fingerprint) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (user_id, cid) DO NOTHING",
+        )
+        .bind(user.as_i64())
+        .bind(cid)
+        .bind(req_id.to_string())
+        .bind(fingerprint)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(inserted == 1)
+    }
+
+    async fn rekey_client_key(
+        &self,
+        user: UserId,
+        cid: &str,
+        old: &ReqId,
+        new: &ReqId,
+    ) -> Result<Rekeyed, CoordinatorError> {
+        let mut tx = self.pool.begin().await?;
+        let swapped = sqlx::query(
+            "UPDATE transfer_cids SET req_id = $4
+             WHERE user_id = $1 AND cid = $2 AND req_id = $3",
+        )
+        .bind(user.as_i64())
+        .bind(cid)
+        .bind(old.to_string())
+        .bind(new.to_string())
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        let created: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM events
+                            WHERE aggregate_type = 'Transfer' AND aggregate_id = $1)",
+        )
+        .bind(old.to_string())
+        .fetch_one(&mut *tx)
+        .await?;
+        if created {
+            drop(tx);
+            return Ok(Rekeyed::Created);
+        }
+        if swapped == 1 {
+            tx.commit().await?;
+            return Ok(Rekeyed::Swapped);
+        }
+        drop(tx);
+        Ok(Rekeyed::Moved)
+    }
+
+    async fn take_lease(
+        &self,
+        req_id: &str,
+        state: &str,
+        owner: &str,
+        lease_ms: i64,
+        respect_retry_time: bool,
+    ) -> Result<Option<i32>, CoordinatorError> {
+        Ok(crate::lease::take(
+            &self.pool,
+            req_id,
+            state,
+            owner,
+            lease_ms,
+            respect_retry_time,
+        )
+        .await?)
+    }
+
+    async fn renew_lease(
+        &self,
+        req_id: &str,
+        owner: &str,
+        lease_ms: i64,
+    ) -> Result<bool, CoordinatorError> {
+        let renewed = sqlx::query(
+            "UPDATE transfer_retries
+             SET lease_until = clock_timestamp() + $3 * interval '1 millisecond'
+             WHERE req_id = $1 AND lease_owner = $2",
+        )
+        .bind(req_id)
+        .bind(owner)
+        .bind(lease_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(renewed.rows_affected() == 1)
+    }
+
+    async fn release_lease(&self, req_id: &str, owner: &str) -> Result<(), CoordinatorError> {
+        sqlx::query(
+            "UPDATE transfer_retries SET lease_owner = NULL, lease_until = NULL, updated_at = now()
+             WHERE req_id = $1 AND lease_owner = $2",
+        )
+        .bind(req_id)
+        .bind(owner)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn reserve_daily(
+        &self,
+        limits: &DailyLimits,
+        user: UserId,
+        asset: &AssetSymbol,
+        amount: Amount,
+        day: NaiveDate,
+    ) -> Result<Result<(), ErrorCode>, CoordinatorError> {
+        Ok(limits::reserve(&self.pool, limits, user, asset, amount, day).await?)
+    }
+
+    async fn release_daily(
+        &self,
+        limits: &DailyLimits,
+        user: UserId,
+        asset: &AssetSymbol,
+        amount: Amount,
+        day: NaiveDate,
+    ) -> Result<(), CoordinatorError> {
+        Ok(limits::release(&self.pool, limits, user, asset, amount, day).await?)
+    }
+}

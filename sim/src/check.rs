@@ -1,0 +1,111 @@
+//! The checks at quiescence (faults off, recovery run): every transfer terminal or held for an
+//! operator with an alert; exact conservation per user and asset (FUNDING + SPOT + in flight =
+//! deposits); each transfer's records in both systems agreeing with its final state; one
+//! transfer per client key, and every answer to a key naming it. The checks after every event
+//! are in `world.rs` (`check_append`, `check_arrival`, `count_applied`, `track_call`).
+
+use std::collections::BTreeMap;
+
+use domain::TransferState;
+use rust_decimal::Decimal;
+
+use crate::world::{Op, System, World};
+
+/// Runs every quiescence check, recording each failure as a violation.
+pub fn at_quiescence(w: &mut World) {
+    let mut in_flight: BTreeMap<(u64, String), Decimal> = BTreeMap::new();
+    let transfers: Vec<(String, crate::world::Stream)> =
+        w.log.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    for (id, t) in &transfers {
+        let Some(state) = t.state else { continue };
+        if !state.is_terminal() {
+            let held = w.retries.get(id).is_some_and(|r| r.refund_alerted);
+            if !held {
+                w.violation(format!(
+                    "transfer {id} still {state} at quiescence, with no alert"
+                ));
+            }
+        }
+        if state.is_in_flight() {
+            *in_flight.entry((t.user, t.asset.clone())).or_default() += t.amount;
+        }
+        let (src, dst) = (System::of(t.from), System::of(t.to));
+        let withdrawn = w.recorded_applied(src, id, Op::Withdraw);
+        let deposited = w.recorded_applied(dst, id, Op::Deposit);
+        let refunded = w.recorded_applied(src, id, Op::Refund);
+        let expected = match state {
+            TransferState::Committed => Some((true, true, false)),
+            TransferState::RolledBack => Some((true, false, true)),
+            TransferState::Failed => Some((false, false, false)),
+            _ => None,
+        };
+        if let Some(expected) = expected {
+            let actual = (withdrawn, deposited, refunded);
+            if actual != expected {
+                w.violation(format!(
+                    "transfer {id} is {state} but the systems applied (withdraw, deposit, refund) = {actual:?}"
+                ));
+            }
+        }
+    }
+    // Conservation, per user and asset.
+    let keys: Vec<(u64, String)> = w.deposits.keys().cloned().collect();
+    for (user, asset) in keys {
+        let funding = w
+            .funding
+            .get(&(user, asset.clone()))
+            .map_or(Decimal::ZERO, |a| a.balance);
+        let spot = w
+            .engine
+            .account(user, &asset)
+            .map_or(Decimal::ZERO, |(available, _)| available);
+        let flying = in_flight
+            .get(&(user, asset.clone()))
+            .copied()
+            .unwrap_or_default();
+        let deposits = w
+            .deposits
+            .get(&(user, asset.clone()))
+            .copied()
+            .unwrap_or_default();
+        if funding + spot + flying != deposits {
+            w.violation(format!(
+                "conservation: user {user} {asset}: FUNDING {funding} + SPOT {spot} + in flight {flying} != deposits {deposits}"
+            ));
+        }
+    }
+    // Client keys: one transfer each, and every answer named it.
+    let mut by_key: BTreeMap<(u64, String), Vec<String>> = BTreeMap::new();
+    for (id, t) in &transfers {
+        if let Some(cid) = &t.cid {
+            by_key
+                .entry((t.user, cid.clone()))
+                .or_default()
+                .push(id.clone());
+        }
+    }
+    for ((user, cid), ids) in &by_key {
+        if ids.len() > 1 {
+            w.violation(format!(
+                "client key {cid} of user {user} holds {} transfers: {ids:?}",
+                ids.len()
+            ));
+        }
+    }
+    let answers: Vec<((u64, String), Vec<String>)> = w
+        .answers
+        .iter()
+        .map(|(k, v)| (k.clone(), v.iter().cloned().collect()))
+        .collect();
+    for ((user, cid), answered) in answers {
+        let created = by_key
+            .get(&(user, cid.clone()))
+            .cloned()
+            .unwrap_or_default();
+        if answered.len() > 1 || answered.iter().any(|a| !created.contains(a)) {
+            w.violation(format!(
+                "client key {cid} of user {user} was answered with {answered:?}, created {created:?}"
+            ));
+        }
+    }
+}

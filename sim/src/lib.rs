@@ -1,0 +1,13 @@
+//! The deterministic simulation of the transfer protocol (issue 24, `docs/adr/0014-simulation.md`):
+//! the real `Coordinator` and `RecoveryWorker` and spot-core's real engine, over in-memory ports
+//! with faults at every await point, scheduled by one seeded random source on an executor of its
+//! own. One seed is one run, replayed byte for byte.
+
+pub mod check;
+pub mod exec;
+pub mod ports;
+pub mod rng;
+pub mod run;
+pub mod world;
+
+pub use run::{run, Config, Report};

@@ -1,0 +1,548 @@
+//! One simulated run from a seed: two ledger processes (each a real `Coordinator` and a real
+//! `RecoveryWorker`) over the in-memory ports, simulated users submitting and repeating
+//! requests, an operator resolving transfers by hand, an admin freezing accounts and suspending
+//! assets, and the faults drawn from the seed. Then quiescence (faults off, every account and
+//! asset active again, recovery left to run) and the checks that must hold there.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use adapters::SpotAdapter;
+use application::plant::Bug;
+use application::{Coordinator, DailyLimits, NewTransfer, Ports};
+use domain::{
+    AccountPort, AccountType, Amount, AssetRegistry, AssetStatus, AssetSymbol, ReqId, Resolution,
+    TransferState, UserId,
+};
+use recovery::{RecoveryConfig, RecoveryWorker};
+use rust_decimal::Decimal;
+use spot_core::assets::{Assets, DEFAULT_ASSETS_JSON};
+use spot_core::engine::Engine;
+use spot_core::protocol::{AccountStatus, Request};
+
+use crate::exec::{Executor, ProcId, Role, Rt, Step};
+use crate::ports::{Sim, SimBook, SimClock, SimFunding, SimLog, SimRetryBook, SimSpot, NETWORK};
+use crate::world::{short, Faults, FundingAccount, World};
+
+/// 2026-01-01T00:00:00Z: where simulated time starts.
+pub const START_MS: u64 = 1_767_225_600_000;
+/// The process of the users, the operator and the admin (never crashed).
+const OUTSIDE: ProcId = 1;
+/// The two ledger processes.
+const LEDGERS: [ProcId; 2] = [2, 3];
+const USERS: u64 = 3;
+const ASSETS: [&str; 2] = ["USDT", "BTC"];
+/// Simulated time the fault phase lasts at least.
+const FAULT_PHASE_MS: u64 = 40_000;
+/// Simulated time recovery gets after the faults stop.
+const QUIET_PHASE_MS: u64 = 120_000;
+/// Polls after which a run is called stuck (a livelock is a finding too).
+const STEPS_MAX: u64 = 2_000_000;
+
+/// What to run.
+#[derive(Debug, Clone, Default)]
+pub struct Config {
+    /// Transfers the users request (repeats come on top).
+    pub transfers: usize,
+    pub plant: Option<Bug>,
+    pub trace: bool,
+}
+
+/// What a run came to.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub seed: u64,
+    pub violations: Vec<String>,
+    pub faults: BTreeMap<&'static str, u64>,
+    /// Transfers created.
+    pub transfers: usize,
+    pub steps: u64,
+    pub trace: Vec<String>,
+}
+
+/// Fault rates from the seed: each run its own mix, some runs calm in one kind.
+fn draw_faults(rt: &Rt) -> Faults {
+    rt.with_rng(|r| {
+        let mut rate = |max: u64| -> u32 {
+            // A third of the runs leave a kind out entirely.
+            if r.chance(333) {
+                0
+            } else {
+                u32::try_from(r.between(1, max)).unwrap_or(0)
+            }
+        };
+        Faults {
+            store_fail_before: rate(60),
+            store_fail_after: rate(60),
+            store_delay: rate(40),
+            net_unsent: rate(60),
+            net_delay: rate(100),
+            net_late: rate(60),
+            net_duplicate: rate(60),
+            net_answer_lost: rate(60),
+            // These three per 10,000 scheduling steps.
+            crash: rate(20),
+            clock_jump: rate(20),
+            lease_steal: rate(20),
+        }
+    })
+}
+
+fn registry() -> AssetRegistry {
+    AssetRegistry::default_assets()
+}
+
+fn amount(text: &str) -> Amount {
+    Amount::parse(text).unwrap_or_else(|_| unreachable!("the simulation's amounts are valid"))
+}
+
+struct Ledger {
+    coordinator: Coordinator,
+}
+
+fn recovery_config() -> RecoveryConfig {
+    RecoveryConfig {
+        stale_after: Duration::from_millis(1_500),
+        interval: Duration::from_millis(700),
+        batch_max: 50,
+        concurrency_max: 4,
+        lease: Duration::from_millis(6_000),
+        backoff_ms_base: 100,
+        backoff_ms_max: 3_000,
+        ..RecoveryConfig::default()
+    }
+}
+
+fn start_worker(sim: &Sim, ledger: &Ledger, proc: ProcId, incarnation: u32) {
+    let mut worker = RecoveryWorker::with_book(
+        ledger.coordinator.clone(),
+        recovery_config(),
+        Arc::new(SimRetryBook { sim: sim.clone() }),
+    );
+    worker.id = format!("worker-{proc}.{incarnation}");
+    sim.rt.spawn(proc, Role::Worker, worker.run());
+}
+
+/// Runs one seed.
+pub fn run(seed: u64, config: &Config) -> Report {
+    application::plant::set(config.plant);
+    let rt = Rt::new(seed, START_MS);
+    let faults = draw_faults(&rt);
+    let assets = Assets::parse(DEFAULT_ASSETS_JSON)
+        .unwrap_or_else(|e| unreachable!("the shipped asset list parses: {e}"));
+    let mut world = World::new(Engine::new(assets), START_MS);
+    world.faults = faults;
+    if config.trace {
+        world.trace = Some(vec![format!("seed {seed}: {:?}", world.faults)]);
+    }
+    let sim = Sim {
+        rt: rt.clone(),
+        world: Arc::new(Mutex::new(world)),
+    };
+    seed_balances(&sim);
+
+    let ports = Ports {
+        log: Arc::new(SimLog { sim: sim.clone() }),
+        book: Arc::new(SimBook { sim: sim.clone() }),
+        clock: Arc::new(SimClock { rt: rt.clone() }),
+    };
+    let funding: Arc<dyn AccountPort> = Arc::new(SimFunding { sim: sim.clone() });
+    let spot: Arc<dyn AccountPort> =
+        Arc::new(SpotAdapter::over(Arc::new(SimSpot { sim: sim.clone() })));
+    let registry = Arc::new(RwLock::new(registry()));
+    let limits = DailyLimits {
+        count_max: Some(10_000),
+        amount_max: BTreeMap::new(),
+    };
+    let ledgers: Vec<Ledger> = LEDGERS
+        .iter()
+        .map(|_| Ledger {
+            coordinator: Coordinator::with_ports(
+                ports.clone(),
+                funding.clone(),
+                spot.clone(),
+                registry.clone(),
+            )
+            .with_daily_limits(limits.clone())
+            // Short, so orphan client-key claims are re-keyed within a run (and the claim
+            // guard of the log is exercised).
+            .with_idempotency_retention(Duration::from_secs(40)),
+        })
+        .collect();
+    let ledgers = Arc::new(ledgers);
+    for (i, proc) in LEDGERS.iter().enumerate() {
+        start_worker(&sim, &ledgers[i], *proc, 0);
+    }
+    spawn_users(&sim, &ledgers, config.transfers);
+    spawn_operator(&sim, &ledgers);
+    spawn_admin(&sim, &registry);
+
+    let mut exec = Executor::new(rt.clone());
+    let mut incarnation = [0u32; 2];
+    let mut down: BTreeSet<usize> = BTreeSet::new();
+    let mut restart_at: BTreeMap<usize, u64> = BTreeMap::new();
+    // The fault phase: until the users are done and the phase's time is over.
+    loop {
+        if exec.steps > STEPS_MAX {
+            sim.world()
+                .violation("the run did not settle (livelock?)".into());
+            break;
+        }
+        let now = rt.now_ms();
+        let users_done = exec.alive(Role::Client) == 0 && exec.alive(Role::Request) == 0;
+        if users_done && now >= START_MS + FAULT_PHASE_MS {
+            break;
+        }
+        // Restarts of crashed ledger processes that are due.
+        let due: Vec<usize> = restart_at
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(i, _)| *i)
+            .collect();
+        for i in due {
+            restart_at.remove(&i);
+            down.remove(&i);
+            incarnation[i] += 1;
+            sim.world()
+                .note(|| format!("process {} restarts", LEDGERS[i]));
+            start_worker(&sim, &ledgers[i], LEDGERS[i], incarnation[i]);
+        }
+        let f = sim.world().faults.clone();
+        if f.crash > 0 && rt.with_rng(|r| r.below(10_000) < u64::from(f.crash)) {
+            let i = rt.with_rng(|r| r.index(LEDGERS.len()));
+            if !down.contains(&i) {
+                let killed = exec.crash(LEDGERS[i]);
+                sim.world()
+                    .fault("crash", &format!("process {} ({killed} tasks)", LEDGERS[i]));
+                down.insert(i);
+                let back = rt.with_rng(|r| r.between(200, 6_000));
+                restart_at.insert(i, now + back);
+            }
+        }
+        if f.clock_jump > 0 && rt.with_rng(|r| r.below(10_000) < u64::from(f.clock_jump)) {
+            let by = rt.with_rng(|r| r.between(500, 20_000));
+            sim.world().fault("clock-jump", &format!("+{by}ms"));
+            rt.jump(by);
+            exec.fire_due();
+        }
+        if f.lease_steal > 0 && rt.with_rng(|r| r.below(10_000) < u64::from(f.lease_steal)) {
+            // A lease that ends early: a second worker may take the transfer mid-drive.
+            let mut w = sim.world();
+            let now = w.now_ms;
+            let held: Vec<String> = w
+                .retries
+                .iter()
+                .filter(|(_, r)| r.lease_until_ms.is_some_and(|u| u >= now))
+                .map(|(id, _)| id.clone())
+                .collect();
+            if !held.is_empty() {
+                let id = held[rt.with_rng(|r| r.index(held.len()))].clone();
+                if let Some(row) = w.retries.get_mut(&id) {
+                    row.lease_until_ms = Some(now.saturating_sub(1));
+                }
+                w.fault("lease-expired-early", short(&id));
+            }
+        }
+        if exec.step() == Step::Idle {
+            break;
+        }
+    }
+
+    // Quiescence: no more faults, every process up, every account and asset active, the
+    // operator and the admin gone; recovery and the network's late copies run out.
+    exec.crash(OUTSIDE);
+    {
+        let mut w = sim.world();
+        w.faults_on = false;
+        w.note(|| "faults off: quiescence".to_owned());
+        for account in w.funding.values_mut() {
+            account.status = "ACTIVE";
+        }
+        let now = w.now_ms;
+        for user in 1..=USERS {
+            for asset in ASSETS {
+                w.engine.apply_at(
+                    &Request::SetStatus {
+                        user_id: user,
+                        asset: asset.to_owned(),
+                        status: AccountStatus::Active,
+                    },
+                    now,
+                );
+            }
+        }
+    }
+    {
+        let mut reg = registry.write().unwrap_or_else(|e| e.into_inner());
+        *reg = self::registry();
+    }
+    for i in down.iter().copied().collect::<Vec<_>>() {
+        incarnation[i] += 1;
+        start_worker(&sim, &ledgers[i], LEDGERS[i], incarnation[i]);
+    }
+    let quiet_until = rt.now_ms() + QUIET_PHASE_MS;
+    while rt.now_ms() < quiet_until && exec.steps <= STEPS_MAX {
+        if exec.step() == Step::Idle {
+            break;
+        }
+    }
+    for proc in LEDGERS {
+        exec.crash(proc);
+    }
+    // Late copies still on the wire land before the final checks.
+    while exec.alive(Role::Network) > 0 && exec.steps <= STEPS_MAX {
+        if exec.step() == Step::Idle {
+            break;
+        }
+    }
+    let _ = NETWORK;
+
+    let mut w = sim.world();
+    crate::check::at_quiescence(&mut w);
+    Report {
+        seed,
+        violations: w.violations.clone(),
+        faults: w.fault_counts.clone(),
+        transfers: w.log.len(),
+        steps: exec.steps,
+        trace: w.trace.take().unwrap_or_default(),
+    }
+}
+
+/// Every user starts with 1,000 of each asset in FUNDING and in SPOT.
+fn seed_balances(sim: &Sim) {
+    let mut w = sim.world();
+    let start = Decimal::from(1_000);
+    for user in 1..=USERS {
+        for (k, asset) in ASSETS.into_iter().enumerate() {
+            w.funding.insert(
+                (user, asset.to_owned()),
+                FundingAccount {
+                    balance: start,
+                    status: "ACTIVE",
+                },
+            );
+            let id = ReqId::from_parts(START_MS - 1, u128::from(user) << 8 | k as u128).to_string();
+            let now = w.now_ms;
+            w.engine
+                .apply_at(&Request::deposit(id, user, asset, start), now);
+            w.deposits.insert((user, asset.to_owned()), start + start);
+        }
+    }
+}
+
+fn new_transfer(sim: &Sim, n: usize) -> NewTransfer {
+    sim.rt.with_rng(|r| {
+        let user = r.between(1, USERS);
+        let asset = ASSETS[r.index(ASSETS.len())];
+        // Large enough that some are refused for the balance.
+        let amounts = ["1", "5", "25", "120", "400"];
+        let (from, to) = if r.chance(500) {
+            (AccountType::Funding, AccountType::Spot)
+        } else {
+            (AccountType::Spot, AccountType::Funding)
+        };
+        NewTransfer {
+            user_id: UserId::new(user).unwrap_or_else(|_| unreachable!("users are 1..=3")),
+            from,
+            to,
+            asset: AssetSymbol::parse(asset).unwrap_or_else(|_| unreachable!("known asset")),
+            amount: amount(amounts[r.index(amounts.len())]),
+            cid: (!r.chance(150)).then(|| format!("c{n}")),
+        }
+    })
+}
+
+/// The users: `transfers` requests at random times into a random ledger process, a third of
+/// them repeated (the same cid and body) later or at once.
+fn spawn_users(sim: &Sim, ledgers: &Arc<Vec<Ledger>>, transfers: usize) {
+    let s = sim.clone();
+    let ledgers = ledgers.clone();
+    sim.rt.spawn(OUTSIDE, Role::Client, async move {
+        for n in 0..transfers {
+            let pause = s.rt.with_rng(|r| r.between(0, 1_500));
+            s.rt.sleep(Duration::from_millis(pause)).await;
+            let request = new_transfer(&s, n);
+            let copies = if request.cid.is_some() && s.rt.with_rng(|r| r.chance(333)) {
+                2
+            } else {
+                1
+            };
+            for copy in 0..copies {
+                let delay = if copy == 0 {
+                    0
+                } else {
+                    s.rt.with_rng(|r| r.between(0, 20_000))
+                };
+                let i = s.rt.with_rng(|r| r.index(ledgers.len()));
+                let coordinator = ledgers[i].coordinator.clone();
+                let request = request.clone();
+                let sim = s.clone();
+                s.rt.spawn(LEDGERS[i], Role::Request, async move {
+                    sim.rt.sleep(Duration::from_millis(delay)).await;
+                    sim.world().note(|| {
+                        format!(
+                            "request {:?} user {} {}->{} {} {}",
+                            request.cid,
+                            request.user_id,
+                            request.from,
+                            request.to,
+                            request.amount,
+                            request.asset
+                        )
+                    });
+                    let answer = coordinator.submit(request.clone()).await;
+                    let mut w = sim.world();
+                    match &answer {
+                        Ok(data) => {
+                            let id = data.req_id.to_string();
+                            w.note(|| {
+                                format!("answer {:?}: {} {}", request.cid, short(&id), data.state)
+                            });
+                            if let Some(cid) = &request.cid {
+                                w.answers
+                                    .entry((request.user_id.get(), cid.clone()))
+                                    .or_default()
+                                    .insert(id);
+                            }
+                        }
+                        Err(e) => w.note(|| format!("answer {:?}: error {e}", request.cid)),
+                    }
+                });
+            }
+        }
+    });
+}
+
+/// The operator: now and then resolves an open transfer by hand (never forced), APPLIED or
+/// NOT_APPLIED at random; the account systems' records decide whether it is taken.
+fn spawn_operator(sim: &Sim, ledgers: &Arc<Vec<Ledger>>) {
+    let s = sim.clone();
+    let ledgers = ledgers.clone();
+    sim.rt.spawn(OUTSIDE, Role::Operator, async move {
+        loop {
+            let pause = s.rt.with_rng(|r| r.between(2_000, 9_000));
+            s.rt.sleep(Duration::from_millis(pause)).await;
+            let open: Vec<String> = s
+                .world()
+                .log
+                .iter()
+                .filter(|(_, t)| {
+                    matches!(
+                        t.state,
+                        Some(
+                            TransferState::SourcePending
+                                | TransferState::TargetPending
+                                | TransferState::Compensating
+                        )
+                    )
+                })
+                .map(|(id, _)| id.clone())
+                .collect();
+            if open.is_empty() {
+                continue;
+            }
+            let id = open[s.rt.with_rng(|r| r.index(open.len()))].clone();
+            let Ok(req_id) = ReqId::parse(&id) else {
+                continue;
+            };
+            let resolution = if s.rt.with_rng(|r| r.chance(500)) {
+                Resolution::Applied
+            } else {
+                Resolution::NotApplied
+            };
+            let i = s.rt.with_rng(|r| r.index(ledgers.len()));
+            s.world()
+                .note(|| format!("operator resolves {} {}", short(&id), resolution.as_str()));
+            let result = ledgers[i]
+                .coordinator
+                .manually_resolve(&req_id, resolution, "sim-operator", "simulated", false)
+                .await;
+            let mut w = s.world();
+            w.fault("operator-resolution", short(&id));
+            w.note(|| {
+                format!(
+                    "operator on {}: {:?}",
+                    short(&id),
+                    result.map(|r| r.data.state)
+                )
+            });
+        }
+    });
+}
+
+/// The admin: freezes and disables accounts in both systems, and suspends assets, then
+/// undoes it, at random.
+fn spawn_admin(sim: &Sim, registry: &Arc<RwLock<AssetRegistry>>) {
+    let s = sim.clone();
+    let registry = registry.clone();
+    sim.rt.spawn(OUTSIDE, Role::Admin, async move {
+        loop {
+            let pause = s.rt.with_rng(|r| r.between(500, 4_000));
+            s.rt.sleep(Duration::from_millis(pause)).await;
+            let (user, asset, what) = s.rt.with_rng(|r| {
+                (
+                    r.between(1, USERS),
+                    ASSETS[r.index(ASSETS.len())],
+                    r.below(8),
+                )
+            });
+            let mut w = s.world();
+            let now = w.now_ms;
+            match what {
+                0 | 1 => {
+                    let status = if what == 0 { "FROZEN" } else { "DISABLED" };
+                    if let Some(a) = w.funding.get_mut(&(user, asset.to_owned())) {
+                        a.status = status;
+                    }
+                    w.fault("admin-funding-status", status);
+                }
+                2 | 3 => {
+                    let status = if s.rt.with_rng(|r| r.chance(500)) {
+                        AccountStatus::Frozen
+                    } else {
+                        AccountStatus::Disabled
+                    };
+                    w.engine.apply_at(
+                        &Request::SetStatus {
+                            user_id: user,
+                            asset: asset.to_owned(),
+                            status,
+                        },
+                        now,
+                    );
+                    w.fault("admin-spot-status", asset);
+                }
+                4 => {
+                    let mut reg = registry.write().unwrap_or_else(|e| e.into_inner());
+                    if let Ok(mut config) = reg.get(asset).cloned() {
+                        config.status = AssetStatus::Suspended;
+                        reg.upsert(config);
+                    }
+                    w.fault("admin-asset-suspended", asset);
+                }
+                _ => {
+                    // Back to normal for this user and asset.
+                    if let Some(a) = w.funding.get_mut(&(user, asset.to_owned())) {
+                        a.status = "ACTIVE";
+                    }
+                    w.engine.apply_at(
+                        &Request::SetStatus {
+                            user_id: user,
+                            asset: asset.to_owned(),
+                            status: AccountStatus::Active,
+                        },
+                        now,
+                    );
+                    let mut reg = registry.write().unwrap_or_else(|e| e.into_inner());
+                    if let Ok(mut config) = reg.get(asset).cloned() {
+                        config.status = AssetStatus::Active;
+                        reg.upsert(config);
+                    }
+                    w.note(|| format!("admin restores user {user} {asset}"));
+                }
+            }
+        }
+    });
+}

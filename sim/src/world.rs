@@ -1,0 +1,415 @@
+//! What the simulated systems hold: the durable state of the event log and its bookkeeping, the
+//! funding ledger and spot-core's engine (the real one), the run's fault rates and counters, the
+//! trace, and the invariants checked at every event (`check_append`, `check_arrival`,
+//! `count_applied`). A crash never touches any of it: everything here is durable; what a process
+//! held in memory lived in its tasks.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::NaiveDate;
+use domain::{manual_resolution_target, AccountType, TransferEvent, TransferState};
+use rust_decimal::Decimal;
+use spot_core::engine::Engine;
+use spot_core::protocol::{MovementOp, Outcome, Request, Response};
+
+use crate::exec::{Role, TaskId};
+
+/// The three movements, ordered (for the maps).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Op {
+    Withdraw,
+    Deposit,
+    Refund,
+}
+
+impl Op {
+    pub fn of(operation: domain::Operation) -> Op {
+        match operation {
+            domain::Operation::Withdraw => Op::Withdraw,
+            domain::Operation::Deposit => Op::Deposit,
+            domain::Operation::Refund => Op::Refund,
+        }
+    }
+
+    pub fn of_spot(op: MovementOp) -> Op {
+        match op {
+            MovementOp::Withdraw => Op::Withdraw,
+            MovementOp::Deposit => Op::Deposit,
+            MovementOp::Refund => Op::Refund,
+        }
+    }
+
+    pub fn spot(self) -> MovementOp {
+        match self {
+            Op::Withdraw => MovementOp::Withdraw,
+            Op::Deposit => MovementOp::Deposit,
+            Op::Refund => MovementOp::Refund,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Withdraw => "withdraw",
+            Op::Deposit => "deposit",
+            Op::Refund => "refund",
+        }
+    }
+
+    /// The state whose announcing event must be durable before this call is made.
+    fn announced_by(self) -> TransferState {
+        match self {
+            Op::Withdraw => TransferState::SourcePending,
+            Op::Deposit => TransferState::TargetPending,
+            Op::Refund => TransferState::Compensating,
+        }
+    }
+}
+
+/// The two account systems.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum System {
+    Funding,
+    Spot,
+}
+
+impl System {
+    pub fn of(account: AccountType) -> System {
+        match account {
+            AccountType::Spot => System::Spot,
+            _ => System::Funding,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            System::Funding => "funding",
+            System::Spot => "spot",
+        }
+    }
+}
+
+/// One transfer's stream in the event log.
+#[derive(Debug, Clone)]
+pub struct Stream {
+    pub events: Vec<TransferEvent>,
+    pub state: Option<TransferState>,
+    /// Every state the stream has been in.
+    pub reached: BTreeSet<i16>,
+    /// When its last event was appended (the worker's staleness clock).
+    pub recorded_at_ms: u64,
+    pub user: u64,
+    pub asset: String,
+    pub amount: Decimal,
+    pub from: AccountType,
+    pub to: AccountType,
+    pub cid: Option<String>,
+}
+
+/// A row of the retry book (`transfer_retries`).
+#[derive(Debug, Clone, Default)]
+pub struct RetryRow {
+    pub state: String,
+    pub attempts: i32,
+    pub refund_failures: i32,
+    pub next_retry_at_ms: u64,
+    pub lease_owner: Option<String>,
+    pub lease_until_ms: Option<u64>,
+    pub refund_alerted: bool,
+    pub stuck_alerted: bool,
+    pub last_error_category: Option<&'static str>,
+}
+
+/// A funding account.
+#[derive(Debug, Clone)]
+pub struct FundingAccount {
+    pub balance: Decimal,
+    /// ACTIVE, FROZEN or DISABLED.
+    pub status: &'static str,
+}
+
+/// A funding journal row: the first decision of one (req_id, op).
+#[derive(Debug, Clone)]
+pub struct JournalRow {
+    pub user: u64,
+    pub asset: String,
+    pub amount: Decimal,
+    pub applied: bool,
+    pub code: Option<String>,
+}
+
+/// Per (system, req_id, op): calls made, and the tasks that looked the key up since their own
+/// last call (a resuming task must, before it calls again).
+#[derive(Debug, Clone, Default)]
+pub struct CallTrack {
+    pub calls: u32,
+    pub looked: BTreeSet<TaskId>,
+}
+
+/// Fault rates of one run, per mille per opportunity, drawn from its seed.
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    pub store_fail_before: u32,
+    pub store_fail_after: u32,
+    pub store_delay: u32,
+    pub net_unsent: u32,
+    pub net_delay: u32,
+    pub net_late: u32,
+    pub net_duplicate: u32,
+    pub net_answer_lost: u32,
+    pub crash: u32,
+    pub clock_jump: u32,
+    pub lease_steal: u32,
+}
+
+/// Everything durable, plus the run's bookkeeping of faults, trace and violations.
+pub struct World {
+    pub log: BTreeMap<String, Stream>,
+    pub claims: BTreeMap<(u64, String), (String, String)>,
+    pub retries: BTreeMap<String, RetryRow>,
+    pub attempts: i64,
+    pub daily_counts: BTreeMap<(u64, NaiveDate), i64>,
+    pub daily_amounts: BTreeMap<(u64, NaiveDate, String), Decimal>,
+    pub funding: BTreeMap<(u64, String), FundingAccount>,
+    pub journal: BTreeMap<(String, Op), JournalRow>,
+    pub engine: Engine,
+    pub applied: BTreeMap<(System, String, Op), u32>,
+    pub deposits: BTreeMap<(u64, String), Decimal>,
+    pub calls: BTreeMap<(System, String, Op), CallTrack>,
+    /// (user, cid) → the req_ids its requests were answered with.
+    pub answers: BTreeMap<(u64, String), BTreeSet<String>>,
+    pub faults: Faults,
+    pub faults_on: bool,
+    pub fault_counts: BTreeMap<&'static str, u64>,
+    pub trace: Option<Vec<String>>,
+    pub violations: Vec<String>,
+    pub now_ms: u64,
+    pub start_ms: u64,
+    pub current: Option<(TaskId, Role)>,
+}
+
+impl std::fmt::Debug for World {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("World")
+            .field("transfers", &self.log.len())
+            .field("violations", &self.violations)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The last characters of a req_id: enough to tell the transfers of one run apart in a trace.
+pub fn short(req_id: &str) -> &str {
+    &req_id[req_id.len().saturating_sub(6)..]
+}
+
+/// Whether `event` is a move of the transition table from `state`.
+fn legal(state: Option<TransferState>, event: &TransferEvent) -> bool {
+    use TransferEvent as E;
+    use TransferState as S;
+    match (state, event) {
+        (None, E::TransferCreated { .. }) => true,
+        (Some(S::Init), E::SourceWithdrawStarted { .. }) => true,
+        (Some(S::SourcePending), E::SourceWithdrawn { .. } | E::TransferFailed { .. }) => true,
+        (Some(S::SourceDone), E::TargetDepositStarted { .. }) => true,
+        (Some(S::TargetPending), E::TransferCommitted { .. } | E::CompensationStarted { .. }) => {
+            true
+        }
+        (Some(S::Compensating), E::TransferRolledBack { .. }) => true,
+        (
+            Some(s),
+            E::TransferManuallyResolved {
+                resolution,
+                from_state,
+                to_state,
+                ..
+            },
+        ) => *from_state == s && manual_resolution_target(s, *resolution) == Some(*to_state),
+        _ => false,
+    }
+}
+
+impl World {
+    pub fn new(engine: Engine, start_ms: u64) -> Self {
+        Self {
+            log: BTreeMap::new(),
+            claims: BTreeMap::new(),
+            retries: BTreeMap::new(),
+            attempts: 0,
+            daily_counts: BTreeMap::new(),
+            daily_amounts: BTreeMap::new(),
+            funding: BTreeMap::new(),
+            journal: BTreeMap::new(),
+            engine,
+            applied: BTreeMap::new(),
+            deposits: BTreeMap::new(),
+            calls: BTreeMap::new(),
+            answers: BTreeMap::new(),
+            faults: Faults::default(),
+            faults_on: true,
+            fault_counts: BTreeMap::new(),
+            trace: None,
+            violations: Vec::new(),
+            now_ms: start_ms,
+            start_ms,
+            current: None,
+        }
+    }
+
+    /// Adds a line to the trace (when tracing), stamped with simulated time and the task.
+    pub fn note(&mut self, line: impl FnOnce() -> String) {
+        if let Some(trace) = self.trace.as_mut() {
+            let at = self.now_ms.saturating_sub(self.start_ms);
+            let who = match self.current {
+                Some((id, role)) => format!("#{id} {role:?}"),
+                None => "-".to_owned(),
+            };
+            trace.push(format!("{at:>8}ms {who:<14} {}", line()));
+        }
+    }
+
+    /// Counts a fault of `kind` and traces it.
+    pub fn fault(&mut self, kind: &'static str, at: &str) {
+        *self.fault_counts.entry(kind).or_insert(0) += 1;
+        self.note(|| format!("FAULT {kind} at {at}"));
+    }
+
+    pub fn violation(&mut self, what: String) {
+        self.note(|| format!("VIOLATION {what}"));
+        self.violations.push(what);
+    }
+
+    /// The continuous checks on an append that is about to take effect: only the transition
+    /// table's moves, no change after a terminal state, and a refusal recorded by the account
+    /// system behind every FAILED and COMPENSATING (money moves back only after an explicit
+    /// refusal).
+    pub fn check_append(&mut self, id: &str, events: &[TransferEvent]) {
+        let mut state = self.log.get(id).and_then(|s| s.state);
+        for event in events {
+            if let Some(s) = state.filter(|s| s.is_terminal()) {
+                self.violation(format!("transfer {id}: terminal {s} changed by {event:?}"));
+                return;
+            }
+            if !legal(state, event) {
+                self.violation(format!(
+                    "transfer {id}: {event:?} is not a move from {state:?}"
+                ));
+                return;
+            }
+            let next = event.resulting_state();
+            let (from, to) = match (self.log.get(id), event) {
+                (Some(s), _) => (s.from, s.to),
+                (None, TransferEvent::TransferCreated { from, to, .. }) => (*from, *to),
+                (None, _) => return,
+            };
+            let proof = match next {
+                TransferState::Failed => Some((System::of(from), Op::Withdraw)),
+                TransferState::Compensating => Some((System::of(to), Op::Deposit)),
+                _ => None,
+            };
+            if let Some((system, op)) = proof {
+                if !self.recorded_refusal(system, id, op) {
+                    self.violation(format!(
+                        "transfer {id}: {next} recorded without a refusal of its {} in {}",
+                        op.name(),
+                        system.name()
+                    ));
+                }
+            }
+            state = Some(next);
+        }
+    }
+
+    /// Whether `system` recorded a refusal of (req_id, op).
+    pub fn recorded_refusal(&mut self, system: System, id: &str, op: Op) -> bool {
+        match system {
+            System::Funding => self
+                .journal
+                .get(&(id.to_owned(), op))
+                .is_some_and(|r| !r.applied),
+            System::Spot => {
+                let effect = self.engine.apply_at(
+                    &Request::Lookup {
+                        req_id: id.to_owned(),
+                    },
+                    self.now_ms,
+                );
+                match effect.response {
+                    Response::Ok { ops: Some(ops), .. } => ops
+                        .iter()
+                        .any(|o| o.op == op.spot() && o.outcome == Outcome::Refused),
+                    _ => false,
+                }
+            }
+        }
+    }
+
+    /// Whether `system` applied (req_id, op).
+    pub fn recorded_applied(&mut self, system: System, id: &str, op: Op) -> bool {
+        self.applied
+            .get(&(system, id.to_owned(), op))
+            .is_some_and(|n| *n > 0)
+    }
+
+    /// A movement arriving at an account system: its announcing event must be durable.
+    pub fn check_arrival(&mut self, system: System, id: &str, op: Op) {
+        let announced = self
+            .log
+            .get(id)
+            .is_some_and(|s| s.reached.contains(&op.announced_by().id()));
+        if !announced {
+            self.violation(format!(
+                "{} {} of {id} arrived before its announcing event ({}) was durable",
+                system.name(),
+                op.name(),
+                op.announced_by()
+            ));
+        }
+    }
+
+    /// A movement an account system applied (fresh): each (req_id, op) at most once.
+    pub fn count_applied(&mut self, system: System, id: &str, op: Op) {
+        let n = self.applied.entry((system, id.to_owned(), op)).or_insert(0);
+        *n += 1;
+        if *n > 1 {
+            let n = *n;
+            self.violation(format!(
+                "{} applied {} of {id} {n} times",
+                system.name(),
+                op.name()
+            ));
+        }
+    }
+
+    /// A call issued by the current task; a resuming task (worker, operator) must have looked
+    /// the key up since its own last call when the key was called before.
+    pub fn track_call(&mut self, system: System, id: &str, op: Op) {
+        let current = self.current;
+        let track = self.calls.entry((system, id.to_owned(), op)).or_default();
+        let mut retried_blind = false;
+        if let Some((task, role)) = current {
+            let resuming = matches!(role, Role::Worker | Role::Operator);
+            if resuming && track.calls > 0 && !track.looked.contains(&task) {
+                retried_blind = true;
+            }
+            track.looked.remove(&task);
+        }
+        track.calls += 1;
+        if retried_blind {
+            self.violation(format!(
+                "{} {} of {id} retried by a resuming task without a lookup first",
+                system.name(),
+                op.name()
+            ));
+        }
+    }
+
+    /// A lookup (or cancel) of (req_id, op) by the current task.
+    pub fn track_lookup(&mut self, system: System, id: &str, op: Op) {
+        if let Some((task, _)) = self.current {
+            self.calls
+                .entry((system, id.to_owned(), op))
+                .or_default()
+                .looked
+                .insert(task);
+        }
+    }
+}
