@@ -4,7 +4,7 @@ use async_graphql::{Context, SimpleObject, Subscription};
 use chrono::{DateTime, Utc};
 use domain::ErrorCode;
 use futures_util::stream::{self, Stream};
-use projections::feed as feed_store;
+use projections::feed::{self as feed_store, FeedEvent};
 
 use super::context::{app, busy, caller, coded, internal, SUBSCRIPTION_POLL_INTERVAL};
 use crate::admission::SubscriptionSlot;
@@ -132,9 +132,13 @@ async fn next_updates(
         return Ok(None);
     };
     let rows = feed_store::read_after(state.ledger.pool(), after, 500, user).await?;
-    let Some(last) = rows.last().map(|r| r.position) else {
-        return Ok(None);
-    };
+    Ok(batch(rows, req_id))
+}
+
+/// The updates of `rows` (only `req_id`'s, if given), up to the first event `domain::stored`
+/// refuses; `None` for no rows.
+fn batch(rows: Vec<FeedEvent>, req_id: Option<&str>) -> Option<Batch> {
+    let last = rows.last()?.position;
     let mut batch = Batch {
         last,
         updates: Vec::new(),
@@ -164,5 +168,72 @@ async fn next_updates(
             occurred_at: r.occurred_at,
         });
     }
-    Ok(Some(batch))
+    Some(batch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use domain::{TransferEvent, EVENT_VERSION};
+
+    fn row(position: i64, req_id: &str, version: &str, payload: serde_json::Value) -> FeedEvent {
+        FeedEvent {
+            position,
+            event_id: format!("Transfer:{req_id}:{position}"),
+            global_position: position,
+            aggregate_type: "Transfer".into(),
+            aggregate_id: req_id.into(),
+            sequence: position,
+            event_type: "TransferCommitted".into(),
+            event_version: version.into(),
+            payload,
+            user_id: Some(7),
+            occurred_at: chrono::Utc::now(),
+            recorded_at: chrono::Utc::now(),
+        }
+    }
+
+    fn committed() -> serde_json::Value {
+        serde_json::to_value(TransferEvent::TransferCommitted {
+            at: chrono::Utc::now(),
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn updates_stop_at_the_first_event_of_an_unknown_version_and_say_which() {
+        let rows = vec![
+            row(1, "A", EVENT_VERSION, committed()),
+            row(2, "A", "2", committed()),
+            row(3, "A", EVENT_VERSION, committed()),
+        ];
+        let batch = batch(rows, None).unwrap();
+        assert_eq!(batch.last, 3);
+        let positions: Vec<i64> = batch.updates.iter().map(|u| u.position).collect();
+        assert_eq!(positions, [1], "nothing after the refused event is sent");
+        assert_eq!(batch.updates[0].state, "COMMITTED");
+        let why = batch.undecodable.unwrap();
+        assert!(why.contains("Transfer:A:2"), "{why}");
+        assert!(why.contains("version 2 has no upcaster"), "{why}");
+    }
+
+    #[test]
+    fn a_payload_that_is_not_an_event_is_not_skipped() {
+        let rows = vec![row(4, "B", EVENT_VERSION, serde_json::json!({"Nope": {}}))];
+        let batch = batch(rows, None).unwrap();
+        assert!(batch.updates.is_empty());
+        assert!(batch.undecodable.is_some());
+    }
+
+    #[test]
+    fn another_transfer_is_filtered_out_before_decoding() {
+        let rows = vec![
+            row(5, "C", "2", committed()),
+            row(6, "D", EVENT_VERSION, committed()),
+        ];
+        let batch = batch(rows, Some("D")).unwrap();
+        assert_eq!(batch.updates.len(), 1);
+        assert!(batch.undecodable.is_none());
+        assert!(super::batch(Vec::new(), None).is_none());
+    }
 }
