@@ -12,13 +12,12 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use application::Ledger;
 use async_trait::async_trait;
 use futures_util::FutureExt;
 use projections::Projector;
 use recovery::{ProjectorProbe, RecoveryConfig, RecoveryWorker};
 use tokio::task::JoinSet;
-
-use application::Ledger;
 
 use crate::http_server::HttpLimits;
 use crate::settings::AUDIT_INTERVAL_DEFAULT;
