@@ -4,6 +4,7 @@
 //! panics when a property fails; refusing an input is never a failure.
 
 pub mod amount;
+mod assets;
 pub mod graphql;
 pub mod jwt;
 pub mod protocol_line;

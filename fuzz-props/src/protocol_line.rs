@@ -7,12 +7,10 @@
 //! an applied movement had a canonical req_id, a valid user and an amount the asset allows, and
 //! the same line again is answered as its duplicate without a new record.
 
-use std::sync::OnceLock;
-
-use spot_core::assets::Assets;
 use spot_core::engine::{parse_amount, valid_req_id, valid_user_id, Engine};
 use spot_core::protocol::{Request, Response};
 
+use crate::assets::assets;
 use crate::wal_segment::framed_back;
 
 /// spot-core's clock for every fuzzed line (Unix ms, 2025-06-15): req_ids up to a day later
@@ -21,11 +19,6 @@ pub const NOW_MS: u64 = 1_750_000_000_000;
 
 /// Lines taken from one input: a connection's worth, small enough to stay fast.
 const LINES_MAX: usize = 64;
-
-pub(crate) fn assets() -> Assets {
-    static ASSETS: OnceLock<Assets> = OnceLock::new();
-    ASSETS.get_or_init(Assets::builtin).clone()
-}
 
 pub fn check(data: &[u8]) {
     let mut live = Engine::new(assets());

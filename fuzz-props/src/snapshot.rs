@@ -11,7 +11,7 @@ use rust_decimal::Decimal;
 use spot_core::engine::Engine;
 use spot_core::snapshot::{self, FORMAT_VERSION, HEADER_BYTES, MAGIC};
 
-use crate::protocol_line::assets;
+use crate::assets::assets;
 
 pub fn check(data: &[u8]) {
     let Some((&mode, rest)) = data.split_first() else {

@@ -21,7 +21,7 @@ use spot_core::protocol::JournalRecord;
 use spot_core::snapshot::{self, WalPosition};
 use spot_core::wal::{encode_record, later_valid_frame, scan_frames, HEADER_BYTES};
 
-use crate::protocol_line::assets;
+use crate::assets::assets;
 
 fn segment() -> &'static Path {
     Path::new("wal-00000000000000000001.seg")
