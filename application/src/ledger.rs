@@ -13,7 +13,8 @@ use sqlx::PgPool;
 
 use crate::assets::AssetSettings;
 use crate::audit::{self, CheckError, InvariantReport, Mode};
-use crate::coordinator::{Coordinator, CoordinatorError};
+use crate::bulk::{cid_slots, Slot};
+use crate::coordinator::{Coordinator, CoordinatorError, NewTransfer};
 use crate::failpoint::FailPoints;
 use crate::halt::{self, HaltCache};
 use crate::limits::DailyLimits;
@@ -52,6 +53,32 @@ pub enum RequestError {
     Task(#[source] tokio::task::JoinError),
     #[error(transparent)]
     Coordinator(#[from] CoordinatorError),
+}
+
+/// What a request's gates came to.
+enum Gated {
+    /// A cid repeat: its original transfer.
+    Answered(TransferData),
+    /// To be created.
+    Accepted(NewTransfer),
+}
+
+/// A cid repeat inside a batch gets the first item's answer.
+fn same_answer(
+    first: Option<&Result<TransferData, RequestError>>,
+    first_index: usize,
+) -> Result<TransferData, RequestError> {
+    match first {
+        Some(Ok(data)) => Ok(data.clone()),
+        Some(Err(RequestError::Refused(code))) => Err(RequestError::Refused(*code)),
+        Some(Err(RequestError::Coordinator(e))) => Err(RequestError::Coordinator(e.clone())),
+        Some(Err(other)) => Err(RequestError::Coordinator(CoordinatorError::store(format!(
+            "as item {first_index}: {other}"
+        )))),
+        None => Err(RequestError::Coordinator(CoordinatorError::store(
+            "bulk answer missing",
+        ))),
+    }
 }
 
 /// The application. Cheap to clone: every field is a handle.
@@ -145,17 +172,145 @@ impl Ledger {
         };
         let transfer = match parsed {
             Ok(transfer) => transfer,
-            Err(code) => {
-                if depends_on_settings(code) {
-                    if let Some(existing) = self.repeat_of_earlier(&request).await {
-                        return Ok(existing);
-                    }
-                }
-                return Err(RequestError::Refused(code));
-            }
+            Err(code) => return self.refused_values(&request, code).await,
         };
+        let transfer = match self.gate(transfer).await? {
+            Gated::Answered(existing) => return Ok(existing),
+            Gated::Accepted(transfer) => transfer,
+        };
+        let coordinator = self.coordinator.clone();
+        // The drive runs in its own task so a caller hanging up cannot cancel it between a
+        // step's commit and its adapter call; the transfer then ends as soon as possible rather
+        // than at the recovery worker's next pass. The task ends with the drive.
+        let created = tokio::spawn(async move {
+            coordinator.validate(&transfer)?;
+            coordinator.create_and_drive(transfer).await
+        })
+        .await
+        .map_err(RequestError::Task)??;
+        Ok(created)
+    }
+
+    /// `POST /internal_transfers`' command: many transfer requests, each checked exactly as
+    /// `request_transfer` checks one (values in seed order, cid repeat, the per-second gate
+    /// counting each item, the halt, the FUNDING target), then the batch's creation and drive
+    /// (`Coordinator::create_and_drive_many`: each step for the whole batch at once) in a task a
+    /// hung-up client cannot cancel. One answer per request, in order; a refused item does not
+    /// stop the others. Each item is its own transfer: a batch is not one transaction.
+    pub async fn request_transfers(
+        &self,
+        requests: Vec<TransferRequest>,
+    ) -> Vec<Result<TransferData, RequestError>> {
+        let parsed: Vec<Result<NewTransfer, ErrorCode>> = {
+            let registry = self
+                .assets
+                .registry()
+                .read()
+                .unwrap_or_else(|e| e.into_inner());
+            requests.iter().map(|r| r.parse(&registry)).collect()
+        };
+        let keys: Vec<_> = parsed
+            .iter()
+            .map(|p| {
+                p.as_ref()
+                    .ok()
+                    .map(|t| (t.user_id, t.cid.as_deref(), t.fingerprint()))
+            })
+            .collect();
+        let slots = cid_slots(&keys);
+        let mut answers: Vec<Option<Result<TransferData, RequestError>>> =
+            requests.iter().map(|_| None).collect();
+        let mut accepted = Vec::new();
+        for (i, (request, parsed)) in requests.iter().zip(parsed).enumerate() {
+            let gated = match (parsed, slots[i]) {
+                (Err(code), _) => self
+                    .refused_values(request, code)
+                    .await
+                    .map(Gated::Answered),
+                (Ok(_), Slot::SameAs(_)) => continue,
+                (Ok(_), Slot::Reused) => {
+                    Err(RequestError::Refused(ErrorCode::IdempotencyKeyReused))
+                }
+                (Ok(transfer), Slot::Own) => self.gate(transfer).await,
+            };
+            match gated {
+                Ok(Gated::Answered(existing)) => answers[i] = Some(Ok(existing)),
+                Ok(Gated::Accepted(transfer)) => accepted.push((i, transfer)),
+                Err(e) => answers[i] = Some(Err(e)),
+            }
+        }
+        let (positions, transfers): (Vec<usize>, Vec<NewTransfer>) = accepted.into_iter().unzip();
+        let coordinator = self.coordinator.clone();
+        // As for one transfer: the drive runs in its own task, so a caller hanging up cannot
+        // cancel it between a step's commit and its calls.
+        let driven = tokio::spawn(async move {
+            let mut checked = Vec::with_capacity(transfers.len());
+            let mut refused = Vec::new();
+            for (k, transfer) in transfers.into_iter().enumerate() {
+                match coordinator.validate(&transfer) {
+                    Ok(()) => checked.push(transfer),
+                    Err(e) => refused.push((k, e)),
+                }
+            }
+            let mut driven: Vec<Result<TransferData, CoordinatorError>> =
+                coordinator.create_and_drive_many(checked).await;
+            for (k, e) in refused {
+                driven.insert(k, Err(e));
+            }
+            driven
+        })
+        .await;
+        match driven {
+            Ok(driven) => {
+                for (i, answer) in positions.into_iter().zip(driven) {
+                    answers[i] = Some(answer.map_err(RequestError::Coordinator));
+                }
+            }
+            Err(e) => {
+                let cause = CoordinatorError::store(format!("bulk transfer task: {e}"));
+                for i in positions {
+                    answers[i] = Some(Err(RequestError::Coordinator(cause.clone())));
+                }
+            }
+        }
+        for (i, slot) in slots.iter().enumerate() {
+            if let Slot::SameAs(j) = *slot {
+                answers[i] = Some(same_answer(answers[j].as_ref(), j));
+            }
+        }
+        answers
+            .into_iter()
+            .map(|a| {
+                a.unwrap_or_else(|| {
+                    Err(RequestError::Coordinator(CoordinatorError::store(
+                        "bulk answer missing",
+                    )))
+                })
+            })
+            .collect()
+    }
+
+    /// A request refused for its values: its original transfer when it is a cid repeat refused
+    /// only for a changed asset setting, else the refusal.
+    async fn refused_values(
+        &self,
+        request: &TransferRequest,
+        code: ErrorCode,
+    ) -> Result<TransferData, RequestError> {
+        if depends_on_settings(code) {
+            if let Some(existing) = self.repeat_of_earlier(request).await {
+                return Ok(existing);
+            }
+        }
+        Err(RequestError::Refused(code))
+    }
+
+    /// The gates after a request's values, in seed order: a cid repeat answered with its
+    /// original transfer whatever else changed (rate, halt), the per-second gate (one transfer
+    /// counted), the halt (MON-003), the FUNDING target's existence.
+    async fn gate(&self, transfer: NewTransfer) -> Result<Gated, RequestError> {
         if let Some(existing) = self.coordinator.existing_for_cid(&transfer).await? {
-            return Ok(existing);
+            return Ok(Gated::Answered(existing));
         }
         // Seed 000 section 1.5.8, step 7: counted only for requests that passed the checks
         // before it.
@@ -184,17 +339,7 @@ impl Ledger {
                 return Err(RequestError::Refused(ErrorCode::TargetAccountNotFound));
             }
         }
-        let coordinator = self.coordinator.clone();
-        // The drive runs in its own task so a caller hanging up cannot cancel it between a
-        // step's commit and its adapter call; the transfer then ends as soon as possible rather
-        // than at the recovery worker's next pass. The task ends with the drive.
-        let created = tokio::spawn(async move {
-            coordinator.validate(&transfer)?;
-            coordinator.create_and_drive(transfer).await
-        })
-        .await
-        .map_err(RequestError::Task)??;
-        Ok(created)
+        Ok(Gated::Accepted(transfer))
     }
 
     /// The original transfer of a cid repeat with the same body; `None` in every other case.
