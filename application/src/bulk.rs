@@ -16,6 +16,30 @@
 
 use std::collections::HashMap;
 
+/// The default most transfers one bulk request may carry (`LEDGER_BULK_TRANSFERS_MAX`).
+///
+/// Big enough that a request's fixed costs (HTTP, JSON, authentication, the task, and above
+/// all one append, one funding call and one spot-core fsync per step) are shared out thinly;
+/// small enough that one request's work stays a short, bounded unit: its body at most about
+/// 256 KB (`body_bytes_max`), its creation one appender transaction of 2,000 event rows, its
+/// calls one funding statement and one pipelined spot-core write of 512 each, the whole well
+/// inside the 30 s request timeout (a batch of 1,000 takes well under a second on a quiet
+/// machine), and one client's batch never holds the shared appender for long. Formance's
+/// default is 100 and TigerBeetle's ceiling 8,189; a back office that needs more sends more
+/// requests, which run concurrently.
+pub const TRANSFERS_PER_REQUEST_MAX_DEFAULT: usize = 1_000;
+
+/// Most bytes one item of a bulk request's body may take on average (its longest legal form is
+/// about 200: every field at its longest, a cid of 64 characters, a user id of 19 digits).
+pub const ITEM_BYTES_MAX: usize = 256;
+
+/// The body limit of a bulk request carrying at most `transfers_max` transfers.
+pub fn body_bytes_max(transfers_max: usize) -> usize {
+    transfers_max
+        .saturating_mul(ITEM_BYTES_MAX)
+        .saturating_add(1024)
+}
+
 use domain::{
     AccountPort, AccountType, AdapterOutcome, ErrorCode, Movement, Operation, TransferCommand,
     TransferData, TransferState, UserId,

@@ -90,6 +90,8 @@ pub struct Ledger {
     assets: AssetSettings,
     halt: Arc<HaltCache>,
     rate: Arc<dyn RateGate>,
+    /// The most transfers one bulk request may carry.
+    bulk_max: usize,
 }
 
 impl Ledger {
@@ -111,7 +113,19 @@ impl Ledger {
             assets: AssetSettings::new(pool, registry),
             halt: Arc::new(HaltCache::default()),
             rate: Arc::new(Unlimited),
+            bulk_max: crate::bulk::TRANSFERS_PER_REQUEST_MAX_DEFAULT,
         }
+    }
+
+    /// The most transfers one bulk request may carry (at least 1).
+    pub fn with_bulk_max(mut self, transfers_max: usize) -> Self {
+        self.bulk_max = transfers_max.max(1);
+        self
+    }
+
+    /// The most transfers one bulk request may carry; the edge refuses a larger batch whole.
+    pub fn bulk_max(&self) -> usize {
+        self.bulk_max
     }
 
     /// Applies the per-second gate and the daily limits to new transfer requests.

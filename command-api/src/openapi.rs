@@ -38,6 +38,7 @@ pub fn document() -> Value {
     paths(
         crate::routes::healthz,
         crate::routes::create_transfer,
+        crate::bulk::create_transfers,
         crate::routes::get_transfer,
         crate::routes::balances,
         crate::routes::admin_deposit,
@@ -154,6 +155,7 @@ mod tests {
         let paths = doc["paths"].as_object().unwrap();
         for path in [
             "/api/v1/internal_transfer",
+            "/api/v1/internal_transfers",
             "/api/v1/internal_transfer/{req_id}",
             "/api/v1/balances",
             "/api/v1/admin/deposits",
