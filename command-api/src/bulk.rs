@@ -51,11 +51,23 @@ pub enum BulkResult {
     Refused(Value),
 }
 
-/// `POST /api/v1/internal_transfers`: `{"transfers": [{from, to, asset, amount, cid?,
-/// user_id?}, ...]}`. A user's token moves only that user's money (an item naming a `user_id`
-/// is refused FORBIDDEN); an admin's token may name the `user_id` of each item (its own when
-/// absent), for an exchange's back office. The per-second rate and the daily limits count
-/// transfers, not requests.
+/// Many transfers in one request: `{"transfers": [{from, to, asset, amount, cid?, user_id?}, ...]}`.
+///
+/// A batch is NOT one transaction: each item is its own transfer, with its own req_id, state
+/// machine and recovery, exactly as if it had been sent alone to `POST
+/// /api/v1/internal_transfer`; some items may commit while others are refused or still in
+/// progress, and nothing is undone because another item failed. Each item is checked in the
+/// single route's order with its codes, and the answer (200) lists one result per item, in
+/// request order: the transfer (`req_id`, `state`, `message`, ... as the single route answers
+/// it; `state` is the final one when reached within the request deadline), or `{code, message}`
+/// (plus `req_id` and `state` for a transfer that exists and FAILED). A user's token moves only
+/// that user's money: an item naming a `user_id` is refused FORBIDDEN. An admin's token may name
+/// the `user_id` of each item (its own when absent), for an exchange's back office. A `cid`
+/// repeated in a later batch or the single route gets the original transfer; the same `cid`
+/// twice in one batch is one transfer with the same body, and refused
+/// IDEMPOTENCY_KEY_REUSED for the later item with another body. The per-second rate and the
+/// daily limits count transfers, not requests. More than `LEDGER_BULK_TRANSFERS_MAX` items
+/// (1,000 by default) is refused whole, 400 BAD_REQUEST.
 #[utoipa::path(post, path = "/api/v1/internal_transfers",
     request_body = BulkRequest,
     responses((status = 200, description = "one result per item, in request order; each item \
