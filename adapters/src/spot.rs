@@ -530,6 +530,37 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn movements_are_pipelined_and_each_answered_as_alone() {
+        let spot = Spot::start(None).await;
+        let a = SpotAdapter::new(spot.addr.clone(), Duration::from_secs(5));
+        let deposits: Vec<Movement> = (0..600).map(|_| movement(4, "1")).collect();
+        let port: &dyn AccountPort = &a;
+        let answered = port.movements(Operation::Deposit, &deposits).await;
+        assert_eq!(
+            answered.len(),
+            600,
+            "one answer per movement, past one pipeline"
+        );
+        assert!(answered.iter().all(|o| *o == AdapterOutcome::Success));
+        // A refusal, a repeat (its first answer) and a mismatch, each answered for itself.
+        let too_much = movement(4, "1000");
+        let other = Movement {
+            amount: Amount::parse("2").unwrap(),
+            ..deposits[0].clone()
+        };
+        let mixed = [too_much, deposits[1].clone(), other];
+        let answered = port.movements(Operation::Withdraw, &mixed[..1]).await;
+        assert!(
+            matches!(&answered[0], AdapterOutcome::ExplicitFail { code, .. } if code == "INSUFFICIENT_BALANCE")
+        );
+        let answered = port.movements(Operation::Deposit, &mixed[1..]).await;
+        assert_eq!(answered[0], AdapterOutcome::Success);
+        assert!(matches!(answered[1], AdapterOutcome::Mismatch(_)));
+        let balances = a.balances(UserId::new(4).unwrap()).await.unwrap();
+        assert_eq!(balances[0].available, Decimal::from(600));
+    }
+
+    #[tokio::test]
     async fn a_token_is_sent_on_every_connection() {
         let spot = Spot::start(Some("adapter-token")).await;
         let good = SpotAdapter::with_token(

@@ -357,3 +357,43 @@ async fn bulk_crash_with_half_the_withdraws_made_recovers_each_item_once() {
 async fn bulk_crash_with_half_the_deposits_made_recovers_each_item_once() {
     crash_mid_batch("bulk_half_deposited", TransferState::TargetPending).await;
 }
+
+/// The funding ledger's many-movements call: fresh movements decided in one call of its batch,
+/// a refusal, a repeat and a key held for another movement each answered as alone.
+#[tokio::test]
+async fn funding_movements_in_one_call_answer_each_movement_as_alone() {
+    use domain::{
+        AccountPort, AdapterOutcome, Amount, AssetSymbol, Movement, Operation, ReqId, UserId,
+    };
+    let s = Stack::start().await;
+    s.deposit(1, "USDT", "100").await;
+    let m = |amount: &str| Movement {
+        req_id: ReqId::generate(),
+        user_id: UserId::new(1).unwrap(),
+        asset: AssetSymbol::parse("USDT").unwrap(),
+        amount: Amount::parse(amount).unwrap(),
+    };
+    let first = m("10");
+    let batch = vec![first.clone(), m("20"), m("1000"), first.clone()];
+    let port: &dyn AccountPort = &s.funding;
+    let answered = port.movements(Operation::Withdraw, &batch).await;
+    assert_eq!(answered[0], AdapterOutcome::Success);
+    assert_eq!(answered[1], AdapterOutcome::Success);
+    assert!(
+        matches!(&answered[2], AdapterOutcome::ExplicitFail { code, .. } if code == "INSUFFICIENT_BALANCE"),
+        "{:?}",
+        answered[2]
+    );
+    assert_eq!(
+        answered[3],
+        AdapterOutcome::Success,
+        "a repeat: the first answer"
+    );
+    let other = Movement {
+        amount: Amount::parse("11").unwrap(),
+        ..first.clone()
+    };
+    let answered = port.movements(Operation::Withdraw, &[other]).await;
+    assert!(matches!(answered[0], AdapterOutcome::Mismatch(_)));
+    assert_eq!(s.funding_balance(1, "USDT").await, dec("70"));
+}
