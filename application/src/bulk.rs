@@ -47,7 +47,7 @@ use domain::{
 
 use crate::coordinator::{Context, Coordinator, CoordinatorError, NewTransfer};
 use crate::drive::definite;
-use crate::submit::{Created, Prepared};
+use crate::submit::{CidKey, Created};
 
 /// Where an item of a batch stands before its creation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,26 +150,44 @@ impl Coordinator {
         let slots = cid_slots(&keys);
         let mut answers: Vec<Option<Result<TransferData, CoordinatorError>>> =
             requests.iter().map(|_| None).collect();
-        // Claims and charges in request order, so a daily limit running out refuses the
-        // batch's last items, as the same requests one after another would be refused.
+        for (i, slot) in slots.iter().enumerate() {
+            if *slot == Slot::Reused {
+                answers[i] = Some(Err(CoordinatorError::Refused(
+                    ErrorCode::IdempotencyKeyReused,
+                )));
+            }
+        }
+        // The cid claims together: each key is its own (a key used twice in the batch is one
+        // slot), so they are independent round trips.
+        let keyed = futures_util::future::join_all(
+            requests
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| slots[*i] == Slot::Own)
+                .map(|(i, request)| async move { (i, self.cid_key(request).await) }),
+        )
+        .await;
+        // Then the charges in request order, so a daily limit running out refuses the batch's
+        // last items, as the same requests one after another would be refused.
         let mut creations = Vec::new();
-        for (i, request) in requests.iter().enumerate() {
-            match slots[i] {
-                Slot::Own => {}
-                Slot::SameAs(_) => continue,
-                Slot::Reused => {
-                    answers[i] = Some(Err(CoordinatorError::Refused(
-                        ErrorCode::IdempotencyKeyReused,
-                    )));
+        for (i, keyed) in keyed {
+            let claimed = match keyed {
+                Ok(CidKey::Answered(existing)) => {
+                    answers[i] = Some(Ok(existing));
                     continue;
                 }
-            }
-            match self.prepare_creation(request).await {
-                Ok(Prepared::Answered(existing)) => answers[i] = Some(Ok(existing)),
-                Ok(Prepared::Create {
-                    req_id,
-                    reservation,
-                }) => creations.push((i, req_id, reservation)),
+                Ok(CidKey::Key(claimed)) => claimed,
+                Err(e) => {
+                    answers[i] = Some(Err(e));
+                    continue;
+                }
+            };
+            match self.reserve_daily(&requests[i]).await {
+                // Generated as late as possible (`horizon.rs`): after the claims and charges.
+                Ok(reservation) => {
+                    let req_id = claimed.unwrap_or_else(|| self.clock.req_id());
+                    creations.push((i, req_id, reservation));
+                }
                 Err(e) => answers[i] = Some(Err(e)),
             }
         }
@@ -377,22 +395,27 @@ impl Coordinator {
         }
     }
 
-    /// Makes `operation` for every transfer, one `movements` call per account system, and
-    /// answers in the transfers' order.
+    /// Makes `operation` for every transfer, one `movements` call per account system (the two
+    /// systems' calls at the same time), and answers in the transfers' order.
     async fn calls(&self, operation: Operation, datas: &[TransferData]) -> Vec<AdapterOutcome> {
         let mut outcomes: Vec<Option<AdapterOutcome>> = datas.iter().map(|_| None).collect();
-        for account in [AccountType::Funding, AccountType::Spot] {
+        let per_system = [AccountType::Funding, AccountType::Spot].map(|account| {
             let (positions, movements): (Vec<usize>, Vec<Movement>) = datas
                 .iter()
                 .enumerate()
                 .filter(|(_, d)| port_account(d, operation) == account)
                 .map(|(i, d)| (i, movement_of(d)))
                 .unzip();
-            if movements.is_empty() {
-                continue;
+            async move {
+                if movements.is_empty() {
+                    return (positions, Vec::new());
+                }
+                let port = self.port(account);
+                let made = self.movements_of_port(port, operation, &movements).await;
+                (positions, made)
             }
-            let port = self.port(account);
-            let made = self.movements_of_port(port, operation, &movements).await;
+        });
+        for (positions, made) in futures_util::future::join_all(per_system).await {
             for (i, outcome) in positions.into_iter().zip(made) {
                 outcomes[i] = Some(outcome);
             }

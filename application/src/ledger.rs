@@ -234,18 +234,34 @@ impl Ledger {
         let slots = cid_slots(&keys);
         let mut answers: Vec<Option<Result<TransferData, RequestError>>> =
             requests.iter().map(|_| None).collect();
+        // The cid repeats looked up together (independent reads); the gates after them run in
+        // request order, so the per-second gate counts the batch's items in order.
+        let repeats = futures_util::future::join_all(parsed.iter().zip(&slots).map(
+            |(parsed, slot)| async move {
+                match (parsed, slot) {
+                    (Ok(transfer), Slot::Own) => {
+                        Some(self.coordinator.existing_for_cid(transfer).await)
+                    }
+                    _ => None,
+                }
+            },
+        ))
+        .await;
         let mut accepted = Vec::new();
-        for (i, (request, parsed)) in requests.iter().zip(parsed).enumerate() {
-            let gated = match (parsed, slots[i]) {
-                (Err(code), _) => self
+        for (i, ((request, parsed), repeat)) in requests.iter().zip(parsed).zip(repeats).enumerate()
+        {
+            let gated = match (parsed, slots[i], repeat) {
+                (Err(code), _, _) => self
                     .refused_values(request, code)
                     .await
                     .map(Gated::Answered),
-                (Ok(_), Slot::SameAs(_)) => continue,
-                (Ok(_), Slot::Reused) => {
+                (Ok(_), Slot::SameAs(_), _) => continue,
+                (Ok(_), Slot::Reused, _) => {
                     Err(RequestError::Refused(ErrorCode::IdempotencyKeyReused))
                 }
-                (Ok(transfer), Slot::Own) => self.gate(transfer).await,
+                (Ok(_), Slot::Own, Some(Ok(Some(existing)))) => Ok(Gated::Answered(existing)),
+                (Ok(_), Slot::Own, Some(Err(e))) => Err(RequestError::Coordinator(e)),
+                (Ok(transfer), Slot::Own, _) => self.admit(transfer).await,
             };
             match gated {
                 Ok(Gated::Answered(existing)) => answers[i] = Some(Ok(existing)),
@@ -326,6 +342,11 @@ impl Ledger {
         if let Some(existing) = self.coordinator.existing_for_cid(&transfer).await? {
             return Ok(Gated::Answered(existing));
         }
+        self.admit(transfer).await
+    }
+
+    /// The gates after the cid repeat: the per-second gate, the halt, the FUNDING target.
+    async fn admit(&self, transfer: NewTransfer) -> Result<Gated, RequestError> {
         // Seed 000 section 1.5.8, step 7: counted only for requests that passed the checks
         // before it.
         self.rate

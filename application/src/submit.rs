@@ -26,7 +26,7 @@ enum Usable {
 }
 
 /// What the cid and the daily limits leave a request with, before its creation.
-pub(crate) enum Prepared {
+enum Prepared {
     /// A repeat: the transfer the cid already names.
     Answered(TransferData),
     /// Create under `req_id`; `reservation` is the day charged (none when unlimited).
@@ -51,7 +51,7 @@ pub(crate) enum Created {
 const CLAIM_MOVED_ATTEMPTS: u32 = 3;
 
 /// What a request's cid leads to.
-enum CidKey {
+pub(crate) enum CidKey {
     /// A repeat: the transfer the cid already names.
     Answered(TransferData),
     /// Create under this req_id (the cid's), or a fresh one.
@@ -136,10 +136,7 @@ impl Coordinator {
 
     /// Claims the cid and charges the daily limits: the req_id to create under, or the
     /// transfer a repeat is answered with.
-    pub(crate) async fn prepare_creation(
-        &self,
-        request: &NewTransfer,
-    ) -> Result<Prepared, CoordinatorError> {
+    async fn prepare_creation(&self, request: &NewTransfer) -> Result<Prepared, CoordinatorError> {
         let claimed = match self.cid_key(request).await? {
             CidKey::Answered(existing) => return Ok(Prepared::Answered(existing)),
             CidKey::Key(claimed) => claimed,
@@ -200,7 +197,7 @@ impl Coordinator {
 
     /// The req_id the client's cid fixed (none without a cid), or the transfer a repeat is
     /// answered with.
-    async fn cid_key(&self, request: &NewTransfer) -> Result<CidKey, CoordinatorError> {
+    pub(crate) async fn cid_key(&self, request: &NewTransfer) -> Result<CidKey, CoordinatorError> {
         let Some(cid) = &request.cid else {
             return Ok(CidKey::Key(None));
         };
@@ -226,7 +223,7 @@ impl Coordinator {
     /// Only a transfer about to be created is charged: a repeat answered before is not. A
     /// refused request keeps its cid claim, so retrying it later still creates exactly one
     /// transfer under the same req_id.
-    async fn reserve_daily(
+    pub(crate) async fn reserve_daily(
         &self,
         request: &NewTransfer,
     ) -> Result<Option<NaiveDate>, CoordinatorError> {
