@@ -234,19 +234,7 @@ impl Ledger {
         let slots = cid_slots(&keys);
         let mut answers: Vec<Option<Result<TransferData, RequestError>>> =
             requests.iter().map(|_| None).collect();
-        // The cid repeats looked up together (independent reads); the gates after them run in
-        // request order, so the per-second gate counts the batch's items in order.
-        let repeats = futures_util::future::join_all(parsed.iter().zip(&slots).map(
-            |(parsed, slot)| async move {
-                match (parsed, slot) {
-                    (Ok(transfer), Slot::Own) => {
-                        Some(self.coordinator.existing_for_cid(transfer).await)
-                    }
-                    _ => None,
-                }
-            },
-        ))
-        .await;
+        let repeats = self.cid_repeats(&parsed, &slots).await;
         let mut accepted = Vec::new();
         for (i, ((request, parsed), repeat)) in requests.iter().zip(parsed).zip(repeats).enumerate()
         {
@@ -269,39 +257,8 @@ impl Ledger {
                 Err(e) => answers[i] = Some(Err(e)),
             }
         }
-        let (positions, transfers): (Vec<usize>, Vec<NewTransfer>) = accepted.into_iter().unzip();
-        let coordinator = self.coordinator.clone();
-        // As for one transfer: the drive runs in its own task, so a caller hanging up cannot
-        // cancel it between a step's commit and its calls.
-        let driven = tokio::spawn(async move {
-            let mut checked = Vec::with_capacity(transfers.len());
-            let mut refused = Vec::new();
-            for (k, transfer) in transfers.into_iter().enumerate() {
-                match coordinator.validate(&transfer) {
-                    Ok(()) => checked.push(transfer),
-                    Err(e) => refused.push((k, e)),
-                }
-            }
-            let mut driven: Vec<Result<TransferData, CoordinatorError>> =
-                coordinator.create_and_drive_many(checked).await;
-            for (k, e) in refused {
-                driven.insert(k, Err(e));
-            }
-            driven
-        })
-        .await;
-        match driven {
-            Ok(driven) => {
-                for (i, answer) in positions.into_iter().zip(driven) {
-                    answers[i] = Some(answer.map_err(RequestError::Coordinator));
-                }
-            }
-            Err(e) => {
-                let cause = CoordinatorError::store(format!("bulk transfer task: {e}"));
-                for i in positions {
-                    answers[i] = Some(Err(RequestError::Coordinator(cause.clone())));
-                }
-            }
+        for (i, answer) in self.create_accepted(accepted).await {
+            answers[i] = Some(answer);
         }
         for (i, slot) in slots.iter().enumerate() {
             if let Slot::SameAs(j) = *slot {
@@ -318,6 +275,66 @@ impl Ledger {
                 })
             })
             .collect()
+    }
+
+    /// The cid repeats of a batch's own items, looked up together (independent reads); the
+    /// gates after them run in request order, so the per-second gate counts items in order.
+    async fn cid_repeats(
+        &self,
+        parsed: &[Result<NewTransfer, ErrorCode>],
+        slots: &[Slot],
+    ) -> Vec<Option<Result<Option<TransferData>, CoordinatorError>>> {
+        futures_util::future::join_all(parsed.iter().zip(slots).map(|(parsed, slot)| async move {
+            match (parsed, slot) {
+                (Ok(transfer), Slot::Own) => {
+                    Some(self.coordinator.existing_for_cid(transfer).await)
+                }
+                _ => None,
+            }
+        }))
+        .await
+    }
+
+    /// The accepted items of a batch (index, transfer) created and driven together, in a task a
+    /// hung-up client cannot cancel (between a step's commit and its calls): each index with
+    /// its answer.
+    async fn create_accepted(
+        &self,
+        accepted: Vec<(usize, NewTransfer)>,
+    ) -> Vec<(usize, Result<TransferData, RequestError>)> {
+        let (positions, transfers): (Vec<usize>, Vec<NewTransfer>) = accepted.into_iter().unzip();
+        let coordinator = self.coordinator.clone();
+        let driven = tokio::spawn(async move {
+            let mut checked = Vec::with_capacity(transfers.len());
+            let mut refused = Vec::new();
+            for (k, transfer) in transfers.into_iter().enumerate() {
+                match coordinator.validate(&transfer) {
+                    Ok(()) => checked.push(transfer),
+                    Err(e) => refused.push((k, e)),
+                }
+            }
+            let mut driven = coordinator.create_and_drive_many(checked).await;
+            // Ascending, so each refusal goes back to its own position.
+            for (k, e) in refused {
+                driven.insert(k, Err(e));
+            }
+            driven
+        })
+        .await;
+        match driven {
+            Ok(driven) => positions
+                .into_iter()
+                .zip(driven)
+                .map(|(i, answer)| (i, answer.map_err(RequestError::Coordinator)))
+                .collect(),
+            Err(e) => {
+                let cause = CoordinatorError::store(format!("bulk transfer task: {e}"));
+                positions
+                    .into_iter()
+                    .map(|i| (i, Err(RequestError::Coordinator(cause.clone()))))
+                    .collect()
+            }
+        }
     }
 
     /// A request refused for its values: its original transfer when it is a cid repeat refused
