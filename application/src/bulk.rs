@@ -157,6 +157,35 @@ impl Coordinator {
                 )));
             }
         }
+        let creations = self.claim_and_charge(&requests, &slots, &mut answers).await;
+        let lanes = self.create_many(&requests, creations, &mut answers).await;
+        if !lanes.is_empty() {
+            // The batch's TransferCreated and SourceWithdrawStarted are durable: every withdraw
+            // is announced before it is called.
+            self.failpoints.hit("after_created_withdraw_started");
+        }
+        for (index, data) in self.drive_many(lanes).await {
+            answers[index] = Some(Ok(data));
+        }
+        for (i, slot) in slots.iter().enumerate() {
+            if let Slot::SameAs(j) = *slot {
+                answers[i] = answers[j].clone();
+            }
+        }
+        answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Err(CoordinatorError::store("bulk answer missing"))))
+            .collect()
+    }
+
+    /// Claims each own item's cid and charges its daily limits: the creations to make (index,
+    /// req_id, day charged); the others answered (a repeat found, a refusal) in `answers`.
+    async fn claim_and_charge(
+        &self,
+        requests: &[NewTransfer],
+        slots: &[Slot],
+        answers: &mut [Option<Result<TransferData, CoordinatorError>>],
+    ) -> Vec<(usize, domain::ReqId, Option<chrono::NaiveDate>)> {
         // The cid claims together: each key is its own (a key used twice in the batch is one
         // slot), so they are independent round trips.
         let keyed = futures_util::future::join_all(
@@ -191,24 +220,7 @@ impl Coordinator {
                 Err(e) => answers[i] = Some(Err(e)),
             }
         }
-        let lanes = self.create_many(&requests, creations, &mut answers).await;
-        if !lanes.is_empty() {
-            // The batch's TransferCreated and SourceWithdrawStarted are durable: every withdraw
-            // is announced before it is called.
-            self.failpoints.hit("after_created_withdraw_started");
-        }
-        for (index, data) in self.drive_many(lanes).await {
-            answers[index] = Some(Ok(data));
-        }
-        for (i, slot) in slots.iter().enumerate() {
-            if let Slot::SameAs(j) = *slot {
-                answers[i] = answers[j].clone();
-            }
-        }
-        answers
-            .into_iter()
-            .map(|a| a.unwrap_or_else(|| Err(CoordinatorError::store("bulk answer missing"))))
-            .collect()
+        creations
     }
 
     /// Creates the prepared transfers in one append; the created ones are returned as lanes, the
