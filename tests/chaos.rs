@@ -473,7 +473,9 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     let pool = schema::prepare(&db_url, 8).await?;
     let mut settings = Settings::new(&cfg, db_url.clone(), dir)?;
     let net = if cfg.net_faults > 0 {
-        let (net, place) = netfaults::start(&cfg.server_url, &database).await?;
+        // The ledgers reach the database (the machine's server, or the failover pair's two)
+        // through forwarders in the root namespace, where the faults are put.
+        let (net, place) = netfaults::start(&db_url).await?;
         settings.net = Some(place);
         Some(Arc::new(net))
     } else {

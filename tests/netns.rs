@@ -86,8 +86,9 @@ pub struct Net {
     pub spot_ip_from_root: Ipv4Addr,
     /// spot-core's address as the ledgers reach it (veth c).
     pub spot_ip_from_ledger: Ipv4Addr,
-    /// The peer address of each path, as the ledgers see it; set once the peers listen.
-    peers: Mutex<BTreeMap<PathTo, SocketAddrV4>>,
+    /// The peer addresses of each path, as the ledgers see them; set once the peers listen.
+    /// PostgreSQL has one per server of the database URL (a primary and its standby).
+    peers: Mutex<BTreeMap<PathTo, Vec<SocketAddrV4>>>,
     /// The faults in force, by path.
     active: Mutex<BTreeMap<PathTo, Fault>>,
 }
@@ -278,17 +279,23 @@ impl Net {
 
     /// Names the peer of a path (its address and port as the ledgers reach it).
     pub fn set_peer(&self, path: PathTo, peer: SocketAddrV4) {
+        self.set_peers(path, vec![peer]);
+    }
+
+    /// Names every peer of a path: a fault on the path is put on each of them.
+    pub fn set_peers(&self, path: PathTo, peers: Vec<SocketAddrV4>) {
         self.peers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(path, peer);
+            .insert(path, peers);
     }
 
-    pub fn peer(&self, path: PathTo) -> anyhow::Result<SocketAddrV4> {
+    pub fn peers(&self, path: PathTo) -> anyhow::Result<Vec<SocketAddrV4>> {
         let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
         peers
             .get(&path)
-            .copied()
+            .filter(|p| !p.is_empty())
+            .cloned()
             .with_context(|| format!("no peer set for {}", path.name()))
     }
 
@@ -311,28 +318,40 @@ impl Net {
         let mut script =
             String::from("flush chain inet netfault input\nflush chain inet netfault output\n");
         for (&path, &fault) in active {
-            let peer = self.peer(path)?;
-            let (addr, port) = (peer.ip(), peer.port());
-            let to = format!("ip daddr {addr} tcp dport {port}");
-            let from = format!("ip saddr {addr} tcp sport {port}");
-            let (input, output) = match fault {
-                Fault::DropAnswers => (Some("drop"), None),
-                Fault::Partition | Fault::DeadPeer => (Some("drop"), Some("drop")),
-                Fault::Reset => (Some("reject with tcp reset"), Some("reject with tcp reset")),
-            };
-            if let Some(verdict) = input {
-                script.push_str(&format!("add rule inet netfault input {from} {verdict}\n"));
-            }
-            if let Some(verdict) = output {
-                script.push_str(&format!("add rule inet netfault output {to} {verdict}\n"));
+            for peer in self.peers(path)? {
+                script.push_str(&Self::rules(peer, fault));
             }
         }
         self.nft(&script)
     }
 
-    /// How many sockets in the ledger namespace are established with the peer of `path`.
+    /// The rules that put `fault` on the connections with `peer`.
+    fn rules(peer: SocketAddrV4, fault: Fault) -> String {
+        let (addr, port) = (peer.ip(), peer.port());
+        let to = format!("ip daddr {addr} tcp dport {port}");
+        let from = format!("ip saddr {addr} tcp sport {port}");
+        let (input, output) = match fault {
+            Fault::DropAnswers => (Some("drop"), None),
+            Fault::Partition | Fault::DeadPeer => (Some("drop"), Some("drop")),
+            Fault::Reset => (Some("reject with tcp reset"), Some("reject with tcp reset")),
+        };
+        let mut script = String::new();
+        if let Some(verdict) = input {
+            script.push_str(&format!("add rule inet netfault input {from} {verdict}\n"));
+        }
+        if let Some(verdict) = output {
+            script.push_str(&format!("add rule inet netfault output {to} {verdict}\n"));
+        }
+        script
+    }
+
+    /// How many sockets in the ledger namespace are established with a peer of `path`.
     pub fn established(&self, path: PathTo) -> anyhow::Result<usize> {
-        let peer = SocketAddr::V4(self.peer(path)?).to_string();
+        let peers: Vec<String> = self
+            .peers(path)?
+            .into_iter()
+            .map(|p| SocketAddr::V4(p).to_string())
+            .collect();
         let out = run(Command::new("ip").args([
             "netns",
             "exec",
@@ -344,7 +363,10 @@ impl Net {
         ]))?;
         Ok(out
             .lines()
-            .filter(|l| l.split_whitespace().any(|col| col == peer))
+            .filter(|l| {
+                l.split_whitespace()
+                    .any(|col| peers.iter().any(|p| p == col))
+            })
             .count())
     }
 

@@ -283,7 +283,10 @@ fn decode_remembered(r: &mut Reader<'_>, engine: &mut Engine, n_assets: u32) -> 
         let balance = r.decimal()?;
         let balance = match (has_balance, code) {
             (1, None) => Some(balance),
-            (0, Some(_)) => None,
+            // A refusal has no balance: the writer puts a plain zero there, and anything else
+            // would be a second file for the same state (ignored bytes hide damage).
+            (0, Some(_)) if balance.serialize() == Decimal::ZERO.serialize() => None,
+            (0, Some(_)) => bail!("a refused record carries a balance {balance}"),
             _ => bail!("outcome and balance disagree"),
         };
         if remembered.last().is_some_and(|(k, _)| *k >= (id, op)) {
@@ -528,6 +531,28 @@ mod tests {
         let bytes = with_header(&body(&[(1, clean)], clean));
         let (engine, pos) = decode(&bytes, Assets::builtin()).unwrap();
         assert_eq!(encode(&engine, pos), bytes, "a clean file round-trips");
+    }
+
+    /// Found by the fuzz target (`fuzz/regressions/snapshot/crash-fed8fe32…`): the balance field
+    /// of a remembered refusal was read and ignored, so a file with any bytes there decoded to
+    /// the same state as the canonical one (and re-encoded to other bytes).
+    #[test]
+    fn cra_a_balance_beside_a_remembered_refusal_is_refused_not_ignored() {
+        let mut e = Engine::new(Assets::builtin());
+        // A withdraw from an empty account: refused, remembered without a balance, last.
+        e.apply(&Request::withdraw(id(1), 1, "USDT", Decimal::new(5, 0)));
+        let pos = WalPosition {
+            segment: 1,
+            offset: 0,
+        };
+        let bytes = encode(&e, pos);
+        assert!(decode(&bytes, Assets::builtin()).is_ok());
+        let mut body = bytes[HEADER_BYTES..].to_vec();
+        let at = body.len() - 16;
+        body[at..].copy_from_slice(&Decimal::new(2, 0).serialize());
+        let damaged = with_header(&body);
+        let err = decode(&damaged, Assets::builtin()).unwrap_err().to_string();
+        assert!(err.contains("carries a balance"), "{err}");
     }
 
     #[test]

@@ -52,42 +52,52 @@ impl fmt::Display for Detection {
     }
 }
 
-/// The namespaces and the forwarder of one run, kept to its end.
+/// The namespaces and the forwarders of one run, kept to its end.
 pub(super) struct NetRun {
     pub net: Arc<Net>,
-    pub forwarder: Forwarder,
+    /// One per server of the database URL (a failover run has a primary and a standby).
+    pub forwarders: Vec<Forwarder>,
 }
 
-/// Builds the namespaces and the PostgreSQL forwarder for `database` on `server_url`.
-pub(super) async fn start(server_url: &str, database: &str) -> anyhow::Result<(NetRun, NetPlace)> {
+/// Builds the namespaces and one PostgreSQL forwarder per server of `db_url` (one host, or the
+/// comma-separated hosts of a failover pair); the ledgers' URL names the forwarders in the same
+/// order, with the same database and parameters, so they still find the writable server.
+pub(super) async fn start(db_url: &str) -> anyhow::Result<(NetRun, NetPlace)> {
     let net = Arc::new(tokio::task::spawn_blocking(Net::create).await??);
-    let (userinfo, hostport) = match server_url.split_once("://") {
-        Some((_, rest)) => rest.rsplit_once('@').unwrap_or(("", rest)),
-        None => anyhow::bail!("server URL {server_url} has no scheme"),
+    let Some((scheme, rest)) = db_url.split_once("://") else {
+        anyhow::bail!("database URL {db_url} has no scheme");
     };
-    let hostport = hostport.trim_end_matches('/');
-    let upstream: SocketAddr = hostport
-        .to_socket_addrs()
-        .with_context(|| format!("resolve {hostport}"))?
-        .next()
-        .with_context(|| format!("{hostport} resolves to nothing"))?;
-    let listen = SocketAddr::V4(SocketAddrV4::new(net.root_to_ledger, 0));
-    let forwarder = Forwarder::start(listen, upstream).await?;
-    let SocketAddr::V4(fwd) = forwarder.addr else {
-        anyhow::bail!("the forwarder listens on {}", forwarder.addr);
-    };
-    net.set_peer(PathTo::Postgres, fwd);
+    let (userinfo, rest) = rest.rsplit_once('@').unwrap_or(("", rest));
+    let (hosts, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let mut forwarders = Vec::new();
+    let mut listening = Vec::new();
+    for hostport in hosts.split(',') {
+        let upstream: SocketAddr = hostport
+            .to_socket_addrs()
+            .with_context(|| format!("resolve {hostport}"))?
+            .next()
+            .with_context(|| format!("{hostport} resolves to nothing"))?;
+        let listen = SocketAddr::V4(SocketAddrV4::new(net.root_to_ledger, 0));
+        let forwarder = Forwarder::start(listen, upstream).await?;
+        let SocketAddr::V4(fwd) = forwarder.addr else {
+            anyhow::bail!("the forwarder listens on {}", forwarder.addr);
+        };
+        listening.push(fwd);
+        forwarders.push(forwarder);
+    }
+    net.set_peers(PathTo::Postgres, listening.clone());
     let at = if userinfo.is_empty() {
         String::new()
     } else {
         format!("{userinfo}@")
     };
-    let ledger_db_url = format!("postgres://{at}{fwd}/{database}");
+    let hosts: Vec<String> = listening.iter().map(ToString::to_string).collect();
+    let ledger_db_url = format!("{scheme}://{at}{}{tail}", hosts.join(","));
     let place = NetPlace {
         net: net.clone(),
         ledger_db_url,
     };
-    Ok((NetRun { net, forwarder }, place))
+    Ok((NetRun { net, forwarders }, place))
 }
 
 /// Injects `n` faults, the k-th once k/(n+1) of the transfers have started, each drawn from
@@ -145,7 +155,9 @@ pub(super) fn one(
             cluster.kill_spot_then(|| net.wait_noticed(path, since, NOTICE_MAX))??
         }
         (Fault::DeadPeer, PathTo::Postgres) => {
-            run.forwarder.kill();
+            for forwarder in &run.forwarders {
+                forwarder.kill();
+            }
             net.wait_noticed(path, since, NOTICE_MAX)?
         }
         (Fault::DropAnswers | Fault::Reset, _) => {

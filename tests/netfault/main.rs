@@ -124,3 +124,37 @@ async fn fnd_002_postgres_connections_reset_are_unknown_outcomes_retried() {
 async fn fnd_004_postgres_dead_behind_a_blackhole_half_open_sockets_noticed() {
     fault_run(PathTo::Postgres, Fault::DeadPeer).await;
 }
+
+/// Both kinds of database fault in one run: the database is a failover pair (synchronous
+/// standby) that the ledgers reach through one forwarder per server, so a network fault on the
+/// PostgreSQL path is put on both; one failover and one reset on that path, while transfers
+/// run. Every transfer ends terminal, nothing acknowledged is lost, conservation is exact.
+// The pair's failover blocks in place (`pg_pair`), which needs the multi-threaded runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fnd_002_a_failover_pair_behind_network_faults_loses_nothing_acknowledged() {
+    let mut c = Config::new(240, 0, bin_dir(), server_url());
+    c.users = 14;
+    c.clients = 8;
+    c.ledgers = 1;
+    c.kill_ledgers = false;
+    c.kill_spot = false;
+    c.snapshots = Some(Snapshots::SMALL_RUN);
+    c.settle_max = Duration::from_secs(120);
+    c.pg_failovers = 1;
+    c.net_faults = 1;
+    c.net_kinds = vec![(PathTo::Postgres, Fault::Reset)];
+    let report = run(c)
+        .await
+        .unwrap_or_else(|e| panic!("failover and network-fault run: {e:#}"));
+    println!("{report}");
+    assert_eq!(report.failovers.len(), 1, "{report}");
+    assert_eq!(report.net_faults.len(), 1, "{report}");
+    assert!(report.net_faults[0].connections > 0, "{report}");
+    assert_eq!(report.transfers, 240, "{report}");
+    assert!(
+        report.states.get("COMMITTED").is_some_and(|n| *n > 0),
+        "{report}"
+    );
+    assert_eq!(report.answered_lost, 0, "{report}");
+    assert!(report.clean(), "{report}");
+}
