@@ -194,8 +194,18 @@ pub struct BulkItem {
     pub cid: Option<String>,
     /// Admin tokens only: whose money this item moves (the admin's own when absent). An item
     /// naming a user under a user's token is refused FORBIDDEN.
-    #[schema(schema_with = crate::openapi::schemas::user_id, required = false)]
+    #[schema(schema_with = admin_user_id, required = false)]
     pub user_id: Option<u64>,
+}
+
+/// A bulk item's `user_id`, with what it is for (`schema_with` drops the field's own doc).
+fn admin_user_id() -> utoipa::openapi::schema::Object {
+    utoipa::openapi::schema::ObjectBuilder::from(crate::openapi::schemas::user_id())
+        .description(Some(
+            "Admin tokens only: whose money this item moves (the admin's own when absent). \
+             An item naming a user under a user's token is refused FORBIDDEN.",
+        ))
+        .build()
 }
 
 /// The whole request's refusals (an item's are in its result).

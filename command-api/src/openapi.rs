@@ -150,6 +150,19 @@ mod tests {
     }
 
     #[test]
+    fn the_bulk_route_says_a_batch_is_not_one_transaction() {
+        let doc = document();
+        let post = &doc["paths"]["/api/v1/internal_transfers"]["post"];
+        let said = format!("{} {}", post["summary"], post["description"]);
+        assert!(said.contains("NOT one transaction"), "{said}");
+        assert!(said.contains("admin"), "{said}");
+        let item = &doc["components"]["schemas"]["BulkItem"]["properties"];
+        assert!(item["user_id"]["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("Admin tokens only")));
+    }
+
+    #[test]
     fn every_route_of_the_app_is_described() {
         let doc = document();
         let paths = doc["paths"].as_object().unwrap();
