@@ -76,6 +76,9 @@ pub struct Config {
     pub net_faults: usize,
     /// The (path, fault) kinds drawn from; every one when empty.
     pub net_kinds: Vec<(PathTo, Fault)>,
+    /// Transfers per request: above 1, every client sends batches of this many to
+    /// `POST /api/v1/internal_transfers` (an admin's token naming each item's user).
+    pub bulk: usize,
 }
 
 impl Config {
@@ -100,6 +103,7 @@ impl Config {
             settle_max: Duration::from_secs(300),
             net_faults: 0,
             net_kinds: Vec::new(),
+            bulk: 1,
         }
     }
 }
@@ -281,6 +285,146 @@ struct Sent {
     user: u64,
 }
 
+/// One transfer a client will send: the `i`-th of the run, with its own cid.
+struct Planned {
+    i: usize,
+    user: u64,
+    from_funding: bool,
+    amount: u32,
+}
+
+impl Planned {
+    fn draw(i: usize, users: u64) -> Self {
+        let mut rng = rand::rng();
+        Planned {
+            i,
+            user: 1 + (i as u64) % users,
+            from_funding: rng.random_bool(0.6),
+            amount: rng.random_range(1..=40u32),
+        }
+    }
+
+    fn body(&self) -> serde_json::Value {
+        let (from, to) = if self.from_funding {
+            ("FUNDING", "SPOT")
+        } else {
+            ("SPOT", "FUNDING")
+        };
+        json!({"from": from, "to": to, "asset": "USDT",
+               "amount": format!("{}.5", self.amount), "cid": format!("chaos-{}", self.i)})
+    }
+}
+
+/// How long a client keeps sending one transfer (or what is left of a batch) before it counts
+/// as unanswered.
+const ANSWER_WITHIN: Duration = Duration::from_secs(120);
+
+/// Sends one transfer with its cid to a random live ledger until one answers with its req_id:
+/// (req_id, state), or `None` past [`ANSWER_WITHIN`].
+async fn send_one(
+    http: &reqwest::Client,
+    cluster: &Cluster,
+    planned: &Planned,
+) -> Option<(String, String)> {
+    let token = command_api::mint(
+        SECRET.as_bytes(),
+        domain::UserId::new(planned.user).expect("user id"),
+        false,
+        Duration::from_secs(3600),
+    );
+    let body = planned.body();
+    let deadline = Instant::now() + ANSWER_WITHIN;
+    while Instant::now() <= deadline {
+        let Some(base) = any_base(cluster).await else {
+            continue;
+        };
+        let resp = http
+            .post(format!("{base}/api/v1/internal_transfer"))
+            .bearer_auth(&token)
+            .json(&body)
+            .send()
+            .await;
+        if let Ok(resp) = resp {
+            if let Ok(v) = resp.json::<serde_json::Value>().await {
+                if let Some(id) = v["req_id"].as_str() {
+                    let state = v["state"].as_str().unwrap_or("").to_owned();
+                    return Some((id.to_owned(), state));
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// Sends the transfers as one batch to `POST /api/v1/internal_transfers` (an admin's token
+/// naming each item's user), the items not yet answered with a req_id again until each is or
+/// [`ANSWER_WITHIN`] passes: one answer per transfer, in order.
+async fn send_batch(
+    http: &reqwest::Client,
+    cluster: &Cluster,
+    planned: &[Planned],
+) -> Vec<Option<(String, String)>> {
+    let token = command_api::mint(
+        SECRET.as_bytes(),
+        domain::UserId::new(1).expect("user id"),
+        true,
+        Duration::from_secs(3600),
+    );
+    let mut answers: Vec<Option<(String, String)>> = planned.iter().map(|_| None).collect();
+    let deadline = Instant::now() + ANSWER_WITHIN;
+    while Instant::now() <= deadline {
+        let pending: Vec<usize> = (0..planned.len())
+            .filter(|&k| answers[k].is_none())
+            .collect();
+        if pending.is_empty() {
+            break;
+        }
+        let Some(base) = any_base(cluster).await else {
+            continue;
+        };
+        let items: Vec<serde_json::Value> = pending
+            .iter()
+            .map(|&k| {
+                let mut item = planned[k].body();
+                item["user_id"] = json!(planned[k].user);
+                item
+            })
+            .collect();
+        let resp = http
+            .post(format!("{base}/api/v1/internal_transfers"))
+            .bearer_auth(&token)
+            .json(&json!({ "transfers": items }))
+            .send()
+            .await;
+        if let Ok(resp) = resp {
+            if let Ok(v) = resp.json::<serde_json::Value>().await {
+                let results = v["results"].as_array().cloned().unwrap_or_default();
+                for (&k, r) in pending.iter().zip(&results) {
+                    if let Some(id) = r["req_id"].as_str() {
+                        let state = r["state"].as_str().unwrap_or("").to_owned();
+                        answers[k] = Some((id.to_owned(), state));
+                    }
+                }
+            }
+        }
+        if answers.iter().any(Option::is_none) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    answers
+}
+
+/// A live ledger's base URL, or `None` after a short wait when none is up.
+async fn any_base(cluster: &Cluster) -> Option<String> {
+    let bases = cluster.bases();
+    if bases.is_empty() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        return None;
+    }
+    Some(bases[rand::rng().random_range(0..bases.len())].clone())
+}
+
 /// Runs the whole chaos scenario and reports what it found.
 /// The processes' logs (and spot-core's data and archive) are kept when the run is not clean or
 /// fails.
@@ -391,70 +535,35 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
                 .timeout(Duration::from_secs(10))
                 .build()
                 .expect("http client");
+            let batch = cfg.bulk.max(1);
             loop {
-                let i = next.fetch_add(1, Ordering::SeqCst);
-                if i >= cfg.transfers {
+                let first = next.fetch_add(batch, Ordering::SeqCst);
+                if first >= cfg.transfers {
                     return;
                 }
-                let user = 1 + (i as u64) % cfg.users;
-                let (from_funding, amount) = {
-                    let mut rng = rand::rng();
-                    (rng.random_bool(0.6), rng.random_range(1..=40u32))
+                let planned: Vec<Planned> = (first..(first + batch).min(cfg.transfers))
+                    .map(|i| Planned::draw(i, cfg.users))
+                    .collect();
+                let answered = match batch {
+                    1 => vec![send_one(&http, &cluster, &planned[0]).await],
+                    _ => send_batch(&http, &cluster, &planned).await,
                 };
-                let (from, to) = if from_funding {
-                    ("FUNDING", "SPOT")
-                } else {
-                    ("SPOT", "FUNDING")
-                };
-                let token = command_api::mint(
-                    SECRET.as_bytes(),
-                    domain::UserId::new(user).expect("user id"),
-                    false,
-                    Duration::from_secs(3600),
-                );
-                let body = json!({"from": from, "to": to, "asset": "USDT",
-                                  "amount": format!("{amount}.5"), "cid": format!("chaos-{i}")});
-                let deadline = Instant::now() + Duration::from_secs(120);
-                let answered = loop {
-                    if Instant::now() > deadline {
-                        break None;
-                    }
-                    let bases = cluster.bases();
-                    if bases.is_empty() {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                    let base = &bases[rand::rng().random_range(0..bases.len())];
-                    let resp = http
-                        .post(format!("{base}/api/v1/internal_transfer"))
-                        .bearer_auth(&token)
-                        .json(&body)
-                        .send()
-                        .await;
-                    if let Ok(resp) = resp {
-                        if let Ok(v) = resp.json::<serde_json::Value>().await {
-                            if let Some(id) = v["req_id"].as_str() {
-                                let state = v["state"].as_str().unwrap_or("").to_owned();
-                                break Some((id.to_owned(), state));
-                            }
+                for (p, answer) in planned.iter().zip(answered) {
+                    match answer {
+                        Some((id, state)) => {
+                            sent.lock().unwrap_or_else(|e| e.into_inner()).insert(
+                                id,
+                                Sent {
+                                    from_funding: p.from_funding,
+                                    state,
+                                    user: p.user,
+                                },
+                            );
+                            answers.fetch_add(1, Ordering::SeqCst);
                         }
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                };
-                match answered {
-                    Some((id, state)) => {
-                        sent.lock().unwrap_or_else(|e| e.into_inner()).insert(
-                            id,
-                            Sent {
-                                from_funding,
-                                state,
-                                user,
-                            },
-                        );
-                        answers.fetch_add(1, Ordering::SeqCst);
-                    }
-                    None => {
-                        unanswered.fetch_add(1, Ordering::SeqCst);
+                        None => {
+                            unanswered.fetch_add(1, Ordering::SeqCst);
+                        }
                     }
                 }
             }

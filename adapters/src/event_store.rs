@@ -36,11 +36,16 @@ pub const BATCH_COMMITS_MAX: usize = 512;
 /// 1,383/s; fewer, larger batches cost PostgreSQL less CPU than more, smaller ones.
 const QUEUE_LENGTH_MAX: usize = 8192;
 
+/// One caller's commits (one, or a bulk request's many), each all-or-nothing on its own, and
+/// where their answers go, in order.
 struct Job {
     aggregate_type: &'static str,
-    events: Vec<SerializedEvent>,
-    reply: oneshot::Sender<Result<(), PersistenceError>>,
+    commits: Vec<Vec<SerializedEvent>>,
+    reply: oneshot::Sender<Vec<Result<(), PersistenceError>>>,
 }
+
+/// One commit as the appender writes it.
+type Pending<'a> = (&'static str, &'a [SerializedEvent]);
 
 /// Reads through postgres-es; appends through the batching appender.
 #[derive(Clone)]
@@ -61,6 +66,35 @@ impl BatchingEventRepository {
             queue: GroupCommit::start(appender, QUEUE_LENGTH_MAX, BATCH_COMMITS_MAX),
         }
     }
+
+    /// Appends many aggregates' commits in one transaction of the appender (with whatever else
+    /// is waiting): one answer per commit, in order. Each commit is still all-or-nothing with its
+    /// own version check: when one conflicts, the transaction is retried commit by commit, so
+    /// only that one hears `OptimisticLockError`.
+    pub async fn append_many<A: Aggregate>(
+        &self,
+        commits: Vec<Vec<SerializedEvent>>,
+    ) -> Vec<Result<(), PersistenceError>> {
+        let count = commits.len();
+        let asked = self
+            .queue
+            .ask(|reply| Job {
+                aggregate_type: A::TYPE,
+                commits,
+                reply,
+            })
+            .await;
+        match asked {
+            Ok(answers) if answers.len() == count => answers,
+            Ok(_) | Err(_) => (0..count)
+                .map(|_| {
+                    Err(PersistenceError::UnknownError(
+                        "the appender stopped".into(),
+                    ))
+                })
+                .collect(),
+        }
+    }
 }
 
 /// The event store over `pool`, its appender started on the current tokio runtime.
@@ -76,60 +110,91 @@ impl Committer for Appender {
     type Job = Job;
 
     async fn commit(&mut self, jobs: &mut Vec<Job>) {
+        // Transactions of at most BATCH_COMMITS_MAX commits, a job never split (a bulk
+        // request's commits larger than that go alone, in one transaction).
+        let mut answers: Vec<Vec<Result<(), PersistenceError>>> = Vec::with_capacity(jobs.len());
+        let mut start = 0;
+        while start < jobs.len() {
+            let mut end = start + 1;
+            let mut commits = jobs[start].commits.len();
+            while end < jobs.len() && commits + jobs[end].commits.len() <= BATCH_COMMITS_MAX {
+                commits += jobs[end].commits.len();
+                end += 1;
+            }
+            let group: Vec<Pending<'_>> = jobs[start..end]
+                .iter()
+                .flat_map(|j| j.commits.iter().map(|c| (j.aggregate_type, c.as_slice())))
+                .collect();
+            let mut results = self.append_group(&group).await.into_iter();
+            for job in &jobs[start..end] {
+                answers.push(results.by_ref().take(job.commits.len()).collect());
+            }
+            start = end;
+        }
+        for (job, answers) in jobs.drain(..).zip(answers) {
+            let _ = job.reply.send(answers);
+        }
+    }
+}
+
+impl Appender {
+    /// Appends one transaction's commits: one answer per commit, in order.
+    async fn append_group(&mut self, group: &[Pending<'_>]) -> Vec<Result<(), PersistenceError>> {
         match self.conn.take().await {
             Ok(mut held) => {
-                if append_batch(&mut held, jobs).await {
+                let (answers, healthy) = append_batch(&mut held, group).await;
+                if healthy {
                     self.conn.keep(held);
                 }
+                answers
             }
             Err(e) => {
                 let message = e.to_string();
-                for job in jobs.drain(..) {
-                    let _ = job
-                        .reply
-                        .send(Err(PersistenceError::UnknownError(message.clone().into())));
-                }
+                group
+                    .iter()
+                    .map(|_| Err(PersistenceError::UnknownError(message.clone().into())))
+                    .collect()
             }
         }
     }
 }
 
-/// Appends one batch and answers every job. Returns whether the connection may be kept (no
-/// error was seen on it).
-async fn append_batch(conn: &mut PgConnection, jobs: &mut Vec<Job>) -> bool {
-    let all: Vec<&Job> = jobs.iter().collect();
-    match insert(conn, &all).await {
-        Ok(()) => {
-            for job in jobs.drain(..) {
-                let _ = job.reply.send(Ok(()));
-            }
-            true
-        }
-        Err(e) if jobs.len() > 1 && is_conflict(&e) => {
+/// Appends one batch: its answers, and whether the connection may be kept (no error was seen
+/// on it).
+async fn append_batch(
+    conn: &mut PgConnection,
+    commits: &[Pending<'_>],
+) -> (Vec<Result<(), PersistenceError>>, bool) {
+    match insert(conn, commits).await {
+        Ok(()) => (commits.iter().map(|_| Ok(())).collect(), true),
+        Err(e) if commits.len() > 1 && is_conflict(&e) => {
             // Someone's sequence number was taken: find out whose, one commit per transaction.
             // A refused statement leaves the connection usable.
             let mut healthy = true;
-            for job in jobs.drain(..) {
-                let result = insert(conn, &[&job]).await;
+            let mut answers = Vec::with_capacity(commits.len());
+            for commit in commits {
+                let result = insert(conn, std::slice::from_ref(commit)).await;
                 healthy &= result.as_ref().map_or_else(is_conflict, |()| true);
-                let _ = job.reply.send(result.map_err(to_persistence));
+                answers.push(result.map_err(to_persistence));
             }
-            healthy
+            (answers, healthy)
         }
         Err(e) => {
             // The outcome of a failed commit may be unknown (connection lost during COMMIT);
             // every caller hears the error and reloads before acting again.
             let message = e.to_string();
             let conflict = is_conflict(&e);
-            for job in jobs.drain(..) {
-                let err = if conflict {
-                    PersistenceError::OptimisticLockError
-                } else {
-                    PersistenceError::UnknownError(message.clone().into())
-                };
-                let _ = job.reply.send(Err(err));
-            }
-            conflict
+            let answers = commits
+                .iter()
+                .map(|_| {
+                    Err(if conflict {
+                        PersistenceError::OptimisticLockError
+                    } else {
+                        PersistenceError::UnknownError(message.clone().into())
+                    })
+                })
+                .collect();
+            (answers, conflict)
         }
     }
 }
@@ -145,8 +210,8 @@ async fn append_batch(conn: &mut PgConnection, jobs: &mut Vec<Job>) -> bool {
 /// costs the append nothing (an updated counter row would keep a version per append). Each
 /// event also carries its owner (the commit's `user_id` metadata) and its domain time, which the
 /// feed serves.
-async fn insert(conn: &mut PgConnection, jobs: &[&Job]) -> Result<(), sqlx::Error> {
-    let n: usize = jobs.iter().map(|j| j.events.len()).sum();
+async fn insert(conn: &mut PgConnection, commits: &[Pending<'_>]) -> Result<(), sqlx::Error> {
+    let n: usize = commits.iter().map(|(_, events)| events.len()).sum();
     let mut types = Vec::with_capacity(n);
     let mut ids = Vec::with_capacity(n);
     let mut seqs = Vec::with_capacity(n);
@@ -156,9 +221,9 @@ async fn insert(conn: &mut PgConnection, jobs: &[&Job]) -> Result<(), sqlx::Erro
     let mut metadata = Vec::with_capacity(n);
     let mut owners = Vec::with_capacity(n);
     let mut times = Vec::with_capacity(n);
-    for job in jobs {
-        for e in &job.events {
-            types.push(job.aggregate_type);
+    for (aggregate_type, events) in commits {
+        for e in *events {
+            types.push(*aggregate_type);
             ids.push(e.aggregate_id.as_str());
             seqs.push(i64::try_from(e.sequence).unwrap_or(i64::MAX));
             event_types.push(e.event_type.as_str());
@@ -169,7 +234,7 @@ async fn insert(conn: &mut PgConnection, jobs: &[&Job]) -> Result<(), sqlx::Erro
             times.push(occurred_at(&e.payload));
         }
     }
-    let guards = ClaimGuards::of(jobs);
+    let guards = ClaimGuards::of(commits);
     sqlx::query(
         "WITH guard AS MATERIALIZED (SELECT cid_claims_hold($10::bigint[], $11::text[],
                                                           $12::text[]) AS held),
@@ -212,9 +277,9 @@ struct ClaimGuards<'a> {
 }
 
 impl<'a> ClaimGuards<'a> {
-    fn of(jobs: &[&'a Job]) -> Self {
+    fn of(commits: &[Pending<'a>]) -> Self {
         let mut guards = Self::default();
-        for e in jobs.iter().flat_map(|j| &j.events) {
+        for e in commits.iter().flat_map(|(_, events)| events.iter()) {
             if e.sequence != 1 || e.event_type != "TransferCreated" {
                 continue;
             }
@@ -318,14 +383,18 @@ impl PersistedEventRepository for BatchingEventRepository {
         if events.is_empty() {
             return Ok(());
         }
-        self.queue
+        let mut answers = self
+            .queue
             .ask(|reply| Job {
                 aggregate_type: A::TYPE,
-                events: events.to_vec(),
+                commits: vec![events.to_vec()],
                 reply,
             })
             .await
-            .map_err(|e| PersistenceError::UnknownError(Box::new(e)))?
+            .map_err(|e| PersistenceError::UnknownError(Box::new(e)))?;
+        answers
+            .pop()
+            .unwrap_or_else(|| Err(PersistenceError::UnknownError("no answer".into())))
     }
 
     async fn stream_events<A: Aggregate>(

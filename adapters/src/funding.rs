@@ -376,26 +376,7 @@ impl FundingLedger {
         m: &Movement,
     ) -> Result<Option<AdapterOutcome>, sqlx::Error> {
         let decided = self.batcher.submit(journal_name(op), m).await?;
-        let Some(batch::Decided {
-            outcome,
-            code,
-            moved,
-        }) = decided
-        else {
-            return Ok(None);
-        };
-        if outcome == "APPLIED" {
-            // One call, one transaction: an applied claim without its balance change cannot
-            // commit unless the account vanished, which nothing ever does.
-            if moved != 1 {
-                tracing::error!(req_id = %m.req_id, op = journal_name(op), moved, "CRITICAL applied funding movement touched no single account");
-                return Ok(Some(AdapterOutcome::Unknown(
-                    "funding movement inconsistent".into(),
-                )));
-            }
-            return Ok(Some(AdapterOutcome::Success));
-        }
-        Ok(Some(refusal(code.unwrap_or_else(|| "REFUSED".into()))))
+        Ok(decided.map(|d| fresh_outcome(op, m, d)))
     }
 
     /// The other cases: a repeat of a claimed key, answered with its first decision, and an
@@ -455,6 +436,43 @@ impl FundingLedger {
 }
 
 impl FundingLedger {
+    /// Many movements of one kind (a bulk request's): every fresh movement of a valid asset is
+    /// decided in the same call of the batch (one statement, one commit, with whatever else is
+    /// waiting); repeats and invalid ones take the single path's general case, each alone.
+    async fn movements_batched(&self, op: Operation, ms: &[Movement]) -> Vec<AdapterOutcome> {
+        let invalid: Vec<Option<String>> = ms
+            .iter()
+            .map(|m| match op {
+                Operation::Refund => None,
+                Operation::Withdraw | Operation::Deposit => self.invalid(m),
+            })
+            .collect();
+        let fresh: Vec<(&'static str, &Movement)> = ms
+            .iter()
+            .zip(&invalid)
+            .filter(|(_, invalid)| invalid.is_none())
+            .map(|(m, _)| (journal_name(op), m))
+            .collect();
+        let mut decided = self.batcher.submit_many(fresh).await.into_iter();
+        let mut outcomes = Vec::with_capacity(ms.len());
+        for (m, invalid) in ms.iter().zip(invalid) {
+            let first = match invalid {
+                Some(_) => Ok(None),
+                None => match decided.next() {
+                    Some(answer) => answer.map(|d| d.map(|d| fresh_outcome(op, m, d))),
+                    None => Err(sqlx::Error::WorkerCrashed),
+                },
+            };
+            let outcome = match first {
+                Ok(Some(outcome)) => Ok(outcome),
+                Ok(None) => self.movement_general(op, m, invalid).await,
+                Err(e) => Err(e),
+            };
+            outcomes.push(outcome.unwrap_or_else(classify));
+        }
+        outcomes
+    }
+
     /// Records a `CANCELLED` refusal for (req_id, op) if nothing is recorded under that key yet.
     /// A movement transaction still holding the key makes this wait for it, and then do nothing.
     async fn cancel_movement(&self, op: Operation, m: &Movement) -> Result<(), sqlx::Error> {
@@ -472,6 +490,25 @@ impl FundingLedger {
         .await?;
         Ok(())
     }
+}
+
+/// What a fresh movement's decision (claimed by this call) comes to.
+fn fresh_outcome(op: Operation, m: &Movement, decided: batch::Decided) -> AdapterOutcome {
+    let batch::Decided {
+        outcome,
+        code,
+        moved,
+    } = decided;
+    if outcome == "APPLIED" {
+        // One call, one transaction: an applied claim without its balance change cannot
+        // commit unless the account vanished, which nothing ever does.
+        if moved != 1 {
+            tracing::error!(req_id = %m.req_id, op = journal_name(op), moved, "CRITICAL applied funding movement touched no single account");
+            return AdapterOutcome::Unknown("funding movement inconsistent".into());
+        }
+        return AdapterOutcome::Success;
+    }
+    refusal(code.unwrap_or_else(|| "REFUSED".into()))
 }
 
 fn refusal(code: String) -> AdapterOutcome {
@@ -536,6 +573,10 @@ impl AccountPort for FundingLedger {
         self.movement(Operation::Refund, m)
             .await
             .unwrap_or_else(classify)
+    }
+
+    async fn movements(&self, operation: Operation, ms: &[Movement]) -> Vec<AdapterOutcome> {
+        self.movements_batched(operation, ms).await
     }
 
     /// The journal row is written in the same transaction as the balance change, so "no row"

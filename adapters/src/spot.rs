@@ -195,40 +195,67 @@ impl SpotAdapter {
     }
 
     async fn movement(&self, op: MovementOp, m: &Movement) -> AdapterOutcome {
-        let request = Request::movement(
-            op,
-            m.req_id.to_string(),
-            m.user_id.get(),
-            m.asset.as_str(),
-            m.amount.value(),
-        );
-        match self.client.call(&request).await {
-            Ok(Response::Applied { .. }) => AdapterOutcome::Success,
-            // A used req_id with other details is a bug or an attack, not a clean refusal:
-            // compensating on it could move money that was never taken.
-            Ok(Response::Refused {
-                code: RefusalCode::ReqIdConflict,
-                message,
-                ..
-            }) => AdapterOutcome::Mismatch(format!("REQ_ID_CONFLICT: {message}")),
-            // Not a refusal: it says nothing about whether the movement was applied before the
-            // horizon passed its req_id (its record is forgotten). The transfer stays open.
-            Ok(Response::Refused {
-                code: RefusalCode::ReqIdExpired,
-                message,
-                ..
-            }) => AdapterOutcome::Unknown(expired(&m.req_id, op_name(op), &message)),
-            Ok(Response::Refused { code, message, .. }) => AdapterOutcome::ExplicitFail {
-                code: code.as_str().to_owned(),
-                message,
-            },
-            Ok(other) => AdapterOutcome::Unknown(format!("unexpected answer: {other:?}")),
-            Err(ClientError::Timeout) => AdapterOutcome::Timeout,
-            Err(ClientError::Connect(e)) | Err(ClientError::Io(e)) => {
-                AdapterOutcome::NetworkError(e)
-            }
-            Err(ClientError::Protocol(e)) => AdapterOutcome::Unknown(e),
+        let answer = self.client.call(&movement_request(op, m)).await;
+        movement_outcome(op, m, answer)
+    }
+
+    /// Many movements of one kind, pipelined on one connection (`SpotTransport::call_many`):
+    /// one WAL sync in spot-core for the lot, each answer read as a single movement's.
+    async fn movements_pipelined(&self, op: MovementOp, ms: &[Movement]) -> Vec<AdapterOutcome> {
+        let requests: Vec<Request> = ms.iter().map(|m| movement_request(op, m)).collect();
+        let answers = self.client.call_many(&requests).await;
+        if answers.len() != ms.len() {
+            // A transport that lost count: nothing can be said about any of them.
+            let why = format!("{} answers to {} requests", answers.len(), ms.len());
+            return vec![AdapterOutcome::Unknown(why); ms.len()];
         }
+        ms.iter()
+            .zip(answers)
+            .map(|(m, answer)| movement_outcome(op, m, answer))
+            .collect()
+    }
+}
+
+fn movement_request(op: MovementOp, m: &Movement) -> Request {
+    Request::movement(
+        op,
+        m.req_id.to_string(),
+        m.user_id.get(),
+        m.asset.as_str(),
+        m.amount.value(),
+    )
+}
+
+/// What spot-core's answer (or the lack of one) to a movement says about it.
+fn movement_outcome(
+    op: MovementOp,
+    m: &Movement,
+    answer: Result<Response, ClientError>,
+) -> AdapterOutcome {
+    match answer {
+        Ok(Response::Applied { .. }) => AdapterOutcome::Success,
+        // A used req_id with other details is a bug or an attack, not a clean refusal:
+        // compensating on it could move money that was never taken.
+        Ok(Response::Refused {
+            code: RefusalCode::ReqIdConflict,
+            message,
+            ..
+        }) => AdapterOutcome::Mismatch(format!("REQ_ID_CONFLICT: {message}")),
+        // Not a refusal: it says nothing about whether the movement was applied before the
+        // horizon passed its req_id (its record is forgotten). The transfer stays open.
+        Ok(Response::Refused {
+            code: RefusalCode::ReqIdExpired,
+            message,
+            ..
+        }) => AdapterOutcome::Unknown(expired(&m.req_id, op_name(op), &message)),
+        Ok(Response::Refused { code, message, .. }) => AdapterOutcome::ExplicitFail {
+            code: code.as_str().to_owned(),
+            message,
+        },
+        Ok(other) => AdapterOutcome::Unknown(format!("unexpected answer: {other:?}")),
+        Err(ClientError::Timeout) => AdapterOutcome::Timeout,
+        Err(ClientError::Connect(e)) | Err(ClientError::Io(e)) => AdapterOutcome::NetworkError(e),
+        Err(ClientError::Protocol(e)) => AdapterOutcome::Unknown(e),
     }
 }
 
@@ -256,6 +283,10 @@ impl AccountPort for SpotAdapter {
 
     async fn refund(&self, m: &Movement) -> AdapterOutcome {
         self.movement(MovementOp::Refund, m).await
+    }
+
+    async fn movements(&self, operation: Operation, ms: &[Movement]) -> Vec<AdapterOutcome> {
+        self.movements_pipelined(movement_op(operation), ms).await
     }
 
     /// spot-core answers `lookup` from the records it rebuilt from its WAL, after the same sync
@@ -496,6 +527,37 @@ mod tests {
             Recorded::Unavailable(_)
         ));
         assert_eq!(a.lookup(&bad, Operation::Deposit).await, Recorded::NotSeen);
+    }
+
+    #[tokio::test]
+    async fn movements_are_pipelined_and_each_answered_as_alone() {
+        let spot = Spot::start(None).await;
+        let a = SpotAdapter::new(spot.addr.clone(), Duration::from_secs(5));
+        let deposits: Vec<Movement> = (0..600).map(|_| movement(4, "1")).collect();
+        let port: &dyn AccountPort = &a;
+        let answered = port.movements(Operation::Deposit, &deposits).await;
+        assert_eq!(
+            answered.len(),
+            600,
+            "one answer per movement, past one pipeline"
+        );
+        assert!(answered.iter().all(|o| *o == AdapterOutcome::Success));
+        // A refusal, a repeat (its first answer) and a mismatch, each answered for itself.
+        let too_much = movement(4, "1000");
+        let other = Movement {
+            amount: Amount::parse("2").unwrap(),
+            ..deposits[0].clone()
+        };
+        let mixed = [too_much, deposits[1].clone(), other];
+        let answered = port.movements(Operation::Withdraw, &mixed[..1]).await;
+        assert!(
+            matches!(&answered[0], AdapterOutcome::ExplicitFail { code, .. } if code == "INSUFFICIENT_BALANCE")
+        );
+        let answered = port.movements(Operation::Deposit, &mixed[1..]).await;
+        assert_eq!(answered[0], AdapterOutcome::Success);
+        assert!(matches!(answered[1], AdapterOutcome::Mismatch(_)));
+        let balances = a.balances(UserId::new(4).unwrap()).await.unwrap();
+        assert_eq!(balances[0].available, Decimal::from(600));
     }
 
     #[tokio::test]

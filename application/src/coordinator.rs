@@ -255,10 +255,64 @@ impl Coordinator {
 
     async fn commit_steps(
         &self,
-        mut ctx: Context,
+        ctx: Context,
         command: TransferCommand,
         through: bool,
     ) -> Result<Context, CoordinatorError> {
+        let (ctx, commit) = self.stage_steps(ctx, command, through).await?;
+        let current_sequence = self.log.append(commit).await?;
+        // No read-model write here: the projector (projections::Projector) applies every
+        // committed event exactly once, in a commit-safe order, from the log itself.
+        Ok(Context {
+            current_sequence,
+            ..ctx
+        })
+    }
+
+    /// Commits many transfers' steps in one append (`TransferLog::append_many`: one durable
+    /// write for all, each commit all-or-nothing with its own version check): one answer per
+    /// step in order, each what `execute` (or, with its `through`, `execute_through`) would
+    /// have answered. A step refused before the append stays refused alone.
+    pub(crate) async fn commit_many(
+        &self,
+        steps: Vec<(Context, TransferCommand, bool)>,
+    ) -> Vec<Result<Context, CoordinatorError>> {
+        let mut staged = Vec::with_capacity(steps.len());
+        let mut commits = Vec::with_capacity(steps.len());
+        for (ctx, command, through) in steps {
+            match self.stage_steps(ctx, command, through).await {
+                Ok((ctx, commit)) => {
+                    commits.push(commit);
+                    staged.push(Ok(ctx));
+                }
+                Err(e) => staged.push(Err(e)),
+            }
+        }
+        let mut appended = self.log.append_many(commits).await.into_iter();
+        staged
+            .into_iter()
+            .map(|ctx| {
+                let ctx = ctx?;
+                let current_sequence = appended
+                    .next()
+                    .unwrap_or_else(|| Err(CoordinatorError::store("the log lost an answer")))?;
+                Ok(Context {
+                    current_sequence,
+                    ..ctx
+                })
+            })
+            .collect()
+    }
+
+    /// Handles `command` (and, with `through`, the call-free step it leads to) on the in-memory
+    /// aggregate: the context advanced past its events (its sequence still the one they were
+    /// decided on) and the commit that makes them durable.
+    async fn stage_steps(
+        &self,
+        mut ctx: Context,
+        command: TransferCommand,
+        through: bool,
+    ) -> Result<(Context, Commit), CoordinatorError> {
         let sink = EventSink::default();
         ctx.aggregate
             .handle(command, &(), &sink)
@@ -288,15 +342,13 @@ impl Coordinator {
             // The owner travels with every event, so the feed can serve one user's stream.
             owner: aggregate.data.as_ref().map(|d| d.user_id),
         };
-        let current_sequence = self.log.append(commit).await?;
-        // No read-model write here: the projector (projections::Projector) applies every
-        // committed event exactly once, in a commit-safe order, from the log itself.
-        Ok(Context {
+        let staged = Context {
             aggregate_id,
             aggregate,
-            current_sequence,
+            current_sequence: ctx.current_sequence,
             current_snapshot: None,
-        })
+        };
+        Ok((staged, commit))
     }
 
     pub(crate) fn port(&self, account: AccountType) -> &dyn AccountPort {

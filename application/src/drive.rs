@@ -215,7 +215,7 @@ impl Coordinator {
 }
 
 /// Turns an adapter outcome into a recordable one, or says why it cannot be recorded.
-fn definite(
+pub(crate) fn definite(
     data: &TransferData,
     operation: Operation,
     outcome: AdapterOutcome,

@@ -10,7 +10,10 @@ use std::sync::Arc;
 /// two events each; `after_init` and `after_source_done` are met only by a transfer found in
 /// INIT or SOURCE_DONE (a log written before those pairs were one commit, or a manual
 /// resolution to SOURCE_DONE), before its call-free step.
-pub const ALL: [&str; 11] = [
+///
+/// The last two are the bulk path's (`bulk.rs`): with one armed, a batch's withdraws (deposits)
+/// are made for its first half only, and the process aborts before the second half's.
+pub const ALL: [&str; 13] = [
     "after_init",
     "after_created_withdraw_started",
     "source_pending_before_call",
@@ -22,6 +25,8 @@ pub const ALL: [&str; 11] = [
     "compensating_before_refund",
     "compensating_after_refund",
     "after_manual_resolution",
+    "bulk_half_withdrawn",
+    "bulk_half_deposited",
 ];
 
 /// The one fail point armed in this process, if any. Cheap to clone.
@@ -36,6 +41,13 @@ impl FailPoints {
         Self {
             armed: name.filter(|n| !n.is_empty()).map(Arc::from),
         }
+    }
+
+    /// Whether `name` is the armed fail point (for a point that changes how a step is made
+    /// before it aborts, such as the bulk path's half-batch points).
+    pub fn is_armed(&self, name: &str) -> bool {
+        debug_assert!(ALL.contains(&name), "unknown fail point {name}");
+        self.armed.as_deref() == Some(name)
     }
 
     /// Aborts the process (no unwinding, no destructors, no flushing: like SIGKILL) when `name` is

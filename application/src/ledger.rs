@@ -13,7 +13,8 @@ use sqlx::PgPool;
 
 use crate::assets::AssetSettings;
 use crate::audit::{self, CheckError, InvariantReport, Mode};
-use crate::coordinator::{Coordinator, CoordinatorError};
+use crate::bulk::{cid_slots, Slot};
+use crate::coordinator::{Coordinator, CoordinatorError, NewTransfer};
 use crate::failpoint::FailPoints;
 use crate::halt::{self, HaltCache};
 use crate::limits::DailyLimits;
@@ -54,6 +55,32 @@ pub enum RequestError {
     Coordinator(#[from] CoordinatorError),
 }
 
+/// What a request's gates came to.
+enum Gated {
+    /// A cid repeat: its original transfer.
+    Answered(TransferData),
+    /// To be created.
+    Accepted(NewTransfer),
+}
+
+/// A cid repeat inside a batch gets the first item's answer.
+fn same_answer(
+    first: Option<&Result<TransferData, RequestError>>,
+    first_index: usize,
+) -> Result<TransferData, RequestError> {
+    match first {
+        Some(Ok(data)) => Ok(data.clone()),
+        Some(Err(RequestError::Refused(code))) => Err(RequestError::Refused(*code)),
+        Some(Err(RequestError::Coordinator(e))) => Err(RequestError::Coordinator(e.clone())),
+        Some(Err(other)) => Err(RequestError::Coordinator(CoordinatorError::store(format!(
+            "as item {first_index}: {other}"
+        )))),
+        None => Err(RequestError::Coordinator(CoordinatorError::store(
+            "bulk answer missing",
+        ))),
+    }
+}
+
 /// The application. Cheap to clone: every field is a handle.
 #[derive(Clone)]
 pub struct Ledger {
@@ -63,6 +90,8 @@ pub struct Ledger {
     assets: AssetSettings,
     halt: Arc<HaltCache>,
     rate: Arc<dyn RateGate>,
+    /// The most transfers one bulk request may carry.
+    bulk_max: usize,
 }
 
 impl Ledger {
@@ -84,7 +113,19 @@ impl Ledger {
             assets: AssetSettings::new(pool, registry),
             halt: Arc::new(HaltCache::default()),
             rate: Arc::new(Unlimited),
+            bulk_max: crate::bulk::TRANSFERS_PER_REQUEST_MAX_DEFAULT,
         }
+    }
+
+    /// The most transfers one bulk request may carry (at least 1).
+    pub fn with_bulk_max(mut self, transfers_max: usize) -> Self {
+        self.bulk_max = transfers_max.max(1);
+        self
+    }
+
+    /// The most transfers one bulk request may carry; the edge refuses a larger batch whole.
+    pub fn bulk_max(&self) -> usize {
+        self.bulk_max
     }
 
     /// Applies the per-second gate and the daily limits to new transfer requests.
@@ -145,18 +186,184 @@ impl Ledger {
         };
         let transfer = match parsed {
             Ok(transfer) => transfer,
-            Err(code) => {
-                if depends_on_settings(code) {
-                    if let Some(existing) = self.repeat_of_earlier(&request).await {
-                        return Ok(existing);
-                    }
-                }
-                return Err(RequestError::Refused(code));
-            }
+            Err(code) => return self.refused_values(&request, code).await,
         };
-        if let Some(existing) = self.coordinator.existing_for_cid(&transfer).await? {
-            return Ok(existing);
+        let transfer = match self.gate(transfer).await? {
+            Gated::Answered(existing) => return Ok(existing),
+            Gated::Accepted(transfer) => transfer,
+        };
+        let coordinator = self.coordinator.clone();
+        // The drive runs in its own task so a caller hanging up cannot cancel it between a
+        // step's commit and its adapter call; the transfer then ends as soon as possible rather
+        // than at the recovery worker's next pass. The task ends with the drive.
+        let created = tokio::spawn(async move {
+            coordinator.validate(&transfer)?;
+            coordinator.create_and_drive(transfer).await
+        })
+        .await
+        .map_err(RequestError::Task)??;
+        Ok(created)
+    }
+
+    /// `POST /internal_transfers`' command: many transfer requests, each checked exactly as
+    /// `request_transfer` checks one (values in seed order, cid repeat, the per-second gate
+    /// counting each item, the halt, the FUNDING target), then the batch's creation and drive
+    /// (`Coordinator::create_and_drive_many`: each step for the whole batch at once) in a task a
+    /// hung-up client cannot cancel. One answer per request, in order; a refused item does not
+    /// stop the others. Each item is its own transfer: a batch is not one transaction.
+    pub async fn request_transfers(
+        &self,
+        requests: Vec<TransferRequest>,
+    ) -> Vec<Result<TransferData, RequestError>> {
+        let parsed: Vec<Result<NewTransfer, ErrorCode>> = {
+            let registry = self
+                .assets
+                .registry()
+                .read()
+                .unwrap_or_else(|e| e.into_inner());
+            requests.iter().map(|r| r.parse(&registry)).collect()
+        };
+        let keys: Vec<_> = parsed
+            .iter()
+            .map(|p| {
+                p.as_ref()
+                    .ok()
+                    .map(|t| (t.user_id, t.cid.as_deref(), t.fingerprint()))
+            })
+            .collect();
+        let slots = cid_slots(&keys);
+        let mut answers: Vec<Option<Result<TransferData, RequestError>>> =
+            requests.iter().map(|_| None).collect();
+        let repeats = self.cid_repeats(&parsed, &slots).await;
+        let mut accepted = Vec::new();
+        for (i, ((request, parsed), repeat)) in requests.iter().zip(parsed).zip(repeats).enumerate()
+        {
+            let gated = match (parsed, slots[i], repeat) {
+                (Err(code), _, _) => self
+                    .refused_values(request, code)
+                    .await
+                    .map(Gated::Answered),
+                (Ok(_), Slot::SameAs(_), _) => continue,
+                (Ok(_), Slot::Reused, _) => {
+                    Err(RequestError::Refused(ErrorCode::IdempotencyKeyReused))
+                }
+                (Ok(_), Slot::Own, Some(Ok(Some(existing)))) => Ok(Gated::Answered(existing)),
+                (Ok(_), Slot::Own, Some(Err(e))) => Err(RequestError::Coordinator(e)),
+                (Ok(transfer), Slot::Own, _) => self.admit(transfer).await,
+            };
+            match gated {
+                Ok(Gated::Answered(existing)) => answers[i] = Some(Ok(existing)),
+                Ok(Gated::Accepted(transfer)) => accepted.push((i, transfer)),
+                Err(e) => answers[i] = Some(Err(e)),
+            }
         }
+        for (i, answer) in self.create_accepted(accepted).await {
+            answers[i] = Some(answer);
+        }
+        for (i, slot) in slots.iter().enumerate() {
+            if let Slot::SameAs(j) = *slot {
+                answers[i] = Some(same_answer(answers[j].as_ref(), j));
+            }
+        }
+        answers
+            .into_iter()
+            .map(|a| {
+                a.unwrap_or_else(|| {
+                    Err(RequestError::Coordinator(CoordinatorError::store(
+                        "bulk answer missing",
+                    )))
+                })
+            })
+            .collect()
+    }
+
+    /// The cid repeats of a batch's own items, looked up together (independent reads); the
+    /// gates after them run in request order, so the per-second gate counts items in order.
+    async fn cid_repeats(
+        &self,
+        parsed: &[Result<NewTransfer, ErrorCode>],
+        slots: &[Slot],
+    ) -> Vec<Option<Result<Option<TransferData>, CoordinatorError>>> {
+        futures_util::future::join_all(parsed.iter().zip(slots).map(|(parsed, slot)| async move {
+            match (parsed, slot) {
+                (Ok(transfer), Slot::Own) => {
+                    Some(self.coordinator.existing_for_cid(transfer).await)
+                }
+                _ => None,
+            }
+        }))
+        .await
+    }
+
+    /// The accepted items of a batch (index, transfer) created and driven together, in a task a
+    /// hung-up client cannot cancel (between a step's commit and its calls): each index with
+    /// its answer.
+    async fn create_accepted(
+        &self,
+        accepted: Vec<(usize, NewTransfer)>,
+    ) -> Vec<(usize, Result<TransferData, RequestError>)> {
+        let (positions, transfers): (Vec<usize>, Vec<NewTransfer>) = accepted.into_iter().unzip();
+        let coordinator = self.coordinator.clone();
+        let driven = tokio::spawn(async move {
+            let mut checked = Vec::with_capacity(transfers.len());
+            let mut refused = Vec::new();
+            for (k, transfer) in transfers.into_iter().enumerate() {
+                match coordinator.validate(&transfer) {
+                    Ok(()) => checked.push(transfer),
+                    Err(e) => refused.push((k, e)),
+                }
+            }
+            let mut driven = coordinator.create_and_drive_many(checked).await;
+            // Ascending, so each refusal goes back to its own position.
+            for (k, e) in refused {
+                driven.insert(k, Err(e));
+            }
+            driven
+        })
+        .await;
+        match driven {
+            Ok(driven) => positions
+                .into_iter()
+                .zip(driven)
+                .map(|(i, answer)| (i, answer.map_err(RequestError::Coordinator)))
+                .collect(),
+            Err(e) => {
+                let cause = CoordinatorError::store(format!("bulk transfer task: {e}"));
+                positions
+                    .into_iter()
+                    .map(|i| (i, Err(RequestError::Coordinator(cause.clone()))))
+                    .collect()
+            }
+        }
+    }
+
+    /// A request refused for its values: its original transfer when it is a cid repeat refused
+    /// only for a changed asset setting, else the refusal.
+    async fn refused_values(
+        &self,
+        request: &TransferRequest,
+        code: ErrorCode,
+    ) -> Result<TransferData, RequestError> {
+        if depends_on_settings(code) {
+            if let Some(existing) = self.repeat_of_earlier(request).await {
+                return Ok(existing);
+            }
+        }
+        Err(RequestError::Refused(code))
+    }
+
+    /// The gates after a request's values, in seed order: a cid repeat answered with its
+    /// original transfer whatever else changed (rate, halt), the per-second gate (one transfer
+    /// counted), the halt (MON-003), the FUNDING target's existence.
+    async fn gate(&self, transfer: NewTransfer) -> Result<Gated, RequestError> {
+        if let Some(existing) = self.coordinator.existing_for_cid(&transfer).await? {
+            return Ok(Gated::Answered(existing));
+        }
+        self.admit(transfer).await
+    }
+
+    /// The gates after the cid repeat: the per-second gate, the halt, the FUNDING target.
+    async fn admit(&self, transfer: NewTransfer) -> Result<Gated, RequestError> {
         // Seed 000 section 1.5.8, step 7: counted only for requests that passed the checks
         // before it.
         self.rate
@@ -184,17 +391,7 @@ impl Ledger {
                 return Err(RequestError::Refused(ErrorCode::TargetAccountNotFound));
             }
         }
-        let coordinator = self.coordinator.clone();
-        // The drive runs in its own task so a caller hanging up cannot cancel it between a
-        // step's commit and its adapter call; the transfer then ends as soon as possible rather
-        // than at the recovery worker's next pass. The task ends with the drive.
-        let created = tokio::spawn(async move {
-            coordinator.validate(&transfer)?;
-            coordinator.create_and_drive(transfer).await
-        })
-        .await
-        .map_err(RequestError::Task)??;
-        Ok(created)
+        Ok(Gated::Accepted(transfer))
     }
 
     /// The original transfer of a cid repeat with the same body; `None` in every other case.

@@ -23,6 +23,7 @@ macro_rules! planted {
 pub mod alerts;
 pub mod assets;
 pub mod audit;
+pub mod bulk;
 pub mod coordinator;
 pub mod drive;
 pub mod failpoint;

@@ -6,11 +6,13 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use adapters::event_store::{transfer_store, TransferStore, OWNER_METADATA_KEY};
+use adapters::event_store::{BatchingEventRepository, TransferStore, OWNER_METADATA_KEY};
 use async_trait::async_trait;
 use chrono::NaiveDate;
-use cqrs_es::persist::EventStoreAggregateContext;
-use cqrs_es::EventStore;
+use cqrs_es::persist::{
+    EventStoreAggregateContext, PersistedEventStore, PersistenceError, SerializedEvent,
+};
+use cqrs_es::{EventEnvelope, EventStore};
 use domain::{Amount, AssetSymbol, ErrorCode, ReqId, Transfer, UserId};
 use sqlx::PgPool;
 
@@ -22,14 +24,54 @@ use crate::ports::{Bookkeeping, ClientKey, Commit, Rekeyed, TransferLog};
 #[derive(Clone)]
 pub struct PgTransferLog {
     store: Arc<TransferStore>,
+    /// The store's own repository (the same appender), for `append_many`.
+    repo: BatchingEventRepository,
 }
 
 impl PgTransferLog {
     /// Over `pool`; the group-commit appender is started on the current tokio runtime and owned
     /// by this value's clones.
     pub fn new(pool: PgPool) -> Self {
+        let repo = BatchingEventRepository::new(pool);
         Self {
-            store: Arc::new(transfer_store(pool)),
+            store: Arc::new(PersistedEventStore::new_event_store(repo.clone())),
+            repo,
+        }
+    }
+}
+
+/// The owner travels with every event, so the feed can serve one user's stream.
+fn owner_metadata(owner: Option<UserId>) -> HashMap<String, String> {
+    owner
+        .map(|owner| HashMap::from([(OWNER_METADATA_KEY.to_owned(), owner.to_string())]))
+        .unwrap_or_default()
+}
+
+/// A commit's events as the repository stores them: sequences after the expected one, the
+/// owner in every event's metadata (what postgres-es's `commit` makes of them).
+fn serialize(commit: &Commit) -> Result<Vec<SerializedEvent>, CoordinatorError> {
+    let metadata = owner_metadata(commit.owner);
+    commit
+        .events
+        .iter()
+        .zip(commit.expected_sequence + 1..)
+        .map(|(event, sequence)| {
+            let envelope = EventEnvelope::<Transfer> {
+                aggregate_id: commit.aggregate_id.clone(),
+                sequence,
+                payload: event.clone(),
+                metadata: metadata.clone(),
+            };
+            SerializedEvent::try_from(&envelope).map_err(CoordinatorError::from)
+        })
+        .collect()
+}
+
+impl From<PersistenceError> for CoordinatorError {
+    fn from(e: PersistenceError) -> Self {
+        match e {
+            PersistenceError::OptimisticLockError => Self::Conflict,
+            other => Self::store(other),
         }
     }
 }
@@ -41,11 +83,7 @@ impl TransferLog for PgTransferLog {
     }
 
     async fn append(&self, commit: Commit) -> Result<usize, CoordinatorError> {
-        // The owner travels with every event, so the feed can serve one user's stream.
-        let metadata = commit
-            .owner
-            .map(|owner| HashMap::from([(OWNER_METADATA_KEY.to_owned(), owner.to_string())]))
-            .unwrap_or_default();
+        let metadata = owner_metadata(commit.owner);
         // In plain event-store mode the store reads only the id and the sequence of the context.
         let ctx = EventStoreAggregateContext {
             aggregate_id: commit.aggregate_id,
@@ -59,9 +97,34 @@ impl TransferLog for PgTransferLog {
             .map_or(commit.expected_sequence, |e| e.sequence))
     }
 
-    /// Every commit is handed to the group-commit appender at once, so they share its batches.
+    /// Every commit goes to the group-commit appender as one job, so they share one
+    /// transaction (one INSERT, one durable commit); each keeps its own version check, and a
+    /// conflicting one is refused alone.
     async fn append_many(&self, commits: Vec<Commit>) -> Vec<Result<usize, CoordinatorError>> {
-        futures_util::future::join_all(commits.into_iter().map(|c| self.append(c))).await
+        let mut answers: Vec<Result<usize, CoordinatorError>> = Vec::with_capacity(commits.len());
+        let mut serialized = Vec::with_capacity(commits.len());
+        for commit in &commits {
+            match serialize(commit) {
+                Ok(events) => {
+                    answers.push(Ok(commit.expected_sequence + commit.events.len()));
+                    serialized.push(events);
+                }
+                Err(e) => answers.push(Err(e)),
+            }
+        }
+        let mut appended = self
+            .repo
+            .append_many::<Transfer>(serialized)
+            .await
+            .into_iter();
+        for answer in &mut answers {
+            if answer.is_ok() {
+                if let Some(Err(e)) = appended.next() {
+                    *answer = Err(CoordinatorError::from(e));
+                }
+            }
+        }
+        answers
     }
 }
 

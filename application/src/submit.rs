@@ -25,8 +25,19 @@ enum Usable {
     Exists(TransferData),
 }
 
+/// What the cid and the daily limits leave a request with, before its creation.
+enum Prepared {
+    /// A repeat: the transfer the cid already names.
+    Answered(TransferData),
+    /// Create under `req_id`; `reservation` is the day charged (none when unlimited).
+    Create {
+        req_id: ReqId,
+        reservation: Option<NaiveDate>,
+    },
+}
+
 /// What one try at creating came to.
-enum Created {
+pub(crate) enum Created {
     /// Created by this request: its context after `TransferCreated` + `SourceWithdrawStarted`.
     New(Context),
     /// A repeat or a concurrent duplicate: the transfer that exists.
@@ -40,7 +51,7 @@ enum Created {
 const CLAIM_MOVED_ATTEMPTS: u32 = 3;
 
 /// What a request's cid leads to.
-enum CidKey {
+pub(crate) enum CidKey {
     /// A repeat: the transfer the cid already names.
     Answered(TransferData),
     /// Create under this req_id (the cid's), or a fresh one.
@@ -111,16 +122,49 @@ impl Coordinator {
 
     /// Claims the cid, charges the daily limits and creates: one try.
     async fn create_claimed(&self, request: &NewTransfer) -> Result<Created, CoordinatorError> {
+        let (req_id, reservation) = match self.prepare_creation(request).await? {
+            Prepared::Answered(existing) => return Ok(Created::Answered(existing)),
+            Prepared::Create {
+                req_id,
+                reservation,
+            } => (req_id, reservation),
+        };
+        let created = self.create(req_id, request).await;
+        self.settle_creation(request, req_id, reservation, created)
+            .await
+    }
+
+    /// Claims the cid and charges the daily limits: the req_id to create under, or the
+    /// transfer a repeat is answered with.
+    async fn prepare_creation(&self, request: &NewTransfer) -> Result<Prepared, CoordinatorError> {
         let claimed = match self.cid_key(request).await? {
-            CidKey::Answered(existing) => return Ok(Created::Answered(existing)),
+            CidKey::Answered(existing) => return Ok(Prepared::Answered(existing)),
             CidKey::Key(claimed) => claimed,
         };
         let reservation = self.reserve_daily(request).await?;
         // Generated as late as possible: the horizon's safety needs a req_id's time close to its
         // TransferCreated commit (`horizon.rs`).
         let req_id = claimed.unwrap_or_else(|| self.clock.req_id());
-        match self.create(req_id, request).await {
-            Ok(ctx) => Ok(Created::New(ctx)),
+        Ok(Prepared::Create {
+            req_id,
+            reservation,
+        })
+    }
+
+    /// What a creation's commit came to, with its charge given back when it was not this
+    /// request's creation after all.
+    pub(crate) async fn settle_creation(
+        &self,
+        request: &NewTransfer,
+        req_id: ReqId,
+        reservation: Option<NaiveDate>,
+        created: Result<Context, CoordinatorError>,
+    ) -> Result<Created, CoordinatorError> {
+        match created {
+            Ok(ctx) => {
+                log_created(req_id, request);
+                Ok(Created::New(ctx))
+            }
             // A concurrent duplicate created it first: answer with that transfer, and give back
             // this request's charge (the duplicate's own request was charged). With a cid and no
             // transfer under the req_id, the refusal was the event log's claim guard: the claim
@@ -153,7 +197,7 @@ impl Coordinator {
 
     /// The req_id the client's cid fixed (none without a cid), or the transfer a repeat is
     /// answered with.
-    async fn cid_key(&self, request: &NewTransfer) -> Result<CidKey, CoordinatorError> {
+    pub(crate) async fn cid_key(&self, request: &NewTransfer) -> Result<CidKey, CoordinatorError> {
         let Some(cid) = &request.cid else {
             return Ok(CidKey::Key(None));
         };
@@ -179,7 +223,7 @@ impl Coordinator {
     /// Only a transfer about to be created is charged: a repeat answered before is not. A
     /// refused request keeps its cid claim, so retrying it later still creates exactly one
     /// transfer under the same req_id.
-    async fn reserve_daily(
+    pub(crate) async fn reserve_daily(
         &self,
         request: &NewTransfer,
     ) -> Result<Option<NaiveDate>, CoordinatorError> {
@@ -368,7 +412,10 @@ impl Coordinator {
         r: &NewTransfer,
     ) -> Result<(), CoordinatorError> {
         match self.create(req_id, r).await {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                log_created(req_id, r);
+                Ok(())
+            }
             Err(CoordinatorError::Transition(TransferError::AlreadyExists)) => {
                 Err(CoordinatorError::Conflict)
             }
@@ -377,6 +424,12 @@ impl Coordinator {
     }
 
     async fn create(&self, req_id: ReqId, r: &NewTransfer) -> Result<Context, CoordinatorError> {
+        let (ctx, command) = self.creation(req_id, r);
+        self.execute_through(ctx, command).await
+    }
+
+    /// The empty aggregate a new transfer starts from and its `Create` command.
+    pub(crate) fn creation(&self, req_id: ReqId, r: &NewTransfer) -> (Context, TransferCommand) {
         // A new transfer has no events to read: start from the empty aggregate at sequence 0.
         // If the req_id does exist (a cid claimed by a request that died), the commit of
         // sequences 1 and 2 conflicts and the caller loads what is there.
@@ -396,10 +449,12 @@ impl Coordinator {
             cid: r.cid.clone(),
             at: self.clock.now(),
         };
-        let ctx = self.execute_through(ctx, command).await?;
-        tracing::info!(%req_id, user_id = %r.user_id, from = %r.from, to = %r.to, asset = %r.asset, amount = %r.amount, "transfer created");
-        Ok(ctx)
+        (ctx, command)
     }
+}
+
+fn log_created(req_id: ReqId, r: &NewTransfer) {
+    tracing::info!(%req_id, user_id = %r.user_id, from = %r.from, to = %r.to, asset = %r.asset, amount = %r.amount, "transfer created");
 }
 
 /// A client idempotency key: 1 to 64 characters of `[A-Za-z0-9_-]`.

@@ -47,8 +47,13 @@ impl Cpu {
 
 /// What one run of concurrent clients came to.
 pub(crate) struct Run {
-    /// Latencies of the committed transfers, sorted.
+    /// Latencies of the requests whose every transfer was answered COMMITTED, sorted: one per
+    /// transfer, or one per batch in a bulk run.
     pub latencies: Vec<Duration>,
+    /// Transfers answered COMMITTED.
+    pub committed: u64,
+    /// Transfers per request (1 without `--bulk`).
+    pub bulk: usize,
     pub not_committed: u64,
     pub elapsed: Duration,
     pub cpu: Cpu,
@@ -58,7 +63,7 @@ pub(crate) struct Run {
 
 impl Run {
     pub fn tps(&self) -> f64 {
-        self.latencies.len() as f64 / self.elapsed.as_secs_f64()
+        self.committed as f64 / self.elapsed.as_secs_f64()
     }
 
     /// The latency percentile `p` (0.0 to 1.0) in ms.
@@ -71,17 +76,22 @@ impl Run {
     }
 
     pub fn per_transfer_ms(&self, d: Duration) -> f64 {
-        d.as_secs_f64() * 1000.0 / self.latencies.len().max(1) as f64
+        d.as_secs_f64() * 1000.0 / self.committed.max(1) as f64
     }
 
     pub fn print(&self, title: &str) {
         println!();
         println!("== {title}, {:.1} s ==", self.elapsed.as_secs_f64());
-        println!("committed transfers:        {}", self.latencies.len());
+        println!("committed transfers:        {}", self.committed);
         println!("not committed (answers):    {}", self.not_committed);
         println!("committed transfers/s:      {:.0}", self.tps());
+        let per = if self.bulk > 1 {
+            format!("per batch of {}", self.bulk)
+        } else {
+            "to COMMITTED".to_owned()
+        };
         println!(
-            "latency to COMMITTED ms:    p50 {:.1}  p95 {:.1}  p99 {:.1}  max {:.1}",
+            "latency {per} ms:    p50 {:.1}  p95 {:.1}  p99 {:.1}  max {:.1}",
             self.pct(0.50),
             self.pct(0.95),
             self.pct(0.99),
@@ -109,6 +119,20 @@ pub(crate) async fn drive(
     duration: Duration,
     pids: Pids,
 ) -> anyhow::Result<Run> {
+    drive_batches(http, base, users, duration, pids, 1).await
+}
+
+/// `drive` with `bulk` transfers per request: with more than one, each request is a batch to
+/// `POST /api/v1/internal_transfers`, all in one direction, the next batch of that user back.
+pub(crate) async fn drive_batches(
+    http: &reqwest::Client,
+    base: &str,
+    users: Vec<Vec<String>>,
+    duration: Duration,
+    pids: Pids,
+    bulk: usize,
+) -> anyhow::Result<Run> {
+    let bulk = bulk.max(1);
     let not_committed = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let before = Cpu::read(pids);
     let started = Instant::now();
@@ -116,34 +140,49 @@ pub(crate) async fn drive(
     let mut tasks = Vec::new();
     for tokens in users {
         let http = http.clone();
-        let url = format!("{base}/api/v1/internal_transfer");
+        let url = match bulk {
+            1 => format!("{base}/api/v1/internal_transfer"),
+            _ => format!("{base}/api/v1/internal_transfers"),
+        };
         let not_committed = not_committed.clone();
         tasks.push(tokio::spawn(async move {
             let mut mine = Vec::new();
+            let mut committed = 0u64;
             let mut to_spot = vec![true; tokens.len()];
             let mut turn = 0;
             while Instant::now() < deadline {
                 let t0 = Instant::now();
-                if transfer_one(&http, &url, &tokens[turn], to_spot[turn]).await {
+                let done = match bulk {
+                    1 => u64::from(transfer_one(&http, &url, &tokens[turn], to_spot[turn]).await),
+                    n => transfer_batch(&http, &url, &tokens[turn], to_spot[turn], n).await,
+                };
+                committed += done;
+                let missed = bulk as u64 - done;
+                if missed == 0 {
                     mine.push(t0.elapsed());
                     to_spot[turn] = !to_spot[turn];
                     turn = (turn + 1) % tokens.len();
                 } else {
-                    not_committed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    not_committed.fetch_add(missed, std::sync::atomic::Ordering::Relaxed);
                 }
             }
-            mine
+            (mine, committed)
         }));
     }
     let mut latencies = Vec::new();
+    let mut committed = 0;
     for t in tasks {
-        latencies.extend(t.await?);
+        let (mine, done) = t.await?;
+        latencies.extend(mine);
+        committed += done;
     }
     let elapsed = started.elapsed();
     let cpu = Cpu::read(pids).since(before);
     latencies.sort();
     Ok(Run {
         latencies,
+        committed,
+        bulk,
         not_committed: not_committed.load(std::sync::atomic::Ordering::Relaxed),
         elapsed,
         cpu,
@@ -178,4 +217,31 @@ pub(crate) async fn transfer_one(
             .unwrap_or(false),
         Err(_) => false,
     }
+}
+
+/// One batch of `n` transfers of 1 USDT as `token`'s user, all FUNDING→SPOT when `to_spot`, else
+/// all back; how many were answered COMMITTED.
+pub(crate) async fn transfer_batch(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    to_spot: bool,
+    n: usize,
+) -> u64 {
+    let (from, to) = if to_spot {
+        ("FUNDING", "SPOT")
+    } else {
+        ("SPOT", "FUNDING")
+    };
+    let item = json!({"from": from, "to": to, "asset": "USDT", "amount": "1"});
+    let body = json!({ "transfers": vec![item; n] });
+    let Ok(r) = http.post(url).bearer_auth(token).json(&body).send().await else {
+        return 0;
+    };
+    let Ok(answer) = r.json::<serde_json::Value>().await else {
+        return 0;
+    };
+    answer["results"].as_array().map_or(0, |results| {
+        results.iter().filter(|r| r["state"] == "COMMITTED").count() as u64
+    })
 }

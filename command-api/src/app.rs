@@ -29,6 +29,7 @@ pub fn build_app(state: AppState, serving: &Serving) -> Router {
     Router::new()
         .route("/healthz", get(routes::healthz))
         .route("/api/v1/internal_transfer", post(routes::create_transfer))
+        .merge(crate::bulk::routes(state.ledger.bulk_max()))
         .route(
             "/api/v1/internal_transfer/{req_id}",
             get(routes::get_transfer),

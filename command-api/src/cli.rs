@@ -239,7 +239,14 @@ fn configured(
 ) -> anyhow::Result<(AppState, Serving)> {
     let horizon = settings.horizon()?;
     let mut state = AppState::new(pool, spot, assets, &secret.bytes);
-    state.ledger = state.ledger.with_idempotency_retention(horizon.retention);
+    state.ledger = state
+        .ledger
+        .with_idempotency_retention(horizon.retention)
+        .with_bulk_max(
+            settings
+                .bulk_transfers_max
+                .unwrap_or(application::bulk::TRANSFERS_PER_REQUEST_MAX_DEFAULT),
+        );
     let state = state
         .with_watched_limits(settings.limits()?, settings.frequency()?)
         .with_failpoints(settings.failpoints());

@@ -11,6 +11,7 @@ pub(crate) mod admin_views;
 pub mod admission;
 pub(crate) mod app;
 pub mod auth;
+pub(crate) mod bulk;
 pub mod cli;
 pub(crate) mod config;
 pub mod console;

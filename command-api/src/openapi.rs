@@ -38,6 +38,7 @@ pub fn document() -> Value {
     paths(
         crate::routes::healthz,
         crate::routes::create_transfer,
+        crate::bulk::create_transfers,
         crate::routes::get_transfer,
         crate::routes::balances,
         crate::routes::admin_deposit,
@@ -149,11 +150,25 @@ mod tests {
     }
 
     #[test]
+    fn the_bulk_route_says_a_batch_is_not_one_transaction() {
+        let doc = document();
+        let post = &doc["paths"]["/api/v1/internal_transfers"]["post"];
+        let said = format!("{} {}", post["summary"], post["description"]);
+        assert!(said.contains("NOT one transaction"), "{said}");
+        assert!(said.contains("admin"), "{said}");
+        let item = &doc["components"]["schemas"]["BulkItem"]["properties"];
+        assert!(item["user_id"]["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("Admin tokens only")));
+    }
+
+    #[test]
     fn every_route_of_the_app_is_described() {
         let doc = document();
         let paths = doc["paths"].as_object().unwrap();
         for path in [
             "/api/v1/internal_transfer",
+            "/api/v1/internal_transfers",
             "/api/v1/internal_transfer/{req_id}",
             "/api/v1/balances",
             "/api/v1/admin/deposits",

@@ -128,7 +128,7 @@ fn parse_amount(value: &Value) -> Result<Amount, ApiError> {
 }
 
 /// A user id given as a JSON integer or a decimal string.
-fn parse_user_id(value: &Value) -> Result<UserId, ErrorCode> {
+pub(crate) fn parse_user_id(value: &Value) -> Result<UserId, ErrorCode> {
     match value {
         Value::Number(n) => n
             .as_u64()
@@ -187,7 +187,7 @@ pub fn parse_transfer(
     Ok(transfer_request(body, caller)?.parse(assets)?)
 }
 
-fn request_error(e: RequestError) -> ApiError {
+pub(crate) fn request_error(e: RequestError) -> ApiError {
     match e {
         RequestError::Refused(code) => ApiError::Refused(code),
         // Unknown halt state: refused (fail closed) as unavailable, not as an internal fault.
@@ -291,7 +291,7 @@ pub(crate) async fn create_transfer(
 
 /// The answer for a transfer as submitted: FAILED is the source's refusal with its code (and
 /// the req_id, so it can be looked up); any other state is 200 with where the transfer stands.
-fn transfer_answer(data: TransferData) -> Result<Json<TransferResponse>, ApiError> {
+pub(crate) fn transfer_answer(data: TransferData) -> Result<Json<TransferResponse>, ApiError> {
     if data.state == TransferState::Failed {
         let code = data
             .failure

@@ -52,6 +52,11 @@ pub struct Settings {
     /// Amount per user, asset and UTC day, as a JSON object `{"USDT": "1000000", ...}`.
     #[arg(long, global = true, env = crate::ratelimit::DAILY_AMOUNT_MAX_ENV)]
     pub daily_amount_max: Option<String>,
+    /// The most transfers one `POST /api/v1/internal_transfers` may carry (1,000 by default; see
+    /// `application::bulk::TRANSFERS_PER_REQUEST_MAX_DEFAULT` for why); a larger batch is
+    /// refused whole.
+    #[arg(long, global = true, env = "LEDGER_BULK_TRANSFERS_MAX", value_parser = bulk_max)]
+    pub bulk_transfers_max: Option<usize>,
     /// How long (ms) a transfer sits unchanged before the recovery worker touches it.
     #[arg(long, global = true, env = "LEDGER_RECOVERY_STALE_MS")]
     pub recovery_stale_ms: Option<String>,
@@ -349,6 +354,14 @@ impl Settings {
     /// The database pool for `connections_max` connections, migrated.
     pub async fn pool(&self, connections_max: u32) -> anyhow::Result<sqlx::PgPool> {
         schema::prepare_with(&self.database_url(), connections_max, self.db_liveness()).await
+    }
+}
+
+/// `LEDGER_BULK_TRANSFERS_MAX`: 1 to 100,000.
+fn bulk_max(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(n) if (1..=100_000).contains(&n) => Ok(n),
+        _ => Err(format!("must be an integer from 1 to 100000, got {text:?}")),
     }
 }
 

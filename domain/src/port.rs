@@ -79,6 +79,22 @@ pub trait AccountPort: Send + Sync {
     /// Gives back a withdraw of the same `req_id` (compensation). Refused unless that withdraw
     /// was applied with the same user, asset and amount.
     async fn refund(&self, movement: &Movement) -> AdapterOutcome;
+    /// Makes `operation` for every movement (the bulk path), one outcome per movement in
+    /// order, each with the single call's meaning: only `ExplicitFail` proves nothing was
+    /// applied. This default calls them one by one; an account system may share one durable
+    /// write among them (the funding ledger decides them in one call of its batch, spot-core's
+    /// client pipelines them on one connection).
+    async fn movements(&self, operation: Operation, movements: &[Movement]) -> Vec<AdapterOutcome> {
+        let mut outcomes = Vec::with_capacity(movements.len());
+        for m in movements {
+            outcomes.push(match operation {
+                Operation::Withdraw => self.withdraw(m).await,
+                Operation::Deposit => self.deposit(m).await,
+                Operation::Refund => self.refund(m).await,
+            });
+        }
+        outcomes
+    }
     /// What the system recorded for `operation` of `movement.req_id`. Changes nothing. A system
     /// that cannot tell answers `Unavailable`, and the caller falls back to an idempotent retry.
     async fn lookup(&self, movement: &Movement, operation: Operation) -> Recorded {

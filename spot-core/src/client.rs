@@ -93,6 +93,50 @@ impl Conn {
         matches!(self.stream.get_ref().try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
 
+    /// Writes `count` framed requests at once and reads their `count` answers, in order, each
+    /// within `deadline`. After the first failure to read (a broken connection, the deadline)
+    /// every answer still missing is that failure: the request may have been applied.
+    async fn exchange_many(
+        &mut self,
+        lines: &[u8],
+        count: usize,
+        deadline: Instant,
+    ) -> Vec<Result<Response, ClientError>> {
+        let io = |e: std::io::Error| ClientError::Io(e.to_string());
+        let written = match timeout_at(deadline, self.stream.get_mut().write_all(lines)).await {
+            Ok(written) => written.map_err(io),
+            Err(_) => Err(ClientError::Timeout),
+        };
+        if let Err(e) = written {
+            return vec![Err(e); count];
+        }
+        let mut answers = Vec::with_capacity(count);
+        let mut answer = Vec::with_capacity(256);
+        while answers.len() < count {
+            answer.clear();
+            let read = match timeout_at(deadline, self.stream.read_until(b'\n', &mut answer)).await
+            {
+                Ok(read) => read.map_err(io),
+                Err(_) => Err(ClientError::Timeout),
+            };
+            let failed = match read {
+                Ok(_) if answer.last() == Some(&b'\n') => None,
+                Ok(_) => Some(ClientError::Io(
+                    "connection closed before a complete answer".into(),
+                )),
+                Err(e) => Some(e),
+            };
+            if let Some(e) = failed {
+                answers.resize(count, Err(e));
+                break;
+            }
+            answers.push(
+                serde_json::from_slice(&answer).map_err(|e| ClientError::Protocol(e.to_string())),
+            );
+        }
+        answers
+    }
+
     async fn exchange(&mut self, line: &[u8]) -> Result<Response, ClientError> {
         let io = |e: std::io::Error| ClientError::Io(e.to_string());
         self.stream.get_mut().write_all(line).await.map_err(io)?;
@@ -138,6 +182,17 @@ impl std::fmt::Debug for Inner {
 pub trait SpotTransport: Send + Sync {
     /// Sends one request and waits for its answer.
     async fn call(&self, req: &Request) -> Result<Response, ClientError>;
+
+    /// Sends many requests and waits for their answers, one per request in order, each with
+    /// `call`'s meaning. This default sends them one by one; the TCP client pipelines them on
+    /// one connection, so spot-core's WAL group-commits them under one fsync.
+    async fn call_many(&self, reqs: &[Request]) -> Vec<Result<Response, ClientError>> {
+        let mut answers = Vec::with_capacity(reqs.len());
+        for req in reqs {
+            answers.push(self.call(req).await);
+        }
+        answers
+    }
 }
 
 #[async_trait::async_trait]
@@ -145,7 +200,16 @@ impl SpotTransport for SpotClient {
     async fn call(&self, req: &Request) -> Result<Response, ClientError> {
         SpotClient::call(self, req).await
     }
+
+    async fn call_many(&self, reqs: &[Request]) -> Vec<Result<Response, ClientError>> {
+        SpotClient::call_many(self, reqs).await
+    }
 }
+
+/// Most requests one pipelined write carries: below the server's in-flight cap per connection
+/// (`server::MAX_IN_FLIGHT_PER_CONN`, 1024), so the server never stops reading a pipeline whose
+/// answers the client only reads after writing it (which could otherwise deadlock both).
+pub const PIPELINE_REQUESTS_MAX: usize = 512;
 
 /// Cheap to clone; clones share one connection pool.
 #[derive(Debug, Clone)]
@@ -239,6 +303,79 @@ impl SpotClient {
         };
         self.put_idle(conn);
         Ok(response)
+    }
+
+    /// Sends many requests pipelined on one connection (in writes of at most
+    /// [`PIPELINE_REQUESTS_MAX`]) and returns one answer per request, in order. spot-core
+    /// answers a connection's requests in order and its WAL syncs whatever is queued together,
+    /// so a pipeline costs about one fsync instead of one each. `timeout` bounds each write of
+    /// the pipeline from start to last answer. The errors keep `call`'s meaning per request.
+    pub async fn call_many(&self, reqs: &[Request]) -> Vec<Result<Response, ClientError>> {
+        let mut answers = Vec::with_capacity(reqs.len());
+        for chunk in reqs.chunks(PIPELINE_REQUESTS_MAX) {
+            let mut lines = Vec::with_capacity(chunk.len() * 192);
+            let mut framed = Ok(());
+            for req in chunk {
+                framed = serde_json::to_writer(&mut lines, req);
+                if framed.is_err() {
+                    break;
+                }
+                lines.push(b'\n');
+            }
+            match framed {
+                Ok(()) => answers.extend(self.pipeline(&lines, chunk.len()).await),
+                Err(e) => {
+                    answers.extend(vec![Err(ClientError::Protocol(e.to_string())); chunk.len()])
+                }
+            }
+        }
+        answers
+    }
+
+    /// One pipelined write of `count` framed requests and its answers. As in `call`, a pooled
+    /// connection that broke before any answer came back is replaced by a fresh one and the
+    /// whole pipeline sent again (every request is idempotent).
+    async fn pipeline(&self, lines: &[u8], count: usize) -> Vec<Result<Response, ClientError>> {
+        let deadline = Instant::now() + self.inner.timeout;
+        let mut first_failure = None;
+        if let Some(mut conn) = self.take_idle() {
+            let answers = conn.exchange_many(lines, count, deadline).await;
+            match answers.first() {
+                Some(Err(e @ ClientError::Io(_))) => first_failure = Some(e.clone()),
+                _ => {
+                    if answers.iter().all(Result::is_ok) {
+                        self.put_idle(conn);
+                    }
+                    return answers;
+                }
+            }
+        }
+        let connected = match timeout_at(
+            deadline,
+            Conn::connect(
+                &self.inner.addr,
+                self.inner.hello.as_deref(),
+                &self.inner.liveness,
+            ),
+        )
+        .await
+        {
+            Ok(c) => c,
+            Err(_) => Err(ClientError::Connect("timed out while connecting".into())),
+        };
+        let mut conn = match (connected, first_failure) {
+            (Ok(c), _) => c,
+            // The first send may have been applied: "never sent" would be a lie now.
+            (Err(_), Some(first)) => return vec![Err(first); count],
+            (Err(e), None) => return vec![Err(e); count],
+        };
+        let answers = conn.exchange_many(lines, count, deadline).await;
+        // Kept only when every answer came back whole: otherwise a late answer could be taken
+        // for the answer to a later request.
+        if answers.iter().all(Result::is_ok) {
+            self.put_idle(conn);
+        }
+        answers
     }
 
     fn take_idle(&self) -> Option<Conn> {

@@ -43,6 +43,21 @@ async fn inv_004_fnd_001_to_006_chaos_kills_of_ledgers_and_spot_core_lose_and_cr
     assert!(report.clean(), "{report}");
 }
 
+/// The same chaos with the transfers sent in batches of 10 to `POST /api/v1/internal_transfers`
+/// (issue 25): crashes fall inside batches, at every step's boundary, and each item still ends
+/// exactly once.
+#[tokio::test]
+async fn chaos_in_bulk_batches_of_10_loses_and_creates_nothing() {
+    let mut c = config(200, 6);
+    c.bulk = 10;
+    c.clients = 4;
+    let report = run(c).await.expect("chaos run");
+    println!("{report}");
+    assert_eq!(report.transfers, 200);
+    assert!(report.crashes >= 6);
+    assert!(report.clean(), "{report}");
+}
+
 /// spot-core alone killed with SIGKILL under load and restarted, again and again.
 #[tokio::test]
 async fn fnd_004_spot_core_sigkill_under_load_every_transfer_finishes_exactly_once() {

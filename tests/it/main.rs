@@ -12,6 +12,7 @@ mod api;
 mod attacks;
 mod audit_incremental;
 mod balance;
+mod bulk;
 mod chaos;
 mod concurrency;
 mod concurrency_api;

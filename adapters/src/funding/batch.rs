@@ -1,7 +1,8 @@
 //! Group commit for fresh funding movements: the movements of concurrent transfers are decided
 //! and applied by one call of `funding_fresh_movements` (migration 0008), one statement and one
 //! commit for all of them. Each caller still hears its own movement's outcome only after that
-//! commit is durable, and each movement is still all-or-nothing with its journal row.
+//! commit is durable, and each movement is still all-or-nothing with its journal row. A caller
+//! may bring many movements at once (a bulk request's): they go into the same call.
 
 use domain::Movement;
 use rust_decimal::Decimal;
@@ -10,9 +11,10 @@ use tokio::sync::oneshot;
 
 use crate::group_commit::{Committer, GroupCommit, KeptConnection};
 
-/// Most movements one call decides.
+/// Most callers (jobs) one batch takes; their movements are decided in calls of at most
+/// `CALL_MOVEMENTS_MAX`.
 const BATCH_MAX: usize = 256;
-/// Movements waiting for the batcher before a caller itself waits (back-pressure).
+/// Callers waiting for the batcher before a caller itself waits (back-pressure).
 const QUEUE_LENGTH_MAX: usize = 4096;
 
 /// What the journal says was decided for a movement claimed by this call.
@@ -26,13 +28,31 @@ pub(super) struct Decided {
 /// `None`: the key was claimed before; nothing changed.
 type Answer = Result<Option<Decided>, sqlx::Error>;
 
-struct Job {
+/// One movement to decide.
+struct Item {
     op: &'static str,
     req_id: String,
     user_id: i64,
     asset: String,
     amount: Decimal,
-    reply: oneshot::Sender<Answer>,
+}
+
+impl Item {
+    fn of(op: &'static str, m: &Movement) -> Self {
+        Self {
+            op,
+            req_id: m.req_id.to_string(),
+            user_id: m.user_id.as_i64(),
+            asset: m.asset.as_str().to_owned(),
+            amount: m.amount.value(),
+        }
+    }
+}
+
+/// One caller's movements (one, or a bulk request's many) and where their answers go, in order.
+struct Job {
+    items: Vec<Item>,
+    reply: oneshot::Sender<Vec<Answer>>,
 }
 
 /// The queue into one batcher task (see `group_commit`: the task is owned by the handles).
@@ -54,17 +74,24 @@ impl Batcher {
 
     /// Decides one movement with whatever else is waiting, and answers once that is durable.
     pub async fn submit(&self, op: &'static str, m: &Movement) -> Answer {
-        self.queue
-            .ask(|reply| Job {
-                op,
-                req_id: m.req_id.to_string(),
-                user_id: m.user_id.as_i64(),
-                asset: m.asset.as_str().to_owned(),
-                amount: m.amount.value(),
-                reply,
-            })
-            .await
-            .map_err(|_| sqlx::Error::WorkerCrashed)?
+        let mut answers = self.submit_many(vec![(op, m)]).await;
+        answers.pop().unwrap_or(Err(sqlx::Error::WorkerCrashed))
+    }
+
+    /// Decides many movements in the same call (with whatever else is waiting), one answer per
+    /// movement in order, once that call is durable.
+    pub async fn submit_many(&self, movements: Vec<(&'static str, &Movement)>) -> Vec<Answer> {
+        let count = movements.len();
+        let items = movements
+            .into_iter()
+            .map(|(op, m)| Item::of(op, m))
+            .collect();
+        match self.queue.ask(|reply| Job { items, reply }).await {
+            Ok(answers) if answers.len() == count => answers,
+            _ => (0..count)
+                .map(|_| Err(sqlx::Error::WorkerCrashed))
+                .collect(),
+        }
     }
 }
 
@@ -76,12 +103,49 @@ impl Committer for FundingCommitter {
     type Job = Job;
 
     async fn commit(&mut self, jobs: &mut Vec<Job>) {
-        // Every batch locks its accounts in one order, so two batches (two ledger processes)
-        // never wait on each other in a cycle.
-        jobs.sort_by(|a, b| (a.user_id, &a.asset).cmp(&(b.user_id, &b.asset)));
+        // Every movement of the batch, each with its (job, position), in one lock order: sorted
+        // by account, so two batches (two ledger processes) never wait on each other in a cycle.
+        let mut order: Vec<(usize, usize)> = jobs
+            .iter()
+            .enumerate()
+            .flat_map(|(j, job)| (0..job.items.len()).map(move |i| (j, i)))
+            .collect();
+        order.sort_by(|&(ja, ia), &(jb, ib)| {
+            let (a, b) = (&jobs[ja].items[ia], &jobs[jb].items[ib]);
+            (a.user_id, &a.asset).cmp(&(b.user_id, &b.asset))
+        });
+        let mut answers: Vec<Vec<Option<Answer>>> = jobs
+            .iter()
+            .map(|job| job.items.iter().map(|_| None).collect())
+            .collect();
+        for part in order.chunks(CALL_MOVEMENTS_MAX) {
+            let items: Vec<&Item> = part.iter().map(|&(j, i)| &jobs[j].items[i]).collect();
+            for (k, answer) in self.decide_part(&items).await.into_iter().enumerate() {
+                let (j, i) = part[k];
+                answers[j][i] = Some(answer);
+            }
+        }
+        for (job, answers) in jobs.drain(..).zip(answers) {
+            let answers = answers
+                .into_iter()
+                .map(|a| a.unwrap_or(Err(sqlx::Error::WorkerCrashed)))
+                .collect();
+            let _ = job.reply.send(answers);
+        }
+    }
+}
+
+/// Most movements one call of `funding_fresh_movements` decides (a batch of bulk requests is
+/// split into calls of this size, each in the batch's one lock order).
+const CALL_MOVEMENTS_MAX: usize = 4096;
+
+impl FundingCommitter {
+    /// Decides `items` in one call, answering in their order; when the call fails, each movement
+    /// alone, so one movement's own error reaches only its own caller.
+    async fn decide_part(&mut self, items: &[&Item]) -> Vec<Answer> {
         let result = match self.conn.take().await {
             Ok(mut held) => {
-                let result = decide(&mut held, jobs).await;
+                let result = decide(&mut held, items).await;
                 if result.is_ok() {
                     self.conn.keep(held);
                 }
@@ -90,36 +154,27 @@ impl Committer for FundingCommitter {
             Err(e) => Err(e),
         };
         match result {
-            Ok(mut decided) => {
-                for (i, job) in jobs.drain(..).enumerate() {
-                    let _ = job.reply.send(Ok(decided[i].take()));
-                }
-            }
-            Err(e) if jobs.len() == 1 => {
-                let job = jobs.pop().expect("one job");
-                let _ = job.reply.send(Err(e));
-            }
+            Ok(decided) => decided.into_iter().map(Ok).collect(),
+            Err(e) if items.len() == 1 => vec![Err(e)],
             Err(e) => {
                 // Nothing of the call was applied, unless the connection died during its commit;
                 // either way each movement alone is safe to decide again (a committed claim
-                // answers with its first decision). Alone, one movement's own error reaches only
-                // its own caller. Concurrently, so an outage costs one timeout, not one each;
-                // the batch waits for all of them, so no task outlives it.
-                tracing::warn!(error = %e, movements = jobs.len(), "funding batch failed; deciding each movement alone");
+                // answers with its first decision). Concurrently, so an outage costs one timeout,
+                // not one each; the batch waits for all of them, so no task outlives it.
+                tracing::warn!(error = %e, movements = items.len(), "funding batch failed; deciding each movement alone");
                 let pool = self.conn.pool().clone();
-                let alone = jobs.drain(..).map(|job| {
+                let alone = items.iter().map(|item| {
                     let pool = pool.clone();
                     async move {
-                        let result = match pool.acquire().await {
-                            Ok(mut conn) => decide(&mut conn, std::slice::from_ref(&job))
+                        match pool.acquire().await {
+                            Ok(mut conn) => decide(&mut conn, &[*item])
                                 .await
                                 .map(|mut d| d.pop().flatten()),
                             Err(e) => Err(e),
-                        };
-                        let _ = job.reply.send(result);
+                        }
                     }
                 });
-                futures_util::future::join_all(alone).await;
+                futures_util::future::join_all(alone).await
             }
         }
     }
@@ -128,7 +183,7 @@ impl Committer for FundingCommitter {
 /// One autocommit call for every job: atomic, and durable when it returns. Answers in job order.
 async fn decide(
     conn: &mut PgConnection,
-    jobs: &[Job],
+    jobs: &[&Item],
 ) -> Result<Vec<Option<Decided>>, sqlx::Error> {
     let ops: Vec<&str> = jobs.iter().map(|j| j.op).collect();
     let req_ids: Vec<&str> = jobs.iter().map(|j| j.req_id.as_str()).collect();

@@ -101,7 +101,7 @@ fn string_enum(values: &[&str]) -> Object {
 
 // ---- the refusals each route can answer with, all in the `Error` shape ----------------------
 
-fn refused(statuses: &[u16]) -> BTreeMap<String, RefOr<Response>> {
+pub(crate) fn refused(statuses: &[u16]) -> BTreeMap<String, RefOr<Response>> {
     let content = ContentBuilder::new()
         .schema(Some(Ref::from_schema_name("Error")))
         .build();

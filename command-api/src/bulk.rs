@@ -1,0 +1,219 @@
+//! `POST /api/v1/internal_transfers`: many transfers in one request. The body is taken apart
+//! here, item by item, with the single route's own shape checks (`routes::transfer_request`);
+//! everything else is the core's one bulk command (`Ledger::request_transfers`), which checks
+//! each item as the single route does and makes each step for the whole batch at once.
+//!
+//! Each item is its own transfer (its own req_id, state machine and recovery): a batch is not
+//! one transaction, and a refused item does not stop the others. The answer is 200 with one
+//! result per item, in request order; only a request that is not a batch at all (not a JSON
+//! object with a `transfers` array, an empty one, or more items than the maximum) is refused
+//! whole.
+
+use application::bulk::body_bytes_max;
+use application::TransferRequest;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde::Serialize;
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
+
+use crate::auth::AuthUser;
+use crate::error::ApiError;
+use crate::routes::{self, JsonObject, TransferResponse};
+use crate::state::AppState;
+
+/// The route's path.
+pub const PATH: &str = "/api/v1/internal_transfers";
+
+/// The bulk route, with a body limit that fits `transfers_max` items (the other routes keep
+/// theirs).
+pub fn routes(transfers_max: usize) -> Router<AppState> {
+    Router::new()
+        .route(PATH, post(create_transfers))
+        .layer(DefaultBodyLimit::max(body_bytes_max(transfers_max)))
+}
+
+/// The answer: one result per item, in request order.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BulkResponse {
+    pub results: Vec<BulkResult>,
+}
+
+/// One item's result: its transfer (where it stands, as the single route answers it), or its
+/// refusal `{code, message}` (a transfer that exists and ended FAILED also carries its `req_id`
+/// and `state`).
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum BulkResult {
+    Transfer(TransferResponse),
+    #[schema(value_type = crate::openapi::schemas::ErrorBody)]
+    Refused(Value),
+}
+
+/// Many transfers in one request: `{"transfers": [{from, to, asset, amount, cid?, user_id?}, ...]}`.
+///
+/// A batch is NOT one transaction: each item is its own transfer, with its own req_id, state
+/// machine and recovery, exactly as if it had been sent alone to `POST
+/// /api/v1/internal_transfer`; some items may commit while others are refused or still in
+/// progress, and nothing is undone because another item failed. Each item is checked in the
+/// single route's order with its codes, and the answer (200) lists one result per item, in
+/// request order: the transfer (`req_id`, `state`, `message`, ... as the single route answers
+/// it; `state` is the final one when reached within the request deadline), or `{code, message}`
+/// (plus `req_id` and `state` for a transfer that exists and FAILED). A user's token moves only
+/// that user's money: an item naming a `user_id` is refused FORBIDDEN. An admin's token may name
+/// the `user_id` of each item (its own when absent), for an exchange's back office. A `cid`
+/// repeated in a later batch or the single route gets the original transfer; the same `cid`
+/// twice in one batch is one transfer with the same body, and refused
+/// IDEMPOTENCY_KEY_REUSED for the later item with another body. The per-second rate and the
+/// daily limits count transfers, not requests. More than `LEDGER_BULK_TRANSFERS_MAX` items
+/// (1,000 by default) is refused whole, 400 BAD_REQUEST.
+#[utoipa::path(post, path = "/api/v1/internal_transfers",
+    request_body = BulkRequest,
+    responses((status = 200, description = "one result per item, in request order; each item \
+        is its own transfer, and a batch is not one transaction", body = BulkResponse),
+        BulkRefusals))]
+pub async fn create_transfers(
+    State(state): State<AppState>,
+    user: AuthUser,
+    JsonObject(body): JsonObject,
+) -> Result<Json<BulkResponse>, ApiError> {
+    let items = transfers_of(body, state.ledger.bulk_max())?;
+    let mut results: Vec<Option<BulkResult>> = items.iter().map(|_| None).collect();
+    let mut positions = Vec::with_capacity(items.len());
+    let mut requests = Vec::with_capacity(items.len());
+    for (i, item) in items.into_iter().enumerate() {
+        match item_request(item, &user) {
+            Ok(request) => {
+                positions.push(i);
+                requests.push(request);
+            }
+            Err(e) => results[i] = Some(refused(e)),
+        }
+    }
+    let answers = state.ledger.request_transfers(requests).await;
+    for (i, answer) in positions.into_iter().zip(answers) {
+        let rendered = answer
+            .map_err(routes::request_error)
+            .and_then(routes::transfer_answer);
+        results[i] = Some(match rendered {
+            Ok(Json(transfer)) => BulkResult::Transfer(transfer),
+            Err(e) => refused(e),
+        });
+    }
+    let results = results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| refused(ApiError::Internal("bulk result missing".into()))))
+        .collect();
+    Ok(Json(BulkResponse { results }))
+}
+
+/// The batch's items: the body must be `{"transfers": [...]}` with 1 to `transfers_max` items.
+fn transfers_of(
+    mut body: Map<String, Value>,
+    transfers_max: usize,
+) -> Result<Vec<Value>, ApiError> {
+    if let Some(key) = body.keys().find(|k| k.as_str() != "transfers") {
+        let shown: String = key.chars().take(64).collect();
+        return Err(ApiError::BadRequest(format!("unknown field `{shown}`")));
+    }
+    let items = match body.remove("transfers") {
+        Some(Value::Array(items)) => items,
+        Some(_) => return Err(ApiError::BadRequest("`transfers` must be an array".into())),
+        None => return Err(ApiError::BadRequest("missing field `transfers`".into())),
+    };
+    if items.is_empty() {
+        return Err(ApiError::BadRequest(
+            "`transfers` must hold at least one transfer".into(),
+        ));
+    }
+    if items.len() > transfers_max {
+        return Err(ApiError::BadRequest(format!(
+            "a request holds at most {transfers_max} transfers; this one holds {}",
+            items.len()
+        )));
+    }
+    Ok(items)
+}
+
+/// One item taken apart, in seed 000's order: authorization first (whose money it moves), then
+/// the single route's shape checks.
+fn item_request(item: Value, caller: &AuthUser) -> Result<TransferRequest, ApiError> {
+    let Value::Object(mut fields) = item else {
+        return Err(ApiError::BadRequest(
+            "each transfer must be a JSON object".into(),
+        ));
+    };
+    let owner = match fields.remove("user_id").filter(|v| !v.is_null()) {
+        None => caller.user_id,
+        // A user's token moves only its own money, and names no user.
+        Some(_) if !caller.admin => return Err(ApiError::Forbidden),
+        Some(named) => routes::parse_user_id(&named)?,
+    };
+    routes::transfer_request(fields, owner)
+}
+
+/// An item's refusal in the error shape; an internal failure's detail goes to the log only.
+fn refused(e: ApiError) -> BulkResult {
+    match &e {
+        ApiError::Internal(detail) => tracing::error!(%detail, "bulk item failed inside"),
+        ApiError::Unavailable(detail) => {
+            tracing::warn!(%detail, "bulk item: backing service unavailable")
+        }
+        _ => {}
+    }
+    BulkResult::Refused(e.body())
+}
+
+/// `POST /api/v1/internal_transfers`' body (schema only: the handler takes it apart item by
+/// item). At most `LEDGER_BULK_TRANSFERS_MAX` items (1,000 by default); more is refused whole,
+/// 400 BAD_REQUEST.
+#[derive(Debug, ToSchema)]
+#[allow(dead_code)]
+pub struct BulkRequest {
+    #[schema(min_items = 1, max_items = 1000)]
+    pub transfers: Vec<BulkItem>,
+}
+
+/// One transfer of a batch: the single route's body; `user_id` only with an admin's token.
+#[derive(Debug, ToSchema)]
+#[allow(dead_code)]
+pub struct BulkItem {
+    #[schema(schema_with = crate::openapi::schemas::account)]
+    pub from: String,
+    #[schema(schema_with = crate::openapi::schemas::account)]
+    pub to: String,
+    #[schema(schema_with = crate::openapi::schemas::asset)]
+    pub asset: String,
+    #[schema(schema_with = crate::openapi::schemas::amount)]
+    pub amount: String,
+    /// The client's idempotency key: a repeat (in a later batch or the single route) gets the
+    /// original transfer; the same key twice in one batch with another body is refused for
+    /// that item.
+    #[schema(schema_with = crate::openapi::schemas::cid, required = false)]
+    pub cid: Option<String>,
+    /// Admin tokens only: whose money this item moves (the admin's own when absent). An item
+    /// naming a user under a user's token is refused FORBIDDEN.
+    #[schema(schema_with = admin_user_id, required = false)]
+    pub user_id: Option<u64>,
+}
+
+/// A bulk item's `user_id`, with what it is for (`schema_with` drops the field's own doc).
+fn admin_user_id() -> utoipa::openapi::schema::Object {
+    utoipa::openapi::schema::ObjectBuilder::from(crate::openapi::schemas::user_id())
+        .description(Some(
+            "Admin tokens only: whose money this item moves (the admin's own when absent). \
+             An item naming a user under a user's token is refused FORBIDDEN.",
+        ))
+        .build()
+}
+
+/// The whole request's refusals (an item's are in its result).
+pub struct BulkRefusals;
+
+impl utoipa::IntoResponses for BulkRefusals {
+    fn responses(
+    ) -> std::collections::BTreeMap<String, utoipa::openapi::RefOr<utoipa::openapi::Response>> {
+        crate::openapi::schemas::refused(&[400, 401, 413, 415])
+    }
+}
