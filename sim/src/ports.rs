@@ -89,7 +89,15 @@ impl Sim {
         };
         if let Some(f) = &f {
             if self.roll(f.store_delay) {
-                let ms = self.rt.with_rng(|r| r.between(1, 3_000));
+                // Mostly short; one in ten a stall of many seconds (a partition, a lock wait),
+                // longer than half the claims' retention.
+                let ms = self.rt.with_rng(|r| {
+                    if r.chance(100) {
+                        r.between(10_000, 45_000)
+                    } else {
+                        r.between(1, 3_000)
+                    }
+                });
                 self.world().fault("store-slow", name);
                 self.rt.sleep(Duration::from_millis(ms)).await;
             }

@@ -35,8 +35,9 @@ const USERS: u64 = 3;
 const ASSETS: [&str; 2] = ["USDT", "BTC"];
 /// Simulated time the fault phase lasts at least.
 const FAULT_PHASE_MS: u64 = 40_000;
-/// Simulated time recovery gets after the faults stop.
-const QUIET_PHASE_MS: u64 = 120_000;
+/// Simulated time recovery gets after the faults stop: longer than a manual resolution's lease
+/// (2 minutes), which an operator killed mid-resolution leaves behind.
+const QUIET_PHASE_MS: u64 = 300_000;
 /// Polls after which a run is called stuck (a livelock is a finding too).
 const STEPS_MAX: u64 = 2_000_000;
 
@@ -286,6 +287,18 @@ pub fn run(seed: u64, config: &Config) -> Report {
         if exec.step() == Step::Idle {
             break;
         }
+        // Done early once every transfer is terminal and nothing is left on the wire.
+        if exec.steps % 64 == 0
+            && exec.alive(Role::Network) == 0
+            && exec.alive(Role::Request) == 0
+            && sim
+                .world()
+                .log
+                .values()
+                .all(|t| t.state.is_some_and(TransferState::is_terminal))
+        {
+            break;
+        }
     }
     for proc in LEDGERS {
         exec.crash(proc);
@@ -373,7 +386,7 @@ fn spawn_users(sim: &Sim, ledgers: &Arc<Vec<Ledger>>, transfers: usize) {
                 let delay = if copy == 0 {
                     0
                 } else {
-                    s.rt.with_rng(|r| r.between(0, 20_000))
+                    s.rt.with_rng(|r| r.between(0, 45_000))
                 };
                 let i = s.rt.with_rng(|r| r.index(ledgers.len()));
                 let coordinator = ledgers[i].coordinator.clone();
