@@ -22,7 +22,7 @@ use spot_core::engine::Engine;
 use spot_core::protocol::{AccountStatus, Request};
 
 use crate::exec::{Executor, ProcId, Role, Rt, Step};
-use crate::ports::{Sim, SimBook, SimClock, SimFunding, SimLog, SimRetryBook, SimSpot, NETWORK};
+use crate::ports::{Sim, SimBook, SimClock, SimFunding, SimLog, SimRetryBook, SimSpot};
 use crate::world::{short, Faults, FundingAccount, World};
 
 /// 2026-01-01T00:00:00Z: where simulated time starts.
@@ -309,7 +309,6 @@ pub fn run(seed: u64, config: &Config) -> Report {
             break;
         }
     }
-    let _ = NETWORK;
 
     let mut w = sim.world();
     crate::check::at_quiescence(&mut w);
