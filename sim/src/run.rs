@@ -288,7 +288,7 @@ pub fn run(seed: u64, config: &Config) -> Report {
             break;
         }
         // Done early once every transfer is terminal and nothing is left on the wire.
-        if exec.steps % 64 == 0
+        if exec.steps.is_multiple_of(64)
             && exec.alive(Role::Network) == 0
             && exec.alive(Role::Request) == 0
             && sim
