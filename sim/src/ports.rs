@@ -880,7 +880,25 @@ impl SimFunding {
             "funding.lookup"
         };
         match self.sim.fate(name).await {
-            Fate::Unsent | Fate::Late => return Recorded::Unavailable("sim: no answer".into()),
+            Fate::Unsent => return Recorded::Unavailable("sim: no answer".into()),
+            Fate::Late => {
+                // A cancel that timed out may still commit later.
+                if let Some(ms) = self.sim.late_delivery().filter(|_| cancel) {
+                    let (sim, m) = (self.sim.clone(), m.clone());
+                    self.sim.rt.spawn(NETWORK, Role::Network, async move {
+                        sim.rt.sleep(Duration::from_millis(ms)).await;
+                        let mut w = sim.world();
+                        w.note(|| {
+                            format!(
+                                "late copy of funding cancel {} arrives",
+                                short(&m.req_id.to_string())
+                            )
+                        });
+                        funding_cancel(&mut w, op, &m);
+                    });
+                }
+                return Recorded::Unavailable("sim: no answer".into());
+            }
             Fate::AnswerLost => {
                 if cancel {
                     funding_cancel(&mut self.sim.world(), op, m);
