@@ -8,10 +8,10 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::app::AppState;
 use crate::auth::AdminUser;
 use crate::error::ApiError;
 use crate::render::rfc3339;
+use crate::state::AppState;
 
 /// Most alerts one listing returns.
 pub const ALERTS_PAGE_MAX: i64 = 500;
@@ -58,7 +58,7 @@ pub struct AlertsView {
 #[utoipa::path(get, path = "/api/v1/admin/alerts",
     params(AlertsQuery),
     responses((status = 200, description = "ok", body = AlertsView),
-        crate::openapi::AlertListRefusals))]
+        crate::openapi::schemas::AlertListRefusals))]
 pub(crate) async fn list_alerts(
     State(state): State<AppState>,
     _admin: AdminUser,

@@ -15,20 +15,18 @@ use std::time::Duration;
 use application::ManualResolutionError;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use domain::{ReqId, Resolution, TransferError};
+use domain::{ErrorCode, ReqId, Resolution, TransferError};
 use recovery::stuck_transfers;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
-use crate::app::AppState;
 use crate::auth::AdminUser;
 use crate::error::ApiError;
 use crate::render::rfc3339;
 use crate::routes::JsonObject;
+use crate::state::AppState;
 
 /// Most rows one listing returns.
 pub const STUCK_PAGE_SIZE_MAX: i64 = 500;
@@ -91,34 +89,51 @@ async fn list_stuck(
     Ok(Json(json!({ "transfers": transfers })))
 }
 
-/// A refusal in the error shape with a fixed, specific sentence (no internal text).
-fn conflict(message: String) -> Response {
-    refusal(StatusCode::CONFLICT, "CONFLICT", message)
-}
-
-/// A refusal in the error shape with a code of its own (the admin routes' `409`/`503` cases).
-pub(crate) fn refusal(status: StatusCode, code: &str, message: String) -> Response {
-    (status, Json(json!({ "code": code, "message": message }))).into_response()
+/// What an operator asked for: the resolution, the reason and whether to force it.
+struct ResolveRequest {
+    resolution: Resolution,
+    reason: String,
+    force: bool,
 }
 
 async fn resolve(
     State(state): State<AppState>,
     admin: AdminUser,
     path: Result<Path<String>, PathRejection>,
-    JsonObject(mut body): JsonObject,
-) -> Result<Response, ApiError> {
+    JsonObject(body): JsonObject,
+) -> Result<Json<Value>, ApiError> {
     let Ok(Path(req_id)) = path else {
         return Err(ApiError::NotFound);
     };
     let req_id = ReqId::parse(&req_id).map_err(|_| ApiError::NotFound)?;
+    let ResolveRequest {
+        resolution,
+        reason,
+        force,
+    } = resolve_request(body)?;
+    let operator = format!("admin:{}", admin.user_id);
+    let resumed = state
+        .ledger
+        .coordinator()
+        .manually_resolve(&req_id, resolution, &operator, &reason, force)
+        .await
+        .map_err(|e| resolution_refusal(e, resolution))?;
+    Ok(Json(json!({
+        "req_id": req_id.to_string(),
+        "state": resumed.data.state.as_str(),
+        "resolution": resolution.as_str(),
+        "operator": operator,
+        "pending": resumed.unknown.is_some(),
+    })))
+}
+
+/// Reads the body `{resolution, reason, force?}`, refusing any other field.
+fn resolve_request(mut body: Map<String, Value>) -> Result<ResolveRequest, ApiError> {
     if let Some(unknown) = body
         .keys()
         .find(|k| !matches!(k.as_str(), "resolution" | "reason" | "force"))
     {
-        return Err(ApiError::BadRequest(format!(
-            "unknown field `{}`",
-            unknown.chars().take(64).collect::<String>()
-        )));
+        return Err(unknown_field(unknown));
     }
     let resolution = match body.remove("resolution") {
         Some(Value::String(text)) => Resolution::parse(&text).ok_or_else(|| {
@@ -130,80 +145,84 @@ async fn resolve(
             ))
         }
     };
-    let reason = match body.remove("reason") {
-        Some(Value::String(text))
-            if !text.trim().is_empty() && text.chars().count() <= REASON_CHARS_MAX =>
-        {
-            text
-        }
-        _ => {
-            return Err(ApiError::BadRequest(format!(
-                "`reason` is required: 1 to {REASON_CHARS_MAX} characters"
-            )))
-        }
-    };
+    let reason = operator_reason(body.remove("reason"))?;
     let force = match body.remove("force") {
         None => false,
         Some(Value::Bool(force)) => force,
         Some(_) => return Err(ApiError::BadRequest("`force` must be a boolean".into())),
     };
-    let operator = format!("admin:{}", admin.user_id);
-    match state
-        .ledger
-        .coordinator()
-        .manually_resolve(&req_id, resolution, &operator, &reason, force)
-        .await
-    {
-        Ok(resumed) => Ok(Json(json!({
-            "req_id": req_id.to_string(),
-            "state": resumed.data.state.as_str(),
-            "resolution": resolution.as_str(),
-            "operator": operator,
-            "pending": resumed.unknown.is_some(),
-        }))
-        .into_response()),
-        Err(ManualResolutionError::NotFound) => Err(ApiError::NotFound),
-        Err(ManualResolutionError::Refused(TransferError::Terminal { state })) => Ok(conflict(
-            format!("transfer is {state}, a terminal state; it never changes"),
-        )),
-        Err(ManualResolutionError::Refused(TransferError::IllegalTransition { state, .. })) => {
-            Ok(conflict(format!(
-                "a {} resolution is not allowed in state {state}",
-                resolution.as_str()
-            )))
+    Ok(ResolveRequest {
+        resolution,
+        reason,
+        force,
+    })
+}
+
+/// A field the route does not take, named (cut short) in the refusal.
+pub(crate) fn unknown_field(name: &str) -> ApiError {
+    ApiError::BadRequest(format!(
+        "unknown field `{}`",
+        name.chars().take(64).collect::<String>()
+    ))
+}
+
+/// The operator's `reason`: required, 1 to [`REASON_CHARS_MAX`] characters, not blank.
+pub(crate) fn operator_reason(value: Option<Value>) -> Result<String, ApiError> {
+    match value {
+        Some(Value::String(text))
+            if !text.trim().is_empty() && text.chars().count() <= REASON_CHARS_MAX =>
+        {
+            Ok(text)
         }
-        Err(ManualResolutionError::Refused(_)) => Err(ApiError::BadRequest(
-            "operator and reason are required".into(),
-        )),
-        Err(ManualResolutionError::Contradicted(_)) => Ok(conflict(format!(
-            "the account system's own record contradicts {}; nothing was recorded",
-            resolution.as_str()
+        _ => Err(ApiError::BadRequest(format!(
+            "`reason` is required: 1 to {REASON_CHARS_MAX} characters"
         ))),
-        Err(ManualResolutionError::Mismatch(_)) => Ok(refusal(
-            StatusCode::CONFLICT,
-            "REQ_ID_MISMATCH",
-            "the account system holds this req_id for a different movement (user, asset or \
-             amount); no resolution can be recorded: investigate"
-                .into(),
-        )),
-        Err(ManualResolutionError::Unavailable(_)) => Ok(refusal(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "ACCOUNT_SYSTEM_UNAVAILABLE",
+    }
+}
+
+/// A refused resolution in the error shape, with a specific sentence (no internal text).
+fn resolution_refusal(e: ManualResolutionError, resolution: Resolution) -> ApiError {
+    let resolution = resolution.as_str();
+    match e {
+        ManualResolutionError::NotFound => ApiError::NotFound,
+        ManualResolutionError::Refused(TransferError::Terminal { state }) => ApiError::because(
+            ErrorCode::Conflict,
+            format!("transfer is {state}, a terminal state; it never changes"),
+        ),
+        ManualResolutionError::Refused(TransferError::IllegalTransition { state, .. }) => {
+            ApiError::because(
+                ErrorCode::Conflict,
+                format!("a {resolution} resolution is not allowed in state {state}"),
+            )
+        }
+        ManualResolutionError::Refused(_) => {
+            ApiError::BadRequest("operator and reason are required".into())
+        }
+        ManualResolutionError::Contradicted(_) => ApiError::because(
+            ErrorCode::Conflict,
             format!(
-                "the account system could not confirm {} (for NOT_APPLIED: could not durably \
-                 cancel the pending call); nothing was recorded. Retry when it is reachable, or \
-                 send \"force\": true only if you are certain",
-                resolution.as_str()
+                "the account system's own record contradicts {resolution}; nothing was recorded"
             ),
-        )),
-        Err(ManualResolutionError::Busy) => Ok(refusal(
-            StatusCode::CONFLICT,
-            "TRANSFER_BUSY",
-            "a recovery worker or another operator is working this transfer; try again shortly"
-                .into(),
-        )),
-        Err(ManualResolutionError::Coordinator(e)) => {
-            Err(ApiError::Internal(format!("manual resolution: {e}")))
+        ),
+        ManualResolutionError::Mismatch(_) => ApiError::because(
+            ErrorCode::ReqIdMismatch,
+            "the account system holds this req_id for a different movement (user, asset or \
+             amount); no resolution can be recorded: investigate",
+        ),
+        ManualResolutionError::Unavailable(_) => ApiError::because(
+            ErrorCode::AccountSystemUnavailable,
+            format!(
+                "the account system could not confirm {resolution} (for NOT_APPLIED: could not \
+                 durably cancel the pending call); nothing was recorded. Retry when it is \
+                 reachable, or send \"force\": true only if you are certain"
+            ),
+        ),
+        ManualResolutionError::Busy => ApiError::because(
+            ErrorCode::TransferBusy,
+            "a recovery worker or another operator is working this transfer; try again shortly",
+        ),
+        ManualResolutionError::Coordinator(e) => {
+            ApiError::Internal(format!("manual resolution: {e}"))
         }
     }
 }

@@ -8,18 +8,16 @@
 use application::RepairError;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use domain::ReqId;
+use domain::{ErrorCode, ReqId};
 use serde_json::{json, Value};
 
-use crate::admin_recovery::{refusal, REASON_CHARS_MAX};
-use crate::app::AppState;
+use crate::admin_recovery::{operator_reason, unknown_field};
 use crate::auth::AdminUser;
 use crate::error::ApiError;
 use crate::routes::JsonObject;
+use crate::state::AppState;
 
 /// The routes of this module, merged into the app by `build_app`.
 pub fn routes() -> Router<AppState> {
@@ -31,68 +29,49 @@ async fn repair(
     admin: AdminUser,
     path: Result<Path<String>, PathRejection>,
     JsonObject(mut body): JsonObject,
-) -> Result<Response, ApiError> {
+) -> Result<Json<Value>, ApiError> {
     let Ok(Path(req_id)) = path else {
         return Err(ApiError::NotFound);
     };
     let req_id = ReqId::parse(&req_id).map_err(|_| ApiError::NotFound)?;
     if let Some(unknown) = body.keys().find(|k| k.as_str() != "reason") {
-        return Err(ApiError::BadRequest(format!(
-            "unknown field `{}`",
-            unknown.chars().take(64).collect::<String>()
-        )));
+        return Err(unknown_field(unknown));
     }
-    let reason = match body.remove("reason") {
-        Some(Value::String(text))
-            if !text.trim().is_empty() && text.chars().count() <= REASON_CHARS_MAX =>
-        {
-            text
-        }
-        _ => {
-            return Err(ApiError::BadRequest(format!(
-                "`reason` is required: 1 to {REASON_CHARS_MAX} characters"
-            )))
-        }
-    };
+    let reason = operator_reason(body.remove("reason"))?;
     let operator = format!("admin:{}", admin.user_id);
     let ledger = &state.ledger;
-    match ledger
+    let outcome = ledger
         .coordinator()
         .repair_lost(ledger.spot(), &req_id, &operator, &reason)
         .await
-    {
-        Ok(outcome) => Ok(Json(json!(outcome)).into_response()),
-        Err(e) => repair_refusal(e),
-    }
+        .map_err(repair_refusal)?;
+    Ok(Json(json!(outcome)))
 }
 
-fn repair_refusal(e: RepairError) -> Result<Response, ApiError> {
+/// A refused repair in the error shape: the refusal's own sentence (written by `application`,
+/// no internal text) under its contract code.
+fn repair_refusal(e: RepairError) -> ApiError {
     let message = e.to_string();
-    Ok(match e {
-        RepairError::Known(_) => refusal(
-            StatusCode::CONFLICT,
-            "TRANSFER_KNOWN",
+    match e {
+        RepairError::Known(_) => ApiError::because(
+            ErrorCode::TransferKnown,
             format!("{message}: the recovery worker resumes it, or resolve it by hand"),
         ),
-        RepairError::NothingApplied => refusal(StatusCode::CONFLICT, "NOTHING_TO_REPAIR", message),
-        RepairError::NotRepairable(_) => refusal(StatusCode::CONFLICT, "NOT_REPAIRABLE", message),
+        RepairError::NothingApplied => ApiError::because(ErrorCode::NothingToRepair, message),
+        RepairError::NotRepairable(_) => ApiError::because(ErrorCode::NotRepairable, message),
         RepairError::InsufficientFunding { .. } => {
-            refusal(StatusCode::CONFLICT, "INSUFFICIENT_FUNDING", message)
+            ApiError::because(ErrorCode::InsufficientFunding, message)
         }
         RepairError::SpotUnavailable(detail) => {
             tracing::warn!(error = %detail, "failover repair: spot-core could not answer");
-            refusal(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "ACCOUNT_SYSTEM_UNAVAILABLE",
-                "spot-core could not answer; nothing was recorded".into(),
+            ApiError::because(
+                ErrorCode::AccountSystemUnavailable,
+                "spot-core could not answer; nothing was recorded",
             )
         }
-        RepairError::MissingReason => return Err(ApiError::BadRequest(message)),
+        RepairError::MissingReason => ApiError::BadRequest(message),
         RepairError::Database(_) | RepairError::Coordinator(_) => {
-            return Err(ApiError::Internal(format!(
-                "failover repair: {}",
-                application::error_chain(&e)
-            )))
+            ApiError::Internal(format!("failover repair: {}", application::error_chain(&e)))
         }
-    })
+    }
 }

@@ -29,9 +29,9 @@ use chrono::Utc;
 use domain::ReqId;
 use projections::admin::{AdminFilter, AdminView};
 
-use crate::app::AppState;
 use crate::auth::AdminUser;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 pub use params::{HistoryParams, TransfersParams};
 pub use types::*;
@@ -65,7 +65,7 @@ async fn turn(state: &AppState) -> Result<tokio::sync::SemaphorePermit<'_>, ApiE
 #[utoipa::path(get, path = "/api/v1/admin/transfers",
     params(TransfersParams),
     responses((status = 200, description = "ok", body = TransferPage),
-        crate::openapi::AdminReadRefusals))]
+        crate::openapi::schemas::AdminReadRefusals))]
 pub async fn list_transfers(
     State(state): State<AppState>,
     _admin: AdminUser,
@@ -98,9 +98,9 @@ pub async fn list_transfers(
 
 /// `GET /api/v1/admin/transfers/{req_id}`: one transfer with its whole timeline.
 #[utoipa::path(get, path = "/api/v1/admin/transfers/{req_id}",
-    params(crate::openapi::TransferPath),
+    params(crate::openapi::schemas::TransferPath),
     responses((status = 200, description = "ok", body = Timeline),
-        crate::openapi::AdminLookupRefusals))]
+        crate::openapi::schemas::AdminLookupRefusals))]
 pub async fn transfer_timeline(
     State(state): State<AppState>,
     _admin: AdminUser,
@@ -146,7 +146,7 @@ pub async fn transfer_timeline(
 #[utoipa::path(get, path = "/api/v1/admin/users/{user_id}",
     params(UserPath),
     responses((status = 200, description = "ok", body = UserView),
-        crate::openapi::AdminUserRefusals))]
+        crate::openapi::schemas::AdminUserRefusals))]
 pub async fn user_view(
     State(state): State<AppState>,
     _admin: AdminUser,
@@ -205,7 +205,7 @@ pub async fn user_view(
 /// `GET /api/v1/admin/overview`: the system at a glance.
 #[utoipa::path(get, path = "/api/v1/admin/overview",
     responses((status = 200, description = "ok", body = Overview),
-        crate::openapi::AdminReadRefusals))]
+        crate::openapi::schemas::AdminReadRefusals))]
 pub async fn overview(
     State(state): State<AppState>,
     _admin: AdminUser,
@@ -249,7 +249,7 @@ pub async fn overview(
 #[utoipa::path(get, path = "/api/v1/admin/invariant/history",
     params(HistoryParams),
     responses((status = 200, description = "ok", body = CheckHistory),
-        crate::openapi::AdminReadRefusals))]
+        crate::openapi::schemas::AdminReadRefusals))]
 pub async fn invariant_history(
     State(state): State<AppState>,
     _admin: AdminUser,

@@ -13,10 +13,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, SemaphorePermit};
 /// Read-side calls (each a database query or a spot-core call) running at once in one process.
 /// The pool has `config::POOL_CONNECTIONS_MAX` (16) connections; the rest stay for the write
 /// path, the projector and the recovery worker.
-pub const READ_CALLS_CONCURRENT_MAX: usize = 6;
+pub(crate) const READ_CALLS_CONCURRENT_MAX: usize = 6;
 
 /// How long a read waits for its turn before it is refused as busy.
-pub const READ_WAIT_MAX: Duration = Duration::from_secs(3);
+pub(crate) const READ_WAIT_MAX: Duration = Duration::from_secs(3);
 
 /// Open GraphQL subscriptions per user (per process).
 pub const SUBSCRIPTIONS_PER_USER_MAX: usize = 16;
@@ -26,11 +26,11 @@ pub const EVENT_STREAMS_MAX: usize = 32;
 
 /// Refused for now: the read side is at capacity (answered 429 RATE_LIMIT_EXCEEDED).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Busy;
+pub(crate) struct Busy;
 
 /// The read side's admission state; one per process, shared by every handler.
 #[derive(Debug)]
-pub struct Admission {
+pub(crate) struct Admission {
     reads: Semaphore,
     streams: Arc<Semaphore>,
     subscriptions: Arc<Mutex<HashMap<UserId, usize>>>,
@@ -84,7 +84,7 @@ impl Admission {
 
 /// One open subscription; dropping it frees the slot.
 #[derive(Debug)]
-pub struct SubscriptionSlot {
+pub(crate) struct SubscriptionSlot {
     open: Arc<Mutex<HashMap<UserId, usize>>>,
     user: UserId,
 }

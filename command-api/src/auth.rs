@@ -5,14 +5,15 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::extract::FromRequestParts;
+use std::sync::Arc;
+
+use axum::extract::{FromRef, FromRequestParts};
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use domain::UserId;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
-use crate::app::AppState;
 use crate::error::ApiError;
 
 /// Clock skew tolerated on `exp` and `nbf`; small, so an expired token dies quickly.
@@ -176,9 +177,9 @@ fn bearer(parts: &Parts) -> Option<&str> {
     bearer_token(parts.headers.get(AUTHORIZATION)?.to_str().ok()?)
 }
 
-fn identify(parts: &Parts, state: &AppState) -> Result<Session, ApiError> {
+fn identify(parts: &Parts, keys: &JwtKeys) -> Result<Session, ApiError> {
     let token = bearer(parts).ok_or(ApiError::Unauthorized)?;
-    state.jwt.verify_session(token)
+    keys.verify_session(token)
 }
 
 /// Any authenticated caller. Rejects with 401 UNAUTHORIZED.
@@ -188,11 +189,16 @@ pub struct AuthUser {
     pub admin: bool,
 }
 
-impl FromRequestParts<AppState> for AuthUser {
+/// From any state that holds the keys (`AppState` does).
+impl<S> FromRequestParts<S> for AuthUser
+where
+    S: Send + Sync,
+    Arc<JwtKeys>: FromRef<S>,
+{
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let id = identify(parts, state)?.identity;
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let id = identify(parts, &Arc::<JwtKeys>::from_ref(state))?.identity;
         Ok(Self {
             user_id: id.user_id,
             admin: id.admin,
@@ -209,11 +215,16 @@ pub struct AdminUser {
     pub expires_at: SystemTime,
 }
 
-impl FromRequestParts<AppState> for AdminUser {
+/// From any state that holds the keys (`AppState` does).
+impl<S> FromRequestParts<S> for AdminUser
+where
+    S: Send + Sync,
+    Arc<JwtKeys>: FromRef<S>,
+{
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let session = identify(parts, state)?;
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let session = identify(parts, &Arc::<JwtKeys>::from_ref(state))?;
         if !session.identity.admin {
             return Err(ApiError::Forbidden);
         }

@@ -14,17 +14,18 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::TcpListener;
 use tokio::process::{Child, ChildStdin, Command as ChildCommand};
 
-use crate::app::{serve_with_shutdown, AppState};
+use crate::app::serve_with_shutdown;
 use crate::auth::mint;
 use crate::config::{self, JwtSecret, SecretSource};
 use crate::settings::{MetricsListen, Settings};
-use crate::startup::Background;
+use crate::startup::{shutdown_signal, Background, Serving};
+use crate::state::AppState;
 
 /// The line spot-core prints on stdout once it accepts connections.
-pub const SPOT_READY_PREFIX: &str = "spot-core listening on ";
+pub(crate) const SPOT_READY_PREFIX: &str = "spot-core listening on ";
 
 /// The file in `ledger up`'s data dir holding the token shared with its spot-core child.
-pub const SPOT_TOKEN_FILE: &str = "spot.token";
+pub(crate) const SPOT_TOKEN_FILE: &str = "spot.token";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -60,7 +61,7 @@ pub enum Command {
     Relay(crate::relay_cli::RelayArgs),
     /// Print the JetStream stream's events as JSON lines (a pull consumer).
     Tail(crate::relay_cli::TailArgs),
-    /// Run the fund-conservation check now and print its JSON report: incremental from the
+    /// Run the conservation check now and print its JSON report: incremental from the
     /// stored checkpoint (which it advances), or `--full` from the start of history. Exit 0 when
     /// money is conserved, 1 on a violation (transfers are then halted), 2 when it cannot run.
     Audit(AuditArgs),
@@ -165,7 +166,7 @@ pub struct AuditArgs {
 }
 
 /// `ledger audit`'s exit status when the check cannot run.
-pub const AUDIT_EXIT_CANNOT_RUN: i32 = 2;
+pub(crate) const AUDIT_EXIT_CANNOT_RUN: i32 = 2;
 
 #[derive(Debug, Args)]
 pub struct TokenArgs {
@@ -214,7 +215,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 Ok(true) => 0,
                 Ok(false) => 1,
                 Err(e) => {
-                    eprintln!("the fund-conservation check cannot run: {e:#}");
+                    eprintln!("the conservation check cannot run: {e:#}");
                     AUDIT_EXIT_CANNOT_RUN
                 }
             };
@@ -224,29 +225,35 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// The application state with everything the settings configure: limits, the fail point, the
-/// recovery worker, the audit's interval and the idempotency horizon.
-fn configured_state(
+/// The application state with everything the settings configure (limits, the fail point, the
+/// idempotency retention), and how to serve it: the recovery worker, the conservation check's
+/// interval, the idempotency horizon, the HTTP limits, where `/metrics` is served, and the relay
+/// when `relay` is given.
+fn configured(
     settings: &Settings,
     pool: sqlx::PgPool,
     spot: SpotAdapter,
     assets: domain::AssetRegistry,
     secret: &JwtSecret,
-) -> anyhow::Result<AppState> {
+    relay: Option<relay::RelayConfig>,
+) -> anyhow::Result<(AppState, Serving)> {
     let horizon = settings.horizon()?;
     let mut state = AppState::new(pool, spot, assets, &secret.bytes);
     state.ledger = state.ledger.with_idempotency_retention(horizon.retention);
-    Ok(state
+    let state = state
         .with_watched_limits(settings.limits()?, settings.frequency()?)
-        .with_metrics_on_api(settings.metrics_listen() == MetricsListen::Api)
-        .with_http_limits(settings.http_limits()?)
-        .with_failpoints(settings.failpoints())
-        .with_background(Background {
+        .with_failpoints(settings.failpoints());
+    let serving = Serving {
+        background: Background {
             recovery: Some(settings.recovery()),
             audit_interval: settings.audit_interval(),
-            relay: None,
+            relay,
             horizon: Some(horizon),
-        }))
+        },
+        http: settings.http_limits()?,
+        metrics_on_api: settings.metrics_listen() == MetricsListen::Api,
+    };
+    Ok((state, serving))
 }
 
 /// `ledger audit`: runs the check like the admin route does (recorded, halting on a violation),
@@ -343,11 +350,10 @@ async fn serve(args: ServeArgs, settings: &Settings) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listen on {}", args.listen))?;
     let local = listener.local_addr()?;
-    let state =
-        configured_state(settings, pool, spot, assets, &secret)?.with_relay(args.relay.config());
+    let (state, serving) = configured(settings, pool, spot, assets, &secret, args.relay.config())?;
     let metrics = bind_metrics(settings).await?;
     println!("ledger serving on http://{local} (spot-core at {spot_addr})");
-    run_until_stopped(listener, metrics, state, None).await
+    run_until_stopped(listener, metrics, state, serving, None).await
 }
 
 async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> {
@@ -388,15 +394,14 @@ async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listen on {}", args.listen))?;
     let local = listener.local_addr()?;
-    let state =
-        configured_state(settings, pool, spot, assets, &secret)?.with_relay(args.relay.config());
+    let (state, serving) = configured(settings, pool, spot, assets, &secret, args.relay.config())?;
     let metrics = bind_metrics(settings).await?;
 
     print_banner(&Banner {
         base: format!("http://{local}"),
         metrics: match &metrics {
             Some(l) => format!("http://{}/metrics", l.local_addr()?),
-            None if state.metrics_on_api => format!("http://{local}/metrics"),
+            None if serving.metrics_on_api => format!("http://{local}/metrics"),
             None => "not served (see the warning above)".to_owned(),
         },
         database: config::redact_url(&url),
@@ -409,7 +414,7 @@ async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> {
         },
         secret: &secret,
     });
-    run_until_stopped(listener, metrics, state, child).await
+    run_until_stopped(listener, metrics, state, serving, child).await
 }
 
 struct Banner<'a> {
@@ -503,20 +508,21 @@ async fn run_until_stopped(
     listener: TcpListener,
     metrics: Option<TcpListener>,
     state: AppState,
+    serving: Serving,
     mut child: Option<SpotChild>,
 ) -> anyhow::Result<()> {
     // `/metrics` on its own address lives exactly as long as the API server.
     let metrics = metrics.map(|l| {
-        let app = crate::metrics::app(state.clone());
+        let app = crate::metrics::app(state.clone(), serving.target_pending_alert_after());
         tokio::spawn(crate::http_server::serve(
             l,
             app,
-            state.http,
+            serving.http,
             std::future::pending(),
         ))
     });
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let mut server = tokio::spawn(serve_with_shutdown(listener, state, async move {
+    let mut server = tokio::spawn(serve_with_shutdown(listener, state, serving, async move {
         let _ = stop_rx.await;
     }));
 
@@ -551,21 +557,6 @@ async fn run_until_stopped(
     outcome
 }
 
-pub(crate) async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot watch SIGTERM; only ctrl-c stops the ledger");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-}
-
 async fn child_exit(child: &mut Option<SpotChild>) -> String {
     match child {
         Some(c) => match c.child.wait().await {
@@ -595,17 +586,15 @@ impl Drop for SpotChild {
 }
 
 impl SpotChild {
-    /// Starts spot-core on an ephemeral port: the `spot-core` binary beside this executable if
-    /// there is one, else this executable's hidden `spot-core` subcommand. Returns once the child
-    /// has printed its ready line, or fails after [`config::SPOT_START_TIMEOUT`].
-    async fn start(
+    /// The command that runs spot-core on an ephemeral port with these settings: the `spot-core`
+    /// binary beside this executable if there is one, else this executable's hidden `spot-core`
+    /// subcommand; its stdin and stdout piped, killed if dropped.
+    fn command(
         data_dir: &Path,
         assets: Option<&Path>,
         token_file: &Path,
         storage: &SpotStorage,
-    ) -> anyhow::Result<Self> {
-        std::fs::create_dir_all(data_dir)
-            .with_context(|| format!("create spot-core data dir {}", data_dir.display()))?;
+    ) -> anyhow::Result<ChildCommand> {
         let exe = std::env::current_exe().context("locate the ledger executable")?;
         let beside = exe.with_file_name("spot-core");
         let mut command = if beside.is_file() {
@@ -635,6 +624,21 @@ impl SpotChild {
             .stderr(Stdio::inherit())
             // Any early return below (or a panic) must not leave an orphan engine running.
             .kill_on_drop(true);
+        Ok(command)
+    }
+
+    /// Starts spot-core on an ephemeral port: the `spot-core` binary beside this executable if
+    /// there is one, else this executable's hidden `spot-core` subcommand. Returns once the child
+    /// has printed its ready line, or fails after [`config::SPOT_START_TIMEOUT`].
+    async fn start(
+        data_dir: &Path,
+        assets: Option<&Path>,
+        token_file: &Path,
+        storage: &SpotStorage,
+    ) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(data_dir)
+            .with_context(|| format!("create spot-core data dir {}", data_dir.display()))?;
+        let mut command = Self::command(data_dir, assets, token_file, storage)?;
         let mut child = command.spawn().context("start spot-core")?;
         let lifeline = child
             .stdin

@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
-use crate::app::AppState;
+use crate::state::AppState;
 
 /// The policy of every console and GraphiQL response. `data:` fonts and images are GraphiQL's
 /// stylesheet's embedded fonts and icons; `connect-src 'self'` covers the API, the feed's
@@ -89,7 +89,7 @@ const GRAPHIQL_PAGE: &[u8] = include_bytes!("../console/graphiql.html");
 
 /// The console's routes; merged into the application router. (`GET /graphql` is GraphQL's
 /// route, which answers with [`graphiql_page`].)
-pub fn routes() -> Router<AppState> {
+pub(crate) fn routes() -> Router<AppState> {
     Router::new()
         .route("/console", get(console_page))
         .route("/console/", get(console_page))
@@ -135,7 +135,7 @@ async fn console_page() -> Response {
 }
 
 /// `GET /graphql`: the GraphiQL page, loading only this binary's files.
-pub fn graphiql_page() -> Response {
+pub(crate) fn graphiql_page() -> Response {
     guarded(HTML, "no-store", GRAPHIQL_PAGE)
 }
 

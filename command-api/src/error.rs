@@ -2,6 +2,7 @@
 //! of DESIGN section 5, and internal failures become a generic SYSTEM_ERROR whose detail goes to the
 //! log only.
 
+use adapters::SpotError;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -38,6 +39,10 @@ pub enum ApiError {
     /// RATE_LIMIT_EXCEEDED, DAILY_LIMIT_EXCEEDED and DAILY_AMOUNT_EXCEEDED, and the statuses
     /// of the variants above for their codes.
     Refused(ErrorCode),
+    /// A refusal with a contract code (status as for [`ApiError::Refused`]) whose message says
+    /// more than the code's fixed sentence: the admin routes name the state or the resolution
+    /// that was refused. The message is written by this crate, never taken from inside.
+    RefusedBecause { code: ErrorCode, message: String },
     /// 422 with the refusal code the source account system gave: the transfer exists and ended
     /// FAILED, so the body also carries its `req_id` and `state` for the client to look it up.
     TransferFailed { code: String, req_id: ReqId },
@@ -48,7 +53,7 @@ pub enum ApiError {
 }
 
 /// The status a contract code is answered with.
-pub fn status_of(code: ErrorCode) -> StatusCode {
+pub(crate) fn status_of(code: ErrorCode) -> StatusCode {
     use ErrorCode as C;
     match code {
         C::Unauthorized => StatusCode::UNAUTHORIZED,
@@ -60,7 +65,16 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         C::SystemError => StatusCode::INTERNAL_SERVER_ERROR,
         C::ServiceHalted => StatusCode::SERVICE_UNAVAILABLE,
         C::BadRequest => StatusCode::BAD_REQUEST,
-        C::IdempotencyKeyReused | C::Conflict | C::DuplicateRequest => StatusCode::CONFLICT,
+        C::IdempotencyKeyReused
+        | C::Conflict
+        | C::DuplicateRequest
+        | C::TransferBusy
+        | C::ReqIdMismatch
+        | C::TransferKnown
+        | C::NothingToRepair
+        | C::NotRepairable
+        | C::InsufficientFunding => StatusCode::CONFLICT,
+        C::AccountSystemUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         C::SameAccount
         | C::InvalidAccountType
         | C::UnsupportedAccountType
@@ -85,7 +99,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
 
 /// A fixed, client-safe sentence for each code. Messages never carry text from inside (SQL,
 /// adapter errors), so a refusal cannot leak anything.
-pub fn describe(code: ErrorCode) -> &'static str {
+pub(crate) fn describe(code: ErrorCode) -> &'static str {
     use ErrorCode as C;
     match code {
         C::Unauthorized => "missing or invalid credentials",
@@ -119,15 +133,49 @@ pub fn describe(code: ErrorCode) -> &'static str {
         C::InvalidIdempotencyKey => "idempotency key must be 1 to 64 characters [A-Za-z0-9_-]",
         C::ServiceHalted => "transfers are halted; retry later",
         C::Conflict => "the resource was changed concurrently; retry",
+        C::TransferBusy => {
+            "a recovery worker or another operator is working this transfer; try again shortly"
+        }
+        C::ReqIdMismatch => "the account system holds this req_id for a different movement",
+        C::AccountSystemUnavailable => "the account system could not answer; nothing was recorded",
+        C::TransferKnown => "the ledger knows this transfer; it needs no repair",
+        C::NothingToRepair => "the account system applied nothing under this req_id",
+        C::NotRepairable => "the account system's record is not one transfer's movement",
+        C::InsufficientFunding => "the FUNDING account cannot pay this repair now",
     }
 }
 
 /// Reads a code an account system gave as text; `None` for a code outside the contract.
-pub fn parse_code(text: &str) -> Option<ErrorCode> {
+pub(crate) fn parse_code(text: &str) -> Option<ErrorCode> {
     serde_json::from_value(serde_json::Value::String(text.to_owned())).ok()
 }
 
 impl ApiError {
+    /// A refusal with `code` and a sentence of this crate's own in place of the code's fixed one.
+    pub fn because(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self::RefusedBecause {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// A failed spot-core call that is not a movement (status, balances): out of reach is 503
+    /// (retry later); an answer the adapter did not expect is a bug or a configuration mismatch
+    /// between the two systems, so 500. The logged detail says whether the call may have taken
+    /// effect there ([`SpotError::outcome_unknown`]): an operator reads a status back before
+    /// repeating it.
+    pub fn spot(call: &str, e: SpotError) -> Self {
+        let effect = if e.outcome_unknown() {
+            "may have taken effect"
+        } else {
+            "never reached spot-core"
+        };
+        match e {
+            SpotError::Transport(_) => Self::Unavailable(format!("spot {call} ({effect}): {e}")),
+            SpotError::Unexpected(_) => Self::Internal(format!("spot {call} ({effect}): {e}")),
+        }
+    }
+
     /// The status this error is answered with.
     pub fn status(&self) -> StatusCode {
         match self {
@@ -139,7 +187,7 @@ impl ApiError {
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
-            Self::Refused(code) => status_of(*code),
+            Self::Refused(code) | Self::RefusedBecause { code, .. } => status_of(*code),
             Self::TransferFailed { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -157,7 +205,7 @@ impl ApiError {
             | Self::UnsupportedMediaType
             | Self::MethodNotAllowed
             | Self::RequestTimeout => ErrorCode::BadRequest,
-            Self::Refused(code) => *code,
+            Self::Refused(code) | Self::RefusedBecause { code, .. } => *code,
             Self::TransferFailed { code, .. } => return code.clone(),
             Self::Unavailable(_) | Self::Internal(_) => ErrorCode::SystemError,
         };
@@ -178,6 +226,7 @@ impl ApiError {
                 "the request was not read and answered within the request timeout (LEDGER_HTTP_REQUEST_TIMEOUT_MS)".to_owned()
             }
             Self::Refused(code) => describe(*code).to_owned(),
+            Self::RefusedBecause { message, .. } => message.clone(),
             Self::TransferFailed { code, .. } => match parse_code(code) {
                 Some(code) => format!("transfer failed: {}", describe(code)),
                 None => "transfer failed: the source account refused it".to_owned(),
@@ -291,6 +340,41 @@ mod tests {
                 "IDEMPOTENCY_KEY_REUSED",
             ),
             (ApiError::Refused(ErrorCode::Forbidden), 403, "FORBIDDEN"),
+            (
+                ApiError::Refused(ErrorCode::TransferBusy),
+                409,
+                "TRANSFER_BUSY",
+            ),
+            (
+                ApiError::because(ErrorCode::ReqIdMismatch, "held for another movement"),
+                409,
+                "REQ_ID_MISMATCH",
+            ),
+            (
+                ApiError::because(ErrorCode::AccountSystemUnavailable, "could not confirm"),
+                503,
+                "ACCOUNT_SYSTEM_UNAVAILABLE",
+            ),
+            (
+                ApiError::Refused(ErrorCode::TransferKnown),
+                409,
+                "TRANSFER_KNOWN",
+            ),
+            (
+                ApiError::Refused(ErrorCode::NothingToRepair),
+                409,
+                "NOTHING_TO_REPAIR",
+            ),
+            (
+                ApiError::Refused(ErrorCode::NotRepairable),
+                409,
+                "NOT_REPAIRABLE",
+            ),
+            (
+                ApiError::Refused(ErrorCode::InsufficientFunding),
+                409,
+                "INSUFFICIENT_FUNDING",
+            ),
             (
                 ApiError::Unavailable("spot down".into()),
                 503,

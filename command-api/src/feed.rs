@@ -16,9 +16,9 @@ use projections::feed::{self as feed_store, event_json, FeedEvent, FEED_PAGE_SIZ
 use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::app::AppState;
 use crate::auth::AdminUser;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 /// Page size when `limit` is not given.
 pub const FEED_PAGE_SIZE_DEFAULT: i64 = 100;

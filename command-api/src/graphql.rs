@@ -8,14 +8,14 @@
 //! [`Admission`](crate::admission::Admission), and execution has a time limit. A websocket
 //! closes when its token expires.
 
+mod context;
 pub mod cost;
 mod query;
 mod subscription;
 mod types;
 
-pub use query::QueryRoot;
-pub use subscription::{SubscriptionRoot, TransferUpdate};
-pub use types::*;
+pub(crate) use query::QueryRoot;
+pub(crate) use subscription::SubscriptionRoot;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -24,7 +24,7 @@ use async_graphql::extensions::{
     Extension, ExtensionContext, ExtensionFactory, NextPrepareRequest,
 };
 use async_graphql::http::ALL_WEBSOCKET_PROTOCOLS;
-use async_graphql::{Context, Data, ErrorExtensionValues, Schema, ServerError, ServerResult};
+use async_graphql::{Data, ErrorExtensionValues, Schema, ServerError, ServerResult};
 use async_graphql_axum::{GraphQLProtocol, GraphQLWebSocket};
 use axum::body::Bytes;
 use axum::extract::{State, WebSocketUpgrade};
@@ -34,40 +34,34 @@ use axum::routing::get;
 use axum::{Json, Router};
 use domain::ErrorCode;
 
-use crate::admission::Busy;
-use crate::app::AppState;
-use crate::auth::{bearer_token, Identity, Session};
+use crate::auth::{bearer_token, Session};
 use crate::error::describe;
+use crate::state::AppState;
+use context::coded;
 
 /// Deepest query accepted.
-pub const QUERY_DEPTH_MAX: usize = 8;
+pub(crate) const QUERY_DEPTH_MAX: usize = 8;
 /// Most complex query accepted (a field counts 1; a page counts its size times its fields).
-pub const QUERY_COMPLEXITY_MAX: usize = 2_000;
-/// Page size when `first` is not given.
-pub const PAGE_SIZE_DEFAULT: i32 = 20;
-/// How often a subscription looks for new state changes.
-const SUBSCRIPTION_POLL_INTERVAL: Duration = Duration::from_millis(100);
-/// The complexity of a field that queries the database or spot-core: enough that a request can
-/// hold only a few, whatever its aliases.
-pub const IO_FIELD_COST: usize = 50;
+pub(crate) const QUERY_COMPLEXITY_MAX: usize = 2_000;
 /// Longest a query may run; past it the caller gets SYSTEM_ERROR and the work is dropped.
-pub const EXECUTION_TIME_MAX: Duration = Duration::from_secs(10);
+pub(crate) const EXECUTION_TIME_MAX: Duration = Duration::from_secs(10);
 /// Longest a websocket may wait for its `connection_init` (and token).
-pub const WS_INIT_WAIT_MAX: Duration = Duration::from_secs(10);
+pub(crate) const WS_INIT_WAIT_MAX: Duration = Duration::from_secs(10);
 
 /// The schema type.
-pub type LedgerSchema = Schema<QueryRoot, async_graphql::EmptyMutation, SubscriptionRoot>;
+pub(crate) type LedgerSchema = Schema<QueryRoot, async_graphql::EmptyMutation, SubscriptionRoot>;
 
-/// The GraphQL routes; merged into the application router.
-pub fn routes() -> Router<AppState> {
+/// The GraphQL routes, with the schema built once for them; merged into the application router.
+pub(crate) fn routes() -> Router<AppState> {
     Router::new()
         .route("/graphql", get(graphiql).post(graphql_post))
         .route("/graphql/ws", get(graphql_ws))
+        .layer(axum::Extension(schema()))
 }
 
-/// Builds the schema with its limits, once per application (kept in `AppState`); each request
-/// (or websocket connection) carries the application state and the caller's identity as data.
-pub fn schema() -> LedgerSchema {
+/// Builds the schema with its limits, once per router ([`routes`]); each request (or websocket
+/// connection) carries the application state and the caller's identity as data.
+pub(crate) fn schema() -> LedgerSchema {
     Schema::build(QueryRoot, async_graphql::EmptyMutation, SubscriptionRoot)
         .limit_depth(QUERY_DEPTH_MAX)
         .limit_complexity(QUERY_COMPLEXITY_MAX)
@@ -106,36 +100,6 @@ impl Extension for CostGuard {
     }
 }
 
-/// An error with the contract's code in `extensions.code` and the contract's fixed message.
-fn coded(code: ErrorCode) -> async_graphql::Error {
-    let mut extensions = ErrorExtensionValues::default();
-    extensions.set("code", code.as_str());
-    async_graphql::Error {
-        message: describe(code).to_owned(),
-        source: None,
-        extensions: Some(extensions),
-    }
-}
-
-/// An internal failure: logged with its detail, answered as SYSTEM_ERROR only.
-fn internal(detail: impl std::fmt::Display) -> async_graphql::Error {
-    tracing::error!(%detail, "graphql resolver failed inside");
-    coded(ErrorCode::SystemError)
-}
-
-fn caller<'a>(ctx: &'a Context<'_>) -> &'a Identity {
-    ctx.data_unchecked::<Identity>()
-}
-
-fn app<'a>(ctx: &'a Context<'_>) -> &'a AppState {
-    ctx.data_unchecked::<AppState>()
-}
-
-/// The read side is at capacity: the caller may try again shortly.
-fn busy(_: Busy) -> async_graphql::Error {
-    coded(ErrorCode::RateLimitExceeded)
-}
-
 /// A GraphQL-shaped error response with a contract code, for failures before execution.
 fn error_response(status: StatusCode, code: ErrorCode, message: &str) -> Response {
     let body = serde_json::json!({
@@ -155,7 +119,12 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// `POST /graphql`: needs a bearer token; the body is a GraphQL request in JSON.
-async fn graphql_post(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+async fn graphql_post(
+    State(state): State<AppState>,
+    axum::Extension(schema): axum::Extension<LedgerSchema>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let identity = match bearer(&headers).map(|t| state.jwt.verify(t)) {
         Some(Ok(identity)) => identity,
         _ => {
@@ -176,9 +145,7 @@ async fn graphql_post(State(state): State<AppState>, headers: HeaderMap, body: B
             )
         }
     };
-    let execution = state
-        .graphql
-        .execute(request.data(identity).data(state.clone()));
+    let execution = schema.execute(request.data(identity).data(state.clone()));
     let Ok(mut response) = tokio::time::timeout(EXECUTION_TIME_MAX, execution).await else {
         tracing::warn!(user = %identity.user_id, "graphql query stopped at its time limit");
         return error_response(
@@ -213,10 +180,10 @@ async fn graphiql() -> Response {
 /// [`WS_INIT_WAIT_MAX`] without a valid init.
 async fn graphql_ws(
     State(state): State<AppState>,
+    axum::Extension(schema): axum::Extension<LedgerSchema>,
     protocol: GraphQLProtocol,
     upgrade: WebSocketUpgrade,
 ) -> Response {
-    let schema = state.graphql.clone();
     upgrade
         .protocols(ALL_WEBSOCKET_PROTOCOLS)
         .max_message_size(crate::config::BODY_BYTES_MAX)

@@ -1,4 +1,4 @@
-//! The fund-conservation audit's admin routes (the audit and the halt flag are the core's,
+//! The conservation check's admin routes (the check and the halt flag are the core's,
 //! `application::audit` and `application::halt`): `GET /api/v1/admin/invariant` runs the check
 //! now and reports per asset (incremental from the stored checkpoint; `?full=true` from the
 //! start of history); `POST /api/v1/admin/invariant/clear` lifts the halt (MON-003).
@@ -10,9 +10,9 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::app::AppState;
 use crate::auth::AdminUser;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 /// The check's routes; merged into the application router.
 pub fn routes() -> Router<AppState> {

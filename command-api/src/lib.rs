@@ -3,33 +3,35 @@
 //! answers in the contract's shapes; it holds the `ledger` binary, its one `Settings`, and the
 //! one start-up module that runs every background task.
 
-pub mod admin_alerts;
-pub mod admin_assets;
-pub mod admin_recovery;
-pub mod admin_repairs;
-pub mod admin_views;
+pub(crate) mod admin_alerts;
+pub(crate) mod admin_assets;
+pub(crate) mod admin_recovery;
+pub(crate) mod admin_repairs;
+pub(crate) mod admin_views;
 pub mod admission;
-pub mod app;
+pub(crate) mod app;
 pub mod auth;
 pub mod cli;
-pub mod config;
+pub(crate) mod config;
 pub mod console;
 pub mod error;
-pub mod feed;
+pub(crate) mod feed;
 pub mod graphql;
-pub mod http_server;
-pub mod invariant;
-pub mod metrics;
-pub mod openapi;
-pub mod ops_metrics;
+pub(crate) mod http_server;
+pub(crate) mod invariant;
+pub(crate) mod metrics;
+pub(crate) mod openapi;
+pub(crate) mod ops_metrics;
 pub mod ratelimit;
-pub mod relay_cli;
-pub mod render;
-pub mod replay;
+pub(crate) mod relay_cli;
+pub(crate) mod render;
+pub(crate) mod replay;
 pub mod routes;
-pub mod settings;
+pub(crate) mod settings;
 pub mod startup;
+pub(crate) mod state;
 
-pub use app::{build_app, serve_with, serve_with_shutdown, AppState};
+pub use app::serve_with;
 pub use auth::{mint, AdminUser, AuthUser};
 pub use error::ApiError;
+pub use state::AppState;

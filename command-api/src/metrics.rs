@@ -1,10 +1,12 @@
-//! `GET /metrics`: OpenMetrics text exposition (MON-001, MON-002, the periodic fund-conservation
+//! `GET /metrics`: OpenMetrics text exposition (MON-001, MON-002, the periodic conservation
 //! check's health), encoded by `prometheus-client`.
 //! Every figure is read from PostgreSQL at scrape time, so all `ledger serve` instances report
 //! the same cluster-wide values and nothing is lost when a process restarts; the idempotency
 //! horizon is read from spot-core, which holds it. Gathering
 //! (`TransferView::metric_figures`, the SQL) and encoding (`Snapshot`'s `Collector`) are kept
 //! apart.
+
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
@@ -19,21 +21,25 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
-use crate::app::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 /// The OpenMetrics text format's media type, what `prometheus_client::encoding::text` writes.
 const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// The routes of this module, merged into the app by `build_app` when metrics are served on the
-/// API's address.
-pub fn routes() -> Router<AppState> {
-    Router::new().route("/metrics", get(metrics))
+/// API's address. `target_pending_alert_after` is MON-001's threshold (`Serving`), reported as a
+/// gauge.
+pub fn routes(target_pending_alert_after: Duration) -> Router<AppState> {
+    Router::new().route(
+        "/metrics",
+        get(move |state: State<AppState>| metrics(state, target_pending_alert_after)),
+    )
 }
 
 /// The metrics-only application served on `--metrics-listen`: `/metrics` and nothing else.
-pub fn app(state: AppState) -> Router {
-    routes()
+pub fn app(state: AppState, target_pending_alert_after: Duration) -> Router {
+    routes(target_pending_alert_after)
         .fallback(crate::routes::not_found)
         .with_state(state)
 }
@@ -46,7 +52,7 @@ struct Snapshot {
     figures: Figures,
     /// The JetStream relay of each stream that ever ran (`relay_checkpoint`).
     relays: Vec<relay::RelayStatus>,
-    /// The periodic fund-conservation check (`audit_status`).
+    /// The periodic conservation check (`audit_status`).
     audit: application::audit::status::AuditHealth,
     /// spot-core's idempotency horizon (Unix ms), read from spot-core itself; `None` when it did
     /// not answer (the gauge is left out rather than reported wrong).
@@ -71,7 +77,10 @@ struct Health {
     target_pending_threshold_seconds: f64,
 }
 
-async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+async fn metrics(
+    State(state): State<AppState>,
+    target_pending_alert_after: Duration,
+) -> Result<Response, ApiError> {
     let internal = |e: sqlx::Error| ApiError::Internal(format!("metrics: {e}"));
     let (by_state, figures) = state.view.metric_figures().await.map_err(internal)?;
     let relays = relay::status(state.ledger.pool()).await.map_err(internal)?;
@@ -99,13 +108,7 @@ async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
         )
         .await
         .map_err(internal)?,
-        target_pending_threshold_seconds: state
-            .background
-            .recovery
-            .clone()
-            .unwrap_or_default()
-            .target_pending_alert_after
-            .as_secs_f64(),
+        target_pending_threshold_seconds: target_pending_alert_after.as_secs_f64(),
     };
     let snapshot = Snapshot {
         by_state,
@@ -134,75 +137,8 @@ fn render(snapshot: Snapshot) -> String {
 /// the same names as always (`ledger_transfer_retries_total` and so on).
 impl Collector for Snapshot {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let f = &self.figures;
-        let mut by_state = encoder.encode_descriptor(
-            "ledger_transfers",
-            "Transfers by current state.",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
-        )?;
-        for state in TransferState::ALL {
-            let count = self
-                .by_state
-                .iter()
-                .find(|(s, _)| s == state.as_str())
-                .map_or(0, |(_, n)| *n);
-            let labels = [("state", state.as_str())];
-            ConstGauge::new(count).encode(by_state.encode_family(&labels)?)?;
-        }
-        let gauges: [(&str, &str, i64); 3] = [
-            (
-                "ledger_oldest_stuck_transfer_age_seconds",
-                "Age of the oldest transfer in a non-terminal state (0 when none).",
-                f.oldest_open_age_seconds,
-            ),
-            (
-                "ledger_oldest_target_pending_age_seconds",
-                "Age of the oldest transfer in TARGET_PENDING (MON-001; 0 when none).",
-                f.oldest_target_pending_age_seconds,
-            ),
-            (
-                "ledger_recovery_leases_held",
-                "Transfers a recovery worker is driving right now.",
-                f.leased,
-            ),
-        ];
-        for (name, help, value) in gauges {
-            let gauge = ConstGauge::new(value);
-            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
-        }
-        let counters: [(&str, &str, i64); 4] = [
-            (
-                "ledger_transfer_retries",
-                "Recovery attempts made on open transfers.",
-                f.retries_total,
-            ),
-            (
-                "ledger_refund_failures",
-                "Refund attempts of compensating transfers that did not succeed.",
-                f.refund_failures_total,
-            ),
-            (
-                "ledger_alerts_target_pending",
-                "CRITICAL MON-001 alerts raised (transfers stuck in TARGET_PENDING).",
-                f.stuck_alerts_total,
-            ),
-            (
-                "ledger_alerts_refund_failures",
-                "CRITICAL MON-002 alerts raised (refund failed 3 times).",
-                f.refund_alerts_total,
-            ),
-        ];
-        for (name, help, value) in counters {
-            // Sums and counts of rows are never negative; 0 if the database ever said otherwise.
-            let counter = ConstCounter::new(u64::try_from(value).unwrap_or(0));
-            counter.encode(encoder.encode_descriptor(
-                name,
-                help,
-                None,
-                counter.metric_type(),
-            )?)?;
-        }
+        encode_by_state(&self.by_state, &mut encoder)?;
+        encode_figures(&self.figures, &mut encoder)?;
         encode_audit(&self.audit, &mut encoder)?;
         encode_health(self.health, &mut encoder)?;
         if let Some(ms) = self.horizon_ms {
@@ -219,7 +155,83 @@ impl Collector for Snapshot {
     }
 }
 
-/// The periodic fund-conservation check's health: a run that cannot decide is an alert
+/// `ledger_transfers`: one series per state, 0 for a state no transfer is in.
+fn encode_by_state(
+    by_state: &[(String, i64)],
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(
+        "ledger_transfers",
+        "Transfers by current state.",
+        None,
+        prometheus_client::metrics::MetricType::Gauge,
+    )?;
+    for state in TransferState::ALL {
+        let count = by_state
+            .iter()
+            .find(|(s, _)| s == state.as_str())
+            .map_or(0, |(_, n)| *n);
+        let labels = [("state", state.as_str())];
+        ConstGauge::new(count).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// The open transfers' ages and leases (gauges), and the recovery totals and MON-001/MON-002
+/// alert counts (counters).
+fn encode_figures(f: &Figures, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let gauges: [(&str, &str, i64); 3] = [
+        (
+            "ledger_oldest_stuck_transfer_age_seconds",
+            "Age of the oldest transfer in a non-terminal state (0 when none).",
+            f.oldest_open_age_seconds,
+        ),
+        (
+            "ledger_oldest_target_pending_age_seconds",
+            "Age of the oldest transfer in TARGET_PENDING (MON-001; 0 when none).",
+            f.oldest_target_pending_age_seconds,
+        ),
+        (
+            "ledger_recovery_leases_held",
+            "Transfers a recovery worker is driving right now.",
+            f.leased,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let gauge = ConstGauge::new(value);
+        gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+    }
+    let counters: [(&str, &str, i64); 4] = [
+        (
+            "ledger_transfer_retries",
+            "Recovery attempts made on open transfers.",
+            f.retries_total,
+        ),
+        (
+            "ledger_refund_failures",
+            "Refund attempts of compensating transfers that did not succeed.",
+            f.refund_failures_total,
+        ),
+        (
+            "ledger_alerts_target_pending",
+            "CRITICAL MON-001 alerts raised (transfers stuck in TARGET_PENDING).",
+            f.stuck_alerts_total,
+        ),
+        (
+            "ledger_alerts_refund_failures",
+            "CRITICAL MON-002 alerts raised (refund failed 3 times).",
+            f.refund_alerts_total,
+        ),
+    ];
+    for (name, help, value) in counters {
+        // Sums and counts of rows are never negative; 0 if the database ever said otherwise.
+        let counter = ConstCounter::new(u64::try_from(value).unwrap_or(0));
+        counter.encode(encoder.encode_descriptor(name, help, None, counter.metric_type())?)?;
+    }
+    Ok(())
+}
+
+/// The periodic conservation check's health: a run that cannot decide is an alert
 /// (`ledger_audit_up` 0), not only a log line.
 fn encode_audit(
     audit: &application::audit::status::AuditHealth,
@@ -228,26 +240,26 @@ fn encode_audit(
     let up = ConstGauge::new(i64::from(audit.up));
     up.encode(encoder.encode_descriptor(
         "ledger_audit_up",
-        "1 when the last periodic fund-conservation check decided, 0 when it could not run.",
+        "1 when the last periodic conservation check decided, 0 when it could not run.",
         None,
         up.metric_type(),
     )?)?;
     let failures = ConstCounter::new(u64::try_from(audit.failures).unwrap_or(0));
     failures.encode(encoder.encode_descriptor(
         "ledger_audit_failures",
-        "Periodic fund-conservation checks that could not run.",
+        "Periodic conservation checks that could not run.",
         None,
         failures.metric_type(),
     )?)?;
     let gauges: [(&str, &str, f64); 2] = [
         (
             "ledger_audit_duration_seconds",
-            "Duration of the last periodic fund-conservation check.",
+            "Duration of the last periodic conservation check.",
             audit.last_duration_seconds,
         ),
         (
             "ledger_audit_last_success_timestamp_seconds",
-            "When a periodic fund-conservation check last decided (0: never).",
+            "When a periodic conservation check last decided (0: never).",
             audit.last_success_epoch_seconds,
         ),
     ];
@@ -269,7 +281,7 @@ fn encode_health(health: Health, encoder: &mut DescriptorEncoder) -> Result<(), 
         ),
         (
             "ledger_halted",
-            "1 while new transfers are halted after a fund-conservation violation (MON-003).",
+            "1 while new transfers are halted after a conservation violation (MON-003).",
             health.halted,
         ),
     ];
@@ -350,6 +362,16 @@ fn encode_relays(
             ConstCounter::new(v).encode(d.encode_family(&[("stream", r.stream.as_str())])?)?;
         }
     }
+    encode_relay_lag_and_errors(relays, encoder)
+}
+
+/// Per stream: the age of the oldest event not relayed, and the last error (its text, made safe
+/// for a label, as a label; its time as the value).
+fn encode_relay_lag_and_errors(
+    relays: &[relay::RelayStatus],
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    use prometheus_client::metrics::MetricType::Gauge;
     let mut d = encoder.encode_descriptor(
         "ledger_relay_lag_seconds",
         "Age of the oldest event not yet relayed to JetStream (0 when none).",
@@ -368,22 +390,26 @@ fn encode_relays(
     )?;
     for r in relays {
         if let (Some(error), Some(at)) = (&r.last_error, r.last_error_at) {
-            let error: String = error
-                .chars()
-                .map(|c| {
-                    if c == '"' || c == '\\' || c.is_control() {
-                        ' '
-                    } else {
-                        c
-                    }
-                })
-                .take(200)
-                .collect();
+            let error = label_safe(error);
             let labels = [("stream", r.stream.as_str()), ("error", error.as_str())];
             ConstGauge::new(at.timestamp()).encode(d.encode_family(&labels)?)?;
         }
     }
     Ok(())
+}
+
+/// At most 200 characters of `text`, with quotes, backslashes and control characters blanked.
+fn label_safe(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c == '"' || c == '\\' || c.is_control() {
+                ' '
+            } else {
+                c
+            }
+        })
+        .take(200)
+        .collect()
 }
 
 #[cfg(test)]

@@ -28,6 +28,13 @@ pub const DAILY_COUNT_MAX_DEFAULT: u64 = 100;
 /// Checks between two sweeps of the users the limiter no longer needs to remember.
 const RETAIN_EVERY_CHECKS: u64 = 4096;
 
+/// The per-second limiter is the core's rate gate.
+impl application::RateGate for RateLimiter {
+    fn admit(&self, user: UserId) -> Result<(), ErrorCode> {
+        self.check(user)
+    }
+}
+
 /// Every limit the edge and the coordinator apply.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LimitsConfig {
@@ -116,7 +123,7 @@ type Keyed<C> = governor::RateLimiter<
 /// as a fixed window has). A refusal's wait is at most 1 s, which the 429's `Retry-After: 1`
 /// states. Per process on purpose: a second is too short for a database round trip to be worth
 /// it, and N processes allow at most N times the rate.
-pub struct RateLimiter<C: Clock = DefaultClock> {
+pub(crate) struct RateLimiter<C: Clock = DefaultClock> {
     per_second: Option<u32>,
     /// None when off or when the limit is 0 (every request refused).
     limiter: Option<Keyed<C>>,

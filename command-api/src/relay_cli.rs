@@ -113,7 +113,7 @@ pub async fn relay(args: RelayArgs, settings: &Settings) -> anyhow::Result<()> {
         relay_config.nats_url
     );
     let stats = std::sync::Arc::new(relay::RelayStats::default());
-    relay::run(pool, relay_config, stats, crate::cli::shutdown_signal()).await;
+    relay::run(pool, relay_config, stats, crate::startup::shutdown_signal()).await;
     Ok(())
 }
 

@@ -57,7 +57,7 @@ pub fn merge_balances(
 /// `GET /api/v1/balances`, GraphQL's `balances` and the admin user view. If spot-core cannot
 /// answer, the whole read fails (503): a missing SPOT balance must never read as zero.
 pub async fn user_balances(
-    state: &crate::app::AppState,
+    state: &crate::state::AppState,
     user: domain::UserId,
 ) -> Result<Vec<MergedBalance>, crate::error::ApiError> {
     use crate::error::ApiError;
@@ -67,10 +67,7 @@ pub async fn user_balances(
         state.view.in_flight(user.as_i64()),
     );
     let funding = funding.map_err(|e| ApiError::Internal(format!("funding balances: {e}")))?;
-    let spot = spot.map_err(|e| match e {
-        adapters::SpotError::Transport(_) => ApiError::Unavailable(format!("spot balances: {e}")),
-        adapters::SpotError::Unexpected(_) => ApiError::Internal(format!("spot balances: {e}")),
-    })?;
+    let spot = spot.map_err(|e| ApiError::spot("balances", e))?;
     let in_flight = in_flight.map_err(|e| ApiError::Internal(format!("in-flight sums: {e}")))?;
     Ok(merge_balances(funding, spot, in_flight))
 }

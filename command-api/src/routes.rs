@@ -4,7 +4,6 @@
 //! body parsing, then the unit tests of that parsing; kept together because the tests pin the
 //! check order of exactly these functions.)
 
-use adapters::spot::SpotError;
 use adapters::{AccountStatus, FundingError};
 use application::{CoordinatorError, NewTransfer, RequestError, TransferRequest};
 use axum::body::Bytes;
@@ -21,13 +20,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::app::AppState;
 use crate::auth::{AdminUser, AuthUser};
 use crate::error::ApiError;
 use crate::render::{money, rfc3339};
+use crate::state::AppState;
 
 /// Longest external deposit id.
-pub const EXTERNAL_ID_CHARS_MAX: usize = 128;
+pub(crate) const EXTERNAL_ID_CHARS_MAX: usize = 128;
 
 /// Longest field name echoed back in a BAD_REQUEST message.
 const FIELD_ECHO_CHARS_MAX: usize = 64;
@@ -38,7 +37,7 @@ const REFUSAL_CODE_CHARS_MAX: usize = 64;
 /// A request body that is declared `application/json`, fits the body limit, parses, and is a JSON
 /// object. Its fields are the handler's to check, in the contract's order.
 #[derive(Debug)]
-pub struct JsonObject(pub Map<String, Value>);
+pub(crate) struct JsonObject(pub(crate) Map<String, Value>);
 
 fn declares_json(headers: &HeaderMap) -> bool {
     let Some(value) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
@@ -230,14 +229,14 @@ fn refusal_code(code: &str) -> String {
 
 /// The answer to a transfer request.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct TransferResponse {
+pub(crate) struct TransferResponse {
     pub transfer_id: String,
     pub req_id: String,
-    #[schema(schema_with = crate::openapi::account)]
+    #[schema(schema_with = crate::openapi::schemas::account)]
     pub from: &'static str,
-    #[schema(schema_with = crate::openapi::account)]
+    #[schema(schema_with = crate::openapi::schemas::account)]
     pub to: &'static str,
-    #[schema(schema_with = crate::openapi::asset)]
+    #[schema(schema_with = crate::openapi::schemas::asset)]
     pub asset: String,
     pub amount: String,
     pub state: &'static str,
@@ -273,10 +272,10 @@ fn state_message(data: &TransferData) -> String {
 /// `POST /api/v1/internal_transfer`: the body taken apart here, everything else is the core's
 /// one command (`Ledger::request_transfer`).
 #[utoipa::path(post, path = "/api/v1/internal_transfer",
-    request_body = crate::openapi::TransferRequest,
+    request_body = crate::openapi::schemas::TransferRequest,
     responses((status = 200, description = "ok", body = TransferResponse),
-        crate::openapi::TransferRefusals))]
-pub async fn create_transfer(
+        crate::openapi::schemas::TransferRefusals))]
+pub(crate) async fn create_transfer(
     State(state): State<AppState>,
     user: AuthUser,
     JsonObject(body): JsonObject,
@@ -324,20 +323,20 @@ fn transfer_answer(data: TransferData) -> Result<Json<TransferResponse>, ApiErro
 
 /// One transfer as `GET /api/v1/internal_transfer/{req_id}` shows it.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct TransferDetail {
+pub(crate) struct TransferDetail {
     pub transfer_id: String,
     pub req_id: String,
-    #[schema(schema_with = crate::openapi::account)]
+    #[schema(schema_with = crate::openapi::schemas::account)]
     pub from: &'static str,
-    #[schema(schema_with = crate::openapi::account)]
+    #[schema(schema_with = crate::openapi::schemas::account)]
     pub to: &'static str,
-    #[schema(schema_with = crate::openapi::asset)]
+    #[schema(schema_with = crate::openapi::schemas::asset)]
     pub asset: String,
     pub amount: String,
     pub state: &'static str,
-    #[schema(schema_with = crate::openapi::date_time)]
+    #[schema(schema_with = crate::openapi::schemas::date_time)]
     pub created_at: String,
-    #[schema(schema_with = crate::openapi::date_time)]
+    #[schema(schema_with = crate::openapi::schemas::date_time)]
     pub updated_at: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure_code: Option<String>,
@@ -347,10 +346,10 @@ pub struct TransferDetail {
 
 /// `GET /api/v1/internal_transfer/{req_id}`: the owner's transfer, folded from its events.
 #[utoipa::path(get, path = "/api/v1/internal_transfer/{req_id}",
-    params(crate::openapi::TransferPath),
+    params(crate::openapi::schemas::TransferPath),
     responses((status = 200, description = "ok", body = TransferDetail),
-        crate::openapi::LookupRefusals))]
-pub async fn get_transfer(
+        crate::openapi::schemas::LookupRefusals))]
+pub(crate) async fn get_transfer(
     State(state): State<AppState>,
     user: AuthUser,
     path: Result<Path<String>, PathRejection>,
@@ -398,7 +397,7 @@ pub async fn get_transfer(
 }
 
 #[derive(Debug, Default, Serialize, ToSchema)]
-pub struct BalanceEntry {
+pub(crate) struct BalanceEntry {
     pub asset: String,
     pub funding: String,
     pub spot: String,
@@ -407,7 +406,7 @@ pub struct BalanceEntry {
 
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(as = Balances)]
-pub struct BalancesResponse {
+pub(crate) struct BalancesResponse {
     pub user_id: u64,
     pub balances: Vec<BalanceEntry>,
 }
@@ -417,8 +416,8 @@ pub struct BalancesResponse {
 /// zero.
 #[utoipa::path(get, path = "/api/v1/balances",
     responses((status = 200, description = "ok", body = BalancesResponse),
-        crate::openapi::BalancesRefusals))]
-pub async fn balances(
+        crate::openapi::schemas::BalancesRefusals))]
+pub(crate) async fn balances(
     State(state): State<AppState>,
     user: AuthUser,
 ) -> Result<Json<BalancesResponse>, ApiError> {
@@ -436,15 +435,6 @@ pub async fn balances(
         user_id: user.user_id.get(),
         balances,
     }))
-}
-
-/// spot-core out of reach is 503 (retry later); an answer the adapter did not expect is a bug
-/// or a configuration mismatch between the two systems, so 500.
-fn spot_error(call: &str, e: SpotError) -> ApiError {
-    match e {
-        SpotError::Transport(_) => ApiError::Unavailable(format!("spot {call}: {e}")),
-        SpotError::Unexpected(_) => ApiError::Internal(format!("spot {call}: {e}")),
-    }
 }
 
 fn funding_error(e: FundingError) -> ApiError {
@@ -473,7 +463,7 @@ fn check_external_id(id: &str) -> Result<(), ApiError> {
 
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(as = Deposit)]
-pub struct DepositResponse {
+pub(crate) struct DepositResponse {
     pub external_id: String,
     pub user_id: u64,
     pub asset: String,
@@ -485,10 +475,10 @@ pub struct DepositResponse {
 
 /// `POST /api/v1/admin/deposits`: credits FUNDING from outside, once per `external_id`.
 #[utoipa::path(post, path = "/api/v1/admin/deposits",
-    request_body = crate::openapi::DepositRequest,
+    request_body = crate::openapi::schemas::DepositRequest,
     responses((status = 200, description = "ok", body = DepositResponse),
-        crate::openapi::DepositRefusals))]
-pub async fn admin_deposit(
+        crate::openapi::schemas::DepositRefusals))]
+pub(crate) async fn admin_deposit(
     State(state): State<AppState>,
     _admin: AdminUser,
     JsonObject(body): JsonObject,
@@ -529,14 +519,14 @@ pub async fn admin_deposit(
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct AssetQuery {
-    #[param(schema_with = crate::openapi::asset, required = false)]
+pub(crate) struct AssetQuery {
+    #[param(schema_with = crate::openapi::schemas::asset, required = false)]
     pub asset: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(as = Status)]
-pub struct StatusResponse {
+pub(crate) struct StatusResponse {
     pub user_id: u64,
     pub account_type: &'static str,
     pub asset: String,
@@ -546,11 +536,11 @@ pub struct StatusResponse {
 /// `PUT /api/v1/admin/accounts/{user_id}/{account_type}/status`: body `{status, asset?}`, the
 /// asset in the body or as `?asset=` (the body wins).
 #[utoipa::path(put, path = "/api/v1/admin/accounts/{user_id}/{account_type}/status",
-    params(crate::openapi::AccountPath, AssetQuery),
-    request_body = crate::openapi::StatusRequest,
+    params(crate::openapi::schemas::AccountPath, AssetQuery),
+    request_body = crate::openapi::schemas::StatusRequest,
     responses((status = 200, description = "ok", body = StatusResponse),
-        crate::openapi::StatusRefusals))]
-pub async fn admin_set_status(
+        crate::openapi::schemas::StatusRefusals))]
+pub(crate) async fn admin_set_status(
     State(state): State<AppState>,
     _admin: AdminUser,
     path: Result<Path<(String, String)>, PathRejection>,
@@ -600,7 +590,7 @@ pub async fn admin_set_status(
             .spot()
             .set_status(user_id, &config.symbol, status)
             .await
-            .map_err(|e| spot_error("set_status", e))?,
+            .map_err(|e| ApiError::spot("set_status", e))?,
         AccountType::Future | AccountType::Margin => {
             unreachable!("unsupported account types were refused above")
         }
@@ -616,17 +606,17 @@ pub async fn admin_set_status(
 
 /// `GET /healthz`: the process is alive.
 #[utoipa::path(get, path = "/healthz", responses((status = 200, description = "alive")))]
-pub async fn healthz() -> Json<Value> {
+pub(crate) async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
 /// Any route that does not exist.
-pub async fn not_found() -> ApiError {
+pub(crate) async fn not_found() -> ApiError {
     ApiError::NotFound
 }
 
 /// A route that exists, called with the wrong method.
-pub async fn method_not_allowed() -> ApiError {
+pub(crate) async fn method_not_allowed() -> ApiError {
     ApiError::MethodNotAllowed
 }
 

@@ -13,7 +13,7 @@ use recovery::{RecoveryConfig, RecoveryOverrides};
 use crate::config::{self, JwtSecret, SecretSource};
 use crate::ratelimit::LimitsConfig;
 
-/// How often the periodic fund-conservation check runs, unless configured otherwise.
+/// How often the periodic conservation check runs, unless configured otherwise.
 pub const AUDIT_INTERVAL_DEFAULT: Duration = Duration::from_secs(60);
 
 /// Where `/metrics` is served unless configured otherwise: loopback only, the port Prometheus
@@ -73,7 +73,7 @@ pub struct Settings {
     /// MON-001: a transfer in TARGET_PENDING longer than this (ms) raises a CRITICAL alert.
     #[arg(long, global = true, env = "LEDGER_ALERT_TARGET_PENDING_MS")]
     pub alert_target_pending_ms: Option<String>,
-    /// Seconds between periodic fund-conservation checks (default 60).
+    /// Seconds between periodic conservation checks (default 60).
     #[arg(long, global = true, env = "LEDGER_INVARIANT_INTERVAL_SECS")]
     pub invariant_interval_secs: Option<String>,
     /// How long (s) spot-core remembers a req_id at least (the idempotency horizon's retention;
@@ -194,7 +194,7 @@ impl Settings {
         })
     }
 
-    /// Time between periodic fund-conservation checks: the setting when it is a positive number
+    /// Time between periodic conservation checks: the setting when it is a positive number
     /// of seconds, else the default.
     pub fn audit_interval(&self) -> Duration {
         given(&self.invariant_interval_secs)

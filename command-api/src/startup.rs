@@ -1,33 +1,37 @@
-//! Start-up: the one place that starts every background task of a serving process and stops them
-//! together (zero-to-production's `main`): the projector (read models and feed), the recovery
-//! worker, the periodic fund-conservation audit, the asset-settings reloader and the idempotency
-//! horizon's advances. No other code starts a long-running task. These tasks run forever; one
-//! that ends (a panic) is reported, and [`Tasks::first_exit`] lets the server stop on it.
+//! Start-up: how a server is started ([`Serving`]: its background work, HTTP limits and where
+//! `/metrics` is served; never part of the handlers' `AppState`), the one place that starts
+//! every background task of a serving process and stops them together (zero-to-production's
+//! `main`): the projector (read models and feed), the recovery worker, the periodic
+//! conservation check, the asset-settings reloader, the hot-table vacuum, the idempotency
+//! horizon's advances and the event relay. No other code starts a long-running task. These tasks
+//! run forever; one that ends (a panic) is reported, and [`Tasks::first_exit`] lets the server
+//! stop on it. Also the stop signal every long-running command waits for ([`shutdown_signal`]).
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use application::Ledger;
 use async_trait::async_trait;
 use futures_util::FutureExt;
 use projections::Projector;
 use recovery::{ProjectorProbe, RecoveryConfig, RecoveryWorker};
 use tokio::task::JoinSet;
 
-use crate::app::AppState;
+use crate::http_server::HttpLimits;
 use crate::settings::AUDIT_INTERVAL_DEFAULT;
 
 /// How often a process re-reads the stored asset settings: the longest another instance keeps
 /// accepting transfers of an asset an admin has just suspended.
-pub const ASSET_RELOAD_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const ASSET_RELOAD_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Which background work a serving process runs, and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Background {
+pub(crate) struct Background {
     /// The recovery worker's configuration; `None` runs no worker (an in-process test server).
     pub recovery: Option<RecoveryConfig>,
-    /// Time between periodic fund-conservation checks.
+    /// Time between periodic conservation checks.
     pub audit_interval: Duration,
     /// The JetStream relay of the feed, when a NATS server is configured (`--nats`).
     pub relay: Option<relay::RelayConfig>,
@@ -44,6 +48,42 @@ impl Default for Background {
             relay: None,
             horizon: None,
         }
+    }
+}
+
+/// How a server runs: what start-up decides and no handler reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Serving {
+    /// The background work to run while serving.
+    pub background: Background,
+    /// The HTTP server's timeouts and connection caps.
+    pub http: HttpLimits,
+    /// Whether `/metrics` is served on the API's own address (in-process servers); the `ledger`
+    /// binary serves it on `--metrics-listen` instead unless told `api`.
+    pub metrics_on_api: bool,
+}
+
+impl Default for Serving {
+    /// An in-process server: no recovery worker, no horizon, no relay, the default limits,
+    /// `/metrics` on the API's address.
+    fn default() -> Self {
+        Self {
+            background: Background::default(),
+            http: HttpLimits::default(),
+            metrics_on_api: true,
+        }
+    }
+}
+
+impl Serving {
+    /// MON-001's threshold, which `/metrics` reports so the shipped rule compares with the value
+    /// the recovery worker's log line uses: the worker's, or the default without one.
+    pub fn target_pending_alert_after(&self) -> Duration {
+        self.background
+            .recovery
+            .clone()
+            .unwrap_or_default()
+            .target_pending_alert_after
     }
 }
 
@@ -69,7 +109,7 @@ impl ProjectorProbe for ProjectorHealth {
 
 /// The running background tasks. Dropping this stops them all.
 #[derive(Debug)]
-pub struct Tasks {
+pub(crate) struct Tasks {
     set: JoinSet<&'static str>,
 }
 
@@ -96,9 +136,8 @@ async fn read_stored_assets(assets: &application::AssetSettings) -> anyhow::Resu
 
 impl Tasks {
     /// Lays the stored asset settings over the file's defaults (before the first request), then
-    /// starts every background task `state` is configured for.
-    pub async fn start(state: &AppState) -> anyhow::Result<Self> {
-        let ledger = &state.ledger;
+    /// starts every background task `background` names, over `ledger`.
+    pub async fn start(ledger: &Ledger, background: &Background) -> anyhow::Result<Self> {
         read_stored_assets(ledger.assets()).await?;
         let mut tasks = Self {
             set: JoinSet::new(),
@@ -107,16 +146,14 @@ impl Tasks {
         // One projector per process; an advisory lock lets only one write at a time across
         // processes.
         tasks.spawn("projector", Projector::new(pool.clone()).run());
-        if let Some(config) = &state.background.recovery {
+        if let Some(config) = &background.recovery {
             let worker = RecoveryWorker::with_config(ledger.coordinator().clone(), config.clone())
                 .watching(Arc::new(ProjectorHealth::new(pool)));
             tasks.spawn("recovery worker", worker.run());
         }
         tasks.spawn(
-            "fund-conservation audit",
-            ledger
-                .clone()
-                .audit_periodically(state.background.audit_interval),
+            "conservation check",
+            ledger.clone().audit_periodically(background.audit_interval),
         );
         tasks.spawn("asset reloader", reload_assets(ledger.assets().clone()));
         tasks.spawn(
@@ -126,12 +163,12 @@ impl Tasks {
                 application::maintenance::INTERVAL,
             ),
         );
-        if let Some(config) = state.background.horizon {
+        if let Some(config) = background.horizon {
             let horizon =
                 application::Horizon::new(ledger.pool().clone(), ledger.spot().clone(), config);
             tasks.spawn("idempotency horizon", horizon.run());
         }
-        if let Some(config) = &state.background.relay {
+        if let Some(config) = &background.relay {
             tracing::info!(stream = %config.stream, nats = %config.nats_url, "relay starts in-process");
             let stats = Arc::new(relay::RelayStats::default());
             let run = relay::run(
@@ -167,6 +204,22 @@ impl Tasks {
     /// Stops every task and waits until they are gone.
     pub async fn stop(mut self) {
         self.set.shutdown().await;
+    }
+}
+
+/// Completes at ctrl-c or SIGTERM: when `ledger up`, `serve` and `relay` begin to stop.
+pub(crate) async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGTERM; only ctrl-c stops the ledger");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
     }
 }
 

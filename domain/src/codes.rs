@@ -37,6 +37,23 @@ pub enum ErrorCode {
     InvalidIdempotencyKey,
     ServiceHalted,
     Conflict,
+    /// An operator's resolution met a transfer whose lease a recovery worker or another operator
+    /// holds (`POST /api/v1/admin/transfers/{req_id}/resolve`).
+    TransferBusy,
+    /// The account system holds the transfer's req_id for a different movement (user, asset or
+    /// amount): no resolution can be recorded.
+    ReqIdMismatch,
+    /// The account system could not confirm (or durably cancel) what an operator's resolution or
+    /// repair needs; nothing was recorded.
+    AccountSystemUnavailable,
+    /// A failover repair of a transfer the ledger still knows (`POST /api/v1/admin/repairs/{req_id}`).
+    TransferKnown,
+    /// A failover repair where spot-core applied nothing under the req_id.
+    NothingToRepair,
+    /// A failover repair whose spot-core record is not one transfer's movement.
+    NotRepairable,
+    /// A FUNDING → SPOT failover repair the FUNDING account cannot pay now.
+    InsufficientFunding,
 }
 
 impl ErrorCode {
@@ -74,6 +91,13 @@ impl ErrorCode {
             Self::InvalidIdempotencyKey => "INVALID_IDEMPOTENCY_KEY",
             Self::ServiceHalted => "SERVICE_HALTED",
             Self::Conflict => "CONFLICT",
+            Self::TransferBusy => "TRANSFER_BUSY",
+            Self::ReqIdMismatch => "REQ_ID_MISMATCH",
+            Self::AccountSystemUnavailable => "ACCOUNT_SYSTEM_UNAVAILABLE",
+            Self::TransferKnown => "TRANSFER_KNOWN",
+            Self::NothingToRepair => "NOTHING_TO_REPAIR",
+            Self::NotRepairable => "NOT_REPAIRABLE",
+            Self::InsufficientFunding => "INSUFFICIENT_FUNDING",
         }
     }
 }
@@ -81,5 +105,31 @@ impl ErrorCode {
 impl std::fmt::Display for ErrorCode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ErrorCode;
+
+    /// The wire name and the serde name are one name: the admin routes' codes among them.
+    #[test]
+    fn the_wire_name_is_the_serde_name() {
+        for code in [
+            ErrorCode::Conflict,
+            ErrorCode::InsufficientBalance,
+            ErrorCode::TransferBusy,
+            ErrorCode::ReqIdMismatch,
+            ErrorCode::AccountSystemUnavailable,
+            ErrorCode::TransferKnown,
+            ErrorCode::NothingToRepair,
+            ErrorCode::NotRepairable,
+            ErrorCode::InsufficientFunding,
+        ] {
+            assert_eq!(
+                serde_json::to_value(code).unwrap(),
+                serde_json::json!(code.as_str())
+            );
+        }
     }
 }

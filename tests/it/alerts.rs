@@ -7,20 +7,10 @@
 
 use std::time::{Duration, Instant};
 
-use domain::UserId;
 use serde_json::{json, Value};
 
-use crate::helpers::{Stack, JWT_SECRET};
+use crate::helpers::{token, Stack};
 use crate::procs::LedgerProcess;
-
-fn token(user: u64, admin: bool) -> String {
-    command_api::mint(
-        JWT_SECRET,
-        UserId::new(user).unwrap(),
-        admin,
-        Duration::from_secs(600),
-    )
-}
 
 /// Sends `n` transfer requests of 1 USDT for `user`; their statuses.
 async fn requests(ledger: &LedgerProcess, user: u64, n: usize) -> Vec<u16> {

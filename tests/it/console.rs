@@ -11,10 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use domain::UserId;
 use serde_json::json;
 
-use crate::helpers::{ApiStack, Stack, JWT_SECRET};
+use crate::helpers::{token, ApiStack, Stack};
 use crate::procs::LedgerProcess;
 
 fn repo_root() -> PathBuf {
@@ -203,15 +202,6 @@ fn bridge(path: &Path, ledger: &str) -> tokio::task::JoinHandle<()> {
             });
         }
     })
-}
-
-fn token(user: u64, admin: bool) -> String {
-    command_api::mint(
-        JWT_SECRET,
-        UserId::new(user).unwrap(),
-        admin,
-        Duration::from_secs(1800),
-    )
 }
 
 /// A FUNDING→SPOT transfer sent while spot-core is stopped: its deposit's outcome is unknown,

@@ -17,7 +17,7 @@ use domain::{AssetSymbol, TransferState, UserId};
 use postgres_es::PostgresEventRepository;
 use serde_json::json;
 
-use crate::helpers::{dec, Stack, JWT_SECRET};
+use crate::helpers::{dec, token, Stack};
 use crate::procs::{all_req_ids, spot_ops, state_of, wait_terminal, LedgerProcess, RECOVER_NOW};
 use domain::ReqId;
 
@@ -72,12 +72,7 @@ async fn crash_and_recover(c: Crash) -> (Stack, domain::TransferData) {
     let mut env = vec![("LEDGER_FAILPOINT", c.failpoint)];
     env.extend(NO_RECOVERY);
     let mut crashing = LedgerProcess::start(&s.db.url, &s.spot.addr, &env);
-    let token = command_api::mint(
-        JWT_SECRET,
-        UserId::new(1).unwrap(),
-        false,
-        Duration::from_secs(600),
-    );
+    let token = token(1, false);
     let answer = reqwest::Client::new()
         .post(format!("{}/api/v1/internal_transfer", crashing.base))
         .bearer_auth(&token)

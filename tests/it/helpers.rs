@@ -371,6 +371,17 @@ pub fn dec(s: &str) -> Decimal {
 /// The HMAC secret the in-process API verifies tokens with.
 pub const JWT_SECRET: &[u8] = b"integration-test-secret-of-at-least-32-bytes";
 
+/// A token every test server accepts (the in-process API and `ledger serve`, both verifying with
+/// [`JWT_SECRET`]) for `user`, an admin's when `admin`; valid for an hour, longer than any test.
+pub fn token(user: u64, admin: bool) -> String {
+    command_api::mint(
+        JWT_SECRET,
+        UserId::new(user).unwrap(),
+        admin,
+        Duration::from_secs(3600),
+    )
+}
+
 /// A stack with the HTTP API served in-process on a free port.
 pub struct ApiStack {
     pub stack: Stack,
@@ -404,12 +415,7 @@ impl ApiStack {
     }
 
     pub fn token(&self, user: u64, admin: bool) -> String {
-        command_api::mint(
-            JWT_SECRET,
-            UserId::new(user).unwrap(),
-            admin,
-            Duration::from_secs(600),
-        )
+        token(user, admin)
     }
 
     /// Sends a request and returns (status, JSON body).

@@ -17,7 +17,7 @@ use domain::{
 use serde_json::json;
 use spot_core::protocol::{CoreStatus, RefusalCode, Request, Response};
 
-use crate::helpers::{dec, Stack, JWT_SECRET};
+use crate::helpers::{dec, token, Stack};
 use crate::procs::{all_req_ids, spot_ops, wait_terminal, LedgerProcess};
 
 /// The horizon's settings for these tests: a one-second retention, advanced five times a second.
@@ -50,15 +50,6 @@ async fn wait_status(
         assert!(Instant::now() < deadline, "{what} never held: {st:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-fn token(user: u64, admin: bool) -> String {
-    command_api::mint(
-        JWT_SECRET,
-        UserId::new(user).unwrap(),
-        admin,
-        Duration::from_secs(600),
-    )
 }
 
 /// POSTs one transfer to a `ledger serve`, returns its answer.

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use domain::{ReqId, TransferData, TransferState};
 
-use crate::helpers::{bin, Stack, JWT_SECRET};
+use crate::helpers::{bin, token, Stack, JWT_SECRET};
 
 /// The line `ledger serve` prints on stdout once it listens.
 const SERVE_READY_PREFIX: &str = "ledger serving on ";
@@ -85,6 +85,20 @@ impl LedgerProcess {
             stderr_path,
             _tmp: tmp,
         }
+    }
+
+    /// `POST /api/v1/internal_transfer` with `body`, as `user` (a user's token): the JSON answer.
+    pub async fn transfer(&self, user: u64, body: serde_json::Value) -> serde_json::Value {
+        reqwest::Client::new()
+            .post(format!("{}/api/v1/internal_transfer", self.base))
+            .bearer_auth(token(user, false))
+            .json(&body)
+            .send()
+            .await
+            .expect("transfer request")
+            .json()
+            .await
+            .expect("a JSON answer")
     }
 
     /// Its log so far (stderr).

@@ -10,10 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use domain::UserId;
 use serde_json::{json, Value};
 
-use crate::helpers::{Stack, JWT_SECRET};
+use crate::helpers::Stack;
 use crate::procs::{LedgerProcess, RECOVER_NOW};
 
 /// Where Debian's package puts the server.
@@ -148,22 +147,12 @@ async fn mon_001_shipped_rule_fires_in_a_real_prometheus_scraping_a_real_ledger(
     );
 
     s.spot.kill();
-    let user = command_api::mint(
-        JWT_SECRET,
-        UserId::new(3).unwrap(),
-        false,
-        Duration::from_secs(600),
-    );
-    let answer: Value = reqwest::Client::new()
-        .post(format!("{}/api/v1/internal_transfer", ledger.base))
-        .bearer_auth(&user)
-        .json(&json!({"from": "FUNDING", "to": "SPOT", "asset": "USDT", "amount": "7"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let answer = ledger
+        .transfer(
+            3,
+            json!({"from": "FUNDING", "to": "SPOT", "asset": "USDT", "amount": "7"}),
+        )
+        .await;
     assert_eq!(answer["state"], "TARGET_PENDING", "{answer}");
 
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -19,7 +19,7 @@ use recovery::{RecoveryConfig, RecoveryWorker};
 use reqwest::Method;
 use serde_json::json;
 
-use crate::helpers::{dec, ApiStack, Stack, JWT_SECRET};
+use crate::helpers::{dec, token, ApiStack, Stack};
 use crate::procs::{all_req_ids, spot_ops, wait_terminal, LedgerProcess, RECOVER_NOW};
 
 fn fast(backoff_ms_base: u64, backoff_ms_max: u64) -> RecoveryConfig {
@@ -236,28 +236,13 @@ async fn mon_001_target_pending_over_threshold_is_critical_and_visible_in_metric
     env.push(("LEDGER_RETRY_BACKOFF_MS_BASE", "100"));
     let ledger = LedgerProcess::start(&s.db.url, &s.spot.addr, &env);
     let http = reqwest::Client::new();
-    let user = command_api::mint(
-        JWT_SECRET,
-        UserId::new(3).unwrap(),
-        false,
-        Duration::from_secs(600),
-    );
-    let admin = command_api::mint(
-        JWT_SECRET,
-        UserId::new(1).unwrap(),
-        true,
-        Duration::from_secs(600),
-    );
-    let answer: serde_json::Value = http
-        .post(format!("{}/api/v1/internal_transfer", ledger.base))
-        .bearer_auth(&user)
-        .json(&json!({"from": "FUNDING", "to": "SPOT", "asset": "USDT", "amount": "7"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let admin = token(1, true);
+    let answer = ledger
+        .transfer(
+            3,
+            json!({"from": "FUNDING", "to": "SPOT", "asset": "USDT", "amount": "7"}),
+        )
+        .await;
     assert_eq!(answer["state"], "TARGET_PENDING", "{answer}");
     let req_id = answer["req_id"].as_str().unwrap().to_owned();
 
@@ -331,7 +316,7 @@ async fn mon_001_target_pending_over_threshold_is_critical_and_visible_in_metric
     assert!(row["next_retry_at"].is_string());
     let forbidden = http
         .get(format!("{}/api/v1/admin/transfers/stuck", ledger.base))
-        .bearer_auth(&user)
+        .bearer_auth(token(3, false))
         .send()
         .await
         .unwrap();

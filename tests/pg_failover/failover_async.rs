@@ -14,20 +14,11 @@ use domain::UserId;
 use reqwest::Client;
 use serde_json::{json, Value};
 
-use crate::helpers::{SpotProcess, JWT_SECRET};
+use crate::helpers::{token, SpotProcess};
 use crate::procs::LedgerProcess;
 use tests::pg_pair::{PgPair, Replication};
 
 const USERS: u64 = 6;
-
-fn token(user: u64, admin: bool) -> String {
-    command_api::mint(
-        JWT_SECRET,
-        UserId::new(user).expect("user"),
-        admin,
-        Duration::from_secs(3600),
-    )
-}
 
 /// One transfer through the HTTP API: its req_id and the state it was answered with.
 async fn transfer(

@@ -68,24 +68,42 @@ fn position(value: i64, name: &str) -> Result<u64, CheckpointError> {
 }
 
 /// The stored checkpoint, or the start of history when none is stored.
+///
+/// Its three tables are read in one snapshot (a repeatable-read transaction): read one statement
+/// at a time, a checkpoint stored by a concurrent run between two of them would pair this run's
+/// positions with that run's open set. A req_id that run settled would then be missing from the
+/// open set while its consumed movements lie below these positions, and a run reading its
+/// terminal event again would report "COMMITTED, but no deposit was applied": a false violation
+/// that halts transfers (seen with two ledgers' periodic checks overlapping under network
+/// faults, ADR 0010).
 pub async fn load(pool: &PgPool) -> Result<Checkpoint, CheckpointError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    let checkpoint = load_in(&mut tx).await;
+    tx.rollback().await?;
+    checkpoint
+}
+
+async fn load_in(tx: &mut sqlx::PgConnection) -> Result<Checkpoint, CheckpointError> {
     let row: Option<(i64, i64, i64, i64, i64)> = sqlx::query_as(
         "SELECT version, events_horizon::text::bigint, funding_horizon::text::bigint, spot_seq,
                 transfers
          FROM audit_checkpoint WHERE id = 1",
     )
-    .fetch_optional(pool)
+    .fetch_optional(&mut *tx)
     .await?;
     let Some((version, events, funding, spot, transfers)) = row else {
         return Ok(Checkpoint::default());
     };
     let assets: Vec<(String, Decimal, Decimal)> =
         sqlx::query_as("SELECT asset, deposits, in_flight FROM audit_checkpoint_assets")
-            .fetch_all(pool)
+            .fetch_all(&mut *tx)
             .await?;
     let open: Vec<(String, serde_json::Value)> =
         sqlx::query_as("SELECT req_id, applied FROM audit_checkpoint_open")
-            .fetch_all(pool)
+            .fetch_all(&mut *tx)
             .await?;
     let mut checkpoint = Checkpoint {
         version,

@@ -18,14 +18,14 @@ use serde_json::Value;
 use spot_core::protocol::LookupOp;
 use utoipa::{IntoParams, ToSchema};
 
-use crate::app::AppState;
 use crate::error::ApiError;
 use crate::render::{money, rfc3339, MergedBalance};
+use crate::state::AppState;
 
 /// One transfer as the admin views list it.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct AdminTransfer {
-    #[schema(schema_with = crate::openapi::req_id)]
+    #[schema(schema_with = crate::openapi::schemas::req_id)]
     pub req_id: String,
     pub user_id: i64,
     pub cid: Option<String>,
@@ -35,9 +35,9 @@ pub struct AdminTransfer {
     /// Exact decimal text.
     pub amount: String,
     pub state: String,
-    #[schema(schema_with = crate::openapi::date_time)]
+    #[schema(schema_with = crate::openapi::schemas::date_time)]
     pub created_at: String,
-    #[schema(schema_with = crate::openapi::date_time)]
+    #[schema(schema_with = crate::openapi::schemas::date_time)]
     pub updated_at: String,
     /// Milliseconds since the last change (`updated_at`).
     pub age_ms: i64,
@@ -96,7 +96,7 @@ pub struct TimelineEvent {
     #[serde(rename = "type")]
     pub event_type: String,
     /// When it happened (the time the event carries).
-    #[schema(schema_with = crate::openapi::date_time)]
+    #[schema(schema_with = crate::openapi::schemas::date_time)]
     pub at: String,
     /// The event's fields as stored.
     #[schema(value_type = Object)]
@@ -126,9 +126,9 @@ impl TimelineEvent {
 /// One recovery attempt: its outcome and error category, never the raw error text.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AttemptEntry {
-    #[schema(schema_with = crate::openapi::date_time)]
+    #[schema(schema_with = crate::openapi::schemas::date_time)]
     pub at: String,
-    #[schema(schema_with = crate::openapi::date_time)]
+    #[schema(schema_with = crate::openapi::schemas::date_time)]
     pub finished_at: Option<String>,
     /// TERMINAL, UNKNOWN, CONFLICT or ERROR; `null` while running (or if its worker died).
     pub outcome: Option<String>,
@@ -168,7 +168,7 @@ pub struct FundingEntry {
     pub state: &'static str,
     /// The refusal's code (CANCELLED for a cancelled call).
     pub code: Option<String>,
-    #[schema(schema_with = crate::openapi::date_time)]
+    #[schema(schema_with = crate::openapi::schemas::date_time)]
     pub at: String,
 }
 
@@ -260,7 +260,7 @@ impl SpotLookup {
 pub struct Resolution {
     /// The operator (`admin:<user id>` for the admin route).
     pub by: String,
-    #[schema(schema_with = crate::openapi::date_time)]
+    #[schema(schema_with = crate::openapi::schemas::date_time)]
     pub at: String,
     pub reason: String,
     /// APPLIED or NOT_APPLIED.
@@ -302,11 +302,13 @@ pub struct Timeline {
     pub resolution: Option<Resolution>,
 }
 
-/// The path of `GET /api/v1/admin/users/{user_id}`.
+/// The path of `GET /api/v1/admin/users/{user_id}`. Schema only: utoipa reads the field's
+/// attribute, no code reads the field.
+#[allow(dead_code)]
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Path)]
 pub struct UserPath {
-    #[param(schema_with = crate::openapi::user_id)]
+    #[param(schema_with = crate::openapi::schemas::user_id)]
     pub user_id: u64,
 }
 
@@ -352,7 +354,7 @@ pub struct UserView {
 /// A conservation check in brief.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CheckSummary {
-    #[schema(schema_with = crate::openapi::date_time)]
+    #[schema(schema_with = crate::openapi::schemas::date_time)]
     pub at: String,
     pub ok: bool,
     pub duration_ms: i64,
@@ -448,7 +450,7 @@ pub fn by_state(counts: Vec<(String, i64)>) -> BTreeMap<String, i64> {
 /// One conservation check with its per-asset results.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CheckEntry {
-    #[schema(schema_with = crate::openapi::date_time)]
+    #[schema(schema_with = crate::openapi::schemas::date_time)]
     pub at: String,
     pub ok: bool,
     pub duration_ms: i64,

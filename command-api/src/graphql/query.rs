@@ -1,16 +1,17 @@
 //! The query root: history with filters and cursor pagination, one transfer, balances and
-//! counts by state. Each field that does I/O costs [`IO_FIELD_COST`](super::IO_FIELD_COST) and
+//! counts by state. Each field that does I/O costs [`IO_FIELD_COST`] and
 //! takes a turn from the read admission.
 
 use async_graphql::{Context, Object};
 use domain::{ErrorCode, ReqId, TransferState, UserId};
 use projections::HistoryFilter;
 
+use super::context::{app, busy, caller, coded, internal, IO_FIELD_COST, PAGE_SIZE_DEFAULT};
 use super::types::{
     decode_cursor, encode_cursor, BalanceGql, Direction, PageInfo, StateCount, TransferConnection,
     TransferEdge, TransferFilter, TransferGql,
 };
-use super::{app, busy, caller, coded, internal, IO_FIELD_COST, PAGE_SIZE_DEFAULT};
+use crate::auth::Identity;
 use crate::error::ApiError;
 use crate::render::{money, user_balances};
 
@@ -40,66 +41,19 @@ impl QueryRoot {
         {
             return Err(coded(ErrorCode::BadRequest));
         }
-        let user_id = match (me.admin, filter.user_id) {
-            (true, requested) => requested
-                .map(|u| UserId::new(u).map(UserId::as_i64))
-                .transpose()
-                .map_err(coded)?,
-            // A user asking for someone else's history is refused outright.
-            (false, Some(u)) if u != me.user_id.get() => return Err(coded(ErrorCode::Forbidden)),
-            (false, _) => Some(me.user_id.as_i64()),
-        };
-        let state_id = match &filter.state {
-            None => None,
-            Some(name) => Some(
-                TransferState::parse(name)
-                    .ok_or_else(|| coded(ErrorCode::BadRequest))?
-                    .id(),
-            ),
-        };
-        let (from_account, to_account) = match filter.direction {
-            None => (None, None),
-            Some(Direction::FundingToSpot) => (Some("FUNDING"), Some("SPOT")),
-            Some(Direction::SpotToFunding) => (Some("SPOT"), Some("FUNDING")),
-        };
+        let history = history_filter(me, &filter)?;
         let after = match after {
             None => None,
             Some(text) => Some(decode_cursor(&text).ok_or_else(|| coded(ErrorCode::BadRequest))?),
         };
-        let history = HistoryFilter {
-            user_id,
-            state_id,
-            asset: filter.asset.clone(),
-            from_account: from_account.map(str::to_owned),
-            to_account: to_account.map(str::to_owned),
-            created_from: filter.created_from,
-            created_until: filter.created_until,
-        };
         // One row more than asked tells whether there is a next page.
         let _turn = app(ctx).admission.read().await.map_err(busy)?;
-        let mut rows = app(ctx)
+        let rows = app(ctx)
             .view
             .history(&history, after.as_ref(), i64::from(first) + 1)
             .await
             .map_err(internal)?;
-        let has_next_page = rows.len() > usize::try_from(first).unwrap_or(0);
-        rows.truncate(usize::try_from(first).unwrap_or(0));
-        let nodes: Vec<TransferGql> = rows.into_iter().map(Into::into).collect();
-        let edges: Vec<TransferEdge> = nodes
-            .iter()
-            .map(|n| TransferEdge {
-                cursor: encode_cursor(n),
-                node: n.clone(),
-            })
-            .collect();
-        Ok(TransferConnection {
-            page_info: PageInfo {
-                has_next_page,
-                end_cursor: edges.last().map(|e| e.cursor.clone()),
-            },
-            edges,
-            nodes,
-        })
+        Ok(connection(rows, first))
     }
 
     /// One transfer, folded from its events. `null` when it does not exist or is not the
@@ -178,5 +132,64 @@ impl QueryRoot {
                 count,
             })
             .collect())
+    }
+}
+
+/// The read models' filter for `filter`, as `me` may ask it: an admin names any user (or none),
+/// a user only themself (FORBIDDEN for another); an unknown state is BAD_REQUEST.
+fn history_filter(me: &Identity, filter: &TransferFilter) -> async_graphql::Result<HistoryFilter> {
+    let user_id = match (me.admin, filter.user_id) {
+        (true, requested) => requested
+            .map(|u| UserId::new(u).map(UserId::as_i64))
+            .transpose()
+            .map_err(coded)?,
+        // A user asking for someone else's history is refused outright.
+        (false, Some(u)) if u != me.user_id.get() => return Err(coded(ErrorCode::Forbidden)),
+        (false, _) => Some(me.user_id.as_i64()),
+    };
+    let state_id = match &filter.state {
+        None => None,
+        Some(name) => Some(
+            TransferState::parse(name)
+                .ok_or_else(|| coded(ErrorCode::BadRequest))?
+                .id(),
+        ),
+    };
+    let (from_account, to_account) = match filter.direction {
+        None => (None, None),
+        Some(Direction::FundingToSpot) => (Some("FUNDING"), Some("SPOT")),
+        Some(Direction::SpotToFunding) => (Some("SPOT"), Some("FUNDING")),
+    };
+    Ok(HistoryFilter {
+        user_id,
+        state_id,
+        asset: filter.asset.clone(),
+        from_account: from_account.map(str::to_owned),
+        to_account: to_account.map(str::to_owned),
+        created_from: filter.created_from,
+        created_until: filter.created_until,
+    })
+}
+
+/// A page of `first` transfers from `rows`, read one longer than the page to tell whether there
+/// is a next one.
+fn connection(mut rows: Vec<projections::TransferRow>, first: i32) -> TransferConnection {
+    let has_next_page = rows.len() > usize::try_from(first).unwrap_or(0);
+    rows.truncate(usize::try_from(first).unwrap_or(0));
+    let nodes: Vec<TransferGql> = rows.into_iter().map(Into::into).collect();
+    let edges: Vec<TransferEdge> = nodes
+        .iter()
+        .map(|n| TransferEdge {
+            cursor: encode_cursor(n),
+            node: n.clone(),
+        })
+        .collect();
+    TransferConnection {
+        page_info: PageInfo {
+            has_next_page,
+            end_cursor: edges.last().map(|e| e.cursor.clone()),
+        },
+        edges,
+        nodes,
     }
 }

@@ -2,12 +2,13 @@
 
 use async_graphql::{Context, SimpleObject, Subscription};
 use chrono::{DateTime, Utc};
-use domain::{ErrorCode, TransferEvent};
+use domain::ErrorCode;
 use futures_util::stream::{self, Stream};
-use projections::feed as feed_store;
+use projections::feed::{self as feed_store, FeedEvent};
 
-use super::{app, busy, caller, coded, internal, SUBSCRIPTION_POLL_INTERVAL};
-use crate::app::AppState;
+use super::context::{app, busy, caller, coded, internal, SUBSCRIPTION_POLL_INTERVAL};
+use crate::admission::SubscriptionSlot;
+use crate::state::AppState;
 
 /// One state change of a transfer, as the subscription sends it.
 #[derive(SimpleObject, Debug, Clone)]
@@ -30,13 +31,16 @@ pub struct SubscriptionRoot;
 #[Subscription]
 impl SubscriptionRoot {
     /// The caller's transfer state changes (an admin's: everyone's), or only those of `reqId`:
-    /// from now on, or after feed position `after` (to resume without missing any).
+    /// from now on, or after feed position `after` (to resume without missing any). An event
+    /// this version cannot decode, or a feed it cannot read, ends the stream with a
+    /// SYSTEM_ERROR after the updates before it (the detail goes to the log): an update is never
+    /// skipped.
     async fn transfer_updates(
         &self,
         ctx: &Context<'_>,
         req_id: Option<String>,
         after: Option<i64>,
-    ) -> async_graphql::Result<impl Stream<Item = TransferUpdate>> {
+    ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<TransferUpdate>>> {
         let me = *caller(ctx);
         let state = app(ctx).clone();
         // Held by the stream: the slot frees when the subscription ends.
@@ -51,65 +55,185 @@ impl SubscriptionRoot {
                     .map_err(internal)?
             }
         };
-        let user = (!me.admin).then(|| me.user_id.as_i64());
-        let pending = Vec::<TransferUpdate>::new().into_iter();
-        Ok(stream::unfold(
-            (state, start, pending, slot),
-            move |(state, mut after, mut pending, slot)| {
-                let req_id = req_id.clone();
-                async move {
-                    loop {
-                        if let Some(update) = pending.next() {
-                            return Some((update, (state, after, pending, slot)));
-                        }
-                        match next_updates(&state, after, user, req_id.as_deref()).await {
-                            Ok(None) => tokio::time::sleep(SUBSCRIPTION_POLL_INTERVAL).await,
-                            Ok(Some((last, updates))) => {
-                                after = last;
-                                pending = updates.into_iter();
-                            }
-                            Err(e) => {
-                                tracing::warn!(error = %e, "subscription ends: feed unreadable");
-                                return None;
-                            }
-                        }
-                    }
-                }
-            },
-        ))
+        let follow = Follow {
+            state,
+            after: start,
+            user: (!me.admin).then(|| me.user_id.as_i64()),
+            req_id,
+            pending: Vec::new().into_iter(),
+            end: None,
+            _slot: slot,
+        };
+        Ok(stream::unfold(Some(follow), |follow| async move {
+            let mut follow = follow?;
+            let item = follow.next().await;
+            // After an error item the stream ends.
+            let more = item.is_ok().then_some(follow);
+            Some((item, more))
+        }))
     }
 }
 
-/// The updates after feed position `after` (the caller's, or only `req_id`'s), with the last
-/// position read; `None` when there is nothing new or the read side is busy (try again later).
+/// One subscription's place in the feed and what it still has to send.
+struct Follow {
+    state: AppState,
+    /// The last feed position read.
+    after: i64,
+    user: Option<i64>,
+    req_id: Option<String>,
+    pending: std::vec::IntoIter<TransferUpdate>,
+    /// Why the stream ends once `pending` is sent.
+    end: Option<async_graphql::Error>,
+    _slot: SubscriptionSlot,
+}
+
+impl Follow {
+    /// The next update, waiting for one; an error ends the stream.
+    async fn next(&mut self) -> async_graphql::Result<TransferUpdate> {
+        loop {
+            if let Some(update) = self.pending.next() {
+                return Ok(update);
+            }
+            if let Some(end) = self.end.take() {
+                return Err(end);
+            }
+            match next_updates(&self.state, self.after, self.user, self.req_id.as_deref()).await {
+                Ok(None) => tokio::time::sleep(SUBSCRIPTION_POLL_INTERVAL).await,
+                Ok(Some(batch)) => {
+                    self.after = batch.last;
+                    self.pending = batch.updates.into_iter();
+                    self.end = batch.undecodable.map(internal);
+                }
+                Err(e) => return Err(internal(format!("subscription ends: feed unreadable: {e}"))),
+            }
+        }
+    }
+}
+
+/// What one read of the feed gave a subscription.
+struct Batch {
+    /// The last position read.
+    last: i64,
+    updates: Vec<TransferUpdate>,
+    /// The first event `domain::stored` refused, with its id: nothing after it is sent.
+    undecodable: Option<String>,
+}
+
+/// The updates after feed position `after` (the caller's, or only `req_id`'s), each decoded by
+/// `domain::stored` (the one payload decoder, with its version check); `None` when there is
+/// nothing new or the read side is busy (try again later).
 async fn next_updates(
     state: &AppState,
     after: i64,
     user: Option<i64>,
     req_id: Option<&str>,
-) -> Result<Option<(i64, Vec<TransferUpdate>)>, sqlx::Error> {
+) -> Result<Option<Batch>, sqlx::Error> {
     let Ok(_turn) = state.admission.read().await else {
         return Ok(None);
     };
     let rows = feed_store::read_after(state.ledger.pool(), after, 500, user).await?;
-    let Some(last) = rows.last().map(|r| r.position) else {
-        return Ok(None);
+    Ok(batch(rows, req_id))
+}
+
+/// The updates of `rows` (only `req_id`'s, if given), up to the first event `domain::stored`
+/// refuses; `None` for no rows.
+fn batch(rows: Vec<FeedEvent>, req_id: Option<&str>) -> Option<Batch> {
+    let last = rows.last()?.position;
+    let mut batch = Batch {
+        last,
+        updates: Vec::new(),
+        undecodable: None,
     };
-    let updates = rows
-        .into_iter()
-        .filter(|r| req_id.is_none_or(|id| id == r.aggregate_id))
-        .filter_map(|r| {
-            let event: TransferEvent = serde_json::from_value(r.payload.clone()).ok()?;
-            Some(TransferUpdate {
-                position: r.position,
-                event_id: r.event_id,
-                req_id: r.aggregate_id,
-                user_id: r.user_id,
-                event_type: r.event_type,
-                state: event.resulting_state().as_str().to_owned(),
-                occurred_at: r.occurred_at,
-            })
+    for r in rows {
+        if req_id.is_some_and(|id| id != r.aggregate_id) {
+            continue;
+        }
+        let event = match domain::stored::decode_value(&r.event_version, r.payload) {
+            Ok(event) => event,
+            Err(e) => {
+                batch.undecodable = Some(format!(
+                    "subscription: event {} at feed position {} is undecodable: {e}",
+                    r.event_id, r.position
+                ));
+                break;
+            }
+        };
+        batch.updates.push(TransferUpdate {
+            position: r.position,
+            event_id: r.event_id,
+            req_id: r.aggregate_id,
+            user_id: r.user_id,
+            event_type: r.event_type,
+            state: event.resulting_state().as_str().to_owned(),
+            occurred_at: r.occurred_at,
+        });
+    }
+    Some(batch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use domain::{TransferEvent, EVENT_VERSION};
+
+    fn row(position: i64, req_id: &str, version: &str, payload: serde_json::Value) -> FeedEvent {
+        FeedEvent {
+            position,
+            event_id: format!("Transfer:{req_id}:{position}"),
+            global_position: position,
+            aggregate_type: "Transfer".into(),
+            aggregate_id: req_id.into(),
+            sequence: position,
+            event_type: "TransferCommitted".into(),
+            event_version: version.into(),
+            payload,
+            user_id: Some(7),
+            occurred_at: chrono::Utc::now(),
+            recorded_at: chrono::Utc::now(),
+        }
+    }
+
+    fn committed() -> serde_json::Value {
+        serde_json::to_value(TransferEvent::TransferCommitted {
+            at: chrono::Utc::now(),
         })
-        .collect();
-    Ok(Some((last, updates)))
+        .unwrap()
+    }
+
+    #[test]
+    fn updates_stop_at_the_first_event_of_an_unknown_version_and_say_which() {
+        let rows = vec![
+            row(1, "A", EVENT_VERSION, committed()),
+            row(2, "A", "2", committed()),
+            row(3, "A", EVENT_VERSION, committed()),
+        ];
+        let batch = batch(rows, None).unwrap();
+        assert_eq!(batch.last, 3);
+        let positions: Vec<i64> = batch.updates.iter().map(|u| u.position).collect();
+        assert_eq!(positions, [1], "nothing after the refused event is sent");
+        assert_eq!(batch.updates[0].state, "COMMITTED");
+        let why = batch.undecodable.unwrap();
+        assert!(why.contains("Transfer:A:2"), "{why}");
+        assert!(why.contains("version 2 has no upcaster"), "{why}");
+    }
+
+    #[test]
+    fn a_payload_that_is_not_an_event_is_not_skipped() {
+        let rows = vec![row(4, "B", EVENT_VERSION, serde_json::json!({"Nope": {}}))];
+        let batch = batch(rows, None).unwrap();
+        assert!(batch.updates.is_empty());
+        assert!(batch.undecodable.is_some());
+    }
+
+    #[test]
+    fn another_transfer_is_filtered_out_before_decoding() {
+        let rows = vec![
+            row(5, "C", "2", committed()),
+            row(6, "D", EVENT_VERSION, committed()),
+        ];
+        let batch = batch(rows, Some("D")).unwrap();
+        assert_eq!(batch.updates.len(), 1);
+        assert!(batch.undecodable.is_none());
+        assert!(super::batch(Vec::new(), None).is_none());
+    }
 }

@@ -7,7 +7,7 @@ use domain::{ReqId, TransferData};
 use projections::{PageCursor, TransferRow};
 use rust_decimal::Decimal;
 
-use super::{app, busy, internal, IO_FIELD_COST};
+use super::context::{app, busy, internal, IO_FIELD_COST};
 use crate::render::money;
 
 /// Transfer direction, the way users filter by it.
