@@ -25,6 +25,7 @@ pub mod assets;
 pub mod audit;
 pub mod coordinator;
 pub mod drive;
+pub mod error;
 pub mod failpoint;
 pub mod halt;
 pub mod horizon;
