@@ -87,6 +87,11 @@ impl Sim {
             let w = self.world();
             w.faults_on.then(|| w.faults.clone())
         };
+        // Every call takes a little time, so concurrent drives overlap.
+        let latency = self.rt.with_rng(|r| r.below(4));
+        if latency > 0 {
+            self.rt.sleep(Duration::from_millis(latency)).await;
+        }
         if let Some(f) = &f {
             if self.roll(f.store_delay) {
                 // Mostly short; one in ten a stall of many seconds (a partition, a lock wait),
@@ -119,6 +124,10 @@ impl Sim {
     /// What the network does to one message (none of it with faults off).
     async fn fate(&self, name: &str) -> Fate {
         self.rt.yield_now().await;
+        let latency = self.rt.with_rng(|r| r.below(15));
+        if latency > 0 {
+            self.rt.sleep(Duration::from_millis(latency)).await;
+        }
         let f = {
             let w = self.world();
             if !w.faults_on {
