@@ -804,6 +804,11 @@ pub fn funding_apply(w: &mut World, op: Op, m: &Movement) -> AdapterOutcome {
             AdapterOutcome::Success
         }
         Some(code) => {
+            if op == Op::Refund {
+                // Refused only without an applied withdraw of the same details: the protocol
+                // asked for money back that it never took.
+                w.violation(format!("funding refused the refund of {id}: {code}"));
+            }
             w.note(|| format!("funding refused {} of {}: {code}", op.name(), short(&id)));
             AdapterOutcome::ExplicitFail {
                 code: code.to_owned(),
@@ -994,6 +999,12 @@ pub fn spot_apply(w: &mut World, req: &Request) -> Response {
             }
         }
         let (id, outcome) = (record.req_id.clone(), record.outcome);
+        if matches!(req, Request::Refund(_)) && outcome == Outcome::Refused {
+            w.violation(format!(
+                "spot refused the refund of {id}: {:?}",
+                record.code
+            ));
+        }
         w.note(|| {
             format!(
                 "spot recorded {req_name} of {}: {outcome:?}",
