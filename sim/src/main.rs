@@ -1,9 +1,11 @@
 //! `ledger-sim`: runs the deterministic simulation over many seeds, or replays one with a trace.
 //!
 //! ```text
-//! ledger-sim --seeds N [--from S] [--transfers T] [--plant BUG]
-//! ledger-sim --seed S [--trace] [--transfers T] [--plant BUG]
+//! ledger-sim --seeds N [--from S] [--transfers T] [--plant BUG] [--tight]
+//! ledger-sim --seed S [--trace] [--transfers T] [--plant BUG] [--tight]
 //! ```
+//!
+//! `--tight`: the tightest recovery settings an operator can configure (see `Config::tight`).
 //!
 //! Many seeds: the rate, the faults injected by kind, each failing seed with its replay command
 //! (the first one's own trace lines too), and last `N seeds, M violations`. One seed: its whole
@@ -51,7 +53,7 @@ fn focused_trace(trace: &[String], violation: &str) -> Vec<String> {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: ledger-sim --seeds N [--from S] [--transfers T] [--plant BUG]\n       ledger-sim --seed S [--trace] [--transfers T] [--plant BUG]\nbugs: {}",
+        "usage: ledger-sim --seeds N [--from S] [--transfers T] [--plant BUG] [--tight]\n       ledger-sim --seed S [--trace] [--transfers T] [--plant BUG] [--tight]\nbugs: {}",
         Bug::ALL.map(Bug::name).join(", ")
     );
     ExitCode::from(2)
@@ -66,11 +68,13 @@ fn main() -> ExitCode {
         transfers: 12,
         plant: None,
         trace: false,
+        tight: false,
     };
     let mut i = 0;
     while i < args.len() {
-        if args[i] == "--trace" {
-            config.trace = true;
+        if args[i] == "--trace" || args[i] == "--tight" {
+            config.trace |= args[i] == "--trace";
+            config.tight |= args[i] == "--tight";
             i += 1;
             continue;
         }

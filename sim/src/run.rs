@@ -48,6 +48,11 @@ pub struct Config {
     pub transfers: usize,
     pub plant: Option<Bug>,
     pub trace: bool,
+    /// The tightest settings an operator can configure: the worker touches a transfer 50 ms
+    /// after its last event (racing the request still driving it), leases of 1 s (the least
+    /// `LEDGER_RECOVERY_LEASE_MS` allows), and an idempotency retention of 8 s (claims
+    /// re-keyed within seconds).
+    pub tight: bool,
 }
 
 /// What a run came to.
@@ -100,15 +105,16 @@ fn amount(text: &str) -> Amount {
 
 struct Ledger {
     coordinator: Coordinator,
+    tight: bool,
 }
 
-fn recovery_config() -> RecoveryConfig {
+fn recovery_config(tight: bool) -> RecoveryConfig {
     RecoveryConfig {
-        stale_after: Duration::from_millis(1_500),
+        stale_after: Duration::from_millis(if tight { 50 } else { 1_500 }),
         interval: Duration::from_millis(700),
         batch_max: 50,
         concurrency_max: 4,
-        lease: Duration::from_millis(6_000),
+        lease: Duration::from_millis(if tight { 1_000 } else { 6_000 }),
         backoff_ms_base: 100,
         backoff_ms_max: 3_000,
         ..RecoveryConfig::default()
@@ -118,7 +124,7 @@ fn recovery_config() -> RecoveryConfig {
 fn start_worker(sim: &Sim, ledger: &Ledger, proc: ProcId, incarnation: u32) {
     let mut worker = RecoveryWorker::with_book(
         ledger.coordinator.clone(),
-        recovery_config(),
+        recovery_config(ledger.tight),
         Arc::new(SimRetryBook { sim: sim.clone() }),
     );
     worker.id = format!("worker-{proc}.{incarnation}");
@@ -168,7 +174,8 @@ pub fn run(seed: u64, config: &Config) -> Report {
             .with_daily_limits(limits.clone())
             // Short, so orphan client-key claims are re-keyed within a run (and the claim
             // guard of the log is exercised).
-            .with_idempotency_retention(Duration::from_secs(40)),
+            .with_idempotency_retention(Duration::from_secs(if config.tight { 8 } else { 40 })),
+            tight: config.tight,
         })
         .collect();
     let ledgers = Arc::new(ledgers);

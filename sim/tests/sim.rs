@@ -10,6 +10,7 @@ fn config(plant: Option<Bug>, trace: bool) -> Config {
         transfers: 12,
         plant,
         trace,
+        tight: false,
     }
 }
 
@@ -34,6 +35,22 @@ fn budget(bug: Bug) -> u64 {
         Bug::RefundNotIdempotent => 1_000,
         Bug::NoCas => 200,
         _ => 100,
+    }
+}
+
+#[test]
+fn the_real_code_passes_with_the_tightest_recovery_settings() {
+    let tight = Config {
+        tight: true,
+        ..config(None, false)
+    };
+    for seed in 0..300 {
+        let report = run(seed, &tight);
+        assert!(
+            report.violations.is_empty(),
+            "seed {seed}: {:?} (replay: ledger-sim --seed {seed} --trace --tight)",
+            report.violations
+        );
     }
 }
 
