@@ -26,6 +26,7 @@ pub mod audit;
 pub mod bulk;
 pub mod coordinator;
 pub mod drive;
+pub mod error;
 pub mod failpoint;
 pub mod halt;
 pub mod horizon;

@@ -16,9 +16,9 @@ use cqrs_es::{EventEnvelope, EventStore};
 use domain::{Amount, AssetSymbol, ErrorCode, ReqId, Transfer, UserId};
 use sqlx::PgPool;
 
-use crate::coordinator::{Context, CoordinatorError};
+use crate::error::CoordinatorError;
 use crate::limits::{self, DailyLimits};
-use crate::ports::{Bookkeeping, ClientKey, Commit, Rekeyed, TransferLog};
+use crate::ports::{Bookkeeping, ClientKey, Commit, Context, Rekeyed, TransferLog};
 
 /// The event log in PostgreSQL.
 #[derive(Clone)]

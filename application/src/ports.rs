@@ -11,10 +11,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
-use domain::{Amount, AssetSymbol, ErrorCode, ReqId, TransferEvent, UserId};
+use cqrs_es::persist::EventStoreAggregateContext;
+use domain::{Amount, AssetSymbol, ErrorCode, ReqId, Transfer, TransferEvent, UserId};
 
-use crate::coordinator::{Context, CoordinatorError};
+use crate::error::CoordinatorError;
 use crate::limits::DailyLimits;
+
+/// A transfer's events folded, at the sequence of its last one: what a command is decided on.
+pub type Context = EventStoreAggregateContext<Transfer>;
 
 /// One transfer's events to append after `expected_sequence`, all or nothing.
 #[derive(Debug, Clone, PartialEq)]

@@ -384,3 +384,73 @@ impl Executor {
         self.tasks.is_empty()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_all(exec: &mut Executor) {
+        while exec.step() != Step::Idle {}
+    }
+
+    #[test]
+    fn timers_fire_in_time_order_and_time_jumps_to_them() {
+        let rt = Rt::new(1, 1_000);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        for (name, ms) in [("late", 300u64), ("early", 100), ("middle", 200)] {
+            let (rt2, order) = (rt.clone(), order.clone());
+            rt.spawn(1, Role::System, async move {
+                rt2.sleep(Duration::from_millis(ms)).await;
+                order.lock().unwrap().push((name, rt2.now_ms()));
+            });
+        }
+        let mut exec = Executor::new(rt.clone());
+        run_all(&mut exec);
+        assert_eq!(
+            *order.lock().unwrap(),
+            [("early", 1_100), ("middle", 1_200), ("late", 1_300)]
+        );
+        assert!(exec.is_empty());
+    }
+
+    #[test]
+    fn a_crash_drops_every_task_of_the_process_and_no_other() {
+        let rt = Rt::new(2, 0);
+        let done = Arc::new(Mutex::new(Vec::new()));
+        for proc in [1, 2, 1] {
+            let (rt2, done) = (rt.clone(), done.clone());
+            rt.spawn(proc, Role::Worker, async move {
+                rt2.sleep(Duration::from_millis(50)).await;
+                done.lock().unwrap().push(proc);
+            });
+        }
+        let mut exec = Executor::new(rt.clone());
+        assert_eq!(exec.crash(1), 2);
+        run_all(&mut exec);
+        assert_eq!(*done.lock().unwrap(), [2]);
+    }
+
+    #[test]
+    fn the_seed_decides_the_interleaving() {
+        let interleaving = |seed| {
+            let rt = Rt::new(seed, 0);
+            let log = Arc::new(Mutex::new(String::new()));
+            for name in ['a', 'b', 'c'] {
+                let (rt2, log) = (rt.clone(), log.clone());
+                rt.spawn(1, Role::System, async move {
+                    for _ in 0..4 {
+                        log.lock().unwrap().push(name);
+                        rt2.yield_now().await;
+                    }
+                });
+            }
+            let mut exec = Executor::new(rt);
+            run_all(&mut exec);
+            let s = log.lock().unwrap().clone();
+            s
+        };
+        assert_eq!(interleaving(7), interleaving(7));
+        let distinct: std::collections::BTreeSet<String> = (0..20).map(interleaving).collect();
+        assert!(distinct.len() > 1, "different seeds interleave differently");
+    }
+}

@@ -1,20 +1,59 @@
 //! `ledger-sim`: runs the deterministic simulation over many seeds, or replays one with a trace.
 //!
 //! ```text
-//! ledger-sim --seeds N [--from S] [--transfers T] [--plant BUG]
-//! ledger-sim --seed S [--trace] [--transfers T] [--plant BUG]
+//! ledger-sim --seeds N [--from S] [--transfers T] [--plant BUG] [--tight]
+//! ledger-sim --seed S [--trace] [--transfers T] [--plant BUG] [--tight]
 //! ```
+//!
+//! `--tight`: the tightest recovery settings an operator can configure (see `Config::tight`).
+//!
+//! Many seeds: the rate, the faults injected by kind, each failing seed with its replay command
+//! (the first one's own trace lines too), and last `N seeds, M violations`. One seed: its whole
+//! trace with `--trace`; the same seed prints the same trace, byte for byte.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use application::plant::Bug;
 use sim::{run, Config};
 
+/// Prints a line; a closed pipe (`| head`) ends the output quietly instead of panicking.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// The trace lines of one violation's transfer (its req_id's last characters, as the trace
+/// writes them), with the crashes, restarts and clock jumps: the smallest trace that tells its
+/// story.
+fn focused_trace(trace: &[String], violation: &str) -> Vec<String> {
+    let id = violation
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .find(|w| w.len() == 26 && w.starts_with("01"));
+    let Some(id) = id else {
+        return trace.to_vec();
+    };
+    let short = &id[20..];
+    let marks = [
+        "VIOLATION",
+        "restarts",
+        "FAULT crash",
+        "FAULT clock-jump",
+        "quiescence",
+    ];
+    trace
+        .iter()
+        .filter(|l| l.contains(short) || marks.iter().any(|m| l.contains(m)))
+        .cloned()
+        .collect()
+}
+
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: ledger-sim --seeds N [--from S] [--transfers T] [--plant BUG]\n       ledger-sim --seed S [--trace] [--transfers T] [--plant BUG]\nbugs: {}",
+        "usage: ledger-sim --seeds N [--from S] [--transfers T] [--plant BUG] [--tight]\n       ledger-sim --seed S [--trace] [--transfers T] [--plant BUG] [--tight]\nbugs: {}",
         Bug::ALL.map(Bug::name).join(", ")
     );
     ExitCode::from(2)
@@ -29,25 +68,27 @@ fn main() -> ExitCode {
         transfers: 12,
         plant: None,
         trace: false,
+        tight: false,
     };
     let mut i = 0;
     while i < args.len() {
+        if args[i] == "--trace" || args[i] == "--tight" {
+            config.trace |= args[i] == "--trace";
+            config.tight |= args[i] == "--tight";
+            i += 1;
+            continue;
+        }
         let value = args.get(i + 1).cloned().unwrap_or_default();
         let number = value.parse::<u64>().ok();
-        match args[i].as_str() {
-            "--seeds" => seeds = number,
-            "--from" => from = number.unwrap_or(0),
-            "--seed" => one = number,
-            "--transfers" => config.transfers = number.map_or(12, |n| n as usize),
-            "--plant" => match Bug::parse(&value) {
+        match (args[i].as_str(), number) {
+            ("--seeds", Some(n)) => seeds = Some(n),
+            ("--from", Some(n)) => from = n,
+            ("--seed", Some(n)) => one = Some(n),
+            ("--transfers", Some(n)) => config.transfers = usize::try_from(n).unwrap_or(12),
+            ("--plant", _) => match Bug::parse(&value) {
                 Some(bug) => config.plant = Some(bug),
                 None => return usage(),
             },
-            "--trace" => {
-                config.trace = true;
-                i += 1;
-                continue;
-            }
             _ => return usage(),
         }
         i += 2;
@@ -55,16 +96,18 @@ fn main() -> ExitCode {
     if let Some(seed) = one {
         let report = run(seed, &config);
         for line in &report.trace {
-            println!("{line}");
+            say!("{line}");
         }
         for v in &report.violations {
-            println!("seed {seed}: VIOLATION {v}");
+            say!("seed {seed}: VIOLATION {v}");
         }
-        println!(
+        say!(
             "seed {seed}: {} transfers, {} steps, faults {:?}",
-            report.transfers, report.steps, report.faults
+            report.transfers,
+            report.steps,
+            report.faults
         );
-        println!(
+        say!(
             "1 seeds, {} violations",
             usize::from(!report.violations.is_empty())
         );
@@ -81,33 +124,44 @@ fn main() -> ExitCode {
     let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut failing = 0u64;
     let mut transfers = 0usize;
-    for seed in from..from + n {
+    for seed in from..from.saturating_add(n) {
         let report = run(seed, &config);
         transfers += report.transfers;
         for (k, v) in &report.faults {
             *faults.entry(k).or_insert(0) += v;
         }
-        if let Some(first) = report.violations.first() {
-            failing += 1;
-            println!(
-                "seed {seed}: VIOLATION {first} (replay: ledger-sim --seed {seed} --trace{})",
-                config
-                    .plant
-                    .map(|b| format!(" --plant {}", b.name()))
-                    .unwrap_or_default()
+        let Some(first) = report.violations.first() else {
+            continue;
+        };
+        failing += 1;
+        let plant = config
+            .plant
+            .map(|b| format!(" --plant {}", b.name()))
+            .unwrap_or_default();
+        say!("seed {seed}: VIOLATION {first} (replay: ledger-sim --seed {seed} --trace{plant})");
+        if failing == 1 {
+            // The first failing seed again, traced: its violating transfer's own lines.
+            let traced = run(
+                seed,
+                &Config {
+                    trace: true,
+                    ..config.clone()
+                },
             );
+            for line in focused_trace(&traced.trace, first) {
+                say!("  | {line}");
+            }
         }
     }
-    let secs = started.elapsed().as_secs_f64();
-    println!(
-        "{:.1} seeds/s, {:.0} transfers/s ({transfers} transfers in {secs:.1} s)",
-        n as f64 / secs.max(1e-9),
-        transfers as f64 / secs.max(1e-9)
-    );
+    let secs = started.elapsed().as_secs_f64().max(1e-9);
+    // Rates for people, not for arithmetic that must be exact.
+    #[allow(clippy::float_arithmetic, clippy::cast_precision_loss)]
+    let (seed_rate, transfer_rate) = (n as f64 / secs, transfers as f64 / secs);
+    say!("{seed_rate:.1} seeds/s, {transfer_rate:.0} transfers/s ({transfers} transfers in {secs:.1} s)");
     for (kind, count) in &faults {
-        println!("fault {kind}: {count}");
+        say!("fault {kind}: {count}");
     }
-    println!("{n} seeds, {failing} violations");
+    say!("{n} seeds, {failing} violations");
     if failing == 0 {
         ExitCode::SUCCESS
     } else {

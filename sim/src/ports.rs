@@ -87,9 +87,22 @@ impl Sim {
             let w = self.world();
             w.faults_on.then(|| w.faults.clone())
         };
+        // Every call takes a little time, so concurrent drives overlap.
+        let latency = self.rt.with_rng(|r| r.below(4));
+        if latency > 0 {
+            self.rt.sleep(Duration::from_millis(latency)).await;
+        }
         if let Some(f) = &f {
             if self.roll(f.store_delay) {
-                let ms = self.rt.with_rng(|r| r.between(1, 3_000));
+                // Mostly short; one in ten a stall of many seconds (a partition, a lock wait),
+                // longer than half the claims' retention.
+                let ms = self.rt.with_rng(|r| {
+                    if r.chance(100) {
+                        r.between(10_000, 45_000)
+                    } else {
+                        r.between(1, 3_000)
+                    }
+                });
                 self.world().fault("store-slow", name);
                 self.rt.sleep(Duration::from_millis(ms)).await;
             }
@@ -111,6 +124,10 @@ impl Sim {
     /// What the network does to one message (none of it with faults off).
     async fn fate(&self, name: &str) -> Fate {
         self.rt.yield_now().await;
+        let latency = self.rt.with_rng(|r| r.below(15));
+        if latency > 0 {
+            self.rt.sleep(Duration::from_millis(latency)).await;
+        }
         let f = {
             let w = self.world();
             if !w.faults_on {
@@ -787,6 +804,11 @@ pub fn funding_apply(w: &mut World, op: Op, m: &Movement) -> AdapterOutcome {
             AdapterOutcome::Success
         }
         Some(code) => {
+            if op == Op::Refund {
+                // Refused only without an applied withdraw of the same details: the protocol
+                // asked for money back that it never took.
+                w.violation(format!("funding refused the refund of {id}: {code}"));
+            }
             w.note(|| format!("funding refused {} of {}: {code}", op.name(), short(&id)));
             AdapterOutcome::ExplicitFail {
                 code: code.to_owned(),
@@ -872,7 +894,25 @@ impl SimFunding {
             "funding.lookup"
         };
         match self.sim.fate(name).await {
-            Fate::Unsent | Fate::Late => return Recorded::Unavailable("sim: no answer".into()),
+            Fate::Unsent => return Recorded::Unavailable("sim: no answer".into()),
+            Fate::Late => {
+                // A cancel that timed out may still commit later.
+                if let Some(ms) = self.sim.late_delivery().filter(|_| cancel) {
+                    let (sim, m) = (self.sim.clone(), m.clone());
+                    self.sim.rt.spawn(NETWORK, Role::Network, async move {
+                        sim.rt.sleep(Duration::from_millis(ms)).await;
+                        let mut w = sim.world();
+                        w.note(|| {
+                            format!(
+                                "late copy of funding cancel {} arrives",
+                                short(&m.req_id.to_string())
+                            )
+                        });
+                        funding_cancel(&mut w, op, &m);
+                    });
+                }
+                return Recorded::Unavailable("sim: no answer".into());
+            }
             Fate::AnswerLost => {
                 if cancel {
                     funding_cancel(&mut self.sim.world(), op, m);
@@ -959,6 +999,12 @@ pub fn spot_apply(w: &mut World, req: &Request) -> Response {
             }
         }
         let (id, outcome) = (record.req_id.clone(), record.outcome);
+        if matches!(req, Request::Refund(_)) && outcome == Outcome::Refused {
+            w.violation(format!(
+                "spot refused the refund of {id}: {:?}",
+                record.code
+            ));
+        }
         w.note(|| {
             format!(
                 "spot recorded {req_name} of {}: {outcome:?}",

@@ -22,7 +22,7 @@ use spot_core::engine::Engine;
 use spot_core::protocol::{AccountStatus, Request};
 
 use crate::exec::{Executor, ProcId, Role, Rt, Step};
-use crate::ports::{Sim, SimBook, SimClock, SimFunding, SimLog, SimRetryBook, SimSpot, NETWORK};
+use crate::ports::{Sim, SimBook, SimClock, SimFunding, SimLog, SimRetryBook, SimSpot};
 use crate::world::{short, Faults, FundingAccount, World};
 
 /// 2026-01-01T00:00:00Z: where simulated time starts.
@@ -35,8 +35,9 @@ const USERS: u64 = 3;
 const ASSETS: [&str; 2] = ["USDT", "BTC"];
 /// Simulated time the fault phase lasts at least.
 const FAULT_PHASE_MS: u64 = 40_000;
-/// Simulated time recovery gets after the faults stop.
-const QUIET_PHASE_MS: u64 = 120_000;
+/// Simulated time recovery gets after the faults stop: longer than a manual resolution's lease
+/// (2 minutes), which an operator killed mid-resolution leaves behind.
+const QUIET_PHASE_MS: u64 = 300_000;
 /// Polls after which a run is called stuck (a livelock is a finding too).
 const STEPS_MAX: u64 = 2_000_000;
 
@@ -47,6 +48,11 @@ pub struct Config {
     pub transfers: usize,
     pub plant: Option<Bug>,
     pub trace: bool,
+    /// The tightest settings an operator can configure: the worker touches a transfer 50 ms
+    /// after its last event (racing the request still driving it), leases of 1 s (the least
+    /// `LEDGER_RECOVERY_LEASE_MS` allows), and an idempotency retention of 8 s (claims
+    /// re-keyed within seconds).
+    pub tight: bool,
 }
 
 /// What a run came to.
@@ -99,15 +105,16 @@ fn amount(text: &str) -> Amount {
 
 struct Ledger {
     coordinator: Coordinator,
+    tight: bool,
 }
 
-fn recovery_config() -> RecoveryConfig {
+fn recovery_config(tight: bool) -> RecoveryConfig {
     RecoveryConfig {
-        stale_after: Duration::from_millis(1_500),
+        stale_after: Duration::from_millis(if tight { 50 } else { 1_500 }),
         interval: Duration::from_millis(700),
         batch_max: 50,
         concurrency_max: 4,
-        lease: Duration::from_millis(6_000),
+        lease: Duration::from_millis(if tight { 1_000 } else { 6_000 }),
         backoff_ms_base: 100,
         backoff_ms_max: 3_000,
         ..RecoveryConfig::default()
@@ -117,7 +124,7 @@ fn recovery_config() -> RecoveryConfig {
 fn start_worker(sim: &Sim, ledger: &Ledger, proc: ProcId, incarnation: u32) {
     let mut worker = RecoveryWorker::with_book(
         ledger.coordinator.clone(),
-        recovery_config(),
+        recovery_config(ledger.tight),
         Arc::new(SimRetryBook { sim: sim.clone() }),
     );
     worker.id = format!("worker-{proc}.{incarnation}");
@@ -167,7 +174,8 @@ pub fn run(seed: u64, config: &Config) -> Report {
             .with_daily_limits(limits.clone())
             // Short, so orphan client-key claims are re-keyed within a run (and the claim
             // guard of the log is exercised).
-            .with_idempotency_retention(Duration::from_secs(40)),
+            .with_idempotency_retention(Duration::from_secs(if config.tight { 8 } else { 40 })),
+            tight: config.tight,
         })
         .collect();
     let ledgers = Arc::new(ledgers);
@@ -286,6 +294,18 @@ pub fn run(seed: u64, config: &Config) -> Report {
         if exec.step() == Step::Idle {
             break;
         }
+        // Done early once every transfer is terminal and nothing is left on the wire.
+        if exec.steps.is_multiple_of(64)
+            && exec.alive(Role::Network) == 0
+            && exec.alive(Role::Request) == 0
+            && sim
+                .world()
+                .log
+                .values()
+                .all(|t| t.state.is_some_and(TransferState::is_terminal))
+        {
+            break;
+        }
     }
     for proc in LEDGERS {
         exec.crash(proc);
@@ -296,7 +316,6 @@ pub fn run(seed: u64, config: &Config) -> Report {
             break;
         }
     }
-    let _ = NETWORK;
 
     let mut w = sim.world();
     crate::check::at_quiescence(&mut w);
@@ -373,7 +392,7 @@ fn spawn_users(sim: &Sim, ledgers: &Arc<Vec<Ledger>>, transfers: usize) {
                 let delay = if copy == 0 {
                     0
                 } else {
-                    s.rt.with_rng(|r| r.between(0, 20_000))
+                    s.rt.with_rng(|r| r.between(0, 45_000))
                 };
                 let i = s.rt.with_rng(|r| r.index(ledgers.len()));
                 let coordinator = ledgers[i].coordinator.clone();

@@ -343,13 +343,14 @@ impl World {
     }
 
     /// Whether `system` applied (req_id, op).
-    pub fn recorded_applied(&mut self, system: System, id: &str, op: Op) -> bool {
+    pub fn recorded_applied(&self, system: System, id: &str, op: Op) -> bool {
         self.applied
             .get(&(system, id.to_owned(), op))
             .is_some_and(|n| *n > 0)
     }
 
-    /// A movement arriving at an account system: its announcing event must be durable.
+    /// A movement issued to, or arriving at, an account system: its announcing event must be
+    /// durable.
     pub fn check_arrival(&mut self, system: System, id: &str, op: Op) {
         let announced = self
             .log
@@ -357,7 +358,7 @@ impl World {
             .is_some_and(|s| s.reached.contains(&op.announced_by().id()));
         if !announced {
             self.violation(format!(
-                "{} {} of {id} arrived before its announcing event ({}) was durable",
+                "{} {} of {id} called or arrived before its announcing event ({}) was durable",
                 system.name(),
                 op.name(),
                 op.announced_by()
@@ -382,6 +383,9 @@ impl World {
     /// A call issued by the current task; a resuming task (worker, operator) must have looked
     /// the key up since its own last call when the key was called before.
     pub fn track_call(&mut self, system: System, id: &str, op: Op) {
+        // Issued only once its announcement is durable (checked again where it arrives, for the
+        // copies the network delivers late).
+        self.check_arrival(system, id, op);
         let current = self.current;
         let track = self.calls.entry((system, id.to_owned(), op)).or_default();
         let mut retried_blind = false;
