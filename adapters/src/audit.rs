@@ -9,19 +9,9 @@
 
 use std::collections::BTreeMap;
 
-use domain::{AccountType, Operation};
 use rust_decimal::Decimal;
 
-/// One movement an account system applied.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AppliedMovement {
-    pub req_id: String,
-    pub system: AccountType,
-    pub operation: Operation,
-    pub user_id: i64,
-    pub asset: String,
-    pub amount: Decimal,
-}
+pub use crate::applied::AppliedMovement;
 
 /// One row of the funding side read after a position. `consumed` is true when the row's
 /// transaction is below the read's snapshot watermark (it can be stored as read for good); a row above it

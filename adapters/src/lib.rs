@@ -2,6 +2,7 @@
 //! behind the domain's `AccountPort`; the event store (postgres-es's table, group-committed
 //! appends); and the one group-commit skeleton the event store and the funding ledger share.
 
+pub mod applied;
 pub mod audit;
 pub mod event_store;
 pub mod funding;

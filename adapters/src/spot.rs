@@ -18,9 +18,7 @@ use crate::funding::AccountStatus;
 
 mod audit;
 mod horizon;
-mod repair;
-
-pub use repair::SpotRecord;
+pub mod repair;
 
 /// One SPOT balance as spot-core reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use domain::{AccountType, Operation};
 use spot_core::protocol::{MovementOp, Outcome, RefusalCode, Request, Response};
 
 use super::{SpotAdapter, SpotError};
-use crate::audit::AppliedMovement;
+use crate::applied::AppliedMovement;
 
 /// spot-core's record of a req_id.
 #[derive(Debug, Clone)]
