@@ -12,6 +12,7 @@ use rust_decimal::Decimal;
 use crate::world::{Op, System, World};
 
 /// Runs every quiescence check, recording each failure as a violation.
+// long: the quiescence checks in the order, one block each, so each reads against its rule.
 pub fn at_quiescence(w: &mut World) {
     let mut in_flight: BTreeMap<(u64, String), Decimal> = BTreeMap::new();
     let transfers: Vec<(String, crate::world::Stream)> =

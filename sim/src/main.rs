@@ -59,6 +59,7 @@ fn usage() -> ExitCode {
     ExitCode::from(2)
 }
 
+// long: the tool's arguments and its report, read top to bottom; a test tool.
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut seeds: Option<u64> = None;

@@ -218,6 +218,7 @@ impl TransferLog for SimLog {
             .await
     }
 
+    // long: the in-memory log's append with its fault points in the order PostgreSQL meets them.
     async fn append(&self, commit: Commit) -> Result<usize, CoordinatorError> {
         self.sim
             .store("log.append", |w| {
@@ -731,6 +732,7 @@ pub struct SimFunding {
 }
 
 /// Decides and applies one movement arriving at the funding ledger.
+// long: the funding ledger's decision table (migration 0014's rules), whole to read against the SQL.
 pub fn funding_apply(w: &mut World, op: Op, m: &Movement) -> AdapterOutcome {
     let id = m.req_id.to_string();
     let asset = m.asset.to_string();

@@ -132,6 +132,7 @@ fn start_worker(sim: &Sim, ledger: &Ledger, proc: ProcId, incarnation: u32) {
 }
 
 /// Runs one seed.
+// long: one seed read top to bottom (wiring, fault phase, quiescence, checks): the simulation's script, a test tool.
 pub fn run(seed: u64, config: &Config) -> Report {
     application::plant::set(config.plant);
     let rt = Rt::new(seed, START_MS);
@@ -493,6 +494,7 @@ fn spawn_operator(sim: &Sim, ledgers: &Arc<Vec<Ledger>>) {
 
 /// The admin: freezes and disables accounts in both systems, and suspends assets, then
 /// undoes it, at random.
+// long: one admin loop: each action (freeze, disable, suspend) beside its undo.
 fn spawn_admin(sim: &Sim, registry: &Arc<RwLock<AssetRegistry>>) {
     let s = sim.clone();
     let registry = registry.clone();
