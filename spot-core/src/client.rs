@@ -256,6 +256,34 @@ impl SpotClient {
         &self.inner.addr
     }
 
+    /// A new connection by `deadline`. When it fails after a pooled connection's send already
+    /// failed (`first_failure`), that first failure is the answer: its request may have been
+    /// applied, so "never sent" would be a lie.
+    async fn connect_by(
+        &self,
+        deadline: Instant,
+        first_failure: Option<ClientError>,
+    ) -> Result<Conn, ClientError> {
+        let connected = match timeout_at(
+            deadline,
+            Conn::connect(
+                &self.inner.addr,
+                self.inner.hello.as_deref(),
+                &self.inner.liveness,
+            ),
+        )
+        .await
+        {
+            Ok(c) => c,
+            Err(_) => Err(ClientError::Connect("timed out while connecting".into())),
+        };
+        match (connected, first_failure) {
+            (Ok(c), _) => Ok(c),
+            (Err(_), Some(first)) => Err(first),
+            (Err(e), None) => Err(e),
+        }
+    }
+
     /// Send one request and wait for its answer.
     pub async fn call(&self, req: &Request) -> Result<Response, ClientError> {
         let deadline = Instant::now() + self.inner.timeout;
@@ -276,25 +304,7 @@ impl SpotClient {
                 Err(_) => return Err(ClientError::Timeout),
             }
         }
-        let connected = match timeout_at(
-            deadline,
-            Conn::connect(
-                &self.inner.addr,
-                self.inner.hello.as_deref(),
-                &self.inner.liveness,
-            ),
-        )
-        .await
-        {
-            Ok(c) => c,
-            Err(_) => Err(ClientError::Connect("timed out while connecting".into())),
-        };
-        let mut conn = match (connected, first_failure) {
-            (Ok(c), _) => c,
-            // The first send may have been applied: "never sent" would be a lie now.
-            (Err(_), Some(first)) => return Err(first),
-            (Err(e), None) => return Err(e),
-        };
+        let mut conn = self.connect_by(deadline, first_failure).await?;
         // On any error the connection is dropped here: it may still carry a late answer
         // that would be mistaken for the answer to the next request.
         let response = match timeout_at(deadline, conn.exchange(&line)).await {
@@ -350,24 +360,9 @@ impl SpotClient {
                 }
             }
         }
-        let connected = match timeout_at(
-            deadline,
-            Conn::connect(
-                &self.inner.addr,
-                self.inner.hello.as_deref(),
-                &self.inner.liveness,
-            ),
-        )
-        .await
-        {
+        let mut conn = match self.connect_by(deadline, first_failure).await {
             Ok(c) => c,
-            Err(_) => Err(ClientError::Connect("timed out while connecting".into())),
-        };
-        let mut conn = match (connected, first_failure) {
-            (Ok(c), _) => c,
-            // The first send may have been applied: "never sent" would be a lie now.
-            (Err(_), Some(first)) => return vec![Err(first); count],
-            (Err(e), None) => return vec![Err(e); count],
+            Err(e) => return vec![Err(e); count],
         };
         let answers = conn.exchange_many(lines, count, deadline).await;
         // Kept only when every answer came back whole: otherwise a late answer could be taken
