@@ -76,8 +76,15 @@ pub enum BulkResult {
 pub async fn create_transfers(
     State(state): State<AppState>,
     user: AuthUser,
-    JsonObject(body): JsonObject,
+    body: Result<JsonObject, ApiError>,
 ) -> Result<Json<BulkResponse>, ApiError> {
+    // The extractor knows only the other routes' limit; this route's is its own.
+    let JsonObject(body) = body.map_err(|e| match e {
+        ApiError::PayloadTooLarge(_) => {
+            ApiError::PayloadTooLarge(body_bytes_max(state.ledger.bulk_max()))
+        }
+        other => other,
+    })?;
     let items = transfers_of(body, state.ledger.bulk_max())?;
     let mut results: Vec<Option<BulkResult>> = items.iter().map(|_| None).collect();
     let mut positions = Vec::with_capacity(items.len());

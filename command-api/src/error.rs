@@ -24,8 +24,8 @@ pub enum ApiError {
     /// 400 BAD_REQUEST: the request is malformed (not JSON, not an object, a missing or unknown
     /// field, a field of the wrong type). The message names the problem, never internal text.
     BadRequest(String),
-    /// 413 BAD_REQUEST: the body is larger than the limit.
-    PayloadTooLarge,
+    /// 413 BAD_REQUEST: the body is larger than the route's limit, in bytes.
+    PayloadTooLarge(usize),
     /// 415 BAD_REQUEST: the body is not declared as `application/json`.
     UnsupportedMediaType,
     /// 405 BAD_REQUEST: the route exists but not with this method.
@@ -183,7 +183,7 @@ impl ApiError {
             Self::Forbidden => StatusCode::FORBIDDEN,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
-            Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -201,7 +201,7 @@ impl ApiError {
             Self::Forbidden => ErrorCode::Forbidden,
             Self::NotFound => ErrorCode::NotFound,
             Self::BadRequest(_)
-            | Self::PayloadTooLarge
+            | Self::PayloadTooLarge(_)
             | Self::UnsupportedMediaType
             | Self::MethodNotAllowed
             | Self::RequestTimeout => ErrorCode::BadRequest,
@@ -216,10 +216,9 @@ impl ApiError {
     pub fn message(&self) -> String {
         match self {
             Self::BadRequest(message) => message.clone(),
-            Self::PayloadTooLarge => format!(
-                "request body is larger than {} bytes",
-                crate::config::BODY_BYTES_MAX
-            ),
+            Self::PayloadTooLarge(limit) => {
+                format!("request body is larger than {limit} bytes")
+            }
             Self::UnsupportedMediaType => "request body must be application/json".to_owned(),
             Self::MethodNotAllowed => "method not allowed on this route".to_owned(),
             Self::RequestTimeout => {
@@ -310,7 +309,7 @@ mod tests {
                 400,
                 "BAD_REQUEST",
             ),
-            (ApiError::PayloadTooLarge, 413, "BAD_REQUEST"),
+            (ApiError::PayloadTooLarge(16_384), 413, "BAD_REQUEST"),
             (ApiError::UnsupportedMediaType, 415, "BAD_REQUEST"),
             (ApiError::MethodNotAllowed, 405, "BAD_REQUEST"),
             (ApiError::RequestTimeout, 408, "BAD_REQUEST"),

@@ -84,7 +84,7 @@ pub async fn request_limits(
         BODY_BYTES_MAX as u128
     };
     if declared.is_some_and(|n| n > limit) {
-        return ApiError::PayloadTooLarge.into_response();
+        return ApiError::PayloadTooLarge(BODY_BYTES_MAX).into_response();
     }
     match tokio::time::timeout(limits.request_timeout, next.run(request)).await {
         Ok(response) => response,

@@ -56,7 +56,7 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
         }
         let bytes = Bytes::from_request(request, state).await.map_err(|e| {
             if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::PayloadTooLarge
+                ApiError::PayloadTooLarge(crate::config::BODY_BYTES_MAX)
             } else {
                 ApiError::BadRequest("could not read the request body".into())
             }

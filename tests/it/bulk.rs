@@ -281,6 +281,21 @@ async fn bulk_over_the_maximum_or_not_a_batch_is_refused_whole() {
         assert_eq!(status, 400, "{not_a_batch}: {body}");
         assert_eq!(body["code"], "BAD_REQUEST");
     }
+    // A body over this route's own limit (not the single route's 16 KB) is refused 413, and the
+    // message names the limit that applies here.
+    let limit = application::bulk::body_bytes_max(max);
+    let padded = json!({"transfers": [{"from": "FUNDING", "to": "SPOT", "asset": "USDT",
+        "amount": "1", "cid": "x".repeat(limit)}]});
+    let (status, body) = api
+        .call(Method::POST, BULK, Some(&user), Some(padded))
+        .await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["code"], "BAD_REQUEST");
+    assert_eq!(
+        body["message"],
+        format!("request body is larger than {limit} bytes"),
+        "{body}"
+    );
     assert!(all_req_ids(&api.stack).await.is_empty(), "nothing created");
     // The maximum itself is accepted, every item its own transfer.
     let full: Vec<Value> = (0..max).map(|_| item("FUNDING", "SPOT", "1")).collect();
