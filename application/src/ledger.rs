@@ -426,11 +426,18 @@ impl Ledger {
         }
         let report_json = serde_json::to_value(&report)
             .unwrap_or_else(|_| serde_json::Value::Object(serde_json::Map::new()));
-        sqlx::query("INSERT INTO invariant_checks (ok, report) VALUES ($1, $2)")
-            .bind(report.ok)
-            .bind(&report_json)
-            .execute(pool)
-            .await?;
+        // Bounded as the run history is: the passing reports older than the newest
+        // `RUNS_KEPT` go (a check every minute would otherwise keep half a million a year);
+        // failing ones, each a halt, are all kept.
+        sqlx::query(
+            "WITH new AS (INSERT INTO invariant_checks (ok, report) VALUES ($1, $2) RETURNING id)
+             DELETE FROM invariant_checks WHERE ok AND id <= (SELECT id FROM new) - $3",
+        )
+        .bind(report.ok)
+        .bind(&report_json)
+        .bind(audit::history::RUNS_KEPT)
+        .execute(pool)
+        .await?;
         if !report.ok {
             tracing::error!(
                 alert = "CRITICAL",

@@ -250,3 +250,46 @@ async fn hot_tables_are_vacuumed_by_the_ledger_whatever_autovacuum_does() {
     assert_eq!(open, 0, "no transfer left open");
     s.assert_invariant_exact().await;
 }
+
+/// Years of periodic checks cost a bounded table: each check's report removes the passing
+/// reports older than the newest `RUNS_KEPT`, and keeps every failing one (each was a halt).
+#[tokio::test]
+async fn mon_invariant_reports_stay_bounded_and_keep_every_failing_one() {
+    let api = ApiStack::start().await;
+    let admin = api.token(1, true);
+    let pool = &api.stack.db.pool;
+    let kept = application::audit::history::RUNS_KEPT;
+    // An old failing report, then more passing ones than are kept.
+    sqlx::query("INSERT INTO invariant_checks (ok, report) VALUES (false, '{}')")
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO invariant_checks (ok, report) SELECT true, '{}' FROM generate_series(1, $1)",
+    )
+    .bind(kept + 500)
+    .execute(pool)
+    .await
+    .unwrap();
+    let (status, body) = api
+        .call(Method::GET, "/api/v1/admin/invariant", Some(&admin), None)
+        .await;
+    assert_eq!((status, body["ok"].as_bool()), (200, Some(true)), "{body}");
+    let (passing, failing): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE ok), count(*) FILTER (WHERE NOT ok) FROM invariant_checks",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        passing, kept,
+        "the newest passing reports, the new one among them"
+    );
+    assert_eq!(failing, 1, "a failing report is never removed");
+    let newest_ok: bool =
+        sqlx::query_scalar("SELECT ok FROM invariant_checks ORDER BY id DESC LIMIT 1")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert!(newest_ok);
+}
