@@ -196,25 +196,24 @@ impl Coordinator {
                 .map(|(i, request)| async move { (i, self.cid_key(request).await) }),
         )
         .await;
-        // Then the charges in request order, so a daily limit running out refuses the batch's
-        // last items, as the same requests one after another would be refused.
-        let mut creations = Vec::new();
+        // Then the charges, all at once and in request order, so a daily limit running out
+        // refuses the batch's last items, as the same requests one after another would be.
+        let mut claimed = Vec::new();
         for (i, keyed) in keyed {
-            let claimed = match keyed {
-                Ok(CidKey::Answered(existing)) => {
-                    answers[i] = Some(Ok(existing));
-                    continue;
-                }
-                Ok(CidKey::Key(claimed)) => claimed,
-                Err(e) => {
-                    answers[i] = Some(Err(e));
-                    continue;
-                }
-            };
-            match self.reserve_daily(&requests[i]).await {
+            match keyed {
+                Ok(CidKey::Answered(existing)) => answers[i] = Some(Ok(existing)),
+                Ok(CidKey::Key(key)) => claimed.push((i, key)),
+                Err(e) => answers[i] = Some(Err(e)),
+            }
+        }
+        let indices: Vec<usize> = claimed.iter().map(|&(i, _)| i).collect();
+        let charged = self.reserve_daily_many(requests, &indices).await;
+        let mut creations = Vec::new();
+        for ((i, key), charge) in claimed.into_iter().zip(charged) {
+            match charge {
                 // Generated as late as possible (`horizon.rs`): after the claims and charges.
                 Ok(reservation) => {
-                    let req_id = claimed.unwrap_or_else(|| self.clock.req_id());
+                    let req_id = key.unwrap_or_else(|| self.clock.req_id());
                     creations.push((i, req_id, reservation));
                 }
                 Err(e) => answers[i] = Some(Err(e)),

@@ -280,6 +280,15 @@ impl Bookkeeping for PgBookkeeping {
         Ok(limits::reserve(&self.pool, limits, user, asset, amount, day).await?)
     }
 
+    async fn reserve_daily_many(
+        &self,
+        limits: &DailyLimits,
+        charges: &[limits::Charge],
+        day: NaiveDate,
+    ) -> Result<Vec<Result<(), ErrorCode>>, CoordinatorError> {
+        Ok(limits::reserve_many(&self.pool, limits, charges, day).await?)
+    }
+
     async fn release_daily(
         &self,
         limits: &DailyLimits,

@@ -140,6 +140,25 @@ pub trait Bookkeeping: Send + Sync {
         day: NaiveDate,
     ) -> Result<Result<(), ErrorCode>, CoordinatorError>;
 
+    /// Reserves each of `charges` on `day`, in order, with the answers `reserve_daily` called
+    /// for each, one after another, would give (a store error: nothing reserved). The default
+    /// does exactly that; PostgreSQL's does the batch in one transaction.
+    async fn reserve_daily_many(
+        &self,
+        limits: &DailyLimits,
+        charges: &[crate::limits::Charge],
+        day: NaiveDate,
+    ) -> Result<Vec<Result<(), ErrorCode>>, CoordinatorError> {
+        let mut answers = Vec::with_capacity(charges.len());
+        for (user, asset, amount) in charges {
+            answers.push(
+                self.reserve_daily(limits, *user, asset, *amount, day)
+                    .await?,
+            );
+        }
+        Ok(answers)
+    }
+
     /// Gives back a reservation `reserve_daily` made with the same arguments.
     async fn release_daily(
         &self,

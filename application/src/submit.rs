@@ -244,6 +244,37 @@ impl Coordinator {
         Ok(Some(day))
     }
 
+    /// `reserve_daily` for the requests at `indices`, in that order, in one reservation: one
+    /// answer each (a store error answers every one of them; nothing was reserved then).
+    pub(crate) async fn reserve_daily_many(
+        &self,
+        requests: &[NewTransfer],
+        indices: &[usize],
+    ) -> Vec<Result<Option<NaiveDate>, CoordinatorError>> {
+        if self.daily.is_unlimited() || indices.is_empty() {
+            return indices.iter().map(|_| Ok(None)).collect();
+        }
+        let day = limits::day_of(self.clock.now());
+        let charges: Vec<limits::Charge> = indices
+            .iter()
+            .map(|&i| {
+                let r = &requests[i];
+                (r.user_id, r.asset.clone(), r.amount)
+            })
+            .collect();
+        match self
+            .book
+            .reserve_daily_many(&self.daily, &charges, day)
+            .await
+        {
+            Ok(answers) => answers
+                .into_iter()
+                .map(|a| a.map(|()| Some(day)).map_err(CoordinatorError::Refused))
+                .collect(),
+            Err(e) => indices.iter().map(|_| Err(e.clone())).collect(),
+        }
+    }
+
     /// Gives back a daily-limit charge for a transfer that was not created by this request.
     async fn release_reservation(&self, request: &NewTransfer, reservation: Option<NaiveDate>) {
         let Some(day) = reservation else {

@@ -196,6 +196,108 @@ async fn bulk_rate_and_daily_limits_count_transfers_not_requests() {
     api.stack.assert_invariant_exact().await;
 }
 
+/// The daily limits charge a batch at once (one reservation for all its items), with the
+/// answers the same items sent one after another would get: per user, in request order, the
+/// count and each asset's amount apart. Batches and single requests racing at the limit never
+/// pass it together.
+#[tokio::test]
+async fn bulk_daily_limits_charge_the_batch_at_once_as_one_item_after_another() {
+    let limits = command_api::ratelimit::LimitsConfig {
+        requests_per_second: None,
+        daily: DailyLimits {
+            count_max: Some(3),
+            amount_max: [(domain::AssetSymbol::parse("USDT").unwrap(), dec("10"))]
+                .into_iter()
+                .collect(),
+        },
+    };
+    let api = ApiStack::start_with_limits(limits).await;
+    for user in [1, 2, 3] {
+        api.stack.deposit(user, "USDT", "100").await;
+        api.stack.deposit(user, "ETH", "100").await;
+    }
+    let admin = api.token(9, true);
+    let of = |user: u64, asset: &str, amount: &str| {
+        let mut item = json!({"from": "FUNDING", "to": "SPOT", "asset": asset, "amount": amount});
+        item["user_id"] = json!(user);
+        item
+    };
+    let items = vec![
+        of(1, "USDT", "11"), // over the day's amount alone
+        of(1, "USDT", "6"),
+        of(2, "USDT", "10"), // another user's own counters
+        of(1, "USDT", "5"),  // 11 in the day
+        of(1, "ETH", "50"),  // no amount limit on ETH
+        of(1, "USDT", "4"),  // the third transfer, 10 in the day
+        of(1, "ETH", "1"),   // a fourth
+    ];
+    let (status, results) = bulk(&api, &admin, items).await;
+    assert_eq!(status, 200);
+    let codes: Vec<&str> = results
+        .iter()
+        .map(|r| r["code"].as_str().or(r["state"].as_str()).unwrap_or("?"))
+        .collect();
+    assert_eq!(
+        codes,
+        [
+            "DAILY_AMOUNT_EXCEEDED",
+            "COMMITTED",
+            "COMMITTED",
+            "DAILY_AMOUNT_EXCEEDED",
+            "COMMITTED",
+            "COMMITTED",
+            "DAILY_LIMIT_EXCEEDED"
+        ]
+    );
+    assert_eq!(api.stack.funding_balance(1, "USDT").await, dec("90"));
+    assert_eq!(api.stack.funding_balance(1, "ETH").await, dec("50"));
+    // The single route sees the same counters: user 1's day is used up, user 2's amount too.
+    let single = |user: u64, asset: &'static str| {
+        let api = &api;
+        async move {
+            let (_, body) = api
+                .call(
+                    Method::POST,
+                    "/api/v1/internal_transfer",
+                    Some(&api.token(user, false)),
+                    Some(json!({"from": "FUNDING", "to": "SPOT", "asset": asset, "amount": "1"})),
+                )
+                .await;
+            body["code"]
+                .as_str()
+                .or(body["state"].as_str())
+                .unwrap_or("?")
+                .to_owned()
+        }
+    };
+    assert_eq!(single(1, "ETH").await, "DAILY_LIMIT_EXCEEDED");
+    assert_eq!(single(2, "USDT").await, "DAILY_AMOUNT_EXCEEDED");
+    // Racing: four batches of three and three single requests for user 3, who may make three.
+    let batch = || {
+        let api = &api;
+        let admin = admin.clone();
+        async move {
+            let items = (0..3).map(|_| of(3, "ETH", "1")).collect();
+            let (status, results) = bulk(api, &admin, items).await;
+            assert_eq!(status, 200);
+            results.iter().filter(|r| r["state"] == "COMMITTED").count()
+        }
+    };
+    let (b1, b2, b3, b4, s1, s2, s3) = tokio::join!(
+        batch(),
+        batch(),
+        batch(),
+        batch(),
+        single(3, "ETH"),
+        single(3, "ETH"),
+        single(3, "ETH")
+    );
+    let singles = [s1, s2, s3].iter().filter(|s| *s == "COMMITTED").count();
+    assert_eq!(b1 + b2 + b3 + b4 + singles, 3, "exactly the day's three");
+    assert_eq!(api.stack.funding_balance(3, "ETH").await, dec("97"));
+    api.stack.assert_invariant_exact().await;
+}
+
 #[tokio::test]
 async fn bulk_admin_names_a_user_per_item_and_a_user_moves_only_its_own_money() {
     let api = ApiStack::start().await;
