@@ -17,8 +17,20 @@ use tokio_tungstenite::tungstenite::Message;
 use crate::helpers::{ApiStack, Stack, JWT_SECRET};
 use crate::procs::LedgerProcess;
 
-/// What a victim must still get while an attack runs.
+/// What a victim must still get while an attack runs, on a quiet machine.
 const VICTIM_LATENCY_MAX: Duration = Duration::from_secs(1);
+
+/// How much slower than without the attack the victim's slowest answer may be on a busy one.
+const VICTIM_SLOWDOWN_MAX: u32 = 4;
+
+/// The victim's bound in this run: [`VICTIM_LATENCY_MAX`], or a few times its slowest answer
+/// without the attack when a shared machine (the suite's other tests, a build) already makes it
+/// slow. Starvation (an answer held until the attack stops, or a timeout) passes neither.
+async fn victim_bound(base: &str) -> Duration {
+    let unattacked = victim(base.to_owned(), 900, Duration::from_secs(2)).await;
+    eprintln!("victim's slowest answer without an attack: {unattacked:?}");
+    VICTIM_LATENCY_MAX.max(unattacked * VICTIM_SLOWDOWN_MAX)
+}
 
 fn token(user: u64, admin: bool, ttl: Duration) -> String {
     command_api::mint(JWT_SECRET, domain::UserId::new(user).unwrap(), admin, ttl)
@@ -130,6 +142,7 @@ async fn atk_graphql_fragment_fan_out_is_refused_at_once_while_others_are_served
         "{body}"
     );
 
+    let bound = victim_bound(&base).await;
     // Four attackers sending n = 24 and n = 29 in a loop while the victim works.
     let attacks: Vec<_> = (0..4)
         .map(|i| {
@@ -145,7 +158,10 @@ async fn atk_graphql_fragment_fan_out_is_refused_at_once_while_others_are_served
         .collect();
     let slowest = victim(base.clone(), 900, Duration::from_secs(3)).await;
     eprintln!("victim's slowest answer under the fan-out attack: {slowest:?}");
-    assert!(slowest < VICTIM_LATENCY_MAX, "victim waited {slowest:?}");
+    assert!(
+        slowest < bound,
+        "victim waited {slowest:?} (bound {bound:?})"
+    );
     for attack in &attacks {
         assert!(
             !attack.is_finished(),
@@ -224,6 +240,7 @@ async fn atk_graphql_alias_amplification_cannot_starve_another_users_transfer() 
     let widest_allowed = format!("{{ {widest_allowed} }}");
     let (_, body) = gql(&http, &base, &attacker, &widest_allowed).await;
     assert!(body.get("errors").is_none(), "{body}");
+    let bound = victim_bound(&base).await;
     let answered = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let attacks: Vec<_> = (0..4)
         .map(|_| {
@@ -243,7 +260,10 @@ async fn atk_graphql_alias_amplification_cannot_starve_another_users_transfer() 
         "victim's slowest answer under alias amplification: {slowest:?} ({attack_requests} attack requests answered)"
     );
     assert!(attack_requests > 0, "the attack ran");
-    assert!(slowest < VICTIM_LATENCY_MAX, "victim waited {slowest:?}");
+    assert!(
+        slowest < bound,
+        "victim waited {slowest:?} (bound {bound:?})"
+    );
     for attack in attacks {
         attack.abort();
     }
@@ -307,6 +327,7 @@ async fn atk_slow_clients_cannot_hold_connections_descriptors_or_the_server() {
     let base = ledger.base.clone();
     let addr = base.trim_start_matches("http://").to_owned();
     let port: u16 = addr.rsplit_once(':').unwrap().1.parse().unwrap();
+    let bound = victim_bound(&base).await;
     let fds_before = open_fds(ledger.pid());
     let user_token = token(903, false, Duration::from_secs(600));
 
@@ -350,7 +371,10 @@ async fn atk_slow_clients_cannot_hold_connections_descriptors_or_the_server() {
     eprintln!(
         "slow clients: victim's slowest {slowest:?}; descriptors {fds_before} before, {fds_during} during; {held_during} connections held"
     );
-    assert!(slowest < VICTIM_LATENCY_MAX, "victim waited {slowest:?}");
+    assert!(
+        slowest < bound,
+        "victim waited {slowest:?} (bound {bound:?})"
+    );
     // The per-address cap (64), plus the victim's own connection.
     assert!(
         held_during <= 64 + 2,
