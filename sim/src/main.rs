@@ -1,11 +1,12 @@
 //! `ledger-sim`: runs the deterministic simulation over many seeds, or replays one with a trace.
 //!
 //! ```text
-//! ledger-sim --seeds N [--from S] [--transfers T] [--plant BUG] [--tight]
-//! ledger-sim --seed S [--trace] [--transfers T] [--plant BUG] [--tight]
+//! ledger-sim --seeds N [--from S] [--transfers T] [--plant BUG] [--tight] [--bulk]
+//! ledger-sim --seed S [--trace] [--transfers T] [--plant BUG] [--tight] [--bulk]
 //! ```
 //!
 //! `--tight`: the tightest recovery settings an operator can configure (see `Config::tight`).
+//! `--bulk`: the users also send batches through the bulk path (see `Config::bulk`).
 //!
 //! Many seeds: the rate, the faults injected by kind, each failing seed with its replay command
 //! (the first one's own trace lines too), and last `N seeds, M violations`. One seed: its whole
@@ -53,7 +54,7 @@ fn focused_trace(trace: &[String], violation: &str) -> Vec<String> {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: ledger-sim --seeds N [--from S] [--transfers T] [--plant BUG] [--tight]\n       ledger-sim --seed S [--trace] [--transfers T] [--plant BUG] [--tight]\nbugs: {}",
+        "usage: ledger-sim --seeds N [--from S] [--transfers T] [--plant BUG] [--tight] [--bulk]\n       ledger-sim --seed S [--trace] [--transfers T] [--plant BUG] [--tight] [--bulk]\nbugs: {}",
         Bug::ALL.map(Bug::name).join(", ")
     );
     ExitCode::from(2)
@@ -70,12 +71,14 @@ fn main() -> ExitCode {
         plant: None,
         trace: false,
         tight: false,
+        bulk: false,
     };
     let mut i = 0;
     while i < args.len() {
-        if args[i] == "--trace" || args[i] == "--tight" {
+        if matches!(args[i].as_str(), "--trace" | "--tight" | "--bulk") {
             config.trace |= args[i] == "--trace";
             config.tight |= args[i] == "--tight";
+            config.bulk |= args[i] == "--bulk";
             i += 1;
             continue;
         }
@@ -135,10 +138,18 @@ fn main() -> ExitCode {
             continue;
         };
         failing += 1;
-        let plant = config
+        let mut plant = config
             .plant
             .map(|b| format!(" --plant {}", b.name()))
             .unwrap_or_default();
+        for (on, flag) in [(config.tight, " --tight"), (config.bulk, " --bulk")] {
+            if on {
+                plant.push_str(flag);
+            }
+        }
+        if config.transfers != 12 {
+            plant.push_str(&format!(" --transfers {}", config.transfers));
+        }
         say!("seed {seed}: VIOLATION {first} (replay: ledger-sim --seed {seed} --trace{plant})");
         if failing == 1 {
             // The first failing seed again, traced: its violating transfer's own lines.

@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use adapters::SpotAdapter;
 use application::plant::Bug;
-use application::{Coordinator, DailyLimits, NewTransfer, Ports};
+use application::{Coordinator, CoordinatorError, DailyLimits, NewTransfer, Ports};
 use domain::{
     AccountPort, AccountType, Amount, AssetRegistry, AssetStatus, AssetSymbol, ReqId, Resolution,
-    TransferState, UserId,
+    TransferData, TransferState, UserId,
 };
 use recovery::{RecoveryConfig, RecoveryWorker};
 use rust_decimal::Decimal;
@@ -53,6 +53,10 @@ pub struct Config {
     /// `LEDGER_RECOVERY_LEASE_MS` allows), and an idempotency retention of 8 s (claims
     /// re-keyed within seconds).
     pub tight: bool,
+    /// The users also send batches (`Coordinator::submit_many`, the bulk route's core): about
+    /// half the requests go in batches of 2 to 6, some with an item repeated inside, and a
+    /// repeated batch is sent whole again.
+    pub bulk: bool,
 }
 
 /// What a run came to.
@@ -183,7 +187,7 @@ pub fn run(seed: u64, config: &Config) -> Report {
     for (i, proc) in LEDGERS.iter().enumerate() {
         start_worker(&sim, &ledgers[i], *proc, 0);
     }
-    spawn_users(&sim, &ledgers, config.transfers);
+    spawn_users(&sim, &ledgers, config.transfers, config.bulk);
     spawn_operator(&sim, &ledgers);
     spawn_admin(&sim, &registry);
 
@@ -375,20 +379,36 @@ fn new_transfer(sim: &Sim, n: usize) -> NewTransfer {
 }
 
 /// The users: `transfers` requests at random times into a random ledger process, a third of
-/// them repeated (the same cid and body) later or at once.
-fn spawn_users(sim: &Sim, ledgers: &Arc<Vec<Ledger>>, transfers: usize) {
+/// them repeated (the same cid and body) later or at once. With `bulk`, about half of them go in
+/// batches of 2 to 6 (an item now and then twice in its batch), repeated whole.
+fn spawn_users(sim: &Sim, ledgers: &Arc<Vec<Ledger>>, transfers: usize, bulk: bool) {
     let s = sim.clone();
     let ledgers = ledgers.clone();
     sim.rt.spawn(OUTSIDE, Role::Client, async move {
-        for n in 0..transfers {
+        let mut n = 0;
+        while n < transfers {
             let pause = s.rt.with_rng(|r| r.between(0, 1_500));
             s.rt.sleep(Duration::from_millis(pause)).await;
-            let request = new_transfer(&s, n);
-            let copies = if request.cid.is_some() && s.rt.with_rng(|r| r.chance(333)) {
-                2
+            let size = if bulk && s.rt.with_rng(|r| r.chance(500)) {
+                usize::try_from(s.rt.with_rng(|r| r.between(2, 6))).unwrap_or(2)
             } else {
                 1
             };
+            let mut batch: Vec<NewTransfer> = Vec::new();
+            for _ in 0..size.min(transfers - n) {
+                batch.push(new_transfer(&s, n));
+                n += 1;
+            }
+            if batch.len() > 1 && s.rt.with_rng(|r| r.chance(200)) {
+                let twice = batch[s.rt.with_rng(|r| r.index(batch.len()))].clone();
+                batch.push(twice);
+            }
+            let copies =
+                if batch.iter().any(|r| r.cid.is_some()) && s.rt.with_rng(|r| r.chance(333)) {
+                    2
+                } else {
+                    1
+                };
             for copy in 0..copies {
                 let delay = if copy == 0 {
                     0
@@ -397,42 +417,58 @@ fn spawn_users(sim: &Sim, ledgers: &Arc<Vec<Ledger>>, transfers: usize) {
                 };
                 let i = s.rt.with_rng(|r| r.index(ledgers.len()));
                 let coordinator = ledgers[i].coordinator.clone();
-                let request = request.clone();
+                let batch = batch.clone();
                 let sim = s.clone();
                 s.rt.spawn(LEDGERS[i], Role::Request, async move {
                     sim.rt.sleep(Duration::from_millis(delay)).await;
-                    sim.world().note(|| {
-                        format!(
-                            "request {:?} user {} {}->{} {} {}",
-                            request.cid,
-                            request.user_id,
-                            request.from,
-                            request.to,
-                            request.amount,
-                            request.asset
-                        )
-                    });
-                    let answer = coordinator.submit(request.clone()).await;
+                    for request in &batch {
+                        sim.world().note(|| {
+                            format!(
+                                "request {:?} user {} {}->{} {} {}{}",
+                                request.cid,
+                                request.user_id,
+                                request.from,
+                                request.to,
+                                request.amount,
+                                request.asset,
+                                if batch.len() > 1 { " (in a batch)" } else { "" }
+                            )
+                        });
+                    }
+                    let answers = if let [request] = batch.as_slice() {
+                        vec![coordinator.submit(request.clone()).await]
+                    } else {
+                        coordinator.submit_many(batch.clone()).await
+                    };
                     let mut w = sim.world();
-                    match &answer {
-                        Ok(data) => {
-                            let id = data.req_id.to_string();
-                            w.note(|| {
-                                format!("answer {:?}: {} {}", request.cid, short(&id), data.state)
-                            });
-                            if let Some(cid) = &request.cid {
-                                w.answers
-                                    .entry((request.user_id.get(), cid.clone()))
-                                    .or_default()
-                                    .insert(id);
-                            }
-                        }
-                        Err(e) => w.note(|| format!("answer {:?}: error {e}", request.cid)),
+                    for (request, answer) in batch.iter().zip(&answers) {
+                        record_answer(&mut w, request, answer);
                     }
                 });
             }
         }
     });
+}
+
+/// Notes a request's answer, and which transfer it named for its client key.
+fn record_answer(
+    w: &mut World,
+    request: &NewTransfer,
+    answer: &Result<TransferData, CoordinatorError>,
+) {
+    match answer {
+        Ok(data) => {
+            let id = data.req_id.to_string();
+            w.note(|| format!("answer {:?}: {} {}", request.cid, short(&id), data.state));
+            if let Some(cid) = &request.cid {
+                w.answers
+                    .entry((request.user_id.get(), cid.clone()))
+                    .or_default()
+                    .insert(id);
+            }
+        }
+        Err(e) => w.note(|| format!("answer {:?}: error {e}", request.cid)),
+    }
 }
 
 /// The operator: now and then resolves an open transfer by hand (never forced), APPLIED or

@@ -11,6 +11,7 @@ fn config(plant: Option<Bug>, trace: bool) -> Config {
         plant,
         trace,
         tight: false,
+        bulk: false,
     }
 }
 
@@ -52,6 +53,41 @@ fn the_real_code_passes_with_the_tightest_recovery_settings() {
             report.violations
         );
     }
+}
+
+/// The bulk path (`Coordinator::submit_many`, the bulk route's core: one append, one call of
+/// each account system and one append of outcomes per round of a batch) under every fault kind.
+#[test]
+fn the_real_code_passes_with_batches() {
+    let bulk = Config {
+        bulk: true,
+        ..config(None, false)
+    };
+    let traced = run(
+        5,
+        &Config {
+            trace: true,
+            ..bulk.clone()
+        },
+    );
+    assert!(
+        traced.trace.iter().any(|l| l.contains("(in a batch)")),
+        "batches are sent"
+    );
+    for seed in 0..500 {
+        let report = run(seed, &bulk);
+        assert!(
+            report.violations.is_empty(),
+            "seed {seed}: {:?} (replay: ledger-sim --seed {seed} --trace --bulk)",
+            report.violations
+        );
+    }
+    // A bug in what the batch path shares with the single one is found with batches too.
+    let planted = Config {
+        plant: Some(Bug::CompensateOnUnknown),
+        ..bulk
+    };
+    assert!((0..100).any(|seed| !run(seed, &planted).violations.is_empty()));
 }
 
 #[test]
