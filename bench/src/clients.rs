@@ -109,6 +109,31 @@ impl Run {
     }
 }
 
+/// Client ids (`cid`) for a run whose transfers each carry one, as a careful client sends them:
+/// unique across runs and clients (a run's prefix, then a counter).
+#[derive(Debug)]
+pub(crate) struct Cids {
+    prefix: String,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl Cids {
+    pub(crate) fn new() -> Arc<Self> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        Arc::new(Self {
+            prefix: format!("bench-{nanos}-"),
+            next: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    fn take(&self) -> String {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("{}{n}", self.prefix)
+    }
+}
+
 /// Drives transfers from one task per client until `duration` is over. A client signs in as each
 /// of its users in turn (one token each) and alternates each user's direction, FUNDING→SPOT then
 /// back, 1 USDT at a time, so balances never run out.
@@ -119,7 +144,7 @@ pub(crate) async fn drive(
     duration: Duration,
     pids: Pids,
 ) -> anyhow::Result<Run> {
-    drive_batches(http, base, users, duration, pids, 1).await
+    drive_batches(http, base, users, duration, pids, 1, None).await
 }
 
 /// `drive` with `bulk` transfers per request: with more than one, each request is a batch to
@@ -131,6 +156,7 @@ pub(crate) async fn drive_batches(
     duration: Duration,
     pids: Pids,
     bulk: usize,
+    cids: Option<Arc<Cids>>,
 ) -> anyhow::Result<Run> {
     let bulk = bulk.max(1);
     let not_committed = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -145,6 +171,7 @@ pub(crate) async fn drive_batches(
             _ => format!("{base}/api/v1/internal_transfers"),
         };
         let not_committed = not_committed.clone();
+        let cids = cids.clone();
         tasks.push(tokio::spawn(async move {
             let mut mine = Vec::new();
             let mut committed = 0u64;
@@ -152,9 +179,15 @@ pub(crate) async fn drive_batches(
             let mut turn = 0;
             while Instant::now() < deadline {
                 let t0 = Instant::now();
+                let cid = || cids.as_ref().map(|c| c.take());
                 let done = match bulk {
-                    1 => u64::from(transfer_one(&http, &url, &tokens[turn], to_spot[turn]).await),
-                    n => transfer_batch(&http, &url, &tokens[turn], to_spot[turn], n).await,
+                    1 => u64::from(
+                        transfer_one(&http, &url, &tokens[turn], to_spot[turn], cid()).await,
+                    ),
+                    n => {
+                        let cids = (0..n).map(|_| cid()).collect();
+                        transfer_batch(&http, &url, &tokens[turn], to_spot[turn], cids).await
+                    }
                 };
                 committed += done;
                 let missed = bulk as u64 - done;
@@ -190,6 +223,20 @@ pub(crate) async fn drive_batches(
     })
 }
 
+/// One transfer's body: 1 USDT FUNDING→SPOT when `to_spot`, else back, with its `cid` if any.
+fn transfer_body(to_spot: bool, cid: Option<String>) -> serde_json::Value {
+    let (from, to) = if to_spot {
+        ("FUNDING", "SPOT")
+    } else {
+        ("SPOT", "FUNDING")
+    };
+    let mut body = json!({"from": from, "to": to, "asset": "USDT", "amount": "1"});
+    if let Some(cid) = cid {
+        body["cid"] = json!(cid);
+    }
+    body
+}
+
 /// One transfer of 1 USDT as `token`'s user, FUNDING→SPOT when `to_spot`, else back; whether it
 /// was answered COMMITTED.
 pub(crate) async fn transfer_one(
@@ -197,16 +244,12 @@ pub(crate) async fn transfer_one(
     url: &str,
     token: &str,
     to_spot: bool,
+    cid: Option<String>,
 ) -> bool {
-    let (from, to) = if to_spot {
-        ("FUNDING", "SPOT")
-    } else {
-        ("SPOT", "FUNDING")
-    };
     let r = http
         .post(url)
         .bearer_auth(token)
-        .json(&json!({"from": from, "to": to, "asset": "USDT", "amount": "1"}))
+        .json(&transfer_body(to_spot, cid))
         .send()
         .await;
     match r {
@@ -219,22 +262,21 @@ pub(crate) async fn transfer_one(
     }
 }
 
-/// One batch of `n` transfers of 1 USDT as `token`'s user, all FUNDING→SPOT when `to_spot`, else
-/// all back; how many were answered COMMITTED.
+/// One batch of transfers of 1 USDT as `token`'s user (one per entry of `cids`, each with its
+/// cid if any), all FUNDING→SPOT when `to_spot`, else all back; how many were answered
+/// COMMITTED.
 pub(crate) async fn transfer_batch(
     http: &reqwest::Client,
     url: &str,
     token: &str,
     to_spot: bool,
-    n: usize,
+    cids: Vec<Option<String>>,
 ) -> u64 {
-    let (from, to) = if to_spot {
-        ("FUNDING", "SPOT")
-    } else {
-        ("SPOT", "FUNDING")
-    };
-    let item = json!({"from": from, "to": to, "asset": "USDT", "amount": "1"});
-    let body = json!({ "transfers": vec![item; n] });
+    let items: Vec<_> = cids
+        .into_iter()
+        .map(|cid| transfer_body(to_spot, cid))
+        .collect();
+    let body = json!({ "transfers": items });
     let Ok(r) = http.post(url).bearer_auth(token).json(&body).send().await else {
         return 0;
     };

@@ -694,7 +694,7 @@ async fn make_transfers(
                 if made.load(Ordering::Relaxed) >= until {
                     return Ok::<(), anyhow::Error>(());
                 }
-                if crate::clients::transfer_one(&http, &url, &token, to_spot).await {
+                if crate::clients::transfer_one(&http, &url, &token, to_spot, None).await {
                     made.fetch_add(1, Ordering::Relaxed);
                     to_spot = !to_spot;
                     failures = 0;

@@ -51,6 +51,10 @@ pub struct Args {
     /// client count.
     #[arg(long, value_delimiter = ',', default_value = "1")]
     pub(crate) bulk: Vec<usize>,
+    /// Every transfer carries its own client id (`cid`), as a careful client sends one, so the
+    /// runs also pay the cid's claim and the append's claim guard; without it none does.
+    #[arg(long)]
+    pub(crate) cid: bool,
     /// How long to drive transfers, per run.
     #[arg(long, default_value_t = 20)]
     pub(crate) seconds: u64,
@@ -82,11 +86,12 @@ impl Args {
     }
 }
 
-/// A run's name: its clients, and its batch size in a bulk run.
-fn label(clients: usize, bulk: usize) -> String {
+/// A run's name: its clients, its batch size in a bulk run, and whether each transfer has a cid.
+fn label(clients: usize, bulk: usize, cid: bool) -> String {
+    let cid = if cid { ", cid" } else { "" };
     match bulk {
-        1 => format!("{clients} clients"),
-        _ => format!("{clients} clients, bulk {bulk}"),
+        1 => format!("{clients} clients{cid}"),
+        _ => format!("{clients} clients, bulk {bulk}{cid}"),
     }
 }
 
@@ -272,9 +277,10 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
                 Duration::from_secs(args.seconds),
                 pids,
                 bulk,
+                args.cid.then(crate::clients::Cids::new),
             )
             .await?;
-            runs.push((label(n, bulk), run));
+            runs.push((label(n, bulk, args.cid), run));
         }
     }
     if let Some(tx) = old_snapshot {
