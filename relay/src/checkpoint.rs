@@ -26,7 +26,13 @@ impl Leadership {
         stream: &str,
         instance: &str,
     ) -> Result<Option<Self>, sqlx::Error> {
-        let mut conn = pool.connect_options().connect().await?;
+        // Bounded as the pool's own connections are: a server that accepted and never answers
+        // must not hold the relay's leadership loop.
+        let options = pool.connect_options();
+        let mut conn =
+            tokio::time::timeout(pool.options().get_acquire_timeout(), options.connect())
+                .await
+                .map_err(|_| sqlx::Error::PoolTimedOut)??;
         let taken: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, hashtext($2))")
             .bind(LOCK_CLASS)
             .bind(stream)

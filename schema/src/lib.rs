@@ -23,9 +23,26 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The database used when `DATABASE_URL` is unset.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/ledger";
 
+/// How long creating the database at startup may take, its connection included. Every step is
+/// bounded: a connection the network left half-open (a forwarder or a server that vanished
+/// without a word after accepting it) would otherwise hold a starting process forever, never
+/// serving and never exiting so that its supervisor starts it again.
+pub const ENSURE_DATABASE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Creates the database named in `url` if it does not exist yet, by connecting to the server's
-/// `postgres` database.
+/// `postgres` database; an error after [`ENSURE_DATABASE_TIMEOUT`] (its connection after
+/// `ACQUIRE_TIMEOUT`) instead of waiting on a server that does not answer.
 pub async fn ensure_database(url: &str) -> anyhow::Result<()> {
+    tokio::time::timeout(ENSURE_DATABASE_TIMEOUT, ensure_database_unbounded(url))
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "the PostgreSQL server did not answer within {ENSURE_DATABASE_TIMEOUT:?} while the database was checked"
+            )
+        })?
+}
+
+async fn ensure_database_unbounded(url: &str) -> anyhow::Result<()> {
     let servers = failover::Servers::parse(url)?;
     let options = if servers.options.len() > 1 {
         // Asked on the server's own database: the one named may not exist yet.
@@ -43,9 +60,13 @@ pub async fn ensure_database(url: &str) -> anyhow::Result<()> {
         .context("DATABASE_URL names no database")?
         .to_owned();
     let admin = options.clone().database("postgres");
-    let mut conn = admin
-        .connect()
+    let mut conn = tokio::time::timeout(ACQUIRE_TIMEOUT, admin.connect())
         .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "the PostgreSQL server did not answer a connection within {ACQUIRE_TIMEOUT:?}"
+            )
+        })?
         .context("connect to the PostgreSQL server (is it running?)")?;
     let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
         .bind(&name)

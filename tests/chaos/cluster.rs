@@ -67,13 +67,23 @@ fn spawn_ready(
             .spawn()
             .context("spawn")?;
         let stdout = child.stdout.take().context("stdout")?;
-        let mut lines = BufReader::new(stdout).lines();
+        // The lines are read on their own thread, so a process that hangs silently (it once
+        // waited forever on a half-open database connection at startup) is given up at the
+        // deadline instead of holding the run.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    // Nobody waits any more: the rest is drained unread.
+                    continue;
+                }
+            }
+        });
         // Other lines may come first (`ledger metrics on ...`); the ready line ends the wait.
-        for line in lines.by_ref() {
-            let Ok(line) = line else { break };
+        while let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             if let Some(rest) = line.strip_prefix(ready) {
                 let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
-                std::thread::spawn(move || for _ in lines {});
                 return Ok((Proc(child), addr));
             }
         }

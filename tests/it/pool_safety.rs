@@ -67,3 +67,41 @@ async fn a_pooled_connection_left_inside_a_transaction_is_never_handed_out() {
     .unwrap();
     assert_eq!(open, 0, "no session is left inside a transaction");
 }
+
+/// A server that accepts the connection and never answers (what a starting ledger meets behind
+/// a forwarder whose far side vanished, or a blackholed server: its SSLRequest is never
+/// answered). Found by the chaos run with network faults, where a restarted `ledger serve` waited
+/// on such a connection for 37 minutes, never serving and never exiting. Creating the database
+/// and connecting the pool now end with an error within their bounds, so the process exits and
+/// its supervisor starts it again.
+#[tokio::test]
+async fn cra_a_server_that_accepts_and_never_answers_fails_startup_within_a_bound() {
+    // The kernel completes the handshake from the backlog; nothing ever reads or answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{}/ledger?sslmode=disable",
+        silent.local_addr().unwrap().port()
+    );
+    let started = std::time::Instant::now();
+    let ensured = tokio::time::timeout(Duration::from_secs(60), schema::ensure_database(&url))
+        .await
+        .expect("creating the database must not wait forever");
+    let err = ensured.expect_err("nothing answered");
+    assert!(err.to_string().contains("did not answer"), "{err:#}");
+    assert!(
+        started.elapsed() < schema::ENSURE_DATABASE_TIMEOUT,
+        "{:?}",
+        started.elapsed()
+    );
+    let started = std::time::Instant::now();
+    let pooled = tokio::time::timeout(Duration::from_secs(60), schema::connect(&url, 2))
+        .await
+        .expect("connecting the pool must not wait forever");
+    assert!(pooled.is_err(), "nothing answered");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(silent);
+}
