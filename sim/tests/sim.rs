@@ -15,17 +15,22 @@ fn config(plant: Option<Bug>, trace: bool) -> Config {
     }
 }
 
-#[test]
-fn the_real_code_passes_a_bounded_run_of_seeds() {
-    let clean = config(None, false);
-    for seed in 0..1_000 {
-        let report = run(seed, &clean);
+/// Seeds 0 to `seeds` run without a violation; a failure names its replay command (`flags`
+/// are the run's own).
+fn assert_clean(config: &Config, seeds: u64, flags: &str) {
+    for seed in 0..seeds {
+        let report = run(seed, config);
         assert!(
             report.violations.is_empty(),
-            "seed {seed}: {:?} (replay: ledger-sim --seed {seed} --trace)",
+            "seed {seed}: {:?} (replay: ledger-sim --seed {seed} --trace{flags})",
             report.violations
         );
     }
+}
+
+#[test]
+fn the_real_code_passes_a_bounded_run_of_seeds() {
+    assert_clean(&config(None, false), 1_000, "");
 }
 
 /// Seeds within which each planted bug must be found (from seed 0); found at, when written:
@@ -45,14 +50,7 @@ fn the_real_code_passes_with_the_tightest_recovery_settings() {
         tight: true,
         ..config(None, false)
     };
-    for seed in 0..300 {
-        let report = run(seed, &tight);
-        assert!(
-            report.violations.is_empty(),
-            "seed {seed}: {:?} (replay: ledger-sim --seed {seed} --trace --tight)",
-            report.violations
-        );
-    }
+    assert_clean(&tight, 300, " --tight");
 }
 
 /// The bulk path (`Coordinator::submit_many`, the bulk route's core: one append, one call of
@@ -74,14 +72,7 @@ fn the_real_code_passes_with_batches() {
         traced.trace.iter().any(|l| l.contains("(in a batch)")),
         "batches are sent"
     );
-    for seed in 0..500 {
-        let report = run(seed, &bulk);
-        assert!(
-            report.violations.is_empty(),
-            "seed {seed}: {:?} (replay: ledger-sim --seed {seed} --trace --bulk)",
-            report.violations
-        );
-    }
+    assert_clean(&bulk, 500, " --bulk");
     // A bug in what the batch path shares with the single one is found with batches too.
     let planted = Config {
         plant: Some(Bug::CompensateOnUnknown),

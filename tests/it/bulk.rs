@@ -37,6 +37,18 @@ fn code(result: &Value) -> &str {
     result["code"].as_str().unwrap_or("")
 }
 
+/// Each result's refusal code, or its transfer's state.
+fn outcomes(results: &[Value]) -> Vec<&str> {
+    results.iter().map(outcome).collect()
+}
+
+fn outcome(result: &Value) -> &str {
+    result["code"]
+        .as_str()
+        .or(result["state"].as_str())
+        .unwrap_or("?")
+}
+
 #[tokio::test]
 async fn bulk_items_are_checked_one_by_one_in_seed_order_and_answered_in_request_order() {
     let api = ApiStack::start().await;
@@ -175,12 +187,8 @@ async fn bulk_rate_and_daily_limits_count_transfers_not_requests() {
     items.extend((0..7).map(|_| item("FUNDING", "SPOT", "1")));
     let (status, results) = bulk(&api, &user, items).await;
     assert_eq!(status, 200);
-    let codes: Vec<&str> = results
-        .iter()
-        .map(|r| r["code"].as_str().or(r["state"].as_str()).unwrap_or("?"))
-        .collect();
     assert_eq!(
-        codes,
+        outcomes(&results),
         [
             "INVALID_AMOUNT",
             "COMMITTED",
@@ -233,12 +241,8 @@ async fn bulk_daily_limits_charge_the_batch_at_once_as_one_item_after_another() 
     ];
     let (status, results) = bulk(&api, &admin, items).await;
     assert_eq!(status, 200);
-    let codes: Vec<&str> = results
-        .iter()
-        .map(|r| r["code"].as_str().or(r["state"].as_str()).unwrap_or("?"))
-        .collect();
     assert_eq!(
-        codes,
+        outcomes(&results),
         [
             "DAILY_AMOUNT_EXCEEDED",
             "COMMITTED",
@@ -263,11 +267,7 @@ async fn bulk_daily_limits_charge_the_batch_at_once_as_one_item_after_another() 
                     Some(json!({"from": "FUNDING", "to": "SPOT", "asset": asset, "amount": "1"})),
                 )
                 .await;
-            body["code"]
-                .as_str()
-                .or(body["state"].as_str())
-                .unwrap_or("?")
-                .to_owned()
+            outcome(&body).to_owned()
         }
     };
     assert_eq!(single(1, "ETH").await, "DAILY_LIMIT_EXCEEDED");
