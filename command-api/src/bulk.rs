@@ -66,7 +66,9 @@ pub enum BulkResult {
 /// repeated in a later batch or the single route gets the original transfer; the same `cid`
 /// twice in one batch is one transfer with the same body, and refused
 /// IDEMPOTENCY_KEY_REUSED for the later item with another body. The per-second rate and the
-/// daily limits count transfers, not requests. More than `LEDGER_BULK_TRANSFERS_MAX` items
+/// daily limits count transfers, not requests. The items are moved side by side, not one after
+/// another: an item cannot count on an earlier item's effect (send such a transfer in a later
+/// request). More than `LEDGER_BULK_TRANSFERS_MAX` items
 /// (1,000 by default) is refused whole, 400 BAD_REQUEST.
 #[utoipa::path(post, path = "/api/v1/internal_transfers",
     request_body = BulkRequest,
