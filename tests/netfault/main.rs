@@ -44,8 +44,9 @@ fn server_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned())
 }
 
-/// One ledger, no SIGKILL, one fault of one kind on one path once half the transfers started.
-async fn fault_run(path: PathTo, fault: Fault) -> Report {
+/// 240 transfers from 8 clients through one ledger, nothing killed, small snapshots: the run
+/// every test here puts its faults on.
+fn one_ledger_run() -> Config {
     let mut c = Config::new(240, 0, bin_dir(), server_url());
     c.users = 14;
     c.clients = 8;
@@ -54,6 +55,12 @@ async fn fault_run(path: PathTo, fault: Fault) -> Report {
     c.kill_spot = false;
     c.snapshots = Some(Snapshots::SMALL_RUN);
     c.settle_max = Duration::from_secs(120);
+    c
+}
+
+/// One ledger, no SIGKILL, one fault of one kind on one path once half the transfers started.
+async fn fault_run(path: PathTo, fault: Fault) -> Report {
+    let mut c = one_ledger_run();
     c.net_faults = 1;
     c.net_kinds = vec![(path, fault)];
     let report = run(c).await.unwrap_or_else(|e| {
@@ -132,14 +139,7 @@ async fn fnd_004_postgres_dead_behind_a_blackhole_half_open_sockets_noticed() {
 // The pair's failover blocks in place (`pg_pair`), which needs the multi-threaded runtime.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fnd_002_a_failover_pair_behind_network_faults_loses_nothing_acknowledged() {
-    let mut c = Config::new(240, 0, bin_dir(), server_url());
-    c.users = 14;
-    c.clients = 8;
-    c.ledgers = 1;
-    c.kill_ledgers = false;
-    c.kill_spot = false;
-    c.snapshots = Some(Snapshots::SMALL_RUN);
-    c.settle_max = Duration::from_secs(120);
+    let mut c = one_ledger_run();
     c.pg_failovers = 1;
     c.net_faults = 1;
     c.net_kinds = vec![(PathTo::Postgres, Fault::Reset)];
