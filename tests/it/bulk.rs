@@ -422,19 +422,14 @@ async fn crash_mid_batch(failpoint: &str, left_in: TransferState) -> Stack {
     ];
     let mut crashing = LedgerProcess::start(&s.db.url, &s.spot.addr, &env);
     let items: Vec<Value> = (0..10).map(|_| item("FUNDING", "SPOT", "5")).collect();
-    let answer = reqwest::Client::new()
-        .post(format!("{}{BULK}", crashing.base))
-        .bearer_auth(token(1, false))
-        .json(&json!({ "transfers": items }))
-        .send()
+    crashing
+        .post_until_the_fail_point(
+            BULK,
+            &token(1, false),
+            json!({ "transfers": items }),
+            failpoint,
+        )
         .await;
-    assert!(
-        answer.is_err(),
-        "the process must die mid-request: {answer:?}"
-    );
-    let status = crashing.wait_exit(Duration::from_secs(15));
-    assert!(!status.success(), "aborted: {status}");
-    assert!(crashing.log().contains(&format!("fail point {failpoint}")));
 
     let ids = all_req_ids(&s).await;
     assert_eq!(ids.len(), 10, "every item was created, in one append");

@@ -73,21 +73,14 @@ async fn crash_and_recover(c: Crash) -> (Stack, domain::TransferData) {
     env.extend(NO_RECOVERY);
     let mut crashing = LedgerProcess::start(&s.db.url, &s.spot.addr, &env);
     let token = token(1, false);
-    let answer = reqwest::Client::new()
-        .post(format!("{}/api/v1/internal_transfer", crashing.base))
-        .bearer_auth(&token)
-        .json(&json!({"from": "FUNDING", "to": "SPOT", "asset": "USDT", "amount": "40"}))
-        .send()
+    crashing
+        .post_until_the_fail_point(
+            "/api/v1/internal_transfer",
+            &token,
+            json!({"from": "FUNDING", "to": "SPOT", "asset": "USDT", "amount": "40"}),
+            c.failpoint,
+        )
         .await;
-    assert!(
-        answer.is_err(),
-        "the process must die mid-request: {answer:?}"
-    );
-    let status = crashing.wait_exit(Duration::from_secs(15));
-    assert!(!status.success(), "aborted, not exited cleanly: {status}");
-    assert!(crashing
-        .log()
-        .contains(&format!("fail point {}", c.failpoint)));
 
     let ids = all_req_ids(&s).await;
     assert_eq!(ids.len(), 1, "exactly one transfer was created");

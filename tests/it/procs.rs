@@ -128,6 +128,31 @@ impl LedgerProcess {
         }
     }
 
+    /// POSTs `body` to `path` as `token` on a process armed with the fail point `failpoint`, and
+    /// checks that it died there: no answer, an abnormal exit within 15 s, the fail point named
+    /// in its log.
+    pub async fn post_until_the_fail_point(
+        &mut self,
+        path: &str,
+        token: &str,
+        body: serde_json::Value,
+        failpoint: &str,
+    ) {
+        let answer = reqwest::Client::new()
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await;
+        assert!(
+            answer.is_err(),
+            "the process must die mid-request: {answer:?}"
+        );
+        let status = self.wait_exit(Duration::from_secs(15));
+        assert!(!status.success(), "aborted, not exited cleanly: {status}");
+        assert!(self.log().contains(&format!("fail point {failpoint}")));
+    }
+
     /// Waits for the process to end by itself (a fail point aborts it).
     pub fn wait_exit(&mut self, within: Duration) -> ExitStatus {
         let deadline = Instant::now() + within;
