@@ -347,6 +347,18 @@ impl Net {
 
     /// How many sockets in the ledger namespace are established with a peer of `path`.
     pub fn established(&self, path: PathTo) -> anyhow::Result<usize> {
+        Ok(self.established_lines(path, "-Htn")?.len())
+    }
+
+    /// The sockets [`Net::established`] counts, one line each as `ss` describes them: the
+    /// process holding it, its timers (a keepalive timer or none), and TCP's own figures (idle
+    /// times `lastsnd`/`lastrcv`, retransmissions). What a report shows of a fault that was not
+    /// noticed in time.
+    pub fn established_detail(&self, path: PathTo) -> anyhow::Result<Vec<String>> {
+        self.established_lines(path, "-HtnpoieO")
+    }
+
+    fn established_lines(&self, path: PathTo, flags: &str) -> anyhow::Result<Vec<String>> {
         let peers: Vec<String> = self
             .peers(path)?
             .into_iter()
@@ -357,7 +369,7 @@ impl Net {
             "exec",
             &self.ledger_ns,
             "ss",
-            "-Htn",
+            flags,
             "state",
             "established",
         ]))?;
@@ -367,7 +379,8 @@ impl Net {
                 l.split_whitespace()
                     .any(|col| peers.iter().any(|p| p == col))
             })
-            .count())
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect())
     }
 
     /// Waits until no socket of the ledgers is established with the peer of `path` (each one

@@ -3,7 +3,7 @@
 //! connection, and the status read by `/metrics` and the RELAY-LAG monitor.
 
 use chrono::{DateTime, Utc};
-use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
+use sqlx::{Connection, PgConnection, PgPool};
 
 /// The first half of the advisory lock key of every relay (`'LR'`); the second is
 /// `hashtext(stream)`, so relays of different streams never exclude each other.
@@ -18,21 +18,19 @@ pub struct Leadership {
 }
 
 impl Leadership {
-    /// Takes the stream's lock if no other session holds it, on a new connection made with the
-    /// pool's options; `None` when another relay leads. Also makes the checkpoint row exist and
+    /// Takes the stream's lock if no other session holds it, on a connection of its own taken
+    /// out of the pool; `None` when another relay leads. Also makes the checkpoint row exist and
     /// records who leads.
     pub async fn try_take(
         pool: &PgPool,
         stream: &str,
         instance: &str,
     ) -> Result<Option<Self>, sqlx::Error> {
-        // Bounded as the pool's own connections are: a server that accepted and never answers
-        // must not hold the relay's leadership loop.
-        let options = pool.connect_options();
-        let mut conn =
-            tokio::time::timeout(pool.options().get_acquire_timeout(), options.connect())
-                .await
-                .map_err(|_| sqlx::Error::PoolTimedOut)??;
+        // A pooled connection, detached (the pool may open another in its place): it was made
+        // with the pool's liveness settings (an idle one whose server vanished is noticed within
+        // seconds, not hours) and checked writable and clean, and waiting for it is bounded by
+        // the pool's acquire timeout.
+        let mut conn = pool.acquire().await?.detach();
         let taken: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, hashtext($2))")
             .bind(LOCK_CLASS)
             .bind(stream)

@@ -10,6 +10,7 @@
 //! connect loop reads the options again at each attempt, so a caller already waiting for a
 //! connection gets one to the new primary.
 
+use std::collections::BTreeSet;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +19,8 @@ use anyhow::{bail, Context};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 use tokio::sync::Notify;
+
+use crate::net::DbLiveness;
 
 /// How often the watcher asks the current server whether it is still writable.
 pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
@@ -36,6 +39,15 @@ pub struct Servers {
     pub options: Vec<PgConnectOptions>,
     /// Woken when a pooled connection was found on a server that cannot write.
     wake: Notify,
+    /// The liveness settings every connection made to these servers gets, pooled or not.
+    liveness: Option<SocketLiveness>,
+}
+
+/// The liveness of this process's sockets to the database ports (`net.rs`).
+#[derive(Debug, Clone)]
+struct SocketLiveness {
+    settings: DbLiveness,
+    ports: Arc<BTreeSet<u16>>,
 }
 
 impl Servers {
@@ -48,16 +60,39 @@ impl Servers {
         Ok(Arc::new(Self {
             options,
             wake: Notify::new(),
+            liveness: None,
         }))
     }
 
-    /// The same servers, each connection's options passed through `tune` (the liveness
-    /// settings sent to the server, `net.rs`).
-    pub fn tuned(&self, tune: impl Fn(PgConnectOptions) -> PgConnectOptions) -> Arc<Self> {
+    /// The same servers with `liveness` on both ends of every connection: sent to the server as
+    /// options, and set on this process's sockets to `ports` after each connection is made
+    /// ([`Servers::tune_sockets`]).
+    pub fn tuned(&self, liveness: DbLiveness, ports: Arc<BTreeSet<u16>>) -> Arc<Self> {
         Arc::new(Self {
-            options: self.options.iter().map(|o| tune(o.clone())).collect(),
+            options: self
+                .options
+                .iter()
+                .map(|o| liveness.server_options(o.clone()))
+                .collect(),
             wake: Notify::new(),
+            liveness: Some(SocketLiveness {
+                settings: liveness,
+                ports,
+            }),
         })
+    }
+
+    /// Sets the liveness settings on every socket of this process connected to a database port;
+    /// called after each new connection, pooled or not. A connection left with the system's
+    /// defaults would outlive a vanished server by hours when idle, and by about 15 minutes
+    /// when waiting on an answer.
+    pub fn tune_sockets(&self) {
+        let Some(l) = &self.liveness else { return };
+        match l.settings.tune_process_sockets(&l.ports) {
+            Ok(0) => tracing::warn!(ports = ?l.ports, "no database socket found to tune"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "database sockets not tuned"),
+        }
     }
 
     /// The same servers, each with `database` instead of the URL's.
@@ -69,6 +104,7 @@ impl Servers {
                 .map(|o| o.clone().database(database))
                 .collect(),
             wake: Notify::new(),
+            liveness: self.liveness.clone(),
         }
     }
 
@@ -87,6 +123,7 @@ impl Servers {
             else {
                 continue;
             };
+            self.tune_sockets();
             if is_writable(&mut conn).await {
                 return Some((i, conn));
             }

@@ -2,9 +2,8 @@
 //! and test applies exactly the same ones. A landed migration is never edited.
 
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgPoolOptions;
 use sqlx::{ConnectOptions, Connection, PgPool};
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,8 +32,17 @@ pub const ENSURE_DATABASE_TIMEOUT: Duration = Duration::from_secs(30);
 /// `postgres` database; an error after [`ENSURE_DATABASE_TIMEOUT`] (its connection after
 /// `ACQUIRE_TIMEOUT`) instead of waiting on a server that does not answer.
 pub async fn ensure_database(url: &str) -> anyhow::Result<()> {
-    tokio::time::timeout(ENSURE_DATABASE_TIMEOUT, ensure_database_unbounded(url))
-        .await
+    ensure_database_with(url, DbLiveness::DEFAULT).await
+}
+
+/// [`ensure_database`], its connections with `liveness` on this process's end (`net.rs`), as
+/// the pool's are: a lost answer fails within the user timeout, not the whole bound.
+pub async fn ensure_database_with(url: &str, liveness: DbLiveness) -> anyhow::Result<()> {
+    tokio::time::timeout(
+        ENSURE_DATABASE_TIMEOUT,
+        ensure_database_unbounded(url, liveness),
+    )
+    .await
         .map_err(|_| {
             anyhow::anyhow!(
                 "the PostgreSQL server did not answer within {ENSURE_DATABASE_TIMEOUT:?} while the database was checked"
@@ -42,8 +50,9 @@ pub async fn ensure_database(url: &str) -> anyhow::Result<()> {
         })?
 }
 
-async fn ensure_database_unbounded(url: &str) -> anyhow::Result<()> {
-    let servers = failover::Servers::parse(url)?;
+async fn ensure_database_unbounded(url: &str, liveness: DbLiveness) -> anyhow::Result<()> {
+    let servers =
+        failover::Servers::parse(url)?.tuned(liveness, Arc::new(net::database_ports(url)));
     let options = if servers.options.len() > 1 {
         // Asked on the server's own database: the one named may not exist yet.
         let (found, conn) = servers
@@ -53,7 +62,8 @@ async fn ensure_database_unbounded(url: &str) -> anyhow::Result<()> {
         conn.close().await.ok();
         servers.options[found].clone()
     } else {
-        PgConnectOptions::from_str(url).context("parse DATABASE_URL")?
+        // The parsed URL with the liveness options for the server's end, as the pool's.
+        servers.options[0].clone()
     };
     let name = options
         .get_database()
@@ -68,6 +78,7 @@ async fn ensure_database_unbounded(url: &str) -> anyhow::Result<()> {
             )
         })?
         .context("connect to the PostgreSQL server (is it running?)")?;
+    servers.tune_sockets();
     let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
         .bind(&name)
         .fetch_optional(&mut conn)
@@ -116,15 +127,15 @@ pub async fn connect_with(
     max_connections: u32,
     liveness: DbLiveness,
 ) -> anyhow::Result<PgPool> {
-    let servers = failover::Servers::parse(url)?.tuned(|o| liveness.server_options(o));
+    let ports = Arc::new(net::database_ports(url));
+    let servers = failover::Servers::parse(url)?.tuned(liveness, ports);
     let (first, probe) = if servers.options.len() > 1 {
         let (found, conn) = servers.first_writable(ACQUIRE_TIMEOUT).await?;
         (found, Some(conn))
     } else {
         (0, None)
     };
-    let ports = Arc::new(net::database_ports(url));
-    let pool = pool_options(max_connections, &servers, liveness, ports)
+    let pool = pool_options(max_connections, &servers)
         .connect_with(servers.options[first].clone())
         .await
         .context("connect to PostgreSQL")?;
@@ -139,12 +150,7 @@ pub async fn connect_with(
 /// recovery: a standby, or an old primary come back as one; or read-only by setting) is refused
 /// when it is made and dropped when it is handed out, and the failover watcher is told
 /// (`failover::Servers::suspect`).
-fn pool_options(
-    max_connections: u32,
-    servers: &Arc<failover::Servers>,
-    liveness: DbLiveness,
-    ports: Arc<std::collections::BTreeSet<u16>>,
-) -> PgPoolOptions {
+fn pool_options(max_connections: u32, servers: &Arc<failover::Servers>) -> PgPoolOptions {
     let on_connect = Arc::clone(servers);
     let on_acquire = Arc::clone(servers);
     PgPoolOptions::new()
@@ -153,14 +159,9 @@ fn pool_options(
         .test_before_acquire(false)
         .after_connect(move |conn, _meta| {
             let servers = Arc::clone(&on_connect);
-            let ports = Arc::clone(&ports);
             Box::pin(async move {
                 // sqlx keeps one `after_connect`: the socket tuning and the writable check share it.
-                match liveness.tune_process_sockets(&ports) {
-                    Ok(0) => tracing::warn!(?ports, "no database socket found to tune"),
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "database sockets not tuned"),
-                }
+                servers.tune_sockets();
                 let writable: bool = sqlx::query_scalar(failover::WRITABLE_SQL)
                     .fetch_one(&mut *conn)
                     .await?;
@@ -213,7 +214,7 @@ pub async fn prepare_with(
     max_connections: u32,
     liveness: DbLiveness,
 ) -> anyhow::Result<PgPool> {
-    ensure_database(url).await?;
+    ensure_database_with(url, liveness).await?;
     let pool = connect_with(url, max_connections, liveness).await?;
     MIGRATOR.run(&pool).await.context("apply migrations")?;
     Ok(pool)

@@ -91,10 +91,13 @@ impl DbLiveness {
     }
 
     /// Tunes every TCP socket of this process connected to one of `ports`; returns how many.
-    /// Sockets already tuned are set again (the same values).
+    /// Sockets already tuned are set again (the same values). A socket that cannot be tuned
+    /// does not stop the others from being tuned; the first such error is returned after all
+    /// were tried.
     pub fn tune_process_sockets(&self, ports: &BTreeSet<u16>) -> std::io::Result<usize> {
         let me = pidfd_open(getpid(), PidfdFlags::empty())?;
         let mut tuned = 0;
+        let mut failed = None;
         for entry in std::fs::read_dir("/proc/self/fd")? {
             let Ok(entry) = entry else { continue };
             let is_socket = std::fs::read_link(entry.path())
@@ -112,11 +115,18 @@ impl DbLiveness {
                 .flatten()
                 .and_then(|p| SocketAddr::try_from(p).ok());
             if peer.is_some_and(|p| ports.contains(&p.port())) {
-                self.apply(&dup)?;
-                tuned += 1;
+                match self.apply(&dup) {
+                    Ok(()) => tuned += 1,
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                    }
+                }
             }
         }
-        Ok(tuned)
+        match failed {
+            None => Ok(tuned),
+            Some(e) => Err(e),
+        }
     }
 }
 

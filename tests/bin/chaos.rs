@@ -1,5 +1,5 @@
 //! `cargo run --release -p tests --bin chaos -- [TRANSFERS] [CRASHES] [--pg-restarts N]
-//! [--pg-failovers N] [--net-faults N] [--bulk N] [--no-horizon] [--no-snapshots | --snapshot-every-records N --segment-bytes B]`: the chaos run against the machine's PostgreSQL
+//! [--pg-failovers N] [--net-faults N] [--net-paths spot|postgres] [--bulk N] [--no-horizon] [--no-snapshots | --snapshot-every-records N --segment-bytes B]`: the chaos run against the machine's PostgreSQL
 //! (`TEST_DATABASE_SERVER`, default postgres://postgres@127.0.0.1:5432) with the `ledger` and
 //! `spot-core` binaries built beside this one. `--pg-restarts N` restarts that server's cluster
 //! N times with `-m immediate` during the run (it needs the rights of `pg_ctlcluster`, and takes
@@ -8,7 +8,8 @@
 //! fails over N times (primary killed with `-m immediate`, standby promoted, a new standby
 //! made); `--pg-restarts` then restart that pair's primary. `--net-faults N` runs the processes
 //! in network namespaces of their own and injects N nftables faults between the ledgers and
-//! spot-core or PostgreSQL (root only; `tests::netns`). `--bulk N` sends the transfers in
+//! spot-core or PostgreSQL (root only; `tests::netns`); `--net-paths spot|postgres` draws them
+//! on that path only. `--bulk N` sends the transfers in
 //! batches of N to `POST /api/v1/internal_transfers` (each item with its own cid, retried until
 //! it is answered with its req_id). spot-core snapshots every 300 records in 64 KiB
 //! segments unless told otherwise. Exits non-zero unless every figure that must be zero
@@ -16,9 +17,10 @@
 
 use anyhow::{bail, Context};
 use tests::chaos::Snapshots;
+use tests::netns::{Fault, PathTo};
 
 const USAGE: &str = "usage: chaos [TRANSFERS] [CRASHES] [--pg-restarts N] [--pg-failovers N] \
-                     [--net-faults N] [--bulk N] [--no-horizon] \
+                     [--net-faults N] [--net-paths spot|postgres] [--bulk N] [--no-horizon] \
                      [--no-snapshots | --snapshot-every-records N --segment-bytes B]";
 
 #[tokio::main]
@@ -46,6 +48,15 @@ async fn main() -> anyhow::Result<()> {
             "--net-faults" => {
                 let n = args.next().context(USAGE)?;
                 config.net_faults = n.parse().with_context(|| format!("--net-faults {n}"))?;
+            }
+            "--net-paths" => {
+                let v = args.next().context(USAGE)?;
+                let path = match v.as_str() {
+                    "spot" => PathTo::Spot,
+                    "postgres" => PathTo::Postgres,
+                    _ => bail!("--net-paths {v}: {USAGE}"),
+                };
+                config.net_kinds = Fault::ALL.into_iter().map(|f| (path, f)).collect();
             }
             "--bulk" => {
                 let n = args.next().context(USAGE)?;

@@ -33,6 +33,9 @@ pub struct Detection {
     pub noticed: Option<Duration>,
     /// How long the fault was held.
     pub held: Duration,
+    /// The connections still established when the observation gave up (`ss`'s line for each:
+    /// process, timers, TCP figures); empty when all were noticed.
+    pub left: Vec<String>,
 }
 
 impl fmt::Display for Detection {
@@ -48,7 +51,11 @@ impl fmt::Display for Detection {
             Some(t) => write!(f, "all noticed dead after {:.1} s", t.as_secs_f64())?,
             None => write!(f, "not all noticed")?,
         }
-        write!(f, ", held {:.1} s", self.held.as_secs_f64())
+        write!(f, ", held {:.1} s", self.held.as_secs_f64())?;
+        for socket in &self.left {
+            write!(f, "\n    still established: {socket}")?;
+        }
+        Ok(())
     }
 }
 
@@ -167,6 +174,11 @@ pub(super) fn one(
         }
     };
     let held = since.elapsed();
+    let left = if noticed.is_none() && fault != Fault::Partition {
+        net.established_detail(path)?
+    } else {
+        Vec::new()
+    };
     net.heal(path)?;
     Ok(Detection {
         path,
@@ -174,6 +186,7 @@ pub(super) fn one(
         connections,
         noticed,
         held,
+        left,
     })
 }
 
