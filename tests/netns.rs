@@ -33,7 +33,8 @@ pub enum Fault {
     DropAnswers,
     /// Both ways dropped until healed.
     Partition,
-    /// Every packet either way is refused with a TCP reset.
+    /// Every packet either way is refused with a TCP reset, which reaches its sender: both
+    /// ends see their connection reset at their next segment.
     Reset,
     /// Both ways dropped and the peer killed behind the blackhole: the ledgers' sockets stay
     /// half-open until they notice by themselves.
@@ -259,6 +260,25 @@ impl Net {
         )
     }
 
+    /// A TCP connection to `to` made from inside the ledger namespace, as a ledger's would be
+    /// (on a thread of its own that enters the namespace; the socket stays in it). For checking
+    /// what a fault does to real sockets.
+    pub fn connect_from_ledger_ns(&self, to: SocketAddr) -> anyhow::Result<std::net::TcpStream> {
+        let ns = format!("/run/netns/{}", self.ledger_ns);
+        std::thread::spawn(move || {
+            let file = std::fs::File::open(&ns).with_context(|| format!("open {ns}"))?;
+            rustix::thread::move_into_link_name_space(
+                std::os::fd::AsFd::as_fd(&file),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )
+            .with_context(|| format!("enter {ns}"))?;
+            std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5))
+                .with_context(|| format!("connect to {to} from {ns}"))
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the connecting thread panicked"))?
+    }
+
     /// Runs `program` inside namespace `ns`.
     pub fn command(&self, ns: &str, program: &std::path::Path) -> Command {
         let mut c = Command::new("ip");
@@ -336,6 +356,17 @@ impl Net {
             Fault::Reset => (Some("reject with tcp reset"), Some("reject with tcp reset")),
         };
         let mut script = String::new();
+        if fault == Fault::Reset {
+            // The reset a rejection sends back is itself a packet of the path: the one for the
+            // ledger's segment comes from the peer's address and port, the one for the peer's
+            // segment goes to it. Without these two rules the reject rules drop them too (no
+            // reset answers a reset), and a "reset" is only a partition: neither end ever sees
+            // one.
+            script.push_str(&format!(
+                "add rule inet netfault input {from} tcp flags rst accept\n\
+                 add rule inet netfault output {to} tcp flags rst accept\n"
+            ));
+        }
         if let Some(verdict) = input {
             script.push_str(&format!("add rule inet netfault input {from} {verdict}\n"));
         }
