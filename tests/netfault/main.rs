@@ -9,6 +9,8 @@
 //! looked up and retried), that nothing was rolled back but refusals, nothing applied twice,
 //! and that conservation is exact.
 
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
@@ -16,7 +18,7 @@ use std::time::Duration;
 
 use tests::chaos::netfaults::NOTICE_MAX;
 use tests::chaos::{run, Config, Report, Snapshots};
-use tests::netns::{Fault, PathTo};
+use tests::netns::{Fault, Net, PathTo};
 
 /// The workspace's binaries, built once if missing.
 fn bin_dir() -> PathBuf {
@@ -159,4 +161,85 @@ async fn fnd_002_a_failover_pair_behind_network_faults_loses_nothing_acknowledge
     );
     assert_eq!(report.answered_lost, 0, "{report}");
     assert!(report.clean(), "{report}");
+}
+
+/// What one end saw when it sent a byte and waited for one from the other end.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    /// The other end's byte arrived.
+    Answer,
+    /// Nothing within the wait.
+    Silence,
+    /// The connection was reset.
+    Reset,
+}
+
+/// Sends one byte on `stream` and reads one, waiting at most 3 s.
+fn exchange(stream: &mut TcpStream, send: bool) -> Seen {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    if send {
+        if let Err(e) = stream.write_all(b"x") {
+            assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e}");
+            return Seen::Reset;
+        }
+    }
+    let mut byte = [0u8; 1];
+    match stream.read(&mut byte) {
+        Ok(1) => Seen::Answer,
+        Ok(_) => panic!("the connection was closed, neither answered nor reset"),
+        Err(e) if e.kind() == ErrorKind::ConnectionReset => Seen::Reset,
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => Seen::Silence,
+        Err(e) => panic!("unexpected error: {e}"),
+    }
+}
+
+/// The faults do to real sockets what their names say, seen from both ends of one connection
+/// between the ledger namespace and a peer of the path: answers dropped (the peer gets the
+/// request, the ledger never its answer), a partition (nothing either way), a reset (both ends
+/// reset at their next segment). The reset once never reached either end: the reset sent back
+/// for a refused segment is itself a packet of the path, and the same rules dropped it, so a
+/// "reset" was a partition and the runs' reset faults tested nothing a partition did not.
+#[test]
+fn the_faults_do_to_real_sockets_what_they_say() {
+    let net = Net::create().unwrap_or_else(|e| panic!("{e:#}"));
+    let listener = TcpListener::bind((net.root_to_ledger, 0)).unwrap();
+    let SocketAddr::V4(peer) = listener.local_addr().unwrap() else {
+        unreachable!("bound to an IPv4 address")
+    };
+    net.set_peer(PathTo::Postgres, peer);
+    let pair = || {
+        let ledger = net.connect_from_ledger_ns(SocketAddr::V4(peer)).unwrap();
+        let (far, _) = listener.accept().unwrap();
+        (ledger, far)
+    };
+    let expected = [
+        (Fault::DropAnswers, Seen::Silence, Seen::Answer),
+        (Fault::Partition, Seen::Silence, Seen::Silence),
+        (Fault::Reset, Seen::Reset, Seen::Reset),
+    ];
+    for (fault, ledger_sees, peer_sees) in expected {
+        let (mut ledger, mut far) = pair();
+        // Healthy first: each end's byte reaches the other.
+        ledger.write_all(b"h").unwrap();
+        assert_eq!(exchange(&mut far, true), Seen::Answer, "{}", fault.name());
+        assert_eq!(
+            exchange(&mut ledger, false),
+            Seen::Answer,
+            "{}",
+            fault.name()
+        );
+        net.inject(PathTo::Postgres, fault).unwrap();
+        // The ledger sends first, then the peer: each end's own segment meets the rules.
+        let at_ledger = exchange(&mut ledger, true);
+        let at_peer = exchange(&mut far, true);
+        net.heal(PathTo::Postgres).unwrap();
+        assert_eq!(
+            (at_ledger, at_peer),
+            (ledger_sees, peer_sees),
+            "{}: (the ledger's end, the peer's end)",
+            fault.name()
+        );
+    }
 }
