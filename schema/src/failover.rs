@@ -83,7 +83,7 @@ impl Servers {
     }
 
     /// Sets the liveness settings on every socket of this process connected to a database port;
-    /// called after each new connection, pooled or not. A connection left with the system's
+    /// called after each new connection, pooled or not ([`Servers::connect`]). A connection left with the system's
     /// defaults would outlive a vanished server by hours when idle, and by about 15 minutes
     /// when waiting on an answer.
     pub fn tune_sockets(&self) {
@@ -113,17 +113,28 @@ impl Servers {
         self.wake.notify_one();
     }
 
+    /// A connection outside the pool, made within `within` and tuned before it is handed out
+    /// (the pool's own are tuned in its `after_connect`). `Err` when the time ran out.
+    pub async fn connect(
+        &self,
+        options: &PgConnectOptions,
+        within: Duration,
+    ) -> Result<Result<PgConnection, sqlx::Error>, tokio::time::error::Elapsed> {
+        let conn = tokio::time::timeout(within, options.connect()).await?;
+        if conn.is_ok() {
+            self.tune_sockets();
+        }
+        Ok(conn)
+    }
+
     /// The first writable server, trying `first` before the others in order, with a kept
     /// connection to it.
     pub async fn find_writable(&self, first: usize) -> Option<(usize, PgConnection)> {
         let n = self.options.len();
         for i in (0..n).map(|k| (first + k) % n) {
-            let Ok(Ok(mut conn)) =
-                tokio::time::timeout(PROBE_TIMEOUT, self.options[i].connect()).await
-            else {
+            let Ok(Ok(mut conn)) = self.connect(&self.options[i], PROBE_TIMEOUT).await else {
                 continue;
             };
-            self.tune_sockets();
             if is_writable(&mut conn).await {
                 return Some((i, conn));
             }

@@ -3,7 +3,7 @@
 
 use sqlx::migrate::Migrator;
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{ConnectOptions, Connection, PgPool};
+use sqlx::{Connection, PgPool};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,32 +53,30 @@ pub async fn ensure_database_with(url: &str, liveness: DbLiveness) -> anyhow::Re
 async fn ensure_database_unbounded(url: &str, liveness: DbLiveness) -> anyhow::Result<()> {
     let servers =
         failover::Servers::parse(url)?.tuned(liveness, Arc::new(net::database_ports(url)));
-    let options = if servers.options.len() > 1 {
-        // Asked on the server's own database: the one named may not exist yet.
-        let (found, conn) = servers
-            .on_database("postgres")
-            .first_writable(ACQUIRE_TIMEOUT)
-            .await?;
-        conn.close().await.ok();
-        servers.options[found].clone()
-    } else {
-        // The parsed URL with the liveness options for the server's end, as the pool's.
-        servers.options[0].clone()
-    };
-    let name = options
+    let name = servers.options[0]
         .get_database()
         .context("DATABASE_URL names no database")?
         .to_owned();
-    let admin = options.clone().database("postgres");
-    let mut conn = tokio::time::timeout(ACQUIRE_TIMEOUT, admin.connect())
-        .await
-        .map_err(|_| {
-            anyhow::anyhow!(
-                "the PostgreSQL server did not answer a connection within {ACQUIRE_TIMEOUT:?}"
-            )
-        })?
-        .context("connect to the PostgreSQL server (is it running?)")?;
-    servers.tune_sockets();
+    // Asked on the server's own database: the one named may not exist yet. With several hosts,
+    // the writable one's probe connection is that connection.
+    let mut conn = if servers.options.len() > 1 {
+        let (_, conn) = servers
+            .on_database("postgres")
+            .first_writable(ACQUIRE_TIMEOUT)
+            .await?;
+        conn
+    } else {
+        let admin = servers.options[0].clone().database("postgres");
+        servers
+            .connect(&admin, ACQUIRE_TIMEOUT)
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "the PostgreSQL server did not answer a connection within {ACQUIRE_TIMEOUT:?}"
+                )
+            })?
+            .context("connect to the PostgreSQL server (is it running?)")?
+    };
     let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
         .bind(&name)
         .fetch_optional(&mut conn)

@@ -14,7 +14,7 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
 
 use rustix::net::sockopt;
@@ -95,27 +95,11 @@ impl DbLiveness {
     /// does not stop the others from being tuned; the first such error is returned after all
     /// were tried.
     pub fn tune_process_sockets(&self, ports: &BTreeSet<u16>) -> std::io::Result<usize> {
-        let me = pidfd_open(getpid(), PidfdFlags::empty())?;
         let mut tuned = 0;
         let mut failed = None;
-        for entry in std::fs::read_dir("/proc/self/fd")? {
-            let Ok(entry) = entry else { continue };
-            let is_socket = std::fs::read_link(entry.path())
-                .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"));
-            let fd = entry.file_name().to_str().and_then(|n| n.parse().ok());
-            let (true, Some(fd)) = (is_socket, fd) else {
-                continue;
-            };
-            // Closed since the listing: nothing to tune.
-            let Ok(dup) = pidfd_getfd(&me, fd, PidfdGetfdFlags::empty()) else {
-                continue;
-            };
-            let peer = rustix::net::getpeername(&dup)
-                .ok()
-                .flatten()
-                .and_then(|p| SocketAddr::try_from(p).ok());
-            if peer.is_some_and(|p| ports.contains(&p.port())) {
-                match self.apply(&dup) {
+        for socket in process_sockets()? {
+            if socket.peer.is_some_and(|p| ports.contains(&p.port())) {
+                match self.apply(&socket.fd) {
                     Ok(()) => tuned += 1,
                     Err(e) => {
                         failed.get_or_insert(e);
@@ -128,6 +112,39 @@ impl DbLiveness {
             Some(e) => Err(e),
         }
     }
+}
+
+/// One socket of this process: a duplicate of its descriptor (the same open socket) and the
+/// address it is connected to, if any.
+pub struct ProcessSocket {
+    pub fd: OwnedFd,
+    pub peer: Option<SocketAddr>,
+}
+
+/// Every socket this process has open, each through a duplicate of its descriptor taken with
+/// `pidfd_getfd` on the process itself (no unsafe code); one closed since the listing is left
+/// out.
+pub fn process_sockets() -> std::io::Result<Vec<ProcessSocket>> {
+    let me = pidfd_open(getpid(), PidfdFlags::empty())?;
+    let mut sockets = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        let Ok(entry) = entry else { continue };
+        let is_socket = std::fs::read_link(entry.path())
+            .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"));
+        let fd = entry.file_name().to_str().and_then(|n| n.parse().ok());
+        let (true, Some(fd)) = (is_socket, fd) else {
+            continue;
+        };
+        let Ok(dup) = pidfd_getfd(&me, fd, PidfdGetfdFlags::empty()) else {
+            continue;
+        };
+        let peer = rustix::net::getpeername(&dup)
+            .ok()
+            .flatten()
+            .and_then(|p| SocketAddr::try_from(p).ok());
+        sockets.push(ProcessSocket { fd: dup, peer });
+    }
+    Ok(sockets)
 }
 
 /// Every port `url` names: one per host of a multi-host URL (`h1:5432,h2:5433`), 5432 where a

@@ -293,29 +293,17 @@ impl FrontendParser {
 /// keepalive and user timeout of `liveness`, read back from the kernel.
 fn client_socket_tuned(local: u16, peer: u16, liveness: schema::DbLiveness) -> bool {
     use rustix::net::sockopt;
-    use rustix::process::{getpid, pidfd_getfd, pidfd_open, PidfdFlags, PidfdGetfdFlags};
-    let me = pidfd_open(getpid(), PidfdFlags::empty()).unwrap();
-    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
-        let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
-            continue;
-        };
-        let Ok(dup) = pidfd_getfd(&me, fd, PidfdGetfdFlags::empty()) else {
-            continue;
-        };
-        let addr = |a: Option<rustix::net::SocketAddrAny>| {
-            a.and_then(|a| std::net::SocketAddr::try_from(a).ok())
-        };
-        let mine = addr(rustix::net::getsockname(&dup).ok());
-        let theirs = addr(rustix::net::getpeername(&dup).ok().flatten());
-        let (Some(mine), Some(theirs)) = (mine, theirs) else {
-            continue;
-        };
-        if mine.port() != local || theirs.port() != peer {
+    for socket in schema::net::process_sockets().unwrap() {
+        let mine = rustix::net::getsockname(&socket.fd)
+            .ok()
+            .and_then(|a| std::net::SocketAddr::try_from(a).ok());
+        if mine.map(|a| a.port()) != Some(local) || socket.peer.map(|a| a.port()) != Some(peer) {
             continue;
         }
-        return sockopt::socket_keepalive(&dup).unwrap_or(false)
-            && sockopt::tcp_keepidle(&dup).ok() == Some(liveness.keepalive)
-            && sockopt::tcp_user_timeout(&dup).ok()
+        let dup = &socket.fd;
+        return sockopt::socket_keepalive(dup).unwrap_or(false)
+            && sockopt::tcp_keepidle(dup).ok() == Some(liveness.keepalive)
+            && sockopt::tcp_user_timeout(dup).ok()
                 == u32::try_from(liveness.user_timeout.as_millis()).ok();
     }
     panic!("no socket of this process from port {local} to port {peer}");
