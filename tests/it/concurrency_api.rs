@@ -80,15 +80,49 @@ async fn con_004_many_concurrent_debits_of_one_account_never_double_deduct() {
         .map(|_| spawn_post(&api, 1, body("FUNDING", "SPOT", "7")))
         .collect();
     let mut committed = 0;
+    let mut pending = Vec::new();
     for h in handles {
         let (status, resp) = h.await.unwrap();
         match status {
+            // A deposit into spot-core slower than the adapter's deadline (25 requests at once
+            // on a loaded 2-core machine) is an unknown outcome: accepted, TARGET_PENDING, and
+            // the recovery worker's to finish. This stack runs none, so the test runs its passes.
+            200 if resp["state"] == "TARGET_PENDING" => pending.push(resp),
             200 => {
                 assert_eq!(resp["state"], "COMMITTED", "{resp}");
                 committed += 1;
             }
             422 => assert_eq!(resp["code"], "INSUFFICIENT_BALANCE", "{resp}"),
             other => panic!("unexpected {other}: {resp}"),
+        }
+    }
+    let worker = recovery::RecoveryWorker::with_config(
+        api.stack.coordinator.clone(),
+        recovery::RecoveryConfig {
+            stale_after: std::time::Duration::ZERO,
+            ..recovery::RecoveryConfig::default()
+        },
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    for resp in pending {
+        let path = format!(
+            "/api/v1/internal_transfer/{}",
+            resp["req_id"].as_str().unwrap()
+        );
+        let token = api.token(1, false);
+        loop {
+            worker.pass().await.expect("recovery pass");
+            let (_, now) = api.call(Method::GET, &path, Some(&token), None).await;
+            if now["state"] == "COMMITTED" {
+                committed += 1;
+                break;
+            }
+            assert_eq!(now["state"], "TARGET_PENDING", "{now}");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never committed: {now}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
     }
     assert_eq!(committed, 14);
