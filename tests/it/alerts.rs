@@ -69,7 +69,7 @@ async fn mon_004_request_frequency_over_threshold_is_one_warning_a_metric_and_an
     s.deposit(8, "USDT", "100").await;
     let ledger = LedgerProcess::start(
         &s.db.url,
-        &s.spot.addr,
+        &s.spot,
         &[("LEDGER_ALERT_REQUESTS_PER_MINUTE", "5")],
     );
     assert_ne!(
@@ -141,7 +141,7 @@ async fn mon_004_repeated_rate_limit_refusals_raise_the_warning() {
     s.deposit(9, "USDT", "100").await;
     let ledger = LedgerProcess::start(
         &s.db.url,
-        &s.spot.addr,
+        &s.spot,
         &[
             ("LEDGER_RATE_PER_SECOND", "1"),
             ("LEDGER_ALERT_REQUESTS_PER_MINUTE", "off"),

@@ -18,7 +18,7 @@ use domain::{
     UserId,
 };
 
-use crate::helpers::{bin, dec, Stack, WithdrawThenLoseAnswer};
+use crate::helpers::{bin, dec, SpotProcess, Stack, WithdrawThenLoseAnswer};
 use crate::procs::{wait_terminal, LedgerProcess, RECOVER_NOW};
 
 async fn incremental(s: &Stack) -> InvariantReport {
@@ -168,7 +168,7 @@ async fn audit_incremental_agrees_with_full_after_mixed_load_failures_compensati
     // whose recovery worker finishes the stuck transfer; SIGKILLed mid-way, started again.
     let mut env: Vec<(&str, &str)> = RECOVER_NOW.to_vec();
     env.push(("LEDGER_INVARIANT_INTERVAL_SECS", "1"));
-    let mut ledger = LedgerProcess::start(&s.db.url, &s.spot.addr, &env);
+    let mut ledger = LedgerProcess::start(&s.db.url, &s.spot, &env);
     let other = s.another_coordinator();
     let load = async {
         for _ in 0..3 {
@@ -188,7 +188,7 @@ async fn audit_incremental_agrees_with_full_after_mixed_load_failures_compensati
     s.spot.kill();
     s.spot.restart();
     mixed_round(&s.coordinator).await;
-    let ledger = LedgerProcess::start(&s.db.url, &s.spot.addr, &env);
+    let ledger = LedgerProcess::start(&s.db.url, &s.spot, &env);
     let done = wait_terminal(&s, &stuck.req_id, Duration::from_secs(30)).await;
     assert_eq!(done.state, TransferState::Committed);
     wait_for_periodic_runs(&s, 2).await;
@@ -228,7 +228,7 @@ fn ledger_audit(s: &Stack, full: bool) -> (i32, String, String) {
     let mut cmd = Command::new(bin("ledger"));
     cmd.args(["audit", "--spot-url", &s.spot.addr])
         .env("DATABASE_URL", &s.db.url)
-        .env_remove("LEDGER_SPOT_CORE_TOKEN");
+        .envs(s.spot.env());
     if full {
         cmd.arg("--full");
     }
@@ -361,7 +361,7 @@ async fn audit_periodic_check_that_cannot_run_is_an_alert_and_a_metric() {
     s.transfer(1, Funding, Spot, "USDT", "4").await;
     let ledger = LedgerProcess::start(
         &s.db.url,
-        &s.spot.addr,
+        &s.spot,
         &[("LEDGER_INVARIANT_INTERVAL_SECS", "1")],
     );
     let http = reqwest::Client::new();
@@ -449,6 +449,68 @@ async fn audit_periodic_check_that_cannot_run_is_an_alert_and_a_metric() {
     // A full check does not read the checkpoint.
     let (code, _, stderr) = ledger_audit(&s, true);
     assert_eq!(code, 0, "{stderr}");
+}
+
+/// The port a killed spot-core freed can be taken by another engine (every test starts its
+/// own on port 0, and other suites may run beside this one). The ledger still dials the old
+/// address; whatever answers there must not be taken for its engine: the periodic check cannot
+/// run (`up` false, failures counted) and never decides over another engine's balances.
+#[tokio::test]
+async fn audit_periodic_check_never_decides_over_another_engine_on_the_same_port() {
+    let mut s = Stack::start().await;
+    s.deposit(1, "USDT", "10").await;
+    s.transfer(1, Funding, Spot, "USDT", "4").await;
+    let ledger = LedgerProcess::start(
+        &s.db.url,
+        &s.spot,
+        &[("LEDGER_INVARIANT_INTERVAL_SECS", "1")],
+    );
+    let status = || async {
+        sqlx::query_as::<_, (bool, i64, Option<chrono::DateTime<chrono::Utc>>)>(
+            "SELECT up, failures, last_success_at FROM audit_status WHERE id = 1",
+        )
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while status().await.2.is_none() {
+        assert!(Instant::now() < deadline, "no periodic run");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    s.spot.kill();
+    ledger
+        .wait_log("CRITICAL AUDIT_UNAVAILABLE", Duration::from_secs(30))
+        .await;
+    let (_, failed, last_success) = status().await;
+    // Another engine, with its own data and its own token, on the freed port.
+    let stranger = SpotProcess::start_on(&s.spot.addr);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = status().await;
+        assert_eq!(
+            (now.0, now.2),
+            (false, last_success),
+            "a periodic run decided while its spot-core was down: {now:?}\n{}",
+            ledger.log()
+        );
+        if now.1 >= failed + 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the periodic check stopped: {now:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!ledger.log().contains("FUND_CONSERVATION_VIOLATED"));
+
+    // Its own engine back on its address: the check decides again.
+    drop(stranger);
+    s.spot.restart();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !status().await.0 {
+        assert!(Instant::now() < deadline, "the periodic check never ran again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Two incremental checks at once (as two ledgers' periodic checks overlap) while transfers

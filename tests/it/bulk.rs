@@ -420,7 +420,7 @@ async fn crash_mid_batch(failpoint: &str, left_in: TransferState) -> Stack {
         ("LEDGER_FAILPOINT", failpoint),
         ("LEDGER_RECOVERY_STALE_MS", "3600000"),
     ];
-    let mut crashing = LedgerProcess::start(&s.db.url, &s.spot.addr, &env);
+    let mut crashing = LedgerProcess::start(&s.db.url, &s.spot, &env);
     let items: Vec<Value> = (0..10).map(|_| item("FUNDING", "SPOT", "5")).collect();
     crashing
         .post_until_the_fail_point(
@@ -445,7 +445,7 @@ async fn crash_mid_batch(failpoint: &str, left_in: TransferState) -> Stack {
         _ => assert_eq!((withdrawn, deposited), (10, 5)),
     }
 
-    let _recovering = LedgerProcess::start(&s.db.url, &s.spot.addr, &RECOVER_NOW);
+    let _recovering = LedgerProcess::start(&s.db.url, &s.spot, &RECOVER_NOW);
     for id in &ids {
         let t = wait_terminal(&s, id, Duration::from_secs(60)).await;
         assert_eq!(t.state, TransferState::Committed, "{id}");

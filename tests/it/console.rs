@@ -230,7 +230,7 @@ async fn console_flows_in_headless_chromium_with_no_route_elsewhere() {
     s.deposit(7, "USDT", "100").await;
     let ledger = LedgerProcess::start(
         &s.db.url,
-        &s.spot.addr,
+        &s.spot,
         &[
             ("LEDGER_RECOVERY_STALE_MS", "3600000"),
             ("LEDGER_ALERT_REQUESTS_PER_MINUTE", "2"),

@@ -71,7 +71,7 @@ async fn crash_and_recover(c: Crash) -> (Stack, domain::TransferData) {
     }
     let mut env = vec![("LEDGER_FAILPOINT", c.failpoint)];
     env.extend(NO_RECOVERY);
-    let mut crashing = LedgerProcess::start(&s.db.url, &s.spot.addr, &env);
+    let mut crashing = LedgerProcess::start(&s.db.url, &s.spot, &env);
     let token = token(1, false);
     crashing
         .post_until_the_fail_point(
@@ -105,7 +105,7 @@ async fn crash_and_recover(c: Crash) -> (Stack, domain::TransferData) {
 /// Starts a process whose worker recovers everything at once, waits for `req_id` to end, and
 /// checks conservation and that no operation was made twice in either system.
 async fn recover(s: Stack, req_id: ReqId) -> (Stack, domain::TransferData) {
-    let _recovering = LedgerProcess::start(&s.db.url, &s.spot.addr, &RECOVER_NOW);
+    let _recovering = LedgerProcess::start(&s.db.url, &s.spot, &RECOVER_NOW);
     let t = wait_terminal(&s, &req_id, Duration::from_secs(30)).await;
     s.assert_conserved(1, "USDT").await;
     assert_eq!(s.in_flight(1, "USDT").await, dec("0"));
@@ -323,7 +323,7 @@ async fn old_log_crash_and_recover(left_in: TransferState) -> (Stack, domain::Tr
         ("LEDGER_RECOVERY_LEASE_MS", "500"),
     ];
     env.extend(RECOVER_NOW);
-    let mut crashing = LedgerProcess::start(&s.db.url, &s.spot.addr, &env);
+    let mut crashing = LedgerProcess::start(&s.db.url, &s.spot, &env);
     let status = crashing.wait_exit(Duration::from_secs(15));
     assert!(!status.success(), "aborted, not exited cleanly: {status}");
     assert!(crashing.log().contains(&format!("fail point {failpoint}")));

@@ -17,7 +17,7 @@ use rust_decimal::Decimal;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-use crate::helpers::{dec, ApiStack, Stack, JWT_SECRET};
+use crate::helpers::{dec, ApiStack, SpotProcess, Stack, JWT_SECRET};
 
 const TRANSFER: &str = "/api/v1/internal_transfer";
 
@@ -450,13 +450,15 @@ async fn spot_adapter_refuses_on_its_own() {
 
 // ---- spot-core over raw TCP -------------------------------------------------------------------
 
-/// Sends raw protocol lines to spot-core on one connection and returns each answer.
-async fn raw_lines(addr: &str, lines: &[String]) -> Vec<Value> {
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+/// Sends raw protocol lines to spot-core on one connection, after its `hello`, and returns each
+/// answer.
+async fn raw_lines(spot: &SpotProcess, lines: &[String]) -> Vec<Value> {
+    let stream = tokio::net::TcpStream::connect(&spot.addr).await.unwrap();
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read).lines();
     let mut answers = Vec::new();
-    for line in lines {
+    let hello = json!({"op": "hello", "token": spot.token}).to_string();
+    for line in std::iter::once(&hello).chain(lines) {
         write.write_all(line.as_bytes()).await.unwrap();
         write.write_all(b"\n").await.unwrap();
         let answer = tokio::time::timeout(Duration::from_secs(5), reader.next_line())
@@ -464,8 +466,10 @@ async fn raw_lines(addr: &str, lines: &[String]) -> Vec<Value> {
             .expect("spot-core answers within 5 s")
             .unwrap()
             .expect("a line");
-        answers.push(serde_json::from_str(&answer).unwrap());
+        answers.push(serde_json::from_str::<Value>(&answer).unwrap());
     }
+    let welcome = answers.remove(0);
+    assert!(welcome.get("code").is_none(), "hello refused: {welcome}");
     answers
 }
 
@@ -477,7 +481,7 @@ async fn spot_core_refuses_bad_requests_over_raw_tcp() {
     };
     // Give user 1 something to take.
     let funded = raw_lines(
-        &stack.spot.addr,
+        &stack.spot,
         &[mv("deposit", json!(1), json!("USDT"), json!("100"))],
     )
     .await;
@@ -525,7 +529,7 @@ async fn spot_core_refuses_bad_requests_over_raw_tcp() {
         "BAD_REQUEST",
     ));
     let lines: Vec<String> = cases.iter().map(|(l, _)| l.clone()).collect();
-    let answers = raw_lines(&stack.spot.addr, &lines).await;
+    let answers = raw_lines(&stack.spot, &lines).await;
     for ((line, code), answer) in cases.iter().zip(&answers) {
         assert_eq!(answer["code"], *code, "{line} → {answer}");
         assert_ne!(answer["status"], "applied", "{line} → {answer}");
@@ -540,7 +544,7 @@ async fn spot_core_refuses_bad_requests_over_raw_tcp() {
         mv("withdraw", json!(5), json!("USDT"), json!("1")),
         mv("withdraw", json!(1), json!("USDT"), json!("100.5")),
     ];
-    let answers = raw_lines(&stack.spot.addr, &lines).await;
+    let answers = raw_lines(&stack.spot, &lines).await;
     assert_eq!(answers[0]["code"], "SOURCE_ACCOUNT_NOT_FOUND");
     assert_eq!(answers[1]["code"], "INSUFFICIENT_BALANCE");
 }

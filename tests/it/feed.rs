@@ -163,8 +163,8 @@ async fn feed_has_no_gap_and_no_duplicate_under_many_concurrent_writers() {
     // machine reaches before the check, they appended events after the written set was taken.
     let quiet = [("LEDGER_RECOVERY_STALE_MS", "600000")];
     let serving = [
-        LedgerProcess::start(&api.stack.db.url, &api.stack.spot.addr, &quiet),
-        LedgerProcess::start(&api.stack.db.url, &api.stack.spot.addr, &quiet),
+        LedgerProcess::start(&api.stack.db.url, &api.stack.spot, &quiet),
+        LedgerProcess::start(&api.stack.db.url, &api.stack.spot, &quiet),
     ];
     let bases: Vec<String> = std::iter::once(api.base.clone())
         .chain(serving.iter().map(|p| p.base.clone()))

@@ -91,22 +91,38 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
-/// A running spot-core process with a real WAL on disk.
+/// A running spot-core process with a real WAL on disk, and a token of its own.
+///
+/// Tests start engines on port 0, side by side with other tests' (and other suites'), so the
+/// port of an engine a test killed can be handed to another one before the test restarts it.
+/// Every engine therefore requires its own random token in a `hello`: a client of this test that
+/// reaches another engine at the same address fails to connect, instead of reading and moving
+/// another test's money as if it were its own.
 pub struct SpotProcess {
     pub data_dir: PathBuf,
     pub addr: String,
+    /// The token this engine requires (`SPOT_CORE_TOKEN` for a child process).
+    pub token: String,
     child: Option<Child>,
     _tmp: Option<tempfile::TempDir>,
 }
 
 impl SpotProcess {
     pub fn start() -> Self {
+        Self::start_on("127.0.0.1:0")
+    }
+
+    /// A new engine with its own data directory listening on `listen` (a test that plays
+    /// another test's engine taking a freed port names the port).
+    pub fn start_on(listen: &str) -> Self {
         let tmp = tempfile::tempdir().expect("tempdir");
         let data_dir = tmp.path().join("spot");
-        let (child, addr) = spawn_spot(&data_dir, "127.0.0.1:0", &[]);
+        let token = format!("it-spot-core-{}", ulid::Ulid::new());
+        let (child, addr) = spawn_spot(&data_dir, listen, &token);
         Self {
             data_dir,
             addr,
+            token,
             child: Some(child),
             _tmp: Some(tmp),
         }
@@ -123,13 +139,23 @@ impl SpotProcess {
     /// Starts it again on the same data directory and the same address.
     pub fn restart(&mut self) {
         self.kill();
-        let (child, addr) = spawn_spot(&self.data_dir, &self.addr, &[]);
+        let (child, addr) = spawn_spot(&self.data_dir, &self.addr, &self.token);
         assert_eq!(addr, self.addr);
         self.child = Some(child);
     }
 
     pub fn adapter(&self) -> SpotAdapter {
-        SpotAdapter::new(self.addr.clone(), Duration::from_secs(3))
+        SpotAdapter::with_token(
+            self.addr.clone(),
+            Duration::from_secs(3),
+            Some(self.token.clone()),
+        )
+    }
+
+    /// The environment a child process (`ledger serve`, `ledger audit`) needs to reach this
+    /// engine: its token.
+    pub fn env(&self) -> [(&'static str, &str); 1] {
+        [(spot_core::TOKEN_ENV, self.token.as_str())]
     }
 }
 
@@ -139,7 +165,7 @@ impl Drop for SpotProcess {
     }
 }
 
-fn spawn_spot(data_dir: &Path, listen: &str, env: &[(&str, &str)]) -> (Child, String) {
+fn spawn_spot(data_dir: &Path, listen: &str, token: &str) -> (Child, String) {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let mut cmd = Command::new(bin("spot-core"));
@@ -148,10 +174,8 @@ fn spawn_spot(data_dir: &Path, listen: &str, env: &[(&str, &str)]) -> (Child, St
             .arg("--data-dir")
             .arg(data_dir)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
+            .stderr(Stdio::null())
+            .env(spot_core::TOKEN_ENV, token);
         let mut child = cmd.spawn().expect("spawn spot-core");
         let stdout = child.stdout.take().expect("stdout");
         let mut line = String::new();

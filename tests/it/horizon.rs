@@ -105,8 +105,8 @@ async fn the_horizon_advances_during_traffic_and_spot_core_stops_remembering_his
     for user in [11, 12] {
         s.deposit(user, "USDT", "1000").await;
     }
-    let a = LedgerProcess::start(&s.db.url, &s.spot.addr, &FAST_HORIZON);
-    let b = LedgerProcess::start(&s.db.url, &s.spot.addr, &FAST_HORIZON);
+    let a = LedgerProcess::start(&s.db.url, &s.spot, &FAST_HORIZON);
+    let b = LedgerProcess::start(&s.db.url, &s.spot, &FAST_HORIZON);
     let spot = s.spot.adapter();
     let mut last_horizon = 0;
     let mut last_seq = 0;
@@ -196,7 +196,7 @@ async fn a_transfer_stuck_open_past_the_retention_holds_the_horizon_and_still_co
 
     let mut env = FAST_HORIZON.to_vec();
     env.push(("LEDGER_FAILPOINT", "target_after_call"));
-    let mut crashing = LedgerProcess::start(&s.db.url, &s.spot.addr, &env);
+    let mut crashing = LedgerProcess::start(&s.db.url, &s.spot, &env);
     // The request dies with the process; its transfer is in TARGET_PENDING, deposit applied.
     let _ = reqwest::Client::new()
         .post(format!("{}/api/v1/internal_transfer", crashing.base))
@@ -221,7 +221,7 @@ async fn a_transfer_stuck_open_past_the_retention_holds_the_horizon_and_still_co
         ("LEDGER_RETRY_BACKOFF_MS_BASE", "50"),
         ("LEDGER_RETRY_BACKOFF_MS_MAX", "200"),
     ]);
-    let serving = LedgerProcess::start(&s.db.url, &s.spot.addr, &env);
+    let serving = LedgerProcess::start(&s.db.url, &s.spot, &env);
     let mut others = 0;
     while now_ms() < stuck_ms + 3000 {
         let answer = post_transfer(

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use domain::{ReqId, TransferData, TransferState};
 
-use crate::helpers::{bin, token, Stack, JWT_SECRET};
+use crate::helpers::{bin, token, SpotProcess, Stack, JWT_SECRET};
 
 /// The line `ledger serve` prints on stdout once it listens.
 const SERVE_READY_PREFIX: &str = "ledger serving on ";
@@ -27,14 +27,14 @@ pub struct LedgerProcess {
 }
 
 impl LedgerProcess {
-    /// Starts `ledger serve` on a free port against `db_url` and the spot-core at `spot_addr`,
+    /// Starts `ledger serve` on a free port against `db_url` and `spot` (its address and token),
     /// with `env` added to its environment; returns once it listens.
-    pub fn start(db_url: &str, spot_addr: &str, env: &[(&str, &str)]) -> Self {
+    pub fn start(db_url: &str, spot: &SpotProcess, env: &[(&str, &str)]) -> Self {
         let tmp = tempfile::tempdir().expect("tempdir");
         let stderr_path = tmp.path().join("stderr.log");
         let stderr = File::create(&stderr_path).expect("stderr file");
         let mut cmd = Command::new(bin("ledger"));
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--spot-url", spot_addr])
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--spot-url", &spot.addr])
             .args(["--spot-timeout-ms", "1000"])
             .env("DATABASE_URL", db_url)
             .env(
@@ -48,6 +48,7 @@ impl LedgerProcess {
             // Its own free port: the default address would be shared by parallel tests.
             .env("LEDGER_METRICS_LISTEN", "127.0.0.1:0")
             .env_remove("LEDGER_FAILPOINT")
+            .envs(spot.env())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(stderr));

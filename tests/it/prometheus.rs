@@ -128,7 +128,7 @@ async fn mon_001_shipped_rule_fires_in_a_real_prometheus_scraping_a_real_ledger(
     s.deposit(3, "USDT", "10").await;
     let mut env = RECOVER_NOW.to_vec();
     env.push(("LEDGER_ALERT_TARGET_PENDING_MS", "2000"));
-    let ledger = LedgerProcess::start(&s.db.url, &s.spot.addr, &env);
+    let ledger = LedgerProcess::start(&s.db.url, &s.spot, &env);
     let target = ledger
         .metrics
         .trim_start_matches("http://")

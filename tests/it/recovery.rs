@@ -234,7 +234,7 @@ async fn mon_001_target_pending_over_threshold_is_critical_and_visible_in_metric
     let mut env = RECOVER_NOW.to_vec();
     env.push(("LEDGER_ALERT_TARGET_PENDING_MS", "300"));
     env.push(("LEDGER_RETRY_BACKOFF_MS_BASE", "100"));
-    let ledger = LedgerProcess::start(&s.db.url, &s.spot.addr, &env);
+    let ledger = LedgerProcess::start(&s.db.url, &s.spot, &env);
     let http = reqwest::Client::new();
     let admin = token(1, true);
     let answer = ledger
@@ -451,8 +451,8 @@ async fn con_001_two_serve_processes_never_work_one_transfer_at_once() {
     // A short lease and zero backoff make the two workers contend as hard as they can.
     let mut env = RECOVER_NOW.to_vec();
     env.push(("LEDGER_RECOVERY_INTERVAL_MS", "10"));
-    let a = LedgerProcess::start(&s.db.url, &s.spot.addr, &env);
-    let b = LedgerProcess::start(&s.db.url, &s.spot.addr, &env);
+    let a = LedgerProcess::start(&s.db.url, &s.spot, &env);
+    let b = LedgerProcess::start(&s.db.url, &s.spot, &env);
     for id in &ids {
         let t = wait_terminal(&s, id, Duration::from_secs(60)).await;
         assert_eq!(t.state, TransferState::Committed);

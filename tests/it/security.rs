@@ -104,7 +104,7 @@ async fn victim(base: String, user: u64, duration: Duration) -> Duration {
 async fn served(env: &[(&str, &str)]) -> (Stack, LedgerProcess) {
     let stack = Stack::start().await;
     stack.deposit(900, "USDT", "1000").await;
-    let ledger = LedgerProcess::start(&stack.db.url, &stack.spot.addr, env);
+    let ledger = LedgerProcess::start(&stack.db.url, &stack.spot, env);
     (stack, ledger)
 }
 

@@ -147,7 +147,7 @@ async fn inv_004_mon_003_async_failover_lost_commits_are_reported_halted_and_rep
     // checkpoint consumed); the test runs the check itself through the admin route.
     let ledger = LedgerProcess::start(
         &db_url,
-        &spot.addr,
+        &spot,
         &[("LEDGER_INVARIANT_INTERVAL_SECS", "3600")],
     );
     let http = Client::builder()

@@ -34,7 +34,7 @@ async fn fnd_006_inv_004_postgres_immediate_stop_under_load_loses_nothing() {
     for user in 1..=4 {
         s.deposit(user, "USDT", "1000").await;
     }
-    let ledger = LedgerProcess::start(&s.db.url, &s.spot.addr, &RECOVER_NOW);
+    let ledger = LedgerProcess::start(&s.db.url, &s.spot, &RECOVER_NOW);
 
     // Load: in-process submits in both directions, running while the server goes down.
     let mut load = tokio::task::JoinSet::new();
