@@ -498,7 +498,10 @@ async fn audit_periodic_check_never_decides_over_another_engine_on_the_same_port
         if now.1 >= failed + 3 {
             break;
         }
-        assert!(Instant::now() < deadline, "the periodic check stopped: {now:?}");
+        assert!(
+            Instant::now() < deadline,
+            "the periodic check stopped: {now:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(!ledger.log().contains("FUND_CONSERVATION_VIOLATED"));
@@ -508,7 +511,10 @@ async fn audit_periodic_check_never_decides_over_another_engine_on_the_same_port
     s.spot.restart();
     let deadline = Instant::now() + Duration::from_secs(30);
     while !status().await.0 {
-        assert!(Instant::now() < deadline, "the periodic check never ran again");
+        assert!(
+            Instant::now() < deadline,
+            "the periodic check never ran again"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
