@@ -162,46 +162,21 @@ pub(crate) async fn drive_batches(
     let not_committed = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let before = Cpu::read(pids);
     let started = Instant::now();
-    let deadline = started + duration;
-    let mut tasks = Vec::new();
-    for tokens in users {
-        let http = http.clone();
-        let url = match bulk {
+    let client = Client {
+        http: http.clone(),
+        url: match bulk {
             1 => format!("{base}/api/v1/internal_transfer"),
             _ => format!("{base}/api/v1/internal_transfers"),
-        };
-        let not_committed = not_committed.clone();
-        let cids = cids.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut mine = Vec::new();
-            let mut committed = 0u64;
-            let mut to_spot = vec![true; tokens.len()];
-            let mut turn = 0;
-            while Instant::now() < deadline {
-                let t0 = Instant::now();
-                let cid = || cids.as_ref().map(|c| c.take());
-                let done = match bulk {
-                    1 => u64::from(
-                        transfer_one(&http, &url, &tokens[turn], to_spot[turn], cid()).await,
-                    ),
-                    n => {
-                        let cids = (0..n).map(|_| cid()).collect();
-                        transfer_batch(&http, &url, &tokens[turn], to_spot[turn], cids).await
-                    }
-                };
-                committed += done;
-                let missed = bulk as u64 - done;
-                if missed == 0 {
-                    mine.push(t0.elapsed());
-                    to_spot[turn] = !to_spot[turn];
-                    turn = (turn + 1) % tokens.len();
-                } else {
-                    not_committed.fetch_add(missed, std::sync::atomic::Ordering::Relaxed);
-                }
-            }
-            (mine, committed)
-        }));
-    }
+        },
+        bulk,
+        deadline: started + duration,
+        cids,
+        not_committed: not_committed.clone(),
+    };
+    let tasks: Vec<_> = users
+        .into_iter()
+        .map(|tokens| tokio::spawn(client.clone().run(tokens)))
+        .collect();
     let mut latencies = Vec::new();
     let mut committed = 0;
     for t in tasks {
@@ -221,6 +196,58 @@ pub(crate) async fn drive_batches(
         cpu,
         pids,
     })
+}
+
+/// What every client task of one run shares.
+#[derive(Clone)]
+struct Client {
+    http: reqwest::Client,
+    url: String,
+    /// Transfers per request (1: the single route).
+    bulk: usize,
+    deadline: Instant,
+    cids: Option<Arc<Cids>>,
+    /// Transfers answered but not committed, across clients.
+    not_committed: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Client {
+    /// One client until the deadline, its users in turn: the latency of each request whose
+    /// transfers all committed, and how many transfers committed. A user's direction flips only
+    /// after a request that committed whole, so balances never run out.
+    async fn run(self, tokens: Vec<String>) -> (Vec<Duration>, u64) {
+        let mut mine = Vec::new();
+        let mut committed = 0u64;
+        let mut to_spot = vec![true; tokens.len()];
+        let mut turn = 0;
+        while Instant::now() < self.deadline {
+            let t0 = Instant::now();
+            let done = self.send(&tokens[turn], to_spot[turn]).await;
+            committed += done;
+            let missed = self.bulk as u64 - done;
+            if missed == 0 {
+                mine.push(t0.elapsed());
+                to_spot[turn] = !to_spot[turn];
+                turn = (turn + 1) % tokens.len();
+            } else {
+                self.not_committed
+                    .fetch_add(missed, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        (mine, committed)
+    }
+
+    /// One request as `token`'s user: how many of its transfers committed.
+    async fn send(&self, token: &str, to_spot: bool) -> u64 {
+        let cid = || self.cids.as_ref().map(|c| c.take());
+        match self.bulk {
+            1 => u64::from(transfer_one(&self.http, &self.url, token, to_spot, cid()).await),
+            n => {
+                let cids = (0..n).map(|_| cid()).collect();
+                transfer_batch(&self.http, &self.url, token, to_spot, cids).await
+            }
+        }
+    }
 }
 
 /// One transfer's body: 1 USDT FUNDING→SPOT when `to_spot`, else back, with its `cid` if any.
