@@ -40,7 +40,7 @@ async fn idp_001_withdraw_twice_debits_once() {
 }
 
 #[tokio::test]
-async fn idp_002_deposit_twice_credits_once() {
+async fn idp_002_fnd_003_deposit_twice_credits_once() {
     let s = Stack::start().await;
     s.deposit(12, "BTC", "1").await;
     let m = movement(12, "BTC", "0.5");

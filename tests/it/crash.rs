@@ -209,8 +209,11 @@ async fn cra_005_crash_in_target_pending_before_the_call_recovery_deposits_once(
     assert_committed(&s, &t).await;
 }
 
+/// CRA-005 after the call, and FND-003 (money from nothing: the target credited twice): the
+/// deposit reached spot-core and the crash lost its answer; recovery's retry finds it applied,
+/// so SPOT is credited once and spot-core records one DEPOSIT.
 #[tokio::test]
-async fn cra_005_crash_after_the_deposit_before_recording_it_is_not_repeated() {
+async fn cra_005_fnd_003_crash_after_the_deposit_before_recording_it_credits_once() {
     let (s, t) = crash_and_recover(Crash {
         failpoint: "target_after_call",
         left_in: TransferState::TargetPending,
