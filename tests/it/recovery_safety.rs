@@ -1,9 +1,9 @@
-//! Recovery and manual resolution, the review's findings: NOT_APPLIED cancels the pending call in
-//! the account system before it is recorded (a late copy is refused), a req_id recorded for
-//! another movement refuses every resolution, the worker finds open transfers with the projector
-//! frozen, a refused refund is surfaced at once, leases are renewed during slow drives, a failing
-//! follow-up drive does not turn a recorded resolution into an error, daily limits can be given
-//! back.
+//! Recovery and manual resolution under the faults that could move money wrongly: NOT_APPLIED
+//! cancels the pending call in the account system before it is recorded (a late copy is refused), a
+//! req_id recorded for another movement refuses every resolution, the worker finds open transfers
+//! with the projector frozen, a refused refund is surfaced at once, leases are renewed during slow
+//! drives, a failing follow-up drive does not turn a recorded resolution into an error, daily
+//! limits can be given back.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -145,9 +145,9 @@ impl Captured {
     }
 }
 
-/// Finding 1: a withdraw still queued when the operator says NOT_APPLIED must never land after
-/// the transfer is FAILED. The resolution first records a CANCELLED refusal in the funding
-/// journal, so the late copy is refused and the money stays.
+/// Manual NOT_APPLIED and a late call: a withdraw still queued when the operator says NOT_APPLIED
+/// must never land after the transfer is FAILED. The resolution first records a CANCELLED refusal
+/// in the funding journal, so the late copy is refused and the money stays.
 #[tokio::test]
 async fn recovery_manual_not_applied_cancels_the_pending_call_so_a_late_copy_is_refused() {
     let s = Stack::start().await;
@@ -215,9 +215,10 @@ async fn recovery_manual_not_applied_cancels_the_pending_call_so_a_late_copy_is_
     assert_eq!(leased, None);
 }
 
-/// Finding 1: where the account system cannot durably cancel (spot-core down), NOT_APPLIED is
-/// refused with 503 ACCOUNT_SYSTEM_UNAVAILABLE; `force: true` records it, marked in the reason.
-/// A worker holding the lease makes the resolution wait its turn (409 TRANSFER_BUSY).
+/// Manual NOT_APPLIED without a cancel: where the account system cannot durably cancel (spot-core
+/// down), NOT_APPLIED is refused with 503 ACCOUNT_SYSTEM_UNAVAILABLE; `force: true` records it,
+/// marked in the reason. A worker holding the lease makes the resolution wait its turn (409
+/// TRANSFER_BUSY).
 #[tokio::test]
 async fn recovery_manual_not_applied_refused_when_cancel_unavailable_unless_forced() {
     let mut api = ApiStack::start().await;
@@ -313,8 +314,9 @@ async fn recovery_manual_not_applied_refused_when_cancel_unavailable_unless_forc
     assert!(reason.contains("[FORCED"), "{reason}");
 }
 
-/// Finding 2: a req_id the account system recorded for another amount refuses both resolutions
-/// (it used to count as "cannot tell", so the operator's word stood).
+/// A req_id recorded for another movement: a req_id the account system recorded for another amount
+/// refuses both resolutions; it is a mismatch, not "cannot tell", so the operator's word does not
+/// stand.
 #[tokio::test]
 async fn recovery_manual_resolution_refused_when_req_id_recorded_for_another_movement() {
     let s = Stack::start().await;
@@ -376,8 +378,8 @@ async fn recovery_manual_resolution_refused_when_req_id_recorded_for_another_mov
     assert_eq!(rows[0].last_error_category.as_deref(), Some("MISMATCH"));
 }
 
-/// Finding 3: an idle transaction elsewhere on the server holds the projector's horizon, so the
-/// read models never see a new transfer; the worker still finds it (from the event log) and
+/// The projector frozen: an idle transaction elsewhere on the server holds the projector's horizon,
+/// so the read models never see a new transfer; the worker still finds it (from the event log) and
 /// finishes it, and a stalled projector is raised as CRITICAL.
 #[tokio::test]
 async fn recovery_worker_finds_open_transfers_while_the_projector_is_frozen() {
@@ -453,7 +455,7 @@ async fn recovery_worker_finds_open_transfers_while_the_projector_is_frozen() {
     assert_eq!(open, 0, "a terminal transfer leaves open_transfers");
 }
 
-/// Finding 4: a refund the source recorded as REFUSED cannot succeed by retrying: MON-002 is
+/// A refused refund: a refund the source recorded as REFUSED cannot succeed by retrying: MON-002 is
 /// raised at the first such attempt, and the listing shows it as REFUND_REFUSED.
 #[tokio::test]
 async fn recovery_refused_refund_is_listed_refund_refused_with_mon_002_at_once() {
@@ -536,8 +538,8 @@ async fn recovery_refused_refund_is_listed_refund_refused_with_mon_002_at_once()
     );
 }
 
-/// Finding 6: the resolution is committed, then the follow-up drive fails (another writer
-/// finished the transfer first): the answer is the resolution's, not an error.
+/// A failing follow-up drive: the resolution is committed, then the follow-up drive fails (another
+/// writer finished the transfer first): the answer is the resolution's, not an error.
 #[tokio::test]
 async fn recovery_manual_resolve_is_ok_when_the_follow_up_drive_fails() {
     let mut s = Stack::start().await;
@@ -570,8 +572,8 @@ async fn recovery_manual_resolve_is_ok_when_the_follow_up_drive_fails() {
     s.assert_conserved(16, "USDT").await;
 }
 
-/// Finding 7: a drive slower than the lease keeps it (renewed), so a second worker cannot take
-/// the transfer mid-call.
+/// The lease during a slow drive: a drive slower than the lease keeps it (renewed), so a second
+/// worker cannot take the transfer mid-call.
 #[tokio::test]
 async fn recovery_worker_renews_its_lease_during_a_slow_drive() {
     let mut s = Stack::start().await;
@@ -613,7 +615,7 @@ async fn recovery_worker_renews_its_lease_during_a_slow_drive() {
     s.assert_conserved(17, "USDT").await;
 }
 
-/// Finding 8: a reservation for a transfer that was not created can be given back.
+/// Daily limits given back: a reservation for a transfer that was not created can be given back.
 #[tokio::test]
 async fn recovery_daily_limit_reservation_is_released() {
     let s = Stack::start().await;
