@@ -1,4 +1,4 @@
-//! MON-004 (seed 000, monitoring: abnormal frequency per user → WARNING) against a real
+//! MON-004 (contract §9.9: abnormal frequency per user → WARNING) against a real
 //! `ledger serve`: real HTTP transfer requests over the configured frequency raise one WARNING
 //! line per episode, count `ledger_alerts_request_frequency_total` on the metrics address (not
 //! the API's), and are listed by the admin-only `GET /api/v1/admin/alerts`; repeated rate-limit

@@ -119,7 +119,7 @@ async fn insufficient_balance_is_422_with_the_failed_transfer_id() {
     api.stack.assert_conserved(9, "BTC").await;
 }
 
-/// DESIGN section 5: the same user, cid and body returns the original transfer, even when the
+/// Contract §3: the same user, cid and body returns the original transfer, even when the
 /// asset has been suspended since; a new cid is refused with ASSET_SUSPENDED.
 #[tokio::test]
 async fn a_cid_repeat_after_the_asset_is_suspended_returns_the_original() {

@@ -1,4 +1,4 @@
-//! External attack tests (seed 000 section 10.2, ATK-001..013) over real HTTP, plus the identity
+//! External attack tests (contract §9.2, ATK-001 to ATK-013) over real HTTP, plus the identity
 //! checks that have no seed id: algorithm confusion, `alg: none`, missing `exp`, `nbf`, leeway.
 
 use std::time::{SystemTime, UNIX_EPOCH};

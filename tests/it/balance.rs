@@ -1,4 +1,4 @@
-//! Balance and account-status tests (seed 000 section 10.3, BAL-001..005) over real HTTP, and the
+//! Balance and account-status tests (contract §9.3, BAL-001 to BAL-005) over real HTTP, and the
 //! account checks without a seed id: a missing source or FUNDING target account.
 
 use domain::{Amount, AssetSymbol, Movement, ReqId, UserId};

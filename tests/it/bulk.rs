@@ -1,6 +1,6 @@
 //! Bulk transfers (`POST /api/v1/internal_transfers`, issue 25) over real HTTP, PostgreSQL and
-//! spot-core: each item validated in the seed's order with the single route's codes and answered
-//! in request order, client keys across batches and the single route, limits counting
+//! spot-core: each item validated in contract §5.5's order with the single route's codes and
+//! answered in request order, client keys across batches and the single route, limits counting
 //! transfers, the admin's and the user's scope, the maximum, and crashes with half a batch's
 //! calls made (recovered item by item, conservation exact).
 
@@ -56,7 +56,7 @@ async fn bulk_items_are_checked_one_by_one_in_seed_order_and_answered_in_request
     let user = api.token(1, false);
     let items = vec![
         item("FUNDING", "SPOT", "10"),
-        // The account types come first in the seed's order, before the asset.
+        // The account types come first in contract §5.5's order, before the asset.
         json!({"from": "WALLET", "to": "SPOT", "asset": "DOGE", "amount": "1"}),
         item("FUNDING", "FUNDING", "1"),
         json!({"from": "FUNDING", "to": "SPOT", "asset": "DOGE", "amount": "1"}),

@@ -1,4 +1,4 @@
-//! Concurrency and idempotency under load (seed 000 sections 10.6 and 10.7): CON-002..004 and
+//! Concurrency and idempotency under load (contract §9.6 and §9.7): CON-002..004 and
 //! IDP-004, plus concurrent duplicates of one `cid`. Nothing is ever overdrawn or applied twice.
 
 use domain::{

@@ -1,4 +1,4 @@
-//! Defence in depth (seed 000 section 1.5): each check refused with its code at the API, and the
+//! Defence in depth (contract §5): each check refused with its code at the API, and the
 //! same bad request sent straight to the coordinator, to an adapter and to spot-core over raw TCP
 //! refused there too. Also rate limits with Retry-After, admin asset changes that persist across
 //! instances, and request hygiene.

@@ -330,7 +330,7 @@ impl Stack {
         assert!(caught_up, "projections did not catch up within 30 s");
     }
 
-    /// DESIGN section 6, exact: reconciles both account systems' records by req_id with the
+    /// Contract §4, exact: reconciles both account systems' records by req_id with the
     /// events, system-wide, and fails on any difference or disagreeing transfer.
     pub async fn assert_invariant_exact(&self) {
         let report = application::audit::check(&self.funding, &self.spot_adapter)

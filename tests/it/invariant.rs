@@ -1,4 +1,4 @@
-//! The exact conservation check (DESIGN section 6) at `GET /api/v1/admin/invariant`: per
+//! The exact conservation check (contract §4) at `GET /api/v1/admin/invariant`: per
 //! asset sums reconciled by req_id, no false alarm for a transfer caught between an applied
 //! withdraw and its recorded outcome, and MON-003: a real violation halts new transfers
 //! (SERVICE_HALTED) until an admin clears it.
@@ -42,7 +42,7 @@ async fn inv_exact_check_has_no_false_alarm_for_a_transfer_caught_mid_step() {
         .unwrap();
     assert!(report.ok, "{report:#?}");
     let usdt = report.assets.iter().find(|a| a.asset == "USDT").unwrap();
-    // Seed 000's state-based in-flight misses the 40; the reconciled one does not.
+    // The state-based in-flight (contract §4) misses the 40; the reconciled one does not.
     assert_eq!(usdt.in_flight_by_state, dec("0"));
     assert_eq!(usdt.in_flight, dec("40"));
     assert_eq!(

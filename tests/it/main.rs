@@ -1,5 +1,6 @@
-//! The acceptance catalogue (seed 000 section 10), one integration binary against a real
-//! PostgreSQL and real spot-core processes. Test names carry the seed's ids.
+//! The acceptance catalogue (contract §9), one integration binary against a real
+//! PostgreSQL and real spot-core processes. Test names carry its ids
+//! (`docs/acceptance.md`).
 
 mod helpers;
 mod nats;
