@@ -26,7 +26,8 @@ pub use protocol::{Request, Response};
 
 use assets::Assets;
 use engine::Engine;
-use wal::{EngineHandle, FailPoints, StorageOptions, Wal};
+use storage::FailPoints;
+use wal::{EngineHandle, StorageOptions, Wal};
 
 /// Command line of the `spot-core` binary (and of anything embedding it).
 #[derive(Debug, Clone, clap::Parser)]

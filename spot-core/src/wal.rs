@@ -19,10 +19,6 @@ mod recovery;
 mod scan;
 mod writer;
 
-pub use crate::storage::{
-    encode_record, parse_segment_name, segment_name, FailPoints, HEADER_BYTES, LEGACY_WAL_FILE,
-    LOCK_FILE, MAX_RECORD_BYTES,
-};
 pub use commit::{spawn_committer, EngineHandle, MAX_BATCH};
 pub use recovery::{open, ReplayReport};
 pub use scan::{later_valid_frame, scan_frames};

@@ -167,7 +167,7 @@ fn validation_refusals_are_not_recorded() {
         mv(w, "é", 1, "USDT", "1"),
         RefusalCode::InvalidReqId,
     );
-    // Not canonical: lowercase, or not a ULID at all (the old free-form ids).
+    // Not canonical: lowercase, or not a ULID at all (a free-form id).
     let mut lower = mv(w, "x", 1, "USDT", "1");
     if let Request::Withdraw(m) = &mut lower {
         m.req_id = m.req_id.to_lowercase();

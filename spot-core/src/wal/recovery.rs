@@ -18,9 +18,7 @@ use crate::assets::Assets;
 use crate::engine::Engine;
 use crate::journal::{Catalog, LiveSegment};
 use crate::snapshot::{self, WalPosition};
-use crate::storage::{
-    create_dir, list_segments, segment_name, sync_dir, LEGACY_WAL_FILE, LOCK_FILE,
-};
+use crate::storage::{create_dir, list_segments, segment_name, sync_dir, LOCK_FILE};
 
 /// What start-up found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,7 +37,7 @@ pub struct ReplayReport {
     pub snapshot_ms: u64,
 }
 
-/// Open the data directory: lock it, adopt a legacy `wal.log`, load the newest valid snapshot
+/// Open the data directory: lock it, load the newest valid snapshot
 /// (falling back to the previous one when it is damaged), replay the WAL after it and repair
 /// a torn tail of the last segment. Refuses (leaving every file as it is) when the WAL does not
 /// reach the snapshot, when there is a gap between the snapshot and the segments or between
@@ -51,7 +49,6 @@ pub fn open(
     options: &StorageOptions,
 ) -> anyhow::Result<(Engine, Wal, ReplayReport)> {
     let lock = lock_dir(dir, options)?;
-    adopt_legacy_wal(dir)?;
     let mut base = load_base(dir, assets)?;
     let segs = wal_segments(dir, &base)?;
     let start = first_segment_to_replay(dir, &segs, &base)?;
@@ -112,39 +109,6 @@ fn lock_dir(dir: &Path, options: &StorageOptions) -> anyhow::Result<File> {
         sync_dir(dir)?;
     }
     Ok(lock)
-}
-
-/// Rename a legacy `wal.log` to the first segment, unless segments exist already (refused:
-/// which one is current cannot be guessed) or an older spot-core still holds it.
-fn adopt_legacy_wal(dir: &Path) -> anyhow::Result<()> {
-    let legacy = dir.join(LEGACY_WAL_FILE);
-    if !legacy.exists() {
-        return Ok(());
-    }
-    let segs = list_segments(dir)?;
-    if !segs.is_empty() {
-        bail!(
-            "{} holds both a legacy {LEGACY_WAL_FILE} and WAL segments ({} ...); refusing to \
-             guess which is current",
-            dir.display(),
-            segment_name(segs[0])
-        );
-    }
-    // An older spot-core locks `wal.log` itself, not `LOCK`: make sure none is running.
-    let old = File::open(&legacy).with_context(|| format!("opening {}", legacy.display()))?;
-    if let Err(std::fs::TryLockError::WouldBlock) = old.try_lock() {
-        bail!(
-            "{} is locked by another (older) spot-core process",
-            legacy.display()
-        );
-    }
-    drop(old);
-    let first = dir.join(segment_name(1));
-    std::fs::rename(&legacy, &first)
-        .with_context(|| format!("adopting {} as {}", legacy.display(), first.display()))?;
-    sync_dir(dir)?;
-    tracing::info!(from = %legacy.display(), to = %first.display(), "legacy WAL adopted as the first segment");
-    Ok(())
 }
 
 /// The segments to start from; the first one is created in an empty directory, refused when a

@@ -7,6 +7,7 @@ use crate::assets::Assets;
 use crate::engine::Engine;
 use crate::protocol::{AccountStatus, MovementRequest};
 use crate::protocol::{JournalRecord, Request, Response};
+use crate::storage::{encode_record, segment_name, FailPoints, HEADER_BYTES};
 
 fn engine() -> Engine {
     Engine::new(Assets::builtin())
