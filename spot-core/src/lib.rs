@@ -10,7 +10,6 @@ pub mod protocol;
 pub mod server;
 pub mod snapshot;
 pub mod storage;
-pub mod tcp;
 pub mod ulid;
 pub mod wal;
 
