@@ -11,9 +11,9 @@
 //! `REQ_ID_EXPIRED` from then on (final, since the horizon never moves backwards). The journal
 //! itself is not kept here: it is served from the WAL segments on disk.
 //!
-//! Its parts: this file holds the state and its queries; `apply.rs` decides requests,
-//! `replay.rs` applies records, `values.rs` checks a request's values, `outcome.rs` numbers
-//! recorded outcomes.
+//! Its parts: this file holds the state and its queries; in `engine/`, `apply.rs` decides
+//! requests, `replay.rs` applies records, `values.rs` checks a request's values and
+//! `outcome.rs` numbers recorded outcomes.
 
 mod apply;
 mod outcome;

@@ -5,12 +5,12 @@
 //! Segments: `<data-dir>/wal-<first seq, 20 digits>.seg`, a new one started once the active one
 //! reaches `--segment-bytes` (after a synced batch, so a segment never ends with a torn record
 //! unless it is the last one).
-
 //!
-//! Its parts: `writer.rs` (the active segment and `StorageOptions`), `recovery.rs` (start-up,
-//! with `base.rs`, the snapshot it begins from, and `scan.rs`, the frame reader), `commit.rs`
-//! (the engine thread's group commit and `EngineHandle`) and `compact.rs` (the snapshot thread:
-//! write, then compact). This file names the WAL's public surface.
+//! Its parts, in `wal/`: `writer.rs` (the active segment and `StorageOptions`), `recovery.rs`
+//! (start-up, with `base.rs`, the snapshot it begins from, and `scan.rs`, the frame reader),
+//! `commit.rs` (the engine thread's group commit and `EngineHandle`) and `compact.rs` (the
+//! snapshot thread: write, then compact). This file names what the rest of spot-core and the
+//! other crates use.
 
 mod base;
 mod commit;
