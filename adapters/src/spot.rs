@@ -72,7 +72,7 @@ impl SpotAdapter {
         addr: String,
         timeout: Duration,
         token: Option<String>,
-        liveness: spot_core::tcp::TcpLiveness,
+        liveness: liveness::TcpLiveness,
     ) -> Self {
         Self::over(Arc::new(SpotClient::with_liveness(
             addr, timeout, token, liveness,

@@ -43,7 +43,7 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
     let (engine, wal) =
         spot_core::open_engine(spot_core::assets::Assets::builtin(), &tmp.join("inproc"))?;
     let (handle, thread) =
-        spot_core::wal::spawn_committer(engine, wal, spot_core::wal::FailPoints::default())?;
+        spot_core::wal::spawn_committer(engine, wal, spot_core::storage::FailPoints::default())?;
     let done = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
     let started = Instant::now();

@@ -327,9 +327,9 @@ impl Settings {
     }
 
     /// The keepalive and `TCP_USER_TIMEOUT` of spot-core connections.
-    pub fn spot_liveness(&self) -> spot_core::tcp::TcpLiveness {
-        let default = spot_core::tcp::TcpLiveness::DEFAULT;
-        spot_core::tcp::TcpLiveness {
+    pub fn spot_liveness(&self) -> liveness::TcpLiveness {
+        let default = liveness::TcpLiveness::DEFAULT;
+        liveness::TcpLiveness {
             keepalive: self
                 .tcp_keepalive_ms
                 .map_or(default.keepalive, Duration::from_millis),
@@ -340,10 +340,8 @@ impl Settings {
 
     /// The same for PostgreSQL connections, with the server's idle-in-transaction bound.
     pub fn db_liveness(&self) -> schema::DbLiveness {
-        let spot = self.spot_liveness();
         schema::DbLiveness {
-            keepalive: spot.keepalive,
-            user_timeout: spot.user_timeout,
+            tcp: self.spot_liveness(),
             idle_in_transaction: (self.db_idle_in_transaction_ms).map_or(
                 schema::DbLiveness::DEFAULT.idle_in_transaction,
                 Duration::from_millis,

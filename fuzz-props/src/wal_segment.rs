@@ -19,7 +19,8 @@ use spot_core::engine::Engine;
 use spot_core::journal::read_frame;
 use spot_core::protocol::JournalRecord;
 use spot_core::snapshot::{self, WalPosition};
-use spot_core::wal::{encode_record, later_valid_frame, scan_frames, HEADER_BYTES};
+use spot_core::storage::{encode_record, HEADER_BYTES};
+use spot_core::wal::{later_valid_frame, scan_frames};
 
 use crate::assets::assets;
 

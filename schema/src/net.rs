@@ -8,31 +8,26 @@
 //!   Without it, a query whose answer is lost waits out the kernel's retransmissions (about 15
 //!   minutes) and an idle pooled connection to a vanished server lives for hours.
 //! - The server's end, sent as connection options: the same keepalive and user timeout
-//!   (`tcp_keepalives_*`, `tcp_user_timeout`), and `idle_in_transaction_session_timeout`, so a
-//!   session whose ledger vanished mid-transaction stops holding its locks (the feed's advisory
-//!   lock, account rows) for the other ledgers.
+//!   (`tcp_keepalives_*`, `tcp_user_timeout`, from the one `liveness::TcpLiveness`), and
+//!   `idle_in_transaction_session_timeout`, so a session whose ledger vanished mid-transaction
+//!   stops holding its locks (the feed's advisory lock, account rows) for the other ledgers.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
 
-use rustix::net::sockopt;
+use liveness::{TcpLiveness, KEEPALIVE_PROBES};
 use rustix::process::{getpid, pidfd_getfd, pidfd_open, PidfdFlags, PidfdGetfdFlags};
 use sqlx::postgres::PgConnectOptions;
 
-/// Keepalive probes sent before an idle connection is given up.
-pub const KEEPALIVE_PROBES: u32 = 4;
-
-/// The liveness settings of the pool's connections.
+/// The liveness settings of the pool's connections: the system's one TCP liveness type, set on
+/// this process's sockets and sent to the server, and the server's bound on a session idle
+/// inside a transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DbLiveness {
-    /// Idle time before the first keepalive probe (whole seconds, at least 1); probes follow
-    /// every quarter of it (at least 1 s). With `user_timeout` set, Linux ends a connection whose
-    /// probes go unanswered once nothing was received for `user_timeout`.
-    pub keepalive: Duration,
-    /// `TCP_USER_TIMEOUT`: sent data unacknowledged this long ends the connection.
-    pub user_timeout: Duration,
+    /// Keepalive and `TCP_USER_TIMEOUT`, on both ends of every connection.
+    pub tcp: TcpLiveness,
     /// The server ends a session idle inside a transaction this long (0: never).
     pub idle_in_transaction: Duration,
 }
@@ -44,50 +39,36 @@ impl Default for DbLiveness {
 }
 
 impl DbLiveness {
-    /// 4 s of idleness before probing, 10 s without an acknowledgement or an answered probe
-    /// (a vanished server noticed within about 11 s, idle or not), 60 s idle inside a
-    /// transaction.
+    /// The TCP defaults ([`TcpLiveness::DEFAULT`]: a vanished server noticed within about 11 s,
+    /// idle or not), 60 s idle inside a transaction.
     pub const DEFAULT: DbLiveness = DbLiveness {
-        keepalive: Duration::from_secs(4),
-        user_timeout: Duration::from_secs(10),
+        tcp: TcpLiveness::DEFAULT,
         idle_in_transaction: Duration::from_secs(60),
     };
 
-    fn idle_secs(&self) -> u64 {
-        self.keepalive.as_secs().max(1)
-    }
-
-    fn interval_secs(&self) -> u64 {
-        (self.idle_secs() / 4).max(1)
-    }
-
-    fn user_timeout_ms(&self) -> u32 {
-        u32::try_from(self.user_timeout.as_millis())
-            .unwrap_or(u32::MAX)
-            .max(1)
-    }
-
-    /// The server-side half, as run-time parameters of every connection.
+    /// The server-side half, as run-time parameters of every connection: the same keepalive
+    /// and user timeout the kernel gets on this end.
     pub fn server_options(&self, options: PgConnectOptions) -> PgConnectOptions {
+        let tcp = &self.tcp;
         let idle_tx = self.idle_in_transaction.as_millis().to_string();
         options.options([
-            ("tcp_keepalives_idle", self.idle_secs().to_string()),
-            ("tcp_keepalives_interval", self.interval_secs().to_string()),
+            (
+                "tcp_keepalives_idle",
+                tcp.keepalive_idle().as_secs().to_string(),
+            ),
+            (
+                "tcp_keepalives_interval",
+                tcp.probe_interval().as_secs().to_string(),
+            ),
             ("tcp_keepalives_count", KEEPALIVE_PROBES.to_string()),
-            ("tcp_user_timeout", self.user_timeout_ms().to_string()),
+            ("tcp_user_timeout", tcp.user_timeout_ms().to_string()),
             ("idle_in_transaction_session_timeout", idle_tx),
         ])
     }
 
     /// Sets keepalive and `TCP_USER_TIMEOUT` on one connected TCP socket.
     pub fn apply(&self, socket: impl AsFd) -> std::io::Result<()> {
-        let fd = socket.as_fd();
-        sockopt::set_socket_keepalive(fd, true)?;
-        sockopt::set_tcp_keepidle(fd, Duration::from_secs(self.idle_secs()))?;
-        sockopt::set_tcp_keepintvl(fd, Duration::from_secs(self.interval_secs()))?;
-        sockopt::set_tcp_keepcnt(fd, KEEPALIVE_PROBES)?;
-        sockopt::set_tcp_user_timeout(fd, self.user_timeout_ms())?;
-        Ok(())
+        self.tcp.apply(socket)
     }
 
     /// Tunes every TCP socket of this process connected to one of `ports`; returns how many.
@@ -178,6 +159,8 @@ pub fn database_ports(url: &str) -> BTreeSet<u16> {
 
 #[cfg(test)]
 mod tests {
+    use rustix::net::sockopt;
+
     use super::*;
 
     #[test]
@@ -193,13 +176,27 @@ mod tests {
     }
 
     #[test]
+    fn the_server_gets_the_same_tcp_liveness_and_the_idle_transaction_bound() {
+        let options = DbLiveness::DEFAULT.server_options(PgConnectOptions::new());
+        assert_eq!(
+            options.get_options(),
+            Some(
+                "-c tcp_keepalives_idle=4 -c tcp_keepalives_interval=1 -c tcp_keepalives_count=4 \
+                 -c tcp_user_timeout=10000 -c idle_in_transaction_session_timeout=60000"
+            )
+        );
+    }
+
+    #[test]
     fn a_connected_socket_of_this_process_is_found_and_tuned() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let stream = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let liveness = DbLiveness {
-            keepalive: Duration::from_secs(8),
-            user_timeout: Duration::from_millis(2_500),
+            tcp: TcpLiveness {
+                keepalive: Duration::from_secs(8),
+                user_timeout: Duration::from_millis(2_500),
+            },
             idle_in_transaction: Duration::from_secs(1),
         };
         let tuned = liveness

@@ -8,12 +8,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use liveness::TcpLiveness;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::time::{timeout_at, Instant};
 
 use crate::protocol::{Request, Response};
-use crate::tcp::TcpLiveness;
 
 /// Idle connections kept for reuse; more concurrent calls simply open more connections.
 pub const MAX_IDLE_CONNECTIONS: usize = 32;

@@ -10,7 +10,6 @@ pub mod protocol;
 pub mod server;
 pub mod snapshot;
 pub mod storage;
-pub mod tcp;
 pub mod ulid;
 pub mod wal;
 
@@ -26,7 +25,8 @@ pub use protocol::{Request, Response};
 
 use assets::Assets;
 use engine::Engine;
-use wal::{EngineHandle, FailPoints, StorageOptions, Wal};
+use storage::FailPoints;
+use wal::{EngineHandle, StorageOptions, Wal};
 
 /// Command line of the `spot-core` binary (and of anything embedding it).
 #[derive(Debug, Clone, clap::Parser)]

@@ -165,8 +165,10 @@ pub fn canonical_amount(amount: Decimal) -> String {
     amount.normalize().to_string()
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+/// A movement's kind. Its names are spelled only in `as_str`: `FromStr`, serde (the wire, the
+/// WAL's records, `journal`) and every message go through it. The tags of `Request` and
+/// `JournalRecord` are the same names, which a test holds to `as_str`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum MovementOp {
     Withdraw,
     Deposit,
@@ -174,12 +176,67 @@ pub enum MovementOp {
 }
 
 impl MovementOp {
+    /// Every op, in key order.
+    pub const ALL: [MovementOp; 3] = [
+        MovementOp::Withdraw,
+        MovementOp::Deposit,
+        MovementOp::Refund,
+    ];
+
+    /// The op's one name, on the wire and on disk.
     pub fn as_str(self) -> &'static str {
         match self {
             MovementOp::Withdraw => "withdraw",
             MovementOp::Deposit => "deposit",
             MovementOp::Refund => "refund",
         }
+    }
+}
+
+/// A name that is no movement op's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown movement op `{0}`")]
+pub struct UnknownMovementOp(pub String);
+
+impl std::str::FromStr for MovementOp {
+    type Err = UnknownMovementOp;
+
+    /// The op named exactly `name`; anything else is an error, never a default.
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        MovementOp::ALL
+            .into_iter()
+            .find(|op| op.as_str() == name)
+            .ok_or_else(|| UnknownMovementOp(name.to_owned()))
+    }
+}
+
+impl std::fmt::Display for MovementOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for MovementOp {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for MovementOp {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Name;
+        impl serde::de::Visitor<'_> for Name {
+            type Value = MovementOp;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a movement op's name")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<MovementOp, E> {
+                name.parse().map_err(E::custom)
+            }
+        }
+        deserializer.deserialize_str(Name)
     }
 }
 
@@ -607,6 +664,55 @@ mod tests {
             serde_json::to_string(&op).unwrap(),
             r#"{"op":"withdraw","user_id":7,"asset":"USDT","amount":"10.5","outcome":"applied","code":null,"seq":12}"#
         );
+    }
+
+    /// The one spelling of each op: parsed back, refused when unknown, and the same as the tag
+    /// of its request and of its record (serde derives those from the variant names).
+    #[test]
+    fn every_movement_op_has_one_name() {
+        assert_eq!("withdraw".parse(), Ok(MovementOp::Withdraw));
+        assert_eq!(
+            "Withdraw".parse::<MovementOp>(),
+            Err(UnknownMovementOp("Withdraw".into()))
+        );
+        assert!("".parse::<MovementOp>().is_err());
+        assert!(serde_json::from_str::<MovementOp>(r#""steal""#).is_err());
+        assert!(serde_json::from_str::<MovementOp>(r#"{"withdraw":null}"#).is_err());
+        for op in MovementOp::ALL {
+            let name = op.as_str();
+            assert_eq!(name.parse(), Ok(op));
+            assert_eq!(op.to_string(), name);
+            assert_eq!(serde_json::to_string(&op).unwrap(), format!("\"{name}\""));
+            assert_eq!(
+                serde_json::from_str::<MovementOp>(&format!("\"{name}\"")).unwrap(),
+                op
+            );
+            let tag = |v: serde_json::Value| v["op"].as_str().map(str::to_owned);
+            let request = Request::movement(op, "a", 1, "USDT", Decimal::ONE);
+            assert_eq!(
+                tag(serde_json::to_value(&request).unwrap()).as_deref(),
+                Some(name)
+            );
+            let record = JournalRecord::from_movement(
+                op,
+                MovementRecord {
+                    seq: 1,
+                    req_id: "a".into(),
+                    user_id: 1,
+                    asset: "USDT".into(),
+                    amount: Decimal::ONE,
+                    outcome: Outcome::Applied,
+                    code: None,
+                    balance: Some(Decimal::ONE),
+                },
+            );
+            let json = serde_json::to_value(&record).unwrap();
+            assert_eq!(tag(json.clone()).as_deref(), Some(name));
+            assert_eq!(
+                serde_json::from_value::<JournalRecord>(json).unwrap(),
+                record
+            );
+        }
     }
 
     #[test]

@@ -82,7 +82,7 @@ async fn handle_connection(stream: TcpStream, engine: EngineHandle, token: Optio
     let _ = stream.set_nodelay(true);
     // A client that vanished without a word (its host died, a partition) would otherwise keep
     // this task and its socket for hours.
-    let _ = crate::tcp::TcpLiveness::DEFAULT.apply(&stream);
+    let _ = liveness::TcpLiveness::DEFAULT.apply(&stream);
     let (rd, wr) = stream.into_split();
     let (queue_tx, queue_rx) = mpsc::channel(MAX_IN_FLIGHT_PER_CONN);
     let writer = tokio::spawn(write_loop(wr, queue_rx));

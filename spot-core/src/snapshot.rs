@@ -267,12 +267,10 @@ fn decode_remembered(r: &mut Reader<'_>, engine: &mut Engine, n_assets: u32) -> 
         Vec::with_capacity(usize::try_from(n.min(1 << 26))?);
     for _ in 0..n {
         let id = r.u128()?;
-        let op = match r.u8()? {
-            0 => MovementOp::Withdraw,
-            1 => MovementOp::Deposit,
-            2 => MovementOp::Refund,
-            o => bail!("unknown op {o}"),
-        };
+        let o = r.u8()?;
+        let op = *OP_CODES
+            .get(usize::from(o))
+            .with_context(|| format!("unknown op {o}"))?;
         let user_id = r.u64()?;
         let asset = asset_ok(r.u16()?, n_assets)?;
         let outcome = r.u8()?;
@@ -314,12 +312,20 @@ fn status_byte(s: AccountStatus) -> u8 {
     }
 }
 
+/// Every movement op by its stored number (its index). Append only: snapshots store these
+/// numbers.
+const OP_CODES: [MovementOp; 3] = [
+    MovementOp::Withdraw,
+    MovementOp::Deposit,
+    MovementOp::Refund,
+];
+
 fn op_byte(op: MovementOp) -> u8 {
-    match op {
-        MovementOp::Withdraw => 0,
-        MovementOp::Deposit => 1,
-        MovementOp::Refund => 2,
-    }
+    let i = OP_CODES
+        .iter()
+        .position(|o| *o == op)
+        .expect("every op is listed");
+    u8::try_from(i).expect("fewer than 256 ops")
 }
 
 struct Reader<'a> {

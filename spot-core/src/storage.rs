@@ -14,8 +14,6 @@ use anyhow::Context;
 
 use crate::protocol::JournalRecord;
 
-/// The single log file of spot-core before segments; adopted at start as the first segment.
-pub const LEGACY_WAL_FILE: &str = "wal.log";
 /// Held with `flock` while a process uses the data directory.
 pub const LOCK_FILE: &str = "LOCK";
 /// A length above this cannot have been written by us, so it marks a damaged header.

@@ -10,8 +10,9 @@ use std::time::Instant;
 use rust_decimal::Decimal;
 use spot_core::assets::Assets;
 use spot_core::protocol::{Request, Response};
+use spot_core::storage::FailPoints;
 use spot_core::ulid;
-use spot_core::wal::{self, FailPoints, StorageOptions};
+use spot_core::wal::{self, StorageOptions};
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)

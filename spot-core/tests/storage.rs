@@ -1,6 +1,6 @@
 //! The storage layer in-process: many snapshots, segment rotations and compactions, then a
 //! restart that must rebuild exactly the state of an engine that never snapshotted; `journal`
-//! from the segments (compacted without an archive, whole with one); a legacy `wal.log`.
+//! from the segments (compacted without an archive, whole with one).
 
 use std::path::{Path, PathBuf};
 
@@ -9,8 +9,9 @@ use spot_core::engine::Engine;
 use spot_core::protocol::{
     AccountStatus, CoreStatus, ErrorCode, JournalRecord, MovementOp, Request, Response,
 };
+use spot_core::storage::FailPoints;
 use spot_core::ulid;
-use spot_core::wal::{self, FailPoints, StorageOptions};
+use spot_core::wal::{self, StorageOptions};
 
 const T0: u64 = 1_700_000_000_000;
 
@@ -272,29 +273,6 @@ fn with_an_archive_the_journal_is_served_from_seq_1() {
     assert_eq!(mid, want_records[333..]);
     let (engine, _w) = spot_core::open_engine_with(Assets::builtin(), &dir, &opts).unwrap();
     assert_eq!(engine, want);
-}
-
-#[test]
-fn a_legacy_wal_log_is_adopted_as_the_first_segment() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("data");
-    std::fs::create_dir_all(&dir).unwrap();
-    let requests = workload(300);
-    let (want, _, records) = reference(&requests);
-    let mut bytes = Vec::new();
-    for r in &records {
-        wal::encode_record(r, &mut bytes);
-    }
-    std::fs::write(dir.join(wal::LEGACY_WAL_FILE), &bytes).unwrap();
-    let (engine, w) =
-        spot_core::open_engine_with(Assets::builtin(), &dir, &StorageOptions::default()).unwrap();
-    assert_eq!(engine, want);
-    drop(w);
-    assert!(!dir.join(wal::LEGACY_WAL_FILE).exists());
-    assert_eq!(
-        std::fs::read(dir.join(wal::segment_name(1))).unwrap(),
-        bytes
-    );
 }
 
 /// A spot-core that dies more often than every N records still takes snapshots: the records

@@ -369,7 +369,7 @@ async fn fnd_005_spot_wal_torn_or_bit_flipped_tail_is_dropped_and_acked_ops_kept
     let mut s = Stack::start().await;
     let spot = s.spot_adapter.clone();
     // The first WAL segment (default size: every record of this test is in it).
-    let wal = s.spot.data_dir.join(spot_core::wal::segment_name(1));
+    let wal = s.spot.data_dir.join(spot_core::storage::segment_name(1));
     let user = UserId::new(9).unwrap();
     let usdt = AssetSymbol::parse("USDT").unwrap();
     let mut acked = Vec::new();

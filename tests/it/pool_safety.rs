@@ -126,8 +126,10 @@ async fn cra_a_server_that_accepts_and_never_answers_fails_startup_within_a_boun
 #[tokio::test]
 async fn fnd_004_every_database_connection_is_tuned_before_its_first_query() {
     let liveness = schema::DbLiveness {
-        keepalive: Duration::from_secs(7),
-        user_timeout: Duration::from_millis(9_500),
+        tcp: liveness::TcpLiveness {
+            keepalive: Duration::from_secs(7),
+            user_timeout: Duration::from_millis(9_500),
+        },
         idle_in_transaction: Duration::from_secs(60),
     };
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -302,9 +304,9 @@ fn client_socket_tuned(local: u16, peer: u16, liveness: schema::DbLiveness) -> b
         }
         let dup = &socket.fd;
         return sockopt::socket_keepalive(dup).unwrap_or(false)
-            && sockopt::tcp_keepidle(dup).ok() == Some(liveness.keepalive)
+            && sockopt::tcp_keepidle(dup).ok() == Some(liveness.tcp.keepalive)
             && sockopt::tcp_user_timeout(dup).ok()
-                == u32::try_from(liveness.user_timeout.as_millis()).ok();
+                == u32::try_from(liveness.tcp.user_timeout.as_millis()).ok();
     }
     panic!("no socket of this process from port {local} to port {peer}");
 }

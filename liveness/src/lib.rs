@@ -4,6 +4,11 @@
 //! errors such a socket within a bounded time whether it sits idle in a pool or waits for an
 //! answer, instead of after the system's defaults (two hours of idleness; about 15 minutes of
 //! retransmissions).
+//!
+//! One type, [`TcpLiveness`], for every connection of the system: spot-core's client and server
+//! sockets, and the ledger's PostgreSQL connections (`schema`, which also sends the same values to
+//! the server as connection options). A leaf crate, so that `spot-core` and `schema` share it
+//! while staying free of each other.
 
 use std::os::fd::AsFd;
 use std::time::Duration;
@@ -58,6 +63,13 @@ impl TcpLiveness {
         idle + step * u32::try_from(steps).unwrap_or(u32::MAX)
     }
 
+    /// `TCP_USER_TIMEOUT` as the kernel takes it: milliseconds, at least one.
+    pub fn user_timeout_ms(&self) -> u32 {
+        u32::try_from(self.user_timeout.as_millis())
+            .unwrap_or(u32::MAX)
+            .max(1)
+    }
+
     /// Sets keepalive and `TCP_USER_TIMEOUT` on a connected TCP socket.
     pub fn apply(&self, socket: impl AsFd) -> std::io::Result<()> {
         let fd = socket.as_fd();
@@ -65,8 +77,7 @@ impl TcpLiveness {
         sockopt::set_tcp_keepidle(fd, self.keepalive_idle())?;
         sockopt::set_tcp_keepintvl(fd, self.probe_interval())?;
         sockopt::set_tcp_keepcnt(fd, KEEPALIVE_PROBES)?;
-        let user_timeout = u32::try_from(self.user_timeout.as_millis()).unwrap_or(u32::MAX);
-        sockopt::set_tcp_user_timeout(fd, user_timeout.max(1))?;
+        sockopt::set_tcp_user_timeout(fd, self.user_timeout_ms())?;
         Ok(())
     }
 }

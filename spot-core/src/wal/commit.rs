@@ -1,0 +1,279 @@
+//! Group commit: the one thread that owns the engine and the active segment. It takes every
+//! request waiting (up to `MAX_BATCH`), decides them in memory, writes and syncs their records
+//! once, and only then answers; it hands `journal` requests to the reader thread and a
+//! serialized snapshot to the snapshot thread (`compact.rs`) when one is due.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::compact::{write_snapshot, SnapshotJob};
+use super::writer::Wal;
+use crate::engine::Engine;
+use crate::journal::{self, JournalJob};
+use crate::protocol::{Request, Response};
+use crate::snapshot::{self, WalPosition};
+use crate::storage::{encode_record, FailPoints};
+
+/// Most requests folded into one write + sync.
+pub const MAX_BATCH: usize = 4096;
+
+struct Job {
+    request: Request,
+    reply: oneshot::Sender<Response>,
+}
+
+/// Cheap handle for submitting requests to the engine thread.
+#[derive(Debug, Clone)]
+pub struct EngineHandle {
+    tx: mpsc::Sender<Job>,
+}
+
+impl EngineHandle {
+    /// Queue a request; the returned receiver yields its response once it is durable.
+    /// `None` means the engine thread is gone (only during shutdown).
+    pub async fn submit(&self, request: Request) -> Option<oneshot::Receiver<Response>> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(Job { request, reply }).await.ok()?;
+        Some(rx)
+    }
+
+    pub async fn call(&self, request: Request) -> Option<Response> {
+        self.submit(request).await?.await.ok()
+    }
+}
+
+/// Start the single thread that owns `engine` and `wal`, with the journal reader and the
+/// snapshot writer beside it. It exits when every handle is dropped.
+pub fn spawn_committer(
+    engine: Engine,
+    wal: Wal,
+    fail: FailPoints,
+) -> io::Result<(EngineHandle, std::thread::JoinHandle<()>)> {
+    let (tx, rx) = mpsc::channel(MAX_BATCH * 4);
+    let journal = journal::spawn_reader(wal.catalog.clone())?;
+    let retain = Arc::new(AtomicU64::new(engine.retain_after()));
+    let in_flight = Arc::new(AtomicBool::new(false));
+    let (snap_tx, snap_rx) = std::sync::mpsc::channel::<SnapshotJob>();
+    // Written snapshot buffers go back to the engine thread for reuse.
+    let (spare_tx, spare_rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    let snapshot_thread = {
+        let catalog = wal.catalog.clone();
+        let retain = retain.clone();
+        let in_flight = in_flight.clone();
+        let dir = wal.dir.clone();
+        std::thread::Builder::new()
+            .name("spot-snapshot".into())
+            .spawn(move || {
+                while let Ok(job) = snap_rx.recv() {
+                    let buffer = write_snapshot(&dir, &catalog, job, &retain, fail);
+                    let _ = spare_tx.send(buffer);
+                    in_flight.store(false, Ordering::Release);
+                }
+            })?
+    };
+    let thread = std::thread::Builder::new()
+        .name("spot-engine".into())
+        .spawn(move || {
+            commit_loop(
+                engine,
+                wal,
+                rx,
+                Side {
+                    journal,
+                    snapshots: snap_tx,
+                    spare: spare_rx,
+                    snapshot_thread,
+                    in_flight,
+                    retain,
+                },
+                fail,
+            )
+        })?;
+    Ok((EngineHandle { tx }, thread))
+}
+
+/// The engine thread's links to its helper threads.
+struct Side {
+    journal: std::sync::mpsc::Sender<JournalJob>,
+    snapshots: std::sync::mpsc::Sender<SnapshotJob>,
+    spare: std::sync::mpsc::Receiver<Vec<u8>>,
+    snapshot_thread: std::thread::JoinHandle<()>,
+    in_flight: Arc<AtomicBool>,
+    retain: Arc<AtomicU64>,
+}
+
+/// Aborts the process if the engine thread unwinds: memory may then be ahead of the log or
+/// half-updated, and no later answer could be trusted.
+struct AbortOnPanic;
+
+impl Drop for AbortOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("spot-core: engine thread panicked; aborting");
+            std::process::abort();
+        }
+    }
+}
+
+/// The engine thread's buffers, reused from batch to batch, and its snapshot counters.
+struct Batch {
+    jobs: Vec<Job>,
+    answers: Vec<(oneshot::Sender<Response>, Response)>,
+    journals: Vec<JournalJob>,
+    framed: Vec<u8>,
+    /// A movement is in this batch (the `abort_after_wal_sync` fail point's condition).
+    has_movement: bool,
+    /// An answer carries a status to fill with the storage figures.
+    wants_storage: bool,
+    since_records: u64,
+    since_bytes: u64,
+}
+
+fn commit_loop(
+    mut engine: Engine,
+    mut wal: Wal,
+    mut rx: mpsc::Receiver<Job>,
+    side: Side,
+    fail: FailPoints,
+) {
+    let _guard = AbortOnPanic;
+    let mut batch = Batch {
+        jobs: Vec::with_capacity(MAX_BATCH),
+        answers: Vec::with_capacity(MAX_BATCH),
+        journals: Vec::new(),
+        framed: Vec::with_capacity(1 << 16),
+        has_movement: false,
+        wants_storage: false,
+        since_records: wal.since_snapshot_records,
+        since_bytes: 0,
+    };
+    loop {
+        if rx.blocking_recv_many(&mut batch.jobs, MAX_BATCH) == 0 {
+            // Every handle is gone: let a snapshot being written finish (it holds no lock the
+            // next opener needs, but a test reopening the directory must not race it).
+            drop(side.snapshots);
+            let _ = side.snapshot_thread.join();
+            return;
+        }
+        decide(&mut engine, &mut batch);
+        if !batch.framed.is_empty() {
+            make_durable(&engine, &mut wal, &mut batch, &side, fail);
+        }
+        answer(&wal, &mut batch, &side);
+        let due = (wal.options.snapshot_every_records > 0
+            && batch.since_records >= wal.options.snapshot_every_records)
+            || (wal.options.snapshot_every_bytes > 0
+                && batch.since_bytes >= wal.options.snapshot_every_bytes);
+        if due && !side.in_flight.load(Ordering::Acquire) {
+            hand_snapshot(&engine, &wal, &side);
+            batch.since_records = 0;
+            batch.since_bytes = 0;
+        }
+    }
+}
+
+/// Apply the batch's requests in memory and frame their records; `journal` requests wait for
+/// the sync.
+fn decide(engine: &mut Engine, batch: &mut Batch) {
+    batch.has_movement = false;
+    batch.wants_storage = false;
+    for job in batch.jobs.drain(..) {
+        if let Request::Journal { after_seq, limit } = job.request {
+            // Served by the reader thread once this batch is synced, up to what the engine
+            // had decided when the request came (read-your-writes on a connection).
+            batch.journals.push(JournalJob {
+                after_seq,
+                limit,
+                upto: engine.last_seq(),
+                reply: job.reply,
+            });
+            continue;
+        }
+        let effect = engine.apply(&job.request);
+        if let Some(record) = &effect.record {
+            batch.has_movement |= record.as_movement().is_some();
+            encode_record(record, &mut batch.framed);
+            batch.since_records += 1;
+        }
+        batch.wants_storage |= matches!(&effect.response, Response::Ok { core: Some(_), .. });
+        batch.answers.push((job.reply, effect.response));
+    }
+}
+
+/// Write and sync the batch's records (abort if that fails), then publish the conservation check's retained
+/// position and start a new segment when the active one is full.
+fn make_durable(engine: &Engine, wal: &mut Wal, batch: &mut Batch, side: &Side, fail: FailPoints) {
+    if let Err(e) = wal.append(&batch.framed) {
+        // Memory is now ahead of the disk; answering or continuing could acknowledge
+        // something a restart would forget.
+        tracing::error!(path = %wal.path().display(), error = %e, "WAL write or sync failed; aborting");
+        eprintln!("spot-core: WAL write/sync failed: {e}; aborting");
+        std::process::abort();
+    }
+    batch.since_bytes += batch.framed.len() as u64;
+    batch.framed.clear();
+    if fail.abort_after_wal_sync && batch.has_movement {
+        eprintln!("spot-core: failpoint abort_after_wal_sync");
+        std::process::abort();
+    }
+    side.retain.store(engine.retain_after(), Ordering::Release);
+    if let Err(e) = wal.maybe_rotate(engine.last_seq() + 1) {
+        // Not fatal: the active segment keeps taking records; retried next batch.
+        tracing::error!(error = %format!("{e:#}"), "starting a new WAL segment failed");
+    }
+}
+
+/// Send every answer of the synced batch, and hand its `journal` requests to the reader.
+fn answer(wal: &Wal, batch: &mut Batch, side: &Side) {
+    if batch.wants_storage {
+        for (_, response) in batch.answers.iter_mut() {
+            if let Response::Ok {
+                core: Some(core), ..
+            } = response
+            {
+                wal.fill_status(core);
+            }
+        }
+    }
+    for (reply, response) in batch.answers.drain(..) {
+        // The asker may have hung up; the result is durable and visible through lookup.
+        let _ = reply.send(response);
+    }
+    for job in batch.journals.drain(..) {
+        if let Err(e) = side.journal.send(job) {
+            // The reader is gone (it never exits while we run); answer rather than hang.
+            let _ =
+                e.0.reply
+                    .send(Response::bad_request("journal reader stopped"));
+        }
+    }
+}
+
+/// Serialize a snapshot on this thread (the pause, bounded by what is live: accounts and
+/// remembered keys, not history) and hand it to the snapshot thread.
+fn hand_snapshot(engine: &Engine, wal: &Wal, side: &Side) {
+    let started = Instant::now();
+    let mut bytes = side.spare.try_recv().unwrap_or_default();
+    snapshot::encode_into(
+        engine,
+        WalPosition {
+            segment: wal.active_first,
+            offset: wal.active_bytes,
+        },
+        &mut bytes,
+    );
+    let pause = started.elapsed();
+    side.in_flight.store(true, Ordering::Release);
+    let job = SnapshotJob {
+        seq: engine.last_seq(),
+        bytes,
+        pause,
+    };
+    if side.snapshots.send(job).is_err() {
+        side.in_flight.store(false, Ordering::Release);
+    }
+}
