@@ -66,6 +66,7 @@ pub enum SecretSource {
 
 /// The signing secret. Its bytes are the UTF-8 text itself (env value or file content), so
 /// `LEDGER_JWT_SECRET=$(cat <data-dir>/jwt.secret)` gives another process the same key.
+#[derive(Clone)]
 pub struct JwtSecret {
     pub bytes: Vec<u8>,
     pub source: SecretSource,

@@ -1,25 +1,17 @@
 //! Rate limits of seed 000 section 1.5.6: requests per second per user (in this process's
 //! memory), and the daily count and amount (in PostgreSQL, enforced by the coordinator so every
-//! `ledger serve` process shares them). Configured by the `ledger` settings.
+//! `ledger serve` process shares them). The `ledger` binary's settings read their values.
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use anyhow::{bail, Context};
 use application::DailyLimits;
-use domain::{Amount, AssetSymbol, ErrorCode, UserId};
+use domain::{ErrorCode, UserId};
 use governor::clock::{Clock, DefaultClock};
 use governor::middleware::NoOpMiddleware;
 use governor::state::keyed::DashMapStateStore;
 use governor::Quota;
-
-/// Transfer requests per second per user; `0` or `off` turns the limit off.
-pub const RATE_PER_SECOND_ENV: &str = "LEDGER_RATE_PER_SECOND";
-/// Transfers per user and UTC day; `0` or `off` turns the limit off.
-pub const DAILY_COUNT_MAX_ENV: &str = "LEDGER_DAILY_COUNT_MAX";
-/// Amount per user, asset and UTC day, as a JSON object `{"USDT": "1000000", ...}`.
-pub const DAILY_AMOUNT_MAX_ENV: &str = "LEDGER_DAILY_AMOUNT_MAX";
 
 /// Seed 000 section 1.5.6's values, the defaults of `ledger up` and `ledger serve`.
 pub const RATE_PER_SECOND_DEFAULT: u32 = 10;
@@ -43,7 +35,7 @@ pub struct LimitsConfig {
 }
 
 impl LimitsConfig {
-    /// No limit at all: what an in-process `AppState::new` starts with.
+    /// No limit at all: what an in-process server starts with.
     pub fn unlimited() -> Self {
         Self::default()
     }
@@ -59,55 +51,6 @@ impl LimitsConfig {
             },
         }
     }
-
-    /// The seed defaults, overridden by the settings named by the variables above (as the
-    /// `ledger` settings read them; `None` keeps the default).
-    pub fn from_settings(
-        rate_per_second: Option<&str>,
-        daily_count_max: Option<&str>,
-        daily_amount_max: Option<&str>,
-    ) -> anyhow::Result<Self> {
-        let mut limits = Self::seed_defaults();
-        if let Some(v) = rate_per_second {
-            limits.requests_per_second = parse_limit(v, RATE_PER_SECOND_ENV)?;
-        }
-        if let Some(v) = daily_count_max {
-            limits.daily.count_max = parse_limit::<u64>(v, DAILY_COUNT_MAX_ENV)?;
-        }
-        if let Some(v) = daily_amount_max {
-            limits.daily.amount_max = parse_amounts(v)?;
-        }
-        Ok(limits)
-    }
-}
-
-fn parse_limit<T: std::str::FromStr + PartialEq + Default>(
-    text: &str,
-    name: &str,
-) -> anyhow::Result<Option<T>> {
-    let text = text.trim();
-    if text.eq_ignore_ascii_case("off") {
-        return Ok(None);
-    }
-    let Ok(n) = text.parse::<T>() else {
-        bail!("{name} must be a non-negative integer or `off`, got {text:?}");
-    };
-    Ok((n != T::default()).then_some(n))
-}
-
-fn parse_amounts(text: &str) -> anyhow::Result<BTreeMap<AssetSymbol, rust_decimal::Decimal>> {
-    let raw: BTreeMap<String, String> = serde_json::from_str(text).with_context(|| {
-        format!("{DAILY_AMOUNT_MAX_ENV} must be a JSON object of asset to amount string")
-    })?;
-    let mut out = BTreeMap::new();
-    for (asset, amount) in raw {
-        let symbol = AssetSymbol::parse(&asset)
-            .map_err(|_| anyhow::anyhow!("{DAILY_AMOUNT_MAX_ENV}: bad asset {asset:?}"))?;
-        let amount = Amount::parse(&amount)
-            .map_err(|c| anyhow::anyhow!("{DAILY_AMOUNT_MAX_ENV}: {asset}: {c}"))?;
-        out.insert(symbol, amount.value());
-    }
-    Ok(out)
 }
 
 /// governor's keyed limiter on clock `C`.
@@ -242,17 +185,5 @@ mod tests {
             assert!(limiter.check(user(1_000)).is_ok());
         }
         assert_eq!(limiter.users_tracked(), 1);
-    }
-
-    #[test]
-    fn limits_parse_from_text() {
-        assert_eq!(parse_limit::<u32>("10", "X").unwrap(), Some(10));
-        assert_eq!(parse_limit::<u32>("0", "X").unwrap(), None);
-        assert_eq!(parse_limit::<u32>("off", "X").unwrap(), None);
-        assert!(parse_limit::<u32>("-1", "X").is_err());
-        let amounts = parse_amounts(r#"{"USDT": "1000.5"}"#).unwrap();
-        assert_eq!(amounts.len(), 1);
-        assert!(parse_amounts(r#"{"USDT": 1000}"#).is_err());
-        assert!(parse_amounts(r#"{"usdt": "1"}"#).is_err());
     }
 }

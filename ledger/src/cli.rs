@@ -1,6 +1,8 @@
-//! The `ledger` command line: `up` (the whole stack, spot-core as a child process), `serve` (API
-//! and process manager only), `token`, `migrate`, and the hidden `spot-core` used by `up` when no
-//! spot-core binary is installed beside `ledger`.
+//! The `ledger` command line: its subcommands and their arguments, the settings read once before
+//! any of them runs, and the small commands (`token`, `migrate`, `audit`); the serving commands
+//! `up` and `serve` are `serve.rs`, the relay's `relay_cli.rs`, the replay's `replay.rs`, and the
+//! hidden `spot-core` (used by `up` when no spot-core binary is installed beside `ledger`) is
+//! spot-core's own.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,16 +12,11 @@ use anyhow::{anyhow, Context};
 use clap::{Args, Parser, Subcommand};
 use domain::UserId;
 use edge::auth::mint;
-use edge::config::{self, JwtSecret, SecretSource};
-use tokio::net::TcpListener;
+use edge::config;
 
-use crate::router::serve_with_shutdown;
-use crate::settings::{MetricsListen, Settings};
-use crate::spot_child::{
-    child_exit, stored_or_generated_spot_token, SpotChild, SpotStorage, SPOT_TOKEN_FILE,
-};
-use crate::startup::{shutdown_signal, Background, Serving};
-use crate::wiring::{Assembled, Wiring};
+use crate::settings::options::{spot_address, Millis};
+use crate::settings::{DatabaseSettings, Flags, SecretSettings, Settings};
+use crate::spot_child::SPOT_TOKEN_FILE;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -28,9 +25,10 @@ use crate::wiring::{Assembled, Wiring};
     about = "Event-sourced internal-transfer ledger"
 )]
 pub struct Cli {
-    /// Everything configurable, from flags or the environment (see `settings.rs`).
+    /// Everything configurable, from flags or the environment (see `settings.rs`), read once
+    /// into `Settings` before the command runs.
     #[command(flatten)]
-    pub settings: Settings,
+    pub flags: Flags,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -39,10 +37,10 @@ pub struct Cli {
 pub enum Command {
     /// Run the whole stack here: database (created if missing), migrations, spot-core as a child
     /// process, the API and the process manager; prints ready-to-use tokens.
-    Up(UpArgs),
+    Up(crate::serve::UpArgs),
     /// Run the API and the process manager against an existing database and spot-core; several
     /// may run against one database. Needs LEDGER_JWT_SECRET.
-    Serve(ServeArgs),
+    Serve(crate::serve::ServeArgs),
     /// Print a token minted with LEDGER_JWT_SECRET or the data dir's stored secret.
     Token(TokenArgs),
     /// Apply the database migrations and exit.
@@ -65,63 +63,19 @@ pub enum Command {
 }
 
 #[derive(Debug, Args)]
-pub struct UpArgs {
-    /// Address the API listens on.
-    #[arg(long, default_value = "127.0.0.1:8080")]
-    pub listen: String,
-    /// Where the JWT secret and spot-core's data live.
-    #[arg(long, default_value = "./.ledger")]
-    pub data_dir: PathBuf,
-    /// A spot-core already running (HOST:PORT); when absent one is started as a child process.
-    #[arg(long)]
-    pub spot_url: Option<String>,
-    /// Asset configuration (JSON array); the shipped default when absent.
-    #[arg(long)]
-    pub assets: Option<PathBuf>,
-    /// How long one spot-core call may take before its outcome counts as unknown.
-    #[arg(long, default_value_t = config::SPOT_TIMEOUT_DEFAULT.as_millis() as u64)]
-    pub spot_timeout_ms: u64,
-    /// The event relay to NATS JetStream, run in-process when `--nats` is given.
-    #[command(flatten)]
-    pub relay: crate::relay_cli::RelayOptions,
-    /// Passed to the spot-core child: its snapshot and WAL settings.
-    #[command(flatten)]
-    pub spot_storage: SpotStorage,
-}
-
-#[derive(Debug, Args)]
-pub struct ServeArgs {
-    /// Address the API listens on.
-    #[arg(long, default_value = "127.0.0.1:8080")]
-    pub listen: String,
-    /// The spot-core to use (HOST:PORT).
-    #[arg(long)]
-    pub spot_url: String,
-    /// Asset configuration (JSON array); the shipped default when absent.
-    #[arg(long)]
-    pub assets: Option<PathBuf>,
-    /// How long one spot-core call may take before its outcome counts as unknown.
-    #[arg(long, default_value_t = config::SPOT_TIMEOUT_DEFAULT.as_millis() as u64)]
-    pub spot_timeout_ms: u64,
-    /// The event relay to NATS JetStream, run in-process when `--nats` is given.
-    #[command(flatten)]
-    pub relay: crate::relay_cli::RelayOptions,
-}
-
-#[derive(Debug, Args)]
 pub struct AuditArgs {
     /// Check from the start of history instead of the stored checkpoint (stores nothing).
     #[arg(long)]
     pub full: bool,
     /// The spot-core to read (HOST:PORT).
-    #[arg(long)]
+    #[arg(long, value_parser = spot_address)]
     pub spot_url: String,
     /// A `ledger up` data dir whose spot-core token to use when LEDGER_SPOT_CORE_TOKEN is unset.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
     /// How long one spot-core call may take.
-    #[arg(long, default_value_t = config::SPOT_TIMEOUT_DEFAULT.as_millis() as u64)]
-    pub spot_timeout_ms: u64,
+    #[arg(long = "spot-timeout-ms", default_value_t = Millis(config::SPOT_TIMEOUT_DEFAULT))]
+    pub spot_timeout: Millis,
 }
 
 /// `ledger audit`'s exit status when the check cannot run.
@@ -158,19 +112,17 @@ pub fn init_tracing() {
         .try_init();
 }
 
-/// Runs one command to completion.
+/// Runs one command to completion, with the settings read once first; a setting that does not
+/// parse stops every command (`ledger audit` with its "cannot run" status).
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    let settings = cli.settings;
+    let settings = Settings::from_flags(&cli.flags);
     match cli.command {
-        Command::Up(args) => up(args, &settings).await,
-        Command::Serve(args) => serve(args, &settings).await,
-        Command::Token(args) => token(args, &settings),
-        Command::Migrate => migrate(&settings).await,
-        Command::Replay(args) => crate::replay::run(args, &settings).await,
-        Command::Relay(args) => crate::relay_cli::relay(args, &settings).await,
-        Command::Tail(args) => crate::relay_cli::tail(args).await,
         Command::Audit(args) => {
-            let code = match audit(args, &settings).await {
+            let checked = match settings {
+                Ok(settings) => audit(args, &settings).await,
+                Err(e) => Err(e),
+            };
+            let code = match checked {
                 Ok(true) => 0,
                 Ok(false) => 1,
                 Err(e) => {
@@ -180,51 +132,29 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             std::process::exit(code)
         }
-        Command::SpotCore(args) => spot_core::run(args).await,
+        command => run_command(command, settings?).await,
     }
 }
 
-/// The core wired with everything the settings configure (limits, the fail point, the
-/// idempotency retention), and how to serve it: the recovery worker, the conservation check's
-/// interval, the idempotency horizon, the HTTP limits, where `/metrics` is served, and the relay
-/// when `relay` is given.
-fn configured(
-    settings: &Settings,
-    pool: sqlx::PgPool,
-    spot: SpotAdapter,
-    assets: domain::AssetRegistry,
-    secret: &JwtSecret,
-    relay: Option<relay::RelayConfig>,
-) -> anyhow::Result<(Assembled, Serving)> {
-    let horizon = settings.horizon()?;
-    let assembled = Wiring::new(pool, spot, assets, &secret.bytes)
-        .with_idempotency_retention(horizon.retention)
-        .with_bulk_max(
-            settings
-                .bulk_transfers_max
-                .unwrap_or(application::bulk::TRANSFERS_PER_REQUEST_MAX_DEFAULT),
-        )
-        .with_watched_limits(settings.limits()?, settings.frequency()?)
-        .with_failpoints(settings.failpoints())
-        .assemble();
-    let serving = Serving {
-        background: Background {
-            recovery: Some(settings.recovery()),
-            audit_interval: settings.audit_interval(),
-            relay,
-            horizon: Some(horizon),
-        },
-        http: settings.http_limits()?,
-        metrics_on_api: settings.metrics_listen() == MetricsListen::Api,
-    };
-    Ok((assembled, serving))
+async fn run_command(command: Command, settings: Settings) -> anyhow::Result<()> {
+    match command {
+        Command::Up(args) => crate::serve::up(args, &settings).await,
+        Command::Serve(args) => crate::serve::serve(args, &settings).await,
+        Command::Token(args) => token(args, &settings.secrets),
+        Command::Migrate => migrate(&settings.database).await,
+        Command::Replay(args) => crate::replay::run(args, &settings.database).await,
+        Command::Relay(args) => crate::relay_cli::relay(args, &settings.database).await,
+        Command::Tail(args) => crate::relay_cli::tail(args).await,
+        Command::Audit(_) => unreachable!("`run` answers `ledger audit` itself"),
+        Command::SpotCore(args) => spot_core::run(args).await,
+    }
 }
 
 /// `ledger audit`: runs the check like the admin route does (recorded, halting on a violation),
 /// prints the report; `Ok(ok)`.
 async fn audit(args: AuditArgs, settings: &Settings) -> anyhow::Result<bool> {
-    let token = match (settings.spot_core_token()?, &args.data_dir) {
-        (Some(token), _) => Some(token),
+    let token = match (&settings.secrets.spot_core_token, &args.data_dir) {
+        (Some(token), _) => Some(token.clone()),
         (None, Some(dir)) => {
             let path = dir.join(SPOT_TOKEN_FILE);
             match std::fs::read_to_string(&path) {
@@ -235,12 +165,8 @@ async fn audit(args: AuditArgs, settings: &Settings) -> anyhow::Result<bool> {
         }
         (None, None) => None,
     };
-    let spot = SpotAdapter::with_token(
-        config::spot_addr(&args.spot_url)?,
-        Duration::from_millis(args.spot_timeout_ms),
-        token,
-    );
-    let pool = settings.pool(2).await?;
+    let spot = SpotAdapter::with_token(args.spot_url, args.spot_timeout.0, token);
+    let pool = settings.database.pool(2).await?;
     let ledger = application::Ledger::new(pool, spot, domain::AssetRegistry::default_assets());
     let mode = if args.full {
         application::audit::Mode::Full
@@ -257,17 +183,19 @@ async fn audit(args: AuditArgs, settings: &Settings) -> anyhow::Result<bool> {
     Ok(report.ok)
 }
 
-async fn migrate(settings: &Settings) -> anyhow::Result<()> {
-    let url = settings.database_url();
-    let pool = schema::prepare(&url, 2).await?;
+async fn migrate(database: &DatabaseSettings) -> anyhow::Result<()> {
+    let pool = schema::prepare(&database.url, 2).await?;
     pool.close().await;
-    println!("migrations applied to {}", config::redact_url(&url));
+    println!(
+        "migrations applied to {}",
+        config::redact_url(&database.url)
+    );
     Ok(())
 }
 
-fn token(args: TokenArgs, settings: &Settings) -> anyhow::Result<()> {
+fn token(args: TokenArgs, secrets: &SecretSettings) -> anyhow::Result<()> {
     let user = UserId::new(args.user).map_err(|_| anyhow!("--user must be a positive integer"))?;
-    let secret = match settings.jwt_secret()? {
+    let secret = match secrets.jwt.clone() {
         Some(secret) => secret,
         None => config::secret_from_file(&args.data_dir)?.with_context(|| {
             format!(
@@ -287,246 +215,6 @@ fn token(args: TokenArgs, settings: &Settings) -> anyhow::Result<()> {
         )
     );
     Ok(())
-}
-
-async fn serve(args: ServeArgs, settings: &Settings) -> anyhow::Result<()> {
-    let secret = settings.jwt_secret()?.with_context(|| {
-        format!(
-            "`ledger serve` needs {} (shared by every instance)",
-            config::JWT_SECRET_ENV
-        )
-    })?;
-    let assets = config::load_assets(args.assets.as_deref())?;
-    let spot_addr = config::spot_addr(&args.spot_url)?;
-    let pool = settings.pool(config::POOL_CONNECTIONS_MAX).await?;
-    // Optional: a spot-core on loopback may run without a token.
-    let spot = SpotAdapter::with_liveness(
-        spot_addr.clone(),
-        Duration::from_millis(args.spot_timeout_ms),
-        settings.spot_core_token()?,
-        settings.spot_liveness(),
-    );
-    // Serving while spot-core is down is allowed: transfers wait and the recovery worker retries.
-    if let Err(e) = spot.ping().await {
-        tracing::warn!(spot = %spot_addr, error = %e, "spot-core does not answer yet");
-    }
-    let listener = TcpListener::bind(&args.listen)
-        .await
-        .with_context(|| format!("listen on {}", args.listen))?;
-    let local = listener.local_addr()?;
-    let (assembled, serving) =
-        configured(settings, pool, spot, assets, &secret, args.relay.config())?;
-    let metrics = bind_metrics(settings).await?;
-    println!("ledger serving on http://{local} (spot-core at {spot_addr})");
-    run_until_stopped(listener, metrics, assembled, serving, None).await
-}
-
-async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> {
-    let assets = config::load_assets(args.assets.as_deref())?;
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("create data dir {}", args.data_dir.display()))?;
-    let secret = config::secret_for_data_dir(settings.jwt_secret()?, &args.data_dir)?;
-    let url = settings.database_url();
-    let pool = settings.pool(config::POOL_CONNECTIONS_MAX).await?;
-
-    let timeout = Duration::from_millis(args.spot_timeout_ms);
-    let (spot_addr, spot_token, child) = match &args.spot_url {
-        Some(given) => (config::spot_addr(given)?, settings.spot_core_token()?, None),
-        None => {
-            let token_file = args.data_dir.join(SPOT_TOKEN_FILE);
-            let token = stored_or_generated_spot_token(&token_file)?;
-            let child = SpotChild::start(
-                &args.data_dir.join("spot"),
-                args.assets.as_deref(),
-                &token_file,
-                &args.spot_storage,
-            )
-            .await?;
-            (child.addr.clone(), Some(token), Some(child))
-        }
-    };
-    let spot = SpotAdapter::with_liveness(
-        spot_addr.clone(),
-        timeout,
-        spot_token,
-        settings.spot_liveness(),
-    );
-    spot.ping()
-        .await
-        .map_err(|e| anyhow!("spot-core at {spot_addr} does not answer: {e}"))?;
-
-    let listener = TcpListener::bind(&args.listen)
-        .await
-        .with_context(|| format!("listen on {}", args.listen))?;
-    let local = listener.local_addr()?;
-    let (assembled, serving) =
-        configured(settings, pool, spot, assets, &secret, args.relay.config())?;
-    let metrics = bind_metrics(settings).await?;
-
-    print_banner(&Banner {
-        base: format!("http://{local}"),
-        metrics: match &metrics {
-            Some(l) => format!("http://{}/metrics", l.local_addr()?),
-            None if serving.metrics_on_api => format!("http://{local}/metrics"),
-            None => "not served (see the warning above)".to_owned(),
-        },
-        database: config::redact_url(&url),
-        spot: match &child {
-            Some(_) => format!(
-                "{spot_addr} (child process, data in {})",
-                args.data_dir.join("spot").display()
-            ),
-            None => format!("{spot_addr} (already running)"),
-        },
-        secret: &secret,
-    });
-    run_until_stopped(listener, metrics, assembled, serving, child).await
-}
-
-struct Banner<'a> {
-    base: String,
-    metrics: String,
-    database: String,
-    spot: String,
-    secret: &'a JwtSecret,
-}
-
-fn print_banner(b: &Banner<'_>) {
-    let ttl = config::TOKEN_TTL_DEFAULT;
-    let hours = ttl.as_secs() / 3600;
-    let user_one = UserId::new(1).expect("1 is a valid user id");
-    let admin = mint(&b.secret.bytes, user_one, true, ttl);
-    let user = mint(&b.secret.bytes, user_one, false, ttl);
-    let secret_line = match &b.secret.source {
-        SecretSource::Environment => format!("from {}", config::JWT_SECRET_ENV),
-        SecretSource::StoredFile(path) => format!(
-            "{} is unset; using the secret stored in {}",
-            config::JWT_SECRET_ENV,
-            path.display()
-        ),
-        SecretSource::GeneratedFile(path) => format!(
-            "{} is unset; generated a random secret and stored it in {} (mode 0600)",
-            config::JWT_SECRET_ENV,
-            path.display()
-        ),
-    };
-    let base = &b.base;
-    println!("ledger is up");
-    println!("  API:        {base}");
-    println!("  metrics:    {}", b.metrics);
-    println!("  database:   {}", b.database);
-    println!("  spot-core:  {}", b.spot);
-    println!("  JWT secret: {secret_line}");
-    println!();
-    println!("admin token (user 1, role admin, valid {hours} h):");
-    println!("  {admin}");
-    println!("user token (user 1, valid {hours} h):");
-    println!("  {user}");
-    println!();
-    println!("try it:");
-    println!("  export ADMIN_TOKEN={admin}");
-    println!("  export USER_TOKEN={user}");
-    println!(
-        "  curl -s -X POST {base}/api/v1/admin/deposits -H \"Authorization: Bearer $ADMIN_TOKEN\" \
-         -H 'Content-Type: application/json' \
-         -d '{{\"user_id\":1,\"asset\":\"USDT\",\"amount\":\"100\",\"external_id\":\"demo-1\"}}'"
-    );
-    println!(
-        "  curl -s -X POST {base}/api/v1/internal_transfer -H \"Authorization: Bearer $USER_TOKEN\" \
-         -H 'Content-Type: application/json' \
-         -d '{{\"from\":\"FUNDING\",\"to\":\"SPOT\",\"asset\":\"USDT\",\"amount\":\"25\"}}'"
-    );
-    println!("  curl -s {base}/api/v1/balances -H \"Authorization: Bearer $USER_TOKEN\"");
-}
-
-/// The line `ledger serve` and `ledger up` print on stdout when `/metrics` has its own address.
-pub const METRICS_READY_PREFIX: &str = "ledger metrics on ";
-
-/// Binds `/metrics`' own address, unless it is served on the API's (`api`). An address the
-/// settings name must bind; the default one may be taken (another `ledger` on this host): every
-/// figure but `ledger_spot_core_up` is read from the shared database, so that instance's
-/// `/metrics` already reports them, and this one warns and serves none.
-async fn bind_metrics(settings: &Settings) -> anyhow::Result<Option<TcpListener>> {
-    let MetricsListen::Address { addr, explicit } = settings.metrics_listen() else {
-        return Ok(None);
-    };
-    match TcpListener::bind(&addr).await {
-        Ok(listener) => {
-            println!(
-                "{METRICS_READY_PREFIX}http://{}/metrics",
-                listener.local_addr()?
-            );
-            Ok(Some(listener))
-        }
-        Err(e) if !explicit => {
-            tracing::warn!(address = %addr, error = %e, "metrics not served: the default metrics address is taken; set --metrics-listen (LEDGER_METRICS_LISTEN)");
-            Ok(None)
-        }
-        Err(e) => Err(e).with_context(|| format!("metrics listen on {addr}")),
-    }
-}
-
-/// Serves the API with its background tasks (`startup.rs`, the recovery worker among them) until
-/// ctrl-c or SIGTERM (or until the spot-core child dies: the stack is not whole without it), then
-/// stops in order: no new requests, requests in progress finish (bounded), the background tasks
-/// stop, the child is killed and reaped.
-async fn run_until_stopped(
-    listener: TcpListener,
-    metrics: Option<TcpListener>,
-    assembled: Assembled,
-    serving: Serving,
-    mut child: Option<SpotChild>,
-) -> anyhow::Result<()> {
-    // `/metrics` on its own address lives exactly as long as the API server.
-    let metrics = metrics.map(|l| {
-        let state = assembled.state.clone();
-        let app = query_api::metrics::app(state, serving.target_pending_alert_after());
-        tokio::spawn(edge::http_server::serve(
-            l,
-            app,
-            serving.http,
-            std::future::pending(),
-        ))
-    });
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let mut server = tokio::spawn(serve_with_shutdown(
-        listener,
-        assembled,
-        serving,
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
-
-    let outcome = tokio::select! {
-        () = shutdown_signal() => {
-            tracing::info!("shutting down");
-            Ok(())
-        }
-        ended = &mut server => Err(match ended {
-            Ok(Ok(())) => anyhow!("the API server stopped unexpectedly"),
-            Ok(Err(e)) => e.context("the API server failed"),
-            Err(e) => anyhow!("the API server task ended abnormally: {e}"),
-        }),
-        status = child_exit(&mut child) => Err(anyhow!("spot-core exited unexpectedly ({status})")),
-    };
-
-    let _ = stop_tx.send(());
-    if !server.is_finished()
-        && tokio::time::timeout(config::SHUTDOWN_GRACE, &mut server)
-            .await
-            .is_err()
-    {
-        tracing::warn!("requests still in progress after the grace period; stopping anyway");
-        server.abort();
-    }
-    if let Some(metrics) = metrics {
-        metrics.abort();
-    }
-    if let Some(child) = child {
-        child.stop().await;
-    }
-    outcome
 }
 
 #[cfg(test)]

@@ -29,8 +29,11 @@ pub struct ReplayArgs {
 }
 
 /// Runs the command; a full replay that finds a difference fails.
-pub async fn run(args: ReplayArgs, settings: &crate::settings::Settings) -> anyhow::Result<()> {
-    let pool = settings.pool(4).await?;
+pub async fn run(
+    args: ReplayArgs,
+    database: &crate::settings::DatabaseSettings,
+) -> anyhow::Result<()> {
+    let pool = database.pool(4).await?;
     let as_of = match (&args.at_position, &args.at_time) {
         (Some(p), _) => AsOf::Position(*p),
         (None, Some(t)) => AsOf::Time(

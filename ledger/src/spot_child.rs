@@ -4,55 +4,21 @@
 //! parent is killed outright; its stdout drained, its exit watched, killed and reaped at the
 //! end; and the token the two share, stored in the data dir.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 
 use anyhow::{anyhow, bail, Context};
-use clap::Args;
 use edge::config;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command as ChildCommand};
+
+use crate::settings::options::SpotStorage;
 
 /// The line spot-core prints on stdout once it accepts connections.
 pub(crate) const SPOT_READY_PREFIX: &str = "spot-core listening on ";
 
 /// The file in `ledger up`'s data dir holding the token shared with its spot-core child.
 pub(crate) const SPOT_TOKEN_FILE: &str = "spot.token";
-
-/// The spot-core child's storage settings `ledger up` passes through (spot-core's own flags of
-/// the same names without `spot-`); each is left to spot-core's default when unset.
-#[derive(Debug, Clone, Default, Args)]
-pub struct SpotStorage {
-    /// A snapshot every this many WAL records (0: never).
-    #[arg(long, env = "LEDGER_SPOT_SNAPSHOT_EVERY_RECORDS")]
-    pub spot_snapshot_every_records: Option<u64>,
-    /// Bytes of one WAL segment.
-    #[arg(long, env = "LEDGER_SPOT_SEGMENT_BYTES")]
-    pub spot_segment_bytes: Option<u64>,
-    /// Where compacted WAL segments are moved instead of deleted.
-    #[arg(long, env = "LEDGER_SPOT_ARCHIVE_DIR")]
-    pub spot_archive_dir: Option<PathBuf>,
-}
-
-impl SpotStorage {
-    /// spot-core's flags for these settings.
-    pub(crate) fn args(&self) -> Vec<std::ffi::OsString> {
-        let mut args = Vec::new();
-        if let Some(n) = self.spot_snapshot_every_records {
-            args.push("--snapshot-every-records".into());
-            args.push(n.to_string().into());
-        }
-        if let Some(n) = self.spot_segment_bytes {
-            args.push("--segment-bytes".into());
-            args.push(n.to_string().into());
-        }
-        if let Some(dir) = &self.spot_archive_dir {
-            args.push("--archive-dir".into());
-            args.push(dir.clone().into_os_string());
-        }
-        args
-    }
-}
 
 pub(crate) async fn child_exit(child: &mut Option<SpotChild>) -> String {
     match child {
