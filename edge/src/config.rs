@@ -1,6 +1,6 @@
 //! The edge's fixed limits and the configuration files: the JWT secret (from the settings'
 //! `LEDGER_JWT_SECRET` or a per-data-dir file), generated secret files, the asset list, and
-//! address and URL helpers. Nothing here reads the environment (see `settings.rs`).
+//! address and URL helpers. Nothing here reads the environment: the `ledger` binary's settings do.
 
 use std::fs::OpenOptions;
 use std::io::{ErrorKind, Write};

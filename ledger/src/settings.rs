@@ -150,3 +150,37 @@ impl DatabaseSettings {
         schema::prepare_with(&self.url, connections_max, self.liveness).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unset_flags_read_into_the_defaults() {
+        let settings = Settings::from_flags(&Flags::default()).unwrap();
+        assert_eq!(settings.database.url, schema::DEFAULT_DATABASE_URL);
+        assert!(settings.secrets.jwt.is_none());
+        assert_eq!(settings.limits.limits, LimitsConfig::seed_defaults());
+        assert_eq!(settings.limits.frequency, FrequencyConfig::default());
+        assert_eq!(
+            settings.limits.bulk_max,
+            application::bulk::TRANSFERS_PER_REQUEST_MAX_DEFAULT
+        );
+        assert_eq!(settings.background.recovery, RecoveryConfig::default());
+        assert_eq!(settings.background.audit_interval, AUDIT_INTERVAL_DEFAULT);
+        assert_eq!(settings.background.horizon, HorizonConfig::default());
+        assert_eq!(settings.http.limits, HttpLimits::default());
+        assert_eq!(settings.spot_liveness, TcpLiveness::DEFAULT);
+        assert_eq!(settings.failpoints, FailPoints::default());
+    }
+
+    #[test]
+    fn a_value_that_does_not_parse_names_its_variable() {
+        let flags = Flags {
+            rate_per_second: Some("ten".into()),
+            ..Flags::default()
+        };
+        let refused = Settings::from_flags(&flags).unwrap_err().to_string();
+        assert!(refused.contains(RATE_PER_SECOND_ENV), "{refused}");
+    }
+}
