@@ -11,7 +11,7 @@ use domain::UserId;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, SemaphorePermit};
 
 /// Read-side calls (each a database query or a spot-core call) running at once in one process.
-/// The pool has `config::POOL_CONNECTIONS_MAX` (16) connections; the rest stay for the write
+/// The pool has the binary's `config::POOL_CONNECTIONS_MAX` (16) connections; the rest stay for the write
 /// path, the projector and the recovery worker.
 pub const READ_CALLS_CONCURRENT_MAX: usize = 6;
 

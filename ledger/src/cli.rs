@@ -7,12 +7,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::config;
 use adapters::SpotAdapter;
 use anyhow::{anyhow, Context};
 use clap::{Args, Parser, Subcommand};
 use domain::UserId;
 use edge::auth::mint;
-use edge::config;
 
 use crate::settings::options::{spot_address, Millis};
 use crate::settings::{DatabaseSettings, Flags, SecretSettings, Settings};

@@ -60,7 +60,7 @@ pub async fn relay(args: RelayArgs, database: &DatabaseSettings) -> anyhow::Resu
     let pool = schema::prepare(url, 4).await?;
     println!(
         "ledger relay: feed of {} to stream {} at {}",
-        edge::config::redact_url(url),
+        crate::config::redact_url(url),
         relay_config.stream,
         relay_config.nats_url
     );

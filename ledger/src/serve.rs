@@ -6,12 +6,12 @@
 
 use std::path::PathBuf;
 
+use crate::config::{self, JwtSecret, SecretSource};
 use adapters::SpotAdapter;
 use anyhow::{anyhow, Context};
 use clap::Args;
 use domain::UserId;
 use edge::auth::mint;
-use edge::config::{self, JwtSecret, SecretSource};
 use tokio::net::TcpListener;
 
 use crate::router::serve_with_shutdown;

@@ -14,9 +14,9 @@ mod parse;
 
 use std::time::Duration;
 
+use crate::config::JwtSecret;
 use application::alerts::FrequencyConfig;
 use application::{FailPoints, HorizonConfig};
-use edge::config::JwtSecret;
 use edge::http_server::HttpLimits;
 use edge::ratelimit::LimitsConfig;
 use recovery::RecoveryConfig;

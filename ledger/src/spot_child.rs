@@ -7,8 +7,8 @@
 use std::path::Path;
 use std::process::Stdio;
 
+use crate::config;
 use anyhow::{anyhow, bail, Context};
-use edge::config;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command as ChildCommand};
 

@@ -3,8 +3,8 @@
 //! tests use), before they are read into typed values (`settings.rs`). The one place the
 //! `ledger` binary names an environment variable of its global settings.
 
+use crate::config;
 use application::FailPoints;
-use edge::config;
 
 /// Transfer requests per second per user; `0` or `off` turns the limit off.
 pub const RATE_PER_SECOND_ENV: &str = "LEDGER_RATE_PER_SECOND";

@@ -31,7 +31,7 @@ impl std::str::FromStr for Millis {
 
 /// spot-core's address, `HOST:PORT`, checked as clap reads it.
 pub fn spot_address(text: &str) -> Result<String, String> {
-    edge::config::spot_addr(text).map_err(|e| format!("{e:#}"))
+    crate::config::spot_addr(text).map_err(|e| format!("{e:#}"))
 }
 
 /// The relay's options, shared by `ledger relay` and by `up` / `serve`.

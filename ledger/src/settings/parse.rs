@@ -5,10 +5,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::config::{self, JwtSecret, SecretSource};
 use anyhow::{bail, Context};
 use application::horizon::{self, HorizonConfig};
 use domain::{Amount, AssetSymbol};
-use edge::config::{self, JwtSecret, SecretSource};
 use edge::ratelimit::LimitsConfig;
 use recovery::{RecoveryConfig, RecoveryOverrides};
 
