@@ -326,7 +326,7 @@ async fn send_one(
     cluster: &Cluster,
     planned: &Planned,
 ) -> Option<(String, String)> {
-    let token = command_api::mint(
+    let token = edge::mint(
         SECRET.as_bytes(),
         domain::UserId::new(planned.user).expect("user id"),
         false,
@@ -365,7 +365,7 @@ async fn send_batch(
     cluster: &Cluster,
     planned: &[Planned],
 ) -> Vec<Option<(String, String)>> {
-    let token = command_api::mint(
+    let token = edge::mint(
         SECRET.as_bytes(),
         domain::UserId::new(1).expect("user id"),
         true,

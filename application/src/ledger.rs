@@ -7,8 +7,12 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use adapters::event_store::{self, LogError, LoggedEvent};
-use adapters::{FundingError, FundingLedger, SpotAdapter};
-use domain::{AccountPort, AccountType, AssetRegistry, ErrorCode, ReqId, TransferData, UserId};
+use adapters::funding::DepositReceipt;
+use adapters::{AccountStatus, FundingError, FundingLedger, SpotAdapter, SpotError};
+use domain::{
+    AccountPort, AccountType, Amount, AssetRegistry, AssetSymbol, ErrorCode, ReqId, TransferData,
+    UserId,
+};
 use sqlx::PgPool;
 
 use crate::assets::AssetSettings;
@@ -84,9 +88,9 @@ fn same_answer(
 /// The application. Cheap to clone: every field is a handle.
 #[derive(Clone)]
 pub struct Ledger {
-    coordinator: Coordinator,
+    pub(crate) coordinator: Coordinator,
     funding: FundingLedger,
-    spot: SpotAdapter,
+    pub(crate) spot: SpotAdapter,
     assets: AssetSettings,
     halt: Arc<HaltCache>,
     rate: Arc<dyn RateGate>,
@@ -106,11 +110,27 @@ impl Ledger {
             Arc::new(spot.clone()) as Arc<dyn AccountPort>,
             registry.clone(),
         );
+        Self::from_parts(
+            coordinator,
+            funding,
+            spot,
+            AssetSettings::new(pool, registry),
+        )
+    }
+
+    /// Over pieces the caller wired itself (a coordinator over `funding` and `spot`, the asset
+    /// settings sharing its registry), so the start-up's background work runs over the same.
+    pub fn from_parts(
+        coordinator: Coordinator,
+        funding: FundingLedger,
+        spot: SpotAdapter,
+        assets: AssetSettings,
+    ) -> Self {
         Self {
             coordinator,
             funding,
             spot,
-            assets: AssetSettings::new(pool, registry),
+            assets,
             halt: Arc::new(HaltCache::default()),
             rate: Arc::new(Unlimited),
             bulk_max: crate::bulk::TRANSFERS_PER_REQUEST_MAX_DEFAULT,
@@ -147,23 +167,11 @@ impl Ledger {
         self
     }
 
-    pub fn coordinator(&self) -> &Coordinator {
-        &self.coordinator
-    }
-
-    pub fn funding(&self) -> &FundingLedger {
-        &self.funding
-    }
-
-    pub fn spot(&self) -> &SpotAdapter {
-        &self.spot
-    }
-
     pub fn assets(&self) -> &AssetSettings {
         &self.assets
     }
 
-    pub fn pool(&self) -> &PgPool {
+    fn pool(&self) -> &PgPool {
         self.funding.pool()
     }
 
@@ -525,6 +533,39 @@ impl Ledger {
         cleared?;
         tracing::warn!(%admin, "transfer halt cleared by an admin");
         Ok(())
+    }
+
+    /// Credits FUNDING from outside, once per `external_id`.
+    pub async fn external_deposit(
+        &self,
+        external_id: &str,
+        user: UserId,
+        asset: &AssetSymbol,
+        amount: Amount,
+    ) -> Result<DepositReceipt, FundingError> {
+        self.funding
+            .external_deposit(external_id, user, asset, amount)
+            .await
+    }
+
+    /// Sets an existing FUNDING account's status.
+    pub async fn set_funding_status(
+        &self,
+        user: UserId,
+        asset: &AssetSymbol,
+        status: AccountStatus,
+    ) -> Result<(), FundingError> {
+        self.funding.set_status(user, asset, status).await
+    }
+
+    /// Sets a SPOT account's status in spot-core.
+    pub async fn set_spot_status(
+        &self,
+        user: UserId,
+        asset: &AssetSymbol,
+        status: AccountStatus,
+    ) -> Result<(), SpotError> {
+        self.spot.set_status(user, asset, status).await
     }
 
     /// One transfer's events, in order, from the event log itself.

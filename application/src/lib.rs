@@ -38,6 +38,7 @@ pub mod pg;
 #[cfg(feature = "plant")]
 pub mod plant;
 pub mod ports;
+pub mod queries;
 pub mod repair;
 pub mod request;
 pub mod resolve;
@@ -51,6 +52,7 @@ pub use horizon::{Horizon, HorizonConfig};
 pub use ledger::{Ledger, RateGate, RequestError, Unlimited};
 pub use limits::DailyLimits;
 pub use ports::{Bookkeeping, ClientKey, Clock, Commit, Rekeyed, SystemClock, TransferLog};
+pub use queries::Queries;
 pub use repair::{RepairError, RepairOutcome};
 pub use request::TransferRequest;
 pub use resolve::ManualResolutionError;

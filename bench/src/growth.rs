@@ -444,7 +444,7 @@ async fn audit_growth(args: &Args) -> anyhow::Result<Vec<String>> {
         .pool_max_idle_per_host(args.clients * 2)
         .timeout(Duration::from_secs(3600))
         .build()?;
-    let admin = command_api::mint(
+    let admin = edge::mint(
         SECRET.as_bytes(),
         UserId::new(1).expect("user 1"),
         true,
@@ -464,7 +464,7 @@ async fn audit_growth(args: &Args) -> anyhow::Result<Vec<String>> {
     }
     let tokens: Vec<String> = (0..args.clients)
         .map(|c| {
-            command_api::mint(
+            edge::mint(
                 SECRET.as_bytes(),
                 UserId::new(1000 + c as u64).expect("valid user"),
                 false,

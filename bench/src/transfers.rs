@@ -212,7 +212,7 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(clients_max * 2)
         .build()?;
-    let admin_token = command_api::mint(
+    let admin_token = edge::mint(
         SECRET.as_bytes(),
         UserId::new(1).unwrap(),
         true,
@@ -262,7 +262,7 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
             let users: Vec<Vec<String>> = (0..n)
                 .map(|c| {
                     let user = UserId::new(1000 + c as u64).expect("valid user id");
-                    vec![command_api::mint(
+                    vec![edge::mint(
                         SECRET.as_bytes(),
                         user,
                         false,

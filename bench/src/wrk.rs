@@ -116,7 +116,7 @@ pub async fn run(args: &Args, serve_url: &str) -> anyhow::Result<Vec<String>> {
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(args.wrk_connections * 2)
         .build()?;
-    let admin = command_api::mint(
+    let admin = edge::mint(
         SECRET.as_bytes(),
         UserId::new(1).expect("user 1"),
         true,
@@ -147,7 +147,7 @@ pub async fn run(args: &Args, serve_url: &str) -> anyhow::Result<Vec<String>> {
     let tokens: Vec<String> = (0..users as u64)
         .map(|i| {
             let user = UserId::new(USER_FIRST + i).expect("valid user id");
-            command_api::mint(SECRET.as_bytes(), user, false, Duration::from_secs(3600))
+            edge::mint(SECRET.as_bytes(), user, false, Duration::from_secs(3600))
         })
         .collect();
     println!(

@@ -12,10 +12,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
-use crate::auth::AdminUser;
-use crate::error::ApiError;
-use crate::routes::JsonObject;
-use crate::state::AppState;
+use crate::body::JsonObject;
+use edge::auth::AdminUser;
+use edge::error::ApiError;
+use edge::state::AppState;
 
 /// The routes of this module, merged into the app by `build_app`.
 pub fn routes() -> Router<AppState> {
@@ -55,15 +55,15 @@ impl From<&AssetConfig> for AssetView {
 #[schema(as = AssetRequest)]
 struct AssetBody {
     #[serde(default)]
-    #[schema(schema_with = crate::openapi::schemas::asset)]
+    #[schema(schema_with = edge::openapi::asset)]
     symbol: Option<String>,
     #[schema(minimum = 0, maximum = 18)]
     precision: u32,
-    #[schema(schema_with = crate::openapi::schemas::amount)]
+    #[schema(schema_with = edge::openapi::amount)]
     min_transfer_amount: String,
-    #[schema(schema_with = crate::openapi::schemas::amount)]
+    #[schema(schema_with = edge::openapi::amount)]
     max_transfer_amount: String,
-    #[schema(schema_with = crate::openapi::schemas::asset_status)]
+    #[schema(schema_with = edge::openapi::asset_status)]
     status: String,
     internal_transfer_enabled: bool,
 }
@@ -104,10 +104,10 @@ fn parse_body(
 
 /// `PUT /api/v1/admin/assets/{symbol}`: creates or replaces one asset's settings.
 #[utoipa::path(put, path = "/api/v1/admin/assets/{symbol}",
-    params(crate::openapi::schemas::AssetPath),
+    params(edge::openapi::AssetPath),
     request_body = AssetBody,
     responses((status = 200, description = "ok", body = AssetView),
-        crate::openapi::schemas::AssetPutRefusals))]
+        edge::openapi::AssetPutRefusals))]
 async fn put_asset(
     State(state): State<AppState>,
     admin: AdminUser,
@@ -132,7 +132,7 @@ async fn put_asset(
 /// `GET /api/v1/admin/assets`: every asset this process knows, after the latest reload.
 #[utoipa::path(get, path = "/api/v1/admin/assets",
     responses((status = 200, description = "ok", body = Vec<AssetView>),
-        crate::openapi::schemas::AssetListRefusals))]
+        edge::openapi::AssetListRefusals))]
 async fn list_assets(State(state): State<AppState>, _admin: AdminUser) -> Json<Vec<AssetView>> {
     Json(
         state

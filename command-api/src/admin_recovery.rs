@@ -1,92 +1,31 @@
-//! Manual intervention (seed 000 section 4.2, "manual intervention"): admin routes to list stuck
-//! transfers with their retry records, and to resolve one whose outcome an operator has
-//! confirmed. A resolution is recorded as an event with who (the admin's token) and why.
+//! Manual intervention: the admin route that resolves a transfer whose outcome an operator has
+//! confirmed (the stuck listing it starts from is the query side's, `query_api::stuck`). A
+//! resolution is recorded as an event with who (the admin's token) and why.
 //!
-//! - `GET /api/v1/admin/transfers/stuck?older_than_ms=N&limit=M`
 //! - `POST /api/v1/admin/transfers/{req_id}/resolve` with `{"resolution": "APPLIED" |
 //!   "NOT_APPLIED", "reason": "...", "force": false}`; `force: true` records the resolution even
 //!   where the account system cannot confirm it (marked in the event's reason).
-//!
-//! The listing shows a retry's `last_error_category` (TIMEOUT, NETWORK, STORE, REFUSED_BY_TARGET,
-//! MISMATCH, UNKNOWN), never the raw error text, which may hold SQL or socket detail.
-
-use std::time::Duration;
 
 use application::ManualResolutionError;
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
-use axum::routing::{get, post};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::routing::post;
 use axum::{Json, Router};
 use domain::{ErrorCode, ReqId, Resolution, TransferError};
-use recovery::stuck_transfers;
-use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use crate::auth::AdminUser;
-use crate::error::ApiError;
-use crate::render::rfc3339;
-use crate::routes::JsonObject;
-use crate::state::AppState;
+use edge::auth::AdminUser;
+use edge::error::ApiError;
+use edge::state::AppState;
 
-/// Most rows one listing returns.
-pub const STUCK_PAGE_SIZE_MAX: i64 = 500;
-/// Default age a transfer must have to count as stuck.
-const STUCK_OLDER_THAN_MS_DEFAULT: u64 = 60_000;
+use crate::body::JsonObject;
+
 /// Longest reason an operator may record.
 pub const REASON_CHARS_MAX: usize = 1_000;
 
 /// The routes of this module, merged into the app by `build_app`.
 pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/admin/transfers/stuck", get(list_stuck))
-        .route("/api/v1/admin/transfers/{req_id}/resolve", post(resolve))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StuckQuery {
-    older_than_ms: Option<u64>,
-    limit: Option<i64>,
-}
-
-async fn list_stuck(
-    State(state): State<AppState>,
-    _admin: AdminUser,
-    query: Result<Query<StuckQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
-    let Ok(Query(q)) = query else {
-        return Err(ApiError::BadRequest("malformed query string".into()));
-    };
-    let older_than = Duration::from_millis(q.older_than_ms.unwrap_or(STUCK_OLDER_THAN_MS_DEFAULT));
-    let limit = q.limit.unwrap_or(100).clamp(1, STUCK_PAGE_SIZE_MAX);
-    let rows = stuck_transfers(state.ledger.pool(), older_than, limit)
-        .await
-        .map_err(|e| ApiError::Internal(format!("list stuck transfers: {e}")))?;
-    let transfers: Vec<Value> = rows
-        .into_iter()
-        .map(|r| {
-            json!({
-                "req_id": r.req_id,
-                "user_id": r.user_id,
-                "from": r.from_account,
-                "to": r.to_account,
-                "asset": r.asset,
-                "amount": r.amount.map(crate::render::money),
-                "state": r.state,
-                "status": r.status,
-                "updated_at": rfc3339(r.updated_at),
-                "age_ms": r.age_ms,
-                "attempts": r.attempts,
-                "refund_failures": r.refund_failures,
-                "last_error_category": r.last_error_category,
-                "last_attempt_at": r.last_attempt_at.map(rfc3339),
-                "next_retry_at": r.next_retry_at.map(rfc3339),
-                "lease_owner": r.lease_owner,
-                "lease_until": r.lease_until.map(rfc3339),
-            })
-        })
-        .collect();
-    Ok(Json(json!({ "transfers": transfers })))
+    Router::new().route("/api/v1/admin/transfers/{req_id}/resolve", post(resolve))
 }
 
 /// What an operator asked for: the resolution, the reason and whether to force it.
@@ -114,7 +53,6 @@ async fn resolve(
     let operator = format!("admin:{}", admin.user_id);
     let resumed = state
         .ledger
-        .coordinator()
         .manually_resolve(&req_id, resolution, &operator, &reason, force)
         .await
         .map_err(|e| resolution_refusal(e, resolution))?;

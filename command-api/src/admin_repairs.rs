@@ -14,10 +14,10 @@ use domain::{ErrorCode, ReqId};
 use serde_json::{json, Value};
 
 use crate::admin_recovery::{operator_reason, unknown_field};
-use crate::auth::AdminUser;
-use crate::error::ApiError;
-use crate::routes::JsonObject;
-use crate::state::AppState;
+use crate::body::JsonObject;
+use edge::auth::AdminUser;
+use edge::error::ApiError;
+use edge::state::AppState;
 
 /// The routes of this module, merged into the app by `build_app`.
 pub fn routes() -> Router<AppState> {
@@ -39,10 +39,9 @@ async fn repair(
     }
     let reason = operator_reason(body.remove("reason"))?;
     let operator = format!("admin:{}", admin.user_id);
-    let ledger = &state.ledger;
-    let outcome = ledger
-        .coordinator()
-        .repair_lost(ledger.spot(), &req_id, &operator, &reason)
+    let outcome = state
+        .ledger
+        .repair_lost(&req_id, &operator, &reason)
         .await
         .map_err(repair_refusal)?;
     Ok(Json(json!(outcome)))

@@ -18,10 +18,11 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
-use crate::auth::AuthUser;
-use crate::error::ApiError;
-use crate::routes::{self, JsonObject, TransferResponse};
-use crate::state::AppState;
+use crate::body::{parse_user_id, JsonObject};
+use crate::routes::{self, TransferResponse};
+use edge::auth::AuthUser;
+use edge::error::ApiError;
+use edge::state::AppState;
 
 /// The route's path.
 pub const PATH: &str = "/api/v1/internal_transfers";
@@ -47,7 +48,7 @@ pub struct BulkResponse {
 #[serde(untagged)]
 pub enum BulkResult {
     Transfer(TransferResponse),
-    #[schema(value_type = crate::openapi::schemas::ErrorBody)]
+    #[schema(value_type = edge::openapi::ErrorBody)]
     Refused(Value),
 }
 
@@ -157,7 +158,7 @@ fn item_request(item: Value, caller: &AuthUser) -> Result<TransferRequest, ApiEr
         None => caller.user_id,
         // A user's token moves only its own money, and names no user.
         Some(_) if !caller.admin => return Err(ApiError::Forbidden),
-        Some(named) => routes::parse_user_id(&named)?,
+        Some(named) => parse_user_id(&named)?,
     };
     routes::transfer_request(fields, owner)
 }
@@ -188,18 +189,18 @@ pub struct BulkRequest {
 #[derive(Debug, ToSchema)]
 #[allow(dead_code)]
 pub struct BulkItem {
-    #[schema(schema_with = crate::openapi::schemas::account)]
+    #[schema(schema_with = edge::openapi::account)]
     pub from: String,
-    #[schema(schema_with = crate::openapi::schemas::account)]
+    #[schema(schema_with = edge::openapi::account)]
     pub to: String,
-    #[schema(schema_with = crate::openapi::schemas::asset)]
+    #[schema(schema_with = edge::openapi::asset)]
     pub asset: String,
-    #[schema(schema_with = crate::openapi::schemas::amount)]
+    #[schema(schema_with = edge::openapi::amount)]
     pub amount: String,
     /// The client's idempotency key: a repeat (in a later batch or the single route) gets the
     /// original transfer; the same key twice in one batch with another body is refused for
     /// that item.
-    #[schema(schema_with = crate::openapi::schemas::cid, required = false)]
+    #[schema(schema_with = edge::openapi::cid, required = false)]
     pub cid: Option<String>,
     /// Admin tokens only: whose money this item moves (the admin's own when absent). An item
     /// naming a user under a user's token is refused FORBIDDEN.
@@ -209,7 +210,7 @@ pub struct BulkItem {
 
 /// A bulk item's `user_id`, with what it is for (`schema_with` drops the field's own doc).
 fn admin_user_id() -> utoipa::openapi::schema::Object {
-    utoipa::openapi::schema::ObjectBuilder::from(crate::openapi::schemas::user_id())
+    utoipa::openapi::schema::ObjectBuilder::from(edge::openapi::user_id())
         .description(Some(
             "Admin tokens only: whose money this item moves (the admin's own when absent). \
              An item naming a user under a user's token is refused FORBIDDEN.",
@@ -223,6 +224,6 @@ pub struct BulkRefusals;
 impl utoipa::IntoResponses for BulkRefusals {
     fn responses(
     ) -> std::collections::BTreeMap<String, utoipa::openapi::RefOr<utoipa::openapi::Response>> {
-        crate::openapi::schemas::refused(&[400, 401, 413, 415])
+        edge::openapi::refused(&[400, 401, 413, 415])
     }
 }

@@ -10,9 +10,9 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::auth::AdminUser;
-use crate::error::ApiError;
-use crate::state::AppState;
+use edge::auth::AdminUser;
+use edge::error::ApiError;
+use edge::state::AppState;
 
 /// The check's routes; merged into the application router.
 pub fn routes() -> Router<AppState> {

@@ -1,38 +1,36 @@
-//! The HTTP edge of the ledger: the only crate that knows HTTP and JSON. It parses requests, calls
-//! the application core (`application::Ledger`) or reads the read models (`projections`), and
-//! answers in the contract's shapes; it holds the `ledger` binary, its one `Settings`, and the
-//! one start-up module that runs every background task.
+//! The command side of the HTTP edge: every route that asks the core to change something.
+//! Create a transfer (one, or many in one request), credit a deposit from outside, set an
+//! account's status, change an asset's settings, resolve a stuck transfer by hand, repair one a
+//! failover lost, run the conservation check now and lift its halt. Each handler takes its body
+//! apart (`body.rs`) in the contract's check order and calls one command of
+//! `application::Ledger`; what the handlers share with the query side (auth, the error shape,
+//! the state, the OpenAPI field schemas) is the `edge` crate's, below this one.
 
-pub(crate) mod admin_alerts;
 pub(crate) mod admin_assets;
 pub(crate) mod admin_recovery;
 pub(crate) mod admin_repairs;
-pub(crate) mod admin_views;
-pub mod admission;
-pub(crate) mod app;
-pub mod auth;
+pub mod body;
 pub(crate) mod bulk;
-pub mod cli;
-pub(crate) mod config;
-pub mod console;
-pub mod error;
-pub(crate) mod feed;
-pub mod graphql;
-pub(crate) mod http_server;
 pub(crate) mod invariant;
-pub(crate) mod metrics;
-pub(crate) mod openapi;
-pub(crate) mod ops_metrics;
-pub mod ratelimit;
-pub(crate) mod relay_cli;
-pub(crate) mod render;
-pub(crate) mod replay;
+pub mod openapi;
 pub mod routes;
-pub(crate) mod settings;
-pub mod startup;
-pub(crate) mod state;
 
-pub use app::serve_with;
-pub use auth::{mint, AdminUser, AuthUser};
-pub use error::ApiError;
-pub use state::AppState;
+use axum::routing::{post, put};
+use axum::Router;
+use edge::state::AppState;
+
+/// Every command route; the bulk route's body limit fits `bulk_max` items.
+pub fn router(bulk_max: usize) -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/internal_transfer", post(routes::create_transfer))
+        .merge(bulk::routes(bulk_max))
+        .route("/api/v1/admin/deposits", post(routes::admin_deposit))
+        .route(
+            "/api/v1/admin/accounts/{user_id}/{account_type}/status",
+            put(routes::admin_set_status),
+        )
+        .merge(admin_assets::routes())
+        .merge(admin_recovery::routes())
+        .merge(admin_repairs::routes())
+        .merge(invariant::routes())
+}

@@ -1,143 +1,27 @@
-//! The HTTP handlers of DESIGN section 5. Request bodies are read as raw JSON objects and checked
-//! field by field, so the checks run in seed 000's order (section 1.5.8) and every refusal has the
-//! contract's code rather than a deserializer's text. (About 520 lines of handlers and their
-//! body parsing, then the unit tests of that parsing; kept together because the tests pin the
-//! check order of exactly these functions.)
+//! The command routes of `docs/contract.md`: create a transfer, credit a deposit from outside,
+//! set an account's status. Each takes its body apart here (`body.rs`), in the contract's check
+//! order, and calls one command of the core (`application::Ledger`).
 
 use adapters::{AccountStatus, FundingError};
-use application::{CoordinatorError, NewTransfer, RequestError, TransferRequest};
-use axum::body::Bytes;
+use application::{NewTransfer, RequestError, TransferRequest};
 use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{FromRequest, Path, Query, Request, State};
-use axum::http::header::CONTENT_TYPE;
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Path, Query, State};
 use axum::Json;
 use domain::{
-    AccountType, Amount, AssetRegistry, AssetStatus, ErrorCode, ReqId, TransferData, TransferState,
-    UserId,
+    AccountType, AssetRegistry, AssetStatus, ErrorCode, TransferData, TransferState, UserId,
 };
+use edge::auth::{AdminUser, AuthUser};
+use edge::error::{coordinator_error, ApiError};
+use edge::render::{money, refusal_code};
+use edge::state::AppState;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::auth::{AdminUser, AuthUser};
-use crate::error::ApiError;
-use crate::render::{money, rfc3339};
-use crate::state::AppState;
+use crate::body::{parse_amount, parse_user_id, Fields, JsonObject};
 
 /// Longest external deposit id.
 pub(crate) const EXTERNAL_ID_CHARS_MAX: usize = 128;
-
-/// Longest field name echoed back in a BAD_REQUEST message.
-const FIELD_ECHO_CHARS_MAX: usize = 64;
-
-/// Longest refusal code passed through from an account system.
-const REFUSAL_CODE_CHARS_MAX: usize = 64;
-
-/// A request body that is declared `application/json`, fits the body limit, parses, and is a JSON
-/// object. Its fields are the handler's to check, in the contract's order.
-#[derive(Debug)]
-pub(crate) struct JsonObject(pub(crate) Map<String, Value>);
-
-fn declares_json(headers: &HeaderMap) -> bool {
-    let Some(value) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
-        return false;
-    };
-    let essence = value.split(';').next().unwrap_or("").trim();
-    essence.eq_ignore_ascii_case("application/json")
-}
-
-impl<S: Send + Sync> FromRequest<S> for JsonObject {
-    type Rejection = ApiError;
-
-    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
-        if !declares_json(request.headers()) {
-            return Err(ApiError::UnsupportedMediaType);
-        }
-        let bytes = Bytes::from_request(request, state).await.map_err(|e| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::PayloadTooLarge(crate::config::BODY_BYTES_MAX)
-            } else {
-                ApiError::BadRequest("could not read the request body".into())
-            }
-        })?;
-        json_object(&bytes).map(Self)
-    }
-}
-
-/// A request body's bytes as the JSON object every handler takes apart; anything else is
-/// BAD_REQUEST.
-pub fn json_object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    let value: Value = serde_json::from_slice(bytes)
-        .map_err(|_| ApiError::BadRequest("request body is not valid JSON".into()))?;
-    match value {
-        Value::Object(map) => Ok(map),
-        _ => Err(ApiError::BadRequest(
-            "request body must be a JSON object".into(),
-        )),
-    }
-}
-
-/// The fields of a JSON object body, taken one by one. `null` counts as absent.
-struct Fields(Map<String, Value>);
-
-impl Fields {
-    /// Refuses any field not in `allowed`: a misspelt optional field must not be ignored silently.
-    fn deny_unknown(&self, allowed: &[&str]) -> Result<(), ApiError> {
-        match self.0.keys().find(|k| !allowed.contains(&k.as_str())) {
-            None => Ok(()),
-            Some(key) => {
-                let shown: String = key.chars().take(FIELD_ECHO_CHARS_MAX).collect();
-                Err(ApiError::BadRequest(format!("unknown field `{shown}`")))
-            }
-        }
-    }
-
-    fn optional(&mut self, name: &str) -> Option<Value> {
-        self.0.remove(name).filter(|v| !v.is_null())
-    }
-
-    fn required(&mut self, name: &str) -> Result<Value, ApiError> {
-        self.optional(name)
-            .ok_or_else(|| ApiError::BadRequest(format!("missing field `{name}`")))
-    }
-
-    fn required_str(&mut self, name: &str) -> Result<String, ApiError> {
-        match self.required(name)? {
-            Value::String(s) => Ok(s),
-            _ => Err(ApiError::BadRequest(format!("`{name}` must be a string"))),
-        }
-    }
-
-    fn optional_str(&mut self, name: &str) -> Result<Option<String>, ApiError> {
-        match self.optional(name) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
-            Some(_) => Err(ApiError::BadRequest(format!("`{name}` must be a string"))),
-        }
-    }
-}
-
-/// An amount must arrive as a JSON string: a JSON number has already passed through a float in
-/// many clients, so it is refused rather than guessed at.
-fn parse_amount(value: &Value) -> Result<Amount, ApiError> {
-    match value {
-        Value::String(text) => Ok(Amount::parse(text)?),
-        _ => Err(ApiError::Refused(ErrorCode::InvalidAmount)),
-    }
-}
-
-/// A user id given as a JSON integer or a decimal string.
-pub(crate) fn parse_user_id(value: &Value) -> Result<UserId, ErrorCode> {
-    match value {
-        Value::Number(n) => n
-            .as_u64()
-            .ok_or(ErrorCode::InvalidUserId)
-            .and_then(UserId::new),
-        Value::String(s) => s.parse(),
-        _ => Err(ErrorCode::InvalidUserId),
-    }
-}
 
 /// Takes a transfer request's body apart after authentication, in seed 000's order (section
 /// 1.5.8): authorization (a body `user_id` must be the caller), then the body's shape (known
@@ -198,45 +82,16 @@ pub(crate) fn request_error(e: RequestError) -> ApiError {
     }
 }
 
-fn coordinator_error(e: CoordinatorError) -> ApiError {
-    match e {
-        CoordinatorError::Refused(code) => ApiError::Refused(code),
-        CoordinatorError::Conflict => ApiError::Refused(ErrorCode::Conflict),
-        CoordinatorError::NotFound => {
-            ApiError::Internal("transfer not found right after it was created".into())
-        }
-        CoordinatorError::Transition(e) => ApiError::Internal(format!("transition refused: {e}")),
-        e @ CoordinatorError::Store(_) => {
-            ApiError::Internal(format!("event store: {}", application::error_chain(&e)))
-        }
-    }
-}
-
-/// A refusal code from an account system, passed on only if it looks like a code; anything else
-/// could be internal text.
-fn refusal_code(code: &str) -> String {
-    let plausible = !code.is_empty()
-        && code.len() <= REFUSAL_CODE_CHARS_MAX
-        && code
-            .bytes()
-            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
-    if plausible {
-        code.to_owned()
-    } else {
-        "REFUSED".to_owned()
-    }
-}
-
 /// The answer to a transfer request.
 #[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct TransferResponse {
+pub struct TransferResponse {
     pub transfer_id: String,
     pub req_id: String,
-    #[schema(schema_with = crate::openapi::schemas::account)]
+    #[schema(schema_with = edge::openapi::account)]
     pub from: &'static str,
-    #[schema(schema_with = crate::openapi::schemas::account)]
+    #[schema(schema_with = edge::openapi::account)]
     pub to: &'static str,
-    #[schema(schema_with = crate::openapi::schemas::asset)]
+    #[schema(schema_with = edge::openapi::asset)]
     pub asset: String,
     pub amount: String,
     pub state: &'static str,
@@ -272,9 +127,9 @@ fn state_message(data: &TransferData) -> String {
 /// `POST /api/v1/internal_transfer`: the body taken apart here, everything else is the core's
 /// one command (`Ledger::request_transfer`).
 #[utoipa::path(post, path = "/api/v1/internal_transfer",
-    request_body = crate::openapi::schemas::TransferRequest,
+    request_body = edge::openapi::TransferRequest,
     responses((status = 200, description = "ok", body = TransferResponse),
-        crate::openapi::schemas::TransferRefusals))]
+        edge::openapi::TransferRefusals))]
 pub(crate) async fn create_transfer(
     State(state): State<AppState>,
     user: AuthUser,
@@ -321,122 +176,6 @@ pub(crate) fn transfer_answer(data: TransferData) -> Result<Json<TransferRespons
     }))
 }
 
-/// One transfer as `GET /api/v1/internal_transfer/{req_id}` shows it.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct TransferDetail {
-    pub transfer_id: String,
-    pub req_id: String,
-    #[schema(schema_with = crate::openapi::schemas::account)]
-    pub from: &'static str,
-    #[schema(schema_with = crate::openapi::schemas::account)]
-    pub to: &'static str,
-    #[schema(schema_with = crate::openapi::schemas::asset)]
-    pub asset: String,
-    pub amount: String,
-    pub state: &'static str,
-    #[schema(schema_with = crate::openapi::schemas::date_time)]
-    pub created_at: String,
-    #[schema(schema_with = crate::openapi::schemas::date_time)]
-    pub updated_at: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub failure_code: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub failure_message: Option<String>,
-}
-
-/// `GET /api/v1/internal_transfer/{req_id}`: the owner's transfer, folded from its events.
-#[utoipa::path(get, path = "/api/v1/internal_transfer/{req_id}",
-    params(crate::openapi::schemas::TransferPath),
-    responses((status = 200, description = "ok", body = TransferDetail),
-        crate::openapi::schemas::LookupRefusals))]
-pub(crate) async fn get_transfer(
-    State(state): State<AppState>,
-    user: AuthUser,
-    path: Result<Path<String>, PathRejection>,
-) -> Result<Json<TransferDetail>, ApiError> {
-    let Ok(Path(raw)) = path else {
-        return Err(ApiError::NotFound);
-    };
-    let req_id = ReqId::parse(&raw).map_err(|_| ApiError::NotFound)?;
-    let data = state
-        .ledger
-        .coordinator()
-        .load(&req_id)
-        .await
-        .map_err(coordinator_error)?
-        .ok_or(ApiError::NotFound)?;
-    // Another user's transfer is indistinguishable from a missing one.
-    if data.user_id != user.user_id {
-        return Err(ApiError::NotFound);
-    }
-    let (failure_code, failure_message) = match &data.failure {
-        Some((code, _)) => {
-            let code = refusal_code(code);
-            // The message is rebuilt from the code: an account system's own text stays inside.
-            let message = match crate::error::parse_code(&code) {
-                Some(known) => crate::error::describe(known).to_owned(),
-                None => "refused by the account system".to_owned(),
-            };
-            (Some(code), Some(message))
-        }
-        None => (None, None),
-    };
-    Ok(Json(TransferDetail {
-        transfer_id: data.req_id.to_string(),
-        req_id: data.req_id.to_string(),
-        from: data.from.as_str(),
-        to: data.to.as_str(),
-        asset: data.asset.to_string(),
-        amount: data.amount.to_string(),
-        state: data.state.as_str(),
-        created_at: rfc3339(data.created_at),
-        updated_at: rfc3339(data.updated_at),
-        failure_code,
-        failure_message,
-    }))
-}
-
-#[derive(Debug, Default, Serialize, ToSchema)]
-pub(crate) struct BalanceEntry {
-    pub asset: String,
-    pub funding: String,
-    pub spot: String,
-    pub in_flight: String,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-#[schema(as = Balances)]
-pub(crate) struct BalancesResponse {
-    pub user_id: u64,
-    pub balances: Vec<BalanceEntry>,
-}
-
-/// `GET /api/v1/balances`: FUNDING, SPOT and in-flight amounts per asset for the caller. If
-/// spot-core cannot answer, the whole request fails: a missing SPOT balance must never read as
-/// zero.
-#[utoipa::path(get, path = "/api/v1/balances",
-    responses((status = 200, description = "ok", body = BalancesResponse),
-        crate::openapi::schemas::BalancesRefusals))]
-pub(crate) async fn balances(
-    State(state): State<AppState>,
-    user: AuthUser,
-) -> Result<Json<BalancesResponse>, ApiError> {
-    let balances = crate::render::user_balances(&state, user.user_id)
-        .await?
-        .into_iter()
-        .map(|b| BalanceEntry {
-            asset: b.asset,
-            funding: money(b.funding),
-            spot: money(b.spot),
-            in_flight: money(b.in_flight),
-        })
-        .collect();
-    Ok(Json(BalancesResponse {
-        user_id: user.user_id.get(),
-        balances,
-    }))
-}
-
 fn funding_error(e: FundingError) -> ApiError {
     match e {
         FundingError::ExternalIdReused => ApiError::Refused(ErrorCode::IdempotencyKeyReused),
@@ -475,9 +214,9 @@ pub(crate) struct DepositResponse {
 
 /// `POST /api/v1/admin/deposits`: credits FUNDING from outside, once per `external_id`.
 #[utoipa::path(post, path = "/api/v1/admin/deposits",
-    request_body = crate::openapi::schemas::DepositRequest,
+    request_body = edge::openapi::DepositRequest,
     responses((status = 200, description = "ok", body = DepositResponse),
-        crate::openapi::schemas::DepositRefusals))]
+        edge::openapi::DepositRefusals))]
 pub(crate) async fn admin_deposit(
     State(state): State<AppState>,
     _admin: AdminUser,
@@ -502,7 +241,6 @@ pub(crate) async fn admin_deposit(
 
     let receipt = state
         .ledger
-        .funding()
         .external_deposit(&external_id, user_id, &config.symbol, amount)
         .await
         .map_err(funding_error)?;
@@ -520,7 +258,7 @@ pub(crate) async fn admin_deposit(
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub(crate) struct AssetQuery {
-    #[param(schema_with = crate::openapi::schemas::asset, required = false)]
+    #[param(schema_with = edge::openapi::asset, required = false)]
     pub asset: Option<String>,
 }
 
@@ -536,10 +274,10 @@ pub(crate) struct StatusResponse {
 /// `PUT /api/v1/admin/accounts/{user_id}/{account_type}/status`: body `{status, asset?}`, the
 /// asset in the body or as `?asset=` (the body wins).
 #[utoipa::path(put, path = "/api/v1/admin/accounts/{user_id}/{account_type}/status",
-    params(crate::openapi::schemas::AccountPath, AssetQuery),
-    request_body = crate::openapi::schemas::StatusRequest,
+    params(edge::openapi::AccountPath, AssetQuery),
+    request_body = edge::openapi::StatusRequest,
     responses((status = 200, description = "ok", body = StatusResponse),
-        crate::openapi::schemas::StatusRefusals))]
+        edge::openapi::StatusRefusals))]
 pub(crate) async fn admin_set_status(
     State(state): State<AppState>,
     _admin: AdminUser,
@@ -581,14 +319,12 @@ pub(crate) async fn admin_set_status(
     match account_type {
         AccountType::Funding => state
             .ledger
-            .funding()
-            .set_status(user_id, &config.symbol, status)
+            .set_funding_status(user_id, &config.symbol, status)
             .await
             .map_err(funding_error)?,
         AccountType::Spot => state
             .ledger
-            .spot()
-            .set_status(user_id, &config.symbol, status)
+            .set_spot_status(user_id, &config.symbol, status)
             .await
             .map_err(|e| ApiError::spot("set_status", e))?,
         AccountType::Future | AccountType::Margin => {
@@ -604,25 +340,10 @@ pub(crate) async fn admin_set_status(
     }))
 }
 
-/// `GET /healthz`: the process is alive.
-#[utoipa::path(get, path = "/healthz", responses((status = 200, description = "alive")))]
-pub(crate) async fn healthz() -> Json<Value> {
-    Json(json!({ "status": "ok" }))
-}
-
-/// Any route that does not exist.
-pub(crate) async fn not_found() -> ApiError {
-    ApiError::NotFound
-}
-
-/// A route that exists, called with the wrong method.
-pub(crate) async fn method_not_allowed() -> ApiError {
-    ApiError::MethodNotAllowed
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn user(n: u64) -> UserId {
         UserId::new(n).unwrap()
@@ -765,35 +486,11 @@ mod tests {
     }
 
     #[test]
-    fn only_plausible_refusal_codes_pass_through() {
-        assert_eq!(refusal_code("INSUFFICIENT_BALANCE"), "INSUFFICIENT_BALANCE");
-        assert_eq!(
-            refusal_code("ERROR: relation \"x\" does not exist"),
-            "REFUSED"
-        );
-        assert_eq!(refusal_code(""), "REFUSED");
-    }
-
-    #[test]
     fn external_ids_are_bounded_and_plain() {
         assert!(check_external_id("chain:tx-0x1.2_3").is_ok());
         assert!(check_external_id("").is_err());
         assert!(check_external_id(&"a".repeat(EXTERNAL_ID_CHARS_MAX + 1)).is_err());
         assert!(check_external_id("a b").is_err());
         assert!(check_external_id("a/b").is_err());
-    }
-
-    #[test]
-    fn json_content_type_allows_parameters_only() {
-        let headers = |value: &str| {
-            let mut h = HeaderMap::new();
-            h.insert(CONTENT_TYPE, value.parse().unwrap());
-            h
-        };
-        assert!(declares_json(&headers("application/json")));
-        assert!(declares_json(&headers("application/json; charset=utf-8")));
-        assert!(!declares_json(&headers("text/plain")));
-        assert!(!declares_json(&headers("application/jsonx")));
-        assert!(!declares_json(&HeaderMap::new()));
     }
 }

@@ -11,7 +11,7 @@ use async_graphql::parser::parse_query;
 use async_graphql::parser::types::{
     DocumentOperations, ExecutableDocument, Selection, SelectionSet,
 };
-use command_api::graphql::cost::{self, NESTING_MAX, ROOT_FIELDS_MAX, SELECTIONS_EXPANDED_MAX};
+use query_api::graphql::cost::{self, NESTING_MAX, ROOT_FIELDS_MAX, SELECTIONS_EXPANDED_MAX};
 
 pub fn check(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {

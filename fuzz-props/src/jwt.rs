@@ -16,8 +16,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use command_api::auth::{mint, JwtKeys, Session, ADMIN_ROLE, LEEWAY_SECS, TOKEN_LIFETIME_MAX};
 use domain::UserId;
+use edge::auth::{mint, JwtKeys, Session, ADMIN_ROLE, LEEWAY_SECS, TOKEN_LIFETIME_MAX};
 use jsonwebtoken::{Algorithm, EncodingKey};
 use serde_json::{Map, Value};
 

@@ -11,9 +11,10 @@
 use std::sync::OnceLock;
 
 use application::{NewTransfer, TransferRequest};
-use command_api::error::ApiError;
-use command_api::routes::{json_object, parse_transfer, transfer_request};
+use command_api::body::json_object;
+use command_api::routes::{parse_transfer, transfer_request};
 use domain::{Amount, AssetRegistry, ErrorCode, UserId};
+use edge::error::ApiError;
 use serde_json::{json, Map, Value};
 
 /// The authenticated caller of every fuzzed body.

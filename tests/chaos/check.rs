@@ -135,7 +135,7 @@ pub(super) async fn ledger_invariant(base: &str, full: bool) -> anyhow::Result<O
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(120))
         .build()?;
-    let admin = command_api::mint(
+    let admin = edge::mint(
         SECRET.as_bytes(),
         domain::UserId::new(1).map_err(|e| anyhow::anyhow!("{e:?}"))?,
         true,

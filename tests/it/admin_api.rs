@@ -1,4 +1,4 @@
-//! The operators' admin API (`command-api/src/admin_views.rs`) against a real PostgreSQL and a
+//! The operators' admin API (`query-api/src/admin_views.rs`) against a real PostgreSQL and a
 //! real spot-core: the transfer listing's filters and cursor pages (no duplicate, no gap, while
 //! new transfers arrive), a transfer's timeline (events, attempts with their error categories,
 //! the funding journal, spot-core's lookup, a manual resolution's who and why), a user's view

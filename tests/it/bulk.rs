@@ -171,7 +171,7 @@ async fn bulk_cid_repeats_get_the_original_transfer_in_a_batch_later_batches_and
 
 #[tokio::test]
 async fn bulk_rate_and_daily_limits_count_transfers_not_requests() {
-    let limits = command_api::ratelimit::LimitsConfig {
+    let limits = edge::ratelimit::LimitsConfig {
         requests_per_second: Some(5),
         daily: DailyLimits {
             count_max: Some(3),
@@ -210,7 +210,7 @@ async fn bulk_rate_and_daily_limits_count_transfers_not_requests() {
 /// pass it together.
 #[tokio::test]
 async fn bulk_daily_limits_charge_the_batch_at_once_as_one_item_after_another() {
-    let limits = command_api::ratelimit::LimitsConfig {
+    let limits = edge::ratelimit::LimitsConfig {
         requests_per_second: None,
         daily: DailyLimits {
             count_max: Some(3),

@@ -1,6 +1,6 @@
 //! The console (`/console`) and GraphiQL (`GET /graphql`) work on a network that reaches nothing
 //! else. First proof: the pages and every file they load name no other host (each `http(s)://`
-//! URL served is in the reviewed `command-api/vendor/external-urls.txt`, every `src`, `href` and
+//! URL served is in the reviewed `query-api/vendor/external-urls.txt`, every `src`, `href` and
 //! CSS `url()` is this origin's or `data:`), and each response carries the strict CSP. Second
 //! proof: the operator's flows run in Debian's headless Chromium inside a network namespace with
 //! only loopback (`tests/browser/flows.mjs`), against a real `ledger serve`, real PostgreSQL and a
@@ -25,7 +25,7 @@ fn repo_root() -> PathBuf {
 
 /// The reviewed URLs: the first column of every line that is not a comment.
 fn reviewed_urls() -> BTreeSet<String> {
-    let path = repo_root().join("command-api/vendor/external-urls.txt");
+    let path = repo_root().join("query-api/vendor/external-urls.txt");
     let text = std::fs::read_to_string(&path).expect("the reviewed URL list");
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
@@ -95,7 +95,7 @@ fn assert_guarded(path: &str, headers: &reqwest::header::HeaderMap) {
         .unwrap_or_else(|| panic!("{path} has no CSP"))
         .to_str()
         .unwrap();
-    assert_eq!(csp, command_api::console::CONTENT_SECURITY_POLICY, "{path}");
+    assert_eq!(csp, query_api::console::CONTENT_SECURITY_POLICY, "{path}");
     for directive in [
         "default-src 'none'",
         "script-src 'self';",
@@ -154,7 +154,7 @@ async fn console_and_graphiql_and_every_file_they_load_name_no_other_host() {
         }
     }
     // Every file compiled in was reached from the two pages (nothing served goes unchecked).
-    for name in command_api::console::asset_names() {
+    for name in query_api::console::asset_names() {
         assert!(
             loaded.contains(&format!("/console/{name}")),
             "/console/{name} is not loaded by either page: {loaded:?}"

@@ -567,7 +567,7 @@ async fn post_raw(api: &ApiStack, base: &str, user: u64, body: &Value) -> reqwes
 
 #[tokio::test]
 async fn rate_limit_per_second_is_429_with_retry_after() {
-    let limits = command_api::ratelimit::LimitsConfig {
+    let limits = edge::ratelimit::LimitsConfig {
         requests_per_second: Some(2),
         daily: DailyLimits::default(),
     };
@@ -602,7 +602,7 @@ async fn rate_limit_per_second_is_429_with_retry_after() {
 
 #[tokio::test]
 async fn daily_limits_are_429_with_retry_after_and_shared_by_instances() {
-    let limits = command_api::ratelimit::LimitsConfig {
+    let limits = edge::ratelimit::LimitsConfig {
         requests_per_second: None,
         daily: DailyLimits {
             count_max: Some(3),
@@ -665,8 +665,8 @@ async fn daily_limits_are_429_with_retry_after_and_shared_by_instances() {
 }
 
 /// A second API instance over the same database and spot-core, as another `ledger serve`.
-async fn serve_another(api: &ApiStack, limits: command_api::ratelimit::LimitsConfig) -> String {
-    let state = command_api::AppState::new(
+async fn serve_another(api: &ApiStack, limits: edge::ratelimit::LimitsConfig) -> String {
+    let wiring = ledger::Wiring::new(
         api.stack.db.pool.clone(),
         api.stack.spot.adapter(),
         AssetRegistry::default_assets(),
@@ -675,7 +675,7 @@ async fn serve_another(api: &ApiStack, limits: command_api::ratelimit::LimitsCon
     .with_limits(limits);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(command_api::serve_with(listener, state));
+    tokio::spawn(ledger::serve_with(listener, wiring));
     wait_for(|| async { reqwest::get(format!("{base}/healthz")).await.is_ok() }).await;
     base
 }
@@ -715,7 +715,7 @@ fn asset_body(status: &str, enabled: bool, min: &str) -> Value {
 #[tokio::test]
 async fn admin_asset_changes_apply_at_once_persist_and_reach_other_instances() {
     let api = ApiStack::start().await;
-    let second = serve_another(&api, command_api::ratelimit::LimitsConfig::unlimited()).await;
+    let second = serve_another(&api, edge::ratelimit::LimitsConfig::unlimited()).await;
     api.stack.deposit(1, "USDT", "100").await;
     api.stack.deposit(1, "BTC", "10").await;
     let btc =
@@ -787,7 +787,7 @@ async fn admin_asset_changes_apply_at_once_persist_and_reach_other_instances() {
     )
     .await;
     assert_eq!(status, 200);
-    let restarted = serve_another(&api, command_api::ratelimit::LimitsConfig::unlimited()).await;
+    let restarted = serve_another(&api, edge::ratelimit::LimitsConfig::unlimited()).await;
     let eth = json!({"from": "FUNDING", "to": "SPOT", "asset": "ETH", "amount": "1"});
     assert_eq!(
         code_at(restarted, eth).await,

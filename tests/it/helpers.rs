@@ -398,7 +398,7 @@ pub const JWT_SECRET: &[u8] = b"integration-test-secret-of-at-least-32-bytes";
 /// A token every test server accepts (the in-process API and `ledger serve`, both verifying with
 /// [`JWT_SECRET`]) for `user`, an admin's when `admin`; valid for an hour, longer than any test.
 pub fn token(user: u64, admin: bool) -> String {
-    command_api::mint(
+    edge::mint(
         JWT_SECRET,
         UserId::new(user).unwrap(),
         admin,
@@ -415,13 +415,13 @@ pub struct ApiStack {
 
 impl ApiStack {
     pub async fn start() -> Self {
-        Self::start_with_limits(command_api::ratelimit::LimitsConfig::unlimited()).await
+        Self::start_with_limits(edge::ratelimit::LimitsConfig::unlimited()).await
     }
 
     /// The same, with rate and daily limits applied.
-    pub async fn start_with_limits(limits: command_api::ratelimit::LimitsConfig) -> Self {
+    pub async fn start_with_limits(limits: edge::ratelimit::LimitsConfig) -> Self {
         let stack = Stack::start().await;
-        let state = command_api::AppState::new(
+        let wiring = ledger::Wiring::new(
             stack.db.pool.clone(),
             stack.spot.adapter(),
             AssetRegistry::default_assets(),
@@ -430,7 +430,7 @@ impl ApiStack {
         .with_limits(limits);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(command_api::serve_with(listener, state));
+        tokio::spawn(ledger::serve_with(listener, wiring));
         Self {
             stack,
             base,

@@ -62,7 +62,7 @@ impl LedgerProcess {
         let base = loop {
             match lines.next() {
                 Some(Ok(line)) => {
-                    if let Some(rest) = line.strip_prefix(command_api::cli::METRICS_READY_PREFIX) {
+                    if let Some(rest) = line.strip_prefix(ledger::serve::METRICS_READY_PREFIX) {
                         metrics = Some(rest.trim().to_owned());
                     }
                     if let Some(rest) = line.strip_prefix(SERVE_READY_PREFIX) {

@@ -413,7 +413,7 @@ async fn recovery_worker_finds_open_transfers_while_the_projector_is_frozen() {
             ..fast()
         },
     )
-    .watching(Arc::new(command_api::startup::ProjectorHealth::new(
+    .watching(Arc::new(ledger::startup::ProjectorHealth::new(
         s.db.pool.clone(),
     )));
     let deadline = Instant::now() + Duration::from_secs(30);

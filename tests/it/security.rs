@@ -33,7 +33,7 @@ async fn victim_bound(base: &str) -> Duration {
 }
 
 fn token(user: u64, admin: bool, ttl: Duration) -> String {
-    command_api::mint(JWT_SECRET, domain::UserId::new(user).unwrap(), admin, ttl)
+    edge::mint(JWT_SECRET, domain::UserId::new(user).unwrap(), admin, ttl)
 }
 
 /// `fragment F0 on QueryRoot { __typename }`, `F{i} = { ...F{i-1} ...F{i-1} }`, `{ ...F{n} }`.
@@ -565,7 +565,7 @@ async fn atk_subscriptions_and_event_streams_are_capped() {
     .await
     .unwrap();
     assert_eq!(next_json(&mut ws).await["type"], "connection_ack");
-    let cap = command_api::admission::SUBSCRIPTIONS_PER_USER_MAX;
+    let cap = edge::admission::SUBSCRIPTIONS_PER_USER_MAX;
     for id in 0..=cap {
         ws.send(Message::text(
             json!({"id": id.to_string(), "type": "subscribe",
@@ -591,7 +591,7 @@ async fn atk_subscriptions_and_event_streams_are_capped() {
 
     let admin = token(1, true, Duration::from_secs(600));
     let mut streams = Vec::new();
-    for _ in 0..command_api::admission::EVENT_STREAMS_MAX {
+    for _ in 0..edge::admission::EVENT_STREAMS_MAX {
         let s = api
             .http
             .get(format!("{}/api/v1/events/stream", api.base))

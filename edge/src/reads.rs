@@ -1,0 +1,82 @@
+//! The read side's objects a handler reads through, built once by the binary's start-up over
+//! the database: the transfer read models, the operators' views, the consumer feed, the recovery
+//! worker's listings and the relay's status. The handlers hold this, never the pool.
+
+use std::time::Duration;
+
+use domain::ReqId;
+use projections::admin::AdminView;
+use projections::feed::{self, FeedEvent};
+use projections::TransferView;
+use recovery::heartbeat::{Attempt, Heartbeat};
+use recovery::StuckTransfer;
+use relay::RelayStatus;
+use sqlx::PgPool;
+
+/// The read models and listings. Cheap to clone: every field is a handle.
+#[derive(Clone)]
+pub struct ReadSide {
+    pool: PgPool,
+    view: TransferView,
+    admin: AdminView,
+}
+
+impl ReadSide {
+    /// Over the database the start-up connected.
+    pub fn new(pool: PgPool) -> Self {
+        Self {
+            view: TransferView::new(pool.clone()),
+            admin: AdminView::new(pool.clone()),
+            pool,
+        }
+    }
+
+    /// The transfer read models (history, in-flight sums, counts by state, `/metrics` figures).
+    pub fn transfers(&self) -> &TransferView {
+        &self.view
+    }
+
+    /// The operators' reads of any user's transfers, counts and the projector's lag.
+    pub fn admin(&self) -> &AdminView {
+        &self.admin
+    }
+
+    /// Open transfers unchanged for at least `older_than`, oldest first, with their retries.
+    pub async fn stuck(
+        &self,
+        older_than: Duration,
+        limit: i64,
+    ) -> Result<Vec<StuckTransfer>, sqlx::Error> {
+        recovery::stuck_transfers(&self.pool, older_than, limit).await
+    }
+
+    /// The recovery worker's attempts on one transfer.
+    pub async fn attempts(&self, req_id: &ReqId) -> Result<Vec<Attempt>, sqlx::Error> {
+        recovery::heartbeat::attempts(&self.pool, &req_id.to_string()).await
+    }
+
+    /// The recovery worker's last pass, if any.
+    pub async fn heartbeat(&self) -> Result<Option<Heartbeat>, sqlx::Error> {
+        recovery::heartbeat::last(&self.pool).await
+    }
+
+    /// The feed's last position handed out.
+    pub async fn feed_head(&self) -> Result<i64, sqlx::Error> {
+        feed::head(&self.pool).await
+    }
+
+    /// Up to `limit` feed events after `after`, of one user's transfers or of all.
+    pub async fn feed_after(
+        &self,
+        after: i64,
+        limit: i64,
+        user_id: Option<i64>,
+    ) -> Result<Vec<FeedEvent>, sqlx::Error> {
+        feed::read_after(&self.pool, after, limit, user_id).await
+    }
+
+    /// Each relay stream's checkpoint and lag.
+    pub async fn relay_status(&self) -> Result<Vec<RelayStatus>, sqlx::Error> {
+        relay::status(&self.pool).await
+    }
+}

@@ -1,0 +1,91 @@
+//! The application: the router joining the command routes (`command_api::router`) and the
+//! query routes (`query_api::router`) over the state both share, with the health and fallback
+//! routes, the OpenAPI document, the limits and the panic catching; and the functions that serve
+//! it (used by the `ledger` binary and by in-process integration tests). How a server is started
+//! (`Serving`) is `startup.rs`.
+
+use std::any::Any;
+use std::future::Future;
+
+use axum::extract::DefaultBodyLimit;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use edge::config::BODY_BYTES_MAX;
+use edge::error::ApiError;
+use edge::health;
+use edge::state::AppState;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::trace::TraceLayer;
+
+use crate::startup::{Serving, Tasks};
+use crate::wiring::{Assembled, Wiring};
+
+/// The router with every route, the body limit, panic catching and request tracing;
+/// `/metrics` among the routes when `serving` says so.
+pub fn build_app(state: AppState, serving: &Serving) -> Router {
+    let metrics = if serving.metrics_on_api {
+        query_api::metrics::routes(serving.target_pending_alert_after())
+    } else {
+        Router::new()
+    };
+    Router::new()
+        .route("/healthz", get(health::healthz))
+        .route("/api/v1/openapi.json", get(crate::api_doc::openapi_json))
+        .merge(command_api::router(state.ledger.bulk_max()))
+        .merge(query_api::router())
+        .merge(metrics)
+        .fallback(health::not_found)
+        .method_not_allowed_fallback(health::method_not_allowed)
+        .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
+        .layer(axum::middleware::from_fn_with_state(
+            serving.http,
+            edge::http_server::request_limits,
+        ))
+        .layer(CatchPanicLayer::custom(panic_response))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+/// A handler panic still answers in the error shape; the panic text goes to the log only.
+fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response {
+    let detail = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("non-text panic");
+    ApiError::Internal(format!("handler panicked: {detail}")).into_response()
+}
+
+/// Serves the API on `listener` until the process ends, as an in-process server does: the
+/// default [`Serving`] (no recovery worker, no idempotency horizon, no relay; see `startup.rs`).
+pub async fn serve_with(listener: tokio::net::TcpListener, wiring: Wiring) -> anyhow::Result<()> {
+    let assembled = wiring.assemble();
+    serve_with_shutdown(
+        listener,
+        assembled,
+        Serving::default(),
+        std::future::pending(),
+    )
+    .await
+}
+
+/// Serves the API on `listener` until `shutdown` completes, then lets requests in progress finish;
+/// starts the background tasks `serving` names first and stops them after. A background task
+/// that ends stops the server with an error.
+pub async fn serve_with_shutdown(
+    listener: tokio::net::TcpListener,
+    assembled: Assembled,
+    serving: Serving,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let mut tasks = Tasks::start(&assembled.pieces, &serving.background).await?;
+    let app = build_app(assembled.state, &serving);
+    let served = edge::http_server::serve(listener, app, serving.http, shutdown);
+    let outcome = tokio::select! {
+        served = served => served.map_err(anyhow::Error::from),
+        name = tasks.first_exit() => Err(anyhow::anyhow!("background task {name} stopped")),
+    };
+    tasks.stop().await;
+    outcome
+}

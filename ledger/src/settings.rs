@@ -1,0 +1,186 @@
+//! The one `Settings` of the `ledger` binary: everything configurable, read once at start-up
+//! from the command line and the environment (`flags.rs`, clap's `env`: the variable names are
+//! the contract the README and the tests use) into typed values grouped by concern
+//! (`parse.rs`; a value that does not parse stops the process with an error naming its
+//! variable), and handed to each command as the groups it needs. No library crate reads the
+//! environment; the binary's command line is the only place that does (with `spot_core::Args`
+//! for the engine's own binary). The per-command options (`options.rs`: where to listen, which
+//! spot-core, the relay's and the spot-core child's storage options) are typed by clap as it
+//! parses them.
+
+mod flags;
+pub mod options;
+mod parse;
+
+use std::time::Duration;
+
+use crate::config::JwtSecret;
+use application::alerts::FrequencyConfig;
+use application::{FailPoints, HorizonConfig};
+use edge::http_server::HttpLimits;
+use edge::ratelimit::LimitsConfig;
+use recovery::RecoveryConfig;
+use liveness::TcpLiveness;
+
+pub use flags::{Flags, DAILY_AMOUNT_MAX_ENV, DAILY_COUNT_MAX_ENV, RATE_PER_SECOND_ENV};
+
+/// How often the periodic conservation check runs, unless configured otherwise.
+pub const AUDIT_INTERVAL_DEFAULT: Duration = Duration::from_secs(60);
+
+/// Where `/metrics` is served unless configured otherwise: loopback only, the port Prometheus
+/// exporters conventionally use for an application's own metrics.
+pub const METRICS_LISTEN_DEFAULT: &str = "127.0.0.1:9464";
+
+/// Where `/metrics` is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetricsListen {
+    /// On the API's own address (`--metrics-listen api`).
+    Api,
+    /// On an address of its own and not on the API's; `explicit` when the setting named it (a
+    /// failed bind is then an error; the default's only a warning, see `cli.rs`).
+    Address { addr: String, explicit: bool },
+}
+
+/// Everything configurable, typed, read once at start-up.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub database: DatabaseSettings,
+    pub secrets: SecretSettings,
+    pub limits: LimitSettings,
+    pub background: BackgroundSettings,
+    pub http: HttpSettings,
+    /// The keepalive and `TCP_USER_TIMEOUT` of spot-core connections.
+    pub spot_liveness: TcpLiveness,
+    /// The crash tests' armed fail point, if any.
+    pub failpoints: FailPoints,
+}
+
+/// The database: where it is and how its connections are kept alive.
+#[derive(Debug, Clone)]
+pub struct DatabaseSettings {
+    /// `DATABASE_URL`, or the local default when unset.
+    pub url: String,
+    /// Keepalive, `TCP_USER_TIMEOUT` and the server's idle-in-transaction bound.
+    pub liveness: schema::DbLiveness,
+}
+
+/// The secrets given in the environment.
+#[derive(Clone)]
+pub struct SecretSettings {
+    /// `LEDGER_JWT_SECRET` (at least 32 bytes), if set.
+    pub jwt: Option<JwtSecret>,
+    /// `SPOT_CORE_TOKEN`, if set (set but empty is refused: it would turn authentication off).
+    pub spot_core_token: Option<String>,
+}
+
+impl std::fmt::Debug for SecretSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretSettings")
+            .field("jwt", &self.jwt)
+            .field(
+                "spot_core_token",
+                &self.spot_core_token.as_ref().map(|_| "<set>"),
+            )
+            .finish()
+    }
+}
+
+/// What a user may send: the rate and daily limits, MON-004's thresholds, the bulk maximum.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitSettings {
+    pub limits: LimitsConfig,
+    pub frequency: FrequencyConfig,
+    /// The most transfers one `POST /api/v1/internal_transfers` may carry.
+    pub bulk_max: usize,
+}
+
+/// The background work's timing: the recovery worker, the conservation check, the horizon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackgroundSettings {
+    pub recovery: RecoveryConfig,
+    pub audit_interval: Duration,
+    pub horizon: HorizonConfig,
+}
+
+/// The HTTP server's timeouts and caps, and where `/metrics` is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpSettings {
+    pub limits: HttpLimits,
+    pub metrics: MetricsListen,
+}
+
+impl Settings {
+    /// Reads every setting once into its typed value; the first that does not parse is the
+    /// error, naming its variable.
+    pub fn from_flags(flags: &Flags) -> anyhow::Result<Self> {
+        Ok(Self {
+            database: DatabaseSettings {
+                url: flags.database_url(),
+                liveness: flags.db_liveness(),
+            },
+            secrets: SecretSettings {
+                jwt: flags.jwt_secret()?,
+                spot_core_token: flags.spot_core_token()?,
+            },
+            limits: LimitSettings {
+                limits: flags.limits()?,
+                frequency: flags.frequency()?,
+                bulk_max: flags
+                    .bulk_transfers_max
+                    .unwrap_or(application::bulk::TRANSFERS_PER_REQUEST_MAX_DEFAULT),
+            },
+            background: BackgroundSettings {
+                recovery: flags.recovery()?,
+                audit_interval: flags.audit_interval()?,
+                horizon: flags.horizon()?,
+            },
+            http: HttpSettings {
+                limits: flags.http_limits()?,
+                metrics: flags.metrics_listen(),
+            },
+            spot_liveness: flags.spot_liveness(),
+            failpoints: flags.failpoints(),
+        })
+    }
+}
+
+impl DatabaseSettings {
+    /// The database pool for `connections_max` connections, migrated.
+    pub async fn pool(&self, connections_max: u32) -> anyhow::Result<sqlx::PgPool> {
+        schema::prepare_with(&self.url, connections_max, self.liveness).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unset_flags_read_into_the_defaults() {
+        let settings = Settings::from_flags(&Flags::default()).unwrap();
+        assert_eq!(settings.database.url, schema::DEFAULT_DATABASE_URL);
+        assert!(settings.secrets.jwt.is_none());
+        assert_eq!(settings.limits.limits, LimitsConfig::seed_defaults());
+        assert_eq!(settings.limits.frequency, FrequencyConfig::default());
+        assert_eq!(
+            settings.limits.bulk_max,
+            application::bulk::TRANSFERS_PER_REQUEST_MAX_DEFAULT
+        );
+        assert_eq!(settings.background.recovery, RecoveryConfig::default());
+        assert_eq!(settings.background.audit_interval, AUDIT_INTERVAL_DEFAULT);
+        assert_eq!(settings.background.horizon, HorizonConfig::default());
+        assert_eq!(settings.http.limits, HttpLimits::default());
+        assert_eq!(settings.spot_liveness, TcpLiveness::DEFAULT);
+        assert_eq!(settings.failpoints, FailPoints::default());
+    }
+
+    #[test]
+    fn a_value_that_does_not_parse_names_its_variable() {
+        let flags = Flags {
+            rate_per_second: Some("ten".into()),
+            ..Flags::default()
+        };
+        let refused = Settings::from_flags(&flags).unwrap_err().to_string();
+        assert!(refused.contains(RATE_PER_SECOND_ENV), "{refused}");
+    }
+}

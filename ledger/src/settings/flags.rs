@@ -1,0 +1,129 @@
+//! The `ledger` settings as the command line and the environment give them (clap's `env`
+//! attributes: the variable names are the contract the README, the operations guide and the
+//! tests use), before they are read into typed values (`settings.rs`). The one place the
+//! `ledger` binary names an environment variable of its global settings.
+
+use crate::config;
+use application::FailPoints;
+
+/// Transfer requests per second per user; `0` or `off` turns the limit off.
+pub const RATE_PER_SECOND_ENV: &str = "LEDGER_RATE_PER_SECOND";
+/// Transfers per user and UTC day; `0` or `off` turns the limit off.
+pub const DAILY_COUNT_MAX_ENV: &str = "LEDGER_DAILY_COUNT_MAX";
+/// Amount per user, asset and UTC day, as a JSON object `{"USDT": "1000000", ...}`.
+pub const DAILY_AMOUNT_MAX_ENV: &str = "LEDGER_DAILY_AMOUNT_MAX";
+
+/// The settings as the command line and the environment give them, shared by every `ledger`
+/// command: each may be given as a flag or in its environment variable; an empty variable
+/// counts as unset. [`super::Settings::from_flags`] reads them once into typed values.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct Flags {
+    /// PostgreSQL URL; the local default when unset.
+    #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// The HS256 secret tokens are signed with (at least 32 bytes).
+    #[arg(long, global = true, env = config::JWT_SECRET_ENV, hide = true, hide_env_values = true)]
+    pub jwt_secret: Option<String>,
+    /// The token a spot-core client presents (`hello`).
+    #[arg(long, global = true, env = spot_core::TOKEN_ENV, hide = true, hide_env_values = true)]
+    pub spot_core_token: Option<String>,
+    /// Transfer requests per second per user; `0` or `off` turns the limit off.
+    #[arg(long, global = true, env = RATE_PER_SECOND_ENV)]
+    pub rate_per_second: Option<String>,
+    /// Transfers per user and UTC day; `0` or `off` turns the limit off.
+    #[arg(long, global = true, env = DAILY_COUNT_MAX_ENV)]
+    pub daily_count_max: Option<String>,
+    /// Amount per user, asset and UTC day, as a JSON object `{"USDT": "1000000", ...}`.
+    #[arg(long, global = true, env = DAILY_AMOUNT_MAX_ENV)]
+    pub daily_amount_max: Option<String>,
+    /// The most transfers one `POST /api/v1/internal_transfers` may carry (1,000 by default; see
+    /// `application::bulk::TRANSFERS_PER_REQUEST_MAX_DEFAULT` for why); a larger batch is
+    /// refused whole.
+    #[arg(long, global = true, env = "LEDGER_BULK_TRANSFERS_MAX", value_parser = bulk_max)]
+    pub bulk_transfers_max: Option<usize>,
+    /// How long (ms) a transfer sits unchanged before the recovery worker touches it.
+    #[arg(long, global = true, env = "LEDGER_RECOVERY_STALE_MS")]
+    pub recovery_stale_ms: Option<String>,
+    /// Time (ms) between recovery passes.
+    #[arg(long, global = true, env = "LEDGER_RECOVERY_INTERVAL_MS")]
+    pub recovery_interval_ms: Option<String>,
+    /// How long (ms) a recovery claim holds without renewal.
+    #[arg(long, global = true, env = "LEDGER_RECOVERY_LEASE_MS")]
+    pub recovery_lease_ms: Option<String>,
+    /// Most transfers claimed in one recovery pass.
+    #[arg(long, global = true, env = "LEDGER_RECOVERY_BATCH_MAX")]
+    pub recovery_batch_max: Option<String>,
+    /// First retry delay (ms) after an unknown outcome.
+    #[arg(long, global = true, env = "LEDGER_RETRY_BACKOFF_MS_BASE")]
+    pub retry_backoff_ms_base: Option<String>,
+    /// Longest retry delay (ms).
+    #[arg(long, global = true, env = "LEDGER_RETRY_BACKOFF_MS_MAX")]
+    pub retry_backoff_ms_max: Option<String>,
+    /// MON-001: a transfer in TARGET_PENDING longer than this (ms) raises a CRITICAL alert.
+    #[arg(long, global = true, env = "LEDGER_ALERT_TARGET_PENDING_MS")]
+    pub alert_target_pending_ms: Option<String>,
+    /// Seconds between periodic conservation checks (default 60).
+    #[arg(long, global = true, env = "LEDGER_INVARIANT_INTERVAL_SECS")]
+    pub invariant_interval_secs: Option<String>,
+    /// How long (s) spot-core remembers a req_id at least (the idempotency horizon's retention;
+    /// default 604800, at least 1).
+    #[arg(long, global = true, env = "LEDGER_IDEMPOTENCY_RETENTION_SECS")]
+    pub idempotency_retention_secs: Option<String>,
+    /// Time (ms) between two advances of spot-core's idempotency horizon (default 60000).
+    #[arg(long, global = true, env = "LEDGER_HORIZON_INTERVAL_MS")]
+    pub horizon_interval_ms: Option<String>,
+    /// Longest wait (ms) for a request's headers, new or idle connection alike (default 10000).
+    #[arg(long, global = true, env = "LEDGER_HTTP_HEADER_TIMEOUT_MS")]
+    pub http_header_timeout_ms: Option<u64>,
+    /// Longest a request may take to be received and answered, body included (ms, default
+    /// 30000).
+    #[arg(long, global = true, env = "LEDGER_HTTP_REQUEST_TIMEOUT_MS")]
+    pub http_request_timeout_ms: Option<u64>,
+    /// Connections open at once (default 4096).
+    #[arg(long, global = true, env = "LEDGER_HTTP_CONNECTIONS_MAX")]
+    pub http_connections_max: Option<usize>,
+    /// Connections open at once from one IP address (default 256).
+    #[arg(long, global = true, env = "LEDGER_HTTP_CONNECTIONS_PER_ADDRESS_MAX")]
+    pub http_connections_per_address_max: Option<usize>,
+    /// Where `/metrics` is served: HOST:PORT (not on the API's address then), or `api` for the
+    /// API's address (default 127.0.0.1:9464).
+    #[arg(long, global = true, env = "LEDGER_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
+    /// MON-004: transfer requests per user in a sliding minute above which a WARNING alert is
+    /// raised (default 300; `0` or `off`: none).
+    #[arg(long, global = true, env = "LEDGER_ALERT_REQUESTS_PER_MINUTE")]
+    pub alert_requests_per_minute: Option<String>,
+    /// MON-004: rate-limit refusals per user in a sliding minute above which a WARNING alert is
+    /// raised (default 30; `0` or `off`: none).
+    #[arg(long, global = true, env = "LEDGER_ALERT_REFUSALS_PER_MINUTE")]
+    pub alert_refusals_per_minute: Option<String>,
+    /// Idle time (ms) before a spot-core or PostgreSQL connection is probed by TCP keepalive
+    /// (default 4000; unanswered probes end it once `TCP_USER_TIMEOUT` passed).
+    #[arg(long, global = true, env = "LEDGER_TCP_KEEPALIVE_MS")]
+    pub tcp_keepalive_ms: Option<u64>,
+    /// How long (ms) sent data may stay unacknowledged before the connection is given up
+    /// (`TCP_USER_TIMEOUT`, default 10000).
+    #[arg(long, global = true, env = "LEDGER_TCP_USER_TIMEOUT_MS")]
+    pub tcp_user_timeout_ms: Option<u64>,
+    /// PostgreSQL ends a session idle inside a transaction this long (ms, default 60000).
+    #[arg(long, global = true, env = "LEDGER_DB_IDLE_IN_TRANSACTION_MS")]
+    pub db_idle_in_transaction_ms: Option<u64>,
+    /// The crash tests' fail point to arm (CRA-001..006).
+    #[arg(long, global = true, env = "LEDGER_FAILPOINT", hide = true)]
+    pub failpoint: Option<String>,
+}
+
+impl Flags {
+    /// The armed fail point, if any.
+    pub fn failpoints(&self) -> FailPoints {
+        FailPoints::armed(self.failpoint.as_deref())
+    }
+}
+
+/// `LEDGER_BULK_TRANSFERS_MAX`: 1 to 100,000.
+fn bulk_max(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(n) if (1..=100_000).contains(&n) => Ok(n),
+        _ => Err(format!("must be an integer from 1 to 100000, got {text:?}")),
+    }
+}

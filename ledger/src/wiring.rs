@@ -1,0 +1,146 @@
+//! The core wired over the pool and the spot adapter start-up made: the funding ledger, the
+//! coordinator (its limits, fail points and idempotency retention), the application front door
+//! (`application::Ledger`), its queries (`application::Queries`) and the read side's objects
+//! (`edge::reads::ReadSide`), gathered into the handlers' `AppState`; and the pieces the
+//! background tasks run over ([`Pieces`]), the same ones. Only start-up holds the pool and the
+//! adapters; the handlers get commands and queries.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use adapters::{FundingLedger, SpotAdapter};
+use application::alerts::{FrequencyConfig, WatchedGate};
+use application::{AssetSettings, Coordinator, FailPoints, Ledger, Queries};
+use domain::{AccountPort, AssetRegistry};
+use edge::ratelimit::{LimitsConfig, RateLimiter};
+use edge::reads::ReadSide;
+use edge::state::AppState;
+use sqlx::PgPool;
+
+/// How the core is to be wired; [`Wiring::assemble`] builds it. Defaults: no limits, no fail
+/// point, the coordinator's own idempotency retention and the default bulk maximum.
+#[derive(Clone)]
+pub struct Wiring {
+    pool: PgPool,
+    spot: SpotAdapter,
+    assets: AssetRegistry,
+    jwt_secret: Vec<u8>,
+    limits: Option<(LimitsConfig, FrequencyConfig)>,
+    failpoints: Option<FailPoints>,
+    retention: Option<Duration>,
+    bulk_max: usize,
+}
+
+/// What the background tasks run over: the same pool, adapter, coordinator and front door the
+/// handlers' state was built from.
+#[derive(Clone)]
+pub struct Pieces {
+    pub pool: PgPool,
+    pub spot: SpotAdapter,
+    pub coordinator: Coordinator,
+    pub ledger: Ledger,
+}
+
+/// The handlers' state and the background tasks' pieces.
+#[derive(Clone)]
+pub struct Assembled {
+    pub state: AppState,
+    pub pieces: Pieces,
+}
+
+impl Wiring {
+    /// The core over `pool`, the spot adapter and the asset list, verifying tokens with
+    /// `jwt_secret` (HS256).
+    pub fn new(pool: PgPool, spot: SpotAdapter, assets: AssetRegistry, jwt_secret: &[u8]) -> Self {
+        Self {
+            pool,
+            spot,
+            assets,
+            jwt_secret: jwt_secret.to_vec(),
+            limits: None,
+            failpoints: None,
+            retention: None,
+            bulk_max: application::bulk::TRANSFERS_PER_REQUEST_MAX_DEFAULT,
+        }
+    }
+
+    /// Applies rate limits (per second in this process, daily counts and amounts in
+    /// PostgreSQL), with MON-004 watching at its default thresholds.
+    pub fn with_limits(self, limits: LimitsConfig) -> Self {
+        self.with_watched_limits(limits, FrequencyConfig::default())
+    }
+
+    /// Applies rate limits, with MON-004 (a user's abnormal request frequency) watching every
+    /// request the per-second gate sees (`application::alerts::WatchedGate`).
+    pub fn with_watched_limits(mut self, limits: LimitsConfig, frequency: FrequencyConfig) -> Self {
+        self.limits = Some((limits, frequency));
+        self
+    }
+
+    /// Arms a crash-test fail point.
+    pub fn with_failpoints(mut self, failpoints: FailPoints) -> Self {
+        self.failpoints = Some(failpoints);
+        self
+    }
+
+    /// The idempotency horizon's retention, for re-keying old orphan client-key claims.
+    pub fn with_idempotency_retention(mut self, retention: Duration) -> Self {
+        self.retention = Some(retention);
+        self
+    }
+
+    /// The most transfers one bulk request may carry.
+    pub fn with_bulk_max(mut self, transfers_max: usize) -> Self {
+        self.bulk_max = transfers_max;
+        self
+    }
+
+    /// Builds the core once: the handlers' state and the background tasks' pieces share it.
+    pub fn assemble(self) -> Assembled {
+        let pool = self.pool;
+        let registry = Arc::new(RwLock::new(self.assets));
+        let funding = FundingLedger::new(pool.clone()).with_assets(registry.clone());
+        let mut coordinator = Coordinator::new(
+            pool.clone(),
+            Arc::new(funding.clone()) as Arc<dyn AccountPort>,
+            Arc::new(self.spot.clone()) as Arc<dyn AccountPort>,
+            registry.clone(),
+        );
+        if let Some(retention) = self.retention {
+            coordinator = coordinator.with_idempotency_retention(retention);
+        }
+        if let Some(failpoints) = self.failpoints {
+            coordinator = coordinator.with_failpoints(failpoints);
+        }
+        let gate = self.limits.map(|(limits, frequency)| {
+            let rate = Arc::new(RateLimiter::new(limits.requests_per_second));
+            coordinator = coordinator.clone().with_daily_limits(limits.daily.clone());
+            (
+                WatchedGate::new(rate, frequency, pool.clone()),
+                limits.daily,
+            )
+        });
+        let assets = AssetSettings::new(pool.clone(), registry);
+        let mut ledger = Ledger::from_parts(
+            coordinator.clone(),
+            funding.clone(),
+            self.spot.clone(),
+            assets,
+        )
+        .with_bulk_max(self.bulk_max);
+        if let Some((gate, daily)) = gate {
+            ledger = ledger.with_limits(Arc::new(gate), daily);
+        }
+        let queries = Queries::new(pool.clone(), funding, self.spot.clone());
+        let reads = ReadSide::new(pool.clone());
+        Assembled {
+            state: AppState::new(ledger.clone(), queries, reads, &self.jwt_secret),
+            pieces: Pieces {
+                pool,
+                spot: self.spot,
+                coordinator,
+                ledger,
+            },
+        }
+    }
+}

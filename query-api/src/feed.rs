@@ -1,0 +1,150 @@
+//! The event feed for consumers (admin): `GET /api/v1/events?after=N&limit=M` returns events in
+//! their dense feed order, each with its `event_id` for de-duplication (seed 001), and
+//! `GET /api/v1/events/stream` sends the same as server-sent events.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::time::{Duration, SystemTime};
+
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::routing::get;
+use axum::{Json, Router};
+use futures_util::stream::{self, Stream, StreamExt};
+use projections::feed::{event_json, FeedEvent, FEED_PAGE_SIZE_MAX};
+use serde_json::{json, Value};
+use tokio::sync::OwnedSemaphorePermit;
+
+use edge::auth::AdminUser;
+use edge::error::ApiError;
+use edge::state::AppState;
+
+/// Page size when `limit` is not given.
+pub const FEED_PAGE_SIZE_DEFAULT: i64 = 100;
+
+/// How often a stream with nothing new looks at the feed again.
+pub const STREAM_POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Events sent per look by a stream.
+const STREAM_BATCH_MAX: i64 = 500;
+
+/// The feed's routes; merged into the application router.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/events", get(events))
+        .route("/api/v1/events/stream", get(stream_events))
+}
+
+/// A non-negative integer query parameter, or BAD_REQUEST naming it.
+fn int_param(params: &HashMap<String, String>, name: &str, default: i64) -> Result<i64, ApiError> {
+    match params.get(name) {
+        None => Ok(default),
+        Some(text) => text.parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(|| {
+            ApiError::BadRequest(format!("`{name}` must be a non-negative integer"))
+        }),
+    }
+}
+
+fn db_error(e: sqlx::Error) -> ApiError {
+    ApiError::Internal(format!("feed: {e}"))
+}
+
+/// `GET /api/v1/events?after=N&limit=M` (admin): events with `position > N`, in order, at most
+/// `M` (1..=1000, default 100). `next_after` is what to ask with next; `head` is the last
+/// position handed out so far.
+async fn events(
+    State(state): State<AppState>,
+    _admin: AdminUser,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let after = int_param(&params, "after", 0)?;
+    let limit = int_param(&params, "limit", FEED_PAGE_SIZE_DEFAULT)?;
+    if limit == 0 || limit > FEED_PAGE_SIZE_MAX {
+        return Err(ApiError::BadRequest(format!(
+            "`limit` must be between 1 and {FEED_PAGE_SIZE_MAX}"
+        )));
+    }
+    let rows = state
+        .reads
+        .feed_after(after, limit, None)
+        .await
+        .map_err(db_error)?;
+    let head = state.reads.feed_head().await.map_err(db_error)?;
+    let next_after = rows.last().map_or(after, |e| e.position);
+    Ok(Json(json!({
+        "events": rows.iter().map(event_json).collect::<Vec<_>>(),
+        "next_after": next_after,
+        "head": head,
+    })))
+}
+
+/// `GET /api/v1/events/stream?after=N` (admin): server-sent events from `position > N` (or after
+/// the `Last-Event-ID` a reconnecting client sends), each with `id` = its position and `event` =
+/// its type, then new events as they are projected.
+async fn stream_events(
+    State(state): State<AppState>,
+    admin: AdminUser,
+    headers: HeaderMap,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let resume = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<i64>().ok())
+        .filter(|n| *n >= 0);
+    let after = match resume {
+        Some(n) => n,
+        None => int_param(&params, "after", 0)?,
+    };
+    let slot = state
+        .admission
+        .event_stream()
+        .map_err(|_| ApiError::Refused(domain::ErrorCode::RateLimitExceeded))?;
+    // The stream ends when the token that opened it expires; the client reconnects with a
+    // fresh token and `Last-Event-ID`.
+    let left = admin
+        .expires_at
+        .duration_since(SystemTime::now())
+        .unwrap_or_default();
+    let stream = feed_stream(state, after, None, slot).take_until(tokio::time::sleep(left));
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+/// Feed events after `after` as SSE events, forever; waits [`STREAM_POLL_INTERVAL`] whenever
+/// it has sent everything there is, or the read side is busy. A database error ends the stream
+/// (the client reconnects with `Last-Event-ID`). `slot` is held as long as the stream lives.
+fn feed_stream(
+    app: AppState,
+    after: i64,
+    user_id: Option<i64>,
+    slot: OwnedSemaphorePermit,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let state = (app, after, Vec::<FeedEvent>::new().into_iter(), slot);
+    stream::unfold(Some(state), move |state| async move {
+        let (app, mut after, mut pending, slot) = state?;
+        loop {
+            if let Some(e) = pending.next() {
+                after = e.position;
+                let event = Event::default()
+                    .id(e.position.to_string())
+                    .event(e.event_type.clone())
+                    .data(event_json(&e).to_string());
+                return Some((Ok(event), Some((app, after, pending, slot))));
+            }
+            let Ok(_turn) = app.admission.read().await else {
+                tokio::time::sleep(STREAM_POLL_INTERVAL).await;
+                continue;
+            };
+            let read = app.reads.feed_after(after, STREAM_BATCH_MAX, user_id);
+            match read.await {
+                Ok(rows) if rows.is_empty() => tokio::time::sleep(STREAM_POLL_INTERVAL).await,
+                Ok(rows) => pending = rows.into_iter(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "event stream ends: feed unreadable");
+                    return None;
+                }
+            }
+        }
+    })
+}

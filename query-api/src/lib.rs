@@ -1,0 +1,38 @@
+//! The query side of the HTTP edge: every route that only reads. One transfer and the caller's
+//! balances (`rest.rs`), GraphQL (`/graphql`, `/graphql/ws`, with its cost guard), the consumer
+//! feed and its SSE stream, the operators' read views, the stuck listing and the stored alerts,
+//! `/metrics`, and the operators' console with the GraphiQL page, served from files compiled in.
+//! Every read goes through the core's queries (`application::Queries`) or the read side's
+//! objects (`edge::reads::ReadSide`), with a turn from `edge::admission`; what the handlers share
+//! with the command side is the `edge` crate's, below this one.
+
+pub(crate) mod admin_alerts;
+pub(crate) mod admin_views;
+pub mod console;
+pub(crate) mod feed;
+pub mod graphql;
+pub mod metrics;
+pub mod openapi;
+pub(crate) mod ops_metrics;
+pub(crate) mod rest;
+pub(crate) mod stuck;
+
+use axum::routing::get;
+use axum::Router;
+use edge::state::AppState;
+
+/// Every query route but `/metrics` (the binary decides where that is served: [`metrics`]).
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route(
+            "/api/v1/internal_transfer/{req_id}",
+            get(rest::get_transfer),
+        )
+        .route("/api/v1/balances", get(rest::balances))
+        .merge(admin_alerts::routes())
+        .merge(stuck::routes())
+        .merge(console::routes())
+        .merge(admin_views::routes())
+        .merge(feed::routes())
+        .merge(graphql::routes())
+}

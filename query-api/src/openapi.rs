@@ -1,0 +1,22 @@
+//! The query routes' part of the OpenAPI document, derived by `utoipa` from their handlers'
+//! `#[utoipa::path]` attributes; `edge::openapi::document` joins it with the command side's.
+
+use utoipa::OpenApi;
+
+/// This side's paths, and the schemas they name.
+pub fn part() -> utoipa::openapi::OpenApi {
+    Queries::openapi()
+}
+
+#[derive(OpenApi)]
+#[openapi(paths(
+    crate::rest::get_transfer,
+    crate::rest::balances,
+    crate::admin_views::list_transfers,
+    crate::admin_views::transfer_timeline,
+    crate::admin_views::user_view,
+    crate::admin_views::overview,
+    crate::admin_views::invariant_history,
+    crate::admin_alerts::list_alerts,
+))]
+struct Queries;

@@ -1,0 +1,97 @@
+//! The operations figures `/metrics` adds to its snapshot (gathered here, encoded here, so
+//! `metrics.rs` only calls in): when a recovery worker last finished a pass, and how far the
+//! read models' projector lags behind the event log.
+//!
+//! - `ledger_recovery_last_pass_timestamp_seconds` (gauge, Unix seconds; 0: no pass yet)
+//! - `ledger_projector_lag_positions` (gauge: events appended, not yet applied)
+//! - `ledger_projector_lag_seconds` (gauge: age of the oldest event not yet applied; 0 when none)
+
+use edge::reads::ReadSide;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::gauge::ConstGauge;
+
+/// The figures of one scrape.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct OpsFigures {
+    pub recovery_last_pass_epoch_seconds: f64,
+    pub projector_lag_positions: i64,
+    pub projector_lag_seconds: f64,
+}
+
+/// Reads them: the worker's heartbeat row and the projector's lag (two one-row tables and one
+/// event by its feed position).
+pub async fn gather(reads: &ReadSide) -> Result<OpsFigures, sqlx::Error> {
+    let heartbeat = reads.heartbeat().await?;
+    let lag = reads.admin().projector_lag().await?;
+    Ok(OpsFigures {
+        recovery_last_pass_epoch_seconds: heartbeat.map_or(0.0, |h| h.last_pass_epoch_seconds),
+        projector_lag_positions: lag.positions,
+        projector_lag_seconds: lag.seconds,
+    })
+}
+
+/// Writes them into the exposition.
+pub fn encode(
+    figures: &OpsFigures,
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    let floats: [(&str, &str, f64); 2] = [
+        (
+            "ledger_recovery_last_pass_timestamp_seconds",
+            "When a recovery worker last finished a pass (Unix time; 0: none yet).",
+            figures.recovery_last_pass_epoch_seconds,
+        ),
+        (
+            "ledger_projector_lag_seconds",
+            "Age of the oldest event the read models' projector has not applied yet (0 when none).",
+            figures.projector_lag_seconds,
+        ),
+    ];
+    for (name, help, value) in floats {
+        let gauge = ConstGauge::new(value);
+        gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+    }
+    let positions = ConstGauge::new(figures.projector_lag_positions);
+    positions.encode(encoder.encode_descriptor(
+        "ledger_projector_lag_positions",
+        "Events appended to the log and not yet applied by the read models' projector.",
+        None,
+        positions.metric_type(),
+    )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::collector::Collector;
+    use prometheus_client::registry::Registry;
+
+    #[derive(Debug)]
+    struct Only(OpsFigures);
+
+    impl Collector for Only {
+        fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+            encode(&self.0, &mut encoder)
+        }
+    }
+
+    #[test]
+    fn mon_the_operations_figures_are_reported() {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Only(OpsFigures {
+            recovery_last_pass_epoch_seconds: 1_700_000_000.5,
+            projector_lag_positions: 7,
+            projector_lag_seconds: 1.25,
+        })));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            "# TYPE ledger_recovery_last_pass_timestamp_seconds gauge",
+            "ledger_recovery_last_pass_timestamp_seconds 1700000000.5",
+            "ledger_projector_lag_positions 7",
+            "ledger_projector_lag_seconds 1.25",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} in\n{text}");
+        }
+    }
+}

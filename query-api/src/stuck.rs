@@ -1,0 +1,78 @@
+//! The operators' stuck listing: `GET /api/v1/admin/transfers/stuck?older_than_ms=N&limit=M`,
+//! open transfers unchanged for a while with their retry records, oldest first (the resolution
+//! an operator then records is a command, `command_api::admin_recovery`).
+//!
+//! The listing shows a retry's `last_error_category` (TIMEOUT, NETWORK, STORE, REFUSED_BY_TARGET,
+//! MISMATCH, UNKNOWN), never the raw error text, which may hold SQL or socket detail.
+
+use std::time::Duration;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::routing::get;
+use axum::{Json, Router};
+use edge::auth::AdminUser;
+use edge::error::ApiError;
+use edge::render::{money, rfc3339};
+use edge::state::AppState;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// Most rows one listing returns.
+pub const STUCK_PAGE_SIZE_MAX: i64 = 500;
+/// Default age a transfer must have to count as stuck.
+const STUCK_OLDER_THAN_MS_DEFAULT: u64 = 60_000;
+
+/// The listing's route, merged into the query routes.
+pub fn routes() -> Router<AppState> {
+    Router::new().route("/api/v1/admin/transfers/stuck", get(list_stuck))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StuckQuery {
+    older_than_ms: Option<u64>,
+    limit: Option<i64>,
+}
+
+async fn list_stuck(
+    State(state): State<AppState>,
+    _admin: AdminUser,
+    query: Result<Query<StuckQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Ok(Query(q)) = query else {
+        return Err(ApiError::BadRequest("malformed query string".into()));
+    };
+    let older_than = Duration::from_millis(q.older_than_ms.unwrap_or(STUCK_OLDER_THAN_MS_DEFAULT));
+    let limit = q.limit.unwrap_or(100).clamp(1, STUCK_PAGE_SIZE_MAX);
+    let rows = state
+        .reads
+        .stuck(older_than, limit)
+        .await
+        .map_err(|e| ApiError::Internal(format!("list stuck transfers: {e}")))?;
+    let transfers: Vec<Value> = rows
+        .into_iter()
+        .map(|r| {
+            json!({
+                "req_id": r.req_id,
+                "user_id": r.user_id,
+                "from": r.from_account,
+                "to": r.to_account,
+                "asset": r.asset,
+                "amount": r.amount.map(money),
+                "state": r.state,
+                "status": r.status,
+                "updated_at": rfc3339(r.updated_at),
+                "age_ms": r.age_ms,
+                "attempts": r.attempts,
+                "refund_failures": r.refund_failures,
+                "last_error_category": r.last_error_category,
+                "last_attempt_at": r.last_attempt_at.map(rfc3339),
+                "next_retry_at": r.next_retry_at.map(rfc3339),
+                "lease_owner": r.lease_owner,
+                "lease_until": r.lease_until.map(rfc3339),
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "transfers": transfers })))
+}
