@@ -74,7 +74,7 @@ pub struct FundingBalance {
 /// The journal's record of one (req_id, operation).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JournalEntry {
-    pub operation: String,
+    pub operation: Operation,
     pub user_id: i64,
     pub asset: String,
     pub amount: Decimal,
@@ -84,22 +84,14 @@ pub struct JournalEntry {
     pub at: chrono::DateTime<chrono::Utc>,
 }
 
-/// An operation as the journal spells it (`funding_journal.operation`).
-fn journal_name(operation: Operation) -> &'static str {
-    match operation {
-        Operation::Withdraw => "WITHDRAW",
-        Operation::Deposit => "DEPOSIT",
-        Operation::Refund => "REFUND",
-    }
-}
-
-/// The journal's spelling read back; anything else is a refund, as the conservation check always read it.
-fn operation_from_journal(name: &str) -> Operation {
-    match name {
-        "WITHDRAW" => Operation::Withdraw,
-        "DEPOSIT" => Operation::Deposit,
-        _ => Operation::Refund,
-    }
+/// The journal's operation read back (`funding_journal.operation`): a name that is none of
+/// the operations' is a read error (the column's CHECK guards what is written; this guards what
+/// is read), so a caller's answer is unknown, never a guess.
+fn operation_from_journal(name: &str) -> Result<Operation, sqlx::Error> {
+    name.parse().map_err(|e| sqlx::Error::ColumnDecode {
+        index: "operation".to_owned(),
+        source: Box::new(e),
+    })
 }
 
 /// The funding ledger over one PostgreSQL pool.
@@ -327,20 +319,18 @@ impl FundingLedger {
         .bind(req_id)
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(
-                |(operation, user_id, asset, amount, outcome, code, at)| JournalEntry {
-                    operation,
-                    user_id,
-                    asset,
-                    amount,
-                    applied: outcome == "APPLIED",
-                    code,
-                    at,
-                },
-            )
-            .collect())
+        let entry = |(operation, user_id, asset, amount, outcome, code, at): Row| -> Result<_, FundingError> {
+            Ok(JournalEntry {
+                operation: operation_from_journal(&operation)?,
+                user_id,
+                asset,
+                amount,
+                applied: outcome == "APPLIED",
+                code,
+                at,
+            })
+        };
+        rows.into_iter().map(entry).collect()
     }
 
     /// One movement, atomically: claim (req_id, op) in the journal, decide and apply. A claim that
@@ -375,7 +365,7 @@ impl FundingLedger {
         op: Operation,
         m: &Movement,
     ) -> Result<Option<AdapterOutcome>, sqlx::Error> {
-        let decided = self.batcher.submit(journal_name(op), m).await?;
+        let decided = self.batcher.submit(op, m).await?;
         Ok(decided.map(|d| fresh_outcome(op, m, d)))
     }
 
@@ -396,7 +386,7 @@ impl FundingLedger {
                  ON CONFLICT (req_id, operation) DO NOTHING",
             )
             .bind(m.req_id.to_string())
-            .bind(journal_name(op))
+            .bind(op.as_str())
             .bind(m.user_id.as_i64())
             .bind(m.asset.as_str())
             .bind(m.amount.value())
@@ -414,7 +404,7 @@ impl FundingLedger {
              WHERE req_id = $1 AND operation = $2",
         )
         .bind(m.req_id.to_string())
-        .bind(journal_name(op))
+        .bind(op.as_str())
         .fetch_one(&self.pool)
         .await?;
         let (user_id, asset, amount, outcome, code) = first;
@@ -425,7 +415,7 @@ impl FundingLedger {
             return Ok(AdapterOutcome::Mismatch(format!(
                 "req_id {} already used for a different {} movement",
                 m.req_id,
-                journal_name(op)
+                op.as_str()
             )));
         }
         Ok(match (outcome.as_str(), code) {
@@ -447,11 +437,11 @@ impl FundingLedger {
                 Operation::Withdraw | Operation::Deposit => self.invalid(m),
             })
             .collect();
-        let fresh: Vec<(&'static str, &Movement)> = ms
+        let fresh: Vec<(Operation, &Movement)> = ms
             .iter()
             .zip(&invalid)
             .filter(|(_, invalid)| invalid.is_none())
-            .map(|(m, _)| (journal_name(op), m))
+            .map(|(m, _)| (op, m))
             .collect();
         let mut decided = self.batcher.submit_many(fresh).await.into_iter();
         let mut outcomes = Vec::with_capacity(ms.len());
@@ -482,7 +472,7 @@ impl FundingLedger {
              ON CONFLICT (req_id, operation) DO NOTHING",
         )
         .bind(m.req_id.to_string())
-        .bind(journal_name(op))
+        .bind(op.as_str())
         .bind(m.user_id.as_i64())
         .bind(m.asset.as_str())
         .bind(m.amount.value())
@@ -503,7 +493,7 @@ fn fresh_outcome(op: Operation, m: &Movement, decided: batch::Decided) -> Adapte
         // One call, one transaction: an applied claim without its balance change cannot
         // commit unless the account vanished, which nothing ever does.
         if moved != 1 {
-            tracing::error!(req_id = %m.req_id, op = journal_name(op), moved, "CRITICAL applied funding movement touched no single account");
+            tracing::error!(req_id = %m.req_id, op = op.as_str(), moved, "CRITICAL applied funding movement touched no single account");
             return AdapterOutcome::Unknown("funding movement inconsistent".into());
         }
         return AdapterOutcome::Success;
@@ -587,10 +577,7 @@ impl AccountPort for FundingLedger {
             Ok(entries) => entries,
             Err(e) => return Recorded::Unavailable(e.to_string()),
         };
-        let Some(entry) = entries
-            .into_iter()
-            .find(|e| e.operation == journal_name(op))
-        else {
+        let Some(entry) = entries.into_iter().find(|e| e.operation == op) else {
             return Recorded::NotSeen;
         };
         if entry.user_id != m.user_id.as_i64()
@@ -600,7 +587,7 @@ impl AccountPort for FundingLedger {
             return Recorded::Mismatch(format!(
                 "req_id {} recorded for a different {} movement",
                 m.req_id,
-                journal_name(op)
+                op.as_str()
             ));
         }
         if entry.applied {

@@ -15,9 +15,9 @@ use crate::assets::AssetSettings;
 use crate::audit::{self, CheckError, InvariantReport, Mode};
 use crate::bulk::{cid_slots, Slot};
 use crate::coordinator::{Coordinator, CoordinatorError, NewTransfer};
+use crate::daily::DailyLimits;
 use crate::failpoint::FailPoints;
 use crate::halt::{self, HaltCache};
-use crate::limits::DailyLimits;
 use crate::request::{depends_on_settings, TransferRequest};
 
 /// The per-second limit on transfer requests, kept by the edge (in this process's memory).

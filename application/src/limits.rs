@@ -4,38 +4,12 @@
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, NaiveDate, Utc};
-use domain::{Amount, AssetSymbol, ErrorCode, UserId};
+use chrono::NaiveDate;
+use domain::{AssetSymbol, ErrorCode, UserId};
 use rust_decimal::Decimal;
 use sqlx::PgPool;
 
-/// How many transfers and how much of each asset one user may move per UTC day. `None` (or an
-/// asset missing from the map) means no limit of that kind.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct DailyLimits {
-    pub count_max: Option<u64>,
-    pub amount_max: BTreeMap<AssetSymbol, Decimal>,
-}
-
-impl DailyLimits {
-    pub fn is_unlimited(&self) -> bool {
-        self.count_max.is_none() && self.amount_max.is_empty()
-    }
-}
-
-/// The UTC day a moment falls in; the counters roll over at UTC midnight.
-pub fn day_of(at: DateTime<Utc>) -> NaiveDate {
-    at.date_naive()
-}
-
-/// Seconds from `at` to the next UTC midnight (at least 1): the `Retry-After` of a daily refusal.
-pub fn secs_until_next_day(at: DateTime<Utc>) -> u64 {
-    let next = day_of(at)
-        .succ_opt()
-        .and_then(|d| d.and_hms_opt(0, 0, 0))
-        .map(|t| t.and_utc());
-    next.map_or(86_400, |n| (n - at).num_seconds().max(1).unsigned_abs())
-}
+use crate::daily::{Charge, DailyLimits};
 
 /// Reserves one transfer of `amount` for `user` on `day`, or refuses with
 /// DAILY_LIMIT_EXCEEDED / DAILY_AMOUNT_EXCEEDED and reserves nothing. Both counters change in one
@@ -44,11 +18,14 @@ pub fn secs_until_next_day(at: DateTime<Utc>) -> u64 {
 pub async fn reserve(
     pool: &PgPool,
     limits: &DailyLimits,
-    user: UserId,
-    asset: &AssetSymbol,
-    amount: Amount,
+    charge: &Charge,
     day: NaiveDate,
 ) -> Result<Result<(), ErrorCode>, sqlx::Error> {
+    let Charge {
+        user,
+        asset,
+        amount,
+    } = charge;
     let mut tx = pool.begin().await?;
     if let Some(max) = limits.count_max {
         let max = i64::try_from(max).unwrap_or(i64::MAX);
@@ -96,9 +73,6 @@ pub async fn reserve(
     Ok(Ok(()))
 }
 
-/// One transfer to charge: whose, which asset, how much.
-pub type Charge = (UserId, AssetSymbol, Amount);
-
 /// Reserves each of `charges` on `day`, in order, with exactly the answers [`reserve`] called
 /// once per charge, one after another, would give (a limit running out refuses the later
 /// charges; a refused charge reserves nothing), in one transaction of a fixed number of
@@ -116,7 +90,7 @@ pub async fn reserve_many(
     if limits.count_max.is_some() {
         let users: Vec<i64> = charges
             .iter()
-            .map(|(u, _, _)| u.as_i64())
+            .map(|c| c.user.as_i64())
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
             .collect();
@@ -141,8 +115,8 @@ pub async fn reserve_many(
     }
     let keys: std::collections::BTreeSet<(i64, String)> = charges
         .iter()
-        .filter(|(_, asset, _)| limits.amount_max.contains_key(asset))
-        .map(|(u, asset, _)| (u.as_i64(), asset.as_str().to_owned()))
+        .filter(|c| limits.amount_max.contains_key(&c.asset))
+        .map(|c| (c.user.as_i64(), c.asset.as_str().to_owned()))
         .collect();
     if !keys.is_empty() {
         let (users, assets): (Vec<i64>, Vec<String>) = keys.into_iter().unzip();
@@ -223,27 +197,33 @@ impl Used {
     fn charge(&mut self, limits: &DailyLimits, charges: &[Charge]) -> Vec<Result<(), ErrorCode>> {
         charges
             .iter()
-            .map(|(user, asset, amount)| {
-                let user = user.as_i64();
-                if let Some(max) = limits.count_max {
-                    let max = i64::try_from(max).unwrap_or(i64::MAX);
-                    if self.counts.get(&user).copied().unwrap_or(0) >= max {
-                        return Err(ErrorCode::DailyLimitExceeded);
+            .map(
+                |Charge {
+                     user,
+                     asset,
+                     amount,
+                 }| {
+                    let user = user.as_i64();
+                    if let Some(max) = limits.count_max {
+                        let max = i64::try_from(max).unwrap_or(i64::MAX);
+                        if self.counts.get(&user).copied().unwrap_or(0) >= max {
+                            return Err(ErrorCode::DailyLimitExceeded);
+                        }
                     }
-                }
-                if let Some(max) = limits.amount_max.get(asset) {
-                    let key = (user, asset.as_str().to_owned());
-                    let total = self.amounts.get(&key).copied().unwrap_or_default();
-                    if amount.value() > *max || total + amount.value() > *max {
-                        return Err(ErrorCode::DailyAmountExceeded);
+                    if let Some(max) = limits.amount_max.get(asset) {
+                        let key = (user, asset.as_str().to_owned());
+                        let total = self.amounts.get(&key).copied().unwrap_or_default();
+                        if amount.value() > *max || total + amount.value() > *max {
+                            return Err(ErrorCode::DailyAmountExceeded);
+                        }
+                        self.amounts.insert(key, total + amount.value());
                     }
-                    self.amounts.insert(key, total + amount.value());
-                }
-                if limits.count_max.is_some() {
-                    *self.counts.entry(user).or_insert(0) += 1;
-                }
-                Ok(())
-            })
+                    if limits.count_max.is_some() {
+                        *self.counts.entry(user).or_insert(0) += 1;
+                    }
+                    Ok(())
+                },
+            )
             .collect()
     }
 }
@@ -255,11 +235,14 @@ impl Used {
 pub async fn release(
     pool: &PgPool,
     limits: &DailyLimits,
-    user: UserId,
-    asset: &AssetSymbol,
-    amount: Amount,
+    charge: &Charge,
     day: NaiveDate,
 ) -> Result<(), sqlx::Error> {
+    let Charge {
+        user,
+        asset,
+        amount,
+    } = charge;
     let mut tx = pool.begin().await?;
     if limits.count_max.is_some() {
         sqlx::query(
@@ -314,22 +297,14 @@ pub async fn usage(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chrono::TimeZone;
-
-    #[test]
-    fn retry_after_counts_to_the_next_utc_midnight() {
-        let at = Utc.with_ymd_and_hms(2026, 3, 1, 23, 59, 30).unwrap();
-        assert_eq!(secs_until_next_day(at), 30);
-        let at = Utc.with_ymd_and_hms(2026, 3, 1, 0, 0, 0).unwrap();
-        assert_eq!(secs_until_next_day(at), 86_400);
-    }
+    use domain::Amount;
 
     fn charge(user: u64, asset: &str, amount: &str) -> Charge {
-        (
-            UserId::new(user).unwrap(),
-            AssetSymbol::parse(asset).unwrap(),
-            Amount::parse(amount).unwrap(),
-        )
+        Charge {
+            user: UserId::new(user).unwrap(),
+            asset: AssetSymbol::parse(asset).unwrap(),
+            amount: Amount::parse(amount).unwrap(),
+        }
     }
 
     #[test]

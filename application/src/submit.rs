@@ -8,8 +8,8 @@ use chrono::NaiveDate;
 use domain::{ErrorCode, ReqId, Transfer, TransferCommand, TransferData, TransferError};
 
 use crate::coordinator::{Context, Coordinator, CoordinatorError, NewTransfer};
+use crate::daily::{self, Charge};
 use crate::horizon;
-use crate::limits;
 use crate::ports::ClientKey;
 use crate::ports::Rekeyed;
 
@@ -230,15 +230,9 @@ impl Coordinator {
         if self.daily.is_unlimited() {
             return Ok(None);
         }
-        let day = limits::day_of(self.clock.now());
-        self.book
-            .reserve_daily(
-                &self.daily,
-                request.user_id,
-                &request.asset,
-                request.amount,
-                day,
-            )
+        let day = daily::day_of(self.clock.now());
+        self.reservations
+            .reserve(&self.daily, &request.charge(), day)
             .await?
             .map_err(CoordinatorError::Refused)?;
         Ok(Some(day))
@@ -254,17 +248,11 @@ impl Coordinator {
         if self.daily.is_unlimited() || indices.is_empty() {
             return indices.iter().map(|_| Ok(None)).collect();
         }
-        let day = limits::day_of(self.clock.now());
-        let charges: Vec<limits::Charge> = indices
-            .iter()
-            .map(|&i| {
-                let r = &requests[i];
-                (r.user_id, r.asset.clone(), r.amount)
-            })
-            .collect();
+        let day = daily::day_of(self.clock.now());
+        let charges: Vec<Charge> = indices.iter().map(|&i| requests[i].charge()).collect();
         match self
-            .book
-            .reserve_daily_many(&self.daily, &charges, day)
+            .reservations
+            .reserve_many(&self.daily, &charges, day)
             .await
         {
             Ok(answers) => answers
@@ -281,14 +269,8 @@ impl Coordinator {
             return;
         };
         let released = self
-            .book
-            .release_daily(
-                &self.daily,
-                request.user_id,
-                &request.asset,
-                request.amount,
-                day,
-            )
+            .reservations
+            .release(&self.daily, &request.charge(), day)
             .await;
         if let Err(e) = released {
             tracing::warn!(user_id = %request.user_id, error = %e, "daily limit charge not released");
@@ -304,7 +286,7 @@ impl Coordinator {
         let Some(cid) = &request.cid else {
             return Ok(None);
         };
-        let found = self.book.find_client_key(request.user_id, cid).await?;
+        let found = self.claims.find(request.user_id, cid).await?;
         let Some(ClientKey {
             req_id,
             fingerprint,
@@ -315,8 +297,6 @@ impl Coordinator {
         if fingerprint != request.fingerprint() {
             return Err(CoordinatorError::Refused(ErrorCode::IdempotencyKeyReused));
         }
-        let req_id = ReqId::parse(&req_id)
-            .map_err(|_| CoordinatorError::store("stored req_id is malformed"))?;
         // A claim without a transfer (the first request died in between) is created by the
         // normal path, under the claimed req_id.
         self.load(&req_id).await
@@ -350,8 +330,8 @@ impl Coordinator {
     async fn claim_cid(&self, request: &NewTransfer, cid: &str) -> Result<Claim, CoordinatorError> {
         let fresh = self.clock.req_id();
         let inserted = self
-            .book
-            .claim_client_key(request.user_id, cid, &fresh, &request.fingerprint())
+            .claims
+            .claim(request.user_id, cid, &fresh, &request.fingerprint())
             .await?;
         if inserted {
             return Ok(Claim::New(fresh));
@@ -360,15 +340,13 @@ impl Coordinator {
             req_id,
             fingerprint,
         } = self
-            .book
-            .find_client_key(request.user_id, cid)
+            .claims
+            .find(request.user_id, cid)
             .await?
             .ok_or_else(|| CoordinatorError::store("the client key's claim vanished"))?;
         if fingerprint != request.fingerprint() {
             return Err(CoordinatorError::Refused(ErrorCode::IdempotencyKeyReused));
         }
-        let req_id = ReqId::parse(&req_id)
-            .map_err(|_| CoordinatorError::store("stored req_id is malformed"))?;
         Ok(Claim::Existing(req_id))
     }
 
@@ -402,8 +380,8 @@ impl Coordinator {
             }
             let fresh = self.clock.req_id();
             let rekeyed = self
-                .book
-                .rekey_client_key(request.user_id, cid, &req_id, &fresh)
+                .claims
+                .rekey(request.user_id, cid, &req_id, &fresh)
                 .await?;
             if rekeyed == Rekeyed::Created {
                 let existing = self.load(&req_id).await?;
@@ -420,12 +398,11 @@ impl Coordinator {
             }
             // Another request re-keyed it first: go on with what the claim names now.
             let now_claimed = self
-                .book
-                .find_client_key(request.user_id, cid)
+                .claims
+                .find(request.user_id, cid)
                 .await?
                 .ok_or_else(|| CoordinatorError::store("the client key's claim vanished"))?;
-            req_id = ReqId::parse(&now_claimed.req_id)
-                .map_err(|_| CoordinatorError::store("stored req_id is malformed"))?;
+            req_id = now_claimed.req_id;
             if let Some(existing) = self.load(&req_id).await? {
                 return Ok(Usable::Exists(existing));
             }

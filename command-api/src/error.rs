@@ -267,7 +267,7 @@ impl IntoResponse for ApiError {
         let retry_after = match &self {
             Self::Refused(ErrorCode::RateLimitExceeded) => Some(1),
             Self::Refused(ErrorCode::DailyLimitExceeded | ErrorCode::DailyAmountExceeded) => {
-                Some(application::limits::secs_until_next_day(chrono::Utc::now()))
+                Some(application::daily::secs_until_next_day(chrono::Utc::now()))
             }
             _ => None,
         };

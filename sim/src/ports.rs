@@ -9,16 +9,18 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use adapters::spot::operation_of;
 use application::{
-    Bookkeeping, ClientKey, Clock, Commit, CoordinatorError, DailyLimits, Rekeyed, TransferLog,
+    Charge, ClientKey, ClientKeys, Clock, Commit, CoordinatorError, DailyLimits, DailyReservations,
+    LeaseRequest, Leases, Rekeyed, TransferLog,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
 use cqrs_es::persist::EventStoreAggregateContext;
 use cqrs_es::Aggregate;
 use domain::{
-    AccountPort, AccountType, AdapterOutcome, Amount, AssetSymbol, ErrorCode, Movement, Operation,
-    Recorded, ReqId, Transfer, TransferEvent, TransferState, UserId,
+    AccountPort, AccountType, AdapterOutcome, ErrorCode, Movement, Operation, Recorded, ReqId,
+    Transfer, TransferEvent, TransferState, UserId,
 };
 use recovery::{AttemptPolicy, AttemptRecord, RetryBook, Tally};
 use rust_decimal::Decimal;
@@ -26,7 +28,7 @@ use spot_core::client::{ClientError, SpotTransport};
 use spot_core::protocol::{JournalRecord, Outcome, Request, Response};
 
 use crate::exec::{Role, Rt};
-use crate::world::{short, JournalRow, Op, RetryRow, Stream, System, World};
+use crate::world::{short, JournalRow, RetryRow, Stream, System, World};
 
 /// The process delayed and duplicated messages belong to: the network, which no crash kills.
 pub const NETWORK: u32 = 0;
@@ -199,8 +201,10 @@ fn fold(events: &[TransferEvent]) -> Transfer {
 impl TransferLog for SimLog {
     async fn load(
         &self,
-        aggregate_id: &str,
+        req_id: &ReqId,
     ) -> Result<EventStoreAggregateContext<Transfer>, CoordinatorError> {
+        let aggregate_id = req_id.to_string();
+        let aggregate_id = aggregate_id.as_str();
         self.sim
             .store("log.load", |w| {
                 let events = w
@@ -317,11 +321,23 @@ fn event_name(e: &TransferEvent) -> String {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Bookkeeping: client keys, leases, daily limits.
+// The bookkeeping: client keys, leases, daily limits.
 
-/// The bookkeeping tables in memory.
+/// The client keys' claims in memory.
 #[derive(Debug, Clone)]
-pub struct SimBook {
+pub struct SimClientKeys {
+    pub sim: Sim,
+}
+
+/// The transfers' leases in memory (rows of the retry book).
+#[derive(Debug, Clone)]
+pub struct SimLeases {
+    pub sim: Sim,
+}
+
+/// The daily limits' counters in memory.
+#[derive(Debug, Clone)]
+pub struct SimDailyReservations {
     pub sim: Sim,
 }
 
@@ -329,26 +345,30 @@ fn lease_free(row: &RetryRow, now: u64) -> bool {
     row.lease_until_ms.is_none_or(|until| until < now)
 }
 
+fn lease_ms(lease: Duration) -> u64 {
+    u64::try_from(lease.as_millis()).unwrap_or(u64::MAX)
+}
+
 #[async_trait]
-impl Bookkeeping for SimBook {
-    async fn find_client_key(
-        &self,
-        user: UserId,
-        cid: &str,
-    ) -> Result<Option<ClientKey>, CoordinatorError> {
+impl ClientKeys for SimClientKeys {
+    async fn find(&self, user: UserId, cid: &str) -> Result<Option<ClientKey>, CoordinatorError> {
         self.sim
             .store("cid.find", |w| {
-                Ok(w.claims
+                w.claims
                     .get(&(user.get(), cid.to_owned()))
-                    .map(|(req_id, fingerprint)| ClientKey {
-                        req_id: req_id.clone(),
-                        fingerprint: fingerprint.clone(),
-                    }))
+                    .map(|(req_id, fingerprint)| {
+                        Ok(ClientKey {
+                            req_id: ReqId::parse(req_id)
+                                .map_err(|_| store_error("stored req_id is malformed"))?,
+                            fingerprint: fingerprint.clone(),
+                        })
+                    })
+                    .transpose()
             })
             .await
     }
 
-    async fn claim_client_key(
+    async fn claim(
         &self,
         user: UserId,
         cid: &str,
@@ -369,7 +389,7 @@ impl Bookkeeping for SimBook {
             .await
     }
 
-    async fn rekey_client_key(
+    async fn rekey(
         &self,
         user: UserId,
         cid: &str,
@@ -400,25 +420,30 @@ impl Bookkeeping for SimBook {
             })
             .await
     }
+}
 
-    async fn take_lease(
-        &self,
-        req_id: &str,
-        state: &str,
-        owner: &str,
-        lease_ms: i64,
-        respect_retry_time: bool,
-    ) -> Result<Option<i32>, CoordinatorError> {
+#[async_trait]
+impl Leases for SimLeases {
+    async fn take(&self, request: &LeaseRequest<'_>) -> Result<Option<i32>, CoordinatorError> {
+        let LeaseRequest {
+            req_id,
+            state,
+            owner,
+            lease,
+            wait_for_retry_time,
+        } = *request;
+        let req_id = req_id.to_string();
+        let req_id = req_id.as_str();
         self.sim
             .store("lease.take", |w| {
                 let now = w.now_ms;
-                let until = now.saturating_add(u64::try_from(lease_ms).unwrap_or(0));
+                let until = now.saturating_add(lease_ms(lease));
                 let taken = match w.retries.get_mut(req_id) {
                     None => {
                         w.retries.insert(
                             req_id.to_owned(),
                             RetryRow {
-                                state: state.to_owned(),
+                                state: state.as_str().to_owned(),
                                 next_retry_at_ms: now,
                                 lease_owner: Some(owner.to_owned()),
                                 lease_until_ms: Some(until),
@@ -429,7 +454,7 @@ impl Bookkeeping for SimBook {
                     }
                     Some(row)
                         if lease_free(row, now)
-                            && (!respect_retry_time || row.next_retry_at_ms <= now) =>
+                            && (!wait_for_retry_time || row.next_retry_at_ms <= now) =>
                     {
                         row.lease_owner = Some(owner.to_owned());
                         row.lease_until_ms = Some(until);
@@ -445,19 +470,19 @@ impl Bookkeeping for SimBook {
             .await
     }
 
-    async fn renew_lease(
+    async fn renew(
         &self,
-        req_id: &str,
+        req_id: &ReqId,
         owner: &str,
-        lease_ms: i64,
+        lease: Duration,
     ) -> Result<bool, CoordinatorError> {
+        let req_id = req_id.to_string();
         self.sim
             .store("lease.renew", |w| {
                 let now = w.now_ms;
-                Ok(match w.retries.get_mut(req_id) {
+                Ok(match w.retries.get_mut(&req_id) {
                     Some(row) if row.lease_owner.as_deref() == Some(owner) => {
-                        row.lease_until_ms =
-                            Some(now.saturating_add(u64::try_from(lease_ms).unwrap_or(0)));
+                        row.lease_until_ms = Some(now.saturating_add(lease_ms(lease)));
                         true
                     }
                     _ => false,
@@ -466,10 +491,11 @@ impl Bookkeeping for SimBook {
             .await
     }
 
-    async fn release_lease(&self, req_id: &str, owner: &str) -> Result<(), CoordinatorError> {
+    async fn release(&self, req_id: &ReqId, owner: &str) -> Result<(), CoordinatorError> {
+        let req_id = req_id.to_string();
         self.sim
             .store("lease.release", |w| {
-                if let Some(row) = w.retries.get_mut(req_id) {
+                if let Some(row) = w.retries.get_mut(&req_id) {
                     if row.lease_owner.as_deref() == Some(owner) {
                         row.lease_owner = None;
                         row.lease_until_ms = None;
@@ -479,15 +505,21 @@ impl Bookkeeping for SimBook {
             })
             .await
     }
+}
 
-    async fn reserve_daily(
+#[async_trait]
+impl DailyReservations for SimDailyReservations {
+    async fn reserve(
         &self,
         limits: &DailyLimits,
-        user: UserId,
-        asset: &AssetSymbol,
-        amount: Amount,
+        charge: &Charge,
         day: NaiveDate,
     ) -> Result<Result<(), ErrorCode>, CoordinatorError> {
+        let Charge {
+            user,
+            asset,
+            amount,
+        } = charge;
         self.sim
             .store("limits.reserve", |w| {
                 let count_key = (user.get(), day);
@@ -520,14 +552,17 @@ impl Bookkeeping for SimBook {
             .await
     }
 
-    async fn release_daily(
+    async fn release(
         &self,
         limits: &DailyLimits,
-        user: UserId,
-        asset: &AssetSymbol,
-        amount: Amount,
+        charge: &Charge,
         day: NaiveDate,
     ) -> Result<(), CoordinatorError> {
+        let Charge {
+            user,
+            asset,
+            amount,
+        } = charge;
         self.sim
             .store("limits.release", |w| {
                 if limits.count_max.is_some() {
@@ -564,18 +599,17 @@ impl RetryBook for SimRetryBook {
         &self,
         stale_ms: i64,
         limit: i64,
-    ) -> Result<Vec<(String, String)>, CoordinatorError> {
+    ) -> Result<Vec<(ReqId, TransferState)>, CoordinatorError> {
         self.sim
             .store("retry.due", |w| {
                 let now = w.now_ms;
                 let stale = u64::try_from(stale_ms).unwrap_or(0);
-                let mut due: Vec<(u64, String, String)> = w
+                let mut due: Vec<(u64, String, TransferState)> = w
                     .log
                     .iter()
-                    .filter(|(_, s)| s.state.is_some_and(|st| !st.is_terminal()))
                     .filter(|(_, s)| s.recorded_at_ms.saturating_add(stale) <= now)
                     .filter_map(|(id, s)| {
-                        let state = s.state.map_or("UNKNOWN", TransferState::as_str).to_owned();
+                        let state = s.state.filter(|st| !st.is_terminal())?;
                         match w.retries.get(id) {
                             None => Some((s.recorded_at_ms, id.clone(), state)),
                             Some(r) if r.next_retry_at_ms <= now && lease_free(r, now) => {
@@ -585,19 +619,26 @@ impl RetryBook for SimRetryBook {
                         }
                     })
                     .collect();
-                due.sort();
+                due.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
                 due.truncate(usize::try_from(limit).unwrap_or(0));
-                Ok(due.into_iter().map(|(_, id, st)| (id, st)).collect())
+                due.into_iter()
+                    .map(|(_, id, st)| {
+                        let id = ReqId::parse(&id)
+                            .map_err(|_| store_error("stored req_id is malformed"))?;
+                        Ok((id, st))
+                    })
+                    .collect()
             })
             .await
     }
 
     async fn begin_attempt(
         &self,
-        req_id: &str,
+        req_id: &ReqId,
         worker: &str,
-        state_before: &str,
+        state_before: TransferState,
     ) -> Result<i64, CoordinatorError> {
+        let req_id = req_id.to_string();
         self.sim
             .store("retry.begin", |w| {
                 w.attempts += 1;
@@ -605,7 +646,7 @@ impl RetryBook for SimRetryBook {
                 w.note(|| {
                     format!(
                         "attempt {n} on {} by {worker} from {state_before}",
-                        short(req_id)
+                        short(&req_id)
                     )
                 });
                 Ok(n)
@@ -621,9 +662,10 @@ impl RetryBook for SimRetryBook {
         self.sim
             .store("retry.record", |w| {
                 let now = w.now_ms;
+                let key = a.req_id.to_string();
                 let row = w
                     .retries
-                    .get_mut(a.req_id)
+                    .get_mut(&key)
                     .ok_or_else(|| store_error("no retry row"))?;
                 if let Some(s) = a.state_after {
                     row.state = s.as_str().to_owned();
@@ -647,7 +689,7 @@ impl RetryBook for SimRetryBook {
                     row.refund_alerted = true;
                 }
                 let outcome = a.outcome;
-                w.note(|| format!("attempt on {} ended {outcome}", short(a.req_id)));
+                w.note(|| format!("attempt on {} ended {outcome}", short(&key)));
                 Ok(tally)
             })
             .await
@@ -733,7 +775,7 @@ pub struct SimFunding {
 
 /// Decides and applies one movement arriving at the funding ledger.
 // long: the funding ledger's decision table (migration 0014's rules), whole to read against the SQL.
-pub fn funding_apply(w: &mut World, op: Op, m: &Movement) -> AdapterOutcome {
+pub fn funding_apply(w: &mut World, op: Operation, m: &Movement) -> AdapterOutcome {
     let id = m.req_id.to_string();
     let asset = m.asset.to_string();
     let user = m.user_id.get();
@@ -744,7 +786,7 @@ pub fn funding_apply(w: &mut World, op: Op, m: &Movement) -> AdapterOutcome {
             return AdapterOutcome::Mismatch(format!("req_id {id} recorded for another movement"));
         }
         if row.applied {
-            if op == Op::Refund
+            if op == Operation::Refund
                 && application::plant::active(application::plant::Bug::RefundNotIdempotent)
             {
                 // Planted: a repeated refund is applied again.
@@ -763,22 +805,25 @@ pub fn funding_apply(w: &mut World, op: Op, m: &Movement) -> AdapterOutcome {
     }
     let account = w.funding.get(&(user, asset.clone())).cloned();
     let decided: Option<&str> = match op {
-        Op::Withdraw => match &account {
+        Operation::Withdraw => match &account {
             None => Some("SOURCE_ACCOUNT_NOT_FOUND"),
             Some(a) if a.status == "FROZEN" => Some("ACCOUNT_FROZEN"),
             Some(a) if a.status == "DISABLED" => Some("ACCOUNT_DISABLED"),
             Some(a) if a.balance < amount => Some("INSUFFICIENT_BALANCE"),
             Some(_) => None,
         },
-        Op::Deposit => match &account {
+        Operation::Deposit => match &account {
             None => Some("TARGET_ACCOUNT_NOT_FOUND"),
             Some(a) if a.status == "DISABLED" => Some("ACCOUNT_DISABLED"),
             Some(_) => None,
         },
-        Op::Refund => {
-            let matching = w.journal.get(&(id.clone(), Op::Withdraw)).is_some_and(|r| {
-                r.applied && r.user == user && r.asset == asset && r.amount == amount
-            });
+        Operation::Refund => {
+            let matching = w
+                .journal
+                .get(&(id.clone(), Operation::Withdraw))
+                .is_some_and(|r| {
+                    r.applied && r.user == user && r.asset == asset && r.amount == amount
+                });
             (account.is_none() || !matching).then_some("NO_MATCHING_WITHDRAW")
         }
     };
@@ -795,23 +840,23 @@ pub fn funding_apply(w: &mut World, op: Op, m: &Movement) -> AdapterOutcome {
     match decided {
         None => {
             if let Some(a) = w.funding.get_mut(&(user, asset)) {
-                if op == Op::Withdraw {
+                if op == Operation::Withdraw {
                     a.balance -= amount;
                 } else {
                     a.balance += amount;
                 }
             }
             w.count_applied(System::Funding, &id, op);
-            w.note(|| format!("funding applied {} of {}", op.name(), short(&id)));
+            w.note(|| format!("funding applied {} of {}", op.as_str(), short(&id)));
             AdapterOutcome::Success
         }
         Some(code) => {
-            if op == Op::Refund {
+            if op == Operation::Refund {
                 // Refused only without an applied withdraw of the same details: the protocol
                 // asked for money back that it never took.
                 w.violation(format!("funding refused the refund of {id}: {code}"));
             }
-            w.note(|| format!("funding refused {} of {}: {code}", op.name(), short(&id)));
+            w.note(|| format!("funding refused {} of {}: {code}", op.as_str(), short(&id)));
             AdapterOutcome::ExplicitFail {
                 code: code.to_owned(),
                 message: format!("refused: {code}"),
@@ -821,7 +866,7 @@ pub fn funding_apply(w: &mut World, op: Op, m: &Movement) -> AdapterOutcome {
 }
 
 /// What the funding journal holds for (req_id, op), read as `adapters::funding` reads it.
-fn funding_record(w: &World, op: Op, m: &Movement) -> Recorded {
+fn funding_record(w: &World, op: Operation, m: &Movement) -> Recorded {
     let Some(row) = w.journal.get(&(m.req_id.to_string(), op)) else {
         return Recorded::NotSeen;
     };
@@ -842,9 +887,9 @@ fn funding_record(w: &World, op: Op, m: &Movement) -> Recorded {
 }
 
 impl SimFunding {
-    async fn movement(&self, op: Op, m: &Movement) -> AdapterOutcome {
+    async fn movement(&self, op: Operation, m: &Movement) -> AdapterOutcome {
         let id = m.req_id.to_string();
-        let name = format!("funding.{}", op.name());
+        let name = format!("funding.{}", op.as_str());
         self.sim.world().track_call(System::Funding, &id, op);
         let fate = self.sim.fate(&name).await;
         match fate {
@@ -866,11 +911,11 @@ impl SimFunding {
         }
         self.sim
             .world()
-            .note(|| format!("funding {} {} -> {outcome:?}", op.name(), short(&id)));
+            .note(|| format!("funding {} {} -> {outcome:?}", op.as_str(), short(&id)));
         outcome
     }
 
-    fn deliver_later(&self, op: Op, m: &Movement, ms: u64) {
+    fn deliver_later(&self, op: Operation, m: &Movement, ms: u64) {
         let sim = self.sim.clone();
         let m = m.clone();
         self.sim.rt.spawn(NETWORK, Role::Network, async move {
@@ -879,7 +924,7 @@ impl SimFunding {
             w.note(|| {
                 format!(
                     "late copy of funding {} {} arrives",
-                    op.name(),
+                    op.as_str(),
                     short(&m.req_id.to_string())
                 )
             });
@@ -887,7 +932,7 @@ impl SimFunding {
         });
     }
 
-    async fn read(&self, op: Op, m: &Movement, cancel: bool) -> Recorded {
+    async fn read(&self, op: Operation, m: &Movement, cancel: bool) -> Recorded {
         let id = m.req_id.to_string();
         self.sim.world().track_lookup(System::Funding, &id, op);
         let name = if cancel {
@@ -928,12 +973,12 @@ impl SimFunding {
             funding_cancel(&mut w, op, m);
         }
         let recorded = funding_record(&w, op, m);
-        w.note(|| format!("{name} {} {} -> {recorded:?}", op.name(), short(&id)));
+        w.note(|| format!("{name} {} {} -> {recorded:?}", op.as_str(), short(&id)));
         recorded
     }
 }
 
-fn funding_cancel(w: &mut World, op: Op, m: &Movement) {
+fn funding_cancel(w: &mut World, op: Operation, m: &Movement) {
     w.journal
         .entry((m.req_id.to_string(), op))
         .or_insert_with(|| JournalRow {
@@ -952,23 +997,23 @@ impl AccountPort for SimFunding {
     }
 
     async fn withdraw(&self, m: &Movement) -> AdapterOutcome {
-        self.movement(Op::Withdraw, m).await
+        self.movement(Operation::Withdraw, m).await
     }
 
     async fn deposit(&self, m: &Movement) -> AdapterOutcome {
-        self.movement(Op::Deposit, m).await
+        self.movement(Operation::Deposit, m).await
     }
 
     async fn refund(&self, m: &Movement) -> AdapterOutcome {
-        self.movement(Op::Refund, m).await
+        self.movement(Operation::Refund, m).await
     }
 
     async fn lookup(&self, m: &Movement, operation: Operation) -> Recorded {
-        self.read(Op::of(operation), m, false).await
+        self.read(operation, m, false).await
     }
 
     async fn cancel(&self, m: &Movement, operation: Operation) -> Recorded {
-        self.read(Op::of(operation), m, true).await
+        self.read(operation, m, true).await
     }
 }
 
@@ -985,7 +1030,7 @@ pub struct SimSpot {
 /// Applies one request to the engine as it arrives, with the arrival checks for movements.
 pub fn spot_apply(w: &mut World, req: &Request) -> Response {
     if let Some((op, m)) = req.as_movement() {
-        w.check_arrival(System::Spot, &m.req_id, Op::of_spot(op));
+        w.check_arrival(System::Spot, &m.req_id, operation_of(op));
     }
     let now = w.now_ms;
     let effect = w.engine.apply_at(req, now);
@@ -997,7 +1042,7 @@ pub fn spot_apply(w: &mut World, req: &Request) -> Response {
     {
         if record.outcome == Outcome::Applied {
             if let Some((op, _)) = req.as_movement() {
-                w.count_applied(System::Spot, &record.req_id, Op::of_spot(op));
+                w.count_applied(System::Spot, &record.req_id, operation_of(op));
             }
         }
         let (id, outcome) = (record.req_id.clone(), record.outcome);
@@ -1038,16 +1083,16 @@ impl SpotTransport for SimSpot {
             let mut w = self.sim.world();
             match req {
                 Request::Lookup { req_id } => {
-                    for op in [Op::Withdraw, Op::Deposit, Op::Refund] {
+                    for op in Operation::ALL {
                         w.track_lookup(System::Spot, req_id, op);
                     }
                 }
                 Request::Cancel {
                     req_id, movement, ..
-                } => w.track_lookup(System::Spot, req_id, Op::of_spot(*movement)),
+                } => w.track_lookup(System::Spot, req_id, operation_of(*movement)),
                 _ => {
                     if let Some((op, m)) = req.as_movement() {
-                        w.track_call(System::Spot, &m.req_id, Op::of_spot(op));
+                        w.track_call(System::Spot, &m.req_id, operation_of(op));
                     }
                 }
             }

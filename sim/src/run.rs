@@ -22,7 +22,10 @@ use spot_core::engine::Engine;
 use spot_core::protocol::{AccountStatus, Request};
 
 use crate::exec::{Executor, ProcId, Role, Rt, Step};
-use crate::ports::{Sim, SimBook, SimClock, SimFunding, SimLog, SimRetryBook, SimSpot};
+use crate::ports::{
+    Sim, SimClientKeys, SimClock, SimDailyReservations, SimFunding, SimLeases, SimLog,
+    SimRetryBook, SimSpot,
+};
 use crate::world::{short, Faults, FundingAccount, World};
 
 /// 2026-01-01T00:00:00Z: where simulated time starts.
@@ -156,7 +159,9 @@ pub fn run(seed: u64, config: &Config) -> Report {
 
     let ports = Ports {
         log: Arc::new(SimLog { sim: sim.clone() }),
-        book: Arc::new(SimBook { sim: sim.clone() }),
+        claims: Arc::new(SimClientKeys { sim: sim.clone() }),
+        leases: Arc::new(SimLeases { sim: sim.clone() }),
+        limits: Arc::new(SimDailyReservations { sim: sim.clone() }),
         clock: Arc::new(SimClock { rt: rt.clone() }),
     };
     let funding: Arc<dyn AccountPort> = Arc::new(SimFunding { sim: sim.clone() });
