@@ -48,7 +48,7 @@ pub use assets::AssetSettings;
 pub use coordinator::{Coordinator, CoordinatorError, NewTransfer, Ports, StoreCause};
 pub use daily::{Charge, DailyLimits};
 pub use drive::{Resumed, StillOpen};
-pub use failpoint::FailPoints;
+pub use failpoint::{FailPoint, FailPoints, UnknownFailPoint};
 pub use horizon::{Horizon, HorizonConfig};
 pub use ledger::{Ledger, RateGate, RequestError, Unlimited};
 pub use ports::{

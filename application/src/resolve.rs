@@ -11,6 +11,7 @@ use domain::{
 
 use crate::coordinator::{Context, Coordinator, CoordinatorError};
 use crate::drive::{Resumed, StillOpen};
+use crate::failpoint::FailPoint;
 use crate::ports::LeaseRequest;
 
 /// How long a manual resolution holds the transfer's lease (it checks, records and drives once).
@@ -163,7 +164,7 @@ impl Coordinator {
             Err(e) => return Err(e.into()),
         };
         tracing::warn!(%req_id, from = %data.state, resolution = resolution.as_str(), %operator, %reason, "transfer manually resolved");
-        self.failpoints.hit("after_manual_resolution");
+        self.failpoints.hit(FailPoint::AfterManualResolution);
         let Some(now) = ctx.aggregate.data.clone() else {
             return Err(ManualResolutionError::NotFound);
         };

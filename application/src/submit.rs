@@ -9,6 +9,7 @@ use domain::{ErrorCode, ReqId, Transfer, TransferCommand, TransferData, Transfer
 
 use crate::coordinator::{Context, Coordinator, CoordinatorError, NewTransfer};
 use crate::daily::{self, Charge};
+use crate::failpoint::FailPoint;
 use crate::horizon;
 use crate::ports::ClientKey;
 use crate::ports::Rekeyed;
@@ -101,7 +102,7 @@ impl Coordinator {
             .ok_or_else(|| CoordinatorError::store("created transfer has no state"))?;
         // TransferCreated and SourceWithdrawStarted are durable together: the withdraw is
         // announced before it is called.
-        self.failpoints.hit("after_created_withdraw_started");
+        self.failpoints.hit(FailPoint::AfterCreatedWithdrawStarted);
         // From here on the transfer exists, so the caller must always get its req_id back: an
         // error without it would invite a client retry that creates a second transfer. Whatever
         // stops the drive, the answer is the last state known; the worker finishes the rest.

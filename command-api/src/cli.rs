@@ -249,7 +249,7 @@ fn configured(
         );
     let state = state
         .with_watched_limits(settings.limits()?, settings.frequency()?)
-        .with_failpoints(settings.failpoints());
+        .with_failpoints(settings.failpoints()?);
     let serving = Serving {
         background: Background {
             recovery: Some(settings.recovery()),

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use application::horizon::{self, HorizonConfig};
-use application::FailPoints;
+use application::{FailPoint, FailPoints};
 use recovery::{RecoveryConfig, RecoveryOverrides};
 
 use crate::config::{self, JwtSecret, SecretSource};
@@ -124,9 +124,14 @@ pub struct Settings {
     /// PostgreSQL ends a session idle inside a transaction this long (ms, default 60000).
     #[arg(long, global = true, env = "LEDGER_DB_IDLE_IN_TRANSACTION_MS")]
     pub db_idle_in_transaction_ms: Option<u64>,
-    /// The crash tests' fail point to arm (CRA-001..006).
+    /// The crash tests' fail point to arm (CRA-001..006): the process aborts there on purpose.
+    /// Honoured only with `--allow-failpoints`; an unknown name refuses start-up.
     #[arg(long, global = true, env = "LEDGER_FAILPOINT", hide = true)]
     pub failpoint: Option<String>,
+    /// The explicit opt-in a set `LEDGER_FAILPOINT` needs (crash tests only); without it the
+    /// process refuses to start.
+    #[arg(long, global = true, env = "LEDGER_ALLOW_FAILPOINTS", hide = true)]
+    pub allow_failpoints: bool,
 }
 
 /// A value that is set and not blank.
@@ -321,9 +326,22 @@ impl Settings {
         })
     }
 
-    /// The armed fail point, if any.
-    pub fn failpoints(&self) -> FailPoints {
-        FailPoints::armed(self.failpoint.as_deref())
+    /// The armed fail point, if any: an unknown name, or a fail point without the explicit
+    /// opt-in (`--allow-failpoints`, `LEDGER_ALLOW_FAILPOINTS=1`), refuses start-up; an armed
+    /// one is logged loudly (`FailPoints::armed`).
+    pub fn failpoints(&self) -> anyhow::Result<FailPoints> {
+        let Some(name) = given(&self.failpoint) else {
+            return Ok(FailPoints::default());
+        };
+        let point: FailPoint = name
+            .parse()
+            .map_err(|e| anyhow::anyhow!("LEDGER_FAILPOINT: {e}"))?;
+        anyhow::ensure!(
+            self.allow_failpoints,
+            "LEDGER_FAILPOINT={point} would abort this process on purpose; fail points are for \
+             crash tests only and need --allow-failpoints (LEDGER_ALLOW_FAILPOINTS=1)"
+        );
+        Ok(FailPoints::armed(point))
     }
 
     /// The keepalive and `TCP_USER_TIMEOUT` of spot-core connections.
@@ -378,7 +396,7 @@ mod tests {
         };
         assert_eq!(settings.database_url(), schema::DEFAULT_DATABASE_URL);
         assert_eq!(settings.audit_interval(), AUDIT_INTERVAL_DEFAULT);
-        assert_eq!(settings.failpoints(), FailPoints::default());
+        assert_eq!(settings.failpoints().unwrap(), FailPoints::default());
     }
 
     #[test]
@@ -464,5 +482,26 @@ mod tests {
             config.backoff_ms_base,
             RecoveryConfig::default().backoff_ms_base
         );
+    }
+
+    #[test]
+    fn a_fail_point_needs_a_known_name_and_the_opt_in() {
+        let armed = |name: &str, allow: bool| Settings {
+            failpoint: Some(name.into()),
+            allow_failpoints: allow,
+            ..Settings::default()
+        };
+        let unknown = armed("after_int", true).failpoints().unwrap_err();
+        assert!(
+            unknown.to_string().contains("unknown fail point"),
+            "{unknown}"
+        );
+        let refused = armed("target_after_call", false).failpoints().unwrap_err();
+        assert!(
+            refused.to_string().contains("--allow-failpoints"),
+            "{refused}"
+        );
+        let point = armed("target_after_call", true).failpoints().unwrap();
+        assert!(point.is_armed(FailPoint::TargetAfterCall));
     }
 }

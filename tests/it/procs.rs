@@ -48,6 +48,7 @@ impl LedgerProcess {
             // Its own free port: the default address would be shared by parallel tests.
             .env("LEDGER_METRICS_LISTEN", "127.0.0.1:0")
             .env_remove("LEDGER_FAILPOINT")
+            .env_remove("LEDGER_ALLOW_FAILPOINTS")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(stderr));
