@@ -132,7 +132,7 @@ impl Coordinator {
         }
         answers
             .into_iter()
-            .map(|a| a.unwrap_or_else(|| Err(CoordinatorError::store("bulk answer missing"))))
+            .map(|a| a.unwrap_or_else(|| Err(CoordinatorError::invariant("bulk answer missing"))))
             .collect()
     }
 
@@ -175,7 +175,7 @@ impl Coordinator {
         }
         answers
             .into_iter()
-            .map(|a| a.unwrap_or_else(|| Err(CoordinatorError::store("bulk answer missing"))))
+            .map(|a| a.unwrap_or_else(|| Err(CoordinatorError::invariant("bulk answer missing"))))
             .collect()
     }
 

@@ -255,9 +255,9 @@ impl Coordinator {
             .into_iter()
             .map(|ctx| {
                 let ctx = ctx?;
-                let current_sequence = appended
-                    .next()
-                    .unwrap_or_else(|| Err(CoordinatorError::store("the log lost an answer")))?;
+                let current_sequence = appended.next().unwrap_or_else(|| {
+                    Err(CoordinatorError::invariant("the log lost an answer"))
+                })?;
                 Ok(Context {
                     current_sequence,
                     ..ctx

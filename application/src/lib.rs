@@ -48,6 +48,7 @@ pub use assets::AssetSettings;
 pub use coordinator::{Coordinator, CoordinatorError, NewTransfer, Ports, StoreCause};
 pub use daily::{Charge, DailyLimits};
 pub use drive::{Resumed, StillOpen};
+pub use error::StoreError;
 pub use failpoint::{FailPoint, FailPoints, UnknownFailPoint};
 pub use horizon::{Horizon, HorizonConfig};
 pub use ledger::{Ledger, RateGate, RequestError, Unlimited};

@@ -76,7 +76,7 @@ impl From<PersistenceError> for CoordinatorError {
     fn from(e: PersistenceError) -> Self {
         match e {
             PersistenceError::OptimisticLockError => Self::Conflict,
-            other => Self::store(other),
+            other => Self::outcome_unknown(other),
         }
     }
 }
@@ -159,7 +159,7 @@ impl ClientKeys for PgClientKeys {
             return Ok(None);
         };
         let req_id = ReqId::parse(&req_id)
-            .map_err(|_| CoordinatorError::store("stored req_id is malformed"))?;
+            .map_err(|_| CoordinatorError::invariant("stored req_id is malformed"))?;
         Ok(Some(ClientKey {
             req_id,
             fingerprint,

@@ -38,7 +38,7 @@ pub struct Commit {
 /// Contract: `append` is all or nothing and durable when it answers `Ok`; it refuses with
 /// `Conflict` when any of the sequences after `expected_sequence` is taken (optimistic
 /// concurrency: the one version check), and a `TransferCreated` carrying a client key (`cid`)
-/// commits only while the key's claim names its req_id. `Store` means the outcome is unknown
+/// commits only while the key's claim names its req_id. `OutcomeUnknown` means the outcome is unknown
 /// (the commit may or may not be durable); the caller reloads before acting again.
 #[async_trait]
 pub trait TransferLog: Send + Sync {

@@ -88,7 +88,7 @@ impl Coordinator {
                 // the request is answered by what that one holds, or creates under it.
                 Created::ClaimMoved if attempt < CLAIM_MOVED_ATTEMPTS => continue,
                 Created::ClaimMoved => {
-                    return Err(CoordinatorError::store(
+                    return Err(CoordinatorError::outcome_unknown(
                         "the client key's claim kept moving while the transfer was created",
                     ))
                 }
@@ -99,7 +99,7 @@ impl Coordinator {
             .data
             .as_ref()
             .map(|d| d.req_id)
-            .ok_or_else(|| CoordinatorError::store("created transfer has no state"))?;
+            .ok_or_else(|| CoordinatorError::invariant("created transfer has no state"))?;
         // TransferCreated and SourceWithdrawStarted are durable together: the withdraw is
         // announced before it is called.
         self.failpoints.hit(FailPoint::AfterCreatedWithdrawStarted);
@@ -116,7 +116,7 @@ impl Coordinator {
                 let reloaded = self.load(&req_id).await.ok().flatten();
                 reloaded
                     .or(last)
-                    .ok_or_else(|| CoordinatorError::store("created transfer has no state"))
+                    .ok_or_else(|| CoordinatorError::invariant("created transfer has no state"))
             }
         }
     }
@@ -181,9 +181,10 @@ impl Coordinator {
                     None => Err(CoordinatorError::NotFound),
                 }
             }
-            // A store error leaves it unknown whether the transfer was created: give the charge
-            // back only when it is known not to exist (over-charging is the safe side).
-            Err(e @ CoordinatorError::Store(_)) => {
+            // A store error (or a broken invariant) leaves it unknown whether the transfer was
+            // created: give the charge back only when it is known not to exist (over-charging is
+            // the safe side).
+            Err(e @ (CoordinatorError::OutcomeUnknown(_) | CoordinatorError::Invariant(_))) => {
                 if matches!(self.load(&req_id).await, Ok(None)) {
                     self.release_reservation(request, reservation).await;
                 }
@@ -344,7 +345,7 @@ impl Coordinator {
             .claims
             .find(request.user_id, cid)
             .await?
-            .ok_or_else(|| CoordinatorError::store("the client key's claim vanished"))?;
+            .ok_or_else(|| CoordinatorError::invariant("the client key's claim vanished"))?;
         if fingerprint != request.fingerprint() {
             return Err(CoordinatorError::Refused(ErrorCode::IdempotencyKeyReused));
         }
@@ -371,7 +372,7 @@ impl Coordinator {
         let grace = (self.retention / 4).min(horizon::CLAIM_GRACE_MAX);
         loop {
             let made = horizon::ulid_time_ms(&req_id.to_string())
-                .ok_or_else(|| CoordinatorError::store("claimed req_id is not a ULID"))?;
+                .ok_or_else(|| CoordinatorError::invariant("claimed req_id is not a ULID"))?;
             let age = Duration::from_millis(self.clock.now_ms().saturating_sub(made));
             if age < half {
                 return Ok(Usable::Create(req_id));
@@ -402,7 +403,7 @@ impl Coordinator {
                 .claims
                 .find(request.user_id, cid)
                 .await?
-                .ok_or_else(|| CoordinatorError::store("the client key's claim vanished"))?;
+                .ok_or_else(|| CoordinatorError::invariant("the client key's claim vanished"))?;
             req_id = now_claimed.req_id;
             if let Some(existing) = self.load(&req_id).await? {
                 return Ok(Usable::Exists(existing));

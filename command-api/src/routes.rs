@@ -206,9 +206,10 @@ fn coordinator_error(e: CoordinatorError) -> ApiError {
             ApiError::Internal("transfer not found right after it was created".into())
         }
         CoordinatorError::Transition(e) => ApiError::Internal(format!("transition refused: {e}")),
-        e @ CoordinatorError::Store(_) => {
+        e @ CoordinatorError::OutcomeUnknown(_) => {
             ApiError::Internal(format!("event store: {}", application::error_chain(&e)))
         }
+        e @ CoordinatorError::Invariant(_) => ApiError::Internal(application::error_chain(&e)),
     }
 }
 

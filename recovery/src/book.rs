@@ -43,7 +43,8 @@ pub trait AttemptPolicy: Send + Sync {
     fn alert_refund(&self, tally: &Tally) -> bool;
 }
 
-/// The worker's bookkeeping. Every error means the outcome is unknown (`CoordinatorError::Store`).
+/// The worker's bookkeeping. A store error means the outcome is unknown
+/// (`CoordinatorError::OutcomeUnknown`).
 #[async_trait]
 pub trait RetryBook: Send + Sync {
     /// Open transfers unchanged for `stale_ms`, due for a retry and not leased: (req_id, state),
@@ -243,7 +244,7 @@ impl RetryBook for PgRetryBook {
 pub struct NoRetryBook;
 
 fn no_book() -> CoordinatorError {
-    CoordinatorError::store("the recovery worker has no retry book (RecoveryWorker::with_book)")
+    CoordinatorError::invariant("the recovery worker has no retry book (RecoveryWorker::with_book)")
 }
 
 #[async_trait]

@@ -148,6 +148,8 @@ pub const STORE: &str = "STORE";
 pub const REFUSED_BY_TARGET: &str = "REFUSED_BY_TARGET";
 pub const MISMATCH: &str = "MISMATCH";
 pub const UNKNOWN: &str = "UNKNOWN";
+/// An internal invariant broke (`CoordinatorError::Invariant`): a bug, not the store.
+pub const INVARIANT: &str = "INVARIANT";
 
 /// The category of how an attempt ended, or `None` when it did not end in an error.
 pub fn error_category(result: &Result<Resumed, CoordinatorError>) -> Option<&'static str> {
@@ -166,10 +168,12 @@ pub fn error_category(result: &Result<Resumed, CoordinatorError>) -> Option<&'st
                     UNKNOWN
                 }
             },
-            StillOpen::FollowUp(CoordinatorError::Store(_)) => STORE,
+            StillOpen::FollowUp(CoordinatorError::OutcomeUnknown(_)) => STORE,
+            StillOpen::FollowUp(CoordinatorError::Invariant(_)) => INVARIANT,
             StillOpen::FollowUp(_) => UNKNOWN,
         }),
-        Err(CoordinatorError::Store(_)) => Some(STORE),
+        Err(CoordinatorError::OutcomeUnknown(_)) => Some(STORE),
+        Err(CoordinatorError::Invariant(_)) => Some(INVARIANT),
         Err(_) => Some(UNKNOWN),
     }
 }

@@ -47,7 +47,7 @@ impl std::fmt::Debug for Sim {
 }
 
 fn store_error(what: &str) -> CoordinatorError {
-    CoordinatorError::store(format!("sim: {what}"))
+    CoordinatorError::outcome_unknown(format!("sim: {what}"))
 }
 
 /// What the network does to one message.
@@ -358,8 +358,9 @@ impl ClientKeys for SimClientKeys {
                     .get(&(user.get(), cid.to_owned()))
                     .map(|(req_id, fingerprint)| {
                         Ok(ClientKey {
-                            req_id: ReqId::parse(req_id)
-                                .map_err(|_| store_error("stored req_id is malformed"))?,
+                            req_id: ReqId::parse(req_id).map_err(|_| {
+                                CoordinatorError::invariant("stored req_id is malformed")
+                            })?,
                             fingerprint: fingerprint.clone(),
                         })
                     })
@@ -623,8 +624,9 @@ impl RetryBook for SimRetryBook {
                 due.truncate(usize::try_from(limit).unwrap_or(0));
                 due.into_iter()
                     .map(|(_, id, st)| {
-                        let id = ReqId::parse(&id)
-                            .map_err(|_| store_error("stored req_id is malformed"))?;
+                        let id = ReqId::parse(&id).map_err(|_| {
+                            CoordinatorError::invariant("stored req_id is malformed")
+                        })?;
                         Ok((id, st))
                     })
                     .collect()
