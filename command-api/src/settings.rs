@@ -130,7 +130,13 @@ pub struct Settings {
     pub failpoint: Option<String>,
     /// The explicit opt-in a set `LEDGER_FAILPOINT` needs (crash tests only); without it the
     /// process refuses to start.
-    #[arg(long, global = true, env = "LEDGER_ALLOW_FAILPOINTS", hide = true)]
+    #[arg(
+        long,
+        global = true,
+        env = "LEDGER_ALLOW_FAILPOINTS",
+        hide = true,
+        value_parser = clap::builder::FalseyValueParser::new()
+    )]
     pub allow_failpoints: bool,
 }
 
@@ -503,5 +509,19 @@ mod tests {
         );
         let point = armed("target_after_call", true).failpoints().unwrap();
         assert!(point.is_armed(FailPoint::TargetAfterCall));
+    }
+
+    #[test]
+    fn the_fail_point_opt_in_is_a_flag() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Flags {
+            #[command(flatten)]
+            settings: Settings,
+        }
+        let parsed = Flags::try_parse_from(["ledger", "--allow-failpoints"]).unwrap();
+        assert!(parsed.settings.allow_failpoints);
+        let parsed = Flags::try_parse_from(["ledger"]).unwrap();
+        assert!(!parsed.settings.allow_failpoints);
     }
 }
