@@ -46,7 +46,7 @@ pub mod submit;
 
 pub use assets::AssetSettings;
 pub use coordinator::{Coordinator, CoordinatorError, NewTransfer, Ports, StoreCause};
-pub use daily::{Charge, DailyLimits};
+pub use daily::{Charge, DailyLimits, DailyUsage};
 pub use drive::{Resumed, StillOpen};
 pub use error::StoreError;
 pub use failpoint::{FailPoint, FailPoints, UnknownFailPoint};

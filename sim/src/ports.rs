@@ -23,7 +23,6 @@ use domain::{
     Transfer, TransferEvent, TransferState, UserId,
 };
 use recovery::{AttemptPolicy, AttemptRecord, RetryBook, Tally};
-use rust_decimal::Decimal;
 use spot_core::client::{ClientError, SpotTransport};
 use spot_core::protocol::{JournalRecord, Outcome, Request, Response};
 
@@ -516,39 +515,9 @@ impl DailyReservations for SimDailyReservations {
         charge: &Charge,
         day: NaiveDate,
     ) -> Result<Result<(), ErrorCode>, CoordinatorError> {
-        let Charge {
-            user,
-            asset,
-            amount,
-        } = charge;
         self.sim
             .store("limits.reserve", |w| {
-                let count_key = (user.get(), day);
-                let amount_key = (user.get(), day, asset.to_string());
-                if let Some(max) = limits.count_max {
-                    let max = i64::try_from(max).unwrap_or(i64::MAX);
-                    let now = w.daily_counts.get(&count_key).copied().unwrap_or(0);
-                    if now + 1 > max {
-                        return Ok(Err(ErrorCode::DailyLimitExceeded));
-                    }
-                }
-                if let Some(max) = limits.amount_max.get(asset) {
-                    let now = w
-                        .daily_amounts
-                        .get(&amount_key)
-                        .copied()
-                        .unwrap_or_default();
-                    if now + amount.value() > *max {
-                        return Ok(Err(ErrorCode::DailyAmountExceeded));
-                    }
-                }
-                if limits.count_max.is_some() {
-                    *w.daily_counts.entry(count_key).or_insert(0) += 1;
-                }
-                if limits.amount_max.contains_key(asset) {
-                    *w.daily_amounts.entry(amount_key).or_default() += amount.value();
-                }
-                Ok(Ok(()))
+                Ok(w.daily.entry(day).or_default().charge(limits, charge))
             })
             .await
     }
@@ -559,26 +528,9 @@ impl DailyReservations for SimDailyReservations {
         charge: &Charge,
         day: NaiveDate,
     ) -> Result<(), CoordinatorError> {
-        let Charge {
-            user,
-            asset,
-            amount,
-        } = charge;
         self.sim
             .store("limits.release", |w| {
-                if limits.count_max.is_some() {
-                    if let Some(n) = w.daily_counts.get_mut(&(user.get(), day)) {
-                        *n = (*n - 1).max(0);
-                    }
-                }
-                if limits.amount_max.contains_key(asset) {
-                    if let Some(a) = w
-                        .daily_amounts
-                        .get_mut(&(user.get(), day, asset.to_string()))
-                    {
-                        *a = (*a - amount.value()).max(Decimal::ZERO);
-                    }
-                }
+                w.daily.entry(day).or_default().release(limits, charge);
                 Ok(())
             })
             .await

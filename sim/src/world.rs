@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use adapters::spot::movement_op;
+use application::DailyUsage;
 use chrono::NaiveDate;
 use domain::{manual_resolution_target, AccountType, Operation, TransferEvent, TransferState};
 use rust_decimal::Decimal;
@@ -126,8 +127,8 @@ pub struct World {
     pub claims: BTreeMap<(u64, String), (String, String)>,
     pub retries: BTreeMap<String, RetryRow>,
     pub attempts: i64,
-    pub daily_counts: BTreeMap<(u64, NaiveDate), i64>,
-    pub daily_amounts: BTreeMap<(u64, NaiveDate, String), Decimal>,
+    /// The daily limits' counters, per UTC day.
+    pub daily: BTreeMap<NaiveDate, DailyUsage>,
     pub funding: BTreeMap<(u64, String), FundingAccount>,
     pub journal: BTreeMap<(String, Operation), JournalRow>,
     pub engine: Engine,
@@ -193,8 +194,7 @@ impl World {
             claims: BTreeMap::new(),
             retries: BTreeMap::new(),
             attempts: 0,
-            daily_counts: BTreeMap::new(),
-            daily_amounts: BTreeMap::new(),
+            daily: BTreeMap::new(),
             funding: BTreeMap::new(),
             journal: BTreeMap::new(),
             engine,
