@@ -17,7 +17,7 @@ use crate::exec::Role;
 use crate::ports::Sim;
 use crate::world::{short, World};
 
-use crate::run::{amount, Ledger, ASSETS, LEDGERS, OUTSIDE, USERS};
+use crate::cast::{amount, Ledger, ASSETS, LEDGERS, OUTSIDE, USERS};
 
 fn new_transfer(sim: &Sim, n: usize) -> NewTransfer {
     sim.rt.with_rng(|r| {

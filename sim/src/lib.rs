@@ -4,6 +4,7 @@
 //! own. One seed is one run, replayed byte for byte.
 
 mod actors;
+mod cast;
 pub mod check;
 pub mod exec;
 pub mod ports;

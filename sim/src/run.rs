@@ -11,7 +11,7 @@ use std::time::Duration;
 use adapters::SpotAdapter;
 use application::plant::Bug;
 use application::{Coordinator, DailyLimits, Ports};
-use domain::{AccountPort, Amount, AssetRegistry, ReqId, TransferState};
+use domain::{AccountPort, AssetRegistry, ReqId, TransferState};
 use recovery::{RecoveryConfig, RecoveryWorker};
 use rust_decimal::Decimal;
 use spot_core::assets::{Assets, DEFAULT_ASSETS_JSON};
@@ -19,6 +19,7 @@ use spot_core::engine::Engine;
 use spot_core::protocol::{AccountStatus, Request};
 
 use crate::actors::{spawn_admin, spawn_operator, spawn_users};
+use crate::cast::{Ledger, ASSETS, LEDGERS, OUTSIDE, USERS};
 use crate::exec::{Executor, ProcId, Role, Rt, Step};
 use crate::ports::book::{SimClientKeys, SimDailyReservations, SimLeases};
 use crate::ports::clock::SimClock;
@@ -31,12 +32,6 @@ use crate::world::{short, Faults, FundingAccount, World};
 
 /// 2026-01-01T00:00:00Z: where simulated time starts.
 pub const START_MS: u64 = 1_767_225_600_000;
-/// The process of the users, the operator and the admin (never crashed).
-pub(crate) const OUTSIDE: ProcId = 1;
-/// The two ledger processes.
-pub(crate) const LEDGERS: [ProcId; 2] = [2, 3];
-pub(crate) const USERS: u64 = 3;
-pub(crate) const ASSETS: [&str; 2] = ["USDT", "BTC"];
 /// Simulated time the fault phase lasts at least.
 const FAULT_PHASE_MS: u64 = 40_000;
 /// Simulated time recovery gets after the faults stop: longer than a manual resolution's lease
@@ -105,16 +100,6 @@ fn draw_faults(rt: &Rt) -> Faults {
 
 fn registry() -> AssetRegistry {
     AssetRegistry::default_assets()
-}
-
-pub(crate) fn amount(text: &str) -> Amount {
-    Amount::parse(text).unwrap_or_else(|_| unreachable!("the simulation's amounts are valid"))
-}
-
-/// One ledger process: its coordinator, and whether it runs the tightest recovery settings.
-pub(crate) struct Ledger {
-    pub(crate) coordinator: Coordinator,
-    pub(crate) tight: bool,
 }
 
 fn recovery_config(tight: bool) -> RecoveryConfig {
