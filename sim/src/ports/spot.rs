@@ -58,10 +58,10 @@ pub fn spot_apply(w: &mut World, req: &Request) -> Response {
 }
 
 fn request_name(req: &Request) -> &'static str {
+    if let Some((op, _)) = req.as_movement() {
+        return operation_of(op).as_str();
+    }
     match req {
-        Request::Withdraw(_) => "withdraw",
-        Request::Deposit(_) => "deposit",
-        Request::Refund(_) => "refund",
         Request::Lookup { .. } => "lookup",
         Request::Cancel { .. } => "cancel",
         Request::SetStatus { .. } => "set_status",
