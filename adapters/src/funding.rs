@@ -1,17 +1,20 @@
-//! The funding ledger (DESIGN section 4): balances per (user, asset) in PostgreSQL, every change a
-//! journal row keyed by (req_id, operation), each operation one transaction.
+//! The funding ledger: balances per (user, asset) in PostgreSQL, every change a journal row keyed
+//! by (req_id, operation), each operation one transaction. This module holds the ledger, its
+//! `AccountPort` (the movements, their journal, lookup and cancel) and its types; the accounts
+//! themselves (external deposits, status, existence, balances) are `accounts.rs`, the group
+//! commit of fresh movements `batch.rs`, the conservation check's read `audit.rs`.
 
 use async_trait::async_trait;
 use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
 
 use domain::{
-    AccountPort, AccountType, AdapterOutcome, Amount, AssetRegistry, AssetSymbol, Movement,
-    Operation, Recorded, UserId,
+    AccountPort, AccountType, AdapterOutcome, AssetRegistry, Movement, Operation, Recorded,
 };
 use rust_decimal::Decimal;
 use sqlx::PgPool;
 
+mod accounts;
 mod audit;
 mod batch;
 
@@ -74,7 +77,7 @@ pub struct FundingBalance {
 /// The journal's record of one (req_id, operation).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JournalEntry {
-    pub operation: String,
+    pub operation: Operation,
     pub user_id: i64,
     pub asset: String,
     pub amount: Decimal,
@@ -84,22 +87,14 @@ pub struct JournalEntry {
     pub at: chrono::DateTime<chrono::Utc>,
 }
 
-/// An operation as the journal spells it (`funding_journal.operation`).
-fn journal_name(operation: Operation) -> &'static str {
-    match operation {
-        Operation::Withdraw => "WITHDRAW",
-        Operation::Deposit => "DEPOSIT",
-        Operation::Refund => "REFUND",
-    }
-}
-
-/// The journal's spelling read back; anything else is a refund, as the conservation check always read it.
-fn operation_from_journal(name: &str) -> Operation {
-    match name {
-        "WITHDRAW" => Operation::Withdraw,
-        "DEPOSIT" => Operation::Deposit,
-        _ => Operation::Refund,
-    }
+/// The journal's operation read back (`funding_journal.operation`): a name that is none of
+/// the operations' is a read error (the column's CHECK guards what is written; this guards what
+/// is read), so a caller's answer is unknown, never a guess.
+fn operation_from_journal(name: &str) -> Result<Operation, sqlx::Error> {
+    name.parse().map_err(|e| sqlx::Error::ColumnDecode {
+        index: "operation".to_owned(),
+        source: Box::new(e),
+    })
 }
 
 /// The funding ledger over one PostgreSQL pool.
@@ -115,14 +110,6 @@ pub struct FundingLedger {
     /// Accounts seen to exist. Nothing ever deletes a funding account, so once seen, always
     /// true; an account not seen yet is asked for every time (a deposit may have created it).
     known: Arc<RwLock<HashSet<(i64, String)>>>,
-}
-
-/// Most accounts `known` remembers; past it, existence is asked of the database every time.
-const KNOWN_ACCOUNTS_MAX: usize = 1_000_000;
-
-/// The most a funding balance may hold, the column's own bound (numeric(38,18)).
-fn balance_ceiling() -> Decimal {
-    Decimal::from_i128_with_scale(100_000_000_000_000_000_000, 0)
 }
 
 impl FundingLedger {
@@ -161,154 +148,6 @@ impl FundingLedger {
         &self.pool
     }
 
-    /// Credits money arriving from outside, once per `external_id`. A repeat with the same
-    /// details changes nothing; a repeat with other details is refused.
-    pub async fn external_deposit(
-        &self,
-        external_id: &str,
-        user_id: UserId,
-        asset: &AssetSymbol,
-        amount: Amount,
-    ) -> Result<DepositReceipt, FundingError> {
-        let mut tx = self.pool.begin().await?;
-        let inserted = sqlx::query(
-            "INSERT INTO external_deposits (external_id, user_id, asset, amount)
-             VALUES ($1, $2, $3, $4) ON CONFLICT (external_id) DO NOTHING",
-        )
-        .bind(external_id)
-        .bind(user_id.as_i64())
-        .bind(asset.as_str())
-        .bind(amount.value())
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if inserted == 0 {
-            let (u, a, amt): (i64, String, Decimal) = sqlx::query_as(
-                "SELECT user_id, asset, amount FROM external_deposits WHERE external_id = $1",
-            )
-            .bind(external_id)
-            .fetch_one(&mut *tx)
-            .await?;
-            tx.rollback().await?;
-            if u != user_id.as_i64() || a != asset.as_str() || amt != amount.value() {
-                return Err(FundingError::ExternalIdReused);
-            }
-            let balance = self.balance(user_id, asset).await?.unwrap_or_default();
-            return Ok(DepositReceipt {
-                applied_now: false,
-                balance,
-            });
-        }
-        let balance: Decimal = sqlx::query_scalar(
-            "INSERT INTO funding_accounts (user_id, asset, balance) VALUES ($1, $2, $3)
-             ON CONFLICT (user_id, asset)
-             DO UPDATE SET balance = funding_accounts.balance + EXCLUDED.balance, updated_at = now()
-             RETURNING balance",
-        )
-        .bind(user_id.as_i64())
-        .bind(asset.as_str())
-        .bind(amount.value())
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(map_overflow)?;
-        if balance >= balance_ceiling() {
-            tx.rollback().await?;
-            return Err(FundingError::Overflow);
-        }
-        tx.commit().await?;
-        Ok(DepositReceipt {
-            applied_now: true,
-            balance,
-        })
-    }
-
-    /// Sets an existing account's status.
-    pub async fn set_status(
-        &self,
-        user_id: UserId,
-        asset: &AssetSymbol,
-        status: AccountStatus,
-    ) -> Result<(), FundingError> {
-        let n = sqlx::query(
-            "UPDATE funding_accounts SET status = $3, updated_at = now()
-             WHERE user_id = $1 AND asset = $2",
-        )
-        .bind(user_id.as_i64())
-        .bind(asset.as_str())
-        .bind(status.as_str())
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
-        if n == 0 {
-            return Err(FundingError::AccountNotFound);
-        }
-        Ok(())
-    }
-
-    /// Whether the account exists. A yes is remembered (accounts are never deleted), so a
-    /// SPOT→FUNDING transfer's check of its target costs a round trip only the first time.
-    pub async fn account_exists(
-        &self,
-        user_id: UserId,
-        asset: &AssetSymbol,
-    ) -> Result<bool, FundingError> {
-        let key = (user_id.as_i64(), asset.as_str().to_owned());
-        // A poisoned lock means a writer panicked mid-insert into a plain set that is still whole.
-        if self
-            .known
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&key)
-        {
-            return Ok(true);
-        }
-        let exists: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM funding_accounts WHERE user_id = $1 AND asset = $2)",
-        )
-        .bind(key.0)
-        .bind(asset.as_str())
-        .fetch_one(&self.pool)
-        .await?;
-        if exists {
-            let mut known = self.known.write().unwrap_or_else(|e| e.into_inner());
-            if known.len() < KNOWN_ACCOUNTS_MAX {
-                known.insert(key);
-            }
-        }
-        Ok(exists)
-    }
-
-    pub async fn balance(
-        &self,
-        user_id: UserId,
-        asset: &AssetSymbol,
-    ) -> Result<Option<Decimal>, FundingError> {
-        Ok(sqlx::query_scalar(
-            "SELECT balance FROM funding_accounts WHERE user_id = $1 AND asset = $2",
-        )
-        .bind(user_id.as_i64())
-        .bind(asset.as_str())
-        .fetch_optional(&self.pool)
-        .await?)
-    }
-
-    pub async fn balances(&self, user_id: UserId) -> Result<Vec<FundingBalance>, FundingError> {
-        let rows: Vec<(String, Decimal, String)> = sqlx::query_as(
-            "SELECT asset, balance, status FROM funding_accounts WHERE user_id = $1 ORDER BY asset",
-        )
-        .bind(user_id.as_i64())
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(asset, balance, status)| FundingBalance {
-                asset,
-                balance: balance.normalize(),
-                status,
-            })
-            .collect())
-    }
-
     /// What the journal holds for one `req_id`: the answer to "what happened to X?".
     pub async fn journal_for(&self, req_id: &str) -> Result<Vec<JournalEntry>, FundingError> {
         type Row = (
@@ -327,20 +166,18 @@ impl FundingLedger {
         .bind(req_id)
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(
-                |(operation, user_id, asset, amount, outcome, code, at)| JournalEntry {
-                    operation,
-                    user_id,
-                    asset,
-                    amount,
-                    applied: outcome == "APPLIED",
-                    code,
-                    at,
-                },
-            )
-            .collect())
+        let entry = |(operation, user_id, asset, amount, outcome, code, at): Row| -> Result<_, FundingError> {
+            Ok(JournalEntry {
+                operation: operation_from_journal(&operation)?,
+                user_id,
+                asset,
+                amount,
+                applied: outcome == "APPLIED",
+                code,
+                at,
+            })
+        };
+        rows.into_iter().map(entry).collect()
     }
 
     /// One movement, atomically: claim (req_id, op) in the journal, decide and apply. A claim that
@@ -375,7 +212,7 @@ impl FundingLedger {
         op: Operation,
         m: &Movement,
     ) -> Result<Option<AdapterOutcome>, sqlx::Error> {
-        let decided = self.batcher.submit(journal_name(op), m).await?;
+        let decided = self.batcher.submit(op, m).await?;
         Ok(decided.map(|d| fresh_outcome(op, m, d)))
     }
 
@@ -396,7 +233,7 @@ impl FundingLedger {
                  ON CONFLICT (req_id, operation) DO NOTHING",
             )
             .bind(m.req_id.to_string())
-            .bind(journal_name(op))
+            .bind(op.as_str())
             .bind(m.user_id.as_i64())
             .bind(m.asset.as_str())
             .bind(m.amount.value())
@@ -414,7 +251,7 @@ impl FundingLedger {
              WHERE req_id = $1 AND operation = $2",
         )
         .bind(m.req_id.to_string())
-        .bind(journal_name(op))
+        .bind(op.as_str())
         .fetch_one(&self.pool)
         .await?;
         let (user_id, asset, amount, outcome, code) = first;
@@ -425,7 +262,7 @@ impl FundingLedger {
             return Ok(AdapterOutcome::Mismatch(format!(
                 "req_id {} already used for a different {} movement",
                 m.req_id,
-                journal_name(op)
+                op.as_str()
             )));
         }
         Ok(match (outcome.as_str(), code) {
@@ -447,11 +284,11 @@ impl FundingLedger {
                 Operation::Withdraw | Operation::Deposit => self.invalid(m),
             })
             .collect();
-        let fresh: Vec<(&'static str, &Movement)> = ms
+        let fresh: Vec<(Operation, &Movement)> = ms
             .iter()
             .zip(&invalid)
             .filter(|(_, invalid)| invalid.is_none())
-            .map(|(m, _)| (journal_name(op), m))
+            .map(|(m, _)| (op, m))
             .collect();
         let mut decided = self.batcher.submit_many(fresh).await.into_iter();
         let mut outcomes = Vec::with_capacity(ms.len());
@@ -482,7 +319,7 @@ impl FundingLedger {
              ON CONFLICT (req_id, operation) DO NOTHING",
         )
         .bind(m.req_id.to_string())
-        .bind(journal_name(op))
+        .bind(op.as_str())
         .bind(m.user_id.as_i64())
         .bind(m.asset.as_str())
         .bind(m.amount.value())
@@ -503,7 +340,7 @@ fn fresh_outcome(op: Operation, m: &Movement, decided: batch::Decided) -> Adapte
         // One call, one transaction: an applied claim without its balance change cannot
         // commit unless the account vanished, which nothing ever does.
         if moved != 1 {
-            tracing::error!(req_id = %m.req_id, op = journal_name(op), moved, "CRITICAL applied funding movement touched no single account");
+            tracing::error!(req_id = %m.req_id, op = op.as_str(), moved, "CRITICAL applied funding movement touched no single account");
             return AdapterOutcome::Unknown("funding movement inconsistent".into());
         }
         return AdapterOutcome::Success;
@@ -528,17 +365,6 @@ fn refusal(code: String) -> AdapterOutcome {
         code,
         message: message.into(),
     }
-}
-
-fn map_overflow(e: sqlx::Error) -> FundingError {
-    // numeric_value_out_of_range: the sum no longer fits numeric(38,18).
-    if e.as_database_error()
-        .and_then(|d| d.code())
-        .is_some_and(|c| c == "22003")
-    {
-        return FundingError::Overflow;
-    }
-    FundingError::Database(e)
 }
 
 fn classify(e: sqlx::Error) -> AdapterOutcome {
@@ -587,10 +413,7 @@ impl AccountPort for FundingLedger {
             Ok(entries) => entries,
             Err(e) => return Recorded::Unavailable(e.to_string()),
         };
-        let Some(entry) = entries
-            .into_iter()
-            .find(|e| e.operation == journal_name(op))
-        else {
+        let Some(entry) = entries.into_iter().find(|e| e.operation == op) else {
             return Recorded::NotSeen;
         };
         if entry.user_id != m.user_id.as_i64()
@@ -600,7 +423,7 @@ impl AccountPort for FundingLedger {
             return Recorded::Mismatch(format!(
                 "req_id {} recorded for a different {} movement",
                 m.req_id,
-                journal_name(op)
+                op.as_str()
             ));
         }
         if entry.applied {

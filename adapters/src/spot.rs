@@ -245,7 +245,7 @@ fn movement_outcome(
             code: RefusalCode::ReqIdExpired,
             message,
             ..
-        }) => AdapterOutcome::Unknown(expired(&m.req_id, op_name(op), &message)),
+        }) => AdapterOutcome::Unknown(expired(&m.req_id, operation_of(op).as_str(), &message)),
         Ok(Response::Refused { code, message, .. }) => AdapterOutcome::ExplicitFail {
             code: code.as_str().to_owned(),
             message,
@@ -333,19 +333,22 @@ fn expired(req_id: &ReqId, what: &str, message: &str) -> String {
     format!("REQ_ID_EXPIRED on {what}, outcome unknown: {message}")
 }
 
-fn op_name(op: MovementOp) -> &'static str {
-    match op {
-        MovementOp::Withdraw => "withdraw",
-        MovementOp::Deposit => "deposit",
-        MovementOp::Refund => "refund",
-    }
-}
-
-fn movement_op(operation: Operation) -> MovementOp {
+/// The domain's operation as spot-core's protocol names it (spot-core depends on no crate of
+/// ours, so it has its own enum; this and [`operation_of`] are the one mapping between them).
+pub fn movement_op(operation: Operation) -> MovementOp {
     match operation {
         Operation::Withdraw => MovementOp::Withdraw,
         Operation::Deposit => MovementOp::Deposit,
         Operation::Refund => MovementOp::Refund,
+    }
+}
+
+/// spot-core's movement as the domain's operation: the inverse of [`movement_op`].
+pub fn operation_of(op: MovementOp) -> Operation {
+    match op {
+        MovementOp::Withdraw => Operation::Withdraw,
+        MovementOp::Deposit => Operation::Deposit,
+        MovementOp::Refund => Operation::Refund,
     }
 }
 

@@ -47,6 +47,7 @@ use domain::{
 
 use crate::coordinator::{Context, Coordinator, CoordinatorError, NewTransfer};
 use crate::drive::definite;
+use crate::failpoint::FailPoint;
 use crate::submit::{CidKey, Created};
 
 /// Where an item of a batch stands before its creation.
@@ -131,7 +132,7 @@ impl Coordinator {
         }
         answers
             .into_iter()
-            .map(|a| a.unwrap_or_else(|| Err(CoordinatorError::store("bulk answer missing"))))
+            .map(|a| a.unwrap_or_else(|| Err(CoordinatorError::invariant("bulk answer missing"))))
             .collect()
     }
 
@@ -162,7 +163,7 @@ impl Coordinator {
         if !lanes.is_empty() {
             // The batch's TransferCreated and SourceWithdrawStarted are durable: every withdraw
             // is announced before it is called.
-            self.failpoints.hit("after_created_withdraw_started");
+            self.failpoints.hit(FailPoint::AfterCreatedWithdrawStarted);
         }
         for (index, data) in self.drive_many(lanes).await {
             answers[index] = Some(Ok(data));
@@ -174,7 +175,7 @@ impl Coordinator {
         }
         answers
             .into_iter()
-            .map(|a| a.unwrap_or_else(|| Err(CoordinatorError::store("bulk answer missing"))))
+            .map(|a| a.unwrap_or_else(|| Err(CoordinatorError::invariant("bulk answer missing"))))
             .collect()
     }
 
@@ -332,9 +333,18 @@ impl Coordinator {
     /// applied, which is never given up) records nothing: that lane stops where it is.
     async fn call_round(&self, group: Vec<Lane>, operation: Operation) -> Vec<Moved> {
         let (before, after) = match operation {
-            Operation::Withdraw => ("source_pending_before_call", "source_after_call"),
-            Operation::Deposit => ("target_pending_before_call", "target_after_call"),
-            Operation::Refund => ("compensating_before_refund", "compensating_after_refund"),
+            Operation::Withdraw => (
+                FailPoint::SourcePendingBeforeCall,
+                FailPoint::SourceAfterCall,
+            ),
+            Operation::Deposit => (
+                FailPoint::TargetPendingBeforeCall,
+                FailPoint::TargetAfterCall,
+            ),
+            Operation::Refund => (
+                FailPoint::CompensatingBeforeRefund,
+                FailPoint::CompensatingAfterRefund,
+            ),
         };
         let datas: Vec<TransferData> = group
             .iter()
@@ -371,7 +381,7 @@ impl Coordinator {
             }
         }
         if deposit_announced {
-            self.failpoints.hit("after_withdrawn_deposit_started");
+            self.failpoints.hit(FailPoint::AfterWithdrawnDepositStarted);
         }
         moved
     }
@@ -446,8 +456,8 @@ impl Coordinator {
         movements: &[Movement],
     ) -> Vec<AdapterOutcome> {
         let half = match operation {
-            Operation::Withdraw => "bulk_half_withdrawn",
-            Operation::Deposit => "bulk_half_deposited",
+            Operation::Withdraw => FailPoint::BulkHalfWithdrawn,
+            Operation::Deposit => FailPoint::BulkHalfDeposited,
             Operation::Refund => return port.movements(operation, movements).await,
         };
         if self.failpoints.is_armed(half) && movements.len() > 1 {

@@ -15,12 +15,14 @@ use domain::{
 };
 use sqlx::PgPool;
 
+use crate::daily::{Charge, DailyLimits};
 pub use crate::error::{CoordinatorError, StoreCause};
 use crate::failpoint::FailPoints;
-use crate::limits::DailyLimits;
-use crate::pg::{PgBookkeeping, PgTransferLog};
+use crate::pg::{PgClientKeys, PgDailyReservations, PgLeases, PgTransferLog};
 pub(crate) use crate::ports::Context;
-use crate::ports::{Bookkeeping, Clock, Commit, SystemClock, TransferLog};
+use crate::ports::{
+    ClientKeys, Clock, Commit, DailyReservations, Leases, SystemClock, TransferLog,
+};
 
 /// A request for a new transfer, already parsed into domain types.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,6 +41,15 @@ impl NewTransfer {
     pub(crate) fn fingerprint(&self) -> String {
         format!("{}|{}|{}|{}", self.from, self.to, self.asset, self.amount)
     }
+
+    /// What the transfer charges against its user's daily limits.
+    pub(crate) fn charge(&self) -> Charge {
+        Charge {
+            user: self.user_id,
+            asset: self.asset.clone(),
+            amount: self.amount,
+        }
+    }
 }
 
 /// The ports a coordinator runs on (`ports.rs`): PostgreSQL and the system clock in
@@ -46,16 +57,20 @@ impl NewTransfer {
 #[derive(Clone)]
 pub struct Ports {
     pub log: Arc<dyn TransferLog>,
-    pub book: Arc<dyn Bookkeeping>,
+    pub claims: Arc<dyn ClientKeys>,
+    pub leases: Arc<dyn Leases>,
+    pub limits: Arc<dyn DailyReservations>,
     pub clock: Arc<dyn Clock>,
 }
 
 impl Ports {
-    /// The event log and bookkeeping in `pool`'s database, the system clock.
+    /// The event log, claims, leases and daily counters in `pool`'s database, the system clock.
     pub fn postgres(pool: PgPool) -> Self {
         Self {
             log: Arc::new(PgTransferLog::new(pool.clone())),
-            book: Arc::new(PgBookkeeping::new(pool)),
+            claims: Arc::new(PgClientKeys::new(pool.clone())),
+            leases: Arc::new(PgLeases::new(pool.clone())),
+            limits: Arc::new(PgDailyReservations::new(pool)),
             clock: Arc::new(SystemClock),
         }
     }
@@ -65,7 +80,9 @@ impl Ports {
 #[derive(Clone)]
 pub struct Coordinator {
     pub(crate) log: Arc<dyn TransferLog>,
-    pub(crate) book: Arc<dyn Bookkeeping>,
+    pub(crate) claims: Arc<dyn ClientKeys>,
+    pub(crate) leases: Arc<dyn Leases>,
+    pub(crate) reservations: Arc<dyn DailyReservations>,
     pub(crate) clock: Arc<dyn Clock>,
     /// The database behind the ports, when they are PostgreSQL's (the failover repair and the
     /// recovery worker's own tables use it); none in the simulation.
@@ -105,7 +122,9 @@ impl Coordinator {
     ) -> Self {
         Self {
             log: ports.log,
-            book: ports.book,
+            claims: ports.claims,
+            leases: ports.leases,
+            reservations: ports.limits,
             clock: ports.clock,
             pool: None,
             funding,
@@ -146,9 +165,10 @@ impl Coordinator {
         self.pool.as_ref()
     }
 
-    /// The coordinator's bookkeeping (leases, claims, limits).
-    pub fn bookkeeping(&self) -> &Arc<dyn Bookkeeping> {
-        &self.book
+    /// The transfers' leases the coordinator's manual resolution takes (the recovery worker
+    /// shares them).
+    pub fn leases(&self) -> &Arc<dyn Leases> {
+        &self.leases
     }
 
     /// The coordinator's clock.
@@ -158,13 +178,13 @@ impl Coordinator {
 
     /// The current state of a transfer, folded from its events (the source of truth).
     pub async fn load(&self, req_id: &ReqId) -> Result<Option<TransferData>, CoordinatorError> {
-        let ctx = self.log.load(&req_id.to_string()).await?;
+        let ctx = self.log.load(req_id).await?;
         Ok(ctx.aggregate.data)
     }
 
     /// The transfer's context (events folded) for a command, or `NotFound`.
     pub(crate) async fn load_context(&self, req_id: &ReqId) -> Result<Context, CoordinatorError> {
-        let ctx = self.log.load(&req_id.to_string()).await?;
+        let ctx = self.log.load(req_id).await?;
         if ctx.aggregate.data.is_none() {
             return Err(CoordinatorError::NotFound);
         }
@@ -235,9 +255,9 @@ impl Coordinator {
             .into_iter()
             .map(|ctx| {
                 let ctx = ctx?;
-                let current_sequence = appended
-                    .next()
-                    .unwrap_or_else(|| Err(CoordinatorError::store("the log lost an answer")))?;
+                let current_sequence = appended.next().unwrap_or_else(|| {
+                    Err(CoordinatorError::invariant("the log lost an answer"))
+                })?;
                 Ok(Context {
                     current_sequence,
                     ..ctx

@@ -11,6 +11,7 @@ use domain::{
 };
 
 use crate::coordinator::{Context, Coordinator, CoordinatorError};
+use crate::failpoint::FailPoint;
 
 /// Why a driven transfer is still open.
 #[derive(Debug, Clone, PartialEq)]
@@ -133,9 +134,9 @@ impl Coordinator {
             // were: the announcement alone.
             TransferState::Init | TransferState::SourceDone => {
                 fail.hit(if data.state == TransferState::Init {
-                    "after_init"
+                    FailPoint::AfterInit
                 } else {
-                    "after_source_done"
+                    FailPoint::AfterSourceDone
                 });
                 TransferCommand::call_free_step(data.state, at())
                     .expect("INIT and SOURCE_DONE have a call-free step")
@@ -144,20 +145,20 @@ impl Coordinator {
                 return self.withdraw_step(ctx, data, &movement, lookup_first).await
             }
             TransferState::TargetPending => {
-                fail.hit("target_pending_before_call");
+                fail.hit(FailPoint::TargetPendingBeforeCall);
                 let outcome =
                     call_or_lookup(target, Operation::Deposit, &movement, lookup_first).await;
-                fail.hit("target_after_call");
+                fail.hit(FailPoint::TargetAfterCall);
                 match definite(data, Operation::Deposit, outcome) {
                     Ok(outcome) => TransferCommand::RecordTargetOutcome { outcome, at: at() },
                     Err(open) => return Ok(Stepped::Open(open)),
                 }
             }
             TransferState::Compensating => {
-                fail.hit("compensating_before_refund");
+                fail.hit(FailPoint::CompensatingBeforeRefund);
                 let outcome =
                     call_or_lookup(source, Operation::Refund, &movement, lookup_first).await;
-                fail.hit("compensating_after_refund");
+                fail.hit(FailPoint::CompensatingAfterRefund);
                 match outcome {
                     AdapterOutcome::Success => TransferCommand::RecordRefund { at: at() },
                     other => {
@@ -189,10 +190,10 @@ impl Coordinator {
         lookup_first: bool,
     ) -> Result<Stepped, CoordinatorError> {
         let fail = &self.failpoints;
-        fail.hit("source_pending_before_call");
+        fail.hit(FailPoint::SourcePendingBeforeCall);
         let source = self.port(data.from);
         let outcome = call_or_lookup(source, Operation::Withdraw, movement, lookup_first).await;
-        fail.hit("source_after_call");
+        fail.hit(FailPoint::SourceAfterCall);
         let command = match definite(data, Operation::Withdraw, outcome) {
             Ok(outcome) => {
                 if planted!(PersistAfterCall) && outcome == StepOutcome::Succeeded {
@@ -208,7 +209,7 @@ impl Coordinator {
         };
         let next = self.execute_through(ctx, command).await?;
         if next.aggregate.state() == Some(TransferState::TargetPending) {
-            fail.hit("after_withdrawn_deposit_started");
+            fail.hit(FailPoint::AfterWithdrawnDepositStarted);
         }
         Ok(Stepped::Next(next))
     }

@@ -23,15 +23,39 @@ pub enum CoordinatorError {
     /// The aggregate refused a command: a bug in the caller's sequencing.
     #[error("transition refused: {0}")]
     Transition(TransferError),
-    /// The store could not be reached or answered strangely; the outcome of a write is unknown.
+    /// The store could not be reached or answered strangely: the outcome of a write is unknown
+    /// (it may or may not be durable); the caller reloads before acting again.
     #[error("store: {0}")]
-    Store(#[source] StoreCause),
+    OutcomeUnknown(#[source] StoreCause),
+    /// An internal invariant broke (a bug, or stored data no code of ours writes): nothing about
+    /// the store's state is in doubt, and retrying will not help.
+    #[error("invariant broken: {0}")]
+    Invariant(String),
 }
 
 impl CoordinatorError {
-    /// A store failure with `cause`.
-    pub fn store(cause: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
-        Self::Store(Arc::from(cause.into()))
+    /// A store failure with `cause`: the outcome is unknown.
+    pub fn outcome_unknown(
+        cause: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        Self::OutcomeUnknown(Arc::from(cause.into()))
+    }
+
+    /// An internal invariant broke: `what` says which.
+    pub fn invariant(what: impl Into<String>) -> Self {
+        Self::Invariant(what.into())
+    }
+}
+
+/// A storage (PostgreSQL) failure in one of the core's public errors, with its cause kept for
+/// `error_chain`: the driver's own error type stays inside the core.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct StoreError(sqlx::Error);
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        Self(e)
     }
 }
 
@@ -42,7 +66,8 @@ impl PartialEq for CoordinatorError {
             (Self::Refused(a), Self::Refused(b)) => a == b,
             (Self::Conflict, Self::Conflict) | (Self::NotFound, Self::NotFound) => true,
             (Self::Transition(a), Self::Transition(b)) => a == b,
-            (Self::Store(a), Self::Store(b)) => Arc::ptr_eq(a, b),
+            (Self::OutcomeUnknown(a), Self::OutcomeUnknown(b)) => Arc::ptr_eq(a, b),
+            (Self::Invariant(a), Self::Invariant(b)) => a == b,
             _ => false,
         }
     }
@@ -53,13 +78,13 @@ impl From<AggregateError<TransferError>> for CoordinatorError {
         match e {
             AggregateError::UserError(e) => Self::Transition(e),
             AggregateError::AggregateConflict => Self::Conflict,
-            other => Self::store(other),
+            other => Self::outcome_unknown(other),
         }
     }
 }
 
 impl From<sqlx::Error> for CoordinatorError {
     fn from(e: sqlx::Error) -> Self {
-        Self::store(e)
+        Self::outcome_unknown(e)
     }
 }

@@ -1,62 +1,166 @@
 //! Fail points for crash tests: the process aborts at a named point when the settings arm it
-//! (`LEDGER_FAILPOINT`, read once by the `ledger` binary's settings), so a test can kill the real
-//! coordinator exactly between two durable steps.
+//! (`LEDGER_FAILPOINT`, honoured by the `ledger` binary only with `LEDGER_ALLOW_FAILPOINTS`), so
+//! a test can kill the real coordinator exactly between two durable steps. The points are an
+//! enum: a name that is none of them is refused when read (`FromStr`), and no call site can
+//! misspell one.
 
-use std::sync::Arc;
+use std::fmt;
+use std::str::FromStr;
 
-/// Every fail point the coordinator has, in the order a transfer meets them (seed 000 CRA-001..006).
+/// Every fail point the coordinator has, in the order a transfer meets them (CRA-001..006).
 ///
-/// `after_created_withdraw_started` and `after_withdrawn_deposit_started` follow the commits of
-/// two events each; `after_init` and `after_source_done` are met only by a transfer found in
-/// INIT or SOURCE_DONE (a log written before those pairs were one commit, or a manual
-/// resolution to SOURCE_DONE), before its call-free step.
+/// `AfterCreatedWithdrawStarted` and `AfterWithdrawnDepositStarted` follow the commits of two
+/// events each; `AfterInit` and `AfterSourceDone` are met only by a transfer found in INIT or
+/// SOURCE_DONE (a log written before those pairs were one commit, or a manual resolution to
+/// SOURCE_DONE), before its call-free step.
 ///
 /// The last two are the bulk path's (`bulk.rs`): with one armed, a batch's withdraws (deposits)
 /// are made for its first half only, and the process aborts before the second half's.
-pub const ALL: [&str; 13] = [
-    "after_init",
-    "after_created_withdraw_started",
-    "source_pending_before_call",
-    "source_after_call",
-    "after_source_done",
-    "after_withdrawn_deposit_started",
-    "target_pending_before_call",
-    "target_after_call",
-    "compensating_before_refund",
-    "compensating_after_refund",
-    "after_manual_resolution",
-    "bulk_half_withdrawn",
-    "bulk_half_deposited",
-];
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailPoint {
+    AfterInit,
+    AfterCreatedWithdrawStarted,
+    SourcePendingBeforeCall,
+    SourceAfterCall,
+    AfterSourceDone,
+    AfterWithdrawnDepositStarted,
+    TargetPendingBeforeCall,
+    TargetAfterCall,
+    CompensatingBeforeRefund,
+    CompensatingAfterRefund,
+    AfterManualResolution,
+    BulkHalfWithdrawn,
+    BulkHalfDeposited,
+}
 
-/// The one fail point armed in this process, if any. Cheap to clone.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+impl FailPoint {
+    /// Every fail point, in the order a transfer meets them.
+    pub const ALL: [FailPoint; 13] = [
+        FailPoint::AfterInit,
+        FailPoint::AfterCreatedWithdrawStarted,
+        FailPoint::SourcePendingBeforeCall,
+        FailPoint::SourceAfterCall,
+        FailPoint::AfterSourceDone,
+        FailPoint::AfterWithdrawnDepositStarted,
+        FailPoint::TargetPendingBeforeCall,
+        FailPoint::TargetAfterCall,
+        FailPoint::CompensatingBeforeRefund,
+        FailPoint::CompensatingAfterRefund,
+        FailPoint::AfterManualResolution,
+        FailPoint::BulkHalfWithdrawn,
+        FailPoint::BulkHalfDeposited,
+    ];
+
+    /// The name `LEDGER_FAILPOINT` gives it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailPoint::AfterInit => "after_init",
+            FailPoint::AfterCreatedWithdrawStarted => "after_created_withdraw_started",
+            FailPoint::SourcePendingBeforeCall => "source_pending_before_call",
+            FailPoint::SourceAfterCall => "source_after_call",
+            FailPoint::AfterSourceDone => "after_source_done",
+            FailPoint::AfterWithdrawnDepositStarted => "after_withdrawn_deposit_started",
+            FailPoint::TargetPendingBeforeCall => "target_pending_before_call",
+            FailPoint::TargetAfterCall => "target_after_call",
+            FailPoint::CompensatingBeforeRefund => "compensating_before_refund",
+            FailPoint::CompensatingAfterRefund => "compensating_after_refund",
+            FailPoint::AfterManualResolution => "after_manual_resolution",
+            FailPoint::BulkHalfWithdrawn => "bulk_half_withdrawn",
+            FailPoint::BulkHalfDeposited => "bulk_half_deposited",
+        }
+    }
+}
+
+impl fmt::Display for FailPoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A name that is none of the fail points.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown fail point {0:?} (known: {known})", known = known_names())]
+pub struct UnknownFailPoint(pub String);
+
+fn known_names() -> String {
+    FailPoint::ALL.map(FailPoint::as_str).join(", ")
+}
+
+impl FromStr for FailPoint {
+    type Err = UnknownFailPoint;
+
+    fn from_str(name: &str) -> Result<Self, UnknownFailPoint> {
+        FailPoint::ALL
+            .into_iter()
+            .find(|p| p.as_str() == name)
+            .ok_or_else(|| UnknownFailPoint(name.to_owned()))
+    }
+}
+
+/// The one fail point armed in this process, if any.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FailPoints {
-    armed: Option<Arc<str>>,
+    armed: Option<FailPoint>,
 }
 
 impl FailPoints {
-    /// Arms the point named `name` (none when `None` or empty).
-    pub fn armed(name: Option<&str>) -> Self {
-        Self {
-            armed: name.filter(|n| !n.is_empty()).map(Arc::from),
-        }
+    /// Arms `point`, and says loudly in the log that this process will abort on purpose there.
+    pub fn armed(point: FailPoint) -> Self {
+        tracing::error!(
+            failpoint = %point,
+            "FAIL POINT ARMED: this process will abort on purpose at fail point {point} \
+             (crash tests only; never in production)"
+        );
+        Self { armed: Some(point) }
     }
 
-    /// Whether `name` is the armed fail point (for a point that changes how a step is made
+    /// Whether `point` is the armed fail point (for a point that changes how a step is made
     /// before it aborts, such as the bulk path's half-batch points).
-    pub fn is_armed(&self, name: &str) -> bool {
-        debug_assert!(ALL.contains(&name), "unknown fail point {name}");
-        self.armed.as_deref() == Some(name)
+    pub fn is_armed(&self, point: FailPoint) -> bool {
+        self.armed == Some(point)
     }
 
-    /// Aborts the process (no unwinding, no destructors, no flushing: like SIGKILL) when `name` is
-    /// the armed fail point. A no-op otherwise.
-    pub fn hit(&self, name: &str) {
-        debug_assert!(ALL.contains(&name), "unknown fail point {name}");
-        if self.armed.as_deref() == Some(name) {
-            eprintln!("fail point {name}: aborting");
+    /// Aborts the process (no unwinding, no destructors, no flushing: like SIGKILL) when `point`
+    /// is the armed fail point. A no-op otherwise.
+    pub fn hit(&self, point: FailPoint) {
+        if self.is_armed(point) {
+            eprintln!("fail point {point}: aborting");
             std::process::abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_fail_point_reads_back_from_its_name() {
+        for point in FailPoint::ALL {
+            assert_eq!(point.as_str().parse::<FailPoint>(), Ok(point));
+        }
+    }
+
+    #[test]
+    fn an_unknown_name_is_refused() {
+        for name in [
+            "",
+            "after_int",
+            "AFTER_INIT",
+            "target_after_call ",
+            "bulk_half",
+        ] {
+            let refused = name.parse::<FailPoint>().unwrap_err();
+            assert_eq!(refused, UnknownFailPoint(name.to_owned()));
+            assert!(refused.to_string().contains("after_init"), "{refused}");
+        }
+    }
+
+    #[test]
+    fn only_the_armed_point_is_armed() {
+        let armed = FailPoints::armed(FailPoint::TargetAfterCall);
+        assert!(armed.is_armed(FailPoint::TargetAfterCall));
+        assert!(!armed.is_armed(FailPoint::SourceAfterCall));
+        assert!(!FailPoints::default().is_armed(FailPoint::TargetAfterCall));
     }
 }

@@ -34,6 +34,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use adapters::{SpotAdapter, SpotError};
 use sqlx::PgPool;
 
+use crate::error::StoreError;
+
 /// How long a `req_id` is remembered at least, unless configured otherwise: 7 days.
 pub const RETENTION_DEFAULT: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The shortest retention accepted: it must exceed the time between a req_id's generation and
@@ -66,11 +68,17 @@ impl Default for HorizonConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum HorizonError {
     #[error("reading the oldest open transfer")]
-    Store(#[from] sqlx::Error),
+    Store(#[from] StoreError),
     #[error("an open transfer's req_id is not a ULID: {0:?}")]
     NotUlid(String),
     #[error("spot-core")]
     Spot(#[from] SpotError),
+}
+
+impl From<sqlx::Error> for HorizonError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Store(e.into())
+    }
 }
 
 impl HorizonError {

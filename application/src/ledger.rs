@@ -19,9 +19,10 @@ use crate::assets::AssetSettings;
 use crate::audit::{self, CheckError, InvariantReport, Mode};
 use crate::bulk::{cid_slots, Slot};
 use crate::coordinator::{Coordinator, CoordinatorError, NewTransfer};
+use crate::daily::DailyLimits;
+use crate::error::StoreError;
 use crate::failpoint::FailPoints;
 use crate::halt::{self, HaltCache};
-use crate::limits::DailyLimits;
 use crate::request::{depends_on_settings, TransferRequest};
 
 /// The per-second limit on transfer requests, kept by the edge (in this process's memory).
@@ -48,7 +49,7 @@ pub enum RequestError {
     Refused(ErrorCode),
     /// The halt flag could not be read: the request is refused (fail closed), as unavailable.
     #[error("halt flag unreadable")]
-    HaltUnknown(#[source] sqlx::Error),
+    HaltUnknown(#[source] StoreError),
     /// The FUNDING target's existence could not be checked.
     #[error("funding ledger")]
     Funding(#[source] FundingError),
@@ -76,10 +77,10 @@ fn same_answer(
         Some(Ok(data)) => Ok(data.clone()),
         Some(Err(RequestError::Refused(code))) => Err(RequestError::Refused(*code)),
         Some(Err(RequestError::Coordinator(e))) => Err(RequestError::Coordinator(e.clone())),
-        Some(Err(other)) => Err(RequestError::Coordinator(CoordinatorError::store(format!(
-            "as item {first_index}: {other}"
-        )))),
-        None => Err(RequestError::Coordinator(CoordinatorError::store(
+        Some(Err(other)) => Err(RequestError::Coordinator(
+            CoordinatorError::outcome_unknown(format!("as item {first_index}: {other}")),
+        )),
+        None => Err(RequestError::Coordinator(CoordinatorError::invariant(
             "bulk answer missing",
         ))),
     }
@@ -277,7 +278,7 @@ impl Ledger {
             .into_iter()
             .map(|a| {
                 a.unwrap_or_else(|| {
-                    Err(RequestError::Coordinator(CoordinatorError::store(
+                    Err(RequestError::Coordinator(CoordinatorError::invariant(
                         "bulk answer missing",
                     )))
                 })
@@ -336,7 +337,7 @@ impl Ledger {
                 .map(|(i, answer)| (i, answer.map_err(RequestError::Coordinator)))
                 .collect(),
             Err(e) => {
-                let cause = CoordinatorError::store(format!("bulk transfer task: {e}"));
+                let cause = CoordinatorError::outcome_unknown(format!("bulk transfer task: {e}"));
                 positions
                     .into_iter()
                     .map(|i| (i, Err(RequestError::Coordinator(cause.clone()))))
@@ -382,7 +383,7 @@ impl Ledger {
             .halt
             .is_halted(self.pool())
             .await
-            .map_err(RequestError::HaltUnknown)?
+            .map_err(|e| RequestError::HaltUnknown(e.into()))?
         {
             return Err(RequestError::Refused(ErrorCode::ServiceHalted));
         }

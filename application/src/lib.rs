@@ -25,6 +25,7 @@ pub mod assets;
 pub mod audit;
 pub mod bulk;
 pub mod coordinator;
+pub mod daily;
 pub mod drive;
 pub mod error;
 pub mod failpoint;
@@ -46,12 +47,16 @@ pub mod submit;
 
 pub use assets::AssetSettings;
 pub use coordinator::{Coordinator, CoordinatorError, NewTransfer, Ports, StoreCause};
+pub use daily::{Charge, DailyLimits, DailyUsage};
 pub use drive::{Resumed, StillOpen};
-pub use failpoint::FailPoints;
+pub use error::StoreError;
+pub use failpoint::{FailPoint, FailPoints, UnknownFailPoint};
 pub use horizon::{Horizon, HorizonConfig};
 pub use ledger::{Ledger, RateGate, RequestError, Unlimited};
-pub use limits::DailyLimits;
-pub use ports::{Bookkeeping, ClientKey, Clock, Commit, Rekeyed, SystemClock, TransferLog};
+pub use ports::{
+    ClientKey, ClientKeys, Clock, Commit, DailyReservations, LeaseRequest, Leases, Rekeyed,
+    SystemClock, TransferLog,
+};
 pub use queries::Queries;
 pub use repair::{RepairError, RepairOutcome};
 pub use request::TransferRequest;

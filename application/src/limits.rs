@@ -1,251 +1,180 @@
-//! Daily transfer limits (seed 000 section 1.5.6), kept in PostgreSQL so that every ledger
-//! process shares one count per user and day. The coordinator reserves a new transfer's share
-//! before creating it, so a caller that skips the API is held to the same limits.
+//! Daily transfer limits, kept in PostgreSQL so that every ledger process shares one count per
+//! user and day. The coordinator reserves a new transfer's share before creating it, so a caller
+//! that skips the API is held to the same limits. The SQL locks, reads and writes the counters;
+//! the decision is `daily::DailyUsage::charge` (`daily::decide`), made in Rust under the rows'
+//! locks, the same rule the simulation runs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use chrono::{DateTime, NaiveDate, Utc};
-use domain::{Amount, AssetSymbol, ErrorCode, UserId};
+use chrono::NaiveDate;
+use domain::{AssetSymbol, ErrorCode, UserId};
 use rust_decimal::Decimal;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
-/// How many transfers and how much of each asset one user may move per UTC day. `None` (or an
-/// asset missing from the map) means no limit of that kind.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct DailyLimits {
-    pub count_max: Option<u64>,
-    pub amount_max: BTreeMap<AssetSymbol, Decimal>,
-}
+use crate::daily::{Charge, DailyLimits, DailyUsage};
 
-impl DailyLimits {
-    pub fn is_unlimited(&self) -> bool {
-        self.count_max.is_none() && self.amount_max.is_empty()
-    }
-}
-
-/// The UTC day a moment falls in; the counters roll over at UTC midnight.
-pub fn day_of(at: DateTime<Utc>) -> NaiveDate {
-    at.date_naive()
-}
-
-/// Seconds from `at` to the next UTC midnight (at least 1): the `Retry-After` of a daily refusal.
-pub fn secs_until_next_day(at: DateTime<Utc>) -> u64 {
-    let next = day_of(at)
-        .succ_opt()
-        .and_then(|d| d.and_hms_opt(0, 0, 0))
-        .map(|t| t.and_utc());
-    next.map_or(86_400, |n| (n - at).num_seconds().max(1).unsigned_abs())
-}
-
-/// Reserves one transfer of `amount` for `user` on `day`, or refuses with
-/// DAILY_LIMIT_EXCEEDED / DAILY_AMOUNT_EXCEEDED and reserves nothing. Both counters change in one
-/// transaction; each UPSERT increments only while the result stays within the limit, and the row
-/// lock it takes serialises concurrent reservations for the same user, across processes.
+/// Reserves one transfer of `charge` on `day`, or refuses with DAILY_LIMIT_EXCEEDED /
+/// DAILY_AMOUNT_EXCEEDED and reserves nothing: [`reserve_many`] of one charge.
 pub async fn reserve(
     pool: &PgPool,
     limits: &DailyLimits,
-    user: UserId,
-    asset: &AssetSymbol,
-    amount: Amount,
+    charge: &Charge,
     day: NaiveDate,
 ) -> Result<Result<(), ErrorCode>, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    if let Some(max) = limits.count_max {
-        let max = i64::try_from(max).unwrap_or(i64::MAX);
-        let counted: Option<i64> = sqlx::query_scalar(
-            "INSERT INTO daily_transfer_counts AS c (user_id, day, count) VALUES ($1, $2, 1)
-             ON CONFLICT (user_id, day) DO UPDATE SET count = c.count + 1 WHERE c.count < $3
-             RETURNING count",
-        )
-        .bind(user.as_i64())
-        .bind(day)
-        .bind(max)
-        .fetch_optional(&mut *tx)
-        .await?;
-        // A first row is inserted unconditionally, so a limit of 0 is checked here.
-        if counted.is_none_or(|n| n > max) {
-            tx.rollback().await?;
-            return Ok(Err(ErrorCode::DailyLimitExceeded));
-        }
-    }
-    if let Some(max) = limits.amount_max.get(asset) {
-        if amount.value() > *max {
-            tx.rollback().await?;
-            return Ok(Err(ErrorCode::DailyAmountExceeded));
-        }
-        let total: Option<Decimal> = sqlx::query_scalar(
-            "INSERT INTO daily_transfer_amounts AS a (user_id, day, asset, amount)
-             VALUES ($1, $2, $3, $4)
-             ON CONFLICT (user_id, day, asset) DO UPDATE SET amount = a.amount + EXCLUDED.amount
-             WHERE a.amount + EXCLUDED.amount <= $5
-             RETURNING amount",
-        )
-        .bind(user.as_i64())
-        .bind(day)
-        .bind(asset.as_str())
-        .bind(amount.value())
-        .bind(*max)
-        .fetch_optional(&mut *tx)
-        .await?;
-        if total.is_none() {
-            tx.rollback().await?;
-            return Ok(Err(ErrorCode::DailyAmountExceeded));
-        }
-    }
-    tx.commit().await?;
-    Ok(Ok(()))
+    let mut answers = reserve_many(pool, limits, std::slice::from_ref(charge), day).await?;
+    Ok(answers.pop().unwrap_or(Ok(())))
 }
-
-/// One transfer to charge: whose, which asset, how much.
-pub type Charge = (UserId, AssetSymbol, Amount);
 
 /// Reserves each of `charges` on `day`, in order, with exactly the answers [`reserve`] called
 /// once per charge, one after another, would give (a limit running out refuses the later
-/// charges; a refused charge reserves nothing), in one transaction of a fixed number of
-/// statements whatever the batch's size. The rows are locked in key order (counts by user, then
-/// amounts by user and asset), so concurrent batches and single reservations never deadlock,
-/// and none of them can pass a limit.
+/// charges; a refused charge reserves nothing), in one transaction of at most four statements
+/// whatever the batch's size. The rows are locked in key order (counts by user, then amounts by
+/// user and asset), so concurrent batches never deadlock, and none of them can pass a limit:
+/// each decides on counters no other transaction can change until it commits.
 pub async fn reserve_many(
     pool: &PgPool,
     limits: &DailyLimits,
     charges: &[Charge],
     day: NaiveDate,
 ) -> Result<Vec<Result<(), ErrorCode>>, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    let mut used = Used::default();
-    if limits.count_max.is_some() {
-        let users: Vec<i64> = charges
-            .iter()
-            .map(|(u, _, _)| u.as_i64())
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        sqlx::query(
-            "INSERT INTO daily_transfer_counts (user_id, day, count)
-             SELECT u, $2, 0 FROM unnest($1::bigint[]) AS u ORDER BY u
-             ON CONFLICT (user_id, day) DO NOTHING",
-        )
-        .bind(&users)
-        .bind(day)
-        .execute(&mut *tx)
-        .await?;
-        let rows: Vec<(i64, i64)> = sqlx::query_as(
-            "SELECT user_id, count FROM daily_transfer_counts
-             WHERE day = $2 AND user_id = ANY($1) ORDER BY user_id FOR UPDATE",
-        )
-        .bind(&users)
-        .bind(day)
-        .fetch_all(&mut *tx)
-        .await?;
-        used.counts = rows.into_iter().collect();
+    if limits.is_unlimited() || charges.is_empty() {
+        return Ok(charges.iter().map(|_| Ok(())).collect());
     }
-    let keys: std::collections::BTreeSet<(i64, String)> = charges
+    let mut tx = pool.begin().await?;
+    let mut usage = DailyUsage::default();
+    if limits.count_max.is_some() {
+        let users: BTreeSet<UserId> = charges.iter().map(|c| c.user).collect();
+        usage.counts = lock_counts(&mut tx, &users, day).await?;
+    }
+    let keys: BTreeSet<(UserId, AssetSymbol)> = charges
         .iter()
-        .filter(|(_, asset, _)| limits.amount_max.contains_key(asset))
-        .map(|(u, asset, _)| (u.as_i64(), asset.as_str().to_owned()))
+        .filter(|c| limits.amount_max.contains_key(&c.asset))
+        .map(|c| (c.user, c.asset.clone()))
         .collect();
     if !keys.is_empty() {
-        let (users, assets): (Vec<i64>, Vec<String>) = keys.into_iter().unzip();
-        sqlx::query(
-            "INSERT INTO daily_transfer_amounts (user_id, day, asset, amount)
-             SELECT u, $3, a, 0 FROM unnest($1::bigint[], $2::text[]) AS k(u, a) ORDER BY u, a
-             ON CONFLICT (user_id, day, asset) DO NOTHING",
-        )
-        .bind(&users)
-        .bind(&assets)
-        .bind(day)
-        .execute(&mut *tx)
-        .await?;
-        let rows: Vec<(i64, String, Decimal)> = sqlx::query_as(
-            "SELECT d.user_id, d.asset, d.amount FROM daily_transfer_amounts d
-             JOIN unnest($1::bigint[], $2::text[]) AS k(u, a) ON d.user_id = k.u AND d.asset = k.a
-             WHERE d.day = $3 ORDER BY d.user_id, d.asset FOR UPDATE OF d",
-        )
-        .bind(&users)
-        .bind(&assets)
-        .bind(day)
-        .fetch_all(&mut *tx)
-        .await?;
-        used.amounts = rows.into_iter().map(|(u, a, n)| ((u, a), n)).collect();
+        usage.amounts = lock_amounts(&mut tx, &keys, day).await?;
     }
-    let answers = used.charge(limits, charges);
-    if limits.count_max.is_some() {
-        let (users, counts): (Vec<i64>, Vec<i64>) = used.counts.into_iter().unzip();
-        sqlx::query(
-            "UPDATE daily_transfer_counts c SET count = v.n
-             FROM unnest($1::bigint[], $2::bigint[]) AS v(u, n)
-             WHERE c.user_id = v.u AND c.day = $3 AND c.count <> v.n",
-        )
-        .bind(&users)
-        .bind(&counts)
-        .bind(day)
-        .execute(&mut *tx)
-        .await?;
-    }
-    if !used.amounts.is_empty() {
-        let mut users = Vec::new();
-        let mut assets = Vec::new();
-        let mut amounts = Vec::new();
-        for ((u, a), n) in used.amounts {
-            users.push(u);
-            assets.push(a);
-            amounts.push(n);
-        }
-        sqlx::query(
-            "UPDATE daily_transfer_amounts d SET amount = v.n
-             FROM unnest($1::bigint[], $2::text[], $3::numeric[]) AS v(u, a, n)
-             WHERE d.user_id = v.u AND d.asset = v.a AND d.day = $4 AND d.amount <> v.n",
-        )
-        .bind(&users)
-        .bind(&assets)
-        .bind(&amounts)
-        .bind(day)
-        .execute(&mut *tx)
-        .await?;
+    let before = usage.clone();
+    let answers = usage.charge_all(limits, charges);
+    if usage != before {
+        store_usage(&mut tx, &before, &usage, day).await?;
     }
     tx.commit().await?;
     Ok(answers)
 }
 
-/// What the locked counters hold during [`reserve_many`]: transfers per user, amount per user
-/// and asset (on one day).
-#[derive(Debug, Default)]
-struct Used {
-    counts: BTreeMap<i64, i64>,
-    amounts: BTreeMap<(i64, String), Decimal>,
+fn as_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-impl Used {
-    /// Charges each in order as [`reserve`] would, one after another: the transfer count first
-    /// (a transfer is counted while fewer than the maximum were), then the amount (one over the
-    /// day's maximum alone, or that would take the day's total past it, is refused). A refused
-    /// charge changes nothing.
-    fn charge(&mut self, limits: &DailyLimits, charges: &[Charge]) -> Vec<Result<(), ErrorCode>> {
-        charges
-            .iter()
-            .map(|(user, asset, amount)| {
-                let user = user.as_i64();
-                if let Some(max) = limits.count_max {
-                    let max = i64::try_from(max).unwrap_or(i64::MAX);
-                    if self.counts.get(&user).copied().unwrap_or(0) >= max {
-                        return Err(ErrorCode::DailyLimitExceeded);
-                    }
-                }
-                if let Some(max) = limits.amount_max.get(asset) {
-                    let key = (user, asset.as_str().to_owned());
-                    let total = self.amounts.get(&key).copied().unwrap_or_default();
-                    if amount.value() > *max || total + amount.value() > *max {
-                        return Err(ErrorCode::DailyAmountExceeded);
-                    }
-                    self.amounts.insert(key, total + amount.value());
-                }
-                if limits.count_max.is_some() {
-                    *self.counts.entry(user).or_insert(0) += 1;
-                }
-                Ok(())
-            })
-            .collect()
+/// Locks (creating at zero where missing) and reads the transfer counts of `users` on `day`, in
+/// user order.
+async fn lock_counts(
+    conn: &mut PgConnection,
+    users: &BTreeSet<UserId>,
+    day: NaiveDate,
+) -> Result<BTreeMap<UserId, u64>, sqlx::Error> {
+    let ids: Vec<i64> = users.iter().map(|u| u.as_i64()).collect();
+    let rows: Vec<(i64, i64)> = sqlx::query_as(
+        "INSERT INTO daily_transfer_counts AS c (user_id, day, count)
+         SELECT u, $2, 0 FROM unnest($1::bigint[]) AS u ORDER BY u
+         ON CONFLICT (user_id, day) DO UPDATE SET count = c.count
+         RETURNING user_id, count",
+    )
+    .bind(&ids)
+    .bind(day)
+    .fetch_all(conn)
+    .await?;
+    Ok(users
+        .iter()
+        .zip(&ids)
+        .map(|(user, id)| {
+            let count = rows.iter().find(|(u, _)| u == id).map_or(0, |(_, n)| *n);
+            (*user, u64::try_from(count).unwrap_or(0))
+        })
+        .collect())
+}
+
+/// Locks (creating at zero where missing) and reads the amounts of `keys` on `day`, in (user,
+/// asset) order.
+async fn lock_amounts(
+    conn: &mut PgConnection,
+    keys: &BTreeSet<(UserId, AssetSymbol)>,
+    day: NaiveDate,
+) -> Result<BTreeMap<(UserId, AssetSymbol), Decimal>, sqlx::Error> {
+    let users: Vec<i64> = keys.iter().map(|(u, _)| u.as_i64()).collect();
+    let assets: Vec<&str> = keys.iter().map(|(_, a)| a.as_str()).collect();
+    let rows: Vec<(i64, String, Decimal)> = sqlx::query_as(
+        "INSERT INTO daily_transfer_amounts AS d (user_id, day, asset, amount)
+         SELECT u, $3, a, 0 FROM unnest($1::bigint[], $2::text[]) AS k(u, a) ORDER BY u, a
+         ON CONFLICT (user_id, day, asset) DO UPDATE SET amount = d.amount
+         RETURNING user_id, asset, amount",
+    )
+    .bind(&users)
+    .bind(&assets)
+    .bind(day)
+    .fetch_all(conn)
+    .await?;
+    Ok(keys
+        .iter()
+        .map(|(user, asset)| {
+            let amount = rows
+                .iter()
+                .find(|(u, a, _)| *u == user.as_i64() && a == asset.as_str())
+                .map_or(Decimal::ZERO, |(_, _, n)| *n);
+            ((*user, asset.clone()), amount)
+        })
+        .collect())
+}
+
+/// Writes back the counters `after` changed from `before`.
+async fn store_usage(
+    conn: &mut PgConnection,
+    before: &DailyUsage,
+    after: &DailyUsage,
+    day: NaiveDate,
+) -> Result<(), sqlx::Error> {
+    let counts: Vec<(i64, i64)> = after
+        .counts
+        .iter()
+        .filter(|(user, n)| before.counts.get(user) != Some(n))
+        .map(|(user, n)| (user.as_i64(), as_i64(*n)))
+        .collect();
+    if !counts.is_empty() {
+        let (users, counts): (Vec<i64>, Vec<i64>) = counts.into_iter().unzip();
+        sqlx::query(
+            "UPDATE daily_transfer_counts c SET count = v.n
+             FROM unnest($1::bigint[], $2::bigint[]) AS v(u, n)
+             WHERE c.user_id = v.u AND c.day = $3",
+        )
+        .bind(&users)
+        .bind(&counts)
+        .bind(day)
+        .execute(&mut *conn)
+        .await?;
     }
+    let changed: Vec<_> = after
+        .amounts
+        .iter()
+        .filter(|(key, n)| before.amounts.get(key) != Some(n))
+        .collect();
+    if !changed.is_empty() {
+        let users: Vec<i64> = changed.iter().map(|((u, _), _)| u.as_i64()).collect();
+        let assets: Vec<&str> = changed.iter().map(|((_, a), _)| a.as_str()).collect();
+        let amounts: Vec<Decimal> = changed.iter().map(|(_, n)| **n).collect();
+        sqlx::query(
+            "UPDATE daily_transfer_amounts d SET amount = v.n
+             FROM unnest($1::bigint[], $2::text[], $3::numeric[]) AS v(u, a, n)
+             WHERE d.user_id = v.u AND d.asset = v.a AND d.day = $4",
+        )
+        .bind(&users)
+        .bind(&assets)
+        .bind(&amounts)
+        .bind(day)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
 }
 
 /// Gives back a reservation made by [`reserve`] with the same arguments, for a transfer that was
@@ -255,11 +184,14 @@ impl Used {
 pub async fn release(
     pool: &PgPool,
     limits: &DailyLimits,
-    user: UserId,
-    asset: &AssetSymbol,
-    amount: Amount,
+    charge: &Charge,
     day: NaiveDate,
 ) -> Result<(), sqlx::Error> {
+    let Charge {
+        user,
+        asset,
+        amount,
+    } = charge;
     let mut tx = pool.begin().await?;
     if limits.count_max.is_some() {
         sqlx::query(
@@ -309,68 +241,4 @@ pub async fn usage(
     .fetch_optional(pool)
     .await?;
     Ok((count.unwrap_or(0), amount.unwrap_or_default().normalize()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use chrono::TimeZone;
-
-    #[test]
-    fn retry_after_counts_to_the_next_utc_midnight() {
-        let at = Utc.with_ymd_and_hms(2026, 3, 1, 23, 59, 30).unwrap();
-        assert_eq!(secs_until_next_day(at), 30);
-        let at = Utc.with_ymd_and_hms(2026, 3, 1, 0, 0, 0).unwrap();
-        assert_eq!(secs_until_next_day(at), 86_400);
-    }
-
-    fn charge(user: u64, asset: &str, amount: &str) -> Charge {
-        (
-            UserId::new(user).unwrap(),
-            AssetSymbol::parse(asset).unwrap(),
-            Amount::parse(amount).unwrap(),
-        )
-    }
-
-    #[test]
-    fn a_batch_is_charged_in_order_as_one_reservation_after_another() {
-        let limits = DailyLimits {
-            count_max: Some(3),
-            amount_max: BTreeMap::from([(AssetSymbol::parse("USDT").unwrap(), Decimal::from(10))]),
-        };
-        let mut used = Used::default();
-        used.counts.insert(1, 1);
-        let answers = used.charge(
-            &limits,
-            &[
-                charge(1, "USDT", "11"), // over the day's maximum alone: nothing counted
-                charge(1, "USDT", "6"),
-                charge(1, "USDT", "5"), // 11 in the day: refused, nothing counted
-                charge(1, "ETH", "100"), // no amount limit on ETH; the third transfer
-                charge(1, "USDT", "1"), // a fourth: over the count
-                charge(2, "USDT", "10"), // another user's own counters
-            ],
-        );
-        use ErrorCode::{DailyAmountExceeded as Amt, DailyLimitExceeded as Cnt};
-        assert_eq!(
-            answers,
-            vec![Err(Amt), Ok(()), Err(Amt), Ok(()), Err(Cnt), Ok(())]
-        );
-        assert_eq!(used.counts, BTreeMap::from([(1, 3), (2, 1)]));
-        assert_eq!(used.amounts[&(1, "USDT".to_owned())], Decimal::from(6));
-        assert_eq!(used.amounts[&(2, "USDT".to_owned())], Decimal::from(10));
-    }
-
-    #[test]
-    fn a_count_limit_of_zero_refuses_the_first() {
-        let limits = DailyLimits {
-            count_max: Some(0),
-            amount_max: BTreeMap::new(),
-        };
-        let mut used = Used::default();
-        assert_eq!(
-            used.charge(&limits, &[charge(1, "USDT", "1")]),
-            vec![Err(ErrorCode::DailyLimitExceeded)]
-        );
-    }
 }

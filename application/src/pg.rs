@@ -1,10 +1,11 @@
 //! The PostgreSQL implementations of the coordinator's ports (`ports.rs`): the event log over
-//! `adapters::event_store` (postgres-es's table, group-committed appends) and the bookkeeping
-//! tables `transfer_cids`, `transfer_retries`, `daily_transfer_counts` and
-//! `daily_transfer_amounts`. The SQL is the coordinator's own, unchanged by the seam.
+//! `adapters::event_store` (postgres-es's table, group-committed appends), the client keys'
+//! claims (`transfer_cids`), the leases (`transfer_retries`) and the daily counters
+//! (`daily_transfer_counts`, `daily_transfer_amounts`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use adapters::event_store::{BatchingEventRepository, TransferStore, OWNER_METADATA_KEY};
 use async_trait::async_trait;
@@ -13,12 +14,16 @@ use cqrs_es::persist::{
     EventStoreAggregateContext, PersistedEventStore, PersistenceError, SerializedEvent,
 };
 use cqrs_es::{EventEnvelope, EventStore};
-use domain::{Amount, AssetSymbol, ErrorCode, ReqId, Transfer, UserId};
+use domain::{ErrorCode, ReqId, Transfer, UserId};
 use sqlx::PgPool;
 
+use crate::daily::{Charge, DailyLimits};
 use crate::error::CoordinatorError;
-use crate::limits::{self, DailyLimits};
-use crate::ports::{Bookkeeping, ClientKey, Commit, Context, Rekeyed, TransferLog};
+use crate::limits;
+use crate::ports::{
+    ClientKey, ClientKeys, Commit, Context, DailyReservations, LeaseRequest, Leases, Rekeyed,
+    TransferLog,
+};
 
 /// The event log in PostgreSQL.
 #[derive(Clone)]
@@ -71,15 +76,15 @@ impl From<PersistenceError> for CoordinatorError {
     fn from(e: PersistenceError) -> Self {
         match e {
             PersistenceError::OptimisticLockError => Self::Conflict,
-            other => Self::store(other),
+            other => Self::outcome_unknown(other),
         }
     }
 }
 
 #[async_trait]
 impl TransferLog for PgTransferLog {
-    async fn load(&self, aggregate_id: &str) -> Result<Context, CoordinatorError> {
-        Ok(self.store.load_aggregate(aggregate_id).await?)
+    async fn load(&self, req_id: &ReqId) -> Result<Context, CoordinatorError> {
+        Ok(self.store.load_aggregate(&req_id.to_string()).await?)
     }
 
     async fn append(&self, commit: Commit) -> Result<usize, CoordinatorError> {
@@ -128,25 +133,21 @@ impl TransferLog for PgTransferLog {
     }
 }
 
-/// The bookkeeping tables in PostgreSQL.
+/// The client keys' claims in PostgreSQL (`transfer_cids`).
 #[derive(Clone)]
-pub struct PgBookkeeping {
+pub struct PgClientKeys {
     pool: PgPool,
 }
 
-impl PgBookkeeping {
+impl PgClientKeys {
     pub fn new(pool: PgPool) -> Self {
         Self { pool }
     }
 }
 
 #[async_trait]
-impl Bookkeeping for PgBookkeeping {
-    async fn find_client_key(
-        &self,
-        user: UserId,
-        cid: &str,
-    ) -> Result<Option<ClientKey>, CoordinatorError> {
+impl ClientKeys for PgClientKeys {
+    async fn find(&self, user: UserId, cid: &str) -> Result<Option<ClientKey>, CoordinatorError> {
         let found: Option<(String, String)> = sqlx::query_as(
             "SELECT req_id, fingerprint FROM transfer_cids WHERE user_id = $1 AND cid = $2",
         )
@@ -154,13 +155,18 @@ impl Bookkeeping for PgBookkeeping {
         .bind(cid)
         .fetch_optional(&self.pool)
         .await?;
-        Ok(found.map(|(req_id, fingerprint)| ClientKey {
+        let Some((req_id, fingerprint)) = found else {
+            return Ok(None);
+        };
+        let req_id = ReqId::parse(&req_id)
+            .map_err(|_| CoordinatorError::invariant("stored req_id is malformed"))?;
+        Ok(Some(ClientKey {
             req_id,
             fingerprint,
         }))
     }
 
-    async fn claim_client_key(
+    async fn claim(
         &self,
         user: UserId,
         cid: &str,
@@ -181,7 +187,7 @@ impl Bookkeeping for PgBookkeeping {
         Ok(inserted == 1)
     }
 
-    async fn rekey_client_key(
+    async fn rekey(
         &self,
         user: UserId,
         cid: &str,
@@ -218,85 +224,97 @@ impl Bookkeeping for PgBookkeeping {
         drop(tx);
         Ok(Rekeyed::Moved)
     }
+}
 
-    async fn take_lease(
-        &self,
-        req_id: &str,
-        state: &str,
-        owner: &str,
-        lease_ms: i64,
-        respect_retry_time: bool,
-    ) -> Result<Option<i32>, CoordinatorError> {
-        Ok(crate::lease::take(
-            &self.pool,
-            req_id,
-            state,
-            owner,
-            lease_ms,
-            respect_retry_time,
-        )
-        .await?)
+/// The transfers' leases in PostgreSQL (`transfer_retries`).
+#[derive(Clone)]
+pub struct PgLeases {
+    pool: PgPool,
+}
+
+impl PgLeases {
+    pub fn new(pool: PgPool) -> Self {
+        Self { pool }
+    }
+}
+
+#[async_trait]
+impl Leases for PgLeases {
+    async fn take(&self, request: &LeaseRequest<'_>) -> Result<Option<i32>, CoordinatorError> {
+        Ok(crate::lease::take(&self.pool, request).await?)
     }
 
-    async fn renew_lease(
+    async fn renew(
         &self,
-        req_id: &str,
+        req_id: &ReqId,
         owner: &str,
-        lease_ms: i64,
+        lease: Duration,
     ) -> Result<bool, CoordinatorError> {
         let renewed = sqlx::query(
             "UPDATE transfer_retries
              SET lease_until = clock_timestamp() + $3 * interval '1 millisecond'
              WHERE req_id = $1 AND lease_owner = $2",
         )
-        .bind(req_id)
+        .bind(req_id.to_string())
         .bind(owner)
-        .bind(lease_ms)
+        .bind(crate::lease::millis(lease))
         .execute(&self.pool)
         .await?;
         Ok(renewed.rows_affected() == 1)
     }
 
-    async fn release_lease(&self, req_id: &str, owner: &str) -> Result<(), CoordinatorError> {
+    async fn release(&self, req_id: &ReqId, owner: &str) -> Result<(), CoordinatorError> {
         sqlx::query(
             "UPDATE transfer_retries SET lease_owner = NULL, lease_until = NULL, updated_at = now()
              WHERE req_id = $1 AND lease_owner = $2",
         )
-        .bind(req_id)
+        .bind(req_id.to_string())
         .bind(owner)
         .execute(&self.pool)
         .await?;
         Ok(())
     }
+}
 
-    async fn reserve_daily(
+/// The daily limits' counters in PostgreSQL (`daily_transfer_counts`, `daily_transfer_amounts`;
+/// the SQL is `limits.rs`).
+#[derive(Clone)]
+pub struct PgDailyReservations {
+    pool: PgPool,
+}
+
+impl PgDailyReservations {
+    pub fn new(pool: PgPool) -> Self {
+        Self { pool }
+    }
+}
+
+#[async_trait]
+impl DailyReservations for PgDailyReservations {
+    async fn reserve(
         &self,
         limits: &DailyLimits,
-        user: UserId,
-        asset: &AssetSymbol,
-        amount: Amount,
+        charge: &Charge,
         day: NaiveDate,
     ) -> Result<Result<(), ErrorCode>, CoordinatorError> {
-        Ok(limits::reserve(&self.pool, limits, user, asset, amount, day).await?)
+        Ok(limits::reserve(&self.pool, limits, charge, day).await?)
     }
 
-    async fn reserve_daily_many(
+    async fn reserve_many(
         &self,
         limits: &DailyLimits,
-        charges: &[limits::Charge],
+        charges: &[Charge],
         day: NaiveDate,
     ) -> Result<Vec<Result<(), ErrorCode>>, CoordinatorError> {
         Ok(limits::reserve_many(&self.pool, limits, charges, day).await?)
     }
 
-    async fn release_daily(
+    async fn release(
         &self,
         limits: &DailyLimits,
-        user: UserId,
-        asset: &AssetSymbol,
-        amount: Amount,
+        charge: &Charge,
         day: NaiveDate,
     ) -> Result<(), CoordinatorError> {
-        Ok(limits::release(&self.pool, limits, user, asset, amount, day).await?)
+        Ok(limits::release(&self.pool, limits, charge, day).await?)
     }
 }

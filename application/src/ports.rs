@@ -1,5 +1,6 @@
 //! The ports the coordinator runs on: the event log (`TransferLog`), the bookkeeping kept beside
-//! it (`Bookkeeping`: client-key claims, leases, daily limits) and time (`Clock`). Production
+//! it, one port per concern (`ClientKeys`: client-key claims; `Leases`: the one lease per
+//! transfer; `DailyReservations`: the daily limits' counters) and time (`Clock`). Production
 //! wires the PostgreSQL implementations in `pg.rs` and the system clock (`Coordinator::new`); the
 //! deterministic simulation (`sim/`, `ledger-sim`) wires in-memory ones with the same contracts
 //! (`Coordinator::with_ports`). The account systems are the other port, `domain::AccountPort`.
@@ -12,10 +13,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
 use cqrs_es::persist::EventStoreAggregateContext;
-use domain::{Amount, AssetSymbol, ErrorCode, ReqId, Transfer, TransferEvent, UserId};
+use domain::{ErrorCode, ReqId, Transfer, TransferEvent, TransferState, UserId};
 
+use crate::daily::{Charge, DailyLimits};
 use crate::error::CoordinatorError;
-use crate::limits::DailyLimits;
 
 /// A transfer's events folded, at the sequence of its last one: what a command is decided on.
 pub type Context = EventStoreAggregateContext<Transfer>;
@@ -37,12 +38,12 @@ pub struct Commit {
 /// Contract: `append` is all or nothing and durable when it answers `Ok`; it refuses with
 /// `Conflict` when any of the sequences after `expected_sequence` is taken (optimistic
 /// concurrency: the one version check), and a `TransferCreated` carrying a client key (`cid`)
-/// commits only while the key's claim names its req_id. `Store` means the outcome is unknown
+/// commits only while the key's claim names its req_id. `OutcomeUnknown` means the outcome is unknown
 /// (the commit may or may not be durable); the caller reloads before acting again.
 #[async_trait]
 pub trait TransferLog: Send + Sync {
     /// The transfer's events folded; an empty aggregate at sequence 0 when it has none.
-    async fn load(&self, aggregate_id: &str) -> Result<Context, CoordinatorError>;
+    async fn load(&self, req_id: &ReqId) -> Result<Context, CoordinatorError>;
 
     /// Appends one commit; returns the sequence of its last event.
     async fn append(&self, commit: Commit) -> Result<usize, CoordinatorError>;
@@ -62,7 +63,7 @@ pub trait TransferLog: Send + Sync {
 /// A client key's claim: the req_id it fixed and the body it is bound to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientKey {
-    pub req_id: String,
+    pub req_id: ReqId,
     pub fingerprint: String,
 }
 
@@ -77,20 +78,15 @@ pub enum Rekeyed {
     Moved,
 }
 
-/// The bookkeeping beside the log, shared by every process: client-key claims (`submit.rs`),
-/// the one lease per transfer (`lease.rs`, `resolve.rs`, the recovery worker) and the daily
-/// limits (`limits.rs`). Every error is `CoordinatorError::Store` (outcome unknown).
+/// The client keys' claims (`cid` → req_id and body), shared by every process (`submit.rs`).
+/// Every error means the outcome is unknown.
 #[async_trait]
-pub trait Bookkeeping: Send + Sync {
+pub trait ClientKeys: Send + Sync {
     /// The claim of `cid` for `user`, if any.
-    async fn find_client_key(
-        &self,
-        user: UserId,
-        cid: &str,
-    ) -> Result<Option<ClientKey>, CoordinatorError>;
+    async fn find(&self, user: UserId, cid: &str) -> Result<Option<ClientKey>, CoordinatorError>;
 
     /// Claims `cid` for `user` with `req_id` unless it is claimed already; whether it was.
-    async fn claim_client_key(
+    async fn claim(
         &self,
         user: UserId,
         cid: &str,
@@ -100,72 +96,86 @@ pub trait Bookkeeping: Send + Sync {
 
     /// In one transaction: points the claim at `new` only if it names `old` and no transfer was
     /// created under `old`.
-    async fn rekey_client_key(
+    async fn rekey(
         &self,
         user: UserId,
         cid: &str,
         old: &ReqId,
         new: &ReqId,
     ) -> Result<Rekeyed, CoordinatorError>;
+}
 
-    /// Takes the lease on `req_id` for `lease_ms` if nobody holds a live one (and, with
-    /// `respect_retry_time`, once its retry time has come): the attempts so far when taken.
-    async fn take_lease(
-        &self,
-        req_id: &str,
-        state: &str,
-        owner: &str,
-        lease_ms: i64,
-        respect_retry_time: bool,
-    ) -> Result<Option<i32>, CoordinatorError>;
+/// A request for the one lease on a transfer (`Leases::take`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRequest<'a> {
+    /// The transfer to lease.
+    pub req_id: ReqId,
+    /// Its state as the taker read it (recorded with a new lease row).
+    pub state: TransferState,
+    /// Who takes it: a recovery worker's id, or a manual resolution's `manual:<operator>:..`.
+    pub owner: &'a str,
+    /// How long the lease lasts unless renewed.
+    pub lease: Duration,
+    /// Whether the transfer's retry time must have come (a recovery worker waits for it; an
+    /// operator does not).
+    pub wait_for_retry_time: bool,
+}
 
-    /// Extends `owner`'s lease by `lease_ms` from now; false when `owner` no longer holds it.
-    async fn renew_lease(
+/// The one lease per transfer, shared by the recovery workers and manual resolution
+/// (`resolve.rs`), so no two of them drive one transfer at once. Every error means the outcome
+/// is unknown.
+#[async_trait]
+pub trait Leases: Send + Sync {
+    /// Takes the lease if nobody holds a live one (and, with `wait_for_retry_time`, once the
+    /// transfer's retry time has come): the transfer's attempts so far when taken, `None` when
+    /// someone else holds it (or it is not due).
+    async fn take(&self, request: &LeaseRequest<'_>) -> Result<Option<i32>, CoordinatorError>;
+
+    /// Extends `owner`'s lease by `lease` from now; false when `owner` no longer holds it.
+    async fn renew(
         &self,
-        req_id: &str,
+        req_id: &ReqId,
         owner: &str,
-        lease_ms: i64,
+        lease: Duration,
     ) -> Result<bool, CoordinatorError>;
 
     /// Gives `owner`'s lease back (nothing when someone else holds it).
-    async fn release_lease(&self, req_id: &str, owner: &str) -> Result<(), CoordinatorError>;
+    async fn release(&self, req_id: &ReqId, owner: &str) -> Result<(), CoordinatorError>;
+}
 
-    /// Reserves one transfer of `amount` for `user` on `day`, or the refusal (nothing reserved).
-    async fn reserve_daily(
+/// The per-user daily counters behind the daily limits, shared by every process. Every error
+/// means the outcome is unknown (nothing is known to be reserved).
+#[async_trait]
+pub trait DailyReservations: Send + Sync {
+    /// Reserves one transfer of `charge` on `day`, or the refusal (nothing reserved).
+    async fn reserve(
         &self,
         limits: &DailyLimits,
-        user: UserId,
-        asset: &AssetSymbol,
-        amount: Amount,
+        charge: &Charge,
         day: NaiveDate,
     ) -> Result<Result<(), ErrorCode>, CoordinatorError>;
 
-    /// Reserves each of `charges` on `day`, in order, with the answers `reserve_daily` called
-    /// for each, one after another, would give (a store error: nothing reserved). The default
-    /// does exactly that; PostgreSQL's does the batch in one transaction.
-    async fn reserve_daily_many(
+    /// Reserves each of `charges` on `day`, in order, with the answers `reserve` called for
+    /// each, one after another, would give (a store error: nothing reserved). The default does
+    /// exactly that; PostgreSQL's does the batch in one transaction.
+    async fn reserve_many(
         &self,
         limits: &DailyLimits,
-        charges: &[crate::limits::Charge],
+        charges: &[Charge],
         day: NaiveDate,
     ) -> Result<Vec<Result<(), ErrorCode>>, CoordinatorError> {
         let mut answers = Vec::with_capacity(charges.len());
-        for (user, asset, amount) in charges {
-            answers.push(
-                self.reserve_daily(limits, *user, asset, *amount, day)
-                    .await?,
-            );
+        for charge in charges {
+            answers.push(self.reserve(limits, charge, day).await?);
         }
         Ok(answers)
     }
 
-    /// Gives back a reservation `reserve_daily` made with the same arguments.
-    async fn release_daily(
+    /// Gives back a reservation `reserve` made with the same arguments.
+    async fn release(
         &self,
         limits: &DailyLimits,
-        user: UserId,
-        asset: &AssetSymbol,
-        amount: Amount,
+        charge: &Charge,
         day: NaiveDate,
     ) -> Result<(), CoordinatorError>;
 }

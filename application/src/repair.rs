@@ -21,6 +21,7 @@ use rust_decimal::Decimal;
 use serde::Serialize;
 
 use crate::coordinator::{Coordinator, CoordinatorError, NewTransfer};
+use crate::error::StoreError;
 use adapters::SpotAdapter;
 
 /// How many times a re-record's creation is tried when the store's answer is unknown.
@@ -51,9 +52,15 @@ pub enum RepairError {
     #[error("the operator and the reason must not be empty")]
     MissingReason,
     #[error("database")]
-    Database(#[from] sqlx::Error),
+    Database(#[from] StoreError),
     #[error(transparent)]
     Coordinator(#[from] CoordinatorError),
+}
+
+impl From<sqlx::Error> for RepairError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Database(e.into())
+    }
 }
 
 /// What a repair did (or, repeated, had done).
@@ -156,7 +163,7 @@ impl Coordinator {
         let row = self
             .repair_row(req_id)
             .await?
-            .ok_or_else(|| CoordinatorError::store("repair row vanished"))?;
+            .ok_or_else(|| CoordinatorError::invariant("repair row vanished"))?;
         self.finish_repair(req_id, row, repeated).await
     }
 
@@ -218,7 +225,7 @@ impl Coordinator {
             attempt += 1;
             match self.create_for_repair(*req_id, t).await {
                 Ok(()) | Err(CoordinatorError::Conflict) => return Ok(()),
-                Err(CoordinatorError::Store(_)) if attempt < CREATE_ATTEMPTS => {
+                Err(CoordinatorError::OutcomeUnknown(_)) if attempt < CREATE_ATTEMPTS => {
                     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
                     if self.load(req_id).await.ok().flatten().is_some() {
                         return Ok(());
@@ -249,7 +256,7 @@ impl Coordinator {
                         .await?
                         .ok_or_else(|| CoordinatorError::NotFound.into())
                 }
-                Err(CoordinatorError::Store(_)) if attempt < CREATE_ATTEMPTS => {
+                Err(CoordinatorError::OutcomeUnknown(_)) if attempt < CREATE_ATTEMPTS => {
                     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
                 }
                 Err(e) => return Err(e.into()),
@@ -282,7 +289,7 @@ impl Coordinator {
 }
 
 fn row_transfer(row: &Row) -> Result<NewTransfer, CoordinatorError> {
-    let bad = |what: &str| CoordinatorError::store(format!("repair row: bad {what}"));
+    let bad = |what: &str| CoordinatorError::invariant(format!("repair row: bad {what}"));
     Ok(NewTransfer {
         user_id: u64::try_from(row.user_id)
             .ok()

@@ -2,6 +2,8 @@
 //! where the account system's own record backs it, recorded as `TransferManuallyResolved`, and
 //! driven on under the transfer's lease.
 
+use std::time::Duration;
+
 use domain::{
     manual_resolution_target, Movement, Operation, Recorded, ReqId, Resolution, TransferCommand,
     TransferData, TransferError, TransferState,
@@ -9,9 +11,11 @@ use domain::{
 
 use crate::coordinator::{Context, Coordinator, CoordinatorError};
 use crate::drive::{Resumed, StillOpen};
+use crate::failpoint::FailPoint;
+use crate::ports::LeaseRequest;
 
 /// How long a manual resolution holds the transfer's lease (it checks, records and drives once).
-const MANUAL_LEASE_MS: i64 = 120_000;
+const MANUAL_LEASE: Duration = Duration::from_secs(120);
 
 /// Why a manual resolution was refused.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -73,7 +77,7 @@ impl Coordinator {
         let result = self
             .resolve_leased(req_id, resolution, operator, reason, force)
             .await;
-        if let Err(e) = self.book.release_lease(&req_id.to_string(), &owner).await {
+        if let Err(e) = self.leases.release(req_id, &owner).await {
             // The lease simply expires.
             tracing::warn!(%req_id, error = %e, "could not release the manual resolution's lease");
         }
@@ -107,14 +111,14 @@ impl Coordinator {
         owner: &str,
     ) -> Result<bool, CoordinatorError> {
         let taken = self
-            .book
-            .take_lease(
-                &req_id.to_string(),
-                state.as_str(),
+            .leases
+            .take(&LeaseRequest {
+                req_id: *req_id,
+                state,
                 owner,
-                MANUAL_LEASE_MS,
-                false,
-            )
+                lease: MANUAL_LEASE,
+                wait_for_retry_time: false,
+            })
             .await?;
         Ok(taken.is_some())
     }
@@ -160,7 +164,7 @@ impl Coordinator {
             Err(e) => return Err(e.into()),
         };
         tracing::warn!(%req_id, from = %data.state, resolution = resolution.as_str(), %operator, %reason, "transfer manually resolved");
-        self.failpoints.hit("after_manual_resolution");
+        self.failpoints.hit(FailPoint::AfterManualResolution);
         let Some(now) = ctx.aggregate.data.clone() else {
             return Err(ManualResolutionError::NotFound);
         };

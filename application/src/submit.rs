@@ -8,8 +8,9 @@ use chrono::NaiveDate;
 use domain::{ErrorCode, ReqId, Transfer, TransferCommand, TransferData, TransferError};
 
 use crate::coordinator::{Context, Coordinator, CoordinatorError, NewTransfer};
+use crate::daily::{self, Charge};
+use crate::failpoint::FailPoint;
 use crate::horizon;
-use crate::limits;
 use crate::ports::ClientKey;
 use crate::ports::Rekeyed;
 
@@ -87,7 +88,7 @@ impl Coordinator {
                 // the request is answered by what that one holds, or creates under it.
                 Created::ClaimMoved if attempt < CLAIM_MOVED_ATTEMPTS => continue,
                 Created::ClaimMoved => {
-                    return Err(CoordinatorError::store(
+                    return Err(CoordinatorError::outcome_unknown(
                         "the client key's claim kept moving while the transfer was created",
                     ))
                 }
@@ -98,10 +99,10 @@ impl Coordinator {
             .data
             .as_ref()
             .map(|d| d.req_id)
-            .ok_or_else(|| CoordinatorError::store("created transfer has no state"))?;
+            .ok_or_else(|| CoordinatorError::invariant("created transfer has no state"))?;
         // TransferCreated and SourceWithdrawStarted are durable together: the withdraw is
         // announced before it is called.
-        self.failpoints.hit("after_created_withdraw_started");
+        self.failpoints.hit(FailPoint::AfterCreatedWithdrawStarted);
         // From here on the transfer exists, so the caller must always get its req_id back: an
         // error without it would invite a client retry that creates a second transfer. Whatever
         // stops the drive, the answer is the last state known; the worker finishes the rest.
@@ -115,7 +116,7 @@ impl Coordinator {
                 let reloaded = self.load(&req_id).await.ok().flatten();
                 reloaded
                     .or(last)
-                    .ok_or_else(|| CoordinatorError::store("created transfer has no state"))
+                    .ok_or_else(|| CoordinatorError::invariant("created transfer has no state"))
             }
         }
     }
@@ -180,9 +181,10 @@ impl Coordinator {
                     None => Err(CoordinatorError::NotFound),
                 }
             }
-            // A store error leaves it unknown whether the transfer was created: give the charge
-            // back only when it is known not to exist (over-charging is the safe side).
-            Err(e @ CoordinatorError::Store(_)) => {
+            // A store error (or a broken invariant) leaves it unknown whether the transfer was
+            // created: give the charge back only when it is known not to exist (over-charging is
+            // the safe side).
+            Err(e @ (CoordinatorError::OutcomeUnknown(_) | CoordinatorError::Invariant(_))) => {
                 if matches!(self.load(&req_id).await, Ok(None)) {
                     self.release_reservation(request, reservation).await;
                 }
@@ -230,15 +232,9 @@ impl Coordinator {
         if self.daily.is_unlimited() {
             return Ok(None);
         }
-        let day = limits::day_of(self.clock.now());
-        self.book
-            .reserve_daily(
-                &self.daily,
-                request.user_id,
-                &request.asset,
-                request.amount,
-                day,
-            )
+        let day = daily::day_of(self.clock.now());
+        self.reservations
+            .reserve(&self.daily, &request.charge(), day)
             .await?
             .map_err(CoordinatorError::Refused)?;
         Ok(Some(day))
@@ -254,17 +250,11 @@ impl Coordinator {
         if self.daily.is_unlimited() || indices.is_empty() {
             return indices.iter().map(|_| Ok(None)).collect();
         }
-        let day = limits::day_of(self.clock.now());
-        let charges: Vec<limits::Charge> = indices
-            .iter()
-            .map(|&i| {
-                let r = &requests[i];
-                (r.user_id, r.asset.clone(), r.amount)
-            })
-            .collect();
+        let day = daily::day_of(self.clock.now());
+        let charges: Vec<Charge> = indices.iter().map(|&i| requests[i].charge()).collect();
         match self
-            .book
-            .reserve_daily_many(&self.daily, &charges, day)
+            .reservations
+            .reserve_many(&self.daily, &charges, day)
             .await
         {
             Ok(answers) => answers
@@ -281,14 +271,8 @@ impl Coordinator {
             return;
         };
         let released = self
-            .book
-            .release_daily(
-                &self.daily,
-                request.user_id,
-                &request.asset,
-                request.amount,
-                day,
-            )
+            .reservations
+            .release(&self.daily, &request.charge(), day)
             .await;
         if let Err(e) = released {
             tracing::warn!(user_id = %request.user_id, error = %e, "daily limit charge not released");
@@ -304,7 +288,7 @@ impl Coordinator {
         let Some(cid) = &request.cid else {
             return Ok(None);
         };
-        let found = self.book.find_client_key(request.user_id, cid).await?;
+        let found = self.claims.find(request.user_id, cid).await?;
         let Some(ClientKey {
             req_id,
             fingerprint,
@@ -315,8 +299,6 @@ impl Coordinator {
         if fingerprint != request.fingerprint() {
             return Err(CoordinatorError::Refused(ErrorCode::IdempotencyKeyReused));
         }
-        let req_id = ReqId::parse(&req_id)
-            .map_err(|_| CoordinatorError::store("stored req_id is malformed"))?;
         // A claim without a transfer (the first request died in between) is created by the
         // normal path, under the claimed req_id.
         self.load(&req_id).await
@@ -350,8 +332,8 @@ impl Coordinator {
     async fn claim_cid(&self, request: &NewTransfer, cid: &str) -> Result<Claim, CoordinatorError> {
         let fresh = self.clock.req_id();
         let inserted = self
-            .book
-            .claim_client_key(request.user_id, cid, &fresh, &request.fingerprint())
+            .claims
+            .claim(request.user_id, cid, &fresh, &request.fingerprint())
             .await?;
         if inserted {
             return Ok(Claim::New(fresh));
@@ -360,15 +342,13 @@ impl Coordinator {
             req_id,
             fingerprint,
         } = self
-            .book
-            .find_client_key(request.user_id, cid)
+            .claims
+            .find(request.user_id, cid)
             .await?
-            .ok_or_else(|| CoordinatorError::store("the client key's claim vanished"))?;
+            .ok_or_else(|| CoordinatorError::invariant("the client key's claim vanished"))?;
         if fingerprint != request.fingerprint() {
             return Err(CoordinatorError::Refused(ErrorCode::IdempotencyKeyReused));
         }
-        let req_id = ReqId::parse(&req_id)
-            .map_err(|_| CoordinatorError::store("stored req_id is malformed"))?;
         Ok(Claim::Existing(req_id))
     }
 
@@ -392,7 +372,7 @@ impl Coordinator {
         let grace = (self.retention / 4).min(horizon::CLAIM_GRACE_MAX);
         loop {
             let made = horizon::ulid_time_ms(&req_id.to_string())
-                .ok_or_else(|| CoordinatorError::store("claimed req_id is not a ULID"))?;
+                .ok_or_else(|| CoordinatorError::invariant("claimed req_id is not a ULID"))?;
             let age = Duration::from_millis(self.clock.now_ms().saturating_sub(made));
             if age < half {
                 return Ok(Usable::Create(req_id));
@@ -402,8 +382,8 @@ impl Coordinator {
             }
             let fresh = self.clock.req_id();
             let rekeyed = self
-                .book
-                .rekey_client_key(request.user_id, cid, &req_id, &fresh)
+                .claims
+                .rekey(request.user_id, cid, &req_id, &fresh)
                 .await?;
             if rekeyed == Rekeyed::Created {
                 let existing = self.load(&req_id).await?;
@@ -420,12 +400,11 @@ impl Coordinator {
             }
             // Another request re-keyed it first: go on with what the claim names now.
             let now_claimed = self
-                .book
-                .find_client_key(request.user_id, cid)
+                .claims
+                .find(request.user_id, cid)
                 .await?
-                .ok_or_else(|| CoordinatorError::store("the client key's claim vanished"))?;
-            req_id = ReqId::parse(&now_claimed.req_id)
-                .map_err(|_| CoordinatorError::store("stored req_id is malformed"))?;
+                .ok_or_else(|| CoordinatorError::invariant("the client key's claim vanished"))?;
+            req_id = now_claimed.req_id;
             if let Some(existing) = self.load(&req_id).await? {
                 return Ok(Usable::Exists(existing));
             }

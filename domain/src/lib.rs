@@ -11,7 +11,7 @@ pub mod values;
 
 pub use assets::{AssetConfig, AssetRegistry, AssetStatus};
 pub use codes::ErrorCode;
-pub use port::{AccountPort, AdapterOutcome, Movement, Operation, Recorded};
+pub use port::{AccountPort, AdapterOutcome, Movement, Operation, Recorded, UnknownOperation};
 pub use transfer::{
     manual_resolution_target, Resolution, StepOutcome, Transfer, TransferCommand, TransferData,
     TransferError, TransferEvent, TransferState, EVENT_VERSION,

@@ -38,7 +38,7 @@ mod tests {
     use super::*;
     use TransferState as S;
 
-    const OPS: [Operation; 3] = [Operation::Withdraw, Operation::Deposit, Operation::Refund];
+    const OPS: [Operation; 3] = Operation::ALL;
 
     #[test]
     fn what_is_required_is_always_allowed() {

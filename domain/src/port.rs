@@ -1,5 +1,8 @@
 //! The adapter port: what the coordinator asks of an account system, and the outcome it gets.
 
+use std::fmt;
+use std::str::FromStr;
+
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
@@ -42,12 +45,58 @@ impl AdapterOutcome {
     }
 }
 
-/// The three movements a transfer asks of an account system.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// The three movements a transfer asks of an account system. `as_str` is the one spelling
+/// (`WITHDRAW`, `DEPOSIT`, `REFUND`: the funding journal's column); reading one back refuses
+/// anything else (`UnknownOperation`), never guessing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Operation {
     Withdraw,
     Deposit,
     Refund,
+}
+
+impl Operation {
+    /// Every operation, in a transfer's order.
+    pub const ALL: [Operation; 3] = [Operation::Withdraw, Operation::Deposit, Operation::Refund];
+
+    /// The canonical name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Withdraw => "WITHDRAW",
+            Operation::Deposit => "DEPOSIT",
+            Operation::Refund => "REFUND",
+        }
+    }
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A name that is none of the operations' canonical names.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown operation {0:?}")]
+pub struct UnknownOperation(pub String);
+
+impl FromStr for Operation {
+    type Err = UnknownOperation;
+
+    fn from_str(name: &str) -> Result<Self, UnknownOperation> {
+        Operation::ALL
+            .into_iter()
+            .find(|op| op.as_str() == name)
+            .ok_or_else(|| UnknownOperation(name.to_owned()))
+    }
+}
+
+impl TryFrom<&str> for Operation {
+    type Error = UnknownOperation;
+
+    fn try_from(name: &str) -> Result<Self, UnknownOperation> {
+        name.parse()
+    }
 }
 
 /// What an account system's own records say about one (`req_id`, operation): the answer to
@@ -108,5 +157,25 @@ pub trait AccountPort: Send + Sync {
     async fn cancel(&self, movement: &Movement, operation: Operation) -> Recorded {
         let _ = (movement, operation);
         Recorded::Unavailable("this account system cannot cancel a movement".to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_operation_reads_back_only_its_own_name() {
+        for op in Operation::ALL {
+            assert_eq!(op.as_str().parse::<Operation>(), Ok(op));
+            assert_eq!(Operation::try_from(op.to_string().as_str()), Ok(op));
+        }
+        for unknown in ["", "withdraw", "Refund", "REFUNDS", "TRANSFER", " DEPOSIT"] {
+            assert_eq!(
+                unknown.parse::<Operation>(),
+                Err(UnknownOperation(unknown.to_owned())),
+                "{unknown:?}"
+            );
+        }
     }
 }

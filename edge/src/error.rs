@@ -260,9 +260,10 @@ pub fn coordinator_error(e: CoordinatorError) -> ApiError {
             ApiError::Internal("transfer not found right after it was created".into())
         }
         CoordinatorError::Transition(e) => ApiError::Internal(format!("transition refused: {e}")),
-        e @ CoordinatorError::Store(_) => {
+        e @ CoordinatorError::OutcomeUnknown(_) => {
             ApiError::Internal(format!("event store: {}", application::error_chain(&e)))
         }
+        e @ CoordinatorError::Invariant(_) => ApiError::Internal(application::error_chain(&e)),
     }
 }
 
@@ -284,7 +285,7 @@ impl IntoResponse for ApiError {
         let retry_after = match &self {
             Self::Refused(ErrorCode::RateLimitExceeded) => Some(1),
             Self::Refused(ErrorCode::DailyLimitExceeded | ErrorCode::DailyAmountExceeded) => {
-                Some(application::limits::secs_until_next_day(chrono::Utc::now()))
+                Some(application::daily::secs_until_next_day(chrono::Utc::now()))
             }
             _ => None,
         };

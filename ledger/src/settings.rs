@@ -139,7 +139,7 @@ impl Settings {
                 metrics: flags.metrics_listen(),
             },
             spot_liveness: flags.spot_liveness(),
-            failpoints: flags.failpoints(),
+            failpoints: flags.failpoints()?,
         })
     }
 }

@@ -2,19 +2,19 @@
 //! count, backoff and alerts of each transfer, and the worker's heartbeat. A port, so the worker
 //! runs over PostgreSQL (`PgRetryBook`: `open_transfers`, `transfer_retries`,
 //! `recovery_attempts`, `recovery_heartbeat`) in production and in memory in the simulation.
-//! The lease itself is the coordinator's bookkeeping (`application::Bookkeeping`), shared with
-//! manual resolution.
+//! The lease itself is the coordinator's port (`application::Leases`), shared with manual
+//! resolution.
 
 use application::CoordinatorError;
 use async_trait::async_trait;
-use domain::TransferState;
+use domain::{ReqId, TransferState};
 use sqlx::PgPool;
 
 /// How one attempt ended, to be recorded with the lease's release.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttemptRecord<'a> {
     pub attempt_id: i64,
-    pub req_id: &'a str,
+    pub req_id: ReqId,
     pub state_after: Option<TransferState>,
     /// `TERMINAL`, `UNKNOWN`, `CONFLICT` or `ERROR`.
     pub outcome: &'static str,
@@ -43,7 +43,8 @@ pub trait AttemptPolicy: Send + Sync {
     fn alert_refund(&self, tally: &Tally) -> bool;
 }
 
-/// The worker's bookkeeping. Every error means the outcome is unknown (`CoordinatorError::Store`).
+/// The worker's bookkeeping. A store error means the outcome is unknown
+/// (`CoordinatorError::OutcomeUnknown`).
 #[async_trait]
 pub trait RetryBook: Send + Sync {
     /// Open transfers unchanged for `stale_ms`, due for a retry and not leased: (req_id, state),
@@ -52,14 +53,14 @@ pub trait RetryBook: Send + Sync {
         &self,
         stale_ms: i64,
         limit: i64,
-    ) -> Result<Vec<(String, String)>, CoordinatorError>;
+    ) -> Result<Vec<(ReqId, TransferState)>, CoordinatorError>;
 
     /// Opens an attempt log entry; its id.
     async fn begin_attempt(
         &self,
-        req_id: &str,
+        req_id: &ReqId,
         worker: &str,
-        state_before: &str,
+        state_before: TransferState,
     ) -> Result<i64, CoordinatorError>;
 
     /// In one transaction: ends the attempt's entry, counts it and releases the lease, schedules
@@ -81,6 +82,20 @@ pub trait RetryBook: Send + Sync {
     async fn heartbeat(&self, worker: &str) -> Result<(), CoordinatorError>;
 }
 
+/// A due row of `open_transfers`, typed; a malformed one is logged and skipped (the check
+/// constraints make it impossible, and one bad row must not stop every other recovery).
+fn typed_due((req_id, state): (String, String)) -> Option<(ReqId, TransferState)> {
+    let Ok(typed) = ReqId::parse(&req_id) else {
+        tracing::error!(%req_id, "malformed req_id in open_transfers");
+        return None;
+    };
+    let Some(state) = TransferState::parse(&state) else {
+        tracing::error!(%req_id, %state, "unknown state in open_transfers");
+        return None;
+    };
+    Some((typed, state))
+}
+
 /// The retry book in PostgreSQL.
 #[derive(Clone)]
 pub struct PgRetryBook {
@@ -99,8 +114,8 @@ impl RetryBook for PgRetryBook {
         &self,
         stale_ms: i64,
         limit: i64,
-    ) -> Result<Vec<(String, String)>, CoordinatorError> {
-        Ok(sqlx::query_as(
+    ) -> Result<Vec<(ReqId, TransferState)>, CoordinatorError> {
+        let rows: Vec<(String, String)> = sqlx::query_as(
             "SELECT o.req_id, o.state FROM open_transfers o
              LEFT JOIN transfer_retries r USING (req_id)
              WHERE o.recorded_at <= now() - $1 * interval '1 millisecond'
@@ -111,22 +126,23 @@ impl RetryBook for PgRetryBook {
         .bind(stale_ms)
         .bind(limit)
         .fetch_all(&self.pool)
-        .await?)
+        .await?;
+        Ok(rows.into_iter().filter_map(typed_due).collect())
     }
 
     async fn begin_attempt(
         &self,
-        req_id: &str,
+        req_id: &ReqId,
         worker: &str,
-        state_before: &str,
+        state_before: TransferState,
     ) -> Result<i64, CoordinatorError> {
         Ok(sqlx::query_scalar(
             "INSERT INTO recovery_attempts (req_id, worker, state_before)
              VALUES ($1, $2, $3) RETURNING id",
         )
-        .bind(req_id)
+        .bind(req_id.to_string())
         .bind(worker)
-        .bind(state_before)
+        .bind(state_before.as_str())
         .fetch_one(&self.pool)
         .await?)
     }
@@ -159,7 +175,7 @@ impl RetryBook for PgRetryBook {
                 lease_owner = NULL, lease_until = NULL, updated_at = now()
              WHERE req_id = $1 RETURNING attempts, refund_failures, refund_alerted_at IS NULL",
         )
-        .bind(a.req_id)
+        .bind(a.req_id.to_string())
         .bind(a.state_after.map(TransferState::as_str))
         .bind(i32::from(a.counts))
         .bind(i32::from(a.refund_failed))
@@ -178,14 +194,14 @@ impl RetryBook for PgRetryBook {
                  SET next_retry_at = clock_timestamp() + $2 * interval '1 millisecond'
                  WHERE req_id = $1",
             )
-            .bind(a.req_id)
+            .bind(a.req_id.to_string())
             .bind(i64::try_from(delay).unwrap_or(i64::MAX))
             .execute(&mut *tx)
             .await?;
         }
         if policy.alert_refund(&tally) {
             sqlx::query("UPDATE transfer_retries SET refund_alerted_at = now() WHERE req_id = $1")
-                .bind(a.req_id)
+                .bind(a.req_id.to_string())
                 .execute(&mut *tx)
                 .await?;
         }
@@ -228,15 +244,20 @@ impl RetryBook for PgRetryBook {
 pub struct NoRetryBook;
 
 fn no_book() -> CoordinatorError {
-    CoordinatorError::store("the recovery worker has no retry book (RecoveryWorker::with_book)")
+    CoordinatorError::invariant("the recovery worker has no retry book (RecoveryWorker::with_book)")
 }
 
 #[async_trait]
 impl RetryBook for NoRetryBook {
-    async fn due(&self, _: i64, _: i64) -> Result<Vec<(String, String)>, CoordinatorError> {
+    async fn due(&self, _: i64, _: i64) -> Result<Vec<(ReqId, TransferState)>, CoordinatorError> {
         Err(no_book())
     }
-    async fn begin_attempt(&self, _: &str, _: &str, _: &str) -> Result<i64, CoordinatorError> {
+    async fn begin_attempt(
+        &self,
+        _: &ReqId,
+        _: &str,
+        _: TransferState,
+    ) -> Result<i64, CoordinatorError> {
         Err(no_book())
     }
     async fn record_attempt(

@@ -19,7 +19,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use application::{Bookkeeping, Clock, Coordinator, CoordinatorError, Resumed, StillOpen};
+use application::{Clock, Coordinator, CoordinatorError, LeaseRequest, Leases, Resumed, StillOpen};
 use async_trait::async_trait;
 use domain::{AdapterOutcome, ReqId, TransferState};
 use futures_util::future::Either;
@@ -148,6 +148,8 @@ pub const STORE: &str = "STORE";
 pub const REFUSED_BY_TARGET: &str = "REFUSED_BY_TARGET";
 pub const MISMATCH: &str = "MISMATCH";
 pub const UNKNOWN: &str = "UNKNOWN";
+/// An internal invariant broke (`CoordinatorError::Invariant`): a bug, not the store.
+pub const INVARIANT: &str = "INVARIANT";
 
 /// The category of how an attempt ended, or `None` when it did not end in an error.
 pub fn error_category(result: &Result<Resumed, CoordinatorError>) -> Option<&'static str> {
@@ -166,10 +168,12 @@ pub fn error_category(result: &Result<Resumed, CoordinatorError>) -> Option<&'st
                     UNKNOWN
                 }
             },
-            StillOpen::FollowUp(CoordinatorError::Store(_)) => STORE,
+            StillOpen::FollowUp(CoordinatorError::OutcomeUnknown(_)) => STORE,
+            StillOpen::FollowUp(CoordinatorError::Invariant(_)) => INVARIANT,
             StillOpen::FollowUp(_) => UNKNOWN,
         }),
-        Err(CoordinatorError::Store(_)) => Some(STORE),
+        Err(CoordinatorError::OutcomeUnknown(_)) => Some(STORE),
+        Err(CoordinatorError::Invariant(_)) => Some(INVARIANT),
         Err(_) => Some(UNKNOWN),
     }
 }
@@ -187,7 +191,7 @@ struct AttemptEnd {
 }
 
 impl AttemptEnd {
-    fn of(key: &str, result: &Result<Resumed, CoordinatorError>) -> AttemptEnd {
+    fn of(key: &ReqId, result: &Result<Resumed, CoordinatorError>) -> AttemptEnd {
         let end = |state_after, outcome, error, counts, backoff| AttemptEnd {
             state_after,
             outcome,
@@ -221,7 +225,7 @@ impl AttemptEnd {
 }
 
 /// MON-002 for a transfer whose refund keeps failing, or was refused for good.
-fn raise_refund_alert(key: &str, refused: bool, refund_failures: i32, end: &AttemptEnd) {
+fn raise_refund_alert(key: &ReqId, refused: bool, refund_failures: i32, end: &AttemptEnd) {
     let last_error = end.error.as_deref().unwrap_or("");
     if refused {
         tracing::error!(
@@ -305,7 +309,7 @@ impl AttemptPolicy for Policy<'_> {
 pub struct RecoveryWorker {
     coordinator: Coordinator,
     book: Arc<dyn RetryBook>,
-    leases: Arc<dyn Bookkeeping>,
+    leases: Arc<dyn Leases>,
     clock: Arc<dyn Clock>,
     pub config: RecoveryConfig,
     /// Names this worker in leases and the attempt log.
@@ -327,14 +331,14 @@ impl RecoveryWorker {
     }
 
     /// A worker over the retry book `book` (the simulation's in-memory one, or any other); its
-    /// leases are the coordinator's bookkeeping, its time the coordinator's clock.
+    /// leases are the coordinator's (`Coordinator::leases`), its time the coordinator's clock.
     pub fn with_book(
         coordinator: Coordinator,
         config: RecoveryConfig,
         book: Arc<dyn RetryBook>,
     ) -> Self {
         let clock = coordinator.clock().clone();
-        let leases = coordinator.bookkeeping().clone();
+        let leases = coordinator.leases().clone();
         let id = format!("pid{}-{}", std::process::id(), clock.req_id());
         Self {
             coordinator,
@@ -390,10 +394,6 @@ impl RecoveryWorker {
             while running.len() < self.config.concurrency_max.max(1) {
                 let Some((req_id, state)) = due.next() else {
                     break;
-                };
-                let Ok(req_id) = ReqId::parse(&req_id) else {
-                    tracing::error!(%req_id, "malformed req_id in open_transfers");
-                    continue;
                 };
                 let worker = self.clone();
                 running.push(
@@ -471,11 +471,7 @@ impl RecoveryWorker {
     /// Resumes a transfer while renewing this worker's lease every third of its length, so a
     /// drive slower than the lease (several adapter calls, each up to its timeout) never lets
     /// another worker take the transfer mid-call.
-    async fn resume_renewing(
-        &self,
-        key: &str,
-        req_id: &ReqId,
-    ) -> Result<Resumed, CoordinatorError> {
+    async fn resume_renewing(&self, req_id: &ReqId) -> Result<Resumed, CoordinatorError> {
         let resume = self.coordinator.resume(req_id);
         futures_util::pin_mut!(resume);
         let period = (self.config.lease / 3).max(Duration::from_millis(100));
@@ -485,17 +481,14 @@ impl RecoveryWorker {
             match futures_util::future::select(resume.as_mut(), tick).await {
                 Either::Left((result, _)) => return result,
                 Either::Right(((), _)) => {
-                    let renewed = self
-                        .leases
-                        .renew_lease(key, &self.id, millis(self.config.lease))
-                        .await;
+                    let renewed = self.leases.renew(req_id, &self.id, self.config.lease).await;
                     match renewed {
                         Ok(true) => {}
                         Ok(false) => {
-                            tracing::error!(req_id = %key, worker = %self.id, "lease lost while driving")
+                            tracing::error!(%req_id, worker = %self.id, "lease lost while driving")
                         }
                         Err(e) => {
-                            tracing::warn!(req_id = %key, error = %e, "could not renew the lease")
+                            tracing::warn!(%req_id, error = %e, "could not renew the lease")
                         }
                     }
                 }
@@ -508,21 +501,26 @@ impl RecoveryWorker {
     async fn work_one(
         &self,
         req_id: ReqId,
-        state: String,
+        state: TransferState,
     ) -> Result<Option<bool>, CoordinatorError> {
-        let key = req_id.to_string();
         let claimed = self
             .leases
-            .take_lease(&key, &state, &self.id, millis(self.config.lease), true)
+            .take(&LeaseRequest {
+                req_id,
+                state,
+                owner: &self.id,
+                lease: self.config.lease,
+                wait_for_retry_time: true,
+            })
             .await?;
         if claimed.is_none() {
             return Ok(None);
         }
-        let attempt_id = self.book.begin_attempt(&key, &self.id, &state).await?;
+        let attempt_id = self.book.begin_attempt(&req_id, &self.id, state).await?;
 
-        let result = self.resume_renewing(&key, &req_id).await;
+        let result = self.resume_renewing(&req_id).await;
         let terminal = matches!(&result, Ok(Resumed { unknown: None, .. }));
-        self.record(&key, attempt_id, result).await?;
+        self.record(&req_id, attempt_id, result).await?;
         Ok(Some(terminal))
     }
 
@@ -530,7 +528,7 @@ impl RecoveryWorker {
     /// is visible no later than the lease's release, so a later holder's attempt starts after it.
     async fn record(
         &self,
-        key: &str,
+        key: &ReqId,
         attempt_id: i64,
         result: Result<Resumed, CoordinatorError>,
     ) -> Result<(), CoordinatorError> {
@@ -546,7 +544,7 @@ impl RecoveryWorker {
         };
         let attempt = AttemptRecord {
             attempt_id,
-            req_id: key,
+            req_id: *key,
             state_after: end.state_after,
             outcome: end.outcome,
             error: end.error.as_deref(),

@@ -6,10 +6,10 @@
 
 use std::collections::BTreeMap;
 
-use domain::TransferState;
+use domain::{Operation, TransferState};
 use rust_decimal::Decimal;
 
-use crate::world::{Op, System, World};
+use crate::world::{System, World};
 
 /// Runs every quiescence check, recording each failure as a violation.
 // long: the quiescence checks in the order, one block each, so each reads against its rule.
@@ -31,9 +31,9 @@ pub fn at_quiescence(w: &mut World) {
             *in_flight.entry((t.user, t.asset.clone())).or_default() += t.amount;
         }
         let (src, dst) = (System::of(t.from), System::of(t.to));
-        let withdrawn = w.recorded_applied(src, id, Op::Withdraw);
-        let deposited = w.recorded_applied(dst, id, Op::Deposit);
-        let refunded = w.recorded_applied(src, id, Op::Refund);
+        let withdrawn = w.recorded_applied(src, id, Operation::Withdraw);
+        let deposited = w.recorded_applied(dst, id, Operation::Deposit);
+        let refunded = w.recorded_applied(src, id, Operation::Refund);
         let expected = match state {
             TransferState::Committed => Some((true, true, false)),
             TransferState::RolledBack => Some((true, false, true)),

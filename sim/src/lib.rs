@@ -3,6 +3,8 @@
 //! with faults at every await point, scheduled by one seeded random source on an executor of its
 //! own. One seed is one run, replayed byte for byte.
 
+mod actors;
+mod cast;
 pub mod check;
 pub mod exec;
 pub mod ports;

@@ -6,62 +6,22 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use adapters::spot::movement_op;
+use application::DailyUsage;
 use chrono::NaiveDate;
-use domain::{manual_resolution_target, AccountType, TransferEvent, TransferState};
+use domain::{manual_resolution_target, AccountType, Operation, TransferEvent, TransferState};
 use rust_decimal::Decimal;
 use spot_core::engine::Engine;
-use spot_core::protocol::{MovementOp, Outcome, Request, Response};
+use spot_core::protocol::{Outcome, Request, Response};
 
 use crate::exec::{Role, TaskId};
 
-/// The three movements, ordered (for the maps).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Op {
-    Withdraw,
-    Deposit,
-    Refund,
-}
-
-impl Op {
-    pub fn of(operation: domain::Operation) -> Op {
-        match operation {
-            domain::Operation::Withdraw => Op::Withdraw,
-            domain::Operation::Deposit => Op::Deposit,
-            domain::Operation::Refund => Op::Refund,
-        }
-    }
-
-    pub fn of_spot(op: MovementOp) -> Op {
-        match op {
-            MovementOp::Withdraw => Op::Withdraw,
-            MovementOp::Deposit => Op::Deposit,
-            MovementOp::Refund => Op::Refund,
-        }
-    }
-
-    pub fn spot(self) -> MovementOp {
-        match self {
-            Op::Withdraw => MovementOp::Withdraw,
-            Op::Deposit => MovementOp::Deposit,
-            Op::Refund => MovementOp::Refund,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Op::Withdraw => "withdraw",
-            Op::Deposit => "deposit",
-            Op::Refund => "refund",
-        }
-    }
-
-    /// The state whose announcing event must be durable before this call is made.
-    fn announced_by(self) -> TransferState {
-        match self {
-            Op::Withdraw => TransferState::SourcePending,
-            Op::Deposit => TransferState::TargetPending,
-            Op::Refund => TransferState::Compensating,
-        }
+/// The state whose announcing event must be durable before `op`'s call is made.
+fn announced_by(op: Operation) -> TransferState {
+    match op {
+        Operation::Withdraw => TransferState::SourcePending,
+        Operation::Deposit => TransferState::TargetPending,
+        Operation::Refund => TransferState::Compensating,
     }
 }
 
@@ -167,14 +127,14 @@ pub struct World {
     pub claims: BTreeMap<(u64, String), (String, String)>,
     pub retries: BTreeMap<String, RetryRow>,
     pub attempts: i64,
-    pub daily_counts: BTreeMap<(u64, NaiveDate), i64>,
-    pub daily_amounts: BTreeMap<(u64, NaiveDate, String), Decimal>,
+    /// The daily limits' counters, per UTC day.
+    pub daily: BTreeMap<NaiveDate, DailyUsage>,
     pub funding: BTreeMap<(u64, String), FundingAccount>,
-    pub journal: BTreeMap<(String, Op), JournalRow>,
+    pub journal: BTreeMap<(String, Operation), JournalRow>,
     pub engine: Engine,
-    pub applied: BTreeMap<(System, String, Op), u32>,
+    pub applied: BTreeMap<(System, String, Operation), u32>,
     pub deposits: BTreeMap<(u64, String), Decimal>,
-    pub calls: BTreeMap<(System, String, Op), CallTrack>,
+    pub calls: BTreeMap<(System, String, Operation), CallTrack>,
     /// (user, cid) → the req_ids its requests were answered with.
     pub answers: BTreeMap<(u64, String), BTreeSet<String>>,
     pub faults: Faults,
@@ -234,8 +194,7 @@ impl World {
             claims: BTreeMap::new(),
             retries: BTreeMap::new(),
             attempts: 0,
-            daily_counts: BTreeMap::new(),
-            daily_amounts: BTreeMap::new(),
+            daily: BTreeMap::new(),
             funding: BTreeMap::new(),
             journal: BTreeMap::new(),
             engine,
@@ -301,15 +260,15 @@ impl World {
                 (None, _) => return,
             };
             let proof = match next {
-                TransferState::Failed => Some((System::of(from), Op::Withdraw)),
-                TransferState::Compensating => Some((System::of(to), Op::Deposit)),
+                TransferState::Failed => Some((System::of(from), Operation::Withdraw)),
+                TransferState::Compensating => Some((System::of(to), Operation::Deposit)),
                 _ => None,
             };
             if let Some((system, op)) = proof {
                 if !self.recorded_refusal(system, id, op) {
                     self.violation(format!(
                         "transfer {id}: {next} recorded without a refusal of its {} in {}",
-                        op.name(),
+                        op.as_str(),
                         system.name()
                     ));
                 }
@@ -319,7 +278,7 @@ impl World {
     }
 
     /// Whether `system` recorded a refusal of (req_id, op).
-    pub fn recorded_refusal(&mut self, system: System, id: &str, op: Op) -> bool {
+    pub fn recorded_refusal(&mut self, system: System, id: &str, op: Operation) -> bool {
         match system {
             System::Funding => self
                 .journal
@@ -335,7 +294,7 @@ impl World {
                 match effect.response {
                     Response::Ok { ops: Some(ops), .. } => ops
                         .iter()
-                        .any(|o| o.op == op.spot() && o.outcome == Outcome::Refused),
+                        .any(|o| o.op == movement_op(op) && o.outcome == Outcome::Refused),
                     _ => false,
                 }
             }
@@ -343,7 +302,7 @@ impl World {
     }
 
     /// Whether `system` applied (req_id, op).
-    pub fn recorded_applied(&self, system: System, id: &str, op: Op) -> bool {
+    pub fn recorded_applied(&self, system: System, id: &str, op: Operation) -> bool {
         self.applied
             .get(&(system, id.to_owned(), op))
             .is_some_and(|n| *n > 0)
@@ -351,23 +310,23 @@ impl World {
 
     /// A movement issued to, or arriving at, an account system: its announcing event must be
     /// durable.
-    pub fn check_arrival(&mut self, system: System, id: &str, op: Op) {
+    pub fn check_arrival(&mut self, system: System, id: &str, op: Operation) {
         let announced = self
             .log
             .get(id)
-            .is_some_and(|s| s.reached.contains(&op.announced_by().id()));
+            .is_some_and(|s| s.reached.contains(&announced_by(op).id()));
         if !announced {
             self.violation(format!(
                 "{} {} of {id} called or arrived before its announcing event ({}) was durable",
                 system.name(),
-                op.name(),
-                op.announced_by()
+                op.as_str(),
+                announced_by(op)
             ));
         }
     }
 
     /// A movement an account system applied (fresh): each (req_id, op) at most once.
-    pub fn count_applied(&mut self, system: System, id: &str, op: Op) {
+    pub fn count_applied(&mut self, system: System, id: &str, op: Operation) {
         let n = self.applied.entry((system, id.to_owned(), op)).or_insert(0);
         *n += 1;
         if *n > 1 {
@@ -375,14 +334,14 @@ impl World {
             self.violation(format!(
                 "{} applied {} of {id} {n} times",
                 system.name(),
-                op.name()
+                op.as_str()
             ));
         }
     }
 
     /// A call issued by the current task; a resuming task (worker, operator) must have looked
     /// the key up since its own last call when the key was called before.
-    pub fn track_call(&mut self, system: System, id: &str, op: Op) {
+    pub fn track_call(&mut self, system: System, id: &str, op: Operation) {
         // Issued only once its announcement is durable (checked again where it arrives, for the
         // copies the network delivers late).
         self.check_arrival(system, id, op);
@@ -401,13 +360,13 @@ impl World {
             self.violation(format!(
                 "{} {} of {id} retried by a resuming task without a lookup first",
                 system.name(),
-                op.name()
+                op.as_str()
             ));
         }
     }
 
     /// A lookup (or cancel) of (req_id, op) by the current task.
-    pub fn track_lookup(&mut self, system: System, id: &str, op: Op) {
+    pub fn track_lookup(&mut self, system: System, id: &str, op: Operation) {
         if let Some((task, _)) = self.current {
             self.calls
                 .entry((system, id.to_owned(), op))

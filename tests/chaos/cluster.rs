@@ -205,7 +205,8 @@ impl Settings {
                     .env("LEDGER_RETRY_BACKOFF_MS_BASE", "50")
                     .env("LEDGER_RETRY_BACKOFF_MS_MAX", "1000")
                     .env("LEDGER_RECOVERY_LEASE_MS", "15000")
-                    .env_remove("LEDGER_FAILPOINT");
+                    .env_remove("LEDGER_FAILPOINT")
+                    .env_remove("LEDGER_ALLOW_FAILPOINTS");
                 if self.horizon {
                     // Remembered keys older than the retention (5 s) are forgotten, the horizon moved twice a
                     // second: it passes most of the run's transfers while others still retry.

@@ -418,6 +418,7 @@ async fn crash_mid_batch(failpoint: &str, left_in: TransferState) -> Stack {
     s.deposit(1, "USDT", "100").await;
     let env = [
         ("LEDGER_FAILPOINT", failpoint),
+        ("LEDGER_ALLOW_FAILPOINTS", "1"),
         ("LEDGER_RECOVERY_STALE_MS", "3600000"),
     ];
     let mut crashing = LedgerProcess::start(&s.db.url, &s.spot, &env);

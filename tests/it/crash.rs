@@ -69,7 +69,10 @@ async fn crash_and_recover(c: Crash) -> (Stack, domain::TransferData) {
             .await
             .unwrap();
     }
-    let mut env = vec![("LEDGER_FAILPOINT", c.failpoint)];
+    let mut env = vec![
+        ("LEDGER_FAILPOINT", c.failpoint),
+        ("LEDGER_ALLOW_FAILPOINTS", "1"),
+    ];
     env.extend(NO_RECOVERY);
     let mut crashing = LedgerProcess::start(&s.db.url, &s.spot, &env);
     let token = token(1, false);
@@ -111,7 +114,7 @@ async fn recover(s: Stack, req_id: ReqId) -> (Stack, domain::TransferData) {
     assert_eq!(s.in_flight(1, "USDT").await, dec("0"));
     // Each (req_id, operation) at most once in each system.
     let journal = s.funding.journal_for(&req_id.to_string()).await.unwrap();
-    let mut ops: Vec<_> = journal.iter().map(|j| j.operation.clone()).collect();
+    let mut ops: Vec<_> = journal.iter().map(|j| j.operation).collect();
     ops.dedup();
     assert_eq!(ops.len(), journal.len(), "funding journal repeats an op");
     let spot = spot_ops(&s, &req_id).await;
@@ -323,6 +326,7 @@ async fn old_log_crash_and_recover(left_in: TransferState) -> (Stack, domain::Tr
     // The crashing worker's lease on the transfer must run out soon for the next process.
     let mut env = vec![
         ("LEDGER_FAILPOINT", failpoint),
+        ("LEDGER_ALLOW_FAILPOINTS", "1"),
         ("LEDGER_RECOVERY_LEASE_MS", "500"),
     ];
     env.extend(RECOVER_NOW);

@@ -196,6 +196,7 @@ async fn a_transfer_stuck_open_past_the_retention_holds_the_horizon_and_still_co
 
     let mut env = FAST_HORIZON.to_vec();
     env.push(("LEDGER_FAILPOINT", "target_after_call"));
+    env.push(("LEDGER_ALLOW_FAILPOINTS", "1"));
     let mut crashing = LedgerProcess::start(&s.db.url, &s.spot, &env);
     // The request dies with the process; its transfer is in TARGET_PENDING, deposit applied.
     let _ = reqwest::Client::new()

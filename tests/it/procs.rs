@@ -49,6 +49,7 @@ impl LedgerProcess {
             .env("LEDGER_METRICS_LISTEN", "127.0.0.1:0")
             .env_remove("LEDGER_FAILPOINT")
             .envs(spot.env())
+            .env_remove("LEDGER_ALLOW_FAILPOINTS")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(stderr));

@@ -625,21 +625,25 @@ async fn recovery_daily_limit_reservation_is_released() {
         count_max: Some(2),
         amount_max: [(usdt.clone(), dec("10"))].into_iter().collect(),
     };
-    let day = application::limits::day_of(chrono::Utc::now());
-    let five = Amount::parse("5").unwrap();
+    let day = application::daily::day_of(chrono::Utc::now());
+    let five = application::Charge {
+        user,
+        asset: usdt.clone(),
+        amount: Amount::parse("5").unwrap(),
+    };
     for _ in 0..2 {
-        application::limits::reserve(&s.db.pool, &limits, user, &usdt, five, day)
+        application::limits::reserve(&s.db.pool, &limits, &five, day)
             .await
             .unwrap()
             .unwrap();
     }
     assert!(
-        application::limits::reserve(&s.db.pool, &limits, user, &usdt, five, day)
+        application::limits::reserve(&s.db.pool, &limits, &five, day)
             .await
             .unwrap()
             .is_err()
     );
-    application::limits::release(&s.db.pool, &limits, user, &usdt, five, day)
+    application::limits::release(&s.db.pool, &limits, &five, day)
         .await
         .unwrap();
     assert_eq!(
@@ -648,7 +652,7 @@ async fn recovery_daily_limit_reservation_is_released() {
             .unwrap(),
         (1, dec("5"))
     );
-    application::limits::reserve(&s.db.pool, &limits, user, &usdt, five, day)
+    application::limits::reserve(&s.db.pool, &limits, &five, day)
         .await
         .unwrap()
         .unwrap();

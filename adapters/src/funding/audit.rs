@@ -57,11 +57,12 @@ impl FundingLedger {
             while let Some((req_id, op, user_id, asset, amount, consumed)) = rows.try_next().await?
             {
                 journal_rows += 1;
+                let operation = super::operation_from_journal(&op)?;
                 sink(FundingItem::Applied {
                     movement: AppliedMovement {
                         req_id,
                         system: AccountType::Funding,
-                        operation: super::operation_from_journal(&op),
+                        operation,
                         user_id,
                         asset,
                         amount,

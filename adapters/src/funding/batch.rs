@@ -4,7 +4,7 @@
 //! commit is durable, and each movement is still all-or-nothing with its journal row. A caller
 //! may bring many movements at once (a bulk request's): they go into the same call.
 
-use domain::Movement;
+use domain::{Movement, Operation};
 use rust_decimal::Decimal;
 use sqlx::{PgConnection, PgPool};
 use tokio::sync::oneshot;
@@ -30,7 +30,7 @@ type Answer = Result<Option<Decided>, sqlx::Error>;
 
 /// One movement to decide.
 struct Item {
-    op: &'static str,
+    op: Operation,
     req_id: String,
     user_id: i64,
     asset: String,
@@ -38,7 +38,7 @@ struct Item {
 }
 
 impl Item {
-    fn of(op: &'static str, m: &Movement) -> Self {
+    fn of(op: Operation, m: &Movement) -> Self {
         Self {
             op,
             req_id: m.req_id.to_string(),
@@ -73,14 +73,14 @@ impl Batcher {
     }
 
     /// Decides one movement with whatever else is waiting, and answers once that is durable.
-    pub async fn submit(&self, op: &'static str, m: &Movement) -> Answer {
+    pub async fn submit(&self, op: Operation, m: &Movement) -> Answer {
         let mut answers = self.submit_many(vec![(op, m)]).await;
         answers.pop().unwrap_or(Err(sqlx::Error::WorkerCrashed))
     }
 
     /// Decides many movements in the same call (with whatever else is waiting), one answer per
     /// movement in order, once that call is durable.
-    pub async fn submit_many(&self, movements: Vec<(&'static str, &Movement)>) -> Vec<Answer> {
+    pub async fn submit_many(&self, movements: Vec<(Operation, &Movement)>) -> Vec<Answer> {
         let count = movements.len();
         let items = movements
             .into_iter()
@@ -185,7 +185,7 @@ async fn decide(
     conn: &mut PgConnection,
     jobs: &[&Item],
 ) -> Result<Vec<Option<Decided>>, sqlx::Error> {
-    let ops: Vec<&str> = jobs.iter().map(|j| j.op).collect();
+    let ops: Vec<&str> = jobs.iter().map(|j| j.op.as_str()).collect();
     let req_ids: Vec<&str> = jobs.iter().map(|j| j.req_id.as_str()).collect();
     let user_ids: Vec<i64> = jobs.iter().map(|j| j.user_id).collect();
     let assets: Vec<&str> = jobs.iter().map(|j| j.asset.as_str()).collect();

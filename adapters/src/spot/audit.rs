@@ -5,9 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use domain::{AccountType, Operation};
+use domain::AccountType;
 use spot_core::protocol::{
-    CoreStatus, ErrorCode, JournalRecord, MovementOp, Outcome, Request, Response, MAX_JOURNAL_LIMIT,
+    CoreStatus, ErrorCode, JournalRecord, Outcome, Request, Response, MAX_JOURNAL_LIMIT,
 };
 
 use super::{SpotAdapter, SpotError};
@@ -118,11 +118,7 @@ fn applied(record: &JournalRecord) -> Option<AppliedMovement> {
     Some(AppliedMovement {
         req_id: m.req_id.clone(),
         system: AccountType::Spot,
-        operation: match op {
-            MovementOp::Withdraw => Operation::Withdraw,
-            MovementOp::Deposit => Operation::Deposit,
-            MovementOp::Refund => Operation::Refund,
-        },
+        operation: super::operation_of(op),
         user_id: i64::try_from(m.user_id).unwrap_or(i64::MAX),
         asset: m.asset.clone(),
         amount: m.amount,

@@ -2,8 +2,8 @@
 //! lost (`application::repair`): the applied movements of its `lookup`, in the audit's form, and
 //! the whole answer as JSON for the repair's record.
 
-use domain::{AccountType, Operation};
-use spot_core::protocol::{MovementOp, Outcome, RefusalCode, Request, Response};
+use domain::AccountType;
+use spot_core::protocol::{Outcome, RefusalCode, Request, Response};
 
 use super::{SpotAdapter, SpotError};
 use crate::applied::AppliedMovement;
@@ -40,11 +40,7 @@ impl SpotAdapter {
             .map(|o| AppliedMovement {
                 req_id: req_id.to_owned(),
                 system: AccountType::Spot,
-                operation: match o.op {
-                    MovementOp::Withdraw => Operation::Withdraw,
-                    MovementOp::Deposit => Operation::Deposit,
-                    MovementOp::Refund => Operation::Refund,
-                },
+                operation: super::operation_of(o.op),
                 user_id: i64::try_from(o.user_id).unwrap_or(i64::MAX),
                 asset: o.asset,
                 amount: o.amount,

@@ -4,7 +4,7 @@
 //! `ledger` binary names an environment variable of its global settings.
 
 use crate::config;
-use application::FailPoints;
+use application::{FailPoint, FailPoints};
 
 /// Transfer requests per second per user; `0` or `off` turns the limit off.
 pub const RATE_PER_SECOND_ENV: &str = "LEDGER_RATE_PER_SECOND";
@@ -108,15 +108,39 @@ pub struct Flags {
     /// PostgreSQL ends a session idle inside a transaction this long (ms, default 60000).
     #[arg(long, global = true, env = "LEDGER_DB_IDLE_IN_TRANSACTION_MS")]
     pub db_idle_in_transaction_ms: Option<u64>,
-    /// The crash tests' fail point to arm (CRA-001..006).
+    /// The crash tests' fail point to arm (CRA-001..006): the process aborts there on purpose.
+    /// Honoured only with `--allow-failpoints`; an unknown name refuses start-up.
     #[arg(long, global = true, env = "LEDGER_FAILPOINT", hide = true)]
     pub failpoint: Option<String>,
+    /// The explicit opt-in a set `LEDGER_FAILPOINT` needs (crash tests only); without it the
+    /// process refuses to start.
+    #[arg(
+        long,
+        global = true,
+        env = "LEDGER_ALLOW_FAILPOINTS",
+        hide = true,
+        value_parser = clap::builder::FalseyValueParser::new()
+    )]
+    pub allow_failpoints: bool,
 }
 
 impl Flags {
-    /// The armed fail point, if any.
-    pub fn failpoints(&self) -> FailPoints {
-        FailPoints::armed(self.failpoint.as_deref())
+    /// The armed fail point, if any: an unknown name, or a fail point without the explicit
+    /// opt-in (`--allow-failpoints`, `LEDGER_ALLOW_FAILPOINTS=1`), refuses start-up; an armed
+    /// one is logged loudly (`FailPoints::armed`).
+    pub fn failpoints(&self) -> anyhow::Result<FailPoints> {
+        let Some(name) = self.failpoint.as_deref().filter(|n| !n.trim().is_empty()) else {
+            return Ok(FailPoints::default());
+        };
+        let point: FailPoint = name
+            .parse()
+            .map_err(|e| anyhow::anyhow!("LEDGER_FAILPOINT: {e}"))?;
+        anyhow::ensure!(
+            self.allow_failpoints,
+            "LEDGER_FAILPOINT={point} would abort this process on purpose; fail points are for \
+             crash tests only and need --allow-failpoints (LEDGER_ALLOW_FAILPOINTS=1)"
+        );
+        Ok(FailPoints::armed(point))
     }
 }
 

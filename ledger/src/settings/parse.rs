@@ -290,7 +290,7 @@ mod tests {
         };
         assert_eq!(settings.database_url(), schema::DEFAULT_DATABASE_URL);
         assert_eq!(settings.audit_interval().unwrap(), AUDIT_INTERVAL_DEFAULT);
-        assert_eq!(settings.failpoints(), FailPoints::default());
+        assert_eq!(settings.failpoints().unwrap(), FailPoints::default());
     }
 
     #[test]
@@ -406,5 +406,41 @@ mod tests {
         assert_eq!(amounts.len(), 1);
         assert!(parse_amounts(r#"{"USDT": 1000}"#).is_err());
         assert!(parse_amounts(r#"{"usdt": "1"}"#).is_err());
+    }
+
+    #[test]
+    fn a_fail_point_needs_a_known_name_and_the_opt_in() {
+        use application::FailPoint;
+        let armed = |name: &str, allow: bool| Flags {
+            failpoint: Some(name.into()),
+            allow_failpoints: allow,
+            ..Flags::default()
+        };
+        let unknown = armed("after_int", true).failpoints().unwrap_err();
+        assert!(
+            unknown.to_string().contains("unknown fail point"),
+            "{unknown}"
+        );
+        let refused = armed("target_after_call", false).failpoints().unwrap_err();
+        assert!(
+            refused.to_string().contains("--allow-failpoints"),
+            "{refused}"
+        );
+        let point = armed("target_after_call", true).failpoints().unwrap();
+        assert!(point.is_armed(FailPoint::TargetAfterCall));
+    }
+
+    #[test]
+    fn the_fail_point_opt_in_is_a_flag() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            flags: Flags,
+        }
+        let parsed = Cli::try_parse_from(["ledger", "--allow-failpoints"]).unwrap();
+        assert!(parsed.flags.allow_failpoints);
+        let parsed = Cli::try_parse_from(["ledger"]).unwrap();
+        assert!(!parsed.flags.allow_failpoints);
     }
 }

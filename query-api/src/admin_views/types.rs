@@ -175,7 +175,7 @@ pub struct FundingEntry {
 impl FundingEntry {
     pub fn from_journal(j: &JournalEntry) -> Self {
         Self {
-            operation: j.operation.clone(),
+            operation: j.operation.to_string(),
             amount: money(j.amount),
             asset: j.asset.clone(),
             user_id: j.user_id,
