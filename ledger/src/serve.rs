@@ -83,7 +83,7 @@ fn configured(
         .with_idempotency_retention(background.horizon.retention)
         .with_bulk_max(limits.bulk_max)
         .with_watched_limits(limits.limits.clone(), limits.frequency)
-        .with_failpoints(settings.failpoints.clone())
+        .with_failpoints(settings.failpoints)
         .assemble();
     let serving = Serving {
         background: Background {

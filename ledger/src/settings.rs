@@ -19,8 +19,8 @@ use application::alerts::FrequencyConfig;
 use application::{FailPoints, HorizonConfig};
 use edge::http_server::HttpLimits;
 use edge::ratelimit::LimitsConfig;
-use recovery::RecoveryConfig;
 use liveness::TcpLiveness;
+use recovery::RecoveryConfig;
 
 pub use flags::{Flags, DAILY_AMOUNT_MAX_ENV, DAILY_COUNT_MAX_ENV, RATE_PER_SECOND_ENV};
 
