@@ -216,10 +216,7 @@ fn decide(
         Recorded::NotSeen | Recorded::Unavailable(_) => {}
     }
     let key = (movement.user_id, movement.asset.clone());
-    if operation == Operation::Deposit && account_type == AccountType::Spot {
-        books.accounts.entry(key.clone()).or_default();
-    }
-    let refusal = refuse.or_else(|| refusal(books, operation, movement));
+    let refusal = refuse.or_else(|| refusal(books, account_type, operation, movement));
     books.journal.insert(
         (movement.req_id, operation),
         Entry {
@@ -243,7 +240,12 @@ fn decide(
 }
 
 /// The account system's own refusal of a fresh movement, if any.
-fn refusal(books: &Books, operation: Operation, movement: &Movement) -> Option<String> {
+fn refusal(
+    books: &Books,
+    account_type: AccountType,
+    operation: Operation,
+    movement: &Movement,
+) -> Option<String> {
     let account = books
         .accounts
         .get(&(movement.user_id, movement.asset.clone()));
@@ -256,7 +258,10 @@ fn refusal(books: &Books, operation: Operation, movement: &Movement) -> Option<S
         (Operation::Withdraw, Some(a)) if a.balance < movement.amount.value() => {
             "INSUFFICIENT_BALANCE"
         }
-        (Operation::Deposit, None) => "TARGET_ACCOUNT_NOT_FOUND",
+        // SPOT opens a missing account on a deposit; FUNDING's accounts exist beforehand.
+        (Operation::Deposit, None) if account_type == AccountType::Funding => {
+            "TARGET_ACCOUNT_NOT_FOUND"
+        }
         (Operation::Refund, _) => {
             let withdrawn = books
                 .journal

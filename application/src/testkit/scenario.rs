@@ -33,8 +33,9 @@ pub const ASSET: &str = "USDT";
 pub const AMOUNT: &str = "10";
 /// The user's FUNDING balance before anything happens.
 pub const FUNDING_BALANCE: &str = "100";
-/// The req_id of a transfer a scenario is given (`given_transfer_in`).
-pub const GIVEN: &str = "01KJPXR7A00000000000000001";
+/// The req_id of a transfer a scenario is given (`given_transfer_in`): a ULID of the clock's
+/// start (`clock::START_MS`) whose random part no req_id the clock mints has.
+pub const GIVEN: &str = "01KJPZV280R3ZYW00000000000";
 
 /// The standard user.
 pub fn user() -> UserId {
