@@ -16,6 +16,7 @@ use domain::{
 };
 use rust_decimal::Decimal;
 
+use crate::testkit::exec::YieldOnce;
 use crate::testkit::faults::{crash, AccountFault, Call, Script};
 
 /// An account's status, as the account system checks it.
@@ -131,6 +132,10 @@ impl MemAccount {
         let fault = self.faults.take(call);
         let refuse = match fault {
             Some(AccountFault::CrashBefore) => return crash().await,
+            Some(AccountFault::Pause) => {
+                YieldOnce::new().await;
+                None
+            }
             Some(AccountFault::Unavailable) => {
                 return AdapterOutcome::NetworkError("testkit: connection refused".to_owned())
             }
@@ -159,6 +164,7 @@ impl MemAccount {
             Some(AccountFault::Unavailable) => {
                 return Recorded::Unavailable("testkit: no answer".to_owned())
             }
+            Some(AccountFault::Pause) => YieldOnce::new().await,
             _ => {}
         }
         let recorded = {

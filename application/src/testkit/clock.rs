@@ -1,11 +1,8 @@
 //! A manual clock: time moves only when a test (or a `sleep`) moves it, and req_ids are ULIDs
 //! of that time and a counter, so every run of a test sees the same values.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,6 +10,7 @@ use chrono::{DateTime, Utc};
 use domain::ReqId;
 
 use crate::ports::Clock;
+use crate::testkit::exec::YieldOnce;
 
 /// 2026-03-02T10:00:00Z: every scenario starts here, far from a UTC midnight.
 pub const START_MS: u64 = 1_772_445_600_000;
@@ -56,28 +54,12 @@ impl Clock for TestClock {
     /// that sleeps lets the executor see a crash elsewhere in it (a recovery worker's lease
     /// renewal beside a drive that will never answer), and nothing else runs meanwhile.
     async fn sleep(&self, duration: Duration) {
-        YieldOnce(false).await;
+        YieldOnce::new().await;
         self.advance(duration);
     }
 
     fn req_id(&self) -> ReqId {
         let n = self.minted.fetch_add(1, Ordering::SeqCst) + 1;
         ReqId::from_parts(self.now_ms(), u128::from(n))
-    }
-}
-
-/// Pending once (waking itself at once), then ready.
-struct YieldOnce(bool);
-
-impl Future for YieldOnce {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.0 {
-            return Poll::Ready(());
-        }
-        self.0 = true;
-        cx.waker().wake_by_ref();
-        Poll::Pending
     }
 }

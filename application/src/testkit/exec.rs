@@ -2,11 +2,13 @@
 //! thread until it answers or crashes. The in-memory ports answer at once, so a process only
 //! yields where it sleeps (`TestClock::sleep`, which wakes itself) or where a crash fault made a
 //! call that never answers; the executor then drops the process there, as a SIGKILL would, and
-//! every port's durable state stays as it was. No runtime, no timer, no thread: deterministic.
+//! every port's durable state stays as it was. `run_together` interleaves several processes: each
+//! runs until it yields (a `Pause` fault, a sleep), then the next. No runtime, no timer, no
+//! thread: deterministic.
 
 use std::cell::Cell;
 use std::future::Future;
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
@@ -60,4 +62,68 @@ pub fn run<F: Future>(process: F) -> Option<F::Output> {
         );
     }
     panic!("the process spun for {POLLS_MAX} polls");
+}
+
+/// Runs `processes` interleaved on this thread, round-robin: each is polled until it yields (a
+/// `Pause` fault, a sleep), then the next. One answer per process in order, `None` for one that
+/// crashed (dropped there, the others go on). Panics when every process left waits on nothing.
+pub fn run_together<'a, T>(
+    processes: Vec<Pin<Box<dyn Future<Output = T> + 'a>>>,
+) -> Vec<Option<T>> {
+    let mut slots: Vec<_> = processes
+        .into_iter()
+        .map(|p| (Some(p), Arc::new(Woken::default())))
+        .collect();
+    let mut answers: Vec<Option<T>> = slots.iter().map(|_| None).collect();
+    for _ in 0..POLLS_MAX {
+        let mut progressed = false;
+        let mut running = false;
+        for (i, (slot, woken)) in slots.iter_mut().enumerate() {
+            let Some(process) = slot else { continue };
+            running = true;
+            CRASHED.with(|c| c.set(false));
+            let waker = Waker::from(Arc::clone(woken));
+            let mut cx = Context::from_waker(&waker);
+            progressed = true;
+            if let Poll::Ready(answer) = process.as_mut().poll(&mut cx) {
+                answers[i] = Some(answer);
+                *slot = None;
+            } else if CRASHED.with(Cell::get) {
+                *slot = None;
+            } else if !woken.0.swap(false, Ordering::SeqCst) {
+                progressed = false;
+            }
+        }
+        if !running {
+            return answers;
+        }
+        assert!(
+            progressed,
+            "every process left waits on something that never comes"
+        );
+    }
+    panic!("the processes spun for {POLLS_MAX} rounds");
+}
+
+/// Pending once (waking itself at once), then ready: lets the other processes of
+/// `run_together` run here.
+pub(crate) struct YieldOnce(bool);
+
+impl YieldOnce {
+    pub(crate) fn new() -> Self {
+        Self(false)
+    }
+}
+
+impl Future for YieldOnce {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
 }

@@ -45,6 +45,8 @@ pub enum StoreFault {
     CrashBefore,
     /// The process dies after the store made the call durable, before it saw the answer.
     CrashAfter,
+    /// The call waits for the other processes of `run_together` to run first, then goes on.
+    Pause,
 }
 
 /// A call to an account system, as its call log records it and as its faults are armed.
@@ -84,6 +86,8 @@ pub enum AccountFault {
     CrashBefore,
     /// The system decides the call, then the process dies before it reads the answer.
     CrashAfter,
+    /// The call waits for the other processes of `run_together` to run first, then goes on.
+    Pause,
 }
 
 /// One armed fault.

@@ -8,6 +8,7 @@
 //! to SPOT (no account yet).
 
 use std::future::Future;
+use std::pin::Pin;
 use std::str::FromStr;
 
 use cqrs_es::DomainEvent;
@@ -21,9 +22,10 @@ use crate::coordinator::{Coordinator, CoordinatorError, NewTransfer};
 use crate::daily::DailyLimits;
 use crate::drive::{Resumed, StillOpen};
 use crate::ports::Clock;
+use crate::testkit::exec::{run, run_together};
 use crate::testkit::faults::{AccountFault, Call, StoreCall, StoreFault};
 use crate::testkit::store::Stream;
-use crate::testkit::{run, World};
+use crate::testkit::world::World;
 
 /// The standard transfer's user.
 pub const USER: u64 = 7;
@@ -198,6 +200,30 @@ impl Scenario {
             world: &self.world,
             mark,
             answer,
+        }
+    }
+
+    /// Runs `count` fresh processes interleaved (`run_together`): process `i` runs
+    /// `process(i, its coordinator)`. The answer is each one's, `None` for one that crashed.
+    pub fn when_together<T, F>(
+        &self,
+        count: usize,
+        process: impl Fn(usize, Coordinator) -> F,
+    ) -> Then<'_, Vec<Option<T>>>
+    where
+        F: Future<Output = T>,
+    {
+        let mark = Mark::of(&self.world);
+        let processes = (0..count)
+            .map(|i| {
+                Box::pin(process(i, self.world.coordinator())) as Pin<Box<dyn Future<Output = T>>>
+            })
+            .collect();
+        let answers = run_together(processes);
+        Then {
+            world: &self.world,
+            mark,
+            answer: Some(answers),
         }
     }
 

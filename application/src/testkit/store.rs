@@ -21,6 +21,7 @@ use crate::ports::{
     Rekeyed, TransferLog,
 };
 use crate::testkit::clock::TestClock;
+use crate::testkit::exec::YieldOnce;
 use crate::testkit::faults::{crash, Script, StoreCall, StoreFault};
 
 /// One transfer's events, as the `events` table holds them.
@@ -106,6 +107,7 @@ impl Store {
         match fault {
             Some(StoreFault::FailBefore) => return Err(unreachable_store(site)),
             Some(StoreFault::CrashBefore) => return crash().await,
+            Some(StoreFault::Pause) => YieldOnce::new().await,
             _ => {}
         }
         let result = effect(&mut self.rows(), self.clock.now_ms());

@@ -10,11 +10,13 @@
 //!   unknown; a new process finishes.
 //! - `cid.rs`: client-key repeats; `limits.rs`: the daily limits.
 //! - `manual.rs`: manual resolution, the table's ManuallyResolve rows.
+//! - `race.rs`: two processes at once on one transfer.
 
 mod cid;
 mod crash;
 mod limits;
 mod manual;
+mod race;
 mod resume;
 mod submit;
 

@@ -100,6 +100,20 @@ fn a_lost_withdraw_answer_is_unknown_too_though_the_money_left() {
 }
 
 #[test]
+fn an_unknown_outcome_is_resumed_later_with_a_lookup_before_any_retry() {
+    let given = Scenario::new().given_fault(FUNDING, Call::Withdraw, AccountFault::AnswerLost);
+    let first = given.when_submit(request(None));
+    first.answered(TransferState::SourcePending);
+    given
+        .when_resume_of(first.req_id())
+        .finished(TransferState::Committed)
+        .appended(&HAPPY[2..])
+        .funding_calls(&[Call::Lookup(Operation::Withdraw)])
+        .spot_calls(&[Call::Lookup(Operation::Deposit), Call::Deposit])
+        .balances("90", Some("10"));
+}
+
+#[test]
 fn unknown_deposit_outcome_stays_target_pending_and_is_never_compensated() {
     Scenario::new()
         .given_fault(SPOT, Call::Deposit, AccountFault::AnswerLost)
