@@ -44,6 +44,8 @@ pub mod repair;
 pub mod request;
 pub mod resolve;
 pub mod submit;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
 pub use assets::AssetSettings;
 pub use coordinator::{Coordinator, CoordinatorError, NewTransfer, Ports, StoreCause};

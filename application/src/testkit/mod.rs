@@ -1,0 +1,31 @@
+//! Test support (feature `testkit`, enabled by test code only): the coordinator's ports and the
+//! account systems in memory, with fault knobs, a manual executor, and a given/when/then
+//! scenario for fast tests of the coordinator (`application/tests/`) and the recovery worker
+//! (`recovery/tests/`).
+//!
+//! - `store.rs`: the event log, client keys, leases and daily counters over one `Durable` set of
+//!   rows, with `StoreCall` faults (fail or crash before or after the effect).
+//! - `account.rs`: `MemAccount`, a FUNDING-like `AccountPort` (journal by (req_id, operation),
+//!   lookup, cancel, call log) with `Call` faults (refused, unavailable, answer lost, crash).
+//! - `clock.rs`: manual time and deterministic req_ids.
+//! - `world.rs`: `World`, all of the above together; `coordinator()` is a new process over it.
+//! - `exec.rs`: `run`, which polls one "process" to its answer or drops it at a crash;
+//!   `run_together`, which interleaves several at their `Pause` faults.
+//! - `scenario.rs`: `Scenario` (given) → `when_*` (one command of a fresh process) → `Then`
+//!   (events appended, calls made to each account system, the answer).
+
+pub mod account;
+pub mod clock;
+pub mod exec;
+pub mod faults;
+pub mod scenario;
+pub mod store;
+pub mod world;
+
+pub use account::{MemAccount, Status};
+pub use clock::TestClock;
+pub use exec::{run, run_together};
+pub use faults::{AccountFault, Call, StoreCall, StoreFault};
+pub use scenario::{Scenario, Then};
+pub use store::{Durable, MemClientKeys, MemDailyReservations, MemLeases, MemLog, RetryRow, Store};
+pub use world::World;

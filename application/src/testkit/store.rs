@@ -1,0 +1,402 @@
+//! The coordinator's stores in memory, with the contracts of the PostgreSQL ones (`pg.rs`):
+//! the event log (`MemLog`: all-or-nothing appends with the version check and the client-key
+//! claim guard), the client keys' claims, the one lease per transfer and the daily counters. All
+//! of them keep their rows in one `Durable`, the tables a crash does not lose; a fault armed at a
+//! `StoreCall` fails or crashes a call before or after its effect.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::NaiveDate;
+use cqrs_es::Aggregate;
+use domain::{AssetSymbol, ErrorCode, ReqId, Transfer, TransferEvent, TransferState, UserId};
+use rust_decimal::Decimal;
+
+use crate::daily::{Charge, DailyLimits};
+use crate::error::CoordinatorError;
+use crate::ports::{
+    ClientKey, ClientKeys, Clock, Commit, Context, DailyReservations, LeaseRequest, Leases,
+    Rekeyed, TransferLog,
+};
+use crate::testkit::clock::TestClock;
+use crate::testkit::exec::YieldOnce;
+use crate::testkit::faults::{crash, Script, StoreCall, StoreFault};
+
+/// One transfer's events, as the `events` table holds them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stream {
+    pub events: Vec<TransferEvent>,
+    pub owner: Option<UserId>,
+    /// When its last commit was made (`open_transfers.recorded_at`).
+    pub recorded_at_ms: u64,
+}
+
+impl Stream {
+    /// The state its events lead to.
+    pub fn state(&self) -> Option<TransferState> {
+        self.events.last().map(TransferEvent::resulting_state)
+    }
+
+    /// Its events folded.
+    pub fn fold(&self) -> Transfer {
+        let mut transfer = Transfer::default();
+        for event in &self.events {
+            transfer.apply(event.clone());
+        }
+        transfer
+    }
+}
+
+/// One transfer's row of `transfer_retries`: the lease (application's) and the retry book
+/// (the recovery worker's).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RetryRow {
+    pub state: Option<TransferState>,
+    pub attempts: i32,
+    pub refund_failures: i32,
+    pub next_retry_at_ms: u64,
+    pub lease_owner: Option<String>,
+    pub lease_until_ms: Option<u64>,
+    pub refund_alerted: bool,
+    pub stuck_alerted: bool,
+    pub last_error_category: Option<&'static str>,
+}
+
+impl RetryRow {
+    /// Nobody holds a live lease at `now_ms`.
+    pub fn lease_free(&self, now_ms: u64) -> bool {
+        self.lease_until_ms.is_none_or(|until| until < now_ms)
+    }
+}
+
+/// The durable rows every in-memory store keeps: what survives a crash of any process.
+#[derive(Debug, Default)]
+pub struct Durable {
+    pub streams: BTreeMap<ReqId, Stream>,
+    pub claims: BTreeMap<(UserId, String), ClientKey>,
+    pub retries: BTreeMap<ReqId, RetryRow>,
+    pub daily_counts: BTreeMap<(UserId, NaiveDate), u64>,
+    pub daily_amounts: BTreeMap<(UserId, NaiveDate, AssetSymbol), Decimal>,
+}
+
+/// The handle every in-memory store holds: the durable rows, the faults armed at their calls,
+/// and the clock. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct Store {
+    durable: Arc<Mutex<Durable>>,
+    pub faults: Script<StoreCall, StoreFault>,
+    pub clock: TestClock,
+}
+
+impl Store {
+    /// The durable rows, locked.
+    pub fn rows(&self) -> MutexGuard<'_, Durable> {
+        self.durable.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One store call at `site`: `effect` on the rows at the clock's time, with the fault armed
+    /// there (if any) before or after it.
+    pub async fn call<T>(
+        &self,
+        site: StoreCall,
+        effect: impl FnOnce(&mut Durable, u64) -> Result<T, CoordinatorError>,
+    ) -> Result<T, CoordinatorError> {
+        let fault = self.faults.take(site);
+        match fault {
+            Some(StoreFault::FailBefore) => return Err(unreachable_store(site)),
+            Some(StoreFault::CrashBefore) => return crash().await,
+            Some(StoreFault::Pause) => YieldOnce::new().await,
+            _ => {}
+        }
+        let result = effect(&mut self.rows(), self.clock.now_ms());
+        match fault {
+            Some(StoreFault::FailAfter) => Err(CoordinatorError::store(format!(
+                "testkit: {site:?}'s answer was lost after its effect"
+            ))),
+            Some(StoreFault::CrashAfter) => crash().await,
+            _ => result,
+        }
+    }
+}
+
+fn unreachable_store(site: StoreCall) -> CoordinatorError {
+    CoordinatorError::store(format!("testkit: the store is unreachable at {site:?}"))
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The event log in memory.
+#[derive(Debug, Clone)]
+pub struct MemLog(pub Store);
+
+#[async_trait]
+impl TransferLog for MemLog {
+    async fn load(&self, req_id: &ReqId) -> Result<Context, CoordinatorError> {
+        self.0
+            .call(StoreCall::Load, |rows, _| {
+                let stream = rows.streams.get(req_id);
+                Ok(Context {
+                    aggregate_id: req_id.to_string(),
+                    aggregate: stream.map(Stream::fold).unwrap_or_default(),
+                    current_sequence: stream.map_or(0, |s| s.events.len()),
+                    current_snapshot: None,
+                })
+            })
+            .await
+    }
+
+    async fn append(&self, commit: Commit) -> Result<usize, CoordinatorError> {
+        let leads_to = commit
+            .events
+            .last()
+            .map_or(TransferState::Init, TransferEvent::resulting_state);
+        self.0
+            .call(StoreCall::Append(leads_to), |rows, now| {
+                append(rows, now, commit)
+            })
+            .await
+    }
+}
+
+/// `TransferLog::append`'s contract on the rows: the version check, the claim guard, all or
+/// nothing.
+fn append(rows: &mut Durable, now_ms: u64, commit: Commit) -> Result<usize, CoordinatorError> {
+    let req_id = ReqId::parse(&commit.aggregate_id)
+        .map_err(|_| CoordinatorError::store("testkit: the aggregate id is not a req_id"))?;
+    let len = rows.streams.get(&req_id).map_or(0, |s| s.events.len());
+    if len != commit.expected_sequence {
+        return Err(CoordinatorError::Conflict);
+    }
+    if len == 0 {
+        let Some(TransferEvent::TransferCreated { user_id, cid, .. }) = commit.events.first()
+        else {
+            return Err(CoordinatorError::store(
+                "testkit: a stream must start with TransferCreated",
+            ));
+        };
+        // The claim guard (migration 0020): a creation under a client key commits only while
+        // the key's claim names its req_id.
+        if let Some(cid) = cid {
+            let holds = rows
+                .claims
+                .get(&(*user_id, cid.clone()))
+                .is_some_and(|claim| claim.req_id == req_id);
+            if !holds {
+                return Err(CoordinatorError::Conflict);
+            }
+        }
+    }
+    let stream = rows.streams.entry(req_id).or_insert_with(|| Stream {
+        events: Vec::new(),
+        owner: commit.owner,
+        recorded_at_ms: now_ms,
+    });
+    stream.events.extend(commit.events);
+    stream.recorded_at_ms = now_ms;
+    Ok(stream.events.len())
+}
+
+/// The client keys' claims in memory.
+#[derive(Debug, Clone)]
+pub struct MemClientKeys(pub Store);
+
+#[async_trait]
+impl ClientKeys for MemClientKeys {
+    async fn find(&self, user: UserId, cid: &str) -> Result<Option<ClientKey>, CoordinatorError> {
+        self.0
+            .call(StoreCall::FindClaim, |rows, _| {
+                Ok(rows.claims.get(&(user, cid.to_owned())).cloned())
+            })
+            .await
+    }
+
+    async fn claim(
+        &self,
+        user: UserId,
+        cid: &str,
+        req_id: &ReqId,
+        fingerprint: &str,
+    ) -> Result<bool, CoordinatorError> {
+        self.0
+            .call(StoreCall::Claim, |rows, _| {
+                let key = (user, cid.to_owned());
+                if rows.claims.contains_key(&key) {
+                    return Ok(false);
+                }
+                let claim = ClientKey {
+                    req_id: *req_id,
+                    fingerprint: fingerprint.to_owned(),
+                };
+                rows.claims.insert(key, claim);
+                Ok(true)
+            })
+            .await
+    }
+
+    async fn rekey(
+        &self,
+        user: UserId,
+        cid: &str,
+        old: &ReqId,
+        new: &ReqId,
+    ) -> Result<Rekeyed, CoordinatorError> {
+        self.0
+            .call(StoreCall::Rekey, |rows, _| {
+                if rows.streams.contains_key(old) {
+                    return Ok(Rekeyed::Created);
+                }
+                match rows.claims.get_mut(&(user, cid.to_owned())) {
+                    Some(claim) if claim.req_id == *old => {
+                        claim.req_id = *new;
+                        Ok(Rekeyed::Swapped)
+                    }
+                    _ => Ok(Rekeyed::Moved),
+                }
+            })
+            .await
+    }
+}
+
+/// The transfers' leases in memory (the lease columns of `RetryRow`).
+#[derive(Debug, Clone)]
+pub struct MemLeases(pub Store);
+
+#[async_trait]
+impl Leases for MemLeases {
+    async fn take(&self, request: &LeaseRequest<'_>) -> Result<Option<i32>, CoordinatorError> {
+        self.0
+            .call(StoreCall::TakeLease, |rows, now| {
+                let until = now.saturating_add(ms(request.lease));
+                let row = rows
+                    .retries
+                    .entry(request.req_id)
+                    .or_insert_with(|| RetryRow {
+                        state: Some(request.state),
+                        next_retry_at_ms: now,
+                        ..RetryRow::default()
+                    });
+                let due = !request.wait_for_retry_time || row.next_retry_at_ms <= now;
+                if !row.lease_free(now) || !due {
+                    return Ok(None);
+                }
+                row.lease_owner = Some(request.owner.to_owned());
+                row.lease_until_ms = Some(until);
+                Ok(Some(row.attempts))
+            })
+            .await
+    }
+
+    async fn renew(
+        &self,
+        req_id: &ReqId,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<bool, CoordinatorError> {
+        self.0
+            .call(StoreCall::RenewLease, |rows, now| {
+                Ok(match rows.retries.get_mut(req_id) {
+                    Some(row) if row.lease_owner.as_deref() == Some(owner) => {
+                        row.lease_until_ms = Some(now.saturating_add(ms(lease)));
+                        true
+                    }
+                    _ => false,
+                })
+            })
+            .await
+    }
+
+    async fn release(&self, req_id: &ReqId, owner: &str) -> Result<(), CoordinatorError> {
+        self.0
+            .call(StoreCall::ReleaseLease, |rows, _| {
+                if let Some(row) = rows.retries.get_mut(req_id) {
+                    if row.lease_owner.as_deref() == Some(owner) {
+                        row.lease_owner = None;
+                        row.lease_until_ms = None;
+                    }
+                }
+                Ok(())
+            })
+            .await
+    }
+}
+
+/// The daily limits' counters in memory.
+#[derive(Debug, Clone)]
+pub struct MemDailyReservations(pub Store);
+
+#[async_trait]
+impl DailyReservations for MemDailyReservations {
+    async fn reserve(
+        &self,
+        limits: &DailyLimits,
+        charge: &Charge,
+        day: NaiveDate,
+    ) -> Result<Result<(), ErrorCode>, CoordinatorError> {
+        self.0
+            .call(StoreCall::Reserve, |rows, _| {
+                Ok(reserve(rows, limits, charge, day))
+            })
+            .await
+    }
+
+    async fn release(
+        &self,
+        limits: &DailyLimits,
+        charge: &Charge,
+        day: NaiveDate,
+    ) -> Result<(), CoordinatorError> {
+        self.0
+            .call(StoreCall::ReleaseReservation, |rows, _| {
+                if limits.count_max.is_some() {
+                    if let Some(n) = rows.daily_counts.get_mut(&(charge.user, day)) {
+                        *n = n.saturating_sub(1);
+                    }
+                }
+                let key = (charge.user, day, charge.asset.clone());
+                if limits.amount_max.contains_key(&charge.asset) {
+                    if let Some(used) = rows.daily_amounts.get_mut(&key) {
+                        *used = (*used - charge.amount.value()).max(Decimal::ZERO);
+                    }
+                }
+                Ok(())
+            })
+            .await
+    }
+}
+
+/// The daily-limit decision on the in-memory counters: refused with nothing counted when the
+/// transfer would pass the count or the asset's amount, otherwise counted.
+fn reserve(
+    rows: &mut Durable,
+    limits: &DailyLimits,
+    charge: &Charge,
+    day: NaiveDate,
+) -> Result<(), ErrorCode> {
+    let count_key = (charge.user, day);
+    let amount_key = (charge.user, day, charge.asset.clone());
+    let count = rows.daily_counts.get(&count_key).copied().unwrap_or(0);
+    if limits.count_max.is_some_and(|max| count + 1 > max) {
+        return Err(ErrorCode::DailyLimitExceeded);
+    }
+    let used = rows
+        .daily_amounts
+        .get(&amount_key)
+        .copied()
+        .unwrap_or_default();
+    let amount_max = limits.amount_max.get(&charge.asset);
+    if amount_max.is_some_and(|max| used + charge.amount.value() > *max) {
+        return Err(ErrorCode::DailyAmountExceeded);
+    }
+    if limits.count_max.is_some() {
+        rows.daily_counts.insert(count_key, count + 1);
+    }
+    if amount_max.is_some() {
+        rows.daily_amounts
+            .insert(amount_key, used + charge.amount.value());
+    }
+    Ok(())
+}

@@ -1,0 +1,45 @@
+//! The coordinator's fast loop: given/when/then tests over the in-memory ports of
+//! `application::testkit`, one command per test, no database, no spot-core, no runtime. Each
+//! test states what is durable before (given), the one command (when), and what it did (then):
+//! the events appended, the calls made to each account system, and the answer.
+//!
+//! - `submit.rs`: the transition table's effects on a new transfer (success, refusal at the
+//!   source and at the target, unknown outcomes), the coordinator's own refusals, and the batch.
+//! - `resume.rs`: resuming from every open state, with the lookup before any retry.
+//! - `crash.rs`: a process dropped between two durable steps, and store writes whose outcome is
+//!   unknown; a new process finishes.
+//! - `cid.rs`: client-key repeats; `limits.rs`: the daily limits.
+//! - `manual.rs`: manual resolution, the table's ManuallyResolve rows.
+//! - `race.rs`: two processes at once on one transfer.
+
+mod cid;
+mod crash;
+mod limits;
+mod manual;
+mod race;
+mod resume;
+mod submit;
+
+/// Names used by every module.
+mod prelude {
+    pub use application::testkit::scenario::{given_req_id, movement, request, user};
+    pub use application::testkit::{AccountFault, Call, Scenario, StoreCall, StoreFault};
+    pub use domain::{AccountType, ErrorCode, Operation, TransferState};
+
+    pub const FUNDING: AccountType = AccountType::Funding;
+    pub const SPOT: AccountType = AccountType::Spot;
+
+    /// The events of a transfer that went all the way, in order.
+    pub const HAPPY: [&str; 5] = [
+        "TransferCreated",
+        "SourceWithdrawStarted",
+        "SourceWithdrawn",
+        "TargetDepositStarted",
+        "TransferCommitted",
+    ];
+
+    /// A refusal `code`, as the account system sends it.
+    pub fn refuse(code: &str) -> AccountFault {
+        AccountFault::Refuse(code.to_owned())
+    }
+}
