@@ -11,10 +11,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::NaiveDate;
 use cqrs_es::Aggregate;
-use domain::{AssetSymbol, ErrorCode, ReqId, Transfer, TransferEvent, TransferState, UserId};
-use rust_decimal::Decimal;
+use domain::{ErrorCode, ReqId, Transfer, TransferEvent, TransferState, UserId};
 
-use crate::daily::{Charge, DailyLimits};
+use crate::daily::{Charge, DailyLimits, DailyUsage};
 use crate::error::CoordinatorError;
 use crate::ports::{
     ClientKey, ClientKeys, Clock, Commit, Context, DailyReservations, LeaseRequest, Leases,
@@ -77,8 +76,8 @@ pub struct Durable {
     pub streams: BTreeMap<ReqId, Stream>,
     pub claims: BTreeMap<(UserId, String), ClientKey>,
     pub retries: BTreeMap<ReqId, RetryRow>,
-    pub daily_counts: BTreeMap<(UserId, NaiveDate), u64>,
-    pub daily_amounts: BTreeMap<(UserId, NaiveDate, AssetSymbol), Decimal>,
+    /// The daily limits' counters, per UTC day, kept and decided by the product's one rule.
+    pub daily: BTreeMap<NaiveDate, DailyUsage>,
 }
 
 /// The handle every in-memory store holds: the durable rows, the faults armed at their calls,
@@ -112,7 +111,7 @@ impl Store {
         }
         let result = effect(&mut self.rows(), self.clock.now_ms());
         match fault {
-            Some(StoreFault::FailAfter) => Err(CoordinatorError::store(format!(
+            Some(StoreFault::FailAfter) => Err(CoordinatorError::outcome_unknown(format!(
                 "testkit: {site:?}'s answer was lost after its effect"
             ))),
             Some(StoreFault::CrashAfter) => crash().await,
@@ -122,7 +121,7 @@ impl Store {
 }
 
 fn unreachable_store(site: StoreCall) -> CoordinatorError {
-    CoordinatorError::store(format!("testkit: the store is unreachable at {site:?}"))
+    CoordinatorError::outcome_unknown(format!("testkit: the store is unreachable at {site:?}"))
 }
 
 fn ms(d: Duration) -> u64 {
@@ -166,7 +165,7 @@ impl TransferLog for MemLog {
 /// nothing.
 fn append(rows: &mut Durable, now_ms: u64, commit: Commit) -> Result<usize, CoordinatorError> {
     let req_id = ReqId::parse(&commit.aggregate_id)
-        .map_err(|_| CoordinatorError::store("testkit: the aggregate id is not a req_id"))?;
+        .map_err(|_| CoordinatorError::invariant("testkit: the aggregate id is not a req_id"))?;
     let len = rows.streams.get(&req_id).map_or(0, |s| s.events.len());
     if len != commit.expected_sequence {
         return Err(CoordinatorError::Conflict);
@@ -174,7 +173,7 @@ fn append(rows: &mut Durable, now_ms: u64, commit: Commit) -> Result<usize, Coor
     if len == 0 {
         let Some(TransferEvent::TransferCreated { user_id, cid, .. }) = commit.events.first()
         else {
-            return Err(CoordinatorError::store(
+            return Err(CoordinatorError::invariant(
                 "testkit: a stream must start with TransferCreated",
             ));
         };
@@ -351,52 +350,20 @@ impl DailyReservations for MemDailyReservations {
     ) -> Result<(), CoordinatorError> {
         self.0
             .call(StoreCall::ReleaseReservation, |rows, _| {
-                if limits.count_max.is_some() {
-                    if let Some(n) = rows.daily_counts.get_mut(&(charge.user, day)) {
-                        *n = n.saturating_sub(1);
-                    }
-                }
-                let key = (charge.user, day, charge.asset.clone());
-                if limits.amount_max.contains_key(&charge.asset) {
-                    if let Some(used) = rows.daily_amounts.get_mut(&key) {
-                        *used = (*used - charge.amount.value()).max(Decimal::ZERO);
-                    }
-                }
+                rows.daily.entry(day).or_default().release(limits, charge);
                 Ok(())
             })
             .await
     }
 }
 
-/// The daily-limit decision on the in-memory counters: refused with nothing counted when the
-/// transfer would pass the count or the asset's amount, otherwise counted.
+/// The daily limits on the in-memory counters, through the product's one rule (`daily::decide`
+/// behind `DailyUsage::charge`): refused with nothing counted, otherwise counted.
 fn reserve(
     rows: &mut Durable,
     limits: &DailyLimits,
     charge: &Charge,
     day: NaiveDate,
 ) -> Result<(), ErrorCode> {
-    let count_key = (charge.user, day);
-    let amount_key = (charge.user, day, charge.asset.clone());
-    let count = rows.daily_counts.get(&count_key).copied().unwrap_or(0);
-    if limits.count_max.is_some_and(|max| count + 1 > max) {
-        return Err(ErrorCode::DailyLimitExceeded);
-    }
-    let used = rows
-        .daily_amounts
-        .get(&amount_key)
-        .copied()
-        .unwrap_or_default();
-    let amount_max = limits.amount_max.get(&charge.asset);
-    if amount_max.is_some_and(|max| used + charge.amount.value() > *max) {
-        return Err(ErrorCode::DailyAmountExceeded);
-    }
-    if limits.count_max.is_some() {
-        rows.daily_counts.insert(count_key, count + 1);
-    }
-    if amount_max.is_some() {
-        rows.daily_amounts
-            .insert(amount_key, used + charge.amount.value());
-    }
-    Ok(())
+    rows.daily.entry(day).or_default().charge(limits, charge)
 }

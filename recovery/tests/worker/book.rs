@@ -125,7 +125,7 @@ impl RetryBook for MemRetryBook {
                 let row = rows
                     .retries
                     .get_mut(&a.req_id)
-                    .ok_or_else(|| CoordinatorError::store("no retry row"))?;
+                    .ok_or_else(|| CoordinatorError::invariant("no retry row"))?;
                 record(row, a, policy, now)
             })
             .await
