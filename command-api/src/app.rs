@@ -48,6 +48,7 @@ pub fn build_app(state: AppState, serving: &Serving) -> Router {
         .merge(crate::console::routes())
         .merge(crate::admin_views::routes())
         .merge(crate::admin_repairs::routes())
+        .merge(crate::log_routes::routes())
         .merge(
             crate::feed::routes()
                 .merge(crate::invariant::routes())

@@ -65,6 +65,8 @@ pub enum Command {
     /// stored checkpoint (which it advances), or `--full` from the start of history. Exit 0 when
     /// money is conserved, 1 on a violation (transfers are then halted), 2 when it cannot run.
     Audit(AuditArgs),
+    #[command(flatten)]
+    Log(crate::log_cli::LogCommand),
     /// Run the spot-core engine in this process.
     #[command(name = "spot-core", hide = true)]
     SpotCore(spot_core::Args),
@@ -222,6 +224,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             std::process::exit(code)
         }
         Command::SpotCore(args) => spot_core::run(args).await,
+        Command::Log(command) => crate::log_cli::run(command, &settings).await,
     }
 }
 
@@ -256,6 +259,7 @@ fn configured(
             audit_interval: settings.audit_interval(),
             relay,
             horizon: Some(horizon),
+            log: crate::log_cli::follower_config(settings)?,
         },
         http: settings.http_limits()?,
         metrics_on_api: settings.metrics_listen() == MetricsListen::Api,
@@ -368,6 +372,7 @@ async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("create data dir {}", args.data_dir.display()))?;
     let secret = config::secret_for_data_dir(settings.jwt_secret()?, &args.data_dir)?;
+    let settings = &crate::log_cli::with_data_dir_key(settings, &args.data_dir)?;
     let url = settings.database_url();
     let pool = settings.pool(config::POOL_CONNECTIONS_MAX).await?;
 

@@ -20,6 +20,8 @@ pub(crate) mod feed;
 pub mod graphql;
 pub(crate) mod http_server;
 pub(crate) mod invariant;
+pub(crate) mod log_cli;
+pub(crate) mod log_routes;
 pub(crate) mod metrics;
 pub(crate) mod openapi;
 pub(crate) mod ops_metrics;

@@ -99,6 +99,15 @@ impl std::fmt::Debug for Signer {
     }
 }
 
+/// Two signers are the same identity when their names and keys are.
+impl PartialEq for Signer {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name && self.key.verifying_key() == other.key.verifying_key()
+    }
+}
+
+impl Eq for Signer {}
+
 impl Signer {
     /// The signer of `name` with the Ed25519 key of this 32-byte seed.
     pub fn from_seed(name: &str, seed: [u8; 32]) -> Result<Self, NoteError> {
