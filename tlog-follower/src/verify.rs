@@ -281,6 +281,11 @@ pub async fn verify(
         edge: RightEdge::new(),
         expected,
     };
+    // Checkpoints of the empty tree are checked before the first entry.
+    if let Err(f) = checker.check_roots() {
+        report.finding = Some(f);
+        return Ok(report);
+    }
     let query = format!(
         "COPY (SELECT {ENTRY_COLUMNS}, encode(n.hash, 'hex')
                FROM events e LEFT JOIN tlog_nodes n ON n.level = 0 AND n.idx = e.feed_position - 1
