@@ -50,11 +50,15 @@ fn follower(pool: &PgPool) -> Follower {
 /// Passes until the tree holds every event committed before the call (other tests' open
 /// transactions may hold the commit watermark back for a while); its size.
 async fn follow(pool: &PgPool) -> u64 {
+    follow_with(&follower(pool), pool).await
+}
+
+/// [`follow`] with a given follower.
+async fn follow_with(f: &Follower, pool: &PgPool) -> u64 {
     let head: i64 = sqlx::query_scalar("SELECT position FROM feed_head")
         .fetch_one(pool)
         .await
         .unwrap();
-    let f = follower(pool);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let pass = f.pass().await.expect("follower pass");
@@ -463,6 +467,47 @@ async fn tlog_a_cut_and_resigned_tail_is_caught_by_checkpoints_saved_earlier() {
     assert!(!ok, "{out}");
     assert!(out.contains("VERIFY FAILED at checkpoint of size"), "{out}");
     assert!(out.contains("the log was rewritten"), "{out}");
+}
+
+/// A running follower refuses to re-sign a log cut or rewritten under it, even with every
+/// stored checkpoint deleted: it remembers the last one it signed.
+#[tokio::test]
+async fn tlog_a_running_follower_never_signs_a_rewritten_log() {
+    let s = Stack::start().await;
+    let pool = s.db.pool.clone();
+    history(&s, &[1], 4).await;
+    let f = follower(&pool);
+    let size = follow_with(&f, &pool).await;
+    let checkpoints = "SELECT count(*) FROM tlog_checkpoints";
+    let before: i64 = sqlx::query_scalar(checkpoints)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    exec(
+        &pool,
+        &format!("DELETE FROM events WHERE feed_position > {}", size / 2),
+    )
+    .await;
+    exec(&pool, "DELETE FROM tlog_nodes").await;
+    exec(&pool, "DELETE FROM tlog_checkpoints").await;
+    exec(&pool, "UPDATE tlog_state SET size = 0, edge = ''::bytea").await;
+    let refused = f.pass().await.expect_err("a cut log is not re-signed");
+    assert!(
+        refused.to_string().contains("the log was rewritten"),
+        "{refused}"
+    );
+    // Grown back past the old size with other events: still refused.
+    history(&s, &[2], 4).await;
+    let refused = f.pass().await.expect_err("a forked log is not re-signed");
+    assert!(refused.to_string().contains("does not extend"), "{refused}");
+    let after: i64 = sqlx::query_scalar(checkpoints)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(
+        before > 0 && after == 0,
+        "nothing signed since: {before} {after}"
+    );
 }
 
 /// Waits until a checkpoint covers every event.

@@ -5,11 +5,17 @@
 //! so nothing can appear below a taken one later), hashes their leaves, stores every subtree they
 //! complete and the new right edge, and signs a checkpoint every `checkpoint_events` events or
 //! `checkpoint_interval`. Appends never wait for it: it only reads the event table.
+//!
+//! It never signs a tree that does not extend the last checkpoint it signed (or the newest
+//! stored one it found when it began): before each signature it checks a consistency proof from
+//! that checkpoint, so a log cut or rewritten in the database while the ledger runs is refused
+//! with a CRITICAL log line instead of being re-signed with the real key.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sqlx::{PgConnection, PgPool};
-use tlog::{leaf_hash, Checkpoint, Hash, Signer, Subtree};
+use tlog::{consistency_plan, leaf_hash, verify_consistency, Checkpoint, Hash, Signer, Subtree};
 
 use crate::entries::{EntryRow, ENTRY_COLUMNS};
 use crate::store::{self, Head};
@@ -55,11 +61,18 @@ pub struct Pass {
 pub struct Follower {
     pool: PgPool,
     config: FollowerConfig,
+    /// The last checkpoint (size, root) signed or found stored by this follower: every later
+    /// one must extend it.
+    anchor: Arc<Mutex<Option<(u64, Hash)>>>,
 }
 
 impl Follower {
     pub fn new(pool: PgPool, config: FollowerConfig) -> Self {
-        Self { pool, config }
+        Self {
+            pool,
+            config,
+            anchor: Arc::default(),
+        }
     }
 
     /// One pass (see the module's comment).
@@ -126,6 +139,7 @@ impl Follower {
             return Ok(None);
         }
         let root = head.edge.root();
+        self.check_extends_anchor(conn, size, &root).await?;
         let body = Checkpoint {
             origin: origin.to_owned(),
             size,
@@ -138,7 +152,43 @@ impl Follower {
             .sign(&body)
             .map_err(|e| LogError::Identity(format!("cannot sign a checkpoint: {e}")))?;
         store::insert_checkpoint(conn, size, &root, &note).await?;
+        *self.anchor.lock().expect("anchor lock") = Some((size, root));
         Ok(Some(size))
+    }
+
+    /// Refuses a tree of `size` and `root` that does not extend the anchor: the last checkpoint
+    /// this follower signed, or else the newest one stored (taken as the anchor the first time).
+    async fn check_extends_anchor(
+        &self,
+        conn: &mut PgConnection,
+        size: u64,
+        root: &Hash,
+    ) -> Result<(), LogError> {
+        let remembered = *self.anchor.lock().expect("anchor lock");
+        let anchor = match remembered {
+            Some(anchor) => Some(anchor),
+            None => store::last_checkpoint(conn).await?,
+        };
+        let Some((old_size, old_root)) = anchor else {
+            return Ok(());
+        };
+        if size < old_size {
+            return Err(LogError::Rewritten(format!(
+                "the tree has {size} entries but a checkpoint of {old_size} was signed"
+            )));
+        }
+        let plan = consistency_plan(old_size, size).expect("old_size <= size");
+        let proof = crate::proofs::resolve_on(conn, &plan, &[])
+            .await
+            .map_err(|e| {
+                LogError::Rewritten(format!("no consistency proof from {old_size}: {e}"))
+            })?;
+        if !verify_consistency(old_size, size, &old_root, root, &proof) {
+            return Err(LogError::Rewritten(format!(
+                "the tree of {size} entries does not extend the checkpoint of {old_size}"
+            )));
+        }
+        Ok(())
     }
 
     /// Follows the log forever: a pass, then a short sleep when there was nothing to add. A
@@ -160,6 +210,14 @@ impl Follower {
                 Err(LogError::Identity(why)) => {
                     tracing::error!(%why, "tamper-evident log follower stops");
                     return;
+                }
+                Err(LogError::Rewritten(why)) => {
+                    tracing::error!(
+                        code = "LOG_REWRITTEN",
+                        %why,
+                        "CRITICAL: the tamper-evident log was rewritten; nothing is signed"
+                    );
+                    tokio::time::sleep(Duration::from_secs(5)).await;
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "tamper-evident log pass failed; retrying");

@@ -27,6 +27,10 @@ pub enum LogError {
     /// The stored tree was signed by another identity than the configured key.
     #[error("{0}")]
     Identity(String),
+    /// The stored tree does not extend the last checkpoint this follower signed or found at its
+    /// start: someone rewrote the log or the tree behind the ledger's back. Nothing is signed.
+    #[error("the log was rewritten: {0}")]
+    Rewritten(String),
     /// Stored tree data that does not parse (an edge of the wrong length, a hash not 32 bytes).
     #[error("stored tree data is malformed: {0}")]
     Corrupt(String),

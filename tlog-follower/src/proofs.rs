@@ -85,13 +85,23 @@ async fn resolve(
     plan: &ProofPlan,
     extra: &[tlog::Subtree],
 ) -> Result<Vec<Hash>, ProofError> {
-    let tree = head(pool).await?.size;
+    let mut conn = pool.acquire().await?;
+    let tree = store::tree_head(&mut conn).await?.size;
     if size > tree {
         return Err(ProofError::BeyondTree { size: tree });
     }
+    resolve_on(&mut conn, plan, extra).await
+}
+
+/// Reads the plan's subtrees (and `extra` ones, appended to the answer) on `conn`.
+pub(crate) async fn resolve_on(
+    conn: &mut sqlx::PgConnection,
+    plan: &ProofPlan,
+    extra: &[tlog::Subtree],
+) -> Result<Vec<Hash>, ProofError> {
     let mut needed = plan.needed();
     needed.extend_from_slice(extra);
-    let nodes = store::nodes(pool, &needed).await?;
+    let nodes = store::nodes(conn, &needed).await?;
     let missing = || LogError::Corrupt("a stored subtree a proof needs is missing".into());
     let mut hashes = plan.resolve(&nodes).ok_or_else(missing)?;
     for s in extra {

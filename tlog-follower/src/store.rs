@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 use tlog::{Hash, RightEdge, Subtree};
 
 use crate::LogError;
@@ -102,6 +102,18 @@ pub(crate) async fn last_checkpoint_size(conn: &mut PgConnection) -> Result<Opti
     size.map(size_of).transpose()
 }
 
+/// The newest checkpoint's size and root, if any.
+pub(crate) async fn last_checkpoint(
+    conn: &mut PgConnection,
+) -> Result<Option<(u64, Hash)>, LogError> {
+    let row: Option<(i64, Vec<u8>)> =
+        sqlx::query_as("SELECT size, root FROM tlog_checkpoints ORDER BY size DESC LIMIT 1")
+            .fetch_optional(conn)
+            .await?;
+    row.map(|(size, root)| Ok((size_of(size)?, to_hash(&root)?)))
+        .transpose()
+}
+
 /// Stores a signed checkpoint.
 pub(crate) async fn insert_checkpoint(
     conn: &mut PgConnection,
@@ -120,7 +132,7 @@ pub(crate) async fn insert_checkpoint(
 
 /// The stored hashes of `subtrees` (those stored; a missing one is absent from the map).
 pub(crate) async fn nodes(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     subtrees: &[Subtree],
 ) -> Result<HashMap<Subtree, Hash>, LogError> {
     let levels: Vec<i16> = subtrees.iter().map(|s| i16::from(s.level)).collect();
@@ -132,7 +144,7 @@ pub(crate) async fn nodes(
     )
     .bind(levels)
     .bind(idxs)
-    .fetch_all(pool)
+    .fetch_all(conn)
     .await?;
     rows.into_iter()
         .map(|(level, idx, hash)| {
