@@ -82,7 +82,7 @@ pub async fn run(command: LogCommand, settings: &Settings) -> anyhow::Result<()>
 
 /// The follower's configuration: `None` without a signing key (the log is then not kept).
 pub(crate) fn follower_config(settings: &Settings) -> anyhow::Result<Option<FollowerConfig>> {
-    let Some(path) = &settings.log_signing_key_file else {
+    let Some(path) = key_path(settings) else {
         tracing::warn!("LEDGER_LOG_SIGNING_KEY_FILE is unset: the tamper-evident log is not kept");
         return Ok(None);
     };
@@ -102,7 +102,7 @@ pub(crate) fn follower_config(settings: &Settings) -> anyhow::Result<Option<Foll
 /// was configured: what `ledger up` serves with.
 pub(crate) fn with_data_dir_key(settings: &Settings, data_dir: &Path) -> anyhow::Result<Settings> {
     let mut settings = settings.clone();
-    if settings.log_signing_key_file.is_none() {
+    if key_path(&settings).is_none() {
         let path = data_dir.join(LOG_KEY_FILE);
         let tag: String = random_seed()?[..4]
             .iter()
@@ -116,6 +116,14 @@ pub(crate) fn with_data_dir_key(settings: &Settings, data_dir: &Path) -> anyhow:
         settings.log_signing_key_file = Some(path);
     }
     Ok(settings)
+}
+
+/// The configured signing key file; an empty variable counts as unset.
+fn key_path(settings: &Settings) -> Option<&Path> {
+    settings
+        .log_signing_key_file
+        .as_deref()
+        .filter(|p| !p.as_os_str().is_empty())
 }
 
 fn random_seed() -> anyhow::Result<[u8; 32]> {
@@ -150,7 +158,7 @@ fn read_signer(path: &Path) -> anyhow::Result<Signer> {
 
 /// The verifier: `--vkey`, or the configured signing key's.
 fn verifier(vkey: Option<&str>, settings: &Settings) -> anyhow::Result<Verifier> {
-    match (vkey, &settings.log_signing_key_file) {
+    match (vkey, key_path(settings)) {
         (Some(v), _) => Verifier::parse(v).map_err(|e| anyhow!("--vkey: {e}")),
         (None, Some(path)) => Ok(read_signer(path)?.verifier()),
         (None, None) => bail!("give --vkey or LEDGER_LOG_SIGNING_KEY_FILE"),

@@ -124,7 +124,6 @@ pub struct Settings {
     /// PostgreSQL ends a session idle inside a transaction this long (ms, default 60000).
     #[arg(long, global = true, env = "LEDGER_DB_IDLE_IN_TRANSACTION_MS")]
     pub db_idle_in_transaction_ms: Option<u64>,
-    /// The crash tests' fail point to arm (CRA-001..006).
     /// The tamper-evident log's signing key file (`ledger log-key --generate`; `ledger up`
     /// keeps one in its data dir). Unset: the log is not kept.
     #[arg(long, global = true, env = "LEDGER_LOG_SIGNING_KEY_FILE")]
@@ -135,6 +134,7 @@ pub struct Settings {
     /// ... or every this many milliseconds when the log grew (10,000 by default).
     #[arg(long, global = true, env = "LEDGER_LOG_CHECKPOINT_MS")]
     pub log_checkpoint_ms: Option<u64>,
+    /// The crash tests' fail point to arm (CRA-001..006).
     #[arg(long, global = true, env = "LEDGER_FAILPOINT", hide = true)]
     pub failpoint: Option<String>,
 }
