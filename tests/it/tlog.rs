@@ -266,6 +266,18 @@ async fn tlog_proofs_check_out_with_an_independent_verifier_and_users_see_only_t
         assert_eq!(status, 200);
         let entry: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(entry["position"], json!(p.to_string()));
+        // The entry says what the feed says, times to the microsecond included.
+        let fed = projections::feed::read_after(&pool, p as i64 - 1, 1, None)
+            .await
+            .unwrap();
+        let fed = projections::feed::event_json(&fed[0]);
+        for field in ["event_id", "event_type", "aggregate_id", "occurred_at"] {
+            assert_eq!(entry[field], fed[field], "{field} of {p}");
+        }
+        assert_eq!(entry["user_id"], json!(fed["user_id"].to_string()));
+        let payload: serde_json::Value =
+            serde_json::from_str(entry["payload"].as_str().unwrap()).unwrap();
+        assert_eq!(payload, fed["payload"]);
         leaves.push(leaf_hash(&bytes));
     }
     assert_eq!(mth(&leaves), root, "the served leaves make the signed root");
