@@ -248,6 +248,46 @@ fn decode_hex(hex: &str) -> Result<Hash, String> {
         .map_err(|_| "a leaf hash not 32 bytes".into())
 }
 
+/// Streams every entry, with the leaf hash the tree stores for it, through `checker`; the first
+/// difference.
+async fn stream_entries(
+    conn: &mut sqlx::PgConnection,
+    checker: &mut Checker,
+    progress: &mut impl FnMut(u64),
+) -> Result<Option<Finding>, LogError> {
+    let query = format!(
+        "COPY (SELECT {ENTRY_COLUMNS}, encode(n.hash, 'hex')
+               FROM events e LEFT JOIN tlog_nodes n ON n.level = 0 AND n.idx = e.feed_position - 1
+               ORDER BY e.feed_position) TO STDOUT"
+    );
+    let mut stream = conn.copy_out_raw(&query).await?;
+    let mut found = None;
+    // A row may be split across chunks: the unfinished tail waits for the next chunk. After a
+    // finding the stream is drained, unread, so the connection ends the COPY cleanly.
+    let mut carry: Vec<u8> = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk?;
+        if found.is_some() {
+            continue;
+        }
+        let mut rest: &[u8] = &chunk;
+        while let Some(end) = rest.iter().position(|b| *b == b'\n') {
+            carry.extend_from_slice(&rest[..end]);
+            rest = &rest[end + 1..];
+            if let Err(f) = checker.line(&carry) {
+                found = Some(f);
+                break;
+            }
+            carry.clear();
+            if checker.edge.size().is_multiple_of(65_536) {
+                progress(checker.edge.size());
+            }
+        }
+        carry.extend_from_slice(rest);
+    }
+    Ok(found)
+}
+
 /// Verifies the log of `pool` (see the module's comment); `progress` gets the number of entries
 /// read so far, now and then.
 pub async fn verify(
@@ -286,36 +326,7 @@ pub async fn verify(
         report.finding = Some(f);
         return Ok(report);
     }
-    let query = format!(
-        "COPY (SELECT {ENTRY_COLUMNS}, encode(n.hash, 'hex')
-               FROM events e LEFT JOIN tlog_nodes n ON n.level = 0 AND n.idx = e.feed_position - 1
-               ORDER BY e.feed_position) TO STDOUT"
-    );
-    let mut stream = tx.copy_out_raw(&query).await?;
-    // A row may be split across chunks: the unfinished tail waits for the next chunk. After a
-    // finding the stream is drained, unread, so the connection ends the COPY cleanly.
-    let mut carry: Vec<u8> = Vec::new();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk?;
-        if report.finding.is_some() {
-            continue;
-        }
-        let mut rest: &[u8] = &chunk;
-        while let Some(end) = rest.iter().position(|b| *b == b'\n') {
-            carry.extend_from_slice(&rest[..end]);
-            rest = &rest[end + 1..];
-            if let Err(f) = checker.line(&carry) {
-                report.finding = Some(f);
-                break;
-            }
-            carry.clear();
-            if checker.edge.size().is_multiple_of(65_536) {
-                progress(checker.edge.size());
-            }
-        }
-        carry.extend_from_slice(rest);
-    }
-    drop(stream);
+    report.finding = stream_entries(&mut tx, &mut checker, &mut progress).await?;
     report.entries = checker.edge.size();
     progress(report.entries);
     if report.finding.is_none() {
