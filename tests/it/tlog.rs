@@ -522,6 +522,44 @@ async fn tlog_a_running_follower_never_signs_a_rewritten_log() {
     );
 }
 
+/// A deposit inserted with SQL behind the ledger's back. External deposits are not entries of
+/// the log (ADR 0016 names the limit), so `ledger verify` passes either way; a deposit row alone
+/// is caught by the conservation check; a deposit row with its balance is caught by neither.
+#[tokio::test]
+async fn tlog_a_deposit_inserted_with_sql_is_caught_by_the_conservation_check_only() {
+    let (s, _dir, key, _) = followed_stack().await;
+    let conserved = || async {
+        application::audit::check(&s.funding, &s.spot_adapter)
+            .await
+            .expect("the conservation check runs")
+            .ok
+    };
+    assert!(conserved().await);
+    exec(
+        &s.db.pool,
+        "INSERT INTO external_deposits (external_id, user_id, asset, amount)
+         VALUES ('forged-1', 1, 'USDT', 500)",
+    )
+    .await;
+    let (ok, out) = ledger(&["verify"], &s.db.url, &key);
+    assert!(ok, "not an entry of the log: {out}");
+    assert!(
+        !conserved().await,
+        "the conservation check catches a deposit without its balance"
+    );
+    exec(
+        &s.db.pool,
+        "UPDATE funding_accounts SET balance = balance + 500 WHERE user_id = 1 AND asset = 'USDT'",
+    )
+    .await;
+    let (ok, out) = ledger(&["verify"], &s.db.url, &key);
+    assert!(ok, "{out}");
+    assert!(
+        conserved().await,
+        "with its balance, neither check sees it: the ADR's limit"
+    );
+}
+
 /// Waits until a checkpoint covers every event.
 async fn wait_checkpointed(pool: &PgPool) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(30);
