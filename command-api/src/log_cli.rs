@@ -22,6 +22,10 @@ use tlog_follower::FollowerConfig;
 
 use crate::settings::Settings;
 
+/// `ledger verify`'s exit status when it cannot run (no key, no database): neither "holds" (0)
+/// nor "differs" (1), as `ledger audit`'s.
+pub(crate) const VERIFY_EXIT_CANNOT_RUN: i32 = 2;
+
 /// The signing key's file in `ledger up`'s data dir.
 pub(crate) const LOG_KEY_FILE: &str = "log-signing.key";
 
@@ -30,7 +34,7 @@ pub(crate) const LOG_KEY_FILE: &str = "log-signing.key";
 pub enum LogCommand {
     /// Re-read the whole event log, recompute every leaf and the Merkle tree, and check every
     /// stored checkpoint (signature, root) and those of --checkpoints. Exit 0 when all holds, 1
-    /// naming the first position or checkpoint that differs.
+    /// naming the first position or checkpoint that differs, 2 when it cannot run.
     Verify(VerifyArgs),
     /// The tamper-evident log's checkpoints.
     #[command(subcommand)]
@@ -72,8 +76,15 @@ pub struct LogKeyArgs {
 pub async fn run(command: LogCommand, settings: &Settings) -> anyhow::Result<()> {
     match command {
         LogCommand::Verify(args) => {
-            let ok = verify_command(args, settings).await?;
-            std::process::exit(if ok { 0 } else { 1 })
+            let code = match verify_command(args, settings).await {
+                Ok(true) => 0,
+                Ok(false) => 1,
+                Err(e) => {
+                    eprintln!("ledger verify cannot run: {e:#}");
+                    VERIFY_EXIT_CANNOT_RUN
+                }
+            };
+            std::process::exit(code)
         }
         LogCommand::Log(LogSubcommand::ExportCheckpoints { file }) => export(&file, settings).await,
         LogCommand::LogKey(args) => log_key(args, settings),
