@@ -2,7 +2,9 @@
 //! signed checkpoint, the verifier key, an entry's exact leaf bytes, and inclusion and
 //! consistency proofs, all read from what the follower stored (`tlog_follower::proofs`). Any
 //! authenticated caller; an entry or an inclusion proof only for an admin or the entry's owner
-//! (FORBIDDEN otherwise); consistency proofs for anyone. Each call takes a read turn first.
+//! (FORBIDDEN otherwise); consistency proofs for anyone. Each call takes a read turn first. A
+//! transfer's receipt names the feed positions of its events, which its owner keeps to ask for
+//! inclusion proofs later.
 
 use std::collections::HashMap;
 
@@ -31,6 +33,7 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/log/entries/{position}", get(entry))
         .route("/api/v1/log/proof/inclusion", get(inclusion))
         .route("/api/v1/log/proof/consistency", get(consistency))
+        .route("/api/v1/log/receipts/{req_id}", get(receipt))
 }
 
 async fn turn(state: &AppState) -> Result<tokio::sync::SemaphorePermit<'_>, ApiError> {
@@ -185,5 +188,36 @@ async fn consistency(
         .map_err(proof_error)?;
     Ok(Json(
         json!({ "from": from, "to": to, "hashes": b64(&hashes) }),
+    ))
+}
+
+/// `GET /api/v1/log/receipts/{req_id}`: the feed positions of a transfer's events and the tree's
+/// size now (an event at a position up to it has an inclusion proof against any checkpoint of at
+/// least that size). Its owner or an admin; NOT_FOUND otherwise, as for the transfer itself.
+async fn receipt(
+    State(state): State<AppState>,
+    user: AuthUser,
+    Path(req_id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let _turn = turn(&state).await?;
+    let pool = state.ledger.pool();
+    let events = tlog_follower::entries::of_transfer(pool, &req_id)
+        .await
+        .map_err(|e| internal(e.into()))?;
+    let owned = events
+        .iter()
+        .all(|e| e.user_id == Some(user.user_id.as_i64()));
+    if events.is_empty() || !(user.admin || owned) {
+        return Err(ApiError::NotFound);
+    }
+    let size = proofs::head(pool).await.map_err(internal)?.size;
+    let entries: Vec<_> = events
+        .iter()
+        .map(
+            |e| json!({"position": e.position, "sequence": e.sequence, "event_type": e.event_type}),
+        )
+        .collect();
+    Ok(Json(
+        json!({ "req_id": req_id, "tree_size": size, "entries": entries }),
     ))
 }

@@ -319,6 +319,32 @@ async fn tlog_proofs_check_out_with_an_independent_verifier_and_users_see_only_t
         assert_eq!(status, 200);
     }
 
+    // A transfer's receipt names its events' positions, for its owner (and admins) only.
+    let (req_id, owned): (String, Vec<i64>) = sqlx::query_as(
+        "SELECT aggregate_id, array_agg(feed_position ORDER BY sequence) FROM events
+         WHERE user_id = 1 GROUP BY aggregate_id LIMIT 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let path = format!("/api/v1/log/receipts/{req_id}");
+    let (status, body) = api
+        .call(reqwest::Method::GET, &path, Some(&user1), None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let listed: Vec<i64> = body["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["position"].as_i64().unwrap())
+        .collect();
+    assert_eq!(listed, owned);
+    assert_eq!(body["tree_size"], json!(size));
+    let (status, body) = api
+        .call(reqwest::Method::GET, &path, Some(&user2), None)
+        .await;
+    assert_eq!((status, body["code"].clone()), (404, json!("NOT_FOUND")));
+
     // Any user may ask for consistency between two signed checkpoints.
     let first_note: String =
         sqlx::query_scalar("SELECT note FROM tlog_checkpoints WHERE size = $1")

@@ -56,3 +56,24 @@ pub async fn at(pool: &PgPool, position: i64) -> Result<Option<EntryRow>, sqlx::
     .fetch_optional(pool)
     .await
 }
+
+/// One event of a transfer as a receipt names it.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct ReceiptEntry {
+    pub position: i64,
+    pub sequence: i64,
+    pub event_type: String,
+    pub user_id: Option<i64>,
+}
+
+/// A transfer's events with their feed positions, in sequence order (empty for an unknown
+/// req_id).
+pub async fn of_transfer(pool: &PgPool, req_id: &str) -> Result<Vec<ReceiptEntry>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT feed_position AS position, sequence, event_type, user_id FROM events
+         WHERE aggregate_type = 'Transfer' AND aggregate_id = $1 ORDER BY sequence",
+    )
+    .bind(req_id)
+    .fetch_all(pool)
+    .await
+}
