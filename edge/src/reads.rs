@@ -1,6 +1,6 @@
 //! The read side's objects a handler reads through, built once by the binary's start-up over
 //! the database: the transfer read models, the operators' views, the consumer feed, the recovery
-//! worker's listings and the relay's status. The handlers hold this, never the pool.
+//! worker's listings, the relay's status and the tamper-evident log. The handlers hold this, never the pool.
 
 use std::time::Duration;
 
@@ -12,6 +12,7 @@ use recovery::heartbeat::{Attempt, Heartbeat};
 use recovery::StuckTransfer;
 use relay::RelayStatus;
 use sqlx::PgPool;
+use tlog_follower::LogReads;
 
 /// The read models and listings. Cheap to clone: every field is a handle.
 #[derive(Clone)]
@@ -19,6 +20,7 @@ pub struct ReadSide {
     pool: PgPool,
     view: TransferView,
     admin: AdminView,
+    log: LogReads,
 }
 
 impl ReadSide {
@@ -27,6 +29,7 @@ impl ReadSide {
         Self {
             view: TransferView::new(pool.clone()),
             admin: AdminView::new(pool.clone()),
+            log: LogReads::new(pool.clone()),
             pool,
         }
     }
@@ -39,6 +42,11 @@ impl ReadSide {
     /// The operators' reads of any user's transfers, counts and the projector's lag.
     pub fn admin(&self) -> &AdminView {
         &self.admin
+    }
+
+    /// The tamper-evident log's entries, proofs and checkpoints.
+    pub fn log(&self) -> &LogReads {
+        &self.log
     }
 
     /// Open transfers unchanged for at least `older_than`, oldest first, with their retries.

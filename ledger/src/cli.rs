@@ -57,6 +57,8 @@ pub enum Command {
     /// stored checkpoint (which it advances), or `--full` from the start of history. Exit 0 when
     /// money is conserved, 1 on a violation (transfers are then halted), 2 when it cannot run.
     Audit(AuditArgs),
+    #[command(flatten)]
+    Log(crate::log_cli::LogCommand),
     /// Run the spot-core engine in this process.
     #[command(name = "spot-core", hide = true)]
     SpotCore(spot_core::Args),
@@ -147,6 +149,7 @@ async fn run_command(command: Command, settings: Settings) -> anyhow::Result<()>
         Command::Tail(args) => crate::relay_cli::tail(args).await,
         Command::Audit(_) => unreachable!("`run` answers `ledger audit` itself"),
         Command::SpotCore(args) => spot_core::run(args).await,
+        Command::Log(command) => crate::log_cli::run(command, &settings).await,
     }
 }
 

@@ -9,6 +9,7 @@
 pub(crate) mod api_doc;
 pub mod cli;
 pub mod config;
+pub(crate) mod log_cli;
 pub(crate) mod relay_cli;
 pub(crate) mod replay;
 pub mod router;

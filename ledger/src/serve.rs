@@ -76,7 +76,7 @@ fn configured(
     assets: domain::AssetRegistry,
     secret: &JwtSecret,
     relay: Option<relay::RelayConfig>,
-) -> (Assembled, Serving) {
+) -> anyhow::Result<(Assembled, Serving)> {
     let background = &settings.background;
     let limits = &settings.limits;
     let assembled = Wiring::new(pool, spot, assets, &secret.bytes)
@@ -91,11 +91,12 @@ fn configured(
             audit_interval: background.audit_interval,
             relay,
             horizon: Some(background.horizon),
+            log: crate::log_cli::follower_config(settings)?,
         },
         http: settings.http.limits,
         metrics_on_api: settings.http.metrics == MetricsListen::Api,
     };
-    (assembled, serving)
+    Ok((assembled, serving))
 }
 
 pub(crate) async fn serve(args: ServeArgs, settings: &Settings) -> anyhow::Result<()> {
@@ -124,7 +125,7 @@ pub(crate) async fn serve(args: ServeArgs, settings: &Settings) -> anyhow::Resul
         .with_context(|| format!("listen on {}", args.listen))?;
     let local = listener.local_addr()?;
     let (assembled, serving) =
-        configured(settings, pool, spot, assets, &secret, args.relay.config());
+        configured(settings, pool, spot, assets, &secret, args.relay.config())?;
     let metrics = bind_metrics(&settings.http.metrics).await?;
     println!("ledger serving on http://{local} (spot-core at {spot_addr})");
     run_until_stopped(listener, metrics, assembled, serving, None).await
@@ -135,6 +136,7 @@ pub(crate) async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> 
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("create data dir {}", args.data_dir.display()))?;
     let secret = config::secret_for_data_dir(settings.secrets.jwt.clone(), &args.data_dir)?;
+    let settings = &crate::log_cli::with_data_dir_key(settings, &args.data_dir)?;
     let url = settings.database.url.clone();
     let pool = settings.database.pool(config::POOL_CONNECTIONS_MAX).await?;
 
@@ -173,7 +175,7 @@ pub(crate) async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> 
         .with_context(|| format!("listen on {}", args.listen))?;
     let local = listener.local_addr()?;
     let (assembled, serving) =
-        configured(settings, pool, spot, assets, &secret, args.relay.config());
+        configured(settings, pool, spot, assets, &secret, args.relay.config())?;
     let metrics = bind_metrics(&settings.http.metrics).await?;
 
     print_banner(&Banner {

@@ -51,8 +51,21 @@ pub struct Settings {
     pub http: HttpSettings,
     /// The keepalive and `TCP_USER_TIMEOUT` of spot-core connections.
     pub spot_liveness: TcpLiveness,
+    /// The tamper-evident log: its signing key and checkpoint cadence.
+    pub log: LogSettings,
     /// The crash tests' armed fail point, if any.
     pub failpoints: FailPoints,
+}
+
+/// The tamper-evident log's settings (`docs/adr/0016-tamper-evident-log.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogSettings {
+    /// `LEDGER_LOG_SIGNING_KEY_FILE`; `None` (unset or empty): the log is not kept.
+    pub signing_key_file: Option<std::path::PathBuf>,
+    /// A checkpoint at least every this many events.
+    pub checkpoint_events: u64,
+    /// ... or this often while the log grows.
+    pub checkpoint_interval: Duration,
 }
 
 /// The database: where it is and how its connections are kept alive.
@@ -139,6 +152,19 @@ impl Settings {
                 metrics: flags.metrics_listen(),
             },
             spot_liveness: flags.spot_liveness(),
+            log: LogSettings {
+                signing_key_file: flags
+                    .log_signing_key_file
+                    .clone()
+                    .filter(|p| !p.as_os_str().is_empty()),
+                checkpoint_events: flags
+                    .log_checkpoint_events
+                    .unwrap_or(tlog_follower::follower::CHECKPOINT_EVENTS_DEFAULT),
+                checkpoint_interval: flags
+                    .log_checkpoint_ms
+                    .map(Duration::from_millis)
+                    .unwrap_or(tlog_follower::follower::CHECKPOINT_INTERVAL_DEFAULT),
+            },
             failpoints: flags.failpoints()?,
         })
     }

@@ -38,6 +38,8 @@ pub struct Background {
     /// spot-core's idempotency horizon, advanced periodically; `None` leaves it alone (an
     /// in-process test server).
     pub horizon: Option<application::HorizonConfig>,
+    /// The tamper-evident log's follower, when a signing key is configured.
+    pub log: Option<tlog_follower::FollowerConfig>,
 }
 
 impl Default for Background {
@@ -47,6 +49,7 @@ impl Default for Background {
             audit_interval: AUDIT_INTERVAL_DEFAULT,
             relay: None,
             horizon: None,
+            log: None,
         }
     }
 }
@@ -164,6 +167,10 @@ impl Tasks {
         if let Some(config) = background.horizon {
             let horizon = application::Horizon::new(pool.clone(), pieces.spot.clone(), config);
             tasks.spawn("idempotency horizon", horizon.run());
+        }
+        if let Some(config) = &background.log {
+            let follower = tlog_follower::Follower::new(pool.clone(), config.clone());
+            tasks.spawn("tamper-evident log", follower.run());
         }
         if let Some(config) = &background.relay {
             tracing::info!(stream = %config.stream, nats = %config.nats_url, "relay starts in-process");

@@ -11,6 +11,7 @@ pub(crate) mod admin_views;
 pub mod console;
 pub(crate) mod feed;
 pub mod graphql;
+pub(crate) mod log_routes;
 pub mod metrics;
 pub mod openapi;
 pub(crate) mod ops_metrics;
@@ -35,4 +36,5 @@ pub fn router() -> Router<AppState> {
         .merge(admin_views::routes())
         .merge(feed::routes())
         .merge(graphql::routes())
+        .merge(log_routes::routes())
 }

@@ -35,3 +35,4 @@ mod recovery_safety;
 mod relay;
 mod security;
 mod spot_durability;
+mod tlog;

@@ -108,6 +108,16 @@ pub struct Flags {
     /// PostgreSQL ends a session idle inside a transaction this long (ms, default 60000).
     #[arg(long, global = true, env = "LEDGER_DB_IDLE_IN_TRANSACTION_MS")]
     pub db_idle_in_transaction_ms: Option<u64>,
+    /// The tamper-evident log's signing key file (`ledger log-key --generate`; `ledger up`
+    /// keeps one in its data dir). Unset: the log is not kept.
+    #[arg(long, global = true, env = "LEDGER_LOG_SIGNING_KEY_FILE")]
+    pub log_signing_key_file: Option<std::path::PathBuf>,
+    /// A signed checkpoint of the log at least every this many events (10,000 by default)...
+    #[arg(long, global = true, env = "LEDGER_LOG_CHECKPOINT_EVENTS")]
+    pub log_checkpoint_events: Option<u64>,
+    /// ... or every this many milliseconds when the log grew (10,000 by default).
+    #[arg(long, global = true, env = "LEDGER_LOG_CHECKPOINT_MS")]
+    pub log_checkpoint_ms: Option<u64>,
     /// The crash tests' fail point to arm (CRA-001..006): the process aborts there on purpose.
     /// Honoured only with `--allow-failpoints`; an unknown name refuses start-up.
     #[arg(long, global = true, env = "LEDGER_FAILPOINT", hide = true)]

@@ -1,0 +1,223 @@
+//! The tamper-evident log's routes (`docs/contract.md`, "The tamper-evident log"): the newest
+//! signed checkpoint, the verifier key, an entry's exact leaf bytes, and inclusion and
+//! consistency proofs, all read from what the follower stored (`tlog_follower::proofs`). Any
+//! authenticated caller; an entry or an inclusion proof only for an admin or the entry's owner
+//! (FORBIDDEN otherwise); consistency proofs for anyone. Each call takes a read turn first. A
+//! transfer's receipt names the feed positions of its events, which its owner keeps to ask for
+//! inclusion proofs later.
+
+use std::collections::HashMap;
+
+use axum::extract::{Path, Query, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use domain::ErrorCode;
+use serde_json::json;
+use tlog_follower::proofs::ProofError;
+use tlog_follower::LogError;
+use tlog_follower::LogReads;
+
+use edge::auth::AuthUser;
+use edge::error::ApiError;
+use edge::state::AppState;
+
+/// The log's routes; merged into the application router.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/log/checkpoint", get(checkpoint))
+        .route("/api/v1/log/key", get(key))
+        .route("/api/v1/log/entries/{position}", get(entry))
+        .route("/api/v1/log/proof/inclusion", get(inclusion))
+        .route("/api/v1/log/proof/consistency", get(consistency))
+        .route("/api/v1/log/receipts/{req_id}", get(receipt))
+}
+
+async fn turn(state: &AppState) -> Result<tokio::sync::SemaphorePermit<'_>, ApiError> {
+    state
+        .admission
+        .read()
+        .await
+        .map_err(|_| ApiError::Refused(ErrorCode::RateLimitExceeded))
+}
+
+fn internal(e: LogError) -> ApiError {
+    ApiError::Internal(format!("tamper-evident log: {e}"))
+}
+
+fn not_found(message: impl Into<String>) -> ApiError {
+    ApiError::RefusedBecause {
+        code: ErrorCode::NotFound,
+        message: message.into(),
+    }
+}
+
+fn proof_error(e: ProofError) -> ApiError {
+    match e {
+        ProofError::BeyondTree { size } => not_found(format!("the tree has {size} entries so far")),
+        ProofError::OutOfRange => ApiError::BadRequest("the range is not inside the tree".into()),
+        ProofError::Log(e) => internal(e),
+    }
+}
+
+fn text(body: String) -> Response {
+    ([(CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
+}
+
+/// A positive integer query parameter, or BAD_REQUEST naming it.
+fn param(params: &HashMap<String, String>, name: &str) -> Result<u64, ApiError> {
+    let bad = || ApiError::BadRequest(format!("`{name}` must be a positive integer"));
+    let value = params.get(name).ok_or_else(bad)?;
+    value
+        .parse::<u64>()
+        .ok()
+        .filter(|n| (1..=i64::MAX as u64).contains(n))
+        .ok_or_else(bad)
+}
+
+fn b64(hashes: &[tlog::Hash]) -> Vec<String> {
+    hashes.iter().map(|h| STANDARD.encode(h)).collect()
+}
+
+/// The entry at `position` if the caller may see it: NOT_FOUND when the tree does not hold it
+/// (yet), FORBIDDEN when it is another user's and the caller is no admin.
+async fn owned_entry(
+    log: &LogReads,
+    user: AuthUser,
+    position: u64,
+) -> Result<tlog_follower::EntryRow, ApiError> {
+    let size = log.head().await.map_err(internal)?.size;
+    let row = if position <= size {
+        log.entry_at(position as i64).await.map_err(internal)?
+    } else {
+        None
+    };
+    let row =
+        row.ok_or_else(|| not_found(format!("no entry at position {position} in the tree")))?;
+    if !user.admin && row.user_id != Some(user.user_id.as_i64()) {
+        return Err(ApiError::Forbidden);
+    }
+    Ok(row)
+}
+
+/// `GET /api/v1/log/checkpoint`: the newest signed checkpoint, the note's text.
+async fn checkpoint(State(state): State<AppState>, _user: AuthUser) -> Result<Response, ApiError> {
+    let _turn = turn(&state).await?;
+    let note = state
+        .reads
+        .log()
+        .latest_checkpoint()
+        .await
+        .map_err(internal)?
+        .ok_or_else(|| not_found("no checkpoint has been signed yet"))?;
+    Ok(text(note))
+}
+
+/// `GET /api/v1/log/key`: the verifier key of the log's signatures (C2SP vkey).
+async fn key(State(state): State<AppState>, _user: AuthUser) -> Result<Response, ApiError> {
+    let _turn = turn(&state).await?;
+    let head = state.reads.log().head().await.map_err(internal)?;
+    let vkey = head
+        .vkey
+        .ok_or_else(|| not_found("the log has not been signed yet"))?;
+    Ok(text(format!("{vkey}\n")))
+}
+
+/// `GET /api/v1/log/entries/{position}`: the exact leaf bytes (canonical JSON).
+async fn entry(
+    State(state): State<AppState>,
+    user: AuthUser,
+    Path(position): Path<String>,
+) -> Result<Response, ApiError> {
+    let position = position
+        .parse::<u64>()
+        .ok()
+        .filter(|p| *p >= 1)
+        .ok_or_else(|| ApiError::BadRequest("the position must be a positive integer".into()))?;
+    let _turn = turn(&state).await?;
+    let row = owned_entry(state.reads.log(), user, position).await?;
+    Ok(([(CONTENT_TYPE, "application/json")], row.leaf()).into_response())
+}
+
+/// `GET /api/v1/log/proof/inclusion?position=P&size=N`: the audit path of the entry at `P` in
+/// the tree of `N` entries.
+async fn inclusion(
+    State(state): State<AppState>,
+    user: AuthUser,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let position = param(&params, "position")?;
+    let size = param(&params, "size")?;
+    if position > size {
+        return Err(ApiError::BadRequest(
+            "`position` must be at most `size`".into(),
+        ));
+    }
+    let _turn = turn(&state).await?;
+    let log = state.reads.log();
+    owned_entry(log, user, position).await?;
+    let proof = log.inclusion(position, size).await.map_err(proof_error)?;
+    Ok(Json(json!({
+        "position": position,
+        "size": size,
+        "leaf_index": position - 1,
+        "leaf_hash": STANDARD.encode(proof.leaf_hash),
+        "hashes": b64(&proof.hashes),
+    })))
+}
+
+/// `GET /api/v1/log/proof/consistency?from=M&to=N`: the proof that the tree of `N` entries
+/// extends the tree of `M`.
+async fn consistency(
+    State(state): State<AppState>,
+    _user: AuthUser,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let from = param(&params, "from")?;
+    let to = param(&params, "to")?;
+    if from > to {
+        return Err(ApiError::BadRequest("`from` must be at most `to`".into()));
+    }
+    let _turn = turn(&state).await?;
+    let hashes = state
+        .reads
+        .log()
+        .consistency(from, to)
+        .await
+        .map_err(proof_error)?;
+    Ok(Json(
+        json!({ "from": from, "to": to, "hashes": b64(&hashes) }),
+    ))
+}
+
+/// `GET /api/v1/log/receipts/{req_id}`: the feed positions of a transfer's events and the tree's
+/// size now (an event at a position up to it has an inclusion proof against any checkpoint of at
+/// least that size). Its owner or an admin; NOT_FOUND otherwise, as for the transfer itself.
+async fn receipt(
+    State(state): State<AppState>,
+    user: AuthUser,
+    Path(req_id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let _turn = turn(&state).await?;
+    let log = state.reads.log();
+    let events = log.of_transfer(&req_id).await.map_err(internal)?;
+    let owned = events
+        .iter()
+        .all(|e| e.user_id == Some(user.user_id.as_i64()));
+    if events.is_empty() || !(user.admin || owned) {
+        return Err(ApiError::NotFound);
+    }
+    let size = log.head().await.map_err(internal)?.size;
+    let entries: Vec<_> = events
+        .iter()
+        .map(
+            |e| json!({"position": e.position, "sequence": e.sequence, "event_type": e.event_type}),
+        )
+        .collect();
+    Ok(Json(
+        json!({ "req_id": req_id, "tree_size": size, "entries": entries }),
+    ))
+}

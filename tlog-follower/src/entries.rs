@@ -1,0 +1,79 @@
+//! An entry's fields as the leaf needs them, read from the event table by one expression list
+//! (the follower's reads, the routes' `entries`, `verify`'s COPY): the domain time is formatted
+//! by the database in UTC with six fractional digits, the payload is the stored JSON text.
+
+use sqlx::PgPool;
+use tlog::Entry;
+
+/// The columns of an entry, in [`EntryRow`]'s order, over `events e`.
+pub(crate) const ENTRY_COLUMNS: &str = "e.feed_position AS position, e.aggregate_type, \
+     e.aggregate_id, e.sequence, e.event_type, e.event_version, \
+     to_char(e.occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS occurred_at, \
+     e.user_id, e.payload::text AS payload";
+
+/// One entry of the log, owned.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct EntryRow {
+    pub position: i64,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub sequence: i64,
+    pub event_type: String,
+    pub event_version: String,
+    pub occurred_at: String,
+    pub user_id: Option<i64>,
+    pub payload: String,
+}
+
+impl EntryRow {
+    /// The entry's fields for `tlog`.
+    pub fn entry(&self) -> Entry<'_> {
+        Entry {
+            position: self.position,
+            aggregate_type: &self.aggregate_type,
+            aggregate_id: &self.aggregate_id,
+            sequence: self.sequence,
+            event_type: &self.event_type,
+            event_version: &self.event_version,
+            occurred_at: &self.occurred_at,
+            user_id: self.user_id,
+            payload: &self.payload,
+        }
+    }
+
+    /// The exact leaf bytes.
+    pub fn leaf(&self) -> Vec<u8> {
+        self.entry().leaf()
+    }
+}
+
+/// The entry at feed `position`, if the log has one.
+pub async fn at(pool: &PgPool, position: i64) -> Result<Option<EntryRow>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {ENTRY_COLUMNS} FROM events e WHERE e.feed_position = $1"
+    ))
+    .bind(position)
+    .fetch_optional(pool)
+    .await
+}
+
+/// One event of a transfer as a receipt names it.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct ReceiptEntry {
+    pub position: i64,
+    pub sequence: i64,
+    pub event_type: String,
+    pub user_id: Option<i64>,
+}
+
+/// A transfer's events with their feed positions, in sequence order (empty for an unknown
+/// req_id).
+pub async fn of_transfer(pool: &PgPool, req_id: &str) -> Result<Vec<ReceiptEntry>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT feed_position AS position, sequence, event_type, user_id FROM events
+         WHERE aggregate_type = 'Transfer' AND aggregate_id = $1 ORDER BY sequence",
+    )
+    .bind(req_id)
+    .fetch_all(pool)
+    .await
+}

@@ -1,0 +1,51 @@
+//! `LogReads`: the routes' one handle on the stored log, built over the database at start-up,
+//! so the HTTP side reads proofs, entries and checkpoints without holding a pool.
+
+use sqlx::PgPool;
+
+use crate::entries::{self, EntryRow, ReceiptEntry};
+use crate::proofs::{self, Inclusion, ProofError, TreeHead};
+use crate::LogError;
+
+/// The tamper-evident log's reads. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct LogReads {
+    pool: PgPool,
+}
+
+impl LogReads {
+    /// Over the ledger's database.
+    pub fn new(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    /// The tree's size, root and signing identity now.
+    pub async fn head(&self) -> Result<TreeHead, LogError> {
+        proofs::head(&self.pool).await
+    }
+
+    /// The newest signed checkpoint's note text, if any.
+    pub async fn latest_checkpoint(&self) -> Result<Option<String>, LogError> {
+        proofs::latest_checkpoint(&self.pool).await
+    }
+
+    /// The entry at feed position `position`, if the log has one there.
+    pub async fn entry_at(&self, position: i64) -> Result<Option<EntryRow>, LogError> {
+        Ok(entries::at(&self.pool, position).await?)
+    }
+
+    /// The feed positions of one transfer's events.
+    pub async fn of_transfer(&self, req_id: &str) -> Result<Vec<ReceiptEntry>, LogError> {
+        Ok(entries::of_transfer(&self.pool, req_id).await?)
+    }
+
+    /// The audit path of the entry at `position` in the tree of `size` entries.
+    pub async fn inclusion(&self, position: u64, size: u64) -> Result<Inclusion, ProofError> {
+        proofs::inclusion(&self.pool, position, size).await
+    }
+
+    /// The proof that the tree of `to` entries extends the tree of `from`.
+    pub async fn consistency(&self, from: u64, to: u64) -> Result<Vec<tlog::Hash>, ProofError> {
+        proofs::consistency(&self.pool, from, to).await
+    }
+}

@@ -1,0 +1,337 @@
+//! `ledger verify`'s work: re-read the whole log in one COPY stream (one REPEATABLE READ
+//! snapshot, with the tree's head and checkpoints), recompute every leaf and the tree, and check
+//! that every stored leaf hash matches the log, that the tree holds no entry the log lost, and
+//! that every checkpoint (stored, and any saved outside the database) carries a valid signature
+//! by the configured key and the root recomputed at its size. Two checkpoints that both match
+//! the one recomputed tree are consistent: both are prefixes of the same log. Stops at the first
+//! difference, which it names: a position or a checkpoint, and why.
+
+use std::collections::BTreeMap;
+
+use futures_util::StreamExt;
+use sqlx::PgPool;
+use tlog::{leaf_hash, Checkpoint, Hash, RightEdge, Verifier};
+
+use crate::copy::field;
+use crate::entries::{EntryRow, ENTRY_COLUMNS};
+use crate::{store, LogError};
+
+/// The first difference found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// `position P` or `checkpoint of size S (where it came from)`.
+    pub at: String,
+    pub why: String,
+}
+
+impl std::fmt::Display for Finding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.at, self.why)
+    }
+}
+
+/// What a verification read and found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// Entries read from the log.
+    pub entries: u64,
+    /// The stored tree's size.
+    pub tree_size: u64,
+    /// Checkpoints checked: stored, and from outside.
+    pub stored_checkpoints: usize,
+    pub outside_checkpoints: usize,
+    /// The first difference, if any: `None` means everything holds.
+    pub finding: Option<Finding>,
+}
+
+/// A checkpoint saved outside the database, with where it came from (for the message).
+#[derive(Debug, Clone)]
+pub struct OutsideNote {
+    pub source: String,
+    pub note: String,
+}
+
+/// A checkpoint to compare with the recomputed tree.
+struct Expected {
+    at: String,
+    root: Hash,
+}
+
+fn finding(at: impl Into<String>, why: impl Into<String>) -> Finding {
+    Finding {
+        at: at.into(),
+        why: why.into(),
+    }
+}
+
+/// Opens a checkpoint note with `verifier` and reads its body.
+fn open(verifier: &Verifier, note: &str) -> Result<Checkpoint, String> {
+    let text = verifier.open(note).map_err(|e| format!("signature: {e}"))?;
+    let checkpoint = Checkpoint::parse(text).ok_or("malformed checkpoint body")?;
+    if checkpoint.origin != verifier.name() {
+        return Err(format!(
+            "origin {} is not the key's {}",
+            checkpoint.origin,
+            verifier.name()
+        ));
+    }
+    Ok(checkpoint)
+}
+
+/// Checks the stored and outside checkpoints' signatures and forms; returns what each says the
+/// root at its size is, or the first one refused.
+fn expectations(
+    verifier: &Verifier,
+    stored: &[(u64, Hash, String)],
+    outside: &[OutsideNote],
+) -> Result<BTreeMap<u64, Vec<Expected>>, Finding> {
+    let mut out: BTreeMap<u64, Vec<Expected>> = BTreeMap::new();
+    for (size, root, note) in stored {
+        let at = format!("checkpoint of size {size} (database)");
+        let c = open(verifier, note).map_err(|why| finding(&at, why))?;
+        if c.size != *size || c.root != *root {
+            return Err(finding(
+                at,
+                "its note does not say the size and root stored with it",
+            ));
+        }
+        out.entry(c.size)
+            .or_default()
+            .push(Expected { at, root: c.root });
+    }
+    for n in outside {
+        let opened = open(verifier, &n.note);
+        let size = opened
+            .as_ref()
+            .map(|c| c.size.to_string())
+            .unwrap_or("?".into());
+        let at = format!("checkpoint of size {size} ({})", n.source);
+        let c = opened.map_err(|why| finding(&at, why))?;
+        out.entry(c.size)
+            .or_default()
+            .push(Expected { at, root: c.root });
+    }
+    Ok(out)
+}
+
+/// The recomputation as the stream goes.
+struct Checker {
+    tree_size: u64,
+    edge: RightEdge,
+    expected: BTreeMap<u64, Vec<Expected>>,
+}
+
+impl Checker {
+    /// One COPY line: an entry and the leaf hash the tree stores for its position.
+    fn line(&mut self, line: &[u8]) -> Result<(), Finding> {
+        let next = self.edge.size() + 1;
+        let at = format!("position {next}");
+        let (row, stored) =
+            parse_line(line).map_err(|why| finding(&at, format!("unreadable entry: {why}")))?;
+        if row.position != next as i64 {
+            return Err(finding(
+                at,
+                format!(
+                    "missing from the log (the next entry is at position {})",
+                    row.position
+                ),
+            ));
+        }
+        let hash = leaf_hash(&row.leaf());
+        match stored {
+            Some(s) if s != hash => {
+                return Err(finding(
+                    at,
+                    "its entry differs from the leaf the tree holds (edited, replaced or moved)",
+                ))
+            }
+            None if next <= self.tree_size => {
+                return Err(finding(at, "the tree holds no leaf for it"))
+            }
+            _ => {}
+        }
+        self.edge.push(hash, |_, _| {});
+        self.check_roots()
+    }
+
+    /// Compares the checkpoints at the current size with the recomputed root.
+    fn check_roots(&mut self) -> Result<(), Finding> {
+        let size = self.edge.size();
+        if let Some(expected) = self.expected.remove(&size) {
+            let root = self.edge.root();
+            if let Some(e) = expected.into_iter().find(|e| e.root != root) {
+                return Err(finding(
+                    e.at,
+                    format!(
+                        "its root is not the root of the log's first {size} entries: \
+                         the log was rewritten at or before position {size}"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// After the last entry: the tree and the checkpoints must not be longer than the log.
+    fn finish(&mut self) -> Result<(), Finding> {
+        let entries = self.edge.size();
+        if self.tree_size > entries {
+            return Err(finding(
+                format!("position {}", entries + 1),
+                format!(
+                    "the tree holds {} entries but the log only {entries}: entries were removed",
+                    self.tree_size
+                ),
+            ));
+        }
+        if let Some((size, expected)) = self.expected.pop_first() {
+            let at = expected
+                .into_iter()
+                .next()
+                .map(|e| e.at)
+                .unwrap_or_default();
+            return Err(finding(
+                at,
+                format!("the log has only {entries} entries, not {size}: its tail was cut"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One COPY line of [`verify`]'s query.
+fn parse_line(line: &[u8]) -> Result<(EntryRow, Option<Hash>), String> {
+    let mut fields = line.split(|b| *b == b'\t');
+    let mut next = |name: &str| -> Result<Option<String>, String> {
+        let raw = fields.next().ok_or(format!("no {name}"))?;
+        field(raw)
+            .map(|v| v.map(|s| s.into_owned()))
+            .map_err(|()| format!("bad {name}"))
+    };
+    let text = |v: Option<String>, name: &str| v.ok_or(format!("null {name}"));
+    let int = |s: String, name: &str| s.parse::<i64>().map_err(|_| format!("bad {name}"));
+    let position = int(text(next("position")?, "position")?, "position")?;
+    let aggregate_type = text(next("aggregate_type")?, "aggregate_type")?;
+    let aggregate_id = text(next("aggregate_id")?, "aggregate_id")?;
+    let sequence = int(text(next("sequence")?, "sequence")?, "sequence")?;
+    let event_type = text(next("event_type")?, "event_type")?;
+    let event_version = text(next("event_version")?, "event_version")?;
+    let occurred_at = text(next("occurred_at")?, "occurred_at")?;
+    let user_id = next("user_id")?.map(|u| int(u, "user_id")).transpose()?;
+    let payload = text(next("payload")?, "payload")?;
+    let stored = next("leaf hash")?.map(|h| decode_hex(&h)).transpose()?;
+    let row = EntryRow {
+        position,
+        aggregate_type,
+        aggregate_id,
+        sequence,
+        event_type,
+        event_version,
+        occurred_at,
+        user_id,
+        payload,
+    };
+    Ok((row, stored))
+}
+
+fn decode_hex(hex: &str) -> Result<Hash, String> {
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| {
+            hex.get(i..i + 2)
+                .and_then(|b| u8::from_str_radix(b, 16).ok())
+        })
+        .collect::<Option<_>>()
+        .ok_or("bad leaf hash")?;
+    bytes
+        .try_into()
+        .map_err(|_| "a leaf hash not 32 bytes".into())
+}
+
+/// Streams every entry, with the leaf hash the tree stores for it, through `checker`; the first
+/// difference.
+async fn stream_entries(
+    conn: &mut sqlx::PgConnection,
+    checker: &mut Checker,
+    progress: &mut impl FnMut(u64),
+) -> Result<Option<Finding>, LogError> {
+    let query = format!(
+        "COPY (SELECT {ENTRY_COLUMNS}, encode(n.hash, 'hex')
+               FROM events e LEFT JOIN tlog_nodes n ON n.level = 0 AND n.idx = e.feed_position - 1
+               ORDER BY e.feed_position) TO STDOUT"
+    );
+    let mut stream = conn.copy_out_raw(&query).await?;
+    let mut found = None;
+    // A row may be split across chunks: the unfinished tail waits for the next chunk. After a
+    // finding the stream is drained, unread, so the connection ends the COPY cleanly.
+    let mut carry: Vec<u8> = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk?;
+        if found.is_some() {
+            continue;
+        }
+        let mut rest: &[u8] = &chunk;
+        while let Some(end) = rest.iter().position(|b| *b == b'\n') {
+            carry.extend_from_slice(&rest[..end]);
+            rest = &rest[end + 1..];
+            if let Err(f) = checker.line(&carry) {
+                found = Some(f);
+                break;
+            }
+            carry.clear();
+            if checker.edge.size().is_multiple_of(65_536) {
+                progress(checker.edge.size());
+            }
+        }
+        carry.extend_from_slice(rest);
+    }
+    Ok(found)
+}
+
+/// Verifies the log of `pool` (see the module's comment); `progress` gets the number of entries
+/// read so far, now and then.
+pub async fn verify(
+    pool: &PgPool,
+    verifier: &Verifier,
+    outside: &[OutsideNote],
+    mut progress: impl FnMut(u64),
+) -> Result<Report, LogError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    let head = store::tree_head(&mut tx).await?;
+    let stored = store::checkpoints(&mut tx).await?;
+    let mut report = Report {
+        entries: 0,
+        tree_size: head.size,
+        stored_checkpoints: stored.len(),
+        outside_checkpoints: outside.len(),
+        finding: None,
+    };
+    let expected = match expectations(verifier, &stored, outside) {
+        Ok(expected) => expected,
+        Err(f) => {
+            report.finding = Some(f);
+            return Ok(report);
+        }
+    };
+    let mut checker = Checker {
+        tree_size: head.size,
+        edge: RightEdge::new(),
+        expected,
+    };
+    // Checkpoints of the empty tree are checked before the first entry.
+    if let Err(f) = checker.check_roots() {
+        report.finding = Some(f);
+        return Ok(report);
+    }
+    report.finding = stream_entries(&mut tx, &mut checker, &mut progress).await?;
+    report.entries = checker.edge.size();
+    progress(report.entries);
+    if report.finding.is_none() {
+        report.finding = checker.finish().err();
+    }
+    tx.rollback().await?;
+    Ok(report)
+}
