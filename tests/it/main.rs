@@ -23,6 +23,7 @@ mod defense;
 mod feed;
 mod fsm;
 mod graphql;
+mod graphql_introspection;
 mod horizon;
 mod invariant;
 mod ledger_up;
