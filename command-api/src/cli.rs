@@ -368,8 +368,15 @@ async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("create data dir {}", args.data_dir.display()))?;
     let secret = config::secret_for_data_dir(settings.jwt_secret()?, &args.data_dir)?;
-    let url = settings.database_url();
-    let pool = settings.pool(config::POOL_CONNECTIONS_MAX).await?;
+    // Kept until `up` returns: dropping it stops a private cluster.
+    let (url, _private_pg) = crate::private_pg::database_for_up(
+        settings.database_url.as_deref(),
+        &settings.pg_search,
+        &args.data_dir,
+    )
+    .await?;
+    let pool =
+        schema::prepare_with(&url, config::POOL_CONNECTIONS_MAX, settings.db_liveness()).await?;
 
     let timeout = Duration::from_millis(args.spot_timeout_ms);
     let (spot_addr, spot_token, child) = match &args.spot_url {

@@ -23,6 +23,7 @@ pub(crate) mod invariant;
 pub(crate) mod metrics;
 pub(crate) mod openapi;
 pub(crate) mod ops_metrics;
+pub(crate) mod private_pg;
 pub mod ratelimit;
 pub(crate) mod relay_cli;
 pub(crate) mod render;

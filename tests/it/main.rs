@@ -29,6 +29,7 @@ mod invariant;
 mod ledger_up;
 mod old_snapshot;
 mod pool_safety;
+mod private_pg;
 mod projections;
 mod prometheus;
 mod recovery;
