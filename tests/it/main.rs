@@ -28,6 +28,7 @@ mod horizon;
 mod invariant;
 mod ledger_up;
 mod old_snapshot;
+mod package;
 mod pool_safety;
 mod private_pg;
 mod projections;
