@@ -1,6 +1,7 @@
 //! `ledger up` with no `DATABASE_URL` and nothing answering on its default PostgreSQL address
 //! runs a private cluster under `<data-dir>/pg` from the installed PostgreSQL binaries, reuses
-//! it on the next `up`, and stops it when `up` ends (SIGINT here, as Ctrl-C sends). Without
+//! it on the next `up` (also after an `up` killed outright left it running), and stops it when
+//! `up` ends (SIGINT here, as Ctrl-C sends). Without
 //! PostgreSQL binaries it says so in one line, naming the command that installs them.
 
 use std::io::{BufRead, BufReader};
@@ -233,7 +234,17 @@ async fn ledger_up_runs_reuses_and_stops_a_private_postgresql() {
         again.pg_line
     );
     assert_eq!(balances(&again.base).await, before);
-    again.interrupt();
+    // Killed outright, `up` leaves its server running; the next `up` takes it over.
+    let mut killed = again;
+    killed.child.kill().expect("SIGKILL ledger up");
+    killed.child.wait().expect("reap ledger up");
+    assert!(
+        server_running(data.path()),
+        "the server stays when up is killed"
+    );
+    let third = Up::start(data.path(), &default_addr);
+    assert_eq!(balances(&third.base).await, before);
+    third.interrupt();
     assert!(
         !server_running(data.path()),
         "a postgres server outlived ledger up"
