@@ -1,8 +1,8 @@
 //! `ledger up` with no `DATABASE_URL` and nothing answering on its default PostgreSQL address
 //! runs a private cluster under `<data-dir>/pg` from the installed PostgreSQL binaries, reuses
 //! it on the next `up` (also after an `up` killed outright left it running), and stops it when
-//! `up` ends (SIGINT here, as Ctrl-C sends). Without
-//! PostgreSQL binaries it says so in one line, naming the command that installs them.
+//! `up` ends (SIGINT here, as Ctrl-C sends). Without PostgreSQL binaries it says so in one
+//! line, naming the command that installs them.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
