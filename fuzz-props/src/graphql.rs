@@ -1,7 +1,7 @@
 //! A GraphQL document through what `/graphql` does before async-graphql's own walks:
-//! `parse_query` (as `Request::parsed_query` does) and `graphql::cost::check`. Properties:
-//! neither panics; a document the cost check accepts really is small once expanded, measured
-//! by a naive walk that follows every spread (with a budget, so the walk itself stays small):
+//! `parse_query` (as `Request::parsed_query` does), `graphql::introspection::is_introspection`,
+//! `graphql::cost::check` and `graphql::introspection::check`. Properties: none panics; a
+//! document the cost check accepts really is small once expanded, measured by a naive walk that follows every spread (with a budget, so the walk itself stays small):
 //! at most `SELECTIONS_EXPANDED_MAX` selections of any kind (every field, fragment spread and
 //! inline fragment a validation walk visits), at most `ROOT_FIELDS_MAX` fields at an
 //! operation's root, nesting at most `NESTING_MAX`, and no fragment cycle, for every operation
@@ -12,6 +12,7 @@ use async_graphql::parser::types::{
     DocumentOperations, ExecutableDocument, Selection, SelectionSet,
 };
 use query_api::graphql::cost::{self, NESTING_MAX, ROOT_FIELDS_MAX, SELECTIONS_EXPANDED_MAX};
+use query_api::graphql::introspection;
 
 pub fn check(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
@@ -20,9 +21,13 @@ pub fn check(data: &[u8]) {
     let Ok(doc) = parse_query(text) else {
         return;
     };
+    // Runs on every parsed document, before any bound is checked: it must not panic or recurse.
+    let _ = introspection::is_introspection(&doc);
     if cost::check(&doc).is_err() {
         return;
     }
+    // Runs after the cost check, which bounds its walk.
+    let _ = introspection::check(&doc, introspection::Bounds { of_type_max: 9 });
     let mut walk = Naive {
         doc: &doc,
         visited: 0,

@@ -137,8 +137,15 @@ pub(crate) async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> 
         .with_context(|| format!("create data dir {}", args.data_dir.display()))?;
     let secret = config::secret_for_data_dir(settings.secrets.jwt.clone(), &args.data_dir)?;
     let settings = &crate::log_cli::with_data_dir_key(settings, &args.data_dir)?;
-    let url = settings.database.url.clone();
-    let pool = settings.database.pool(config::POOL_CONNECTIONS_MAX).await?;
+    // Kept until `up` returns: dropping it stops a private cluster.
+    let database = &settings.database;
+    let (url, _private_pg) = crate::private_pg::database_for_up(
+        database.url_given.then_some(database.url.as_str()),
+        &database.pg_search,
+        &args.data_dir,
+    )
+    .await?;
+    let pool = schema::prepare_with(&url, config::POOL_CONNECTIONS_MAX, database.liveness).await?;
 
     let timeout = args.spot_timeout.0;
     let (spot_addr, spot_token, child) = match &args.spot_url {

@@ -73,6 +73,10 @@ pub struct LogSettings {
 pub struct DatabaseSettings {
     /// `DATABASE_URL`, or the local default when unset.
     pub url: String,
+    /// Whether `DATABASE_URL` was given (`ledger up` otherwise looks for one: `pg_search`).
+    pub url_given: bool,
+    /// Where `ledger up` finds PostgreSQL when `DATABASE_URL` is unset.
+    pub pg_search: crate::private_pg::PgSearch,
     /// Keepalive, `TCP_USER_TIMEOUT` and the server's idle-in-transaction bound.
     pub liveness: schema::DbLiveness,
 }
@@ -129,6 +133,8 @@ impl Settings {
         Ok(Self {
             database: DatabaseSettings {
                 url: flags.database_url(),
+                url_given: (flags.database_url.as_deref()).is_some_and(|u| !u.trim().is_empty()),
+                pg_search: flags.pg_search.clone(),
                 liveness: flags.db_liveness(),
             },
             secrets: SecretSettings {

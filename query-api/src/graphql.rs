@@ -4,12 +4,16 @@
 //! (`GET /graphql`). A user sees only their own; an admin sees all. Errors carry the contract's
 //! code in `extensions.code`. Queries are bounded before validation by [`cost`] (expanded size,
 //! root fields, nesting, in time linear in the document), then in depth and complexity (fields
-//! that do I/O cost [`IO_FIELD_COST`]); their I/O waits its turn in the process's read
+//! that do I/O cost [`IO_FIELD_COST`]), except introspection, which the schema's size bounds
+//! ([`introspection`], [`limits`]); the SDL is at `GET /graphql/schema.graphql`. Their I/O
+//! waits its turn in the process's read
 //! [`Admission`](edge::admission::Admission), and execution has a time limit. A websocket
 //! closes when its token expires.
 
 mod context;
 pub mod cost;
+pub mod introspection;
+mod limits;
 mod query;
 mod subscription;
 mod types;
@@ -17,14 +21,10 @@ mod types;
 pub(crate) use query::QueryRoot;
 pub(crate) use subscription::SubscriptionRoot;
 
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use async_graphql::extensions::{
-    Extension, ExtensionContext, ExtensionFactory, NextPrepareRequest,
-};
 use async_graphql::http::ALL_WEBSOCKET_PROTOCOLS;
-use async_graphql::{Data, ErrorExtensionValues, Schema, ServerError, ServerResult};
+use async_graphql::{Data, ErrorExtensionValues, Schema};
 use async_graphql_axum::{GraphQLProtocol, GraphQLWebSocket};
 use axum::body::Bytes;
 use axum::extract::{State, WebSocketUpgrade};
@@ -39,10 +39,6 @@ use edge::auth::{bearer_token, Session};
 use edge::error::describe;
 use edge::state::AppState;
 
-/// Deepest query accepted.
-pub(crate) const QUERY_DEPTH_MAX: usize = 8;
-/// Most complex query accepted (a field counts 1; a page counts its size times its fields).
-pub(crate) const QUERY_COMPLEXITY_MAX: usize = 2_000;
 /// Longest a query may run; past it the caller gets SYSTEM_ERROR and the work is dropped.
 pub(crate) const EXECUTION_TIME_MAX: Duration = Duration::from_secs(10);
 /// Longest a websocket may wait for its `connection_init` (and token).
@@ -56,48 +52,22 @@ pub(crate) fn routes() -> Router<AppState> {
     Router::new()
         .route("/graphql", get(graphiql).post(graphql_post))
         .route("/graphql/ws", get(graphql_ws))
+        .route(
+            "/graphql/schema.graphql",
+            get(limits::schema_sdl::<QueryRoot, async_graphql::EmptyMutation, SubscriptionRoot>),
+        )
         .layer(axum::Extension(schema()))
 }
 
 /// Builds the schema with its limits, once per router ([`routes`]); each request (or websocket
-/// connection) carries the application state and the caller's identity as data.
+/// connection) carries the application state and the caller's identity as data. The limits are
+/// one extension ([`limits::Limits`]); introspection's bounds come from the schema itself.
 pub(crate) fn schema() -> LedgerSchema {
+    let bare = Schema::build(QueryRoot, async_graphql::EmptyMutation, SubscriptionRoot).finish();
+    let bounds = introspection::Bounds::of_sdl(&bare.sdl());
     Schema::build(QueryRoot, async_graphql::EmptyMutation, SubscriptionRoot)
-        .limit_depth(QUERY_DEPTH_MAX)
-        .limit_complexity(QUERY_COMPLEXITY_MAX)
-        .extension(CostGuard)
+        .extension(limits::Limits { bounds })
         .finish()
-}
-
-/// Runs [`cost::check`] on the parsed document before async-graphql's own checks and
-/// validation, whose walks expand every fragment spread (for HTTP and websocket alike).
-struct CostGuard;
-
-impl ExtensionFactory for CostGuard {
-    fn create(&self) -> Arc<dyn Extension> {
-        Arc::new(CostGuard)
-    }
-}
-
-#[async_graphql::async_trait::async_trait]
-impl Extension for CostGuard {
-    async fn prepare_request(
-        &self,
-        ctx: &ExtensionContext<'_>,
-        mut request: async_graphql::Request,
-        next: NextPrepareRequest<'_>,
-    ) -> ServerResult<async_graphql::Request> {
-        // Parsed once here; async-graphql reuses the parse.
-        let document = request.parsed_query()?;
-        if let Err(refusal) = cost::check(document) {
-            let mut error = ServerError::new(refusal.message(), None);
-            let mut extensions = ErrorExtensionValues::default();
-            extensions.set("code", ErrorCode::BadRequest.as_str());
-            error.extensions = Some(extensions);
-            return Err(error);
-        }
-        next.run(ctx, request).await
-    }
 }
 
 /// A GraphQL-shaped error response with a contract code, for failures before execution.

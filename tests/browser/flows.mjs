@@ -166,6 +166,13 @@ async function graphiql(page) {
   const text = await result.innerText();
   if (!text.includes("COMMITTED") || text.includes("\"errors\"")) { throw new Error(`GraphiQL's result: ${text.slice(0, 500)}`); }
   await shot(page, "08-graphiql-query.png");
+  // The documentation explorer reads the schema by GraphiQL's own introspection query.
+  await page.getByRole("button", { name: "Show Documentation Explorer" }).click();
+  const docs = page.locator(".graphiql-doc-explorer");
+  await docs.filter({ hasText: "QueryRoot" }).waitFor({ timeout: 20000 });
+  await docs.getByText("QueryRoot").first().click();
+  await docs.filter({ hasText: "stateCounts" }).waitFor({ timeout: 20000 });
+  await shot(page, "08b-graphiql-docs.png");
 }
 
 /** The other pages an operator uses: transfers with a filter, a user, the full check, assets. */

@@ -21,6 +21,9 @@ pub struct Flags {
     /// PostgreSQL URL; the local default when unset.
     #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
+    /// Where `ledger up` finds PostgreSQL when `DATABASE_URL` is unset (`private_pg.rs`).
+    #[command(flatten)]
+    pub pg_search: crate::private_pg::PgSearch,
     /// The HS256 secret tokens are signed with (at least 32 bytes).
     #[arg(long, global = true, env = config::JWT_SECRET_ENV, hide = true, hide_env_values = true)]
     pub jwt_secret: Option<String>,

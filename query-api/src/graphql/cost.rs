@@ -74,11 +74,11 @@ impl Cost {
         }
     }
 
-    fn check(self) -> Result<Self, Refusal> {
+    fn check(self, nesting_max: usize) -> Result<Self, Refusal> {
         if self.selections > SELECTIONS_EXPANDED_MAX {
             return Err(Refusal::TooManySelections);
         }
-        if self.depth > NESTING_MAX {
+        if self.depth > nesting_max {
             return Err(Refusal::TooDeep);
         }
         Ok(self)
@@ -91,13 +91,15 @@ struct Walker<'a> {
     done: HashMap<&'a str, Cost>,
     /// Fragments being computed: reaching one again is a cycle.
     open: HashSet<&'a str>,
+    /// Deepest nesting accepted: [`NESTING_MAX`], or an introspection document's bound.
+    nesting_max: usize,
 }
 
 impl<'a> Walker<'a> {
     /// `level` is how deep this set sits in the walk itself, which bounds the walker's own
     /// recursion whatever the document's shape.
     fn set(&mut self, set: &'a SelectionSet, level: usize) -> Result<Cost, Refusal> {
-        if level > NESTING_MAX {
+        if level > self.nesting_max {
             return Err(Refusal::TooDeep);
         }
         let mut total = Cost::default();
@@ -129,7 +131,7 @@ impl<'a> Walker<'a> {
                     }
                 }
             };
-            total = total.add(cost).check()?;
+            total = total.add(cost).check(self.nesting_max)?;
         }
         Ok(total)
     }
@@ -156,10 +158,16 @@ impl<'a> Walker<'a> {
 
 /// Checks every operation and fragment of `doc` against the limits above.
 pub fn check(doc: &ExecutableDocument) -> Result<(), Refusal> {
+    check_within(doc, NESTING_MAX)
+}
+
+/// [`check`] with another nesting bound (an introspection document's, `introspection.rs`).
+pub fn check_within(doc: &ExecutableDocument, nesting_max: usize) -> Result<(), Refusal> {
     let mut walker = Walker {
         doc,
         done: HashMap::new(),
         open: HashSet::new(),
+        nesting_max,
     };
     for name in doc.fragments.keys() {
         walker.fragment(name.as_str(), 0)?;
