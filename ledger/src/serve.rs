@@ -148,25 +148,7 @@ pub(crate) async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> 
     let pool = schema::prepare_with(&url, config::POOL_CONNECTIONS_MAX, database.liveness).await?;
 
     let timeout = args.spot_timeout.0;
-    let (spot_addr, spot_token, child) = match &args.spot_url {
-        Some(given) => (
-            given.clone(),
-            settings.secrets.spot_core_token.clone(),
-            None,
-        ),
-        None => {
-            let token_file = args.data_dir.join(SPOT_TOKEN_FILE);
-            let token = stored_or_generated_spot_token(&token_file)?;
-            let child = SpotChild::start(
-                &args.data_dir.join("spot"),
-                args.assets.as_deref(),
-                &token_file,
-                &args.spot_storage,
-            )
-            .await?;
-            (child.addr.clone(), Some(token), Some(child))
-        }
-    };
+    let (spot_addr, spot_token, child) = spot_for_up(&args, settings).await?;
     let spot = SpotAdapter::with_liveness(
         spot_addr.clone(),
         timeout,
@@ -203,6 +185,33 @@ pub(crate) async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> 
         secret: &secret,
     });
     run_until_stopped(listener, metrics, assembled, serving, child).await
+}
+
+/// The spot-core `up` serves with: the one `--spot-url` names (with the configured token), or a
+/// child process started under the data dir with the token stored there.
+async fn spot_for_up(
+    args: &UpArgs,
+    settings: &Settings,
+) -> anyhow::Result<(String, Option<String>, Option<SpotChild>)> {
+    Ok(match &args.spot_url {
+        Some(given) => (
+            given.clone(),
+            settings.secrets.spot_core_token.clone(),
+            None,
+        ),
+        None => {
+            let token_file = args.data_dir.join(SPOT_TOKEN_FILE);
+            let token = stored_or_generated_spot_token(&token_file)?;
+            let child = SpotChild::start(
+                &args.data_dir.join("spot"),
+                args.assets.as_deref(),
+                &token_file,
+                &args.spot_storage,
+            )
+            .await?;
+            (child.addr.clone(), Some(token), Some(child))
+        }
+    })
 }
 
 struct Banner<'a> {
