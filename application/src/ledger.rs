@@ -430,28 +430,16 @@ impl Ledger {
             Mode::Incremental => audit::check_incremental(&self.funding, &self.spot).await?,
             Mode::Full => audit::check_full(&self.funding, &self.spot).await?,
         };
-        if let Err(e) = audit::history::record(pool, &report, started.elapsed()).await {
+        let took = started.elapsed();
+        let report_id = audit::history::store_report(pool, &report).await?;
+        if let Err(e) = audit::history::record(pool, &report, took, Some(report_id)).await {
             tracing::warn!(error = %e, "could not record the check in the run history");
         }
-        let report_json = serde_json::to_value(&report)
-            .unwrap_or_else(|_| serde_json::Value::Object(serde_json::Map::new()));
-        // Bounded as the run history is: the passing reports older than the newest
-        // `RUNS_KEPT` go (a check every minute would otherwise keep half a million a year);
-        // failing ones, each a halt, are all kept.
-        sqlx::query(
-            "WITH new AS (INSERT INTO invariant_checks (ok, report) VALUES ($1, $2) RETURNING id)
-             DELETE FROM invariant_checks WHERE ok AND id <= (SELECT id FROM new) - $3",
-        )
-        .bind(report.ok)
-        .bind(&report_json)
-        .bind(audit::history::RUNS_KEPT)
-        .execute(pool)
-        .await?;
         if !report.ok {
             tracing::error!(
                 alert = "CRITICAL",
                 code = "FUND_CONSERVATION_VIOLATED",
-                report = %report_json,
+                report = %serde_json::to_value(&report).unwrap_or_default(),
                 "CRITICAL: fund conservation violated; new transfers are halted until an admin clears it"
             );
             for d in &report.disagreements {
