@@ -28,7 +28,8 @@ pub mod status;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use adapters::audit::{AppliedMovement, FundingItem, FundingRead, SpotRead, SpotReadError};
+use adapters::applied::AppliedMovement;
+use adapters::audit::{FundingItem, FundingRead, SpotRead, SpotReadError};
 use adapters::event_store::{self, LogError};
 use adapters::{FundingError, FundingLedger, SpotAdapter, SpotError};
 use chrono::{DateTime, Utc};

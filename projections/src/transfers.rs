@@ -11,7 +11,7 @@ use rust_decimal::Decimal;
 use sqlx::PgPool;
 
 use crate::projector::Projector;
-pub use crate::rows::{BalanceRow, TransferRow};
+use crate::rows::{BalanceRow, TransferRow};
 
 /// How long a read that must see the caller's own writes waits for the projector.
 pub const READ_YOUR_WRITES_WAIT_MAX: Duration = Duration::from_secs(5);
