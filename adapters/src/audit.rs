@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use rust_decimal::Decimal;
 
-pub use crate::applied::AppliedMovement;
+use crate::applied::AppliedMovement;
 
 /// One row of the funding side read after a position. `consumed` is true when the row's
 /// transaction is below the read's snapshot watermark (it can be stored as read for good); a row above it

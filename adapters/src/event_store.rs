@@ -375,7 +375,7 @@ impl PersistedEventRepository for BatchingEventRepository {
         snapshot_update: Option<(String, Value, usize)>,
     ) -> Result<(), PersistenceError> {
         if snapshot_update.is_some() {
-            // Snapshots are not used (DESIGN section 8); refuse rather than drop one silently.
+            // Snapshots are not used (contract §1); refuse rather than drop one silently.
             return Err(PersistenceError::UnknownError(
                 "snapshots are not supported by the batching repository".into(),
             ));

@@ -1,4 +1,4 @@
-//! The conservation check (DESIGN section 6), exact: per asset, FUNDING + SPOT + in-flight equals the
+//! The conservation check (contract §4), exact: per asset, FUNDING + SPOT + in-flight equals the
 //! external deposits, where in-flight is reconciled from what each account system actually
 //! applied, keyed by req_id (the funding journal and spot-core's journal), not guessed from
 //! transfer states. Every transfer whose records disagree with its events is reported. A real
@@ -28,7 +28,8 @@ pub mod status;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use adapters::audit::{AppliedMovement, FundingItem, FundingRead, SpotRead, SpotReadError};
+use adapters::applied::AppliedMovement;
+use adapters::audit::{FundingItem, FundingRead, SpotRead, SpotReadError};
 use adapters::event_store::{self, LogError};
 use adapters::{FundingError, FundingLedger, SpotAdapter, SpotError};
 use chrono::{DateTime, Utc};
@@ -54,7 +55,7 @@ pub struct AssetReport {
     /// systems.
     #[serde(with = "rust_decimal::serde::str")]
     pub in_flight: Decimal,
-    /// Seed 000's estimate from states (SOURCE_DONE, TARGET_PENDING, COMPENSATING), for
+    /// The original specification's estimate from states (contract §4: SOURCE_DONE, TARGET_PENDING, COMPENSATING), for
     /// comparison; it differs from `in_flight` only for transfers caught mid-step.
     #[serde(with = "rust_decimal::serde::str")]
     pub in_flight_by_state: Decimal,

@@ -2,7 +2,7 @@
 //! own transfer (its own req_id, state machine and recovery; a batch is not one transaction),
 //! with each step made for the whole batch at once:
 //!
-//! - every item is checked as the single route checks it, in the seed's order and with its codes
+//! - every item is checked as the single route checks it, in contract §5.5's order and with its codes
 //!   (`Ledger::request_transfers`), and a refused item does not stop the others;
 //! - the batch's `TransferCreated` + `SourceWithdrawStarted` go in one append
 //!   (`TransferLog::append_many`), then its withdraws in one call per account system

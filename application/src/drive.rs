@@ -108,7 +108,7 @@ impl Coordinator {
         }
     }
 
-    /// One step by state (seed 000 section 6.3): persist the announcement, call, record the
+    /// One step by state (contract §6.2): persist the announcement, call, record the
     /// outcome. The fail points are the CRA-001..006 crash points (the create's own,
     /// `after_created_withdraw_started`, is in `submit.rs`).
     async fn step(

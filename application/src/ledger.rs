@@ -176,7 +176,7 @@ impl Ledger {
         self.funding.pool()
     }
 
-    /// `POST /internal_transfer`'s command: the values checked in seed 000's order (a cid repeat
+    /// `POST /internal_transfer`'s command: the values checked in contract §5.5's order (a cid repeat
     /// refused only because an asset setting changed since still gets its original transfer),
     /// then a cid repeat answered with its original transfer whatever else changed (rate,
     /// halt), the per-second gate, the halt (MON-003), the FUNDING target's existence, and the
@@ -215,7 +215,7 @@ impl Ledger {
     }
 
     /// `POST /internal_transfers`' command: many transfer requests, each checked exactly as
-    /// `request_transfer` checks one (values in seed order, cid repeat, the per-second gate
+    /// `request_transfer` checks one (values in contract §5.5's order, cid repeat, the per-second gate
     /// counting each item, the halt, the FUNDING target), then the batch's creation and drive
     /// (`Coordinator::create_and_drive_many`: each step for the whole batch at once) in a task a
     /// hung-up client cannot cancel. One answer per request, in order; a refused item does not
@@ -361,7 +361,7 @@ impl Ledger {
         Err(RequestError::Refused(code))
     }
 
-    /// The gates after a request's values, in seed order: a cid repeat answered with its
+    /// The gates after a request's values, in contract §5.5's order (steps 7 to 10): a cid repeat answered with its
     /// original transfer whatever else changed (rate, halt), the per-second gate (one transfer
     /// counted), the halt (MON-003), the FUNDING target's existence.
     async fn gate(&self, transfer: NewTransfer) -> Result<Gated, RequestError> {
@@ -373,7 +373,7 @@ impl Ledger {
 
     /// The gates after the cid repeat: the per-second gate, the halt, the FUNDING target.
     async fn admit(&self, transfer: NewTransfer) -> Result<Gated, RequestError> {
-        // Seed 000 section 1.5.8, step 7: counted only for requests that passed the checks
+        // Contract §5.5, step 8: counted only for requests that passed the checks
         // before it.
         self.rate
             .admit(transfer.user_id)
@@ -430,28 +430,16 @@ impl Ledger {
             Mode::Incremental => audit::check_incremental(&self.funding, &self.spot).await?,
             Mode::Full => audit::check_full(&self.funding, &self.spot).await?,
         };
-        if let Err(e) = audit::history::record(pool, &report, started.elapsed()).await {
+        let took = started.elapsed();
+        let report_id = audit::history::store_report(pool, &report).await?;
+        if let Err(e) = audit::history::record(pool, &report, took, Some(report_id)).await {
             tracing::warn!(error = %e, "could not record the check in the run history");
         }
-        let report_json = serde_json::to_value(&report)
-            .unwrap_or_else(|_| serde_json::Value::Object(serde_json::Map::new()));
-        // Bounded as the run history is: the passing reports older than the newest
-        // `RUNS_KEPT` go (a check every minute would otherwise keep half a million a year);
-        // failing ones, each a halt, are all kept.
-        sqlx::query(
-            "WITH new AS (INSERT INTO invariant_checks (ok, report) VALUES ($1, $2) RETURNING id)
-             DELETE FROM invariant_checks WHERE ok AND id <= (SELECT id FROM new) - $3",
-        )
-        .bind(report.ok)
-        .bind(&report_json)
-        .bind(audit::history::RUNS_KEPT)
-        .execute(pool)
-        .await?;
         if !report.ok {
             tracing::error!(
                 alert = "CRITICAL",
                 code = "FUND_CONSERVATION_VIOLATED",
-                report = %report_json,
+                report = %serde_json::to_value(&report).unwrap_or_default(),
                 "CRITICAL: fund conservation violated; new transfers are halted until an admin clears it"
             );
             for d in &report.disagreements {

@@ -86,6 +86,14 @@ impl Queries {
         history::recent(&self.pool, limit).await
     }
 
+    /// Run `run_id`'s full report (`None`: no such run, or its report was pruned).
+    pub async fn check_report(
+        &self,
+        run_id: i64,
+    ) -> Result<Option<serde_json::Value>, sqlx::Error> {
+        history::report(&self.pool, run_id).await
+    }
+
     /// The newest conservation check that decided, if any.
     pub async fn last_check(&self) -> Result<Option<Run>, sqlx::Error> {
         history::last(&self.pool).await

@@ -1,5 +1,5 @@
-//! A transfer request as an edge received it, and its checks in seed 000's order
-//! (section 1.5.8): account types, asset, amount. The edge checks the body's shape first
+//! A transfer request as an edge received it, and its checks in contract §5.5's order
+//! (the checks themselves are §5.2's): account types, asset, amount. The edge checks the body's shape first
 //! (authorization, known fields, strings where strings belong); everything that depends on the
 //! ledger's settings is checked here, once, into a typed `NewTransfer`.
 
@@ -22,7 +22,7 @@ pub struct TransferRequest {
 }
 
 impl TransferRequest {
-    /// Checks the values in seed 000's order against `assets`: account types, asset, amount.
+    /// Checks the values in contract §5.5's order against `assets`: account types, asset, amount.
     /// Idempotency and balance are the coordinator's and the adapters' to check.
     pub fn parse(&self, assets: &AssetRegistry) -> Result<NewTransfer, ErrorCode> {
         let from = AccountType::parse(&self.from)?;

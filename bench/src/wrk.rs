@@ -1,5 +1,5 @@
 //! The same transfers as a client would drive them with a real HTTP load tool: a `ledger up` with
-//! its default settings (info logging, the invariant monitor, the recovery worker, the seed's
+//! its default settings (info logging, the invariant monitor, the recovery worker, contract §5.4's
 //! limits of 10 requests/s and 100 transfers/day per user), signed in as many users, driven
 //! first by this benchmark's own client and then by `wrk` with `bench/wrk/transfers.lua`, and
 //! printed side by side.

@@ -146,7 +146,7 @@ fn transfers_of(
     Ok(items)
 }
 
-/// One item taken apart, in seed 000's order: authorization first (whose money it moves), then
+/// One item taken apart, in the order of contract §5.5: authorization first (whose money it moves), then
 /// the single route's shape checks.
 fn item_request(item: Value, caller: &AuthUser) -> Result<TransferRequest, ApiError> {
     let Value::Object(mut fields) = item else {

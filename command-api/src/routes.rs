@@ -23,8 +23,8 @@ use crate::body::{parse_amount, parse_user_id, Fields, JsonObject};
 /// Longest external deposit id.
 pub(crate) const EXTERNAL_ID_CHARS_MAX: usize = 128;
 
-/// Takes a transfer request's body apart after authentication, in seed 000's order (section
-/// 1.5.8): authorization (a body `user_id` must be the caller), then the body's shape (known
+/// Takes a transfer request's body apart after authentication, in the order of contract §5.5:
+/// authorization (a body `user_id` must be the caller), then the body's shape (known
 /// fields, strings where strings belong). The values are the core's to check
 /// ([`TransferRequest::parse`]).
 pub fn transfer_request(

@@ -60,7 +60,7 @@ impl AssetConfig {
         Ok(())
     }
 
-    /// Asset-level checks, in the order of seed 000 section 1.5.8: status, permission.
+    /// Asset-level checks, in the order of contract §5.2: status, permission.
     pub fn check_transferable(&self) -> Result<(), ErrorCode> {
         if self.status != AssetStatus::Active {
             return Err(ErrorCode::AssetSuspended);

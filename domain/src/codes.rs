@@ -1,4 +1,4 @@
-//! The stable error codes of the outside contract (seed 000 sections 1.5 and 8.1).
+//! The stable error codes of the outside contract (contract §3 and §5).
 
 use serde::{Deserialize, Serialize};
 

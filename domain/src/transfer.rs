@@ -1,4 +1,4 @@
-//! The Transfer aggregate: its states (seed 000 section 2.1), commands, versioned past-tense
+//! The Transfer aggregate: its states (contract §1), commands, versioned past-tense
 //! events, and the transition table. All business rules live in `handle`; `apply` only folds.
 
 use std::fmt;
@@ -79,7 +79,7 @@ impl TransferState {
         matches!(self, Self::Committed | Self::Failed | Self::RolledBack)
     }
 
-    /// Money has left the source and not reached the target (seed 000's in-flight states).
+    /// Money has left the source and not reached the target (the in-flight states of contract §4).
     pub fn is_in_flight(self) -> bool {
         matches!(
             self,

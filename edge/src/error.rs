@@ -1,5 +1,5 @@
 //! The one error type of the HTTP edge: every refusal becomes `{"code", "message"}` with the status
-//! of DESIGN section 5, and internal failures become a generic SYSTEM_ERROR whose detail goes to the
+//! of contract §3, and internal failures become a generic SYSTEM_ERROR whose detail goes to the
 //! log only.
 
 use adapters::SpotError;

@@ -1,4 +1,4 @@
-//! Rate limits of seed 000 section 1.5.6: requests per second per user (in this process's
+//! Rate limits (contract §5.4): requests per second per user (in this process's
 //! memory), and the daily count and amount (in PostgreSQL, enforced by the coordinator so every
 //! `ledger serve` process shares them). The `ledger` binary's settings read their values.
 
@@ -13,7 +13,7 @@ use governor::middleware::NoOpMiddleware;
 use governor::state::keyed::DashMapStateStore;
 use governor::Quota;
 
-/// Seed 000 section 1.5.6's values, the defaults of `ledger up` and `ledger serve`.
+/// The values of contract §5.4, the defaults of `ledger up` and `ledger serve`.
 pub const RATE_PER_SECOND_DEFAULT: u32 = 10;
 pub const DAILY_COUNT_MAX_DEFAULT: u64 = 100;
 
@@ -40,7 +40,7 @@ impl LimitsConfig {
         Self::default()
     }
 
-    /// The seed's values: 10 requests per second and 100 transfers per day per user; no daily
+    /// Contract §5.4's defaults: 10 requests per second and 100 transfers per day per user; no daily
     /// amount limit unless one is configured per asset.
     pub fn seed_defaults() -> Self {
         Self {

@@ -93,6 +93,7 @@ mod tests {
             "/api/v1/admin/users/{user_id}",
             "/api/v1/admin/overview",
             "/api/v1/admin/invariant/history",
+            "/api/v1/admin/invariant/runs/{id}",
             "/api/v1/admin/alerts",
         ] {
             assert!(paths.contains_key(path), "{path}");

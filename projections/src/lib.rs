@@ -20,5 +20,9 @@ mod rows;
 mod tables;
 pub mod transfers;
 
-pub use projector::{Fold, Pass, ProjectionError, Projector, StoredEvent};
-pub use transfers::{BalanceRow, HistoryFilter, PageCursor, TransferRow, TransferView};
+pub use error::ProjectionError;
+pub use fold::Fold;
+pub use log::StoredEvent;
+pub use projector::{Pass, Projector};
+pub use rows::{BalanceRow, TransferRow};
+pub use transfers::{HistoryFilter, PageCursor, TransferView};

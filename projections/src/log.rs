@@ -22,7 +22,7 @@ pub struct StoredEvent {
 }
 
 impl StoredEvent {
-    /// The consumers' de-duplication key (seed 001): built from the aggregate and its sequence,
+    /// The consumers' de-duplication key (contract §8): built from the aggregate and its sequence,
     /// so the same event always has the same id, on any replay.
     pub fn event_id(&self) -> String {
         event_id(&self.aggregate_type, &self.aggregate_id, self.sequence)

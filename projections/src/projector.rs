@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 
 use sqlx::{PgPool, Postgres, Transaction};
 
-pub use crate::error::ProjectionError;
-pub use crate::fold::{BalanceDelta, Fold};
-pub use crate::log::{event_id, StoredEvent, TRANSFER_AGGREGATE};
+use crate::error::ProjectionError;
+use crate::fold::Fold;
+use crate::log::TRANSFER_AGGREGATE;
 use crate::log::{BatchEvent, EventRow, SELECT_EVENTS};
 use crate::tables::{self, Cursor};
 

@@ -11,7 +11,7 @@ use rust_decimal::Decimal;
 use sqlx::PgPool;
 
 use crate::projector::Projector;
-pub use crate::rows::{BalanceRow, TransferRow};
+use crate::rows::{BalanceRow, TransferRow};
 
 /// How long a read that must see the caller's own writes waits for the projector.
 pub const READ_YOUR_WRITES_WAIT_MAX: Duration = Duration::from_secs(5);
@@ -76,7 +76,7 @@ impl TransferView {
     }
 
     /// Sums of in-flight amounts (money withdrawn from the source, not yet deposited or
-    /// refunded: seed 000's SOURCE_DONE, TARGET_PENDING and COMPENSATING) per asset for one
+    /// refunded: the in-flight states of contract §4, SOURCE_DONE, TARGET_PENDING and COMPENSATING) per asset for one
     /// user, including every transfer step committed before the call.
     pub async fn in_flight(&self, user_id: i64) -> Result<Vec<(String, Decimal)>, sqlx::Error> {
         self.catch_up(READ_YOUR_WRITES_WAIT_MAX).await;

@@ -234,7 +234,7 @@
     var nav = document.querySelectorAll("#nav a[data-page]");
     Array.prototype.forEach.call(nav, function (a) {
       var page = a.getAttribute("data-page");
-      var active = page === r.page || (page === "transfers" && r.page === "transfer");
+      var active = page === r.page || (page === "transfers" && r.page === "transfer") || (page === "invariant" && r.page === "check");
       a.className = active ? "active" : "";
     });
     var render = PAGES[r.page] || PAGES.overview;
@@ -682,7 +682,7 @@
 
   function reportView(rep, ms) {
     var head = h("p", {}, h("span", { class: "pill " + (rep.ok ? "good" : "bad") }, rep.ok ? "money is conserved" : "VIOLATION"),
-      "  " + rep.mode + " check at ", when(rep.checked_at), " · " + rep.transfers_checked + " transfers · " + ms + " ms in the browser");
+      "  " + rep.mode + " check at ", when(rep.checked_at), " · " + rep.transfers_checked + " transfers" + (ms === null ? "" : " · " + ms + " ms in the browser"));
     var assets = h("table", { id: "invariant-assets" }, h("thead", {}, h("tr", {}, h("th", {}, "asset"), h("th", { class: "num" }, "deposits"), h("th", { class: "num" }, "FUNDING"),
       h("th", { class: "num" }, "SPOT"), h("th", { class: "num" }, "in flight"), h("th", { class: "num" }, "difference"), h("th", {}, "result"))),
       h("tbody", {}, (rep.assets || []).map(function (a) {
@@ -698,15 +698,25 @@
 
   function historyTable(checks) {
     if (checks.length === 0) { return h("div", { class: "empty" }, "No check recorded yet."); }
-    return h("table", { id: "invariant-history" }, h("thead", {}, h("tr", {}, h("th", {}, "when"), h("th", {}, "mode"), h("th", { class: "num" }, "took"), h("th", {}, "result"), h("th", {}, "per asset"))),
+    return h("table", { id: "invariant-history" }, h("thead", {}, h("tr", {}, h("th", {}, "when"), h("th", {}, "mode"), h("th", { class: "num" }, "took"), h("th", {}, "result"), h("th", {}, "per asset"), h("th", {}, "report"))),
       h("tbody", {}, checks.map(function (c) {
-        return h("tr", {}, h("td", {}, when(c.at)), h("td", {}, c.mode), h("td", { class: "num" }, c.duration_ms + " ms"),
+        return h("tr", { "data-run": String(c.id) }, h("td", {}, when(c.at)), h("td", {}, c.mode), h("td", { class: "num" }, c.duration_ms + " ms"),
           h("td", {}, h("span", { class: "pill " + (c.ok ? "good" : "bad") }, c.ok ? "conserved" : "violated")),
           h("td", {}, (c.assets || []).map(function (a) {
             return h("span", { class: "pill " + (a.ok ? "good" : "bad"), title: a.detail || "" }, a.asset + (a.ok ? " ok" : " ✗"));
-          })));
+          })),
+          h("td", {}, c.report ? h("a", { class: "report-link", href: "#/check/" + encodeURIComponent(c.id) }, "full report") : h("span", { class: "muted" }, "pruned")));
       })));
   }
+
+  // One check's full report, as it was stored when the check ran.
+  PAGES.check = function (root, r) {
+    var body = h("div", { id: "check-report" }, h("div", { class: "muted" }, "Loading…"));
+    append(root, [h("h1", {}, "Conservation check " + r.arg), body, h("p", {}, h("a", { href: "#/invariant" }, "← Conservation check"))]);
+    api("/api/v1/admin/invariant/runs/" + encodeURIComponent(r.arg)).then(function (rep) {
+      replace(body, card("Full report", reportView(rep, null)));
+    }, function (e) { replace(body, e.status === 404 ? h("div", { class: "empty" }, "This check's report has been pruned.") : errorBox(e)); });
+  };
 
   // ---------- assets ----------
 

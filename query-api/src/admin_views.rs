@@ -11,7 +11,10 @@
 //! - `GET /api/v1/admin/overview`: counts by state, the last minute's rate, the oldest open
 //!   transfer, the last conservation check, the halt flag, and the lags of the projector, the
 //!   recovery worker and the relay;
-//! - `GET /api/v1/admin/invariant/history`: the recent conservation checks.
+//! - `GET /api/v1/admin/invariant/history`: the recent conservation checks, each naming its full
+//!   report;
+//! - `GET /api/v1/admin/invariant/runs/{id}`: one check's full report, as the check returned it
+//!   (404 once pruned).
 //!
 //! Every handler takes a read turn from `admission.rs` first and runs its queries one by one.
 //! The response types are in `admin_views/types.rs`, the query parsing in
@@ -32,7 +35,7 @@ use edge::auth::AdminUser;
 use edge::error::ApiError;
 use edge::state::AppState;
 
-pub use params::{HistoryParams, TransfersParams};
+pub use params::{HistoryParams, RunPath, TransfersParams};
 pub use types::*;
 
 /// Latest transfers a user view shows.
@@ -46,6 +49,10 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/admin/users/{user_id}", get(user_view))
         .route("/api/v1/admin/overview", get(overview))
         .route("/api/v1/admin/invariant/history", get(invariant_history))
+        .route(
+            "/api/v1/admin/invariant/runs/{id}",
+            get(invariant_run_report),
+        )
 }
 
 fn internal(what: &'static str) -> impl Fn(sqlx::Error) -> ApiError {
@@ -272,4 +279,29 @@ pub async fn invariant_history(
     Ok(Json(CheckHistory {
         checks: runs.iter().map(CheckEntry::from_run).collect(),
     }))
+}
+
+/// `GET /api/v1/admin/invariant/runs/{id}`: one check's full report (`invariant_checks`), as
+/// `GET /api/v1/admin/invariant` returned it without `halted`: per asset its figures, the
+/// disagreeing transfers, the positions read. 404 when there is no such run or its report has
+/// been pruned.
+#[utoipa::path(get, path = "/api/v1/admin/invariant/runs/{id}",
+    params(RunPath),
+    responses((status = 200, description = "ok", body = Object),
+        edge::openapi::AdminLookupRefusals))]
+pub async fn invariant_run_report(
+    State(state): State<AppState>,
+    _admin: AdminUser,
+    path: Result<Path<RunPath>, PathRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let Ok(Path(RunPath { id })) = path else {
+        return Err(ApiError::NotFound);
+    };
+    let _turn = turn(&state).await?;
+    let report = state
+        .queries
+        .check_report(id)
+        .await
+        .map_err(internal("check report"))?;
+    report.map(Json).ok_or(ApiError::NotFound)
 }

@@ -1,5 +1,5 @@
 //! The event feed for consumers (admin): `GET /api/v1/events?after=N&limit=M` returns events in
-//! their dense feed order, each with its `event_id` for de-duplication (seed 001), and
+//! their dense feed order, each with its `event_id` for de-duplication (contract §8), and
 //! `GET /api/v1/events/stream` sends the same as server-sent events.
 
 use std::collections::HashMap;

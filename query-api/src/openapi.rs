@@ -17,6 +17,7 @@ pub fn part() -> utoipa::openapi::OpenApi {
     crate::admin_views::user_view,
     crate::admin_views::overview,
     crate::admin_views::invariant_history,
+    crate::admin_views::invariant_run_report,
     crate::admin_alerts::list_alerts,
 ))]
 struct Queries;

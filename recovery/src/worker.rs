@@ -1,4 +1,4 @@
-//! The recovery worker (seed 000 section 6): finds transfers left in a non-terminal state longer
+//! The recovery worker (contract §6.2): finds transfers left in a non-terminal state longer
 //! than a threshold and resumes each by its state, at start-up and then periodically.
 //!
 //! - Open transfers come from `open_transfers`, kept by a trigger on the event table in each

@@ -175,7 +175,7 @@ async function graphiql(page) {
   await shot(page, "08b-graphiql-docs.png");
 }
 
-/** The other pages an operator uses: transfers with a filter, a user, the full check, assets. */
+/** The other pages an operator uses: transfers with a filter, a user, the full check and its stored report, assets. */
 async function operatorPages(page) {
   await page.goto(`${BASE}/console#/transfers?user_id=7`);
   await page.locator("table.transfers").waitFor();
@@ -191,6 +191,11 @@ async function operatorPages(page) {
   if (verdict !== 1) { throw new Error("the full check did not report conservation"); }
   await page.locator("#invariant-history").waitFor({ timeout: 10000 });
   await shot(page, "11-conservation-full-check.png");
+  // The history links each check to its full report, stored when it ran.
+  await page.locator("#invariant-history a.report-link").first().click();
+  await page.locator("#check-report #invariant-assets td", { hasText: "USDT" }).waitFor({ timeout: 10000 });
+  const stored = await page.locator("#check-report .pill", { hasText: "money is conserved" }).count();
+  if (stored !== 1) { throw new Error("the stored full report does not show conservation"); }
   await page.goto(`${BASE}/console#/assets`);
   const btc = page.locator('#assets-table tr[data-asset="BTC"]');
   await btc.waitFor();

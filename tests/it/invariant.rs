@@ -293,3 +293,96 @@ async fn mon_invariant_reports_stay_bounded_and_keep_every_failing_one() {
             .unwrap();
     assert!(newest_ok);
 }
+
+#[tokio::test]
+async fn invariant_history_links_each_check_to_its_full_report() {
+    let api = ApiStack::start().await;
+    let admin = api.token(1, true);
+    api.stack.deposit(3, "USDT", "100").await;
+    api.stack.transfer(3, Funding, Spot, "USDT", "30").await;
+    let (status, checked) = api
+        .call(Method::GET, "/api/v1/admin/invariant", Some(&admin), None)
+        .await;
+    assert_eq!(
+        (status, checked["ok"].as_bool()),
+        (200, Some(true)),
+        "{checked}"
+    );
+
+    // The history names the check's full report (`invariant_checks`) ...
+    let (status, history) = api
+        .call(
+            Method::GET,
+            "/api/v1/admin/invariant/history?limit=5",
+            Some(&admin),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{history}");
+    let newest = &history["checks"][0];
+    let id = newest["id"].as_i64().expect("each check has an id");
+    let link = newest["report"].as_str().expect("a kept report is linked");
+    assert_eq!(link, format!("/api/v1/admin/invariant/runs/{id}"));
+
+    // ... which is the report the check returned, with its per-asset figures.
+    let (status, report) = api.call(Method::GET, link, Some(&admin), None).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(report["checked_at"], checked["checked_at"]);
+    assert_eq!(report["mode"], checked["mode"]);
+    let usdt = report["assets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["asset"] == "USDT")
+        .expect("USDT in the stored report");
+    assert_eq!(
+        (
+            usdt["deposits"].as_str(),
+            usdt["funding"].as_str(),
+            usdt["spot"].as_str(),
+            usdt["difference"].as_str()
+        ),
+        (Some("100"), Some("70"), Some("30"), Some("0"))
+    );
+    let stored: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM invariant_runs r JOIN invariant_checks c ON c.id = r.report_id
+         WHERE r.id = $1",
+    )
+    .bind(id)
+    .fetch_one(&api.stack.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(stored, 1, "the run names its row in invariant_checks");
+
+    // Admin only; an unknown run, or one whose report was pruned, is 404 and unlinked.
+    let (status, body) = api
+        .call(Method::GET, link, Some(&api.token(3, false)), None)
+        .await;
+    assert_eq!((status, body["code"].as_str()), (403, Some("FORBIDDEN")));
+    let (status, _) = api
+        .call(
+            Method::GET,
+            &format!("/api/v1/admin/invariant/runs/{}", id + 1000),
+            Some(&admin),
+            None,
+        )
+        .await;
+    assert_eq!(status, 404);
+    sqlx::query("DELETE FROM invariant_checks")
+        .execute(&api.stack.db.pool)
+        .await
+        .unwrap();
+    let (status, _) = api.call(Method::GET, link, Some(&admin), None).await;
+    assert_eq!(status, 404);
+    let (_, history) = api
+        .call(
+            Method::GET,
+            "/api/v1/admin/invariant/history?limit=5",
+            Some(&admin),
+            None,
+        )
+        .await;
+    assert!(history["checks"][0]["report"].is_null(), "{history}");
+    assert_eq!(history["checks"][0]["id"].as_i64(), Some(id));
+}

@@ -7,7 +7,8 @@ use futures_util::TryStreamExt;
 use rust_decimal::Decimal;
 
 use super::{FundingError, FundingLedger};
-use crate::audit::{AppliedMovement, FundingItem, FundingRead};
+use crate::applied::AppliedMovement;
+use crate::audit::{FundingItem, FundingRead};
 
 impl FundingLedger {
     /// Balances per asset, and every external deposit and applied movement whose transaction

@@ -11,7 +11,8 @@ use spot_core::protocol::{
 };
 
 use super::{SpotAdapter, SpotError};
-use crate::audit::{AppliedMovement, SpotRead, SpotReadError};
+use crate::applied::AppliedMovement;
+use crate::audit::{SpotRead, SpotReadError};
 
 /// How many times the totals are re-read when operations keep arriving between the journal and
 /// the totals.

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use adapters::audit::AppliedMovement;
+use adapters::applied::AppliedMovement;
 use domain::{AccountType, Operation};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};

@@ -3,7 +3,7 @@
 //! records can never disagree again unless a new movement appears under its req_id), so that the
 //! checkpoint may forget it.
 
-use adapters::audit::AppliedMovement;
+use adapters::applied::AppliedMovement;
 use adapters::event_store::AuditTransfer;
 use domain::{AccountType, Operation, TransferEvent, TransferState};
 use rust_decimal::Decimal;

@@ -48,7 +48,7 @@ impl Flags {
             .transpose()
     }
 
-    /// The seed defaults (10 requests per second, 100 transfers a day), overridden by the limit
+    /// The defaults of contract §5.4 (10 requests per second, 100 transfers a day), overridden by the limit
     /// settings.
     pub(super) fn limits(&self) -> anyhow::Result<LimitsConfig> {
         let mut limits = LimitsConfig::seed_defaults();

@@ -121,6 +121,14 @@ impl HistoryParams {
     }
 }
 
+/// The path of `GET /api/v1/admin/invariant/runs/{id}`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct RunPath {
+    /// A run's `id`, as the check history lists it.
+    pub id: i64,
+}
+
 /// The cursor after `row`: its creation time in microseconds and its req_id. Opaque to clients.
 pub fn encode_cursor(row: &TransferRow) -> String {
     format!("{}_{}", row.created_at.timestamp_micros(), row.req_id)

@@ -451,6 +451,8 @@ pub fn by_state(counts: Vec<(String, i64)>) -> BTreeMap<String, i64> {
 /// One conservation check with its per-asset results.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CheckEntry {
+    /// The run's id.
+    pub id: i64,
     #[schema(schema_with = edge::openapi::date_time)]
     pub at: String,
     pub ok: bool,
@@ -458,6 +460,10 @@ pub struct CheckEntry {
     pub mode: &'static str,
     pub violations: i32,
     pub assets: Vec<AssetLine>,
+    /// Where its full report is served (`GET /api/v1/admin/invariant/runs/{id}`); absent once
+    /// the report has been pruned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub report: Option<String>,
 }
 
 /// One asset's result in a check.
@@ -479,6 +485,10 @@ impl CheckEntry {
             mode: mode_name(r.mode),
             violations: r.violations,
             assets: r.assets.iter().map(AssetLine::from_result).collect(),
+            report: r
+                .has_report
+                .then(|| format!("/api/v1/admin/invariant/runs/{}", r.id)),
+            id: r.id,
         }
     }
 }
