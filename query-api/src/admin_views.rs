@@ -48,7 +48,7 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/admin/invariant/history", get(invariant_history))
 }
 
-fn internal(what: &'static str) -> impl Fn(sqlx::Error) -> ApiError {
+fn internal<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> ApiError {
     move |e| ApiError::Internal(format!("{what}: {e}"))
 }
 
