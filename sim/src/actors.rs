@@ -144,12 +144,13 @@ pub(crate) fn spawn_operator(sim: &Sim, ledgers: &Arc<Vec<Ledger>>) {
             let pause = s.rt.with_rng(|r| r.between(2_000, 9_000));
             s.rt.sleep(Duration::from_millis(pause)).await;
             let open: Vec<String> = s
-                .world()
-                .log
+                .store
+                .rows()
+                .streams
                 .iter()
                 .filter(|(_, t)| {
                     matches!(
-                        t.state,
+                        t.state(),
                         Some(
                             TransferState::SourcePending
                                 | TransferState::TargetPending
@@ -157,7 +158,7 @@ pub(crate) fn spawn_operator(sim: &Sim, ledgers: &Arc<Vec<Ledger>>) {
                         )
                     )
                 })
-                .map(|(id, _)| id.clone())
+                .map(|(id, _)| id.to_string())
                 .collect();
             if open.is_empty() {
                 continue;

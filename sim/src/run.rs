@@ -5,13 +5,15 @@
 //! asset active again, recovery left to run) and the checks that must hold there.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use adapters::SpotAdapter;
 use application::plant::Bug;
+use application::testkit::{MemClientKeys, MemDailyReservations, MemLeases, MemLog};
 use application::{Coordinator, DailyLimits, Ports};
 use domain::{AccountPort, AssetRegistry, ReqId, TransferState};
+use recovery::testkit::MemRetryBook;
 use recovery::{RecoveryConfig, RecoveryWorker};
 use rust_decimal::Decimal;
 use spot_core::assets::{Assets, DEFAULT_ASSETS_JSON};
@@ -21,11 +23,7 @@ use spot_core::protocol::{AccountStatus, Request};
 use crate::actors::{spawn_admin, spawn_operator, spawn_users};
 use crate::cast::{Ledger, ASSETS, LEDGERS, OUTSIDE, USERS};
 use crate::exec::{Executor, ProcId, Role, Rt, Step};
-use crate::ports::book::{SimClientKeys, SimDailyReservations, SimLeases};
-use crate::ports::clock::SimClock;
 use crate::ports::funding::SimFunding;
-use crate::ports::log::SimLog;
-use crate::ports::retry::SimRetryBook;
 use crate::ports::spot::SimSpot;
 use crate::ports::Sim;
 use crate::world::{short, Faults, FundingAccount, World};
@@ -119,7 +117,7 @@ fn start_worker(sim: &Sim, ledger: &Ledger, proc: ProcId, incarnation: u32) {
     let mut worker = RecoveryWorker::with_book(
         ledger.coordinator.clone(),
         recovery_config(ledger.tight),
-        Arc::new(SimRetryBook { sim: sim.clone() }),
+        Arc::new(MemRetryBook::new(sim.store.clone())),
     );
     worker.id = format!("worker-{proc}.{incarnation}");
     sim.rt.spawn(proc, Role::Worker, worker.run());
@@ -138,18 +136,15 @@ pub fn run(seed: u64, config: &Config) -> Report {
     if config.trace {
         world.trace = Some(vec![format!("seed {seed}: {:?}", world.faults)]);
     }
-    let sim = Sim {
-        rt: rt.clone(),
-        world: Arc::new(Mutex::new(world)),
-    };
+    let sim = Sim::new(rt.clone(), world);
     seed_balances(&sim);
 
     let ports = Ports {
-        log: Arc::new(SimLog { sim: sim.clone() }),
-        claims: Arc::new(SimClientKeys { sim: sim.clone() }),
-        leases: Arc::new(SimLeases { sim: sim.clone() }),
-        limits: Arc::new(SimDailyReservations { sim: sim.clone() }),
-        clock: Arc::new(SimClock { rt: rt.clone() }),
+        log: Arc::new(MemLog(sim.store.clone())),
+        claims: Arc::new(MemClientKeys(sim.store.clone())),
+        leases: Arc::new(MemLeases(sim.store.clone())),
+        limits: Arc::new(MemDailyReservations(sim.store.clone())),
+        clock: Arc::clone(&sim.store.clock),
     };
     let funding: Arc<dyn AccountPort> = Arc::new(SimFunding { sim: sim.clone() });
     let spot: Arc<dyn AccountPort> =
@@ -235,18 +230,20 @@ pub fn run(seed: u64, config: &Config) -> Report {
             // A lease that ends early: a second worker may take the transfer mid-drive.
             let mut w = sim.world();
             let now = w.now_ms;
-            let held: Vec<String> = w
+            let rows = w.rows.clone();
+            let mut rows = rows.lock();
+            let held: Vec<ReqId> = rows
                 .retries
                 .iter()
                 .filter(|(_, r)| r.lease_until_ms.is_some_and(|u| u >= now))
-                .map(|(id, _)| id.clone())
+                .map(|(id, _)| *id)
                 .collect();
             if !held.is_empty() {
-                let id = held[rt.with_rng(|r| r.index(held.len()))].clone();
-                if let Some(row) = w.retries.get_mut(&id) {
+                let id = held[rt.with_rng(|r| r.index(held.len()))];
+                if let Some(row) = rows.retries.get_mut(&id) {
                     row.lease_until_ms = Some(now.saturating_sub(1));
                 }
-                w.fault("lease-expired-early", short(&id));
+                w.fault("lease-expired-early", short(&id.to_string()));
             }
         }
         if exec.step() == Step::Idle {
@@ -296,10 +293,11 @@ pub fn run(seed: u64, config: &Config) -> Report {
             && exec.alive(Role::Network) == 0
             && exec.alive(Role::Request) == 0
             && sim
-                .world()
-                .log
+                .store
+                .rows()
+                .streams
                 .values()
-                .all(|t| t.state.is_some_and(TransferState::is_terminal))
+                .all(|t| t.state().is_some_and(TransferState::is_terminal))
         {
             break;
         }
@@ -314,13 +312,14 @@ pub fn run(seed: u64, config: &Config) -> Report {
         }
     }
 
+    let transfers = sim.store.rows().streams.len();
     let mut w = sim.world();
     crate::check::at_quiescence(&mut w);
     Report {
         seed,
         violations: w.violations.clone(),
         faults: w.fault_counts.clone(),
-        transfers: w.log.len(),
+        transfers,
         steps: exec.steps,
         trace: w.trace.take().unwrap_or_default(),
     }
