@@ -6,11 +6,11 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::book::{AttemptPolicy, AttemptRecord, RetryBook, Tally};
 use application::testkit::{RetryRow, Seen, Store, StoreCall};
 use application::CoordinatorError;
 use async_trait::async_trait;
 use domain::{ReqId, TransferState};
-use crate::book::{AttemptPolicy, AttemptRecord, RetryBook, Tally};
 
 /// One row of the attempt log (`recovery_attempts`).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -62,8 +62,7 @@ pub fn at_quiescence(w: &mut World) {
     let keys: Vec<(u64, String)> = w.deposits.keys().cloned().collect();
     for (user, asset) in keys {
         let funding = w
-            .funding
-            .get(&(user, asset.clone()))
+            .funding_account(user, &asset)
             .map_or(Decimal::ZERO, |a| a.balance);
         let spot = w
             .engine

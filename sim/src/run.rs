@@ -10,9 +10,11 @@ use std::time::Duration;
 
 use adapters::SpotAdapter;
 use application::plant::Bug;
-use application::testkit::{MemClientKeys, MemDailyReservations, MemLeases, MemLog};
+use application::testkit::{
+    Account, MemClientKeys, MemDailyReservations, MemLeases, MemLog, Status,
+};
 use application::{Coordinator, DailyLimits, Ports};
-use domain::{AccountPort, AssetRegistry, ReqId, TransferState};
+use domain::{AccountPort, AssetRegistry, AssetSymbol, ReqId, TransferState, UserId};
 use recovery::testkit::MemRetryBook;
 use recovery::{RecoveryConfig, RecoveryWorker};
 use rust_decimal::Decimal;
@@ -26,7 +28,7 @@ use crate::exec::{Executor, ProcId, Role, Rt, Step};
 use crate::ports::funding::SimFunding;
 use crate::ports::spot::SimSpot;
 use crate::ports::Sim;
-use crate::world::{short, Faults, FundingAccount, World};
+use crate::world::{short, Faults, World};
 
 /// 2026-01-01T00:00:00Z: where simulated time starts.
 pub const START_MS: u64 = 1_767_225_600_000;
@@ -258,8 +260,8 @@ pub fn run(seed: u64, config: &Config) -> Report {
         let mut w = sim.world();
         w.faults_on = false;
         w.note(|| "faults off: quiescence".to_owned());
-        for account in w.funding.values_mut() {
-            account.status = "ACTIVE";
+        for account in w.funding.accounts.values_mut() {
+            account.status = Status::Active;
         }
         let now = w.now_ms;
         for user in 1..=USERS {
@@ -331,13 +333,13 @@ fn seed_balances(sim: &Sim) {
     let start = Decimal::from(1_000);
     for user in 1..=USERS {
         for (k, asset) in ASSETS.into_iter().enumerate() {
-            w.funding.insert(
-                (user, asset.to_owned()),
-                FundingAccount {
-                    balance: start,
-                    status: "ACTIVE",
-                },
-            );
+            let account = Account {
+                balance: start,
+                status: Status::Active,
+            };
+            if let (Ok(id), Ok(symbol)) = (UserId::new(user), AssetSymbol::parse(asset)) {
+                w.funding.accounts.insert((id, symbol), account);
+            }
             let id = ReqId::from_parts(START_MS - 1, u128::from(user) << 8 | k as u128).to_string();
             let now = w.now_ms;
             w.engine

@@ -7,9 +7,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use adapters::spot::movement_op;
-use application::testkit::{Durable, Rows, Stream};
+use application::testkit::{Account, Books, Durable, Rows, Stream};
 use domain::{
-    manual_resolution_target, AccountType, Operation, ReqId, TransferEvent, TransferState,
+    manual_resolution_target, AccountType, AssetSymbol, Operation, ReqId, TransferEvent,
+    TransferState, UserId,
 };
 use rust_decimal::Decimal;
 use spot_core::engine::Engine;
@@ -83,24 +84,6 @@ pub fn made(stream: &Stream) -> Option<Made> {
     }
 }
 
-/// A funding account.
-#[derive(Debug, Clone)]
-pub struct FundingAccount {
-    pub balance: Decimal,
-    /// ACTIVE, FROZEN or DISABLED.
-    pub status: &'static str,
-}
-
-/// A funding journal row: the first decision of one (req_id, op).
-#[derive(Debug, Clone)]
-pub struct JournalRow {
-    pub user: u64,
-    pub asset: String,
-    pub amount: Decimal,
-    pub applied: bool,
-    pub code: Option<String>,
-}
-
 /// Per (system, req_id, op): calls made, and the tasks that looked the key up since their own
 /// last call (a resuming task must, before it calls again).
 #[derive(Debug, Clone, Default)]
@@ -130,8 +113,8 @@ pub struct World {
     /// The event log, the client keys' claims, `transfer_retries` and the daily counters: the
     /// shared in-memory stores' rows.
     pub rows: Rows,
-    pub funding: BTreeMap<(u64, String), FundingAccount>,
-    pub journal: BTreeMap<(String, Operation), JournalRow>,
+    /// The funding ledger's accounts and journal (the testkit's books).
+    pub funding: Books,
     pub engine: Engine,
     pub applied: BTreeMap<(System, String, Operation), u32>,
     pub deposits: BTreeMap<(u64, String), Decimal>,
@@ -191,8 +174,7 @@ impl World {
     pub fn new(engine: Engine, start_ms: u64) -> Self {
         Self {
             rows: Rows::default(),
-            funding: BTreeMap::new(),
-            journal: BTreeMap::new(),
+            funding: Books::default(),
             engine,
             applied: BTreeMap::new(),
             deposits: BTreeMap::new(),
@@ -207,6 +189,12 @@ impl World {
             start_ms,
             current: None,
         }
+    }
+
+    /// `user`'s FUNDING account of `asset`, if it exists.
+    pub fn funding_account(&mut self, user: u64, asset: &str) -> Option<&mut Account> {
+        let key = (UserId::new(user).ok()?, AssetSymbol::parse(asset).ok()?);
+        self.funding.accounts.get_mut(&key)
     }
 
     /// Adds a line to the trace (when tracing), stamped with simulated time and the task.
@@ -279,10 +267,12 @@ impl World {
     /// Whether `system` recorded a refusal of (req_id, op).
     pub fn recorded_refusal(&mut self, system: System, id: &str, op: Operation) -> bool {
         match system {
-            System::Funding => self
-                .journal
-                .get(&(id.to_owned(), op))
-                .is_some_and(|r| !r.applied),
+            System::Funding => ReqId::parse(id).is_ok_and(|req_id| {
+                self.funding
+                    .journal
+                    .get(&(req_id, op))
+                    .is_some_and(|r| !r.applied)
+            }),
             System::Spot => {
                 let effect = self.engine.apply_at(
                     &Request::Lookup {
@@ -312,11 +302,11 @@ impl World {
     pub fn check_arrival(&mut self, system: System, id: &str, op: Operation) {
         let announcing = announced_by(op);
         let announced = ReqId::parse(id).is_ok_and(|req_id| {
-            self.rows.lock().streams.get(&req_id).is_some_and(|s| {
-                s.events
-                    .iter()
-                    .any(|e| e.resulting_state() == announcing)
-            })
+            self.rows
+                .lock()
+                .streams
+                .get(&req_id)
+                .is_some_and(|s| s.events.iter().any(|e| e.resulting_state() == announcing))
         });
         if !announced {
             self.violation(format!(

@@ -33,7 +33,11 @@ pub enum Seen<'a> {
     /// `cid` claimed for `req_id`.
     Claimed { cid: &'a str, req_id: ReqId },
     /// The claim of `cid` moved from `old` (never created) to `new`.
-    Rekeyed { cid: &'a str, old: ReqId, new: ReqId },
+    Rekeyed {
+        cid: &'a str,
+        old: ReqId,
+        new: ReqId,
+    },
     /// `owner` took the lease of `req_id`.
     LeaseTaken { req_id: ReqId, owner: &'a str },
     /// The recovery worker's retry book began its attempt number `attempt` (`recovery`'s
@@ -45,10 +49,7 @@ pub enum Seen<'a> {
         state_before: TransferState,
     },
     /// The retry book recorded the end of an attempt on `req_id`.
-    AttemptEnded {
-        req_id: ReqId,
-        outcome: &'a str,
-    },
+    AttemptEnded { req_id: ReqId, outcome: &'a str },
 }
 
 /// Decides the fault of each store call and observes each effect. Shared by a store's clones.

@@ -24,12 +24,12 @@ pub mod scenario;
 pub mod store;
 pub mod world;
 
-pub use account::{MemAccount, Status};
+pub use account::{Account, Books, Entry, MemAccount, Status};
 pub use clock::TestClock;
 pub use exec::{run, run_together};
 pub use faults::{AccountFault, Call, StoreCall, StoreFault};
-pub use scenario::{Scenario, Then};
 pub use hook::{Seen, StoreHook};
+pub use scenario::{Scenario, Then};
 pub use store::{
     Durable, MemClientKeys, MemDailyReservations, MemLeases, MemLog, RetryRow, Rows, Store, Stream,
 };
