@@ -15,6 +15,7 @@ use crate::audit::history::{self, Run};
 use crate::audit::status::{self, AuditHealth};
 use crate::coordinator::CoordinatorError;
 use crate::drive::Resumed;
+use crate::error::StoreError;
 use crate::halt;
 use crate::ledger::Ledger;
 use crate::repair::{RepairError, RepairOutcome};
@@ -67,23 +68,29 @@ impl Queries {
     }
 
     /// The newest stored alerts, at most `limit`.
-    pub async fn alerts_recent(&self, limit: i64) -> Result<Vec<StoredAlert>, sqlx::Error> {
-        alerts::recent(&self.pool, limit).await
+    pub async fn alerts_recent(&self, limit: i64) -> Result<Vec<StoredAlert>, StoreError> {
+        alerts::recent(&self.pool, limit)
+            .await
+            .map_err(StoreError::from)
     }
 
     /// How many alerts of `code` were ever raised.
-    pub async fn alerts_total(&self, code: &str) -> Result<i64, sqlx::Error> {
-        alerts::total(&self.pool, code).await
+    pub async fn alerts_total(&self, code: &str) -> Result<i64, StoreError> {
+        alerts::total(&self.pool, code)
+            .await
+            .map_err(StoreError::from)
     }
 
     /// The periodic conservation check's health (`ledger_audit_up` and its counters).
-    pub async fn audit_health(&self) -> Result<AuditHealth, sqlx::Error> {
-        status::health(&self.pool).await
+    pub async fn audit_health(&self) -> Result<AuditHealth, StoreError> {
+        status::health(&self.pool).await.map_err(StoreError::from)
     }
 
     /// The newest conservation checks that decided, at most `limit`.
-    pub async fn check_history(&self, limit: i64) -> Result<Vec<Run>, sqlx::Error> {
-        history::recent(&self.pool, limit).await
+    pub async fn check_history(&self, limit: i64) -> Result<Vec<Run>, StoreError> {
+        history::recent(&self.pool, limit)
+            .await
+            .map_err(StoreError::from)
     }
 
     /// Run `run_id`'s full report (`None`: no such run, or its report was pruned).
@@ -95,13 +102,13 @@ impl Queries {
     }
 
     /// The newest conservation check that decided, if any.
-    pub async fn last_check(&self) -> Result<Option<Run>, sqlx::Error> {
-        history::last(&self.pool).await
+    pub async fn last_check(&self) -> Result<Option<Run>, StoreError> {
+        history::last(&self.pool).await.map_err(StoreError::from)
     }
 
     /// Whether new transfers are halted now (read from the database, not cached).
-    pub async fn is_halted(&self) -> Result<bool, sqlx::Error> {
-        halt::is_halted(&self.pool).await
+    pub async fn is_halted(&self) -> Result<bool, StoreError> {
+        halt::is_halted(&self.pool).await.map_err(StoreError::from)
     }
 }
 

@@ -55,7 +55,7 @@ pub fn routes() -> Router<AppState> {
         )
 }
 
-fn internal(what: &'static str) -> impl Fn(sqlx::Error) -> ApiError {
+fn internal<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> ApiError {
     move |e| ApiError::Internal(format!("{what}: {e}"))
 }
 

@@ -81,7 +81,9 @@ async fn metrics(
     State(state): State<AppState>,
     target_pending_alert_after: Duration,
 ) -> Result<Response, ApiError> {
-    let internal = |e: sqlx::Error| ApiError::Internal(format!("metrics: {e}"));
+    fn internal(e: impl std::fmt::Display) -> ApiError {
+        ApiError::Internal(format!("metrics: {e}"))
+    }
     let (by_state, figures) = state
         .reads
         .transfers()

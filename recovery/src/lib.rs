@@ -7,6 +7,8 @@
 pub mod book;
 pub mod heartbeat;
 pub mod stuck;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 pub mod worker;
 
 pub use book::{AttemptPolicy, AttemptRecord, PgRetryBook, RetryBook, Tally};

@@ -6,6 +6,7 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use application::testkit::Status;
 use application::{CoordinatorError, NewTransfer};
 use domain::{
     AccountType, AssetRegistry, AssetStatus, AssetSymbol, ReqId, Resolution, TransferData,
@@ -144,12 +145,13 @@ pub(crate) fn spawn_operator(sim: &Sim, ledgers: &Arc<Vec<Ledger>>) {
             let pause = s.rt.with_rng(|r| r.between(2_000, 9_000));
             s.rt.sleep(Duration::from_millis(pause)).await;
             let open: Vec<String> = s
-                .world()
-                .log
+                .store
+                .rows()
+                .streams
                 .iter()
                 .filter(|(_, t)| {
                     matches!(
-                        t.state,
+                        t.state(),
                         Some(
                             TransferState::SourcePending
                                 | TransferState::TargetPending
@@ -157,7 +159,7 @@ pub(crate) fn spawn_operator(sim: &Sim, ledgers: &Arc<Vec<Ledger>>) {
                         )
                     )
                 })
-                .map(|(id, _)| id.clone())
+                .map(|(id, _)| id.to_string())
                 .collect();
             if open.is_empty() {
                 continue;
@@ -212,11 +214,15 @@ pub(crate) fn spawn_admin(sim: &Sim, registry: &Arc<RwLock<AssetRegistry>>) {
             let now = w.now_ms;
             match what {
                 0 | 1 => {
-                    let status = if what == 0 { "FROZEN" } else { "DISABLED" };
-                    if let Some(a) = w.funding.get_mut(&(user, asset.to_owned())) {
+                    let (status, name) = if what == 0 {
+                        (Status::Frozen, "FROZEN")
+                    } else {
+                        (Status::Disabled, "DISABLED")
+                    };
+                    if let Some(a) = w.funding_account(user, asset) {
                         a.status = status;
                     }
-                    w.fault("admin-funding-status", status);
+                    w.fault("admin-funding-status", name);
                 }
                 2 | 3 => {
                     let status = if s.rt.with_rng(|r| r.chance(500)) {
@@ -244,8 +250,8 @@ pub(crate) fn spawn_admin(sim: &Sim, registry: &Arc<RwLock<AssetRegistry>>) {
                 }
                 _ => {
                     // Back to normal for this user and asset.
-                    if let Some(a) = w.funding.get_mut(&(user, asset.to_owned())) {
-                        a.status = "ACTIVE";
+                    if let Some(a) = w.funding_account(user, asset) {
+                        a.status = Status::Active;
                     }
                     w.engine.apply_at(
                         &Request::SetStatus {

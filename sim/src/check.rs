@@ -9,18 +9,27 @@ use std::collections::BTreeMap;
 use domain::{Operation, TransferState};
 use rust_decimal::Decimal;
 
-use crate::world::{System, World};
+use crate::world::{made, Made, System, World};
 
 /// Runs every quiescence check, recording each failure as a violation.
 // long: the quiescence checks in the order, one block each, so each reads against its rule.
 pub fn at_quiescence(w: &mut World) {
     let mut in_flight: BTreeMap<(u64, String), Decimal> = BTreeMap::new();
-    let transfers: Vec<(String, crate::world::Stream)> =
-        w.log.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    for (id, t) in &transfers {
-        let Some(state) = t.state else { continue };
+    // Each transfer: its id, creation, state, and whether it is held with an alert.
+    let transfers: Vec<(String, Made, TransferState, bool)> = {
+        let rows = w.rows.lock();
+        rows.streams
+            .iter()
+            .filter_map(|(id, s)| {
+                let held = rows.retries.get(id).is_some_and(|r| r.refund_alerted);
+                Some((id.to_string(), made(s)?, s.state()?, held))
+            })
+            .collect()
+    };
+    for (id, t, state, held) in &transfers {
+        let state = *state;
         if !state.is_terminal() {
-            let held = w.retries.get(id).is_some_and(|r| r.refund_alerted);
+            let held = *held;
             if !held {
                 w.violation(format!(
                     "transfer {id} still {state} at quiescence, with no alert"
@@ -53,8 +62,7 @@ pub fn at_quiescence(w: &mut World) {
     let keys: Vec<(u64, String)> = w.deposits.keys().cloned().collect();
     for (user, asset) in keys {
         let funding = w
-            .funding
-            .get(&(user, asset.clone()))
+            .funding_account(user, &asset)
             .map_or(Decimal::ZERO, |a| a.balance);
         let spot = w
             .engine
@@ -77,7 +85,7 @@ pub fn at_quiescence(w: &mut World) {
     }
     // Client keys: one transfer each, and every answer named it.
     let mut by_key: BTreeMap<(u64, String), Vec<String>> = BTreeMap::new();
-    for (id, t) in &transfers {
+    for (id, t, _, _) in &transfers {
         if let Some(cid) = &t.cid {
             by_key
                 .entry((t.user, cid.clone()))

@@ -1,53 +1,45 @@
-//! The in-memory implementations of every port the coordinator and the recovery worker run on,
-//! with the contracts of the PostgreSQL ones (`application::pg`, `recovery::book`), the funding
-//! ledger's (`adapters::funding`, migration 0014) and spot-core's transport, and the faults of
-//! the run injected at each call: every call first yields to the scheduler; a store call may fail
-//! before or after it took effect, or be slow; a message may never be sent, be delayed, arrive
-//! after its caller gave up, arrive twice, or lose its answer after it was applied.
+//! The simulation's ports and faults. The coordinator's stores and the worker's retry book are
+//! the shared in-memory ones (`application::testkit::Store`, `MemLog`, `MemClientKeys`,
+//! `MemLeases`, `MemDailyReservations`; `recovery::testkit::MemRetryBook`) with the run's hook
+//! (`hook.rs`, `SimHook`): every store call first yields to the scheduler and takes a little time,
+//! and may be slow or fail before or after it took effect; every append is checked. The account
+//! systems are the simulation's own, with the network's faults on each message: a message may
+//! never be sent, be delayed, arrive after its caller gave up, arrive twice, or lose its answer
+//! after it was applied.
 //!
-//! This module holds `Sim`, the handle every port shares, and the faults of a store call and of a
-//! message; each port is its own module: `log` (`SimLog`), `book` (`SimClientKeys`, `SimLeases`,
-//! `SimDailyReservations`), `retry` (`SimRetryBook`), `clock` (`SimClock`), `funding`
-//! (`SimFunding`) and `spot` (`SimSpot`).
+//! This module holds `Sim`, the handle every port shares, and the faults of a message; each port
+//! is its own module: `hook` (`SimHook`), `clock` (`SimClock`), `funding` (`SimFunding`) and
+//! `spot` (`SimSpot`).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use application::CoordinatorError;
+use application::testkit::Store;
 
 use crate::exec::Rt;
-use crate::world::{RetryRow, World};
+use crate::world::World;
 
-pub mod book;
 pub mod clock;
 pub mod funding;
-pub mod log;
-pub mod retry;
+pub mod hook;
 pub mod spot;
 
 /// The process delayed and duplicated messages belong to: the network, which no crash kills.
 pub const NETWORK: u32 = 0;
 
-/// The handle every port holds: the runtime and the world.
+/// The handle every port holds: the runtime, the world, and the stores over the world's rows.
 #[derive(Clone)]
 pub struct Sim {
     pub rt: Arc<Rt>,
     pub world: Arc<Mutex<World>>,
+    /// The coordinator's stores' handle: the world's rows, the run's hook and its clock.
+    pub store: Store,
 }
 
 impl std::fmt::Debug for Sim {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sim").finish_non_exhaustive()
     }
-}
-
-/// Whether a retry row's lease is free (never taken, or run out) at `now`.
-fn lease_free(row: &RetryRow, now: u64) -> bool {
-    row.lease_until_ms.is_none_or(|until| until < now)
-}
-
-fn store_error(what: &str) -> CoordinatorError {
-    CoordinatorError::outcome_unknown(format!("sim: {what}"))
 }
 
 /// What the network does to one message.
@@ -63,64 +55,42 @@ enum Fate {
     Delivered,
 }
 
+/// `world` locked, with the current time and task.
+fn locked<'a>(rt: &Rt, world: &'a Mutex<World>) -> MutexGuard<'a, World> {
+    let now = rt.now_ms();
+    let current = rt.current().map(|(t, _, r)| (t, r));
+    let mut w = world.lock().unwrap_or_else(|e| e.into_inner());
+    w.now_ms = now;
+    w.current = current;
+    w
+}
+
+fn roll(rt: &Rt, per_mille: u32) -> bool {
+    per_mille > 0 && rt.with_rng(|r| r.chance(per_mille))
+}
+
 impl Sim {
+    /// The ports' handle over `world`, on `rt`: the stores share the world's rows and decide
+    /// each call by the run's hook.
+    pub fn new(rt: Arc<Rt>, world: World) -> Self {
+        let rows = world.rows.clone();
+        let world = Arc::new(Mutex::new(world));
+        let hook = hook::SimHook {
+            rt: rt.clone(),
+            world: world.clone(),
+        };
+        let clock = clock::SimClock { rt: rt.clone() };
+        let store = Store::new(rows, Arc::new(hook), Arc::new(clock));
+        Self { rt, world, store }
+    }
+
     /// The world, locked, with the current time and task.
     pub fn world(&self) -> MutexGuard<'_, World> {
-        let now = self.rt.now_ms();
-        let current = self.rt.current().map(|(t, _, r)| (t, r));
-        let mut w = self.world.lock().unwrap_or_else(|e| e.into_inner());
-        w.now_ms = now;
-        w.current = current;
-        w
+        locked(&self.rt, &self.world)
     }
 
     fn roll(&self, per_mille: u32) -> bool {
-        per_mille > 0 && self.rt.with_rng(|r| r.chance(per_mille))
-    }
-
-    /// One store call: a scheduling point, maybe slow, maybe failing before or after `effect`.
-    async fn store<T>(
-        &self,
-        name: &'static str,
-        effect: impl FnOnce(&mut World) -> Result<T, CoordinatorError>,
-    ) -> Result<T, CoordinatorError> {
-        self.rt.yield_now().await;
-        let f = {
-            let w = self.world();
-            w.faults_on.then(|| w.faults.clone())
-        };
-        // Every call takes a little time, so concurrent drives overlap.
-        let latency = self.rt.with_rng(|r| r.below(4));
-        if latency > 0 {
-            self.rt.sleep(Duration::from_millis(latency)).await;
-        }
-        if let Some(f) = &f {
-            if self.roll(f.store_delay) {
-                // Mostly short; one in ten a stall of many seconds (a partition, a lock wait),
-                // longer than half the claims' retention.
-                let ms = self.rt.with_rng(|r| {
-                    if r.chance(100) {
-                        r.between(10_000, 45_000)
-                    } else {
-                        r.between(1, 3_000)
-                    }
-                });
-                self.world().fault("store-slow", name);
-                self.rt.sleep(Duration::from_millis(ms)).await;
-            }
-            if self.roll(f.store_fail_before) {
-                self.world().fault("store-fail", name);
-                return Err(store_error("store unreachable"));
-            }
-        }
-        let result = effect(&mut self.world());
-        if let Some(f) = &f {
-            if self.roll(f.store_fail_after) {
-                self.world().fault("store-answer-lost", name);
-                return Err(store_error("the store's answer was lost after the effect"));
-            }
-        }
-        result
+        roll(&self.rt, per_mille)
     }
 
     /// What the network does to one message (none of it with faults off).

@@ -5,13 +5,17 @@
 //! asset active again, recovery left to run) and the checks that must hold there.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use adapters::SpotAdapter;
 use application::plant::Bug;
+use application::testkit::{
+    Account, MemClientKeys, MemDailyReservations, MemLeases, MemLog, Status,
+};
 use application::{Coordinator, DailyLimits, Ports};
-use domain::{AccountPort, AssetRegistry, ReqId, TransferState};
+use domain::{AccountPort, AssetRegistry, AssetSymbol, ReqId, TransferState, UserId};
+use recovery::testkit::MemRetryBook;
 use recovery::{RecoveryConfig, RecoveryWorker};
 use rust_decimal::Decimal;
 use spot_core::assets::{Assets, DEFAULT_ASSETS_JSON};
@@ -21,14 +25,10 @@ use spot_core::protocol::{AccountStatus, Request};
 use crate::actors::{spawn_admin, spawn_operator, spawn_users};
 use crate::cast::{Ledger, ASSETS, LEDGERS, OUTSIDE, USERS};
 use crate::exec::{Executor, ProcId, Role, Rt, Step};
-use crate::ports::book::{SimClientKeys, SimDailyReservations, SimLeases};
-use crate::ports::clock::SimClock;
 use crate::ports::funding::SimFunding;
-use crate::ports::log::SimLog;
-use crate::ports::retry::SimRetryBook;
 use crate::ports::spot::SimSpot;
 use crate::ports::Sim;
-use crate::world::{short, Faults, FundingAccount, World};
+use crate::world::{short, Faults, World};
 
 /// 2026-01-01T00:00:00Z: where simulated time starts.
 pub const START_MS: u64 = 1_767_225_600_000;
@@ -119,7 +119,7 @@ fn start_worker(sim: &Sim, ledger: &Ledger, proc: ProcId, incarnation: u32) {
     let mut worker = RecoveryWorker::with_book(
         ledger.coordinator.clone(),
         recovery_config(ledger.tight),
-        Arc::new(SimRetryBook { sim: sim.clone() }),
+        Arc::new(MemRetryBook::new(sim.store.clone())),
     );
     worker.id = format!("worker-{proc}.{incarnation}");
     sim.rt.spawn(proc, Role::Worker, worker.run());
@@ -138,18 +138,15 @@ pub fn run(seed: u64, config: &Config) -> Report {
     if config.trace {
         world.trace = Some(vec![format!("seed {seed}: {:?}", world.faults)]);
     }
-    let sim = Sim {
-        rt: rt.clone(),
-        world: Arc::new(Mutex::new(world)),
-    };
+    let sim = Sim::new(rt.clone(), world);
     seed_balances(&sim);
 
     let ports = Ports {
-        log: Arc::new(SimLog { sim: sim.clone() }),
-        claims: Arc::new(SimClientKeys { sim: sim.clone() }),
-        leases: Arc::new(SimLeases { sim: sim.clone() }),
-        limits: Arc::new(SimDailyReservations { sim: sim.clone() }),
-        clock: Arc::new(SimClock { rt: rt.clone() }),
+        log: Arc::new(MemLog(sim.store.clone())),
+        claims: Arc::new(MemClientKeys(sim.store.clone())),
+        leases: Arc::new(MemLeases(sim.store.clone())),
+        limits: Arc::new(MemDailyReservations(sim.store.clone())),
+        clock: Arc::clone(&sim.store.clock),
     };
     let funding: Arc<dyn AccountPort> = Arc::new(SimFunding { sim: sim.clone() });
     let spot: Arc<dyn AccountPort> =
@@ -235,18 +232,20 @@ pub fn run(seed: u64, config: &Config) -> Report {
             // A lease that ends early: a second worker may take the transfer mid-drive.
             let mut w = sim.world();
             let now = w.now_ms;
-            let held: Vec<String> = w
+            let rows = w.rows.clone();
+            let mut rows = rows.lock();
+            let held: Vec<ReqId> = rows
                 .retries
                 .iter()
                 .filter(|(_, r)| r.lease_until_ms.is_some_and(|u| u >= now))
-                .map(|(id, _)| id.clone())
+                .map(|(id, _)| *id)
                 .collect();
             if !held.is_empty() {
-                let id = held[rt.with_rng(|r| r.index(held.len()))].clone();
-                if let Some(row) = w.retries.get_mut(&id) {
+                let id = held[rt.with_rng(|r| r.index(held.len()))];
+                if let Some(row) = rows.retries.get_mut(&id) {
                     row.lease_until_ms = Some(now.saturating_sub(1));
                 }
-                w.fault("lease-expired-early", short(&id));
+                w.fault("lease-expired-early", short(&id.to_string()));
             }
         }
         if exec.step() == Step::Idle {
@@ -261,8 +260,8 @@ pub fn run(seed: u64, config: &Config) -> Report {
         let mut w = sim.world();
         w.faults_on = false;
         w.note(|| "faults off: quiescence".to_owned());
-        for account in w.funding.values_mut() {
-            account.status = "ACTIVE";
+        for account in w.funding.accounts.values_mut() {
+            account.status = Status::Active;
         }
         let now = w.now_ms;
         for user in 1..=USERS {
@@ -296,10 +295,11 @@ pub fn run(seed: u64, config: &Config) -> Report {
             && exec.alive(Role::Network) == 0
             && exec.alive(Role::Request) == 0
             && sim
-                .world()
-                .log
+                .store
+                .rows()
+                .streams
                 .values()
-                .all(|t| t.state.is_some_and(TransferState::is_terminal))
+                .all(|t| t.state().is_some_and(TransferState::is_terminal))
         {
             break;
         }
@@ -314,13 +314,14 @@ pub fn run(seed: u64, config: &Config) -> Report {
         }
     }
 
+    let transfers = sim.store.rows().streams.len();
     let mut w = sim.world();
     crate::check::at_quiescence(&mut w);
     Report {
         seed,
         violations: w.violations.clone(),
         faults: w.fault_counts.clone(),
-        transfers: w.log.len(),
+        transfers,
         steps: exec.steps,
         trace: w.trace.take().unwrap_or_default(),
     }
@@ -332,13 +333,13 @@ fn seed_balances(sim: &Sim) {
     let start = Decimal::from(1_000);
     for user in 1..=USERS {
         for (k, asset) in ASSETS.into_iter().enumerate() {
-            w.funding.insert(
-                (user, asset.to_owned()),
-                FundingAccount {
-                    balance: start,
-                    status: "ACTIVE",
-                },
-            );
+            let account = Account {
+                balance: start,
+                status: Status::Active,
+            };
+            if let (Ok(id), Ok(symbol)) = (UserId::new(user), AssetSymbol::parse(asset)) {
+                w.funding.accounts.insert((id, symbol), account);
+            }
             let id = ReqId::from_parts(START_MS - 1, u128::from(user) << 8 | k as u128).to_string();
             let now = w.now_ms;
             w.engine

@@ -1,15 +1,17 @@
-//! What the simulated systems hold: the durable state of the event log and its bookkeeping, the
-//! funding ledger and spot-core's engine (the real one), the run's fault rates and counters, the
-//! trace, and the invariants checked at every event (`check_append`, `check_arrival`,
-//! `count_applied`). A crash never touches any of it: everything here is durable; what a process
+//! What the simulated systems hold: the durable rows of the event log and its bookkeeping (the
+//! shared in-memory stores' `application::testkit::Rows`), the funding ledger and spot-core's
+//! engine (the real one), the run's fault rates and counters, the trace, and the invariants
+//! checked at every event (`check_append`, `check_arrival`, `count_applied`). A crash never touches any of it: everything here is durable; what a process
 //! held in memory lived in its tasks.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use adapters::spot::movement_op;
-use application::DailyUsage;
-use chrono::NaiveDate;
-use domain::{manual_resolution_target, AccountType, Operation, TransferEvent, TransferState};
+use application::testkit::{Account, Books, Durable, Rows, Stream};
+use domain::{
+    manual_resolution_target, AccountType, AssetSymbol, Operation, ReqId, TransferEvent,
+    TransferState, UserId,
+};
 use rust_decimal::Decimal;
 use spot_core::engine::Engine;
 use spot_core::protocol::{Outcome, Request, Response};
@@ -48,15 +50,9 @@ impl System {
     }
 }
 
-/// One transfer's stream in the event log.
+/// What a transfer's creation says: whose, what and between which systems.
 #[derive(Debug, Clone)]
-pub struct Stream {
-    pub events: Vec<TransferEvent>,
-    pub state: Option<TransferState>,
-    /// Every state the stream has been in.
-    pub reached: BTreeSet<i16>,
-    /// When its last event was appended (the worker's staleness clock).
-    pub recorded_at_ms: u64,
+pub struct Made {
     pub user: u64,
     pub asset: String,
     pub amount: Decimal,
@@ -65,36 +61,27 @@ pub struct Stream {
     pub cid: Option<String>,
 }
 
-/// A row of the retry book (`transfer_retries`).
-#[derive(Debug, Clone, Default)]
-pub struct RetryRow {
-    pub state: String,
-    pub attempts: i32,
-    pub refund_failures: i32,
-    pub next_retry_at_ms: u64,
-    pub lease_owner: Option<String>,
-    pub lease_until_ms: Option<u64>,
-    pub refund_alerted: bool,
-    pub stuck_alerted: bool,
-    pub last_error_category: Option<&'static str>,
-}
-
-/// A funding account.
-#[derive(Debug, Clone)]
-pub struct FundingAccount {
-    pub balance: Decimal,
-    /// ACTIVE, FROZEN or DISABLED.
-    pub status: &'static str,
-}
-
-/// A funding journal row: the first decision of one (req_id, op).
-#[derive(Debug, Clone)]
-pub struct JournalRow {
-    pub user: u64,
-    pub asset: String,
-    pub amount: Decimal,
-    pub applied: bool,
-    pub code: Option<String>,
+/// What `stream`'s creation says (`None` for a stream not opened by `TransferCreated`).
+pub fn made(stream: &Stream) -> Option<Made> {
+    match stream.events.first()? {
+        TransferEvent::TransferCreated {
+            user_id,
+            from,
+            to,
+            asset,
+            amount,
+            cid,
+            ..
+        } => Some(Made {
+            user: user_id.get(),
+            asset: asset.to_string(),
+            amount: amount.value(),
+            from: *from,
+            to: *to,
+            cid: cid.clone(),
+        }),
+        _ => None,
+    }
 }
 
 /// Per (system, req_id, op): calls made, and the tasks that looked the key up since their own
@@ -123,14 +110,11 @@ pub struct Faults {
 
 /// Everything durable, plus the run's bookkeeping of faults, trace and violations.
 pub struct World {
-    pub log: BTreeMap<String, Stream>,
-    pub claims: BTreeMap<(u64, String), (String, String)>,
-    pub retries: BTreeMap<String, RetryRow>,
-    pub attempts: i64,
-    /// The daily limits' counters, per UTC day.
-    pub daily: BTreeMap<NaiveDate, DailyUsage>,
-    pub funding: BTreeMap<(u64, String), FundingAccount>,
-    pub journal: BTreeMap<(String, Operation), JournalRow>,
+    /// The event log, the client keys' claims, `transfer_retries` and the daily counters: the
+    /// shared in-memory stores' rows.
+    pub rows: Rows,
+    /// The funding ledger's accounts and journal (the testkit's books).
+    pub funding: Books,
     pub engine: Engine,
     pub applied: BTreeMap<(System, String, Operation), u32>,
     pub deposits: BTreeMap<(u64, String), Decimal>,
@@ -150,7 +134,6 @@ pub struct World {
 impl std::fmt::Debug for World {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("World")
-            .field("transfers", &self.log.len())
             .field("violations", &self.violations)
             .finish_non_exhaustive()
     }
@@ -190,13 +173,8 @@ fn legal(state: Option<TransferState>, event: &TransferEvent) -> bool {
 impl World {
     pub fn new(engine: Engine, start_ms: u64) -> Self {
         Self {
-            log: BTreeMap::new(),
-            claims: BTreeMap::new(),
-            retries: BTreeMap::new(),
-            attempts: 0,
-            daily: BTreeMap::new(),
-            funding: BTreeMap::new(),
-            journal: BTreeMap::new(),
+            rows: Rows::default(),
+            funding: Books::default(),
             engine,
             applied: BTreeMap::new(),
             deposits: BTreeMap::new(),
@@ -211,6 +189,12 @@ impl World {
             start_ms,
             current: None,
         }
+    }
+
+    /// `user`'s FUNDING account of `asset`, if it exists.
+    pub fn funding_account(&mut self, user: u64, asset: &str) -> Option<&mut Account> {
+        let key = (UserId::new(user).ok()?, AssetSymbol::parse(asset).ok()?);
+        self.funding.accounts.get_mut(&key)
     }
 
     /// Adds a line to the trace (when tracing), stamped with simulated time and the task.
@@ -239,9 +223,12 @@ impl World {
     /// The continuous checks on an append that is about to take effect: only the transition
     /// table's moves, no change after a terminal state, and a refusal recorded by the account
     /// system behind every FAILED and COMPENSATING (money moves back only after an explicit
-    /// refusal).
-    pub fn check_append(&mut self, id: &str, events: &[TransferEvent]) {
-        let mut state = self.log.get(id).and_then(|s| s.state);
+    /// refusal). `rows` are the log's, locked by the append.
+    pub fn check_append(&mut self, rows: &Durable, req_id: &ReqId, events: &[TransferEvent]) {
+        let id = req_id.to_string();
+        let id = id.as_str();
+        let stream = rows.streams.get(req_id);
+        let mut state = stream.and_then(Stream::state);
         for event in events {
             if let Some(s) = state.filter(|s| s.is_terminal()) {
                 self.violation(format!("transfer {id}: terminal {s} changed by {event:?}"));
@@ -254,8 +241,8 @@ impl World {
                 return;
             }
             let next = event.resulting_state();
-            let (from, to) = match (self.log.get(id), event) {
-                (Some(s), _) => (s.from, s.to),
+            let (from, to) = match (stream.and_then(made), event) {
+                (Some(m), _) => (m.from, m.to),
                 (None, TransferEvent::TransferCreated { from, to, .. }) => (*from, *to),
                 (None, _) => return,
             };
@@ -280,10 +267,12 @@ impl World {
     /// Whether `system` recorded a refusal of (req_id, op).
     pub fn recorded_refusal(&mut self, system: System, id: &str, op: Operation) -> bool {
         match system {
-            System::Funding => self
-                .journal
-                .get(&(id.to_owned(), op))
-                .is_some_and(|r| !r.applied),
+            System::Funding => ReqId::parse(id).is_ok_and(|req_id| {
+                self.funding
+                    .journal
+                    .get(&(req_id, op))
+                    .is_some_and(|r| !r.applied)
+            }),
             System::Spot => {
                 let effect = self.engine.apply_at(
                     &Request::Lookup {
@@ -311,10 +300,14 @@ impl World {
     /// A movement issued to, or arriving at, an account system: its announcing event must be
     /// durable.
     pub fn check_arrival(&mut self, system: System, id: &str, op: Operation) {
-        let announced = self
-            .log
-            .get(id)
-            .is_some_and(|s| s.reached.contains(&announced_by(op).id()));
+        let announcing = announced_by(op);
+        let announced = ReqId::parse(id).is_ok_and(|req_id| {
+            self.rows
+                .lock()
+                .streams
+                .get(&req_id)
+                .is_some_and(|s| s.events.iter().any(|e| e.resulting_state() == announcing))
+        });
         if !announced {
             self.violation(format!(
                 "{} {} of {id} called or arrived before its announcing event ({}) was durable",

@@ -1,13 +1,14 @@
-//! The in-memory event log keeps `TransferLog`'s contract: the version check, the claim guard,
-//! and `append_many` answering each commit on its own.
+//! The shared in-memory event log (`application::testkit::MemLog`), under the simulation's
+//! hook, keeps `TransferLog`'s contract: the version check, the claim guard, and `append_many`
+//! answering each commit on its own.
 
 use std::sync::{Arc, Mutex};
 
-use application::{Commit, CoordinatorError, TransferLog};
+use application::testkit::MemLog;
+use application::{ClientKey, Commit, CoordinatorError, TransferLog};
 use chrono::DateTime;
 use domain::{AccountType, Amount, AssetSymbol, ReqId, TransferEvent, UserId};
 use sim::exec::{Executor, Role, Rt, Step};
-use sim::ports::log::SimLog;
 use sim::ports::Sim;
 use sim::world::World;
 use spot_core::assets::{Assets, DEFAULT_ASSETS_JSON};
@@ -43,17 +44,17 @@ fn appended(
 ) -> Vec<Result<usize, CoordinatorError>> {
     let rt = Rt::new(0, 1_000);
     let engine = Engine::new(Assets::parse(DEFAULT_ASSETS_JSON).unwrap());
-    let mut world = World::new(engine, 1_000);
+    let world = World::new(engine, 1_000);
     for (cid, id) in claims {
-        world
-            .claims
-            .insert((1, (*cid).to_owned()), (id.to_string(), "fp".to_owned()));
+        let claim = ClientKey {
+            req_id: **id,
+            fingerprint: "fp".to_owned(),
+        };
+        let key = (UserId::new(1).unwrap(), (*cid).to_owned());
+        world.rows.lock().claims.insert(key, claim);
     }
-    let sim = Sim {
-        rt: rt.clone(),
-        world: Arc::new(Mutex::new(world)),
-    };
-    let log = SimLog { sim };
+    let sim = Sim::new(rt.clone(), world);
+    let log = MemLog(sim.store.clone());
     let answers: Answers = Arc::default();
     let out = answers.clone();
     rt.spawn(1, Role::System, async move {

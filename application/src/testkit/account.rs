@@ -4,7 +4,9 @@
 //! recorded for good; a refund needs an applied withdraw of the same movement; `lookup` reads
 //! the journal and `cancel` records `CANCELLED` for an undecided key. Serves SPOT too, where a
 //! deposit opens a missing account. Every call is logged, and faults armed at a `Call` refuse,
-//! lose, or crash it.
+//! lose, or crash it. The decision and the journal's answers (`decide`, `record`, `cancel`) are
+//! functions of the `Books`, so the simulation's funding ledger (`sim`) decides by them too,
+//! behind its own network faults.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -170,12 +172,7 @@ impl MemAccount {
         let recorded = {
             let mut books = self.books();
             if matches!(call, Call::Cancel(_)) {
-                let key = (movement.req_id, operation);
-                books.journal.entry(key).or_insert_with(|| Entry {
-                    movement: movement.clone(),
-                    applied: false,
-                    code: Some("CANCELLED".to_owned()),
-                });
+                cancel(&mut books, operation, movement);
             }
             record(&books, operation, movement)
         };
@@ -187,8 +184,19 @@ impl MemAccount {
     }
 }
 
+/// `cancel`'s effect: an undecided (req_id, operation) is recorded refused with `CANCELLED`; a
+/// decided one keeps its decision.
+pub fn cancel(books: &mut Books, operation: Operation, movement: &Movement) {
+    let key = (movement.req_id, operation);
+    books.journal.entry(key).or_insert_with(|| Entry {
+        movement: movement.clone(),
+        applied: false,
+        code: Some("CANCELLED".to_owned()),
+    });
+}
+
 /// What the journal holds for (req_id, operation), read as `adapters::funding` reads it.
-fn record(books: &Books, operation: Operation, movement: &Movement) -> Recorded {
+pub fn record(books: &Books, operation: Operation, movement: &Movement) -> Recorded {
     let Some(entry) = books.journal.get(&(movement.req_id, operation)) else {
         return Recorded::NotSeen;
     };
@@ -206,7 +214,7 @@ fn record(books: &Books, operation: Operation, movement: &Movement) -> Recorded 
 
 /// Decides one arriving movement: a repeat answers the journal; a fresh one is checked, recorded
 /// and applied (or refused with `refuse`'s code).
-fn decide(
+pub fn decide(
     books: &mut Books,
     account_type: AccountType,
     operation: Operation,

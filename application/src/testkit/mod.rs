@@ -4,7 +4,8 @@
 //! (`recovery/tests/`).
 //!
 //! - `store.rs`: the event log, client keys, leases and daily counters over one `Durable` set of
-//!   rows, with `StoreCall` faults (fail or crash before or after the effect).
+//!   rows, each call decided by a `StoreHook` (`hook.rs`): by default the `StoreCall` faults a
+//!   test armed (fail or crash before or after the effect); the simulation plugs in its own.
 //! - `account.rs`: `MemAccount`, a FUNDING-like `AccountPort` (journal by (req_id, operation),
 //!   lookup, cancel, call log) with `Call` faults (refused, unavailable, answer lost, crash).
 //! - `clock.rs`: manual time and deterministic req_ids.
@@ -18,14 +19,18 @@ pub mod account;
 pub mod clock;
 pub mod exec;
 pub mod faults;
+pub mod hook;
 pub mod scenario;
 pub mod store;
 pub mod world;
 
-pub use account::{MemAccount, Status};
+pub use account::{Account, Books, Entry, MemAccount, Status};
 pub use clock::TestClock;
 pub use exec::{run, run_together};
 pub use faults::{AccountFault, Call, StoreCall, StoreFault};
+pub use hook::{Seen, StoreHook};
 pub use scenario::{Scenario, Then};
-pub use store::{Durable, MemClientKeys, MemDailyReservations, MemLeases, MemLog, RetryRow, Store};
+pub use store::{
+    Durable, MemClientKeys, MemDailyReservations, MemLeases, MemLog, RetryRow, Rows, Store, Stream,
+};
 pub use world::World;

@@ -116,7 +116,7 @@ impl Scenario {
 
     /// The next call at `site` meets `fault`.
     pub fn given_store_fault(self, site: StoreCall, fault: StoreFault) -> Self {
-        self.world.store.faults.arm(site, fault);
+        self.world.faults.arm(site, fault);
         self
     }
 

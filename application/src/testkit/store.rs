@@ -1,8 +1,9 @@
 //! The coordinator's stores in memory, with the contracts of the PostgreSQL ones (`pg.rs`):
 //! the event log (`MemLog`: all-or-nothing appends with the version check and the client-key
 //! claim guard), the client keys' claims, the one lease per transfer and the daily counters. All
-//! of them keep their rows in one `Durable`, the tables a crash does not lose; a fault armed at a
-//! `StoreCall` fails or crashes a call before or after its effect.
+//! of them keep their rows in one `Durable`, the tables a crash does not lose. Each call meets
+//! what its `StoreHook` decides (by default the faults a test armed at a `StoreCall`: fail or
+//! crash before or after the effect) and shows the hook its effects.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,9 +20,9 @@ use crate::ports::{
     ClientKey, ClientKeys, Clock, Commit, Context, DailyReservations, LeaseRequest, Leases,
     Rekeyed, TransferLog,
 };
-use crate::testkit::clock::TestClock;
 use crate::testkit::exec::YieldOnce;
-use crate::testkit::faults::{crash, Script, StoreCall, StoreFault};
+use crate::testkit::faults::{crash, StoreCall, StoreFault};
+use crate::testkit::hook::{Seen, StoreHook};
 
 /// One transfer's events, as the `events` table holds them.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,29 +81,69 @@ pub struct Durable {
     pub daily: BTreeMap<NaiveDate, DailyUsage>,
 }
 
-/// The handle every in-memory store holds: the durable rows, the faults armed at their calls,
-/// and the clock. Cheap to clone.
+/// The durable rows, shared by the stores and whoever reads them beside (a test, the
+/// simulation's checks). Cheap to clone; clones share the rows.
 #[derive(Debug, Clone, Default)]
+pub struct Rows(Arc<Mutex<Durable>>);
+
+impl Rows {
+    /// The rows, locked.
+    pub fn lock(&self) -> MutexGuard<'_, Durable> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The handle every in-memory store holds: the durable rows, the hook that decides each call's
+/// fault and sees its effects, and the clock. Cheap to clone.
+#[derive(Clone)]
 pub struct Store {
-    durable: Arc<Mutex<Durable>>,
-    pub faults: Script<StoreCall, StoreFault>,
-    pub clock: TestClock,
+    durable: Rows,
+    hook: Arc<dyn StoreHook>,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("rows", &self.durable)
+            .field("hook", &self.hook)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Store {
-    /// The durable rows, locked.
-    pub fn rows(&self) -> MutexGuard<'_, Durable> {
-        self.durable.lock().unwrap_or_else(|e| e.into_inner())
+    /// A store over `rows`, its calls decided by `hook`, its time read from `clock`.
+    pub fn new(rows: Rows, hook: Arc<dyn StoreHook>, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            durable: rows,
+            hook,
+            clock,
+        }
     }
 
-    /// One store call at `site`: `effect` on the rows at the clock's time, with the fault armed
-    /// there (if any) before or after it.
+    /// The durable rows, locked.
+    pub fn rows(&self) -> MutexGuard<'_, Durable> {
+        self.durable.lock()
+    }
+
+    /// The durable rows' shared handle.
+    pub fn shared_rows(&self) -> Rows {
+        self.durable.clone()
+    }
+
+    /// Shows the hook an effect on `rows` (from inside a call's effect).
+    pub fn seen(&self, rows: &Durable, seen: Seen<'_>) {
+        self.hook.seen(rows, seen);
+    }
+
+    /// One store call at `site`: `effect` on the rows at the clock's time, with the fault the
+    /// hook decides (if any) before or after it.
     pub async fn call<T>(
         &self,
         site: StoreCall,
         effect: impl FnOnce(&mut Durable, u64) -> Result<T, CoordinatorError>,
     ) -> Result<T, CoordinatorError> {
-        let fault = self.faults.take(site);
+        let fault = self.hook.before(site).await;
         match fault {
             Some(StoreFault::FailBefore) => return Err(unreachable_store(site)),
             Some(StoreFault::CrashBefore) => return crash().await,
@@ -110,7 +151,7 @@ impl Store {
             _ => {}
         }
         let result = effect(&mut self.rows(), self.clock.now_ms());
-        match fault {
+        match self.hook.after(site, fault) {
             Some(StoreFault::FailAfter) => Err(CoordinatorError::outcome_unknown(format!(
                 "testkit: {site:?}'s answer was lost after its effect"
             ))),
@@ -153,9 +194,10 @@ impl TransferLog for MemLog {
             .events
             .last()
             .map_or(TransferState::Init, TransferEvent::resulting_state);
-        self.0
+        let store = &self.0;
+        store
             .call(StoreCall::Append(leads_to), |rows, now| {
-                append(rows, now, commit)
+                append(store, rows, now, commit)
             })
             .await
     }
@@ -163,11 +205,22 @@ impl TransferLog for MemLog {
 
 /// `TransferLog::append`'s contract on the rows: the version check, the claim guard, all or
 /// nothing.
-fn append(rows: &mut Durable, now_ms: u64, commit: Commit) -> Result<usize, CoordinatorError> {
+fn append(
+    store: &Store,
+    rows: &mut Durable,
+    now_ms: u64,
+    commit: Commit,
+) -> Result<usize, CoordinatorError> {
     let req_id = ReqId::parse(&commit.aggregate_id)
         .map_err(|_| CoordinatorError::invariant("testkit: the aggregate id is not a req_id"))?;
     let len = rows.streams.get(&req_id).map_or(0, |s| s.events.len());
-    if len != commit.expected_sequence {
+    if len != commit.expected_sequence && !planted!(NoCas) {
+        let seen = Seen::SequenceTaken {
+            req_id,
+            expected: commit.expected_sequence,
+            at: len,
+        };
+        store.seen(rows, seen);
         return Err(CoordinatorError::Conflict);
     }
     if len == 0 {
@@ -185,18 +238,23 @@ fn append(rows: &mut Durable, now_ms: u64, commit: Commit) -> Result<usize, Coor
                 .get(&(*user_id, cid.clone()))
                 .is_some_and(|claim| claim.req_id == req_id);
             if !holds {
+                store.seen(rows, Seen::ClaimMoved { req_id, cid });
                 return Err(CoordinatorError::Conflict);
             }
         }
     }
+    let events = &commit.events;
+    store.seen(rows, Seen::Appending { req_id, events });
     let stream = rows.streams.entry(req_id).or_insert_with(|| Stream {
         events: Vec::new(),
         owner: commit.owner,
         recorded_at_ms: now_ms,
     });
-    stream.events.extend(commit.events);
+    stream.events.extend(commit.events.iter().cloned());
     stream.recorded_at_ms = now_ms;
-    Ok(stream.events.len())
+    let len = stream.events.len();
+    store.seen(rows, Seen::Appended { req_id, events });
+    Ok(len)
 }
 
 /// The client keys' claims in memory.
@@ -220,7 +278,8 @@ impl ClientKeys for MemClientKeys {
         req_id: &ReqId,
         fingerprint: &str,
     ) -> Result<bool, CoordinatorError> {
-        self.0
+        let store = &self.0;
+        store
             .call(StoreCall::Claim, |rows, _| {
                 let key = (user, cid.to_owned());
                 if rows.claims.contains_key(&key) {
@@ -231,6 +290,8 @@ impl ClientKeys for MemClientKeys {
                     fingerprint: fingerprint.to_owned(),
                 };
                 rows.claims.insert(key, claim);
+                let req_id = *req_id;
+                store.seen(rows, Seen::Claimed { cid, req_id });
                 Ok(true)
             })
             .await
@@ -243,7 +304,8 @@ impl ClientKeys for MemClientKeys {
         old: &ReqId,
         new: &ReqId,
     ) -> Result<Rekeyed, CoordinatorError> {
-        self.0
+        let store = &self.0;
+        store
             .call(StoreCall::Rekey, |rows, _| {
                 if rows.streams.contains_key(old) {
                     return Ok(Rekeyed::Created);
@@ -251,6 +313,8 @@ impl ClientKeys for MemClientKeys {
                 match rows.claims.get_mut(&(user, cid.to_owned())) {
                     Some(claim) if claim.req_id == *old => {
                         claim.req_id = *new;
+                        let (old, new) = (*old, *new);
+                        store.seen(rows, Seen::Rekeyed { cid, old, new });
                         Ok(Rekeyed::Swapped)
                     }
                     _ => Ok(Rekeyed::Moved),
@@ -267,7 +331,8 @@ pub struct MemLeases(pub Store);
 #[async_trait]
 impl Leases for MemLeases {
     async fn take(&self, request: &LeaseRequest<'_>) -> Result<Option<i32>, CoordinatorError> {
-        self.0
+        let store = &self.0;
+        store
             .call(StoreCall::TakeLease, |rows, now| {
                 let until = now.saturating_add(ms(request.lease));
                 let row = rows
@@ -284,7 +349,10 @@ impl Leases for MemLeases {
                 }
                 row.lease_owner = Some(request.owner.to_owned());
                 row.lease_until_ms = Some(until);
-                Ok(Some(row.attempts))
+                let attempts = row.attempts;
+                let (req_id, owner) = (request.req_id, request.owner);
+                store.seen(rows, Seen::LeaseTaken { req_id, owner });
+                Ok(Some(attempts))
             })
             .await
     }

@@ -9,8 +9,9 @@ use crate::coordinator::{Coordinator, Ports};
 use crate::daily::DailyLimits;
 use crate::testkit::account::MemAccount;
 use crate::testkit::clock::TestClock;
+use crate::testkit::faults::{Script, StoreCall, StoreFault};
 use crate::testkit::store::{
-    MemClientKeys, MemDailyReservations, MemLeases, MemLog, Store, Stream,
+    MemClientKeys, MemDailyReservations, MemLeases, MemLog, Rows, Store, Stream,
 };
 
 /// Everything that outlives a process: the stores' rows, both account systems, the clock, the
@@ -18,6 +19,9 @@ use crate::testkit::store::{
 #[derive(Debug, Clone)]
 pub struct World {
     pub store: Store,
+    /// The faults armed at the stores' calls (the store's hook).
+    pub faults: Script<StoreCall, StoreFault>,
+    clock: TestClock,
     pub funding: MemAccount,
     pub spot: MemAccount,
     pub assets: Arc<RwLock<AssetRegistry>>,
@@ -26,8 +30,13 @@ pub struct World {
 
 impl Default for World {
     fn default() -> Self {
+        let faults = Script::default();
+        let clock = TestClock::default();
+        let hook = Arc::new(faults.clone());
         Self {
-            store: Store::default(),
+            store: Store::new(Rows::default(), hook, Arc::new(clock.clone())),
+            faults,
+            clock,
             funding: MemAccount::new(AccountType::Funding),
             spot: MemAccount::new(AccountType::Spot),
             assets: Arc::new(RwLock::new(AssetRegistry::default_assets())),
@@ -44,7 +53,7 @@ impl World {
             claims: Arc::new(MemClientKeys(self.store.clone())),
             leases: Arc::new(MemLeases(self.store.clone())),
             limits: Arc::new(MemDailyReservations(self.store.clone())),
-            clock: Arc::new(self.store.clock.clone()),
+            clock: Arc::clone(&self.store.clock),
         }
     }
 
@@ -69,7 +78,7 @@ impl World {
 
     /// The manual clock.
     pub fn clock(&self) -> &TestClock {
-        &self.store.clock
+        &self.clock
     }
 
     /// The transfer's durable events.

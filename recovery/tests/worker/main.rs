@@ -1,10 +1,9 @@
 //! The recovery worker's fast loop: given/when/then tests of `RecoveryWorker::pass` over the
-//! in-memory ports of `application::testkit` and an in-memory retry book (`book.rs`). Each test
+//! in-memory ports of `application::testkit` and the in-memory retry book of `recovery::testkit`. Each test
 //! states what is durable before (transfers left open, leases, the book's rows, faults armed),
 //! one pass of a fresh worker process, and what it did: events appended, calls made to each
 //! account system, the pass's report, and the book's attempt log, backoff, leases and alerts.
 
-mod book;
 mod pass;
 
 use std::sync::Arc;
@@ -17,7 +16,7 @@ use domain::TransferState;
 use recovery::worker::PassReport;
 use recovery::{RecoveryConfig, RecoveryWorker};
 
-use crate::book::{Attempt, MemRetryBook};
+use recovery::testkit::{Attempt, MemRetryBook};
 
 /// The worker's settings in every test.
 pub fn config() -> RecoveryConfig {

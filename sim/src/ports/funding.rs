@@ -1,135 +1,64 @@
-//! The funding ledger in memory (`SimFunding`): the decisions of `funding_fresh_movements`
-//! and the journal's answers, with the network's faults on each message.
+//! The funding ledger in memory (`SimFunding`): the testkit's books, decisions and journal
+//! answers (`application::testkit::account`, the rules of `funding_fresh_movements`), behind the
+//! network's faults on each message.
 
 use std::time::Duration;
 
+use application::testkit::account;
 use async_trait::async_trait;
 use domain::{AccountPort, AccountType, AdapterOutcome, Movement, Operation, Recorded};
 
 use crate::exec::Role;
-use crate::world::{short, JournalRow, System, World};
+use crate::world::{short, System, World};
 
 use super::{Fate, Sim, NETWORK};
 
-/// The funding ledger in memory, with the decisions of `funding_fresh_movements` (migration
-/// 0014) and the journal answers of `adapters::funding`: idempotent by (req_id, operation), a
-/// refusal recorded for good, `cancel` claiming an undecided key with `CANCELLED`.
+/// The funding ledger in memory (the world's `funding` books), with the decisions of
+/// `funding_fresh_movements` (migration 0014) and the journal answers of `adapters::funding`:
+/// idempotent by (req_id, operation), a refusal recorded for good, `cancel` claiming an
+/// undecided key with `CANCELLED`.
 #[derive(Debug, Clone)]
 pub struct SimFunding {
     pub sim: Sim,
 }
 
-/// Decides and applies one movement arriving at the funding ledger.
-// long: the funding ledger's decision table (migration 0014's rules), whole to read against the SQL.
+/// Decides and applies one movement arriving at the funding ledger, by the testkit's rules
+/// (`application::testkit::account::decide`), with the arrival checks: its announcement is
+/// durable, a fresh movement is applied at most once, a refund is never refused.
 pub fn funding_apply(w: &mut World, op: Operation, m: &Movement) -> AdapterOutcome {
     let id = m.req_id.to_string();
-    let asset = m.asset.to_string();
-    let user = m.user_id.get();
-    let amount = m.amount.value();
     w.check_arrival(System::Funding, &id, op);
-    if let Some(row) = w.journal.get(&(id.clone(), op)).cloned() {
-        if row.user != user || row.asset != asset || row.amount != amount {
-            return AdapterOutcome::Mismatch(format!("req_id {id} recorded for another movement"));
+    let before = account::record(&w.funding, op, m);
+    if before == Recorded::Applied
+        && op == Operation::Refund
+        && application::plant::active(application::plant::Bug::RefundNotIdempotent)
+    {
+        // Planted: a repeated refund is applied again.
+        if let Some(a) = w.funding.accounts.get_mut(&(m.user_id, m.asset.clone())) {
+            a.balance += m.amount.value();
         }
-        if row.applied {
-            if op == Operation::Refund
-                && application::plant::active(application::plant::Bug::RefundNotIdempotent)
-            {
-                // Planted: a repeated refund is applied again.
-                if let Some(a) = w.funding.get_mut(&(user, asset.clone())) {
-                    a.balance += amount;
-                }
-                w.count_applied(System::Funding, &id, op);
-            }
-            return AdapterOutcome::Success;
-        }
-        let code = row.code.unwrap_or_else(|| "REFUSED".to_owned());
-        return AdapterOutcome::ExplicitFail {
-            message: format!("refused: {code}"),
-            code,
-        };
+        w.count_applied(System::Funding, &id, op);
     }
-    let account = w.funding.get(&(user, asset.clone())).cloned();
-    let decided: Option<&str> = match op {
-        Operation::Withdraw => match &account {
-            None => Some("SOURCE_ACCOUNT_NOT_FOUND"),
-            Some(a) if a.status == "FROZEN" => Some("ACCOUNT_FROZEN"),
-            Some(a) if a.status == "DISABLED" => Some("ACCOUNT_DISABLED"),
-            Some(a) if a.balance < amount => Some("INSUFFICIENT_BALANCE"),
-            Some(_) => None,
-        },
-        Operation::Deposit => match &account {
-            None => Some("TARGET_ACCOUNT_NOT_FOUND"),
-            Some(a) if a.status == "DISABLED" => Some("ACCOUNT_DISABLED"),
-            Some(_) => None,
-        },
-        Operation::Refund => {
-            let matching = w
-                .journal
-                .get(&(id.clone(), Operation::Withdraw))
-                .is_some_and(|r| {
-                    r.applied && r.user == user && r.asset == asset && r.amount == amount
-                });
-            (account.is_none() || !matching).then_some("NO_MATCHING_WITHDRAW")
-        }
-    };
-    w.journal.insert(
-        (id.clone(), op),
-        JournalRow {
-            user,
-            asset: asset.clone(),
-            amount,
-            applied: decided.is_none(),
-            code: decided.map(str::to_owned),
-        },
-    );
-    match decided {
-        None => {
-            if let Some(a) = w.funding.get_mut(&(user, asset)) {
-                if op == Operation::Withdraw {
-                    a.balance -= amount;
-                } else {
-                    a.balance += amount;
-                }
-            }
+    let outcome = account::decide(&mut w.funding, AccountType::Funding, op, m, None);
+    if before != Recorded::NotSeen {
+        return outcome;
+    }
+    match &outcome {
+        AdapterOutcome::Success => {
             w.count_applied(System::Funding, &id, op);
             w.note(|| format!("funding applied {} of {}", op.as_str(), short(&id)));
-            AdapterOutcome::Success
         }
-        Some(code) => {
+        AdapterOutcome::ExplicitFail { code, .. } => {
             if op == Operation::Refund {
                 // Refused only without an applied withdraw of the same details: the protocol
                 // asked for money back that it never took.
                 w.violation(format!("funding refused the refund of {id}: {code}"));
             }
             w.note(|| format!("funding refused {} of {}: {code}", op.as_str(), short(&id)));
-            AdapterOutcome::ExplicitFail {
-                code: code.to_owned(),
-                message: format!("refused: {code}"),
-            }
         }
+        _ => {}
     }
-}
-
-/// What the funding journal holds for (req_id, op), read as `adapters::funding` reads it.
-fn funding_record(w: &World, op: Operation, m: &Movement) -> Recorded {
-    let Some(row) = w.journal.get(&(m.req_id.to_string(), op)) else {
-        return Recorded::NotSeen;
-    };
-    if row.user != m.user_id.get()
-        || row.asset != m.asset.as_str()
-        || row.amount != m.amount.value()
-    {
-        return Recorded::Mismatch(format!("req_id {} recorded for another movement", m.req_id));
-    }
-    if row.applied {
-        return Recorded::Applied;
-    }
-    let code = row.code.clone().unwrap_or_else(|| "REFUSED".to_owned());
-    Recorded::Refused {
-        message: format!("refused: {code}"),
-        code,
-    }
+    outcome
 }
 
 impl SimFunding {
@@ -201,14 +130,14 @@ impl SimFunding {
                                 short(&m.req_id.to_string())
                             )
                         });
-                        funding_cancel(&mut w, op, &m);
+                        account::cancel(&mut w.funding, op, &m);
                     });
                 }
                 return Recorded::Unavailable("sim: no answer".into());
             }
             Fate::AnswerLost => {
                 if cancel {
-                    funding_cancel(&mut self.sim.world(), op, m);
+                    account::cancel(&mut self.sim.world().funding, op, m);
                 }
                 return Recorded::Unavailable("sim: the answer was lost".into());
             }
@@ -216,24 +145,12 @@ impl SimFunding {
         }
         let mut w = self.sim.world();
         if cancel {
-            funding_cancel(&mut w, op, m);
+            account::cancel(&mut w.funding, op, m);
         }
-        let recorded = funding_record(&w, op, m);
+        let recorded = account::record(&w.funding, op, m);
         w.note(|| format!("{name} {} {} -> {recorded:?}", op.as_str(), short(&id)));
         recorded
     }
-}
-
-fn funding_cancel(w: &mut World, op: Operation, m: &Movement) {
-    w.journal
-        .entry((m.req_id.to_string(), op))
-        .or_insert_with(|| JournalRow {
-            user: m.user_id.get(),
-            asset: m.asset.to_string(),
-            amount: m.amount.value(),
-            applied: false,
-            code: Some("CANCELLED".to_owned()),
-        });
 }
 
 #[async_trait]

@@ -1,15 +1,16 @@
-//! The retry book in memory for the worker's tests: due transfers from the testkit's event log
-//! and the `transfer_retries` rows the leases share (`application::testkit::Durable`), the
-//! attempt log kept beside them. Its calls go through the testkit's store, so a fault armed at
-//! `StoreCall::RetryBook` fails or crashes them like any store call.
+//! Test support (feature `testkit`, enabled by test code only: this crate's tests and `sim`): the
+//! retry book in memory, `MemRetryBook`: due transfers from the testkit's event log and the
+//! `transfer_retries` rows the leases share (`application::testkit::Durable`), the attempt log
+//! kept beside them. Its calls go through the testkit's store, so the store's hook decides their
+//! faults (`StoreCall::RetryBook`) like any store call's, and sees each attempt begin and end.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use application::testkit::{RetryRow, Store, StoreCall};
+use crate::book::{AttemptPolicy, AttemptRecord, RetryBook, Tally};
+use application::testkit::{RetryRow, Seen, Store, StoreCall};
 use application::CoordinatorError;
 use async_trait::async_trait;
 use domain::{ReqId, TransferState};
-use recovery::{AttemptPolicy, AttemptRecord, RetryBook, Tally};
 
 /// One row of the attempt log (`recovery_attempts`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,12 +98,21 @@ impl RetryBook for MemRetryBook {
             outcome: None,
             category: None,
         };
-        let rows = Arc::clone(&self.rows);
-        self.store
-            .call(StoreCall::RetryBook, move |_, _| {
-                let mut rows = rows.lock().unwrap_or_else(|e| e.into_inner());
-                rows.attempts.push(attempt);
-                Ok(i64::try_from(rows.attempts.len()).unwrap_or(i64::MAX))
+        let book = Arc::clone(&self.rows);
+        let store = &self.store;
+        store
+            .call(StoreCall::RetryBook, move |rows, _| {
+                let mut book = book.lock().unwrap_or_else(|e| e.into_inner());
+                book.attempts.push(attempt);
+                let attempt = i64::try_from(book.attempts.len()).unwrap_or(i64::MAX);
+                let seen = Seen::AttemptBegun {
+                    attempt,
+                    req_id: *req_id,
+                    worker,
+                    state_before,
+                };
+                store.seen(rows, seen);
+                Ok(attempt)
             })
             .await
     }
@@ -113,7 +123,8 @@ impl RetryBook for MemRetryBook {
         policy: &dyn AttemptPolicy,
     ) -> Result<Tally, CoordinatorError> {
         let book = Arc::clone(&self.rows);
-        self.store
+        let store = &self.store;
+        store
             .call(StoreCall::RetryBook, |rows, now| {
                 let mut book = book.lock().unwrap_or_else(|e| e.into_inner());
                 let index = usize::try_from(a.attempt_id - 1).unwrap_or(usize::MAX);
@@ -126,7 +137,10 @@ impl RetryBook for MemRetryBook {
                     .retries
                     .get_mut(&a.req_id)
                     .ok_or_else(|| CoordinatorError::invariant("no retry row"))?;
-                record(row, a, policy, now)
+                let tally = record(row, a, policy, now)?;
+                let (req_id, outcome) = (a.req_id, a.outcome);
+                store.seen(rows, Seen::AttemptEnded { req_id, outcome });
+                Ok(tally)
             })
             .await
     }
