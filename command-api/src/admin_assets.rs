@@ -5,8 +5,8 @@
 
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::routing::{get, put};
-use axum::{Json, Router};
+use axum::http::Method;
+use axum::Json;
 use domain::{AssetConfig, AssetStatus, AssetSymbol, ErrorCode};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -15,13 +15,14 @@ use utoipa::ToSchema;
 use crate::body::JsonObject;
 use edge::auth::AdminUser;
 use edge::error::ApiError;
+use edge::routes::Routes;
 use edge::state::AppState;
 
 /// The routes of this module, merged into the app by `build_app`.
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/admin/assets", get(list_assets))
-        .route("/api/v1/admin/assets/{symbol}", put(put_asset))
+pub fn routes() -> Routes {
+    Routes::new()
+        .api(Method::GET, "/api/v1/admin/assets", list_assets)
+        .api(Method::PUT, "/api/v1/admin/assets/{symbol}", put_asset)
 }
 
 /// One asset as the admin routes show it; amounts as strings.

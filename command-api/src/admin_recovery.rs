@@ -9,13 +9,14 @@
 use application::ManualResolutionError;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::routing::post;
-use axum::{Json, Router};
+use axum::http::Method;
+use axum::Json;
 use domain::{ErrorCode, ReqId, Resolution, TransferError};
 use serde_json::{json, Map, Value};
 
 use edge::auth::AdminUser;
 use edge::error::ApiError;
+use edge::routes::Routes;
 use edge::state::AppState;
 
 use crate::body::JsonObject;
@@ -24,8 +25,12 @@ use crate::body::JsonObject;
 pub const REASON_CHARS_MAX: usize = 1_000;
 
 /// The routes of this module, merged into the app by `build_app`.
-pub fn routes() -> Router<AppState> {
-    Router::new().route("/api/v1/admin/transfers/{req_id}/resolve", post(resolve))
+pub fn routes() -> Routes {
+    Routes::new().api(
+        Method::POST,
+        "/api/v1/admin/transfers/{req_id}/resolve",
+        resolve,
+    )
 }
 
 /// What an operator asked for: the resolution, the reason and whether to force it.
@@ -35,6 +40,13 @@ struct ResolveRequest {
     force: bool,
 }
 
+/// `POST /api/v1/admin/transfers/{req_id}/resolve`: records an operator's confirmed outcome.
+#[utoipa::path(post, path = "/api/v1/admin/transfers/{req_id}/resolve",
+    params(edge::openapi::TransferPath),
+    request_body = crate::openapi::ResolveBody,
+    responses((status = 200, description = "the resolution is recorded",
+        body = crate::openapi::ResolveResponse),
+        edge::openapi::ResolveRefusals))]
 async fn resolve(
     State(state): State<AppState>,
     admin: AdminUser,

@@ -8,8 +8,8 @@
 use application::RepairError;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::routing::post;
-use axum::{Json, Router};
+use axum::http::Method;
+use axum::Json;
 use domain::{ErrorCode, ReqId};
 use serde_json::{json, Value};
 
@@ -17,13 +17,21 @@ use crate::admin_recovery::{operator_reason, unknown_field};
 use crate::body::JsonObject;
 use edge::auth::AdminUser;
 use edge::error::ApiError;
+use edge::routes::Routes;
 use edge::state::AppState;
 
 /// The routes of this module, merged into the app by `build_app`.
-pub fn routes() -> Router<AppState> {
-    Router::new().route("/api/v1/admin/repairs/{req_id}", post(repair))
+pub fn routes() -> Routes {
+    Routes::new().api(Method::POST, "/api/v1/admin/repairs/{req_id}", repair)
 }
 
+/// `POST /api/v1/admin/repairs/{req_id}`: re-records a transfer a failover lost.
+#[utoipa::path(post, path = "/api/v1/admin/repairs/{req_id}",
+    params(edge::openapi::TransferPath),
+    request_body = crate::openapi::RepairBody,
+    responses((status = 200, description = "the repair is recorded (or was: `repeated`)",
+        body = crate::openapi::RepairResponse),
+        edge::openapi::RepairRefusals))]
 async fn repair(
     State(state): State<AppState>,
     admin: AdminUser,

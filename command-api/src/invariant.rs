@@ -4,21 +4,23 @@
 //! start of history); `POST /api/v1/admin/invariant/clear` lifts the halt (MON-003).
 
 use application::audit::{CheckError, Mode};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::http::Method;
+use axum::Json;
 use serde::Deserialize;
 use serde_json::json;
 
 use edge::auth::AdminUser;
 use edge::error::ApiError;
+use edge::routes::Routes;
 use edge::state::AppState;
 
 /// The check's routes; merged into the application router.
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/admin/invariant", get(run_check))
-        .route("/api/v1/admin/invariant/clear", post(clear_halt))
+pub fn routes() -> Routes {
+    Routes::new()
+        .api(Method::GET, "/api/v1/admin/invariant", run_check)
+        .api(Method::POST, "/api/v1/admin/invariant/clear", clear_halt)
 }
 
 fn check_error(e: CheckError) -> ApiError {
@@ -39,11 +41,20 @@ struct CheckParams {
 }
 
 /// `GET /api/v1/admin/invariant[?full=true]`: runs the check now and reports per asset.
+#[utoipa::path(get, path = "/api/v1/admin/invariant",
+    params(crate::openapi::InvariantQuery),
+    responses((status = 200, description = "the check's report and the halt flag",
+        body = crate::openapi::InvariantResponse),
+        edge::openapi::InvariantRefusals))]
 async fn run_check(
     State(state): State<AppState>,
     _admin: AdminUser,
-    Query(params): Query<CheckParams>,
+    query: Result<Query<CheckParams>, QueryRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    // axum's own rejection is plain text; every refusal is in the error shape.
+    let Ok(Query(params)) = query else {
+        return Err(ApiError::BadRequest("`full` must be true or false".into()));
+    };
     let mode = if params.full {
         Mode::Full
     } else {
@@ -57,6 +68,10 @@ async fn run_check(
 }
 
 /// `POST /api/v1/admin/invariant/clear`: an admin lifts the halt (after looking into the cause).
+#[utoipa::path(post, path = "/api/v1/admin/invariant/clear",
+    responses((status = 200, description = "the halt is lifted",
+        body = crate::openapi::HaltResponse),
+        edge::openapi::ClearRefusals))]
 async fn clear_halt(
     State(state): State<AppState>,
     admin: AdminUser,

@@ -7,10 +7,9 @@ use std::convert::Infallible;
 use std::time::{Duration, SystemTime};
 
 use axum::extract::{Query, State};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, Method};
 use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
 use projections::feed::{event_json, FeedEvent, FEED_PAGE_SIZE_MAX};
 use serde_json::{json, Value};
@@ -18,6 +17,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use edge::auth::AdminUser;
 use edge::error::ApiError;
+use edge::routes::Routes;
 use edge::state::AppState;
 
 /// Page size when `limit` is not given.
@@ -30,10 +30,10 @@ pub const STREAM_POLL_INTERVAL: Duration = Duration::from_millis(100);
 const STREAM_BATCH_MAX: i64 = 500;
 
 /// The feed's routes; merged into the application router.
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/events", get(events))
-        .route("/api/v1/events/stream", get(stream_events))
+pub fn routes() -> Routes {
+    Routes::new()
+        .api(Method::GET, "/api/v1/events", events)
+        .api(Method::GET, "/api/v1/events/stream", stream_events)
 }
 
 /// A non-negative integer query parameter, or BAD_REQUEST naming it.
@@ -53,6 +53,10 @@ fn db_error(e: sqlx::Error) -> ApiError {
 /// `GET /api/v1/events?after=N&limit=M` (admin): events with `position > N`, in order, at most
 /// `M` (1..=1000, default 100). `next_after` is what to ask with next; `head` is the last
 /// position handed out so far.
+#[utoipa::path(get, path = "/api/v1/events",
+    params(crate::openapi::FeedParams),
+    responses((status = 200, description = "ok", body = crate::openapi::FeedPage),
+        edge::openapi::AdminListRefusals))]
 async fn events(
     State(state): State<AppState>,
     _admin: AdminUser,
@@ -82,6 +86,15 @@ async fn events(
 /// `GET /api/v1/events/stream?after=N` (admin): server-sent events from `position > N` (or after
 /// the `Last-Event-ID` a reconnecting client sends), each with `id` = its position and `event` =
 /// its type, then new events as they are projected.
+#[utoipa::path(get, path = "/api/v1/events/stream",
+    params(crate::openapi::StreamParams,
+        ("Last-Event-ID" = Option<String>, Header,
+            description = "the last position a reconnecting client received (wins over `after`)")),
+    responses((status = 200, description = "server-sent events, endless: each event's `id` is \
+        its position, its `event` its type and its `data` the event as `GET /api/v1/events` \
+        lists it; comments keep the connection alive; the stream ends when the token expires",
+        content_type = "text/event-stream", body = String),
+        edge::openapi::StreamRefusals))]
 async fn stream_events(
     State(state): State<AppState>,
     admin: AdminUser,

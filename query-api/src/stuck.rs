@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::http::Method;
+use axum::Json;
 use edge::auth::AdminUser;
 use edge::error::ApiError;
 use edge::render::{money, rfc3339};
+use edge::routes::Routes;
 use edge::state::AppState;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -22,10 +23,13 @@ use serde_json::{json, Value};
 pub const STUCK_PAGE_SIZE_MAX: i64 = 500;
 /// Default age a transfer must have to count as stuck.
 const STUCK_OLDER_THAN_MS_DEFAULT: u64 = 60_000;
+/// Oldest age a listing may ask for, about 100 years: PostgreSQL's timestamps and intervals
+/// cannot go back much further, so a larger value is refused (400) rather than failing inside.
+pub const STUCK_OLDER_THAN_MS_MAX: u64 = 3_155_760_000_000;
 
 /// The listing's route, merged into the query routes.
-pub fn routes() -> Router<AppState> {
-    Router::new().route("/api/v1/admin/transfers/stuck", get(list_stuck))
+pub fn routes() -> Routes {
+    Routes::new().api(Method::GET, "/api/v1/admin/transfers/stuck", list_stuck)
 }
 
 #[derive(Debug, Deserialize)]
@@ -35,6 +39,11 @@ struct StuckQuery {
     limit: Option<i64>,
 }
 
+/// `GET /api/v1/admin/transfers/stuck`: open transfers unchanged that long, oldest first.
+#[utoipa::path(get, path = "/api/v1/admin/transfers/stuck",
+    params(crate::openapi::StuckParams),
+    responses((status = 200, description = "ok", body = crate::openapi::StuckPage),
+        edge::openapi::AdminListRefusals))]
 async fn list_stuck(
     State(state): State<AppState>,
     _admin: AdminUser,
@@ -43,6 +52,13 @@ async fn list_stuck(
     let Ok(Query(q)) = query else {
         return Err(ApiError::BadRequest("malformed query string".into()));
     };
+    if q.older_than_ms
+        .is_some_and(|ms| ms > STUCK_OLDER_THAN_MS_MAX)
+    {
+        return Err(ApiError::BadRequest(format!(
+            "`older_than_ms` must be at most {STUCK_OLDER_THAN_MS_MAX}"
+        )));
+    }
     let older_than = Duration::from_millis(q.older_than_ms.unwrap_or(STUCK_OLDER_THAN_MS_DEFAULT));
     let limit = q.limit.unwrap_or(100).clamp(1, STUCK_PAGE_SIZE_MAX);
     let rows = state
