@@ -55,8 +55,9 @@ impl From<&AssetConfig> for AssetView {
 #[serde(deny_unknown_fields)]
 #[schema(as = AssetRequest)]
 struct AssetBody {
+    /// The path's symbol again, if given (null counts as absent).
     #[serde(default)]
-    #[schema(schema_with = edge::openapi::asset)]
+    #[schema(schema_with = symbol_or_null, required = false)]
     symbol: Option<String>,
     #[schema(minimum = 0, maximum = 18)]
     precision: u32,
@@ -67,6 +68,17 @@ struct AssetBody {
     #[schema(schema_with = edge::openapi::asset_status)]
     status: String,
     internal_transfer_enabled: bool,
+}
+
+/// A body's optional `symbol`: the path's, or null.
+fn symbol_or_null() -> utoipa::openapi::schema::Object {
+    use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
+    ObjectBuilder::from(edge::openapi::asset())
+        .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+        .description(Some(
+            "the path's symbol again (another is refused, 400), or null",
+        ))
+        .build()
 }
 
 const BODY_SHAPE: &str = "body must be {precision: integer, min_transfer_amount: string, \

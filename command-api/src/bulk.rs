@@ -197,6 +197,7 @@ fn bulk_items() -> utoipa::openapi::schema::Array {
     use utoipa::openapi::{Ref, RefOr, Schema};
     let anything = Schema::Object(
         ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::SchemaType::AnyValue)
             .description(Some(
                 "any other value: taken into the batch and refused in its own result \
                  (BAD_REQUEST for a value that is not an object or has an unknown field, the \

@@ -57,7 +57,7 @@ pub struct ResolveBody {
     pub reason: String,
     /// Record the resolution even where the account system cannot confirm it (marked in the
     /// event's reason). False when absent.
-    #[schema(required = false)]
+    #[schema(required = false, nullable = false)]
     pub force: Option<bool>,
 }
 

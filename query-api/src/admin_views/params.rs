@@ -30,8 +30,9 @@ pub struct TransfersParams {
     pub user_id: Option<i64>,
     #[param(pattern = "^[A-Z0-9]{1,16}$")]
     pub asset: Option<String>,
-    /// Only transfers whose last change is at least this old (the stuck filter).
-    #[param(minimum = 0)]
+    /// Only transfers whose last change is at least this old (the stuck filter); at most about
+    /// 100 years.
+    #[param(minimum = 0, maximum = 3_155_760_000_000_i64)]
     pub older_than_ms: Option<i64>,
     /// One transfer by its id.
     #[param(pattern = "^[0-7][0-9A-HJKMNP-TV-Z]{25}$")]
@@ -83,6 +84,14 @@ impl TransfersParams {
         }
         if self.older_than_ms.is_some_and(|ms| ms < 0) {
             return Err(bad("`older_than_ms` must not be negative"));
+        }
+        if self
+            .older_than_ms
+            .is_some_and(|ms| ms.unsigned_abs() > crate::stuck::STUCK_OLDER_THAN_MS_MAX)
+        {
+            return Err(bad(
+                "`older_than_ms` must be at most 3155760000000 (about 100 years)",
+            ));
         }
         if let Some(req_id) = &self.req_id {
             ReqId::parse(req_id).map_err(|_| bad("`req_id` is not a req_id"))?;
