@@ -10,6 +10,7 @@ use axum::http::Method;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::json;
+use utoipa::{IntoParams, ToSchema};
 
 use edge::auth::AdminUser;
 use edge::error::ApiError;
@@ -42,9 +43,9 @@ struct CheckParams {
 
 /// `GET /api/v1/admin/invariant[?full=true]`: runs the check now and reports per asset.
 #[utoipa::path(get, path = "/api/v1/admin/invariant",
-    params(crate::openapi::InvariantQuery),
+    params(InvariantQuery),
     responses((status = 200, description = "the check's report and the halt flag",
-        body = crate::openapi::InvariantResponse),
+        body = InvariantResponse),
         edge::openapi::InvariantRefusals))]
 async fn run_check(
     State(state): State<AppState>,
@@ -70,7 +71,7 @@ async fn run_check(
 /// `POST /api/v1/admin/invariant/clear`: an admin lifts the halt (after looking into the cause).
 #[utoipa::path(post, path = "/api/v1/admin/invariant/clear",
     responses((status = 200, description = "the halt is lifted",
-        body = crate::openapi::HaltResponse),
+        body = HaltResponse),
         edge::openapi::ClearRefusals))]
 async fn clear_halt(
     State(state): State<AppState>,
@@ -82,4 +83,51 @@ async fn clear_halt(
         .await
         .map_err(|e| ApiError::Internal(format!("clear halt: {e}")))?;
     Ok(Json(json!({ "halted": false })))
+}
+
+// ---- the schema-only types of the OpenAPI document (`crate::openapi`): utoipa reads their
+// fields' attributes, no code reads the fields.
+
+/// `GET /api/v1/admin/invariant`'s query.
+#[allow(dead_code)]
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct InvariantQuery {
+    /// Check from the start of history instead of from the stored checkpoint (false when
+    /// absent).
+    pub full: Option<bool>,
+}
+
+/// One conservation check's report, per asset, with the halt flag after it.
+#[allow(dead_code)]
+#[derive(Debug, ToSchema)]
+pub struct InvariantResponse {
+    pub ok: bool,
+    #[schema(schema_with = edge::openapi::date_time)]
+    pub checked_at: String,
+    /// Per asset: deposits, funding, spot, in_flight, in_flight_by_state, difference (decimal
+    /// strings) and ok.
+    pub assets: Vec<serde_json::Value>,
+    /// Transfers whose records disagree, sorted by req_id.
+    pub disagreements: Vec<serde_json::Value>,
+    pub transfers_checked: u64,
+    /// `incremental` or `full`.
+    pub mode: String,
+    /// Where the run started.
+    pub from: serde_json::Value,
+    /// Where it ended.
+    pub positions: serde_json::Value,
+    /// What it read.
+    pub read: serde_json::Value,
+    /// Whether an incremental run stored its checkpoint.
+    pub stored: bool,
+    /// Whether new transfers are halted.
+    pub halted: bool,
+}
+
+/// The halt flag after `POST /api/v1/admin/invariant/clear`: always false.
+#[allow(dead_code)]
+#[derive(Debug, ToSchema)]
+pub struct HaltResponse {
+    pub halted: bool,
 }

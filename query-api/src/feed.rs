@@ -14,6 +14,7 @@ use futures_util::stream::{self, Stream, StreamExt};
 use projections::feed::{event_json, FeedEvent, FEED_PAGE_SIZE_MAX};
 use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
+use utoipa::{IntoParams, ToSchema};
 
 use edge::auth::AdminUser;
 use edge::error::ApiError;
@@ -54,8 +55,8 @@ fn db_error(e: sqlx::Error) -> ApiError {
 /// `M` (1..=1000, default 100). `next_after` is what to ask with next; `head` is the last
 /// position handed out so far.
 #[utoipa::path(get, path = "/api/v1/events",
-    params(crate::openapi::FeedParams),
-    responses((status = 200, description = "ok", body = crate::openapi::FeedPage),
+    params(FeedParams),
+    responses((status = 200, description = "ok", body = FeedPage),
         edge::openapi::AdminListRefusals))]
 async fn events(
     State(state): State<AppState>,
@@ -87,7 +88,7 @@ async fn events(
 /// the `Last-Event-ID` a reconnecting client sends), each with `id` = its position and `event` =
 /// its type, then new events as they are projected.
 #[utoipa::path(get, path = "/api/v1/events/stream",
-    params(crate::openapi::StreamParams,
+    params(StreamParams,
         ("Last-Event-ID" = Option<String>, Header,
             description = "the last position a reconnecting client received (wins over `after`)")),
     responses((status = 200, description = "server-sent events, endless: each event's `id` is \
@@ -160,4 +161,58 @@ fn feed_stream(
             }
         }
     })
+}
+
+// ---- the schema-only types of the OpenAPI document (`crate::openapi`): utoipa reads their
+// fields' attributes, no code reads the fields.
+
+/// `GET /api/v1/events`' query.
+#[allow(dead_code)]
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct FeedParams {
+    /// Events with a position above this one (0 when absent).
+    #[param(minimum = 0)]
+    pub after: Option<i64>,
+    /// Events per page: 1 to 1000 (100 when absent).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<i64>,
+}
+
+/// `GET /api/v1/events/stream`' query and headers.
+#[allow(dead_code)]
+#[derive(Debug, IntoParams)]
+pub struct StreamParams {
+    /// Events with a position above this one (0 when absent; `Last-Event-ID` wins).
+    #[param(minimum = 0)]
+    #[into_params(parameter_in = Query)]
+    pub after: Option<i64>,
+}
+
+/// A page of the feed.
+#[allow(dead_code)]
+#[derive(Debug, ToSchema)]
+pub struct FeedPage {
+    pub events: Vec<FeedEventView>,
+    /// What to ask with next (`after`).
+    pub next_after: i64,
+    /// The last position handed out so far.
+    pub head: i64,
+}
+
+/// One event of the global, gap-free, ordered feed.
+#[allow(dead_code)]
+#[derive(Debug, ToSchema)]
+#[schema(as = FeedEvent)]
+pub struct FeedEventView {
+    pub position: i64,
+    pub event_id: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub sequence: i64,
+    pub event_type: String,
+    pub event_version: String,
+    pub payload: serde_json::Value,
+    pub user_id: Option<i64>,
+    pub occurred_at: String,
 }
