@@ -5,8 +5,8 @@
 
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::routing::{get, put};
-use axum::{Json, Router};
+use axum::http::Method;
+use axum::Json;
 use domain::{AssetConfig, AssetStatus, AssetSymbol, ErrorCode};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -15,13 +15,14 @@ use utoipa::ToSchema;
 use crate::body::JsonObject;
 use edge::auth::AdminUser;
 use edge::error::ApiError;
+use edge::routes::Routes;
 use edge::state::AppState;
 
 /// The routes of this module, merged into the app by `build_app`.
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/admin/assets", get(list_assets))
-        .route("/api/v1/admin/assets/{symbol}", put(put_asset))
+pub fn routes() -> Routes {
+    Routes::new()
+        .api(Method::GET, "/api/v1/admin/assets", list_assets)
+        .api(Method::PUT, "/api/v1/admin/assets/{symbol}", put_asset)
 }
 
 /// One asset as the admin routes show it; amounts as strings.
@@ -54,8 +55,9 @@ impl From<&AssetConfig> for AssetView {
 #[serde(deny_unknown_fields)]
 #[schema(as = AssetRequest)]
 struct AssetBody {
+    /// The path's symbol again, if given (null counts as absent).
     #[serde(default)]
-    #[schema(schema_with = edge::openapi::asset)]
+    #[schema(schema_with = symbol_or_null, required = false)]
     symbol: Option<String>,
     #[schema(minimum = 0, maximum = 18)]
     precision: u32,
@@ -66,6 +68,17 @@ struct AssetBody {
     #[schema(schema_with = edge::openapi::asset_status)]
     status: String,
     internal_transfer_enabled: bool,
+}
+
+/// A body's optional `symbol`: the path's, or null.
+fn symbol_or_null() -> utoipa::openapi::schema::Object {
+    use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
+    ObjectBuilder::from(edge::openapi::asset())
+        .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+        .description(Some(
+            "the path's symbol again (another is refused, 400), or null",
+        ))
+        .build()
 }
 
 const BODY_SHAPE: &str = "body must be {precision: integer, min_transfer_amount: string, \

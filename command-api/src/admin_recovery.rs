@@ -9,13 +9,16 @@
 use application::ManualResolutionError;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::routing::post;
-use axum::{Json, Router};
+use axum::http::Method;
+use axum::Json;
 use domain::{ErrorCode, ReqId, Resolution, TransferError};
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use utoipa::ToSchema;
 
 use edge::auth::AdminUser;
 use edge::error::ApiError;
+use edge::routes::Routes;
 use edge::state::AppState;
 
 use crate::body::JsonObject;
@@ -24,8 +27,12 @@ use crate::body::JsonObject;
 pub const REASON_CHARS_MAX: usize = 1_000;
 
 /// The routes of this module, merged into the app by `build_app`.
-pub fn routes() -> Router<AppState> {
-    Router::new().route("/api/v1/admin/transfers/{req_id}/resolve", post(resolve))
+pub fn routes() -> Routes {
+    Routes::new().api(
+        Method::POST,
+        "/api/v1/admin/transfers/{req_id}/resolve",
+        resolve,
+    )
 }
 
 /// What an operator asked for: the resolution, the reason and whether to force it.
@@ -35,6 +42,13 @@ struct ResolveRequest {
     force: bool,
 }
 
+/// `POST /api/v1/admin/transfers/{req_id}/resolve`: records an operator's confirmed outcome.
+#[utoipa::path(post, path = "/api/v1/admin/transfers/{req_id}/resolve",
+    params(edge::openapi::TransferPath),
+    request_body = ResolveBody,
+    responses((status = 200, description = "the resolution is recorded",
+        body = ResolveResponse),
+        edge::openapi::ResolveRefusals))]
 async fn resolve(
     State(state): State<AppState>,
     admin: AdminUser,
@@ -163,4 +177,62 @@ fn resolution_refusal(e: ManualResolutionError, resolution: Resolution) -> ApiEr
             ApiError::Internal(format!("manual resolution: {e}"))
         }
     }
+}
+
+// ---- the schema-only types of the OpenAPI document (`crate::openapi`): utoipa reads their
+// fields' attributes, no code reads the fields.
+
+/// An operator's reason: 1 to 1,000 characters, not only whitespace.
+pub(crate) fn reason_schema() -> utoipa::openapi::schema::Object {
+    utoipa::openapi::schema::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .min_length(Some(1))
+        .max_length(Some(crate::admin_recovery::REASON_CHARS_MAX))
+        .pattern(Some(r"\S"))
+        .description(Some(
+            "why: 1 to 1,000 characters, not only whitespace; recorded with the admin's id",
+        ))
+        .build()
+}
+
+/// `POST /api/v1/admin/transfers/{req_id}/resolve`' body.
+#[allow(dead_code)]
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = ResolveRequest)]
+pub struct ResolveBody {
+    /// What the operator confirmed: the pending call was applied, or it was not.
+    #[schema(inline)]
+    pub resolution: ResolutionName,
+    #[schema(schema_with = reason_schema)]
+    pub reason: String,
+    /// Record the resolution even where the account system cannot confirm it (marked in the
+    /// event's reason). False when absent.
+    #[schema(required = false, nullable = false)]
+    pub force: Option<bool>,
+}
+
+/// A manual resolution's outcome.
+#[allow(dead_code)]
+#[derive(Debug, Deserialize, ToSchema)]
+#[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+pub enum ResolutionName {
+    APPLIED,
+    NOT_APPLIED,
+}
+
+/// The resolved transfer.
+#[allow(dead_code)]
+#[derive(Debug, ToSchema)]
+pub struct ResolveResponse {
+    #[schema(schema_with = edge::openapi::req_id)]
+    pub req_id: String,
+    /// The transfer's state after the resolution (and the drive it allowed).
+    pub state: String,
+    #[schema(inline)]
+    pub resolution: ResolutionName,
+    /// `admin:<user id>`.
+    pub operator: String,
+    /// True when the transfer is not yet at its end (an account system's outcome is unknown).
+    pub pending: bool,
 }

@@ -8,22 +8,32 @@
 use application::RepairError;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::routing::post;
-use axum::{Json, Router};
+use axum::http::Method;
+use axum::Json;
 use domain::{ErrorCode, ReqId};
+use serde::Deserialize;
 use serde_json::{json, Value};
+use utoipa::ToSchema;
 
 use crate::admin_recovery::{operator_reason, unknown_field};
 use crate::body::JsonObject;
 use edge::auth::AdminUser;
 use edge::error::ApiError;
+use edge::routes::Routes;
 use edge::state::AppState;
 
 /// The routes of this module, merged into the app by `build_app`.
-pub fn routes() -> Router<AppState> {
-    Router::new().route("/api/v1/admin/repairs/{req_id}", post(repair))
+pub fn routes() -> Routes {
+    Routes::new().api(Method::POST, "/api/v1/admin/repairs/{req_id}", repair)
 }
 
+/// `POST /api/v1/admin/repairs/{req_id}`: re-records a transfer a failover lost.
+#[utoipa::path(post, path = "/api/v1/admin/repairs/{req_id}",
+    params(edge::openapi::TransferPath),
+    request_body = RepairBody,
+    responses((status = 200, description = "the repair is recorded (or was: `repeated`)",
+        body = RepairResponse),
+        edge::openapi::RepairRefusals))]
 async fn repair(
     State(state): State<AppState>,
     admin: AdminUser,
@@ -73,4 +83,38 @@ fn repair_refusal(e: RepairError) -> ApiError {
             ApiError::Internal(format!("failover repair: {}", application::error_chain(&e)))
         }
     }
+}
+
+// ---- the schema-only types of the OpenAPI document (`crate::openapi`): utoipa reads their
+// fields' attributes, no code reads the fields.
+
+/// `POST /api/v1/admin/repairs/{req_id}`' body.
+#[allow(dead_code)]
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = RepairRequest)]
+pub struct RepairBody {
+    #[schema(schema_with = crate::admin_recovery::reason_schema)]
+    pub reason: String,
+}
+
+/// A repair as recorded (`repeated` when an earlier request had already recorded it).
+#[allow(dead_code)]
+#[derive(Debug, ToSchema)]
+pub struct RepairResponse {
+    #[schema(schema_with = edge::openapi::req_id)]
+    pub req_id: String,
+    pub action: String,
+    pub user_id: i64,
+    pub from: String,
+    pub to: String,
+    pub asset: String,
+    pub amount: String,
+    /// The transfer's state now.
+    pub state: String,
+    pub repeated: bool,
+    pub operator: String,
+    pub reason: String,
+    #[schema(schema_with = edge::openapi::date_time)]
+    pub requested_at: String,
 }

@@ -12,9 +12,9 @@
 use application::bulk::body_bytes_max;
 use application::TransferRequest;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::routing::post;
-use axum::{Json, Router};
-use serde::Serialize;
+use axum::http::Method;
+use axum::Json;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
@@ -22,6 +22,7 @@ use crate::body::{parse_user_id, JsonObject};
 use crate::routes::{self, TransferResponse};
 use edge::auth::AuthUser;
 use edge::error::ApiError;
+use edge::routes::Routes;
 use edge::state::AppState;
 
 /// The route's path.
@@ -29,9 +30,9 @@ pub const PATH: &str = "/api/v1/internal_transfers";
 
 /// The bulk route, with a body limit that fits `transfers_max` items (the other routes keep
 /// theirs).
-pub fn routes(transfers_max: usize) -> Router<AppState> {
-    Router::new()
-        .route(PATH, post(create_transfers))
+pub fn routes(transfers_max: usize) -> Routes {
+    Routes::new()
+        .api(Method::POST, PATH, create_transfers)
         .layer(DefaultBodyLimit::max(body_bytes_max(transfers_max)))
 }
 
@@ -177,21 +178,55 @@ fn refused(e: ApiError) -> BulkResult {
 
 /// `POST /api/v1/internal_transfers`' body (schema only: the handler takes it apart item by
 /// item). At most `LEDGER_BULK_TRANSFERS_MAX` items (1,000 by default); more is refused whole,
-/// 400 BAD_REQUEST.
-#[derive(Debug, ToSchema)]
+/// 400 BAD_REQUEST, as is any field but `transfers`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 #[allow(dead_code)]
 pub struct BulkRequest {
-    #[schema(min_items = 1, max_items = 1000)]
+    #[schema(schema_with = bulk_items)]
     pub transfers: Vec<BulkItem>,
 }
 
+/// The batch's items as the server takes them: each should be a [`BulkItem`], but any value is
+/// accepted into the batch, and one that is not a valid item (not an object, a missing or
+/// unknown field, a bad value) is refused in its own result, never the whole request (contract
+/// §3, "Bulk transfers are not a transaction"). So the array's items are `BulkItem` or anything:
+/// a schema that said only `BulkItem` would promise a 4xx the server does not give.
+fn bulk_items() -> utoipa::openapi::schema::Array {
+    use utoipa::openapi::schema::{AnyOfBuilder, ArrayBuilder, ObjectBuilder};
+    use utoipa::openapi::{Ref, RefOr, Schema};
+    let anything = Schema::Object(
+        ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::SchemaType::AnyValue)
+            .description(Some(
+                "any other value: taken into the batch and refused in its own result \
+                 (BAD_REQUEST for a value that is not an object or has an unknown field, the \
+                 single route's code for a bad value)",
+            ))
+            .build(),
+    );
+    let item = AnyOfBuilder::new()
+        .item(RefOr::Ref(Ref::from_schema_name("BulkItem")))
+        .item(anything)
+        .description(Some(
+            "one transfer: a BulkItem (the single route's body; `user_id` with an admin's token)",
+        ))
+        .build();
+    ArrayBuilder::new()
+        .items(RefOr::T(Schema::AnyOf(item)))
+        .min_items(Some(1))
+        .max_items(Some(1000))
+        .build()
+}
+
 /// One transfer of a batch: the single route's body; `user_id` only with an admin's token.
-#[derive(Debug, ToSchema)]
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 #[allow(dead_code)]
 pub struct BulkItem {
-    #[schema(schema_with = edge::openapi::account)]
+    #[schema(schema_with = edge::openapi::from_account)]
     pub from: String,
-    #[schema(schema_with = edge::openapi::account)]
+    #[schema(schema_with = edge::openapi::to_account)]
     pub to: String,
     #[schema(schema_with = edge::openapi::asset)]
     pub asset: String,

@@ -4,21 +4,24 @@
 //! start of history); `POST /api/v1/admin/invariant/clear` lifts the halt (MON-003).
 
 use application::audit::{CheckError, Mode};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::http::Method;
+use axum::Json;
 use serde::Deserialize;
 use serde_json::json;
+use utoipa::{IntoParams, ToSchema};
 
 use edge::auth::AdminUser;
 use edge::error::ApiError;
+use edge::routes::Routes;
 use edge::state::AppState;
 
 /// The check's routes; merged into the application router.
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/admin/invariant", get(run_check))
-        .route("/api/v1/admin/invariant/clear", post(clear_halt))
+pub fn routes() -> Routes {
+    Routes::new()
+        .api(Method::GET, "/api/v1/admin/invariant", run_check)
+        .api(Method::POST, "/api/v1/admin/invariant/clear", clear_halt)
 }
 
 fn check_error(e: CheckError) -> ApiError {
@@ -39,11 +42,20 @@ struct CheckParams {
 }
 
 /// `GET /api/v1/admin/invariant[?full=true]`: runs the check now and reports per asset.
+#[utoipa::path(get, path = "/api/v1/admin/invariant",
+    params(InvariantQuery),
+    responses((status = 200, description = "the check's report and the halt flag",
+        body = InvariantResponse),
+        edge::openapi::InvariantRefusals))]
 async fn run_check(
     State(state): State<AppState>,
     _admin: AdminUser,
-    Query(params): Query<CheckParams>,
+    query: Result<Query<CheckParams>, QueryRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    // axum's own rejection is plain text; every refusal is in the error shape.
+    let Ok(Query(params)) = query else {
+        return Err(ApiError::BadRequest("`full` must be true or false".into()));
+    };
     let mode = if params.full {
         Mode::Full
     } else {
@@ -57,6 +69,10 @@ async fn run_check(
 }
 
 /// `POST /api/v1/admin/invariant/clear`: an admin lifts the halt (after looking into the cause).
+#[utoipa::path(post, path = "/api/v1/admin/invariant/clear",
+    responses((status = 200, description = "the halt is lifted",
+        body = HaltResponse),
+        edge::openapi::ClearRefusals))]
 async fn clear_halt(
     State(state): State<AppState>,
     admin: AdminUser,
@@ -67,4 +83,51 @@ async fn clear_halt(
         .await
         .map_err(|e| ApiError::Internal(format!("clear halt: {e}")))?;
     Ok(Json(json!({ "halted": false })))
+}
+
+// ---- the schema-only types of the OpenAPI document (`crate::openapi`): utoipa reads their
+// fields' attributes, no code reads the fields.
+
+/// `GET /api/v1/admin/invariant`'s query.
+#[allow(dead_code)]
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct InvariantQuery {
+    /// Check from the start of history instead of from the stored checkpoint (false when
+    /// absent).
+    pub full: Option<bool>,
+}
+
+/// One conservation check's report, per asset, with the halt flag after it.
+#[allow(dead_code)]
+#[derive(Debug, ToSchema)]
+pub struct InvariantResponse {
+    pub ok: bool,
+    #[schema(schema_with = edge::openapi::date_time)]
+    pub checked_at: String,
+    /// Per asset: deposits, funding, spot, in_flight, in_flight_by_state, difference (decimal
+    /// strings) and ok.
+    pub assets: Vec<serde_json::Value>,
+    /// Transfers whose records disagree, sorted by req_id.
+    pub disagreements: Vec<serde_json::Value>,
+    pub transfers_checked: u64,
+    /// `incremental` or `full`.
+    pub mode: String,
+    /// Where the run started.
+    pub from: serde_json::Value,
+    /// Where it ended.
+    pub positions: serde_json::Value,
+    /// What it read.
+    pub read: serde_json::Value,
+    /// Whether an incremental run stored its checkpoint.
+    pub stored: bool,
+    /// Whether new transfers are halted.
+    pub halted: bool,
+}
+
+/// The halt flag after `POST /api/v1/admin/invariant/clear`: always false.
+#[allow(dead_code)]
+#[derive(Debug, ToSchema)]
+pub struct HaltResponse {
+    pub halted: bool,
 }

@@ -15,19 +15,28 @@ pub(crate) mod invariant;
 pub mod openapi;
 pub mod routes;
 
-use axum::routing::{post, put};
-use axum::Router;
-use edge::state::AppState;
+use axum::http::Method;
+use edge::routes::Routes;
 
-/// Every command route; the bulk route's body limit fits `bulk_max` items.
-pub fn router(bulk_max: usize) -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/internal_transfer", post(routes::create_transfer))
+/// Every command route, listed (`edge::routes`); the bulk route's body limit fits `bulk_max`
+/// items.
+pub fn router(bulk_max: usize) -> Routes {
+    Routes::new()
+        .api(
+            Method::POST,
+            "/api/v1/internal_transfer",
+            routes::create_transfer,
+        )
         .merge(bulk::routes(bulk_max))
-        .route("/api/v1/admin/deposits", post(routes::admin_deposit))
-        .route(
+        .api(
+            Method::POST,
+            "/api/v1/admin/deposits",
+            routes::admin_deposit,
+        )
+        .api(
+            Method::PUT,
             "/api/v1/admin/accounts/{user_id}/{account_type}/status",
-            put(routes::admin_set_status),
+            routes::admin_set_status,
         )
         .merge(admin_assets::routes())
         .merge(admin_recovery::routes())

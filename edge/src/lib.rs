@@ -17,6 +17,7 @@ pub mod openapi;
 pub mod ratelimit;
 pub mod reads;
 pub mod render;
+pub mod routes;
 pub mod state;
 
 pub use auth::{mint, AdminUser, AuthUser};

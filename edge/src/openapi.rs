@@ -19,12 +19,26 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, Required, Response, ResponseBuilder};
 use utoipa::{IntoParams, IntoResponses, Modify, OpenApi, ToSchema};
 
-/// Plain decimal text: no sign, exponent, whitespace or redundant leading zero; below 10^11 and
-/// at most 18 fractional digits (an asset's own precision may allow fewer).
-pub const AMOUNT_PATTERN: &str = r"^(0|[1-9][0-9]{0,10})(\.[0-9]{1,18})?$";
+/// Plain decimal text as `domain::Amount::parse` takes it: no sign, exponent, whitespace or
+/// redundant leading zero; greater than zero (`0`, `0.0`, ... are refused INVALID_AMOUNT); below
+/// 10^11; at most 18 fractional digits before any trailing zeros (an asset's own precision may
+/// allow fewer). Above zero is spelt out: an integer part of 1 or more, or `0.` with a non-zero
+/// digit among the first 18 (one alternative per count of leading zeros, so no look-ahead, which
+/// not every schema-driven tool reads).
+pub const AMOUNT_PATTERN: &str = r"^([1-9][0-9]{0,10}(\.[0-9]{1,18}0*)?|0\.([1-9][0-9]{0,17}|0{1}[1-9][0-9]{0,16}|0{2}[1-9][0-9]{0,15}|0{3}[1-9][0-9]{0,14}|0{4}[1-9][0-9]{0,13}|0{5}[1-9][0-9]{0,12}|0{6}[1-9][0-9]{0,11}|0{7}[1-9][0-9]{0,10}|0{8}[1-9][0-9]{0,9}|0{9}[1-9][0-9]{0,8}|0{10}[1-9][0-9]{0,7}|0{11}[1-9][0-9]{0,6}|0{12}[1-9][0-9]{0,5}|0{13}[1-9][0-9]{0,4}|0{14}[1-9][0-9]{0,3}|0{15}[1-9][0-9]{0,2}|0{16}[1-9][0-9]{0,1}|0{17}[1-9][0-9]{0,0})0*)$";
 
 /// An asset symbol as `domain::AssetSymbol` accepts it.
 pub const ASSET_PATTERN: &str = "^[A-Z0-9]{1,16}$";
+
+/// A req_id as `domain::ReqId::parse` accepts it: a canonical ULID, whose first character is at
+/// most 7 (26 Crockford base-32 digits hold 130 bits; a ULID has 128).
+pub const REQ_ID_PATTERN: &str = "^[0-7][0-9A-HJKMNP-TV-Z]{25}$";
+
+/// What every schema naming an asset says: the set is the server's, changed at run time.
+const ASSET_SET: &str = "an asset symbol; the set of assets is configured at run time \
+    (`config/assets.json`, changed by `PUT /api/v1/admin/assets/{symbol}`, listed by \
+    `GET /api/v1/admin/assets`), so it is not enumerated here: an unknown symbol is refused \
+    INVALID_ASSET (422), a suspended one ASSET_SUSPENDED (422)";
 
 // ---- field schemas shared by the types (used with `#[schema(schema_with = ...)]`) -----------
 
@@ -34,23 +48,45 @@ pub fn amount() -> Object {
         .schema_type(Type::String)
         .pattern(Some(AMOUNT_PATTERN))
         .min_length(Some(1))
-        .max_length(Some(31))
         .description(Some(
-            "plain decimal string, > 0 and < 10^11; within the asset's precision and bounds",
+            "plain decimal string, > 0 (\"0\" is refused INVALID_AMOUNT) and < 10^11, at most 18 \
+             significant fractional digits; the asset's precision, minimum and maximum (run-time \
+             settings) are checked too, refused PRECISION_OVERFLOW, AMOUNT_TOO_SMALL or \
+             AMOUNT_TOO_LARGE (422)",
         ))
         .build()
 }
 
+/// An asset symbol: its shape here, its existence the server's (see [`ASSET_SET`]).
 pub fn asset() -> Object {
     ObjectBuilder::new()
         .schema_type(Type::String)
         .pattern(Some(ASSET_PATTERN))
+        .description(Some(ASSET_SET))
         .build()
 }
 
 /// The account types transfers support.
 pub fn account() -> Object {
     string_enum(&["FUNDING", "SPOT"])
+}
+
+/// A transfer's `from`: an account type, not the same as `to`.
+pub fn from_account() -> Object {
+    ObjectBuilder::from(account())
+        .description(Some(
+            "the source account type; must differ from `to` (refused SAME_ACCOUNT, 422)",
+        ))
+        .build()
+}
+
+/// A transfer's `to`: an account type, not the same as `from`.
+pub fn to_account() -> Object {
+    ObjectBuilder::from(account())
+        .description(Some(
+            "the target account type; must differ from `from` (refused SAME_ACCOUNT, 422)",
+        ))
+        .build()
 }
 
 /// A user id: a positive integer that fits PostgreSQL's BIGINT.
@@ -79,7 +115,7 @@ pub fn external_id() -> Object {
 }
 
 pub fn req_id() -> Object {
-    string_pattern("^[0-9A-HJKMNP-TV-Z]{26}$")
+    string_pattern(REQ_ID_PATTERN)
 }
 
 pub fn date_time() -> Object {
@@ -157,6 +193,20 @@ refusals! {
     AdminUserRefusals: [400, 401, 403, 429, 503];
     /// `GET /api/v1/admin/alerts`.
     AlertListRefusals: [400, 401, 403, 503];
+    /// `POST /api/v1/admin/transfers/{req_id}/resolve`.
+    ResolveRefusals: [400, 401, 403, 404, 409, 413, 415, 503];
+    /// `POST /api/v1/admin/repairs/{req_id}`.
+    RepairRefusals: [400, 401, 403, 404, 409, 413, 415, 503];
+    /// `GET /api/v1/admin/invariant`.
+    InvariantRefusals: [400, 401, 403, 503];
+    /// `POST /api/v1/admin/invariant/clear`.
+    ClearRefusals: [401, 403];
+    /// `GET /api/v1/admin/transfers/stuck` and `GET /api/v1/events`.
+    AdminListRefusals: [400, 401, 403];
+    /// `GET /api/v1/events/stream` (429: every stream slot is taken).
+    StreamRefusals: [400, 401, 403, 429];
+    /// The tamper-evident log's routes (403: another user's entry; 404: beyond the tree).
+    LogRefusals: [400, 401, 403, 404, 429];
 }
 
 // ---- schema-only types: what the handlers accept and refuse with ------------------------------
@@ -174,13 +224,16 @@ pub struct ErrorBody {
     pub state: Option<String>,
 }
 
-/// `POST /api/v1/internal_transfer`'s body (checked by `routes::parse_transfer`).
+/// `POST /api/v1/internal_transfer`'s body (checked by `routes::parse_transfer`). `from` and `to`
+/// must differ (the same account type twice is refused SAME_ACCOUNT, 422).
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TransferRequest {
-    #[schema(schema_with = account)]
+    /// The source account type; not the same as `to` (SAME_ACCOUNT).
+    #[schema(schema_with = from_account)]
     pub from: String,
-    #[schema(schema_with = account)]
+    /// The target account type; not the same as `from` (SAME_ACCOUNT).
+    #[schema(schema_with = to_account)]
     pub to: String,
     #[schema(schema_with = asset)]
     pub asset: String,

@@ -8,12 +8,13 @@ use std::any::Any;
 use std::future::Future;
 
 use axum::extract::DefaultBodyLimit;
+use axum::http::Method;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use axum::Router;
 use edge::config::BODY_BYTES_MAX;
 use edge::error::ApiError;
 use edge::health;
+use edge::routes::Routes;
 use edge::state::AppState;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
@@ -21,20 +22,32 @@ use tower_http::trace::TraceLayer;
 use crate::startup::{Serving, Tasks};
 use crate::wiring::{Assembled, Wiring};
 
-/// The router with every route, the body limit, panic catching and request tracing;
-/// `/metrics` among the routes when `serving` says so.
-pub fn build_app(state: AppState, serving: &Serving) -> Router {
+/// Every route the application serves, listed (`edge::routes`): the REST routes among them are
+/// the OpenAPI document's (`api_doc`'s tests compare the two); `/metrics` among them when
+/// `serving` says so.
+pub fn route_table(bulk_max: usize, serving: &Serving) -> Routes {
     let metrics = if serving.metrics_on_api {
         query_api::metrics::routes(serving.target_pending_alert_after())
     } else {
-        Router::new()
+        Routes::new()
     };
-    Router::new()
-        .route("/healthz", get(health::healthz))
-        .route("/api/v1/openapi.json", get(crate::api_doc::openapi_json))
-        .merge(command_api::router(state.ledger.bulk_max()))
+    Routes::new()
+        .api(Method::GET, "/healthz", health::healthz)
+        .api(
+            Method::GET,
+            "/api/v1/openapi.json",
+            crate::api_doc::openapi_json,
+        )
+        .merge(command_api::router(bulk_max))
         .merge(query_api::router())
         .merge(metrics)
+}
+
+/// The router with every route, the body limit, panic catching and request tracing;
+/// `/metrics` among the routes when `serving` says so.
+pub fn build_app(state: AppState, serving: &Serving) -> Router {
+    route_table(state.ledger.bulk_max(), serving)
+        .into_router()
         .fallback(health::not_found)
         .method_not_allowed_fallback(health::method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))

@@ -3,14 +3,15 @@
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::http::Method;
+use axum::Json;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use edge::auth::AdminUser;
 use edge::error::ApiError;
 use edge::render::rfc3339;
+use edge::routes::Routes;
 use edge::state::AppState;
 
 /// Most alerts one listing returns.
@@ -19,8 +20,8 @@ pub const ALERTS_PAGE_MAX: i64 = 500;
 pub const ALERTS_PAGE_DEFAULT: i64 = 50;
 
 /// The routes of this module, merged into the app by `build_app`.
-pub fn routes() -> Router<AppState> {
-    Router::new().route("/api/v1/admin/alerts", get(list_alerts))
+pub fn routes() -> Routes {
+    Routes::new().api(Method::GET, "/api/v1/admin/alerts", list_alerts)
 }
 
 /// `?limit=`: 1 to 500 (default 50); anything else is refused (400).

@@ -25,14 +25,15 @@ mod types;
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::http::Method;
+use axum::Json;
 use chrono::Utc;
 use domain::ReqId;
 use projections::admin::AdminFilter;
 
 use edge::auth::AdminUser;
 use edge::error::ApiError;
+use edge::routes::Routes;
 use edge::state::AppState;
 
 pub use params::{HistoryParams, RunPath, TransfersParams};
@@ -42,16 +43,25 @@ pub use types::*;
 pub const USER_TRANSFERS_SHOWN: i64 = 20;
 
 /// The routes of this module, merged into the app by `build_app`.
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/admin/transfers", get(list_transfers))
-        .route("/api/v1/admin/transfers/{req_id}", get(transfer_timeline))
-        .route("/api/v1/admin/users/{user_id}", get(user_view))
-        .route("/api/v1/admin/overview", get(overview))
-        .route("/api/v1/admin/invariant/history", get(invariant_history))
-        .route(
+pub fn routes() -> Routes {
+    Routes::new()
+        .api(Method::GET, "/api/v1/admin/transfers", list_transfers)
+        .api(
+            Method::GET,
+            "/api/v1/admin/transfers/{req_id}",
+            transfer_timeline,
+        )
+        .api(Method::GET, "/api/v1/admin/users/{user_id}", user_view)
+        .api(Method::GET, "/api/v1/admin/overview", overview)
+        .api(
+            Method::GET,
+            "/api/v1/admin/invariant/history",
+            invariant_history,
+        )
+        .api(
+            Method::GET,
             "/api/v1/admin/invariant/runs/{id}",
-            get(invariant_run_report),
+            invariant_run_report,
         )
 }
 

@@ -9,12 +9,10 @@
 
 use axum::extract::Path;
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
-use axum::http::{HeaderName, HeaderValue};
+use axum::http::{HeaderName, HeaderValue, Method};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::Router;
 
-use edge::state::AppState;
+use edge::routes::Routes;
 
 /// The policy of every console and GraphiQL response. `data:` fonts and images are GraphiQL's
 /// stylesheet's embedded fonts and icons; `connect-src 'self'` covers the API, the feed's
@@ -89,12 +87,12 @@ const GRAPHIQL_PAGE: &[u8] = include_bytes!("../console/graphiql.html");
 
 /// The console's routes; merged into the application router. (`GET /graphql` is GraphQL's
 /// route, which answers with [`graphiql_page`].)
-pub(crate) fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/console", get(console_page))
-        .route("/console/", get(console_page))
-        .route("/console/{*file}", get(asset))
-        .route("/favicon.ico", get(favicon))
+pub(crate) fn routes() -> Routes {
+    Routes::new()
+        .page(Method::GET, "/console", console_page)
+        .page(Method::GET, "/console/", console_page)
+        .page(Method::GET, "/console/{*file}", asset)
+        .page(Method::GET, "/favicon.ico", favicon)
 }
 
 /// The headers every console and GraphiQL response carries.

@@ -7,17 +7,18 @@ use std::convert::Infallible;
 use std::time::{Duration, SystemTime};
 
 use axum::extract::{Query, State};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, Method};
 use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
 use projections::feed::{event_json, FeedEvent, FEED_PAGE_SIZE_MAX};
 use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
+use utoipa::{IntoParams, ToSchema};
 
 use edge::auth::AdminUser;
 use edge::error::ApiError;
+use edge::routes::Routes;
 use edge::state::AppState;
 
 /// Page size when `limit` is not given.
@@ -30,10 +31,10 @@ pub const STREAM_POLL_INTERVAL: Duration = Duration::from_millis(100);
 const STREAM_BATCH_MAX: i64 = 500;
 
 /// The feed's routes; merged into the application router.
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/events", get(events))
-        .route("/api/v1/events/stream", get(stream_events))
+pub fn routes() -> Routes {
+    Routes::new()
+        .api(Method::GET, "/api/v1/events", events)
+        .api(Method::GET, "/api/v1/events/stream", stream_events)
 }
 
 /// A non-negative integer query parameter, or BAD_REQUEST naming it.
@@ -53,6 +54,10 @@ fn db_error(e: sqlx::Error) -> ApiError {
 /// `GET /api/v1/events?after=N&limit=M` (admin): events with `position > N`, in order, at most
 /// `M` (1..=1000, default 100). `next_after` is what to ask with next; `head` is the last
 /// position handed out so far.
+#[utoipa::path(get, path = "/api/v1/events",
+    params(FeedParams),
+    responses((status = 200, description = "ok", body = FeedPage),
+        edge::openapi::AdminListRefusals))]
 async fn events(
     State(state): State<AppState>,
     _admin: AdminUser,
@@ -82,6 +87,15 @@ async fn events(
 /// `GET /api/v1/events/stream?after=N` (admin): server-sent events from `position > N` (or after
 /// the `Last-Event-ID` a reconnecting client sends), each with `id` = its position and `event` =
 /// its type, then new events as they are projected.
+#[utoipa::path(get, path = "/api/v1/events/stream",
+    params(StreamParams,
+        ("Last-Event-ID" = Option<String>, Header,
+            description = "the last position a reconnecting client received (wins over `after`)")),
+    responses((status = 200, description = "server-sent events, endless: each event's `id` is \
+        its position, its `event` its type and its `data` the event as `GET /api/v1/events` \
+        lists it; comments keep the connection alive; the stream ends when the token expires",
+        content_type = "text/event-stream", body = String),
+        edge::openapi::StreamRefusals))]
 async fn stream_events(
     State(state): State<AppState>,
     admin: AdminUser,
@@ -147,4 +161,58 @@ fn feed_stream(
             }
         }
     })
+}
+
+// ---- the schema-only types of the OpenAPI document (`crate::openapi`): utoipa reads their
+// fields' attributes, no code reads the fields.
+
+/// `GET /api/v1/events`' query.
+#[allow(dead_code)]
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct FeedParams {
+    /// Events with a position above this one (0 when absent).
+    #[param(minimum = 0)]
+    pub after: Option<i64>,
+    /// Events per page: 1 to 1000 (100 when absent).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<i64>,
+}
+
+/// `GET /api/v1/events/stream`' query and headers.
+#[allow(dead_code)]
+#[derive(Debug, IntoParams)]
+pub struct StreamParams {
+    /// Events with a position above this one (0 when absent; `Last-Event-ID` wins).
+    #[param(minimum = 0)]
+    #[into_params(parameter_in = Query)]
+    pub after: Option<i64>,
+}
+
+/// A page of the feed.
+#[allow(dead_code)]
+#[derive(Debug, ToSchema)]
+pub struct FeedPage {
+    pub events: Vec<FeedEventView>,
+    /// What to ask with next (`after`).
+    pub next_after: i64,
+    /// The last position handed out so far.
+    pub head: i64,
+}
+
+/// One event of the global, gap-free, ordered feed.
+#[allow(dead_code)]
+#[derive(Debug, ToSchema)]
+#[schema(as = FeedEvent)]
+pub struct FeedEventView {
+    pub position: i64,
+    pub event_id: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub sequence: i64,
+    pub event_type: String,
+    pub event_version: String,
+    pub payload: serde_json::Value,
+    pub user_id: Option<i64>,
+    pub occurred_at: String,
 }

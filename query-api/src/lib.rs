@@ -18,23 +18,33 @@ pub(crate) mod ops_metrics;
 pub(crate) mod rest;
 pub(crate) mod stuck;
 
-use axum::routing::get;
-use axum::Router;
-use edge::state::AppState;
+use axum::http::Method;
+use edge::routes::Routes;
 
-/// Every query route but `/metrics` (the binary decides where that is served: [`metrics`]).
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route(
+/// Every query route but `/metrics` (the binary decides where that is served: [`metrics`]),
+/// listed (`edge::routes`).
+pub fn router() -> Routes {
+    Routes::new()
+        .api(
+            Method::GET,
             "/api/v1/internal_transfer/{req_id}",
-            get(rest::get_transfer),
+            rest::get_transfer,
         )
-        .route("/api/v1/balances", get(rest::balances))
+        .api(Method::GET, "/api/v1/balances", rest::balances)
         .merge(admin_alerts::routes())
         .merge(stuck::routes())
         .merge(console::routes())
         .merge(admin_views::routes())
         .merge(feed::routes())
-        .merge(graphql::routes())
+        // GraphQL's router carries its schema as a layer of its own: its routes on its word.
+        .pages(
+            graphql::routes(),
+            &[
+                (Method::GET, "/graphql"),
+                (Method::POST, "/graphql"),
+                (Method::GET, "/graphql/ws"),
+                (Method::GET, "/graphql/schema.graphql"),
+            ],
+        )
         .merge(log_routes::routes())
 }

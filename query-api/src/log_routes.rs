@@ -11,8 +11,8 @@ use std::collections::HashMap;
 use axum::extract::{Path, Query, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::http::Method;
+use axum::Json;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use domain::ErrorCode;
@@ -23,17 +23,18 @@ use tlog_follower::LogReads;
 
 use edge::auth::AuthUser;
 use edge::error::ApiError;
+use edge::routes::Routes;
 use edge::state::AppState;
 
 /// The log's routes; merged into the application router.
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/log/checkpoint", get(checkpoint))
-        .route("/api/v1/log/key", get(key))
-        .route("/api/v1/log/entries/{position}", get(entry))
-        .route("/api/v1/log/proof/inclusion", get(inclusion))
-        .route("/api/v1/log/proof/consistency", get(consistency))
-        .route("/api/v1/log/receipts/{req_id}", get(receipt))
+pub fn routes() -> Routes {
+    Routes::new()
+        .api(Method::GET, "/api/v1/log/checkpoint", checkpoint)
+        .api(Method::GET, "/api/v1/log/key", key)
+        .api(Method::GET, "/api/v1/log/entries/{position}", entry)
+        .api(Method::GET, "/api/v1/log/proof/inclusion", inclusion)
+        .api(Method::GET, "/api/v1/log/proof/consistency", consistency)
+        .api(Method::GET, "/api/v1/log/receipts/{req_id}", receipt)
 }
 
 async fn turn(state: &AppState) -> Result<tokio::sync::SemaphorePermit<'_>, ApiError> {
@@ -104,7 +105,11 @@ async fn owned_entry(
 }
 
 /// `GET /api/v1/log/checkpoint`: the newest signed checkpoint, the note's text.
-async fn checkpoint(State(state): State<AppState>, _user: AuthUser) -> Result<Response, ApiError> {
+#[utoipa::path(get, path = "/api/v1/log/checkpoint",
+    responses((status = 200, description = "the newest signed checkpoint: a C2SP signed note",
+        content_type = "text/plain", body = String),
+        edge::openapi::LogRefusals))]
+pub(crate) async fn checkpoint(State(state): State<AppState>, _user: AuthUser) -> Result<Response, ApiError> {
     let _turn = turn(&state).await?;
     let note = state
         .reads
@@ -117,7 +122,11 @@ async fn checkpoint(State(state): State<AppState>, _user: AuthUser) -> Result<Re
 }
 
 /// `GET /api/v1/log/key`: the verifier key of the log's signatures (C2SP vkey).
-async fn key(State(state): State<AppState>, _user: AuthUser) -> Result<Response, ApiError> {
+#[utoipa::path(get, path = "/api/v1/log/key",
+    responses((status = 200, description = "the verifier key (C2SP vkey), one line",
+        content_type = "text/plain", body = String),
+        edge::openapi::LogRefusals))]
+pub(crate) async fn key(State(state): State<AppState>, _user: AuthUser) -> Result<Response, ApiError> {
     let _turn = turn(&state).await?;
     let head = state.reads.log().head().await.map_err(internal)?;
     let vkey = head
@@ -127,7 +136,12 @@ async fn key(State(state): State<AppState>, _user: AuthUser) -> Result<Response,
 }
 
 /// `GET /api/v1/log/entries/{position}`: the exact leaf bytes (canonical JSON).
-async fn entry(
+#[utoipa::path(get, path = "/api/v1/log/entries/{position}",
+    params(("position" = u64, Path, minimum = 1, description = "the entry's feed position")),
+    responses((status = 200, description = "the entry's exact leaf bytes (RFC 8785 JSON)",
+        content_type = "application/json", body = Object),
+        edge::openapi::LogRefusals))]
+pub(crate) async fn entry(
     State(state): State<AppState>,
     user: AuthUser,
     Path(position): Path<String>,
@@ -144,7 +158,13 @@ async fn entry(
 
 /// `GET /api/v1/log/proof/inclusion?position=P&size=N`: the audit path of the entry at `P` in
 /// the tree of `N` entries.
-async fn inclusion(
+#[utoipa::path(get, path = "/api/v1/log/proof/inclusion",
+    params(("position" = u64, Query, minimum = 1, description = "the entry's feed position"),
+        ("size" = u64, Query, minimum = 1, description = "the tree size the proof is for; at least `position`")),
+    responses((status = 200, description = "the RFC 6962 audit path, bottom-up, base64 hashes",
+        body = Object),
+        edge::openapi::LogRefusals))]
+pub(crate) async fn inclusion(
     State(state): State<AppState>,
     user: AuthUser,
     Query(params): Query<HashMap<String, String>>,
@@ -171,7 +191,13 @@ async fn inclusion(
 
 /// `GET /api/v1/log/proof/consistency?from=M&to=N`: the proof that the tree of `N` entries
 /// extends the tree of `M`.
-async fn consistency(
+#[utoipa::path(get, path = "/api/v1/log/proof/consistency",
+    params(("from" = u64, Query, minimum = 0, description = "the older tree size"),
+        ("to" = u64, Query, minimum = 0, description = "the newer tree size; at least `from`")),
+    responses((status = 200, description = "the RFC 6962 consistency proof, base64 hashes",
+        body = Object),
+        edge::openapi::LogRefusals))]
+pub(crate) async fn consistency(
     State(state): State<AppState>,
     _user: AuthUser,
     Query(params): Query<HashMap<String, String>>,
@@ -196,7 +222,12 @@ async fn consistency(
 /// `GET /api/v1/log/receipts/{req_id}`: the feed positions of a transfer's events and the tree's
 /// size now (an event at a position up to it has an inclusion proof against any checkpoint of at
 /// least that size). Its owner or an admin; NOT_FOUND otherwise, as for the transfer itself.
-async fn receipt(
+#[utoipa::path(get, path = "/api/v1/log/receipts/{req_id}",
+    params(edge::openapi::TransferPath),
+    responses((status = 200, description = "the feed positions of the transfer's events and the \
+        tree's size now", body = Object),
+        edge::openapi::LogRefusals))]
+pub(crate) async fn receipt(
     State(state): State<AppState>,
     user: AuthUser,
     Path(req_id): Path<String>,

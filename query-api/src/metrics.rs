@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
+use axum::http::Method;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use axum::Router;
 use domain::TransferState;
 use projections::transfers::MetricFigures as Figures;
@@ -22,6 +22,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
 use edge::error::ApiError;
+use edge::routes::Routes;
 use edge::state::AppState;
 
 /// The OpenMetrics text format's media type, what `prometheus_client::encoding::text` writes.
@@ -30,16 +31,16 @@ const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.
 /// The routes of this module, merged into the app by `build_app` when metrics are served on the
 /// API's address. `target_pending_alert_after` is MON-001's threshold (`Serving`), reported as a
 /// gauge.
-pub fn routes(target_pending_alert_after: Duration) -> Router<AppState> {
-    Router::new().route(
-        "/metrics",
-        get(move |state: State<AppState>| metrics(state, target_pending_alert_after)),
-    )
+pub fn routes(target_pending_alert_after: Duration) -> Routes {
+    Routes::new().page(Method::GET, "/metrics", move |state: State<AppState>| {
+        metrics(state, target_pending_alert_after)
+    })
 }
 
 /// The metrics-only application served on `--metrics-listen`: `/metrics` and nothing else.
 pub fn app(state: AppState, target_pending_alert_after: Duration) -> Router {
     routes(target_pending_alert_after)
+        .into_router()
         .fallback(edge::health::not_found)
         .with_state(state)
 }

@@ -1,5 +1,7 @@
 //! The query routes' part of the OpenAPI document, derived by `utoipa` from their handlers'
-//! `#[utoipa::path]` attributes; `edge::openapi::document` joins it with the command side's.
+//! `#[utoipa::path]` attributes; `edge::openapi::document` joins it with the command side's. The
+//! schema-only types each handler's attribute names live beside the handler, so that no handler
+//! module depends on this one.
 
 use utoipa::OpenApi;
 
@@ -19,5 +21,14 @@ pub fn part() -> utoipa::openapi::OpenApi {
     crate::admin_views::invariant_history,
     crate::admin_views::invariant_run_report,
     crate::admin_alerts::list_alerts,
+    crate::stuck::list_stuck,
+    crate::feed::events,
+    crate::feed::stream_events,
+    crate::log_routes::checkpoint,
+    crate::log_routes::key,
+    crate::log_routes::entry,
+    crate::log_routes::inclusion,
+    crate::log_routes::consistency,
+    crate::log_routes::receipt,
 ))]
 struct Queries;

@@ -23,26 +23,42 @@ pub const HISTORY_SIZE_DEFAULT: i64 = 50;
 pub struct TransfersParams {
     /// A state name (INIT, SOURCE_PENDING, SOURCE_DONE, TARGET_PENDING, COMMITTED, FAILED,
     /// COMPENSATING, ROLLED_BACK) or OPEN (any non-terminal state).
+    #[param(schema_with = state_filter)]
     pub state: Option<String>,
     /// The owner.
     #[param(minimum = 1)]
     pub user_id: Option<i64>,
     #[param(pattern = "^[A-Z0-9]{1,16}$")]
     pub asset: Option<String>,
-    /// Only transfers whose last change is at least this old (the stuck filter).
-    #[param(minimum = 0)]
+    /// Only transfers whose last change is at least this old (the stuck filter); at most about
+    /// 100 years.
+    #[param(minimum = 0, maximum = 3_155_760_000_000_i64)]
     pub older_than_ms: Option<i64>,
     /// One transfer by its id.
-    #[param(pattern = "^[0-9A-HJKMNP-TV-Z]{26}$")]
+    #[param(pattern = "^[0-7][0-9A-HJKMNP-TV-Z]{25}$")]
     pub req_id: Option<String>,
     /// The client's idempotency key (per user: give `user_id` too to pin it to one).
     #[param(pattern = "^[A-Za-z0-9_-]{1,64}$")]
     pub cid: Option<String>,
-    /// The `next` of the previous page.
+    /// The `next` of the previous page (opaque; a value no page gave may name no row).
+    #[param(pattern = "^-?[0-9]{1,16}_[0-7][0-9A-HJKMNP-TV-Z]{25}$")]
     pub after: Option<String>,
     /// Rows per page: 1 to 500, default 50.
     #[param(minimum = 1, maximum = 500)]
     pub limit: Option<i64>,
+}
+
+/// The `state` filter's values: the states' names and OPEN.
+fn state_filter() -> utoipa::openapi::schema::Object {
+    let names = TransferState::ALL
+        .iter()
+        .map(|s| s.as_str())
+        .chain(["OPEN"]);
+    utoipa::openapi::schema::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .enum_values(Some(names))
+        .description(Some("a state name, or OPEN (any non-terminal state)"))
+        .build()
 }
 
 fn bad(message: &str) -> ApiError {
@@ -68,6 +84,14 @@ impl TransfersParams {
         }
         if self.older_than_ms.is_some_and(|ms| ms < 0) {
             return Err(bad("`older_than_ms` must not be negative"));
+        }
+        if self
+            .older_than_ms
+            .is_some_and(|ms| ms.unsigned_abs() > crate::stuck::STUCK_OLDER_THAN_MS_MAX)
+        {
+            return Err(bad(
+                "`older_than_ms` must be at most 3155760000000 (about 100 years)",
+            ));
         }
         if let Some(req_id) = &self.req_id {
             ReqId::parse(req_id).map_err(|_| bad("`req_id` is not a req_id"))?;
