@@ -17,6 +17,7 @@ use std::time::Duration;
 use application::testkit::Store;
 
 use crate::exec::Rt;
+use crate::ports::hook::{locked, roll};
 use crate::world::World;
 
 pub mod clock;
@@ -53,20 +54,6 @@ enum Fate {
     AnswerLost,
     /// Delivered and answered.
     Delivered,
-}
-
-/// `world` locked, with the current time and task.
-fn locked<'a>(rt: &Rt, world: &'a Mutex<World>) -> MutexGuard<'a, World> {
-    let now = rt.now_ms();
-    let current = rt.current().map(|(t, _, r)| (t, r));
-    let mut w = world.lock().unwrap_or_else(|e| e.into_inner());
-    w.now_ms = now;
-    w.current = current;
-    w
-}
-
-fn roll(rt: &Rt, per_mille: u32) -> bool {
-    per_mille > 0 && rt.with_rng(|r| r.chance(per_mille))
 }
 
 impl Sim {
