@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use application::testkit::Store;
+use recovery::testkit::MemRetryBook;
 
 use crate::exec::Rt;
 use crate::ports::hook::{locked, roll};
@@ -35,6 +36,9 @@ pub struct Sim {
     pub world: Arc<Mutex<World>>,
     /// The coordinator's stores' handle: the world's rows, the run's hook and its clock.
     pub store: Store,
+    /// The recovery workers' retry book over the same store; its attempt log is durable, shared
+    /// by every worker and every restart.
+    pub book: MemRetryBook,
 }
 
 impl std::fmt::Debug for Sim {
@@ -68,7 +72,13 @@ impl Sim {
         };
         let clock = clock::SimClock { rt: rt.clone() };
         let store = Store::new(rows, Arc::new(hook), Arc::new(clock));
-        Self { rt, world, store }
+        let book = MemRetryBook::new(store.clone());
+        Self {
+            rt,
+            world,
+            store,
+            book,
+        }
     }
 
     /// The world, locked, with the current time and task.
