@@ -15,8 +15,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use application::testkit::Store;
+use recovery::testkit::MemRetryBook;
 
 use crate::exec::Rt;
+use crate::ports::hook::{locked, roll};
 use crate::world::World;
 
 pub mod clock;
@@ -34,6 +36,9 @@ pub struct Sim {
     pub world: Arc<Mutex<World>>,
     /// The coordinator's stores' handle: the world's rows, the run's hook and its clock.
     pub store: Store,
+    /// The recovery workers' retry book over the same store; its attempt log is durable, shared
+    /// by every worker and every restart.
+    pub book: MemRetryBook,
 }
 
 impl std::fmt::Debug for Sim {
@@ -55,20 +60,6 @@ enum Fate {
     Delivered,
 }
 
-/// `world` locked, with the current time and task.
-fn locked<'a>(rt: &Rt, world: &'a Mutex<World>) -> MutexGuard<'a, World> {
-    let now = rt.now_ms();
-    let current = rt.current().map(|(t, _, r)| (t, r));
-    let mut w = world.lock().unwrap_or_else(|e| e.into_inner());
-    w.now_ms = now;
-    w.current = current;
-    w
-}
-
-fn roll(rt: &Rt, per_mille: u32) -> bool {
-    per_mille > 0 && rt.with_rng(|r| r.chance(per_mille))
-}
-
 impl Sim {
     /// The ports' handle over `world`, on `rt`: the stores share the world's rows and decide
     /// each call by the run's hook.
@@ -81,7 +72,13 @@ impl Sim {
         };
         let clock = clock::SimClock { rt: rt.clone() };
         let store = Store::new(rows, Arc::new(hook), Arc::new(clock));
-        Self { rt, world, store }
+        let book = MemRetryBook::new(store.clone());
+        Self {
+            rt,
+            world,
+            store,
+            book,
+        }
     }
 
     /// The world, locked, with the current time and task.

@@ -15,7 +15,6 @@ use application::testkit::{
 };
 use application::{Coordinator, DailyLimits, Ports};
 use domain::{AccountPort, AssetRegistry, AssetSymbol, ReqId, TransferState, UserId};
-use recovery::testkit::MemRetryBook;
 use recovery::{RecoveryConfig, RecoveryWorker};
 use rust_decimal::Decimal;
 use spot_core::assets::{Assets, DEFAULT_ASSETS_JSON};
@@ -119,7 +118,7 @@ fn start_worker(sim: &Sim, ledger: &Ledger, proc: ProcId, incarnation: u32) {
     let mut worker = RecoveryWorker::with_book(
         ledger.coordinator.clone(),
         recovery_config(ledger.tight),
-        Arc::new(MemRetryBook::new(sim.store.clone())),
+        Arc::new(sim.book.clone()),
     );
     worker.id = format!("worker-{proc}.{incarnation}");
     sim.rt.spawn(proc, Role::Worker, worker.run());

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use domain::{ReqId, TransferEvent, TransferState};
 
 use crate::testkit::faults::{Script, StoreCall, StoreFault};
-use crate::testkit::store::Durable;
+use crate::testkit::rows::Durable;
 
 /// An effect of a store call, shown to the hook with the rows it acts on.
 #[derive(Debug, Clone, Copy)]

@@ -3,6 +3,7 @@
 //! scenario for fast tests of the coordinator (`application/tests/`) and the recovery worker
 //! (`recovery/tests/`).
 //!
+//! - `rows.rs`: `Durable`, the rows every store keeps, and `Rows`, their shared handle.
 //! - `store.rs`: the event log, client keys, leases and daily counters over one `Durable` set of
 //!   rows, each call decided by a `StoreHook` (`hook.rs`): by default the `StoreCall` faults a
 //!   test armed (fail or crash before or after the effect); the simulation plugs in its own.
@@ -20,6 +21,7 @@ pub mod clock;
 pub mod exec;
 pub mod faults;
 pub mod hook;
+pub mod rows;
 pub mod scenario;
 pub mod store;
 pub mod world;
@@ -29,8 +31,7 @@ pub use clock::TestClock;
 pub use exec::{run, run_together};
 pub use faults::{AccountFault, Call, StoreCall, StoreFault};
 pub use hook::{Seen, StoreHook};
+pub use rows::{Durable, RetryRow, Rows, Stream};
 pub use scenario::{Scenario, Then};
-pub use store::{
-    Durable, MemClientKeys, MemDailyReservations, MemLeases, MemLog, RetryRow, Rows, Store, Stream,
-};
+pub use store::{MemClientKeys, MemDailyReservations, MemLeases, MemLog, Store};
 pub use world::World;

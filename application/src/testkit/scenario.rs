@@ -24,7 +24,7 @@ use crate::drive::{Resumed, StillOpen};
 use crate::ports::Clock;
 use crate::testkit::exec::{run, run_together};
 use crate::testkit::faults::{AccountFault, Call, StoreCall, StoreFault};
-use crate::testkit::store::Stream;
+use crate::testkit::rows::Stream;
 use crate::testkit::world::World;
 
 /// The standard transfer's user.

@@ -5,16 +5,14 @@
 //! what its `StoreHook` decides (by default the faults a test armed at a `StoreCall`: fail or
 //! crash before or after the effect) and shows the hook its effects.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::NaiveDate;
-use cqrs_es::Aggregate;
-use domain::{ErrorCode, ReqId, Transfer, TransferEvent, TransferState, UserId};
+use domain::{ErrorCode, ReqId, TransferEvent, TransferState, UserId};
 
-use crate::daily::{Charge, DailyLimits, DailyUsage};
+use crate::daily::{Charge, DailyLimits};
 use crate::error::CoordinatorError;
 use crate::ports::{
     ClientKey, ClientKeys, Clock, Commit, Context, DailyReservations, LeaseRequest, Leases,
@@ -23,75 +21,7 @@ use crate::ports::{
 use crate::testkit::exec::YieldOnce;
 use crate::testkit::faults::{crash, StoreCall, StoreFault};
 use crate::testkit::hook::{Seen, StoreHook};
-
-/// One transfer's events, as the `events` table holds them.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Stream {
-    pub events: Vec<TransferEvent>,
-    pub owner: Option<UserId>,
-    /// When its last commit was made (`open_transfers.recorded_at`).
-    pub recorded_at_ms: u64,
-}
-
-impl Stream {
-    /// The state its events lead to.
-    pub fn state(&self) -> Option<TransferState> {
-        self.events.last().map(TransferEvent::resulting_state)
-    }
-
-    /// Its events folded.
-    pub fn fold(&self) -> Transfer {
-        let mut transfer = Transfer::default();
-        for event in &self.events {
-            transfer.apply(event.clone());
-        }
-        transfer
-    }
-}
-
-/// One transfer's row of `transfer_retries`: the lease (application's) and the retry book
-/// (the recovery worker's).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct RetryRow {
-    pub state: Option<TransferState>,
-    pub attempts: i32,
-    pub refund_failures: i32,
-    pub next_retry_at_ms: u64,
-    pub lease_owner: Option<String>,
-    pub lease_until_ms: Option<u64>,
-    pub refund_alerted: bool,
-    pub stuck_alerted: bool,
-    pub last_error_category: Option<&'static str>,
-}
-
-impl RetryRow {
-    /// Nobody holds a live lease at `now_ms`.
-    pub fn lease_free(&self, now_ms: u64) -> bool {
-        self.lease_until_ms.is_none_or(|until| until < now_ms)
-    }
-}
-
-/// The durable rows every in-memory store keeps: what survives a crash of any process.
-#[derive(Debug, Default)]
-pub struct Durable {
-    pub streams: BTreeMap<ReqId, Stream>,
-    pub claims: BTreeMap<(UserId, String), ClientKey>,
-    pub retries: BTreeMap<ReqId, RetryRow>,
-    /// The daily limits' counters, per UTC day, kept and decided by the product's one rule.
-    pub daily: BTreeMap<NaiveDate, DailyUsage>,
-}
-
-/// The durable rows, shared by the stores and whoever reads them beside (a test, the
-/// simulation's checks). Cheap to clone; clones share the rows.
-#[derive(Debug, Clone, Default)]
-pub struct Rows(Arc<Mutex<Durable>>);
-
-impl Rows {
-    /// The rows, locked.
-    pub fn lock(&self) -> MutexGuard<'_, Durable> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
+use crate::testkit::rows::{Durable, RetryRow, Rows, Stream};
 
 /// The handle every in-memory store holds: the durable rows, the hook that decides each call's
 /// fault and sees its effects, and the clock. Cheap to clone.

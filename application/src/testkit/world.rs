@@ -10,9 +10,8 @@ use crate::daily::DailyLimits;
 use crate::testkit::account::MemAccount;
 use crate::testkit::clock::TestClock;
 use crate::testkit::faults::{Script, StoreCall, StoreFault};
-use crate::testkit::store::{
-    MemClientKeys, MemDailyReservations, MemLeases, MemLog, Rows, Store, Stream,
-};
+use crate::testkit::rows::{Rows, Stream};
+use crate::testkit::store::{MemClientKeys, MemDailyReservations, MemLeases, MemLog, Store};
 
 /// Everything that outlives a process: the stores' rows, both account systems, the clock, the
 /// asset settings and the daily limits. Each `coordinator()` is a new process over it.

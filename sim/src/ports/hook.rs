@@ -2,7 +2,7 @@
 //! scheduler, takes a little time, and meets the seeded faults (slow, failing before or after
 //! its effect); each effect is checked (`World::check_append`) and traced.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use application::testkit::{Durable, Seen, StoreCall, StoreFault, StoreHook, Stream};
@@ -13,7 +13,19 @@ use domain::{ReqId, TransferState};
 use crate::exec::Rt;
 use crate::world::{short, World};
 
-use super::{locked, roll};
+/// `world` locked, with the current time and task.
+pub(crate) fn locked<'a>(rt: &Rt, world: &'a Mutex<World>) -> MutexGuard<'a, World> {
+    let now = rt.now_ms();
+    let current = rt.current().map(|(t, _, r)| (t, r));
+    let mut w = world.lock().unwrap_or_else(|e| e.into_inner());
+    w.now_ms = now;
+    w.current = current;
+    w
+}
+
+pub(crate) fn roll(rt: &Rt, per_mille: u32) -> bool {
+    per_mille > 0 && rt.with_rng(|r| r.chance(per_mille))
+}
 
 /// The run's faults and checks on every store call.
 #[derive(Clone)]
