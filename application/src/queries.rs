@@ -97,8 +97,10 @@ impl Queries {
     pub async fn check_report(
         &self,
         run_id: i64,
-    ) -> Result<Option<serde_json::Value>, sqlx::Error> {
-        history::report(&self.pool, run_id).await
+    ) -> Result<Option<serde_json::Value>, StoreError> {
+        history::report(&self.pool, run_id)
+            .await
+            .map_err(StoreError::from)
     }
 
     /// The newest conservation check that decided, if any.
