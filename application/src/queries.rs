@@ -94,10 +94,7 @@ impl Queries {
     }
 
     /// Run `run_id`'s full report (`None`: no such run, or its report was pruned).
-    pub async fn check_report(
-        &self,
-        run_id: i64,
-    ) -> Result<Option<serde_json::Value>, StoreError> {
+    pub async fn check_report(&self, run_id: i64) -> Result<Option<serde_json::Value>, StoreError> {
         history::report(&self.pool, run_id)
             .await
             .map_err(StoreError::from)

@@ -10,8 +10,8 @@ use std::collections::HashMap;
 
 use axum::extract::{Path, Query, State};
 use axum::http::header::CONTENT_TYPE;
-use axum::response::{IntoResponse, Response};
 use axum::http::Method;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
@@ -109,7 +109,10 @@ async fn owned_entry(
     responses((status = 200, description = "the newest signed checkpoint: a C2SP signed note",
         content_type = "text/plain", body = String),
         edge::openapi::LogRefusals))]
-pub(crate) async fn checkpoint(State(state): State<AppState>, _user: AuthUser) -> Result<Response, ApiError> {
+pub(crate) async fn checkpoint(
+    State(state): State<AppState>,
+    _user: AuthUser,
+) -> Result<Response, ApiError> {
     let _turn = turn(&state).await?;
     let note = state
         .reads
@@ -126,7 +129,10 @@ pub(crate) async fn checkpoint(State(state): State<AppState>, _user: AuthUser) -
     responses((status = 200, description = "the verifier key (C2SP vkey), one line",
         content_type = "text/plain", body = String),
         edge::openapi::LogRefusals))]
-pub(crate) async fn key(State(state): State<AppState>, _user: AuthUser) -> Result<Response, ApiError> {
+pub(crate) async fn key(
+    State(state): State<AppState>,
+    _user: AuthUser,
+) -> Result<Response, ApiError> {
     let _turn = turn(&state).await?;
     let head = state.reads.log().head().await.map_err(internal)?;
     let vkey = head
