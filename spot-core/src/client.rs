@@ -73,7 +73,7 @@ impl Conn {
                 Ok(Response::Ok { .. }) => {}
                 Ok(other) => {
                     return Err(ClientError::Connect(format!(
-                        "spot-core refused the token: {other:?}"
+                        "spot-core refused the hello: {other:?}"
                     )))
                 }
                 Err(e) => return Err(ClientError::Connect(format!("during hello: {e}"))),
@@ -158,7 +158,7 @@ struct Inner {
     addr: String,
     timeout: Duration,
     liveness: TcpLiveness,
-    /// The framed `hello` line sent on every new connection, when there is a token.
+    /// The framed `hello` line sent on every new connection, when there is a token or a cell.
     hello: Option<Vec<u8>>,
     idle: Mutex<Vec<Conn>>,
 }
@@ -235,8 +235,22 @@ impl SpotClient {
         token: Option<String>,
         liveness: TcpLiveness,
     ) -> SpotClient {
-        let hello = token.map(|token| {
-            let mut line = serde_json::to_vec(&Request::Hello { token })
+        SpotClient::for_cell(addr, timeout, token, liveness, None)
+    }
+
+    /// Like `with_liveness`, expecting the engine to be `cell` (ADR 0016): every new connection
+    /// then says so in its `hello`, sent even without a token, and an engine of another cell
+    /// refuses it (a `Connect` error: nothing was sent).
+    pub fn for_cell(
+        addr: String,
+        timeout: Duration,
+        token: Option<String>,
+        liveness: TcpLiveness,
+        cell: Option<u16>,
+    ) -> SpotClient {
+        let hello = (token.is_some() || cell.is_some()).then(|| {
+            let token = token.unwrap_or_default();
+            let mut line = serde_json::to_vec(&Request::Hello { token, cell })
                 .expect("serializing a hello cannot fail");
             line.push(b'\n');
             line
