@@ -72,9 +72,7 @@ impl Conn {
             match conn.exchange(hello).await {
                 Ok(Response::Ok { .. }) => {}
                 Ok(other) => {
-                    return Err(ClientError::Connect(format!(
-                        "spot-core refused the hello: {other:?}"
-                    )))
+                    return Err(ClientError::Connect(format!("{HELLO_REFUSED}: {other:?}")))
                 }
                 Err(e) => return Err(ClientError::Connect(format!("during hello: {e}"))),
             }
@@ -210,6 +208,10 @@ impl SpotTransport for SpotClient {
 /// (`server::MAX_IN_FLIGHT_PER_CONN`, 1024), so the server never stops reading a pipeline whose
 /// answers the client only reads after writing it (which could otherwise deadlock both).
 pub const PIPELINE_REQUESTS_MAX: usize = 512;
+
+/// How a `Connect` error says the engine answered the `hello` with a refusal (a wrong token,
+/// another cell): a misconfiguration rather than an engine that is not up yet.
+pub const HELLO_REFUSED: &str = "spot-core refused the hello";
 
 /// Cheap to clone; clones share one connection pool.
 #[derive(Debug, Clone)]

@@ -160,12 +160,10 @@ async fn read_loop(
     queue: mpsc::Sender<Pending>,
 ) {
     let mut lines = request_lines(rd, MAX_LINE_BYTES);
-    if access.token.is_some() {
-        if !authenticate(&mut lines, &access, &queue).await {
-            drop(queue);
-            linger(lines.get_mut()).await;
-            return;
-        }
+    if access.token.is_some() && !authenticate(&mut lines, &access, &queue).await {
+        drop(queue);
+        linger(lines.get_mut()).await;
+        return;
     }
     loop {
         let line = match next_line(&mut lines).await {
