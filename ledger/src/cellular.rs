@@ -5,9 +5,11 @@
 //! recovery worker, the conservation check and its halt, the asset reloader, the vacuum, the
 //! idempotency horizon); the front router sends each request to its user's cell (`front.rs`).
 //! Not built yet: the relay per cell (refused with a map), the fan-out admin views and metrics
-//! (the home cell's are served), the per-cell feed cursor, the external_id claim across cells,
-//! and serving while a cell is unreachable (start-up waits for every cell).
+//! (the home cell's are served), the per-cell feed cursor, and serving while a cell is
+//! unreachable (start-up waits for every cell). Deposits claim their external_id across cells
+//! first (`claims.rs`).
 
+pub mod claims;
 pub mod connect;
 pub mod front;
 
@@ -200,6 +202,8 @@ async fn start_cells(cells: Cells, settings: &Settings) -> anyhow::Result<Starte
     let mut apps = BTreeMap::new();
     let mut tasks = Vec::new();
     let mut first = None;
+    let pools = cells.links.iter().map(|l| (l.id, l.pool.clone())).collect();
+    let claims = claims::Claims::new(cells.placement.clone(), pools);
     for link in cells.links {
         let (assembled, serving) = configured(
             settings,
@@ -223,6 +227,7 @@ async fn start_cells(cells: Cells, settings: &Settings) -> anyhow::Result<Starte
         apps,
         &cells.secret.bytes,
         settings.limits.bulk_max,
+        claims,
     );
     Ok(Started {
         front: front.router(),

@@ -399,3 +399,81 @@ async fn cells_004_a_killed_spot_core_stops_only_its_cell() {
     }
     three.assert_every_cell_exact().await;
 }
+
+/// `external_id` credits once, whichever user a retry names (ADR 0016 §6): a retry under a user
+/// of another cell is refused as one database refuses a reused external_id, and nothing is
+/// credited there; the claim lives in the external_id's own claim cell.
+#[tokio::test]
+async fn cells_005_an_external_id_retried_under_a_user_of_another_cell_credits_once() {
+    let three = ThreeCells::start().await;
+    let ledger = LedgerProcess::start_cells(&three.map, &[]);
+    let base = ledger.base.as_str();
+    let users = three.one_user_per_cell();
+    let external_id = format!("cells-claim-{}", ulid::Ulid::new());
+    let body = |user: u64| json!({"user_id": user, "asset": "USDT", "amount": "40", "external_id": external_id});
+    let admin = token(1, true);
+    let (status, first) = call(
+        base,
+        Method::POST,
+        "/api/v1/admin/deposits",
+        &admin,
+        Some(body(users[0])),
+    )
+    .await;
+    assert_eq!(status, 200, "{first}");
+    // The same request again is the same deposit, credited once.
+    let (status, again) = call(
+        base,
+        Method::POST,
+        "/api/v1/admin/deposits",
+        &admin,
+        Some(body(users[0])),
+    )
+    .await;
+    assert_eq!(
+        (status, again["applied"].clone()),
+        (200, json!(false)),
+        "{again}"
+    );
+    for other in [users[1], users[2]] {
+        let (status, refused) = call(
+            base,
+            Method::POST,
+            "/api/v1/admin/deposits",
+            &admin,
+            Some(body(other)),
+        )
+        .await;
+        assert_eq!(status, 409, "{refused}");
+        assert_eq!(refused["code"], "IDEMPOTENCY_KEY_REUSED", "{refused}");
+    }
+    assert_eq!(
+        usdt(base, users[0]).await,
+        ("40".to_owned(), "0".to_owned())
+    );
+    for cell in &three.cells {
+        let deposits: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM external_deposits WHERE external_id = $1")
+                .bind(&external_id)
+                .fetch_one(&cell.db.pool)
+                .await
+                .unwrap();
+        assert_eq!(deposits, i64::from(cell.id == 1), "cell {}", cell.id);
+        let claims: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM external_claims WHERE external_id = $1")
+                .bind(&external_id)
+                .fetch_one(&cell.db.pool)
+                .await
+                .unwrap();
+        let claim_cell = three
+            .placement
+            .owner(cells::partition_of_bytes(external_id.as_bytes()));
+        assert_eq!(
+            claims,
+            i64::from(cell.id == claim_cell.get()),
+            "cell {}",
+            cell.id
+        );
+    }
+    three.assert_every_cell_exact().await;
+}

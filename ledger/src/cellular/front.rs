@@ -5,13 +5,15 @@
 //!
 //! - A user's token: the user's cell, for every route (transfers, bulk, balances, history,
 //!   GraphQL, the user's own transfer by req_id, the feed).
-//! - An admin's token: a deposit, a single transfer or a user's page goes to the cell of the
-//!   user it names; a bulk request is split per cell; a route that names only a
+//! - An admin's token: a deposit (its external_id claimed across cells first, `claims.rs`), a
+//!   single transfer or a user's page goes to the cell of the user it names; a bulk request is split per cell; a route that names only a
 //!   req_id (a transfer, its timeline, resolve, repair) is looked up in each cell in turn; every
 //!   other admin route (the lists, the overview, alerts, the invariant, assets, the console)
 //!   goes to the home cell (the lowest id) and shows that cell only: fan-out views are not built.
 //! - No token, or one that does not verify: the home cell, which answers as today (a public
-//!   route, or the refusal).
+//!   route, or the refusal). GraphQL over a websocket (`/graphql/ws`) carries its token in its
+//!   `connection_init` message, not in a header, so it reaches the home cell unless the upgrade
+//!   request also sends `Authorization`: not routed yet.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,13 +25,15 @@ use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use cells::{CellId, Placement};
-use domain::UserId;
+use domain::{ErrorCode, UserId};
 use edge::auth::{bearer_token, Identity, JwtKeys};
 use edge::config::BODY_BYTES_MAX;
 use edge::error::ApiError;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tower::ServiceExt;
+
+use super::claims::{Claim, Claims};
 
 /// The bulk route (`command_api`'s), which an admin's token may fill with users of many cells.
 const BULK_PATH: &str = "/api/v1/internal_transfers";
@@ -42,12 +46,14 @@ pub struct Front {
     home: CellId,
     keys: Arc<JwtKeys>,
     bulk_max: usize,
+    claims: Claims,
 }
 
 /// The user a JSON body names, if it names one (`user_id`).
 #[derive(Deserialize)]
 struct NamedUser {
     user_id: Option<u64>,
+    external_id: Option<String>,
 }
 
 impl Front {
@@ -58,6 +64,7 @@ impl Front {
         apps: BTreeMap<CellId, Router>,
         jwt_secret: &[u8],
         bulk_max: usize,
+        claims: Claims,
     ) -> Self {
         let home = *apps
             .keys()
@@ -69,6 +76,7 @@ impl Front {
             home,
             keys: Arc::new(JwtKeys::new(jwt_secret)),
             bulk_max,
+            claims,
         }
     }
 
@@ -108,7 +116,10 @@ impl Front {
         if post && path == BULK_PATH {
             return admin_bulk(self, admin, req).await;
         }
-        if post && (path == "/api/v1/admin/deposits" || path == "/api/v1/internal_transfer") {
+        if post && path == "/api/v1/admin/deposits" {
+            return self.deposit(admin, req).await;
+        }
+        if post && path == "/api/v1/internal_transfer" {
             return self.by_named_user(admin, req).await;
         }
         if names_a_req_id(&path) {
@@ -125,11 +136,39 @@ impl Front {
             Ok(bytes) => bytes,
             Err(refused) => return refused,
         };
-        let user = serde_json::from_slice::<NamedUser>(&bytes)
-            .ok()
-            .and_then(|named| named.user_id)
-            .and_then(|raw| UserId::new(raw).ok())
-            .unwrap_or(admin.user_id);
+        let (user, _) = named(&bytes, admin);
+        let req = Request::from_parts(parts, Body::from(bytes));
+        self.forward(self.cell_of(user), req).await
+    }
+
+    /// An external deposit: its external_id is claimed across cells first (`claims.rs`), then it
+    /// goes to its user's cell. A body without an external_id goes there unclaimed: the cell
+    /// refuses it as today.
+    async fn deposit(&self, admin: Identity, req: Request) -> Response {
+        let (parts, body) = req.into_parts();
+        let bytes = match buffered(body, BODY_BYTES_MAX).await {
+            Ok(bytes) => bytes,
+            Err(refused) => return refused,
+        };
+        let (user, external_id) = named(&bytes, admin);
+        if let Some(external_id) = external_id {
+            match self.claims.claim(&external_id, user).await {
+                Ok(Claim::Held) => {}
+                Ok(Claim::OtherUser(holder)) => {
+                    tracing::warn!(
+                        external_id,
+                        user = user.get(),
+                        holder = holder.get(),
+                        "external_id held by another user; deposit refused"
+                    );
+                    return ApiError::Refused(ErrorCode::IdempotencyKeyReused).into_response();
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "external_id claim failed; deposit refused");
+                    return ApiError::Unavailable(e.to_string()).into_response();
+                }
+            }
+        }
         let req = Request::from_parts(parts, Body::from(bytes));
         self.forward(self.cell_of(user), req).await
     }
@@ -164,6 +203,21 @@ impl Front {
             .or(not_found)
             .unwrap_or_else(|| ApiError::NotFound.into_response())
     }
+}
+
+/// The user a body names (the admin's own when it names none or does not parse), and its
+/// external_id if it names one.
+fn named(bytes: &[u8], admin: Identity) -> (UserId, Option<String>) {
+    let named = serde_json::from_slice::<NamedUser>(bytes).ok();
+    let user = named
+        .as_ref()
+        .and_then(|n| n.user_id)
+        .and_then(|raw| UserId::new(raw).ok())
+        .unwrap_or(admin.user_id);
+    let external_id = named
+        .and_then(|n| n.external_id)
+        .filter(|id| !id.is_empty());
+    (user, external_id)
 }
 
 /// Every request: by its token's user, or to the home cell without one.
