@@ -477,3 +477,65 @@ async fn cells_005_an_external_id_retried_under_a_user_of_another_cell_credits_o
     }
     three.assert_every_cell_exact().await;
 }
+
+/// A conservation mismatch planted in one cell with SQL halts that cell only (ADR 0016 §11): its
+/// users are refused with the contract's code while the other cells keep committing, their money
+/// exact. The check is asked of the home cell (cell 1), where `/admin/invariant` goes until the
+/// admin views fan out.
+#[tokio::test]
+async fn cells_006_a_halt_in_one_cell_refuses_only_its_users() {
+    let three = ThreeCells::start().await;
+    let ledger = LedgerProcess::start_cells(&three.map, &[]);
+    let base = ledger.base.as_str();
+    let users = three.one_user_per_cell();
+    for &user in &users {
+        deposit(base, user, "100").await;
+    }
+    // Money appears in cell 1's FUNDING with no journal row: a real violation there.
+    sqlx::query("UPDATE funding_accounts SET balance = balance + 1 WHERE user_id = $1")
+        .bind(i64::try_from(users[0]).unwrap())
+        .execute(&three.cells[0].db.pool)
+        .await
+        .unwrap();
+    let (status, report) = call(
+        base,
+        Method::GET,
+        "/api/v1/admin/invariant",
+        &token(1, true),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(
+        (report["ok"].clone(), report["halted"].clone()),
+        (json!(false), json!(true)),
+        "{report}"
+    );
+
+    let (status, refused) = transfer(base, users[0], "FUNDING", "SPOT", "10").await;
+    assert_eq!(
+        (status, refused["code"].clone()),
+        (503, json!("SERVICE_HALTED")),
+        "{refused}"
+    );
+    for _ in 0..3 {
+        for user in [users[1], users[2]] {
+            let (status, body) = transfer(base, user, "FUNDING", "SPOT", "10").await;
+            assert_eq!(
+                (status, body["state"].clone()),
+                (200, json!("COMMITTED")),
+                "{body}"
+            );
+        }
+    }
+    for user in [users[1], users[2]] {
+        assert_eq!(usdt(base, user).await, ("70".to_owned(), "30".to_owned()));
+    }
+    for cell in &three.cells[1..] {
+        let funding = FundingLedger::new(cell.db.pool.clone());
+        let report = application::audit::check(&funding, &cell.spot.adapter())
+            .await
+            .unwrap();
+        assert!(report.ok, "cell {}: {report:#?}", cell.id);
+    }
+}
