@@ -185,6 +185,37 @@ async fn usdt(base: &str, user: u64) -> (String, String) {
     )
 }
 
+/// The req_ids of a user's history through GraphQL, waiting (bounded) for at least one.
+async fn graphql_history(base: &str, user: u64) -> Vec<String> {
+    let query = json!({"query": "{ transfers(first: 10) { nodes { reqId } } }"});
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, body) = call(
+            base,
+            Method::POST,
+            "/graphql",
+            &token(user, false),
+            Some(query.clone()),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let ids: Vec<String> = body["data"]["transfers"]["nodes"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{body}"))
+            .iter()
+            .map(|n| n["reqId"].as_str().unwrap().to_owned())
+            .collect();
+        if !ids.is_empty() {
+            return ids;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "user {user}'s history stayed empty"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test]
 async fn cells_001_each_users_transfers_commit_in_its_own_cell() {
     let three = ThreeCells::start().await;
@@ -210,6 +241,26 @@ async fn cells_001_each_users_transfers_commit_in_its_own_cell() {
     }
     for &user in &users {
         assert_eq!(usdt(base, user).await, ("75".to_owned(), "25".to_owned()));
+    }
+    // GraphQL history and balances come from the user's cell (the history once that cell's
+    // projector has read its feed).
+    for (&user, req_id) in users.iter().zip(&created) {
+        assert_eq!(
+            graphql_history(base, user).await,
+            vec![req_id.clone()],
+            "user {user}"
+        );
+        let query = json!({"query": "{ balances { asset funding spot } }"});
+        let (status, body) = call(
+            base,
+            Method::POST,
+            "/graphql",
+            &token(user, false),
+            Some(query),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["data"]["balances"][0]["funding"], "75", "{body}");
     }
     // A user reads its own transfer in its cell; another cell's user does not find it; an
     // admin finds it in whichever cell holds it.
