@@ -1,9 +1,11 @@
 //! Cells (ADR 0016, issue 34) with real parts: three cells are three databases and three
 //! spot-core processes, each started as its cell; one `ledger serve` under a cell map serves
-//! them all. Each user's transfers commit in the user's own cell (read from each cell's database
-//! directly), a map that disagrees with a cell's database or a spot-core of another cell refuses
-//! start-up, and a cell whose spot-core is killed stops only its own users while the others keep
-//! committing, the money exact in every cell.
+//! them all. Each user's transfers, bulk items, balances and GraphQL history live in the user's
+//! own cell (read from each cell's database directly); a map that disagrees with a cell's
+//! database or a spot-core of another cell refuses start-up; an external_id retried under a user
+//! of another cell credits once; a killed spot-core or a planted conservation mismatch stops only
+//! its own cell while the others keep committing, the money exact in every cell; and
+//! `ledger up --cells 3` runs three cells here.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -588,5 +590,95 @@ async fn cells_006_a_halt_in_one_cell_refuses_only_its_users() {
             .await
             .unwrap();
         assert!(report.ok, "cell {}: {report:#?}", cell.id);
+    }
+}
+
+/// `ledger up --cells 3` starts three cells here: three databases named after `DATABASE_URL`'s,
+/// three spot-core children, the placement of the first users printed, and the README's walk
+/// (a deposit, a transfer, the balances) works against it in the user's cell.
+#[tokio::test]
+async fn cells_007_ledger_up_cells_3_runs_three_cells_here() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let name = format!("it_up_{}", ulid::Ulid::new().to_string().to_lowercase());
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut up = Command::new(crate::helpers::bin("ledger"))
+        .args([
+            "up",
+            "--cells",
+            "3",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(data.path())
+        .env(
+            "DATABASE_URL",
+            format!("{}/{name}", crate::helpers::server_url()),
+        )
+        .env(
+            "LEDGER_JWT_SECRET",
+            std::str::from_utf8(crate::helpers::JWT_SECRET).unwrap(),
+        )
+        .env("LEDGER_METRICS_LISTEN", "127.0.0.1:0")
+        .env("LEDGER_RATE_PER_SECOND", "off")
+        .env_remove("LEDGER_CELL_MAP")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn ledger up --cells 3");
+    let mut lines = BufReader::new(up.stdout.take().unwrap()).lines();
+    let mut printed = Vec::new();
+    loop {
+        match lines.next() {
+            Some(Ok(line)) => {
+                let done = line.starts_with("  user 10 ");
+                printed.push(line);
+                if done {
+                    break;
+                }
+            }
+            _ => panic!("ledger up --cells 3 exited early:\n{}", printed.join("\n")),
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    let text = printed.join("\n");
+    let base = printed
+        .iter()
+        .find_map(|l| l.strip_prefix("  API:"))
+        .map(|rest| rest.trim().to_owned())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(text.contains("user 1 → cell 3 (partition 225)"), "{text}");
+    assert!(text.contains(&format!("/{name}_cell3")), "{text}");
+
+    deposit(&base, 1, "100").await;
+    let (status, body) = transfer(&base, 1, "FUNDING", "SPOT", "25").await;
+    assert_eq!(
+        (status, body["state"].clone()),
+        (200, json!("COMMITTED")),
+        "{body}"
+    );
+    assert_eq!(usdt(&base, 1).await, ("75".to_owned(), "25".to_owned()));
+
+    up.kill().expect("SIGKILL ledger up");
+    up.wait().expect("reap ledger up");
+    let server = crate::helpers::server_url();
+    let user_one_cell = sqlx::PgPool::connect(&format!("{server}/{name}_cell3"))
+        .await
+        .unwrap();
+    let held: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM events WHERE event_type = 'TransferCreated'")
+            .fetch_one(&user_one_cell)
+            .await
+            .unwrap();
+    assert_eq!(held, 1, "user 1's transfer is in cell 3");
+    user_one_cell.close().await;
+    for cell in 1..=3 {
+        tests::pg_ctl::drop_database(&server, &format!("{name}_cell{cell}"))
+            .await
+            .unwrap();
     }
 }
