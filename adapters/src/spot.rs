@@ -79,6 +79,24 @@ impl SpotAdapter {
         )))
     }
 
+    /// Like `with_liveness`, for the engine of `cell` (ADR 0017): each connection's `hello` names
+    /// the cell, and an engine that is another cell refuses it.
+    pub fn for_cell(
+        addr: String,
+        timeout: Duration,
+        token: Option<String>,
+        liveness: liveness::TcpLiveness,
+        cell: u16,
+    ) -> Self {
+        Self::over(Arc::new(SpotClient::for_cell(
+            addr,
+            timeout,
+            token,
+            liveness,
+            Some(cell),
+        )))
+    }
+
     /// Over any transport: the simulation's in-process engine runs the same mapping.
     pub fn over(transport: Arc<dyn SpotTransport>) -> Self {
         Self { client: transport }

@@ -140,8 +140,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 
 async fn run_command(command: Command, settings: Settings) -> anyhow::Result<()> {
     match command {
-        Command::Up(args) => crate::serve::up(args, &settings).await,
-        Command::Serve(args) => crate::serve::serve(args, &settings).await,
+        Command::Up(args) => match crate::cellular::up_map(args.cells, &settings)? {
+            Some(map) => crate::cellular::up(args, &settings, map).await,
+            None => crate::serve::up(args, &settings).await,
+        },
+        Command::Serve(args) => match &settings.cells {
+            Some(map) => crate::cellular::serve(args, &settings, map).await,
+            None => crate::serve::serve(args, &settings).await,
+        },
         Command::Token(args) => token(args, &settings.secrets),
         Command::Migrate => migrate(&settings.database).await,
         Command::Replay(args) => crate::replay::run(args, &settings.database).await,
@@ -286,6 +292,22 @@ mod tests {
     fn serve_requires_a_spot_url() {
         assert!(Cli::try_parse_from(["ledger", "serve"]).is_err());
         assert!(Cli::try_parse_from(["ledger", "serve", "--spot-url", "127.0.0.1:7001"]).is_ok());
+        // Under a cell map each cell's spot-core is in the map. (clap checks the requirement
+        // before it carries a global flag given ahead of the subcommand into it, so the map is
+        // named after `serve` or in LEDGER_CELL_MAP.)
+        assert!(Cli::try_parse_from(["ledger", "serve", "--cell-map", "c.toml"]).is_ok());
+    }
+
+    #[test]
+    fn up_takes_a_number_of_cells_but_not_with_a_spot_url() {
+        let cli = Cli::try_parse_from(["ledger", "up", "--cells", "3"]).unwrap();
+        let Command::Up(args) = cli.command else {
+            panic!("not up");
+        };
+        assert_eq!(args.cells, Some(3));
+        assert!(
+            Cli::try_parse_from(["ledger", "up", "--cells", "3", "--spot-url", "h:1"]).is_err()
+        );
     }
 
     #[test]

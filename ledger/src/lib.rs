@@ -7,6 +7,7 @@
 //! (`edge`). The integration tests serve the same router in process ([`serve_with`]).
 
 pub(crate) mod api_doc;
+pub mod cellular;
 pub mod cli;
 pub mod config;
 pub(crate) mod log_cli;

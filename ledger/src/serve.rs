@@ -32,6 +32,10 @@ pub struct UpArgs {
     /// A spot-core already running (HOST:PORT); when absent one is started as a child process.
     #[arg(long, value_parser = spot_address)]
     pub spot_url: Option<String>,
+    /// Start N cells here (ADR 0017): N databases on the PostgreSQL of DATABASE_URL, named
+    /// after its database (`ledger_cell1`, ...), and N spot-core children.
+    #[arg(long, conflicts_with = "spot_url")]
+    pub cells: Option<u16>,
     /// Asset configuration (JSON array); the shipped default when absent.
     #[arg(long)]
     pub assets: Option<PathBuf>,
@@ -51,9 +55,10 @@ pub struct ServeArgs {
     /// Address the API listens on.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: String,
-    /// The spot-core to use (HOST:PORT).
-    #[arg(long, value_parser = spot_address)]
-    pub spot_url: String,
+    /// The spot-core to use (HOST:PORT); with a cell map (`serve --cell-map FILE` or
+    /// LEDGER_CELL_MAP), each cell's is in the map instead.
+    #[arg(long, value_parser = spot_address, required_unless_present = "cell_map")]
+    pub spot_url: Option<String>,
     /// Asset configuration (JSON array); the shipped default when absent.
     #[arg(long)]
     pub assets: Option<PathBuf>,
@@ -69,7 +74,7 @@ pub struct ServeArgs {
 /// idempotency retention), and how to serve it: the recovery worker, the conservation check's
 /// interval, the idempotency horizon, the HTTP limits, where `/metrics` is served, and the relay
 /// when `relay` is given.
-fn configured(
+pub(crate) fn configured(
     settings: &Settings,
     pool: sqlx::PgPool,
     spot: SpotAdapter,
@@ -100,6 +105,10 @@ fn configured(
 }
 
 pub(crate) async fn serve(args: ServeArgs, settings: &Settings) -> anyhow::Result<()> {
+    let spot_addr = args
+        .spot_url
+        .clone()
+        .context("`ledger serve` needs --spot-url without a cell map")?;
     let secret = settings.secrets.jwt.clone().with_context(|| {
         format!(
             "`ledger serve` needs {} (shared by every instance)",
@@ -107,8 +116,8 @@ pub(crate) async fn serve(args: ServeArgs, settings: &Settings) -> anyhow::Resul
         )
     })?;
     let assets = config::load_assets(args.assets.as_deref())?;
-    let spot_addr = args.spot_url.clone();
     let pool = settings.database.pool(config::POOL_CONNECTIONS_MAX).await?;
+    schema::cell_identity::check_no_map(&pool).await?;
     // Optional: a spot-core on loopback may run without a token.
     let spot = SpotAdapter::with_liveness(
         spot_addr.clone(),
@@ -146,6 +155,7 @@ pub(crate) async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> 
     )
     .await?;
     let pool = schema::prepare_with(&url, config::POOL_CONNECTIONS_MAX, database.liveness).await?;
+    schema::cell_identity::check_no_map(&pool).await?;
 
     let timeout = args.spot_timeout.0;
     let (spot_addr, spot_token, child) = spot_for_up(&args, settings).await?;
@@ -207,6 +217,7 @@ async fn spot_for_up(
                 args.assets.as_deref(),
                 &token_file,
                 &args.spot_storage,
+                None,
             )
             .await?;
             (child.addr.clone(), Some(token), Some(child))
@@ -214,15 +225,15 @@ async fn spot_for_up(
     })
 }
 
-struct Banner<'a> {
-    base: String,
-    metrics: String,
-    database: String,
-    spot: String,
-    secret: &'a JwtSecret,
+pub(crate) struct Banner<'a> {
+    pub(crate) base: String,
+    pub(crate) metrics: String,
+    pub(crate) database: String,
+    pub(crate) spot: String,
+    pub(crate) secret: &'a JwtSecret,
 }
 
-fn print_banner(b: &Banner<'_>) {
+pub(crate) fn print_banner(b: &Banner<'_>) {
     let ttl = config::TOKEN_TTL_DEFAULT;
     let hours = ttl.as_secs() / 3600;
     let user_one = UserId::new(1).expect("1 is a valid user id");
@@ -277,7 +288,7 @@ pub const METRICS_READY_PREFIX: &str = "ledger metrics on ";
 /// settings name must bind; the default one may be taken (another `ledger` on this host): every
 /// figure but `ledger_spot_core_up` is read from the shared database, so that instance's
 /// `/metrics` already reports them, and this one warns and serves none.
-async fn bind_metrics(metrics: &MetricsListen) -> anyhow::Result<Option<TcpListener>> {
+pub(crate) async fn bind_metrics(metrics: &MetricsListen) -> anyhow::Result<Option<TcpListener>> {
     let MetricsListen::Address { addr, explicit } = metrics.clone() else {
         return Ok(None);
     };

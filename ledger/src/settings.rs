@@ -22,7 +22,9 @@ use edge::ratelimit::LimitsConfig;
 use liveness::TcpLiveness;
 use recovery::RecoveryConfig;
 
-pub use flags::{Flags, DAILY_AMOUNT_MAX_ENV, DAILY_COUNT_MAX_ENV, RATE_PER_SECOND_ENV};
+pub use flags::{
+    Flags, CELL_MAP_ENV, DAILY_AMOUNT_MAX_ENV, DAILY_COUNT_MAX_ENV, RATE_PER_SECOND_ENV,
+};
 
 /// How often the periodic conservation check runs, unless configured otherwise.
 pub const AUDIT_INTERVAL_DEFAULT: Duration = Duration::from_secs(60);
@@ -44,6 +46,8 @@ pub enum MetricsListen {
 /// Everything configurable, typed, read once at start-up.
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// The cell map (ADR 0017); `None`: one cell, `database` and the given spot-core.
+    pub cells: Option<cells::CellMap>,
     pub database: DatabaseSettings,
     pub secrets: SecretSettings,
     pub limits: LimitSettings,
@@ -131,6 +135,7 @@ impl Settings {
     /// error, naming its variable.
     pub fn from_flags(flags: &Flags) -> anyhow::Result<Self> {
         Ok(Self {
+            cells: flags.cell_map()?,
             database: DatabaseSettings {
                 url: flags.database_url(),
                 url_given: (flags.database_url.as_deref()).is_some_and(|u| !u.trim().is_empty()),
@@ -190,6 +195,7 @@ mod tests {
     #[test]
     fn unset_flags_read_into_the_defaults() {
         let settings = Settings::from_flags(&Flags::default()).unwrap();
+        assert!(settings.cells.is_none());
         assert_eq!(settings.database.url, schema::DEFAULT_DATABASE_URL);
         assert!(settings.secrets.jwt.is_none());
         assert_eq!(settings.limits.limits, LimitsConfig::seed_defaults());
@@ -204,6 +210,42 @@ mod tests {
         assert_eq!(settings.http.limits, HttpLimits::default());
         assert_eq!(settings.spot_liveness, TcpLiveness::DEFAULT);
         assert_eq!(settings.failpoints, FailPoints::default());
+    }
+
+    #[test]
+    fn a_cell_map_is_read_and_validated_at_start_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("cells.json");
+        std::fs::write(
+            &good,
+            r#"{"partitions": 256, "cells": [{"id": 1, "database_url": "postgres://h/c1",
+                "spot": "127.0.0.1:7400", "partitions": ["0-255"]}]}"#,
+        )
+        .unwrap();
+        let flags = Flags {
+            cell_map: Some(good),
+            ..Flags::default()
+        };
+        let map = Settings::from_flags(&flags).unwrap().cells.unwrap();
+        assert_eq!(map.cells().len(), 1);
+
+        let gap = dir.path().join("gap.toml");
+        std::fs::write(
+            &gap,
+            "partitions = 256\n[[cells]]\nid = 1\ndatabase_url = \"d\"\nspot = \"s\"\n\
+             partitions = [\"0-254\"]\n",
+        )
+        .unwrap();
+        let flags = Flags {
+            cell_map: Some(gap),
+            ..Flags::default()
+        };
+        let refused = format!("{:#}", Settings::from_flags(&flags).unwrap_err());
+        assert!(refused.contains(CELL_MAP_ENV), "{refused}");
+        assert!(
+            refused.contains("partition 255 is assigned to no cell"),
+            "{refused}"
+        );
     }
 
     #[test]

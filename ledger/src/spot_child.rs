@@ -57,6 +57,7 @@ impl SpotChild {
         assets: Option<&Path>,
         token_file: &Path,
         storage: &SpotStorage,
+        cell: Option<u16>,
     ) -> anyhow::Result<ChildCommand> {
         let exe = std::env::current_exe().context("locate the ledger executable")?;
         let beside = exe.with_file_name("spot-core");
@@ -81,6 +82,9 @@ impl SpotChild {
             command.arg("--assets").arg(assets);
         }
         command.args(storage.args());
+        if let Some(cell) = cell {
+            command.arg("--cell-id").arg(cell.to_string());
+        }
         command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -92,16 +96,18 @@ impl SpotChild {
 
     /// Starts spot-core on an ephemeral port: the `spot-core` binary beside this executable if
     /// there is one, else this executable's hidden `spot-core` subcommand. Returns once the child
-    /// has printed its ready line, or fails after [`config::SPOT_START_TIMEOUT`].
+    /// has printed its ready line, or fails after [`config::SPOT_START_TIMEOUT`]. With `cell`,
+    /// the engine is that cell (`--cell-id`) and refuses clients of another.
     pub(crate) async fn start(
         data_dir: &Path,
         assets: Option<&Path>,
         token_file: &Path,
         storage: &SpotStorage,
+        cell: Option<u16>,
     ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(data_dir)
             .with_context(|| format!("create spot-core data dir {}", data_dir.display()))?;
-        let mut command = Self::command(data_dir, assets, token_file, storage)?;
+        let mut command = Self::command(data_dir, assets, token_file, storage, cell)?;
         let mut child = command.spawn().context("start spot-core")?;
         let lifeline = child
             .stdin

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+pub mod cell_identity;
 pub mod failover;
 pub mod net;
 pub use net::DbLiveness;

@@ -72,9 +72,7 @@ impl Conn {
             match conn.exchange(hello).await {
                 Ok(Response::Ok { .. }) => {}
                 Ok(other) => {
-                    return Err(ClientError::Connect(format!(
-                        "spot-core refused the token: {other:?}"
-                    )))
+                    return Err(ClientError::Connect(format!("{HELLO_REFUSED}: {other:?}")))
                 }
                 Err(e) => return Err(ClientError::Connect(format!("during hello: {e}"))),
             }
@@ -158,7 +156,7 @@ struct Inner {
     addr: String,
     timeout: Duration,
     liveness: TcpLiveness,
-    /// The framed `hello` line sent on every new connection, when there is a token.
+    /// The framed `hello` line sent on every new connection, when there is a token or a cell.
     hello: Option<Vec<u8>>,
     idle: Mutex<Vec<Conn>>,
 }
@@ -211,6 +209,10 @@ impl SpotTransport for SpotClient {
 /// answers the client only reads after writing it (which could otherwise deadlock both).
 pub const PIPELINE_REQUESTS_MAX: usize = 512;
 
+/// How a `Connect` error says the engine answered the `hello` with a refusal (a wrong token,
+/// another cell): a misconfiguration rather than an engine that is not up yet.
+pub const HELLO_REFUSED: &str = "spot-core refused the hello";
+
 /// Cheap to clone; clones share one connection pool.
 #[derive(Debug, Clone)]
 pub struct SpotClient {
@@ -235,8 +237,22 @@ impl SpotClient {
         token: Option<String>,
         liveness: TcpLiveness,
     ) -> SpotClient {
-        let hello = token.map(|token| {
-            let mut line = serde_json::to_vec(&Request::Hello { token })
+        SpotClient::for_cell(addr, timeout, token, liveness, None)
+    }
+
+    /// Like `with_liveness`, expecting the engine to be `cell` (ADR 0017): every new connection
+    /// then says so in its `hello`, sent even without a token, and an engine of another cell
+    /// refuses it (a `Connect` error: nothing was sent).
+    pub fn for_cell(
+        addr: String,
+        timeout: Duration,
+        token: Option<String>,
+        liveness: TcpLiveness,
+        cell: Option<u16>,
+    ) -> SpotClient {
+        let hello = (token.is_some() || cell.is_some()).then(|| {
+            let token = token.unwrap_or_default();
+            let mut line = serde_json::to_vec(&Request::Hello { token, cell })
                 .expect("serializing a hello cannot fail");
             line.push(b'\n');
             line

@@ -58,6 +58,10 @@ pub struct Args {
     /// The shared token itself, when `--token-file` is absent (normally from `SPOT_CORE_TOKEN`).
     #[arg(long, env = TOKEN_ENV, hide = true, hide_env_values = true)]
     pub token: Option<String>,
+    /// The cell this engine is (ADR 0017), 1 to 65535: a client whose `hello` names another
+    /// cell is refused. Without it, any client is accepted (no cell map).
+    #[arg(long, env = CELL_ID_ENV, value_parser = clap::value_parser!(u16).range(1..))]
+    pub cell_id: Option<u16>,
     /// Crash-test hooks, comma-separated (normally from `SPOT_CORE_FAILPOINT`).
     #[arg(long, env = FailPoints::ENV, hide = true)]
     pub failpoints: Option<String>,
@@ -68,6 +72,9 @@ pub struct Args {
 
 /// Environment variable holding the shared token when `--token-file` is absent.
 pub const TOKEN_ENV: &str = "SPOT_CORE_TOKEN";
+
+/// Environment variable holding this engine's cell id when `--cell-id` is absent.
+pub const CELL_ID_ENV: &str = "SPOT_CORE_CELL_ID";
 
 /// The token from `--token-file`, else the one given (`SPOT_CORE_TOKEN`), else none. An empty
 /// token is an error, not "no token": it would silently turn authentication off.
@@ -118,13 +125,13 @@ pub struct Bound {
     pub local_addr: SocketAddr,
     listener: TcpListener,
     engine: EngineHandle,
-    token: Option<server::Token>,
+    access: server::Access,
 }
 
 impl Bound {
     /// Serve until the process ends.
     pub async fn serve(self) -> anyhow::Result<()> {
-        server::serve(self.listener, self.engine, self.token).await?;
+        server::serve(self.listener, self.engine, self.access).await?;
         Ok(())
     }
 }
@@ -159,13 +166,17 @@ pub async fn bind(args: &Args) -> anyhow::Result<Bound> {
         } else {
             "none (loopback only)"
         },
+        cell = args.cell_id,
         "access control"
     );
     Ok(Bound {
         local_addr,
         listener,
         engine,
-        token: token.map(server::Token::new),
+        access: server::Access {
+            token: token.map(server::Token::new),
+            cell: args.cell_id,
+        },
     })
 }
 

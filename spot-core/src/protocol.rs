@@ -51,9 +51,13 @@ pub enum Request {
         amount: String,
     },
     /// Authenticate the connection (the first line when the server has a token). Handled by
-    /// the server itself, never by the engine.
+    /// the server itself, never by the engine. `cell`, when given, is the cell the client
+    /// expects this engine to be (ADR 0017): a server started with another cell id refuses the
+    /// connection; a hello without it (old clients, no cell map) is not checked.
     Hello {
         token: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cell: Option<u16>,
     },
     /// Move the idempotency horizon forward to `before_ms` (Unix milliseconds): every `req_id`
     /// whose ULID time is earlier is forgotten and refused `REQ_ID_EXPIRED` from then on.

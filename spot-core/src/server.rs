@@ -51,21 +51,45 @@ enum Pending {
     Waiting(oneshot::Receiver<Response>),
 }
 
-/// Accept connections forever. With a `token`, each connection must start with a matching
-/// `hello` before anything else is read.
+/// Who may talk to this engine: the shared token, if any, and the cell this engine is, if it
+/// was given one (ADR 0017). A `hello` naming another cell is refused.
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    pub token: Option<Token>,
+    pub cell: Option<u16>,
+}
+
+impl Access {
+    /// Why a `hello` offering `offered` and naming `cell` is refused, if it is.
+    fn refusal(&self, offered: &str, cell: Option<u16>) -> Option<String> {
+        if self.token.as_ref().is_some_and(|t| !t.matches(offered)) {
+            return Some("wrong token".to_owned());
+        }
+        match (self.cell, cell) {
+            (Some(mine), Some(expected)) if mine != expected => Some(format!(
+                "this spot-core is cell {mine}; the client expected cell {expected}"
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// Accept connections forever. With a token, each connection must start with a matching
+/// `hello` before anything else is read; with a cell id, a `hello` naming another cell is
+/// refused.
 pub async fn serve(
     listener: TcpListener,
     engine: EngineHandle,
-    token: Option<Token>,
+    access: Access,
 ) -> std::io::Result<()> {
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
                 tracing::debug!(%peer, "connection accepted");
                 let engine = engine.clone();
-                let token = token.clone();
+                let access = access.clone();
                 tokio::spawn(async move {
-                    handle_connection(stream, engine, token).await;
+                    handle_connection(stream, engine, access).await;
                     tracing::debug!(%peer, "connection closed");
                 });
             }
@@ -78,7 +102,7 @@ pub async fn serve(
     }
 }
 
-async fn handle_connection(stream: TcpStream, engine: EngineHandle, token: Option<Token>) {
+async fn handle_connection(stream: TcpStream, engine: EngineHandle, access: Access) {
     let _ = stream.set_nodelay(true);
     // A client that vanished without a word (its host died, a partition) would otherwise keep
     // this task and its socket for hours.
@@ -86,15 +110,16 @@ async fn handle_connection(stream: TcpStream, engine: EngineHandle, token: Optio
     let (rd, wr) = stream.into_split();
     let (queue_tx, queue_rx) = mpsc::channel(MAX_IN_FLIGHT_PER_CONN);
     let writer = tokio::spawn(write_loop(wr, queue_rx));
-    read_loop(rd, engine, token, queue_tx).await;
+    read_loop(rd, engine, access, queue_tx).await;
     let _ = writer.await;
 }
 
-/// Read the first non-blank line and check it is a `hello` with the right token. On failure
-/// the UNAUTHORIZED answer is queued and false returned: the caller closes the connection.
+/// Read the first non-blank line and check it is a `hello` with the right token (and, when it
+/// names one, this engine's cell). On failure the UNAUTHORIZED answer is queued and false
+/// returned: the caller closes the connection.
 async fn authenticate<R: AsyncRead + Unpin>(
     lines: &mut RequestLines<R>,
-    token: &Token,
+    access: &Access,
     queue: &mpsc::Sender<Pending>,
 ) -> bool {
     let first = async {
@@ -110,15 +135,18 @@ async fn authenticate<R: AsyncRead + Unpin>(
     let answer = match tokio::time::timeout(AUTH_TIMEOUT, first).await {
         Ok(None) => return false,
         Ok(Some(text)) => match serde_json::from_slice::<Request>(&text) {
-            Ok(Request::Hello { token: offered }) if token.matches(&offered) => {
-                return queue.send(Pending::Ready(Response::ok())).await.is_ok();
-            }
-            Ok(Request::Hello { .. }) => "wrong token",
-            _ => "the first request must be {\"op\":\"hello\",\"token\":...}",
+            Ok(Request::Hello {
+                token: offered,
+                cell,
+            }) => match access.refusal(&offered, cell) {
+                None => return queue.send(Pending::Ready(Response::ok())).await.is_ok(),
+                Some(refusal) => refusal,
+            },
+            _ => "the first request must be {\"op\":\"hello\",\"token\":...}".to_owned(),
         },
-        Err(_) => "no hello before the deadline",
+        Err(_) => "no hello before the deadline".to_owned(),
     };
-    tracing::warn!(reason = answer, "connection refused: unauthorized");
+    tracing::warn!(reason = %answer, "connection refused: unauthorized");
     let _ = queue
         .send(Pending::Ready(Response::unauthorized(answer)))
         .await;
@@ -128,16 +156,14 @@ async fn authenticate<R: AsyncRead + Unpin>(
 async fn read_loop(
     rd: OwnedReadHalf,
     engine: EngineHandle,
-    token: Option<Token>,
+    access: Access,
     queue: mpsc::Sender<Pending>,
 ) {
     let mut lines = request_lines(rd, MAX_LINE_BYTES);
-    if let Some(token) = &token {
-        if !authenticate(&mut lines, token, &queue).await {
-            drop(queue);
-            linger(lines.get_mut()).await;
-            return;
-        }
+    if access.token.is_some() && !authenticate(&mut lines, &access, &queue).await {
+        drop(queue);
+        linger(lines.get_mut()).await;
+        return;
     }
     loop {
         let line = match next_line(&mut lines).await {
@@ -156,10 +182,14 @@ async fn read_loop(
         }
         let pending = match serde_json::from_slice::<Request>(text) {
             // A repeated hello (or one sent to a server without a token) is answered here.
-            Ok(Request::Hello { token: offered }) => {
-                if token.as_ref().is_some_and(|t| !t.matches(&offered)) {
+            Ok(Request::Hello {
+                token: offered,
+                cell,
+            }) => {
+                if let Some(refusal) = access.refusal(&offered, cell) {
+                    tracing::warn!(reason = %refusal, "connection refused: unauthorized");
                     let _ = queue
-                        .send(Pending::Ready(Response::unauthorized("wrong token")))
+                        .send(Pending::Ready(Response::unauthorized(refusal)))
                         .await;
                     drop(queue);
                     linger(lines.get_mut()).await;
@@ -309,5 +339,27 @@ mod tests {
     async fn a_line_that_is_not_utf8_is_still_a_line() {
         let got = lines(b"\xff\xfe{}\n{}\n", 64).await;
         assert_eq!(got, vec![line(b"\xff\xfe{}"), line(b"{}"), LineRead::Eof]);
+    }
+
+    #[test]
+    fn a_hello_naming_another_cell_is_refused() {
+        let cell_one = Access {
+            token: Some(Token::new("t")),
+            cell: Some(1),
+        };
+        assert_eq!(cell_one.refusal("t", Some(1)), None);
+        // No cell named: an old client, or a ledger without a cell map.
+        assert_eq!(cell_one.refusal("t", None), None);
+        assert_eq!(
+            cell_one.refusal("t", Some(2)).as_deref(),
+            Some("this spot-core is cell 1; the client expected cell 2")
+        );
+        assert_eq!(
+            cell_one.refusal("x", Some(1)).as_deref(),
+            Some("wrong token")
+        );
+        // An engine without a cell id accepts any.
+        let any = Access::default();
+        assert_eq!(any.refusal("", Some(7)), None);
     }
 }

@@ -371,3 +371,60 @@ async fn corruption_in_the_middle_of_the_wal_stops_startup() {
         "the WAL must be untouched"
     );
 }
+
+/// ADR 0017: an engine started as a cell (`SPOT_CORE_CELL_ID`) refuses a client that expects
+/// another cell, with or without a token, and still serves clients that name no cell.
+#[tokio::test]
+async fn an_engine_of_another_cell_is_refused_at_hello() {
+    let dir = tempfile::tempdir().unwrap();
+    let with_token = start(
+        dir.path(),
+        "127.0.0.1:0",
+        &[],
+        &[(spot_core::TOKEN_ENV, TOKEN), (spot_core::CELL_ID_ENV, "1")],
+    )
+    .await;
+    let client = |cell: Option<u16>, token: Option<&str>, addr: &str| {
+        SpotClient::for_cell(
+            addr.to_owned(),
+            DEADLINE,
+            token.map(str::to_owned),
+            liveness::TcpLiveness::DEFAULT,
+            cell,
+        )
+    };
+    let own = client(Some(1), Some(TOKEN), &with_token.addr);
+    assert!(matches!(
+        own.call(&Request::Ping {}).await,
+        Ok(Response::Ok { .. })
+    ));
+    let old = client(None, Some(TOKEN), &with_token.addr);
+    assert!(matches!(
+        old.call(&Request::Ping {}).await,
+        Ok(Response::Ok { .. })
+    ));
+    let other = client(Some(2), Some(TOKEN), &with_token.addr);
+    let err = other.call(&Request::Ping {}).await.unwrap_err();
+    assert!(
+        matches!(&err, ClientError::Connect(m) if m.contains("this spot-core is cell 1; the client expected cell 2")),
+        "{err:?}"
+    );
+
+    // On loopback without a token the client still says hello, so the check still runs.
+    let dir = tempfile::tempdir().unwrap();
+    let open = start(dir.path(), "127.0.0.1:0", &["--cell-id", "3"], &[]).await;
+    assert!(matches!(
+        client(Some(3), None, &open.addr)
+            .call(&Request::Ping {})
+            .await,
+        Ok(Response::Ok { .. })
+    ));
+    let err = client(Some(1), None, &open.addr)
+        .call(&Request::Ping {})
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ClientError::Connect(m) if m.contains("cell 3")),
+        "{err:?}"
+    );
+}

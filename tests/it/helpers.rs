@@ -103,6 +103,8 @@ pub struct SpotProcess {
     pub addr: String,
     /// The token this engine requires (`SPOT_CORE_TOKEN` for a child process).
     pub token: String,
+    /// The cell this engine is (`SPOT_CORE_CELL_ID`), if it was started as one.
+    pub cell: Option<u16>,
     child: Option<Child>,
     _tmp: Option<tempfile::TempDir>,
 }
@@ -115,14 +117,24 @@ impl SpotProcess {
     /// A new engine with its own data directory listening on `listen` (a test that plays
     /// another test's engine taking a freed port names the port).
     pub fn start_on(listen: &str) -> Self {
+        Self::start_as(listen, None)
+    }
+
+    /// A new engine that is cell `cell` (ADR 0017): it refuses a client expecting another.
+    pub fn start_cell(cell: u16) -> Self {
+        Self::start_as("127.0.0.1:0", Some(cell))
+    }
+
+    fn start_as(listen: &str, cell: Option<u16>) -> Self {
         let tmp = tempfile::tempdir().expect("tempdir");
         let data_dir = tmp.path().join("spot");
         let token = format!("it-spot-core-{}", ulid::Ulid::new());
-        let (child, addr) = spawn_spot(&data_dir, listen, &token);
+        let (child, addr) = spawn_spot(&data_dir, listen, &token, cell);
         Self {
             data_dir,
             addr,
             token,
+            cell,
             child: Some(child),
             _tmp: Some(tmp),
         }
@@ -139,7 +151,7 @@ impl SpotProcess {
     /// Starts it again on the same data directory and the same address.
     pub fn restart(&mut self) {
         self.kill();
-        let (child, addr) = spawn_spot(&self.data_dir, &self.addr, &self.token);
+        let (child, addr) = spawn_spot(&self.data_dir, &self.addr, &self.token, self.cell);
         assert_eq!(addr, self.addr);
         self.child = Some(child);
     }
@@ -165,7 +177,7 @@ impl Drop for SpotProcess {
     }
 }
 
-fn spawn_spot(data_dir: &Path, listen: &str, token: &str) -> (Child, String) {
+fn spawn_spot(data_dir: &Path, listen: &str, token: &str, cell: Option<u16>) -> (Child, String) {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let mut cmd = Command::new(bin("spot-core"));
@@ -175,7 +187,11 @@ fn spawn_spot(data_dir: &Path, listen: &str, token: &str) -> (Child, String) {
             .arg(data_dir)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
-            .env(spot_core::TOKEN_ENV, token);
+            .env(spot_core::TOKEN_ENV, token)
+            .env_remove(spot_core::CELL_ID_ENV);
+        if let Some(cell) = cell {
+            cmd.env(spot_core::CELL_ID_ENV, cell.to_string());
+        }
         let mut child = cmd.spawn().expect("spawn spot-core");
         let stdout = child.stdout.take().expect("stdout");
         let mut line = String::new();

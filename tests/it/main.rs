@@ -14,6 +14,7 @@ mod attacks;
 mod audit_incremental;
 mod balance;
 mod bulk;
+mod cells;
 mod chaos;
 mod concurrency;
 mod concurrency_api;

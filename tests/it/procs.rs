@@ -30,13 +30,50 @@ impl LedgerProcess {
     /// Starts `ledger serve` on a free port against `db_url` and `spot` (its address and token),
     /// with `env` added to its environment; returns once it listens.
     pub fn start(db_url: &str, spot: &SpotProcess, env: &[(&str, &str)]) -> Self {
+        Self::try_start(db_url, spot, env)
+            .unwrap_or_else(|log| panic!("ledger serve exited before listening:\n{log}"))
+    }
+
+    /// [`Self::start`], or the log of a process that refused to start.
+    pub fn try_start(
+        db_url: &str,
+        spot: &SpotProcess,
+        env: &[(&str, &str)],
+    ) -> Result<Self, String> {
+        let mut all: Vec<(&str, &str)> = vec![("DATABASE_URL", db_url)];
+        all.extend(spot.env());
+        all.extend_from_slice(env);
+        Self::launch(&["--spot-url", &spot.addr], &all)
+    }
+
+    /// Starts `ledger serve` under the cell map `map` (`LEDGER_CELL_MAP`), every cell's database
+    /// and spot-core named there; returns once it listens.
+    pub fn start_cells(map: &std::path::Path, env: &[(&str, &str)]) -> Self {
+        Self::try_start_cells(map, env)
+            .unwrap_or_else(|log| panic!("ledger serve exited before listening:\n{log}"))
+    }
+
+    /// [`Self::start_cells`], or the log of a process that refused to start.
+    pub fn try_start_cells(map: &std::path::Path, env: &[(&str, &str)]) -> Result<Self, String> {
+        let map = map.to_str().expect("a UTF-8 path");
+        let mut all: Vec<(&str, &str)> = vec![("LEDGER_CELL_MAP", map)];
+        all.extend_from_slice(env);
+        Self::launch(&[], &all)
+    }
+
+    /// `ledger serve` on a free port with `args` after the common ones and `env` added; the
+    /// process once it listens, or its log if it ended first.
+    fn launch(args: &[&str], env: &[(&str, &str)]) -> Result<Self, String> {
         let tmp = tempfile::tempdir().expect("tempdir");
         let stderr_path = tmp.path().join("stderr.log");
         let stderr = File::create(&stderr_path).expect("stderr file");
         let mut cmd = Command::new(bin("ledger"));
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--spot-url", &spot.addr])
+        cmd.args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
             .args(["--spot-timeout-ms", "1000"])
-            .env("DATABASE_URL", db_url)
+            .env_remove("DATABASE_URL")
+            .env_remove("LEDGER_CELL_MAP")
+            .env_remove(spot_core::TOKEN_ENV)
             .env(
                 "LEDGER_JWT_SECRET",
                 std::str::from_utf8(JWT_SECRET).expect("ascii secret"),
@@ -48,7 +85,6 @@ impl LedgerProcess {
             // Its own free port: the default address would be shared by parallel tests.
             .env("LEDGER_METRICS_LISTEN", "127.0.0.1:0")
             .env_remove("LEDGER_FAILPOINT")
-            .envs(spot.env())
             .env_remove("LEDGER_ALLOW_FAILPOINTS")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -72,21 +108,21 @@ impl LedgerProcess {
                     }
                 }
                 _ => {
-                    let log = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-                    panic!("ledger serve exited before listening:\n{log}");
+                    let _ = child.wait();
+                    return Err(std::fs::read_to_string(&stderr_path).unwrap_or_default());
                 }
             }
         };
         // Keep draining stdout so a later line can never block or kill it with EPIPE.
         std::thread::spawn(move || for _ in lines {});
         let metrics = metrics.unwrap_or_else(|| format!("{base}/metrics"));
-        Self {
+        Ok(Self {
             base,
             metrics,
             child: Some(child),
             stderr_path,
             _tmp: tmp,
-        }
+        })
     }
 
     /// `POST /api/v1/internal_transfer` with `body`, as `user` (a user's token): the JSON answer.

@@ -6,6 +6,8 @@
 use crate::config;
 use application::{FailPoint, FailPoints};
 
+/// The cell map file (ADR 0017).
+pub const CELL_MAP_ENV: &str = "LEDGER_CELL_MAP";
 /// Transfer requests per second per user; `0` or `off` turns the limit off.
 pub const RATE_PER_SECOND_ENV: &str = "LEDGER_RATE_PER_SECOND";
 /// Transfers per user and UTC day; `0` or `off` turns the limit off.
@@ -18,6 +20,10 @@ pub const DAILY_AMOUNT_MAX_ENV: &str = "LEDGER_DAILY_AMOUNT_MAX";
 /// counts as unset. [`super::Settings::from_flags`] reads them once into typed values.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct Flags {
+    /// The cell map (ADR 0017), a `.toml` or `.json` file naming each cell's database and
+    /// spot-core and each partition's cell; without one the ledger is one cell, as ever.
+    #[arg(long, global = true, env = CELL_MAP_ENV)]
+    pub cell_map: Option<std::path::PathBuf>,
     /// PostgreSQL URL; the local default when unset.
     #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,

@@ -12,7 +12,9 @@ use domain::{Amount, AssetSymbol};
 use edge::ratelimit::LimitsConfig;
 use recovery::{RecoveryConfig, RecoveryOverrides};
 
-use super::flags::{Flags, DAILY_AMOUNT_MAX_ENV, DAILY_COUNT_MAX_ENV, RATE_PER_SECOND_ENV};
+use super::flags::{
+    Flags, CELL_MAP_ENV, DAILY_AMOUNT_MAX_ENV, DAILY_COUNT_MAX_ENV, RATE_PER_SECOND_ENV,
+};
 use super::{MetricsListen, AUDIT_INTERVAL_DEFAULT, METRICS_LISTEN_DEFAULT};
 
 /// A value that is set and not blank.
@@ -25,6 +27,23 @@ impl Flags {
     pub(super) fn database_url(&self) -> String {
         given(&self.database_url)
             .map_or_else(|| schema::DEFAULT_DATABASE_URL.to_owned(), str::to_owned)
+    }
+
+    /// The cell map `LEDGER_CELL_MAP` names, read and validated; `None` when unset (one cell).
+    pub(super) fn cell_map(&self) -> anyhow::Result<Option<cells::CellMap>> {
+        let Some(path) = self
+            .cell_map
+            .as_deref()
+            .filter(|p| !p.as_os_str().is_empty())
+        else {
+            return Ok(None);
+        };
+        let format = cells::MapFormat::of_path(path).context(CELL_MAP_ENV)?;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("{CELL_MAP_ENV}: reading {}", path.display()))?;
+        let map = cells::CellMap::parse(&text, format)
+            .with_context(|| format!("{CELL_MAP_ENV}: {}", path.display()))?;
+        Ok(Some(map))
     }
 
     /// `LEDGER_JWT_SECRET`, if set.

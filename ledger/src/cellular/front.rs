@@ -1,0 +1,378 @@
+//! The front door of a process that serves several cells (ADR 0017 §5): one router per cell,
+//! each the whole of today's application over that cell's state, and this router in front,
+//! which picks the cell of each request by its user and forwards the request to that cell's
+//! router unchanged.
+//!
+//! - A user's token: the user's cell, for every route (transfers, bulk, balances, history,
+//!   GraphQL, the user's own transfer by req_id, the feed).
+//! - An admin's token: a deposit (its external_id claimed across cells first, `claims.rs`), a
+//!   single transfer or a user's page goes to the cell of the user it names; a bulk request is split per cell; a route that names only a
+//!   req_id (a transfer, its timeline, resolve, repair) is looked up in each cell in turn; every
+//!   other admin route (the lists, the overview, alerts, the invariant, assets, the console)
+//!   goes to the home cell (the lowest id) and shows that cell only: fan-out views are not built.
+//! - No token, or one that does not verify: the home cell, which answers as today (a public
+//!   route, or the refusal). GraphQL over a websocket (`/graphql/ws`) carries its token in its
+//!   `connection_init` message, not in a header, so it reaches the home cell unless the upgrade
+//!   request also sends `Authorization`: not routed yet.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH};
+use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Json, Router};
+use cells::{CellId, Placement};
+use domain::{ErrorCode, UserId};
+use edge::auth::{bearer_token, Identity, JwtKeys};
+use edge::config::BODY_BYTES_MAX;
+use edge::error::ApiError;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+use super::claims::{Claim, Claims};
+
+/// The bulk route (`command_api`'s), which an admin's token may fill with users of many cells.
+const BULK_PATH: &str = "/api/v1/internal_transfers";
+
+/// The routers of every cell and how users are placed in them. Cheap to clone.
+#[derive(Clone)]
+pub struct Front {
+    placement: Placement,
+    apps: Arc<BTreeMap<CellId, Router>>,
+    home: CellId,
+    keys: Arc<JwtKeys>,
+    bulk_max: usize,
+    claims: Claims,
+}
+
+/// The user a JSON body names, if it names one (`user_id`).
+#[derive(Deserialize)]
+struct NamedUser {
+    user_id: Option<u64>,
+    external_id: Option<String>,
+}
+
+impl Front {
+    /// The front over `apps` (one per cell the placement names), verifying tokens with
+    /// `jwt_secret` as every cell's router does.
+    pub fn new(
+        placement: Placement,
+        apps: BTreeMap<CellId, Router>,
+        jwt_secret: &[u8],
+        bulk_max: usize,
+        claims: Claims,
+    ) -> Self {
+        let home = *apps
+            .keys()
+            .next()
+            .expect("a cell map names at least one cell");
+        Self {
+            placement,
+            apps: Arc::new(apps),
+            home,
+            keys: Arc::new(JwtKeys::new(jwt_secret)),
+            bulk_max,
+            claims,
+        }
+    }
+
+    /// The router that takes every request and forwards it.
+    pub fn router(self) -> Router {
+        Router::new().fallback(route).with_state(self)
+    }
+
+    /// The cell of `user`.
+    fn cell_of(&self, user: UserId) -> CellId {
+        self.placement.cell_of(user)
+    }
+
+    /// Hands `req` to `cell`'s router and returns its answer.
+    async fn forward(&self, cell: CellId, req: Request) -> Response {
+        let Some(app) = self.apps.get(&cell) else {
+            return ApiError::Internal(format!("no router for cell {cell}")).into_response();
+        };
+        match app.clone().oneshot(req).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        }
+    }
+
+    /// The cells, ascending.
+    fn cells(&self) -> impl Iterator<Item = CellId> + '_ {
+        self.apps.keys().copied()
+    }
+
+    /// An admin's request, by what it names.
+    async fn admin(&self, admin: Identity, req: Request) -> Response {
+        let path = req.uri().path().to_owned();
+        if let Some(user) = user_in_path(&path) {
+            return self.forward(self.cell_of(user), req).await;
+        }
+        let post = req.method() == Method::POST;
+        if post && path == BULK_PATH {
+            return admin_bulk(self, admin, req).await;
+        }
+        if post && path == "/api/v1/admin/deposits" {
+            return self.deposit(admin, req).await;
+        }
+        if post && path == "/api/v1/internal_transfer" {
+            return self.by_named_user(admin, req).await;
+        }
+        if names_a_req_id(&path) {
+            return self.find_in_cells(req).await;
+        }
+        self.forward(self.home, req).await
+    }
+
+    /// A body naming `user_id` goes to that user's cell; one that names none (or does not parse:
+    /// the cell answers 400 as today) to the admin's own.
+    async fn by_named_user(&self, admin: Identity, req: Request) -> Response {
+        let (parts, body) = req.into_parts();
+        let bytes = match buffered(body, BODY_BYTES_MAX).await {
+            Ok(bytes) => bytes,
+            Err(refused) => return refused,
+        };
+        let (user, _) = named(&bytes, admin);
+        let req = Request::from_parts(parts, Body::from(bytes));
+        self.forward(self.cell_of(user), req).await
+    }
+
+    /// An external deposit: its external_id is claimed across cells first (`claims.rs`), then it
+    /// goes to its user's cell. A body without an external_id goes there unclaimed: the cell
+    /// refuses it as today.
+    async fn deposit(&self, admin: Identity, req: Request) -> Response {
+        let (parts, body) = req.into_parts();
+        let bytes = match buffered(body, BODY_BYTES_MAX).await {
+            Ok(bytes) => bytes,
+            Err(refused) => return refused,
+        };
+        let (user, external_id) = named(&bytes, admin);
+        if let Some(external_id) = external_id {
+            match self.claims.claim(&external_id, user).await {
+                Ok(Claim::Held) => {}
+                Ok(Claim::OtherUser(holder)) => {
+                    tracing::warn!(
+                        external_id,
+                        user = user.get(),
+                        holder = holder.get(),
+                        "external_id held by another user; deposit refused"
+                    );
+                    return ApiError::Refused(ErrorCode::IdempotencyKeyReused).into_response();
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "external_id claim failed; deposit refused");
+                    return ApiError::Unavailable(e.to_string()).into_response();
+                }
+            }
+        }
+        let req = Request::from_parts(parts, Body::from(bytes));
+        self.forward(self.cell_of(user), req).await
+    }
+
+    /// A route that names only a req_id: asked of each cell in turn (ADR 0017 §5). The first
+    /// answer other than 404 is the answer; a cell that failed (5xx) is remembered, so a req_id
+    /// found nowhere while a cell was failing answers that cell's failure, not 404.
+    async fn find_in_cells(&self, req: Request) -> Response {
+        let (parts, body) = req.into_parts();
+        let bytes = match buffered(body, BODY_BYTES_MAX).await {
+            Ok(bytes) => bytes,
+            Err(refused) => return refused,
+        };
+        let mut failed = None;
+        let mut not_found = None;
+        for cell in self.cells().collect::<Vec<_>>() {
+            let mut copy = Request::builder()
+                .method(parts.method.clone())
+                .uri(parts.uri.clone())
+                .version(parts.version)
+                .body(Body::from(bytes.clone()))
+                .expect("a copy of a valid request is valid");
+            *copy.headers_mut() = parts.headers.clone();
+            let answer = self.forward(cell, copy).await;
+            match answer.status() {
+                StatusCode::NOT_FOUND => not_found = Some(answer),
+                s if s.is_server_error() => failed = failed.or(Some(answer)),
+                _ => return answer,
+            }
+        }
+        failed
+            .or(not_found)
+            .unwrap_or_else(|| ApiError::NotFound.into_response())
+    }
+}
+
+/// The user a body names (the admin's own when it names none or does not parse), and its
+/// external_id if it names one.
+fn named(bytes: &[u8], admin: Identity) -> (UserId, Option<String>) {
+    let named = serde_json::from_slice::<NamedUser>(bytes).ok();
+    let user = named
+        .as_ref()
+        .and_then(|n| n.user_id)
+        .and_then(|raw| UserId::new(raw).ok())
+        .unwrap_or(admin.user_id);
+    let external_id = named
+        .and_then(|n| n.external_id)
+        .filter(|id| !id.is_empty());
+    (user, external_id)
+}
+
+/// Every request: by its token's user, or to the home cell without one.
+async fn route(State(front): State<Front>, req: Request) -> Response {
+    let identity = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer_token)
+        .and_then(|token| front.keys.verify(token).ok());
+    match identity {
+        Some(id) if id.admin => front.admin(id, req).await,
+        Some(id) => front.forward(front.cell_of(id.user_id), req).await,
+        None => front.forward(front.home, req).await,
+    }
+}
+
+/// The body, read whole up to `bytes_max`; beyond it, the contract's 413.
+async fn buffered(body: Body, bytes_max: usize) -> Result<Bytes, Response> {
+    axum::body::to_bytes(body, bytes_max)
+        .await
+        .map_err(|_| ApiError::PayloadTooLarge(bytes_max).into_response())
+}
+
+/// A request rebuilt from `parts` with a new JSON body (its length recomputed).
+fn with_body(parts: &axum::http::request::Parts, body: Vec<u8>) -> Request {
+    let mut req = Request::builder()
+        .method(parts.method.clone())
+        .uri(parts.uri.clone())
+        .version(parts.version)
+        .body(Body::from(body))
+        .expect("a copy of a valid request is valid");
+    *req.headers_mut() = parts.headers.clone();
+    req.headers_mut().remove(CONTENT_LENGTH);
+    req
+}
+
+/// `/api/v1/admin/users/{user_id}`: the user it names.
+fn user_in_path(path: &str) -> Option<UserId> {
+    let rest = path.strip_prefix("/api/v1/admin/users/")?;
+    let raw = rest.split('/').next()?.parse::<u64>().ok()?;
+    UserId::new(raw).ok()
+}
+
+/// The routes that name a req_id and no user: a transfer, its timeline, resolve, repair.
+fn names_a_req_id(path: &str) -> bool {
+    let under = |prefix: &str| {
+        path.strip_prefix(prefix)
+            .is_some_and(|rest| !rest.is_empty() && rest != "stuck")
+    };
+    under("/api/v1/internal_transfer/")
+        || under("/api/v1/admin/transfers/")
+        || under("/api/v1/admin/repairs/")
+}
+
+/// An admin's bulk request across cells (DESIGN §15): items naming users of several cells are
+/// split into one batch per cell, sent to the cells at once, and answered as one batch in request
+/// order. A batch is not a transaction, so splitting it changes nothing a client may rely on:
+/// each item is its own transfer, checked and answered as if sent alone. A body the cells would
+/// refuse whole (not JSON, no `transfers`, empty, too many items) goes whole to the admin's own
+/// cell, which refuses it with today's answer. A cell that cannot answer its part (down, halted,
+/// its rate limit) gives each of its items that answer's `{code, message}`.
+async fn admin_bulk(front: &Front, admin: Identity, req: Request) -> Response {
+    let own = front.cell_of(admin.user_id);
+    let (parts, body) = req.into_parts();
+    let bytes = match buffered(body, application::bulk::body_bytes_max(front.bulk_max)).await {
+        Ok(bytes) => bytes,
+        Err(refused) => return refused,
+    };
+    let whole = |bytes: Vec<u8>| with_body(&parts, bytes);
+    let Ok(Value::Object(doc)) = serde_json::from_slice::<Value>(&bytes) else {
+        return front.forward(own, whole(bytes.to_vec())).await;
+    };
+    let items = match doc.get("transfers") {
+        Some(Value::Array(items)) if !items.is_empty() && items.len() <= front.bulk_max => items,
+        _ => return front.forward(own, whole(bytes.to_vec())).await,
+    };
+    let mut groups: BTreeMap<CellId, Vec<usize>> = BTreeMap::new();
+    for (i, item) in items.iter().enumerate() {
+        let user = item
+            .get("user_id")
+            .and_then(Value::as_u64)
+            .and_then(|raw| UserId::new(raw).ok());
+        let cell = user.map_or(own, |u| front.cell_of(u));
+        groups.entry(cell).or_default().push(i);
+    }
+    if groups.len() == 1 {
+        let cell = *groups.keys().next().expect("one group");
+        return front.forward(cell, whole(bytes.to_vec())).await;
+    }
+    let parts_answered = groups.iter().map(|(cell, indices)| {
+        let mut part = doc.clone();
+        let chosen: Vec<Value> = indices.iter().map(|&i| items[i].clone()).collect();
+        part.insert("transfers".to_owned(), Value::Array(chosen));
+        let body = serde_json::to_vec(&part).expect("JSON values serialize");
+        front.forward(*cell, with_body(&parts, body))
+    });
+    let answers = futures_util::future::join_all(parts_answered).await;
+    let mut results: Vec<Value> = vec![Value::Null; items.len()];
+    for (indices, answer) in groups.values().zip(answers) {
+        for (i, result) in indices
+            .iter()
+            .zip(part_results(answer, indices.len()).await)
+        {
+            results[*i] = result;
+        }
+    }
+    (StatusCode::OK, Json(json!({ "results": results }))).into_response()
+}
+
+/// One cell's part of the answer: its results in order, or its refusal for each item.
+async fn part_results(answer: Response, count: usize) -> Vec<Value> {
+    let status = answer.status();
+    let body = axum::body::to_bytes(answer.into_body(), usize::MAX)
+        .await
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .unwrap_or_else(|| {
+            let unavailable = ApiError::Unavailable("a cell's bulk answer did not parse".into());
+            json!({"code": unavailable.code(), "message": unavailable.message()})
+        });
+    if status == StatusCode::OK {
+        if let Some(Value::Array(results)) = body.get("results") {
+            if results.len() == count {
+                return results.clone();
+            }
+        }
+    }
+    vec![body; count]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_user_a_path_names() {
+        assert_eq!(
+            user_in_path("/api/v1/admin/users/42").map(UserId::get),
+            Some(42)
+        );
+        assert_eq!(user_in_path("/api/v1/admin/users/0"), None);
+        assert_eq!(user_in_path("/api/v1/admin/users/x"), None);
+        assert_eq!(user_in_path("/api/v1/admin/transfers"), None);
+    }
+
+    #[test]
+    fn the_routes_that_name_only_a_req_id() {
+        assert!(names_a_req_id(
+            "/api/v1/internal_transfer/01J0000000000000000000000"
+        ));
+        assert!(names_a_req_id("/api/v1/admin/transfers/01J0/resolve"));
+        assert!(names_a_req_id("/api/v1/admin/repairs/01J0"));
+        assert!(!names_a_req_id("/api/v1/admin/transfers/stuck"));
+        assert!(!names_a_req_id("/api/v1/admin/transfers/"));
+        assert!(!names_a_req_id("/api/v1/admin/transfers"));
+    }
+}
