@@ -70,12 +70,17 @@ fn text(body: String) -> Response {
 
 /// A positive integer query parameter, or BAD_REQUEST naming it.
 fn param(params: &HashMap<String, String>, name: &str) -> Result<u64, ApiError> {
-    let bad = || ApiError::BadRequest(format!("`{name}` must be a positive integer"));
+    bounded(params, name, 1)
+}
+
+/// An integer query parameter from `min` to `i64::MAX`, or BAD_REQUEST naming it.
+fn bounded(params: &HashMap<String, String>, name: &str, min: u64) -> Result<u64, ApiError> {
+    let bad = || ApiError::BadRequest(format!("`{name}` must be an integer of at least {min}"));
     let value = params.get(name).ok_or_else(bad)?;
     value
         .parse::<u64>()
         .ok()
-        .filter(|n| (1..=i64::MAX as u64).contains(n))
+        .filter(|n| (min..=i64::MAX as u64).contains(n))
         .ok_or_else(bad)
 }
 
@@ -143,7 +148,8 @@ pub(crate) async fn key(
 
 /// `GET /api/v1/log/entries/{position}`: the exact leaf bytes (canonical JSON).
 #[utoipa::path(get, path = "/api/v1/log/entries/{position}",
-    params(("position" = u64, Path, minimum = 1, description = "the entry's feed position")),
+    params(("position" = u64, Path, minimum = 1, maximum = 9223372036854775807,
+        description = "the entry's feed position")),
     responses((status = 200, description = "the entry's exact leaf bytes (RFC 8785 JSON)",
         content_type = "application/json", body = Object),
         edge::openapi::LogRefusals))]
@@ -165,8 +171,10 @@ pub(crate) async fn entry(
 /// `GET /api/v1/log/proof/inclusion?position=P&size=N`: the audit path of the entry at `P` in
 /// the tree of `N` entries.
 #[utoipa::path(get, path = "/api/v1/log/proof/inclusion",
-    params(("position" = u64, Query, minimum = 1, description = "the entry's feed position"),
-        ("size" = u64, Query, minimum = 1, description = "the tree size the proof is for; at least `position`")),
+    params(("position" = u64, Query, minimum = 1, maximum = 9223372036854775807,
+            description = "the entry's feed position"),
+        ("size" = u64, Query, minimum = 1, maximum = 9223372036854775807,
+            description = "the tree size the proof is for; at least `position` (400 otherwise)")),
     responses((status = 200, description = "the RFC 6962 audit path, bottom-up, base64 hashes",
         body = Object),
         edge::openapi::LogRefusals))]
@@ -198,8 +206,10 @@ pub(crate) async fn inclusion(
 /// `GET /api/v1/log/proof/consistency?from=M&to=N`: the proof that the tree of `N` entries
 /// extends the tree of `M`.
 #[utoipa::path(get, path = "/api/v1/log/proof/consistency",
-    params(("from" = u64, Query, minimum = 0, description = "the older tree size"),
-        ("to" = u64, Query, minimum = 0, description = "the newer tree size; at least `from`")),
+    params(("from" = u64, Query, minimum = 0, maximum = 9223372036854775807,
+            description = "the older tree size"),
+        ("to" = u64, Query, minimum = 0, maximum = 9223372036854775807,
+            description = "the newer tree size; at least `from` (400 otherwise)")),
     responses((status = 200, description = "the RFC 6962 consistency proof, base64 hashes",
         body = Object),
         edge::openapi::LogRefusals))]
@@ -208,8 +218,9 @@ pub(crate) async fn consistency(
     _user: AuthUser,
     Query(params): Query<HashMap<String, String>>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let from = param(&params, "from")?;
-    let to = param(&params, "to")?;
+    // The empty tree (size 0) is consistent with every tree: its proof is empty (contract §10).
+    let from = bounded(&params, "from", 0)?;
+    let to = bounded(&params, "to", 0)?;
     if from > to {
         return Err(ApiError::BadRequest("`from` must be at most `to`".into()));
     }
