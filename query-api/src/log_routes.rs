@@ -148,7 +148,7 @@ pub(crate) async fn key(
 
 /// `GET /api/v1/log/entries/{position}`: the exact leaf bytes (canonical JSON).
 #[utoipa::path(get, path = "/api/v1/log/entries/{position}",
-    params(("position" = u64, Path, minimum = 1, maximum = 9223372036854775807,
+    params(("position" = u64, Path, minimum = 1,
         description = "the entry's feed position")),
     responses((status = 200, description = "the entry's exact leaf bytes (RFC 8785 JSON)",
         content_type = "application/json", body = Object),
@@ -171,9 +171,9 @@ pub(crate) async fn entry(
 /// `GET /api/v1/log/proof/inclusion?position=P&size=N`: the audit path of the entry at `P` in
 /// the tree of `N` entries.
 #[utoipa::path(get, path = "/api/v1/log/proof/inclusion",
-    params(("position" = u64, Query, minimum = 1, maximum = 9223372036854775807,
+    params(("position" = u64, Query, minimum = 1,
             description = "the entry's feed position"),
-        ("size" = u64, Query, minimum = 1, maximum = 9223372036854775807,
+        ("size" = u64, Query, minimum = 1,
             description = "the tree size the proof is for; at least `position` (400 otherwise)")),
     responses((status = 200, description = "the RFC 6962 audit path, bottom-up, base64 hashes",
         body = Object),
@@ -206,9 +206,9 @@ pub(crate) async fn inclusion(
 /// `GET /api/v1/log/proof/consistency?from=M&to=N`: the proof that the tree of `N` entries
 /// extends the tree of `M`.
 #[utoipa::path(get, path = "/api/v1/log/proof/consistency",
-    params(("from" = u64, Query, minimum = 0, maximum = 9223372036854775807,
+    params(("from" = u64, Query, minimum = 0,
             description = "the older tree size"),
-        ("to" = u64, Query, minimum = 0, maximum = 9223372036854775807,
+        ("to" = u64, Query, minimum = 0,
             description = "the newer tree size; at least `from` (400 otherwise)")),
     responses((status = 200, description = "the RFC 6962 consistency proof, base64 hashes",
         body = Object),
