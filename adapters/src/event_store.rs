@@ -20,8 +20,11 @@ use postgres_es::PostgresEventRepository;
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 use tokio::sync::oneshot;
+use tracing::Instrument;
 
 use crate::group_commit::{Committer, GroupCommit, KeptConnection};
+
+mod traces;
 
 /// The event store in plain event-store mode (postgres-es's snapshot modes double-apply events),
 /// over the batching repository: postgres-es's table and reads, group-committed appends.
@@ -41,11 +44,14 @@ const QUEUE_LENGTH_MAX: usize = 8192;
 struct Job {
     aggregate_type: &'static str,
     commits: Vec<Vec<SerializedEvent>>,
+    /// The appending span's traceparent when these commits create a transfer and traces are
+    /// exported (`traces.rs`): the transfer's first trace, stored beside its creation.
+    trace: Option<String>,
     reply: oneshot::Sender<Vec<Result<(), PersistenceError>>>,
 }
 
-/// One commit as the appender writes it.
-type Pending<'a> = (&'static str, &'a [SerializedEvent]);
+/// One commit as the appender writes it, with its job's first trace if any.
+type Pending<'a> = (&'static str, &'a [SerializedEvent], Option<&'a str>);
 
 /// Reads through postgres-es; appends through the batching appender.
 #[derive(Clone)]
@@ -63,7 +69,12 @@ impl BatchingEventRepository {
         };
         Self {
             reads: Arc::new(PostgresEventRepository::new(pool)),
-            queue: GroupCommit::start(appender, QUEUE_LENGTH_MAX, BATCH_COMMITS_MAX),
+            queue: GroupCommit::start(
+                "event_store.group_commit",
+                appender,
+                QUEUE_LENGTH_MAX,
+                BATCH_COMMITS_MAX,
+            ),
         }
     }
 
@@ -76,14 +87,20 @@ impl BatchingEventRepository {
         commits: Vec<Vec<SerializedEvent>>,
     ) -> Vec<Result<(), PersistenceError>> {
         let count = commits.len();
-        let asked = self
-            .queue
-            .ask(|reply| Job {
-                aggregate_type: A::TYPE,
-                commits,
-                reply,
-            })
-            .await;
+        let span = traces::append_span(commits.iter().flatten());
+        let asked = async {
+            let trace = traces::first_trace(commits.iter().flatten());
+            self.queue
+                .ask(|reply| Job {
+                    aggregate_type: A::TYPE,
+                    commits,
+                    trace,
+                    reply,
+                })
+                .await
+        }
+        .instrument(span)
+        .await;
         match asked {
             Ok(answers) if answers.len() == count => answers,
             Ok(_) | Err(_) => (0..count)
@@ -123,7 +140,11 @@ impl Committer for Appender {
             }
             let group: Vec<Pending<'_>> = jobs[start..end]
                 .iter()
-                .flat_map(|j| j.commits.iter().map(|c| (j.aggregate_type, c.as_slice())))
+                .flat_map(|j| {
+                    j.commits
+                        .iter()
+                        .map(|c| (j.aggregate_type, c.as_slice(), j.trace.as_deref()))
+                })
                 .collect();
             let mut results = self.append_group(&group).await.into_iter();
             for job in &jobs[start..end] {
@@ -211,7 +232,7 @@ async fn append_batch(
 /// event also carries its owner (the commit's `user_id` metadata) and its domain time, which the
 /// feed serves.
 async fn insert(conn: &mut PgConnection, commits: &[Pending<'_>]) -> Result<(), sqlx::Error> {
-    let n: usize = commits.iter().map(|(_, events)| events.len()).sum();
+    let n: usize = commits.iter().map(|(_, events, _)| events.len()).sum();
     let mut types = Vec::with_capacity(n);
     let mut ids = Vec::with_capacity(n);
     let mut seqs = Vec::with_capacity(n);
@@ -221,7 +242,7 @@ async fn insert(conn: &mut PgConnection, commits: &[Pending<'_>]) -> Result<(), 
     let mut metadata = Vec::with_capacity(n);
     let mut owners = Vec::with_capacity(n);
     let mut times = Vec::with_capacity(n);
-    for (aggregate_type, events) in commits {
+    for (aggregate_type, events, _) in commits {
         for e in *events {
             types.push(*aggregate_type);
             ids.push(e.aggregate_id.as_str());
@@ -235,35 +256,67 @@ async fn insert(conn: &mut PgConnection, commits: &[Pending<'_>]) -> Result<(), 
         }
     }
     let guards = ClaimGuards::of(commits);
-    sqlx::query(
-        "WITH guard AS MATERIALIZED (SELECT cid_claims_hold($10::bigint[], $11::text[],
-                                                          $12::text[]) AS held),
-              head AS MATERIALIZED (SELECT feed_take() AS before FROM guard)
-         INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version,
-                             payload, metadata, user_id, occurred_at, feed_position)
-         SELECT u.t, u.id, u.seq, u.et, u.v, u.p, u.m, u.owner, COALESCE(u.at, now()),
-                head.before + u.n
-         FROM head,
-              UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::json[],
-                     $7::json[], $8::bigint[], $9::timestamptz[])
-                  WITH ORDINALITY AS u(t, id, seq, et, v, p, m, owner, at, n)",
-    )
-    .bind(&types)
-    .bind(&ids)
-    .bind(&seqs)
-    .bind(&event_types)
-    .bind(&versions)
-    .bind(&payloads)
-    .bind(&metadata)
-    .bind(&owners)
-    .bind(&times)
-    .bind(&guards.users)
-    .bind(&guards.cids)
-    .bind(&guards.req_ids)
-    .execute(conn)
-    .await?;
+    let traced = traces::FirstTraces::of(commits);
+    let statement = if traced.is_empty() {
+        INSERT_EVENTS
+    } else {
+        INSERT_EVENTS_TRACED
+    };
+    let query = sqlx::query(statement)
+        .bind(&types)
+        .bind(&ids)
+        .bind(&seqs)
+        .bind(&event_types)
+        .bind(&versions)
+        .bind(&payloads)
+        .bind(&metadata)
+        .bind(&owners)
+        .bind(&times)
+        .bind(&guards.users)
+        .bind(&guards.cids)
+        .bind(&guards.req_ids);
+    let query = if traced.is_empty() {
+        query
+    } else {
+        query.bind(&traced.req_ids).bind(&traced.traceparents)
+    };
+    query.execute(conn).await?;
     Ok(())
 }
+
+/// The events' INSERT, after the claim guard and the feed head; `$traced` adds a step to the
+/// same statement (the first traces, `traces.rs`).
+macro_rules! insert_events {
+    ($traced:literal) => {
+        concat!(
+            "WITH guard AS MATERIALIZED (SELECT cid_claims_hold($10::bigint[], $11::text[],
+                                                      $12::text[]) AS held),
+                  head AS MATERIALIZED (SELECT feed_take() AS before FROM guard)",
+            $traced,
+            "
+             INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version,
+                                 payload, metadata, user_id, occurred_at, feed_position)
+             SELECT u.t, u.id, u.seq, u.et, u.v, u.p, u.m, u.owner, COALESCE(u.at, now()),
+                    head.before + u.n
+             FROM head,
+                  UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::json[],
+                         $7::json[], $8::bigint[], $9::timestamptz[])
+                      WITH ORDINALITY AS u(t, id, seq, et, v, p, m, owner, at, n)"
+        )
+    };
+}
+
+/// The append of a batch with no first trace to keep: the statement as it always was.
+const INSERT_EVENTS: &str = insert_events!("");
+
+/// The append of a batch that creates traced transfers: their first traces are written by the
+/// same statement, so they exist exactly when the creations do.
+const INSERT_EVENTS_TRACED: &str = insert_events!(
+    ",
+              traced AS (INSERT INTO transfer_traces (req_id, traceparent)
+                         SELECT * FROM UNNEST($13::text[], $14::text[])
+                         ON CONFLICT (req_id) DO NOTHING)"
+);
 
 /// The client-key claims the creations in a batch were made under: each must still name its
 /// transfer when the batch commits (`cid_claims_hold`, migration 0020), or the batch is refused
@@ -279,7 +332,7 @@ struct ClaimGuards<'a> {
 impl<'a> ClaimGuards<'a> {
     fn of(commits: &[Pending<'a>]) -> Self {
         let mut guards = Self::default();
-        for e in commits.iter().flat_map(|(_, events)| events.iter()) {
+        for e in commits.iter().flat_map(|(_, events, _)| events.iter()) {
             if e.sequence != 1 || e.event_type != "TransferCreated" {
                 continue;
             }
@@ -383,15 +436,21 @@ impl PersistedEventRepository for BatchingEventRepository {
         if events.is_empty() {
             return Ok(());
         }
-        let mut answers = self
-            .queue
-            .ask(|reply| Job {
-                aggregate_type: A::TYPE,
-                commits: vec![events.to_vec()],
-                reply,
-            })
-            .await
-            .map_err(|e| PersistenceError::UnknownError(Box::new(e)))?;
+        let span = traces::append_span(events.iter());
+        let mut answers = async {
+            let trace = traces::first_trace(events.iter());
+            self.queue
+                .ask(|reply| Job {
+                    aggregate_type: A::TYPE,
+                    commits: vec![events.to_vec()],
+                    trace,
+                    reply,
+                })
+                .await
+        }
+        .instrument(span)
+        .await
+        .map_err(|e| PersistenceError::UnknownError(Box::new(e)))?;
         answers
             .pop()
             .unwrap_or_else(|| Err(PersistenceError::UnknownError("no answer".into())))

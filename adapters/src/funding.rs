@@ -13,6 +13,9 @@ use domain::{
 };
 use rust_decimal::Decimal;
 use sqlx::PgPool;
+use tracing::Instrument;
+
+use crate::traced;
 
 mod accounts;
 mod audit;
@@ -384,25 +387,32 @@ impl AccountPort for FundingLedger {
     }
 
     async fn withdraw(&self, m: &Movement) -> AdapterOutcome {
+        let span = traced::funding_call(Operation::Withdraw, std::slice::from_ref(m));
         self.movement(Operation::Withdraw, m)
+            .instrument(span)
             .await
             .unwrap_or_else(classify)
     }
 
     async fn deposit(&self, m: &Movement) -> AdapterOutcome {
+        let span = traced::funding_call(Operation::Deposit, std::slice::from_ref(m));
         self.movement(Operation::Deposit, m)
+            .instrument(span)
             .await
             .unwrap_or_else(classify)
     }
 
     async fn refund(&self, m: &Movement) -> AdapterOutcome {
+        let span = traced::funding_call(Operation::Refund, std::slice::from_ref(m));
         self.movement(Operation::Refund, m)
+            .instrument(span)
             .await
             .unwrap_or_else(classify)
     }
 
     async fn movements(&self, operation: Operation, ms: &[Movement]) -> Vec<AdapterOutcome> {
-        self.movements_batched(operation, ms).await
+        let span = traced::funding_call(operation, ms);
+        self.movements_batched(operation, ms).instrument(span).await
     }
 
     /// The journal row is written in the same transaction as the balance change, so "no row"

@@ -2,12 +2,23 @@
 //! the funding ledger's fresh movements): callers queue a job with a reply channel and wait; one
 //! task takes everything waiting, up to a batch limit, and commits it together, so batches grow
 //! with load and a lone job still goes out at once.
+//!
+//! When traces are exported, each job remembers its caller's span, and a batch that served a
+//! traced job is committed in a span of its own (named by the batcher) linked to every traced
+//! caller it served (`docs/adr/0018-traces.md`).
 
 use std::future::Future;
 
 use sqlx::pool::PoolConnection;
 use sqlx::{PgPool, Postgres};
 use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument;
+
+/// A job and its caller's span context (when traces are exported).
+struct Queued<J> {
+    job: J,
+    from: Option<telemetry::SpanContext>,
+}
 
 /// Commits one batch of jobs. Answering every job (through the reply channel it carries) is the
 /// committer's duty; a job dropped unanswered is heard by its caller as [`Stopped`].
@@ -29,7 +40,7 @@ pub struct Stopped;
 /// [`GroupCommit::start`] on the current tokio runtime and ends by itself when the last handle is
 /// dropped (its queue closes).
 pub struct GroupCommit<J> {
-    queue: mpsc::Sender<J>,
+    queue: mpsc::Sender<Queued<J>>,
 }
 
 impl<J> Clone for GroupCommit<J> {
@@ -48,29 +59,59 @@ impl<J> std::fmt::Debug for GroupCommit<J> {
 
 impl<J: Send + 'static> GroupCommit<J> {
     /// Starts the task that feeds `committer` batches of at most `batch_max` jobs; at most
-    /// `queue_length_max` jobs wait before a caller itself waits (back-pressure).
+    /// `queue_length_max` jobs wait before a caller itself waits (back-pressure). `name` names
+    /// a traced batch's span.
     pub fn start<C: Committer<Job = J>>(
+        name: &'static str,
         committer: C,
         queue_length_max: usize,
         batch_max: usize,
     ) -> Self {
         let (queue, rx) = mpsc::channel(queue_length_max);
-        tokio::spawn(run(committer, rx, batch_max.max(1)));
+        tokio::spawn(run(name, committer, rx, batch_max.max(1)));
         Self { queue }
     }
 
     /// Queues the job built around a fresh reply channel and waits for its answer.
     pub async fn ask<R>(&self, job: impl FnOnce(oneshot::Sender<R>) -> J) -> Result<R, Stopped> {
         let (reply, answer) = oneshot::channel();
-        self.queue.send(job(reply)).await.map_err(|_| Stopped)?;
+        let queued = Queued {
+            job: job(reply),
+            from: telemetry::current(),
+        };
+        self.queue.send(queued).await.map_err(|_| Stopped)?;
         answer.await.map_err(|_| Stopped)
     }
 }
 
-async fn run<C: Committer>(mut committer: C, mut rx: mpsc::Receiver<C::Job>, batch_max: usize) {
+async fn run<C: Committer>(
+    name: &'static str,
+    mut committer: C,
+    mut rx: mpsc::Receiver<Queued<C::Job>>,
+    batch_max: usize,
+) {
+    let mut queued = Vec::with_capacity(batch_max);
     let mut batch = Vec::with_capacity(batch_max);
-    while rx.recv_many(&mut batch, batch_max).await > 0 {
-        committer.commit(&mut batch).await;
+    let mut links = Vec::new();
+    while rx.recv_many(&mut queued, batch_max).await > 0 {
+        for Queued { job, from } in queued.drain(..) {
+            batch.push(job);
+            links.extend(from);
+        }
+        if links.is_empty() {
+            committer.commit(&mut batch).await;
+        } else {
+            let span = tracing::info_span!(
+                target: telemetry::TARGET,
+                parent: None,
+                "group_commit",
+                otel.name = name,
+                jobs = batch.len(),
+                traced_jobs = links.len()
+            );
+            telemetry::link_all(&span, links.drain(..));
+            committer.commit(&mut batch).instrument(span).await;
+        }
         batch.clear();
     }
 }

@@ -8,6 +8,7 @@ pub mod event_store;
 pub mod funding;
 pub mod group_commit;
 pub mod spot;
+mod traced;
 
 pub use event_store::{BatchingEventRepository, TransferStore};
 pub use funding::{AccountStatus, FundingBalance, FundingError, FundingLedger};

@@ -15,6 +15,8 @@ use spot_core::client::{ClientError, SpotClient, SpotTransport};
 use spot_core::protocol::{self, MovementOp, RefusalCode, Request, Response};
 
 use crate::funding::AccountStatus;
+use crate::traced;
+use tracing::Instrument;
 
 mod audit;
 mod horizon;
@@ -290,19 +292,27 @@ impl AccountPort for SpotAdapter {
     }
 
     async fn withdraw(&self, m: &Movement) -> AdapterOutcome {
-        self.movement(MovementOp::Withdraw, m).await
+        let span = traced::spot_call(Operation::Withdraw, std::slice::from_ref(m));
+        self.movement(MovementOp::Withdraw, m)
+            .instrument(span)
+            .await
     }
 
     async fn deposit(&self, m: &Movement) -> AdapterOutcome {
-        self.movement(MovementOp::Deposit, m).await
+        let span = traced::spot_call(Operation::Deposit, std::slice::from_ref(m));
+        self.movement(MovementOp::Deposit, m).instrument(span).await
     }
 
     async fn refund(&self, m: &Movement) -> AdapterOutcome {
-        self.movement(MovementOp::Refund, m).await
+        let span = traced::spot_call(Operation::Refund, std::slice::from_ref(m));
+        self.movement(MovementOp::Refund, m).instrument(span).await
     }
 
     async fn movements(&self, operation: Operation, ms: &[Movement]) -> Vec<AdapterOutcome> {
-        self.movements_pipelined(movement_op(operation), ms).await
+        let span = traced::spot_call(operation, ms);
+        self.movements_pipelined(movement_op(operation), ms)
+            .instrument(span)
+            .await
     }
 
     /// spot-core answers `lookup` from the records it rebuilt from its WAL, after the same sync

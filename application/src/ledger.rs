@@ -14,6 +14,7 @@ use domain::{
     UserId,
 };
 use sqlx::PgPool;
+use tracing::Instrument;
 
 use crate::assets::AssetSettings;
 use crate::audit::{self, CheckError, InvariantReport, Mode};
@@ -205,10 +206,14 @@ impl Ledger {
         // The drive runs in its own task so a caller hanging up cannot cancel it between a
         // step's commit and its adapter call; the transfer then ends as soon as possible rather
         // than at the recovery worker's next pass. The task ends with the drive.
-        let created = tokio::spawn(async move {
-            coordinator.validate(&transfer)?;
-            coordinator.create_and_drive(transfer).await
-        })
+        // In the request's span: its trace follows the drive (docs/adr/0018-traces.md).
+        let created = tokio::spawn(
+            async move {
+                coordinator.validate(&transfer)?;
+                coordinator.create_and_drive(transfer).await
+            }
+            .in_current_span(),
+        )
         .await
         .map_err(RequestError::Task)??;
         Ok(created)
@@ -313,22 +318,25 @@ impl Ledger {
     ) -> Vec<(usize, Result<TransferData, RequestError>)> {
         let (positions, transfers): (Vec<usize>, Vec<NewTransfer>) = accepted.into_iter().unzip();
         let coordinator = self.coordinator.clone();
-        let driven = tokio::spawn(async move {
-            let mut checked = Vec::with_capacity(transfers.len());
-            let mut refused = Vec::new();
-            for (k, transfer) in transfers.into_iter().enumerate() {
-                match coordinator.validate(&transfer) {
-                    Ok(()) => checked.push(transfer),
-                    Err(e) => refused.push((k, e)),
+        let driven = tokio::spawn(
+            async move {
+                let mut checked = Vec::with_capacity(transfers.len());
+                let mut refused = Vec::new();
+                for (k, transfer) in transfers.into_iter().enumerate() {
+                    match coordinator.validate(&transfer) {
+                        Ok(()) => checked.push(transfer),
+                        Err(e) => refused.push((k, e)),
+                    }
                 }
+                let mut driven = coordinator.create_and_drive_many(checked).await;
+                // Ascending, so each refusal goes back to its own position.
+                for (k, e) in refused {
+                    driven.insert(k, Err(e));
+                }
+                driven
             }
-            let mut driven = coordinator.create_and_drive_many(checked).await;
-            // Ascending, so each refusal goes back to its own position.
-            for (k, e) in refused {
-                driven.insert(k, Err(e));
-            }
-            driven
-        })
+            .in_current_span(),
+        )
         .await;
         match driven {
             Ok(driven) => positions

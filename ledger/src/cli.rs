@@ -101,23 +101,24 @@ pub struct TokenArgs {
 }
 
 /// Logs go to stderr, filtered by RUST_LOG (default `info`), so stdout carries only what a
-/// command prints for its user (tokens, the ready line).
-pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // try_init: a second initialisation (an engine run in-process that sets up its own) is not
-    // an error worth dying for.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+/// command prints for its user (tokens, the ready line); with `traces`, spans are exported over
+/// OTLP too, as long as the returned guard lives (`docs/adr/0018-traces.md`).
+pub fn init_tracing(
+    traces: Option<&telemetry::Export>,
+) -> anyhow::Result<Option<telemetry::Guard>> {
+    telemetry::init(traces).map_err(anyhow::Error::msg)
 }
 
 /// Runs one command to completion, with the settings read once first; a setting that does not
-/// parse stops every command (`ledger audit` with its "cannot run" status).
+/// parse stops every command (`ledger audit` with its "cannot run" status). The engine run
+/// in-process (`ledger spot-core`) reports its own spans, as `spot-core`.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let settings = Settings::from_flags(&cli.flags);
+    let _traces = match (&cli.command, &settings) {
+        (Command::SpotCore(args), _) => spot_core::init_tracing_with(args)?,
+        (_, Ok(settings)) => init_tracing(settings.traces.as_ref())?,
+        (_, Err(_)) => init_tracing(None)?,
+    };
     match cli.command {
         Command::Audit(args) => {
             let checked = match settings {

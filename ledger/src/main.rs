@@ -9,6 +9,5 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    ledger::cli::init_tracing();
     ledger::cli::run(ledger::cli::Cli::parse()).await
 }

@@ -57,6 +57,7 @@ pub fn build_app(state: AppState, serving: &Serving) -> Router {
         ))
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(TraceLayer::new_for_http())
+        .layer(axum::middleware::from_fn(crate::http_traces::request_span))
         .with_state(state)
 }
 

@@ -57,9 +57,14 @@ pub struct Settings {
     pub spot_liveness: TcpLiveness,
     /// The tamper-evident log: its signing key and checkpoint cadence.
     pub log: LogSettings,
+    /// Where and how traces are exported (the `OTEL_*` variables); `None`: they are not.
+    pub traces: Option<telemetry::Export>,
     /// The crash tests' armed fail point, if any.
     pub failpoints: FailPoints,
 }
+
+/// `service.name` of the ledger's spans unless `OTEL_SERVICE_NAME` says otherwise.
+pub const TRACES_SERVICE_NAME: &str = "ledger";
 
 /// The tamper-evident log's settings (`docs/adr/0016-tamper-evident-log.md`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,6 +181,11 @@ impl Settings {
                     .map(Duration::from_millis)
                     .unwrap_or(tlog_follower::follower::CHECKPOINT_INTERVAL_DEFAULT),
             },
+            traces: flags
+                .otel
+                .vars()
+                .export(TRACES_SERVICE_NAME)
+                .map_err(anyhow::Error::msg)?,
             failpoints: flags.failpoints()?,
         })
     }
@@ -210,6 +220,33 @@ mod tests {
         assert_eq!(settings.http.limits, HttpLimits::default());
         assert_eq!(settings.spot_liveness, TcpLiveness::DEFAULT);
         assert_eq!(settings.failpoints, FailPoints::default());
+        assert_eq!(settings.traces, None);
+    }
+
+    #[test]
+    fn an_otlp_endpoint_turns_traces_on() {
+        let flags = Flags {
+            otel: flags::OtelFlags {
+                otel_exporter_otlp_endpoint: Some("http://127.0.0.1:4317".into()),
+                otel_exporter_otlp_protocol: Some("grpc".into()),
+                ..flags::OtelFlags::default()
+            },
+            ..Flags::default()
+        };
+        let export = Settings::from_flags(&flags).unwrap().traces.unwrap();
+        assert_eq!(export.protocol, telemetry::Protocol::Grpc);
+        assert_eq!(export.endpoint, "http://127.0.0.1:4317");
+        assert_eq!(export.service_name, TRACES_SERVICE_NAME);
+        let flags = Flags {
+            otel: flags::OtelFlags {
+                otel_exporter_otlp_endpoint: Some("http://127.0.0.1:4318".into()),
+                otel_exporter_otlp_protocol: Some("http/json".into()),
+                ..flags::OtelFlags::default()
+            },
+            ..Flags::default()
+        };
+        let refused = Settings::from_flags(&flags).unwrap_err().to_string();
+        assert!(refused.contains("OTEL_EXPORTER_OTLP_PROTOCOL"), "{refused}");
     }
 
     #[test]

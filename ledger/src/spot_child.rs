@@ -77,7 +77,10 @@ impl SpotChild {
             .arg(token_file)
             .arg("--exit-with-stdin")
             // The file is the one token; an inherited variable must not stand in for it.
-            .env_remove(spot_core::TOKEN_ENV);
+            .env_remove(spot_core::TOKEN_ENV)
+            // The engine reports its own `service.name` (`spot-core`); the ledger's, if set, is
+            // not its. The other OTEL_* variables (where to send spans) it shares.
+            .env_remove("OTEL_SERVICE_NAME");
         if let Some(assets) = assets {
             command.arg("--assets").arg(assets);
         }

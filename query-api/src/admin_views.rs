@@ -148,7 +148,13 @@ pub async fn transfer_timeline(
         .await
         .map_err(|e| ApiError::Internal(format!("funding journal: {e}")))?;
     let spot = SpotLookup::from_result(state.queries.spot_records(&req_id).await);
+    let trace_id = state
+        .reads
+        .first_trace_id(&req_id)
+        .await
+        .map_err(internal("first trace"))?;
     Ok(Json(Timeline {
+        trace_id,
         transfer: AdminTransfer::from_data(&data, Utc::now()),
         events: logged.iter().map(TimelineEvent::from_logged).collect(),
         attempts: attempts.iter().map(AttemptEntry::from_attempt).collect(),

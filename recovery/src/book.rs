@@ -80,6 +80,14 @@ pub trait RetryBook: Send + Sync {
 
     /// Records the end of a pass by `worker`.
     async fn heartbeat(&self, worker: &str) -> Result<(), CoordinatorError>;
+
+    /// The transfer's first trace, a W3C traceparent (`transfer_traces`, migration 0024), which
+    /// an attempt's span links (`docs/adr/0018-traces.md`); `None` when it has none (traces were
+    /// not exported when it was created) or this book keeps none. Asked only when traces are
+    /// exported; a failure to read it is `None`: a missing link never stops a recovery.
+    async fn first_trace(&self, _req_id: &ReqId) -> Option<String> {
+        None
+    }
 }
 
 /// A due row of `open_transfers`, typed; a malformed one is logged and skipped (the check
@@ -128,6 +136,20 @@ impl RetryBook for PgRetryBook {
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.into_iter().filter_map(typed_due).collect())
+    }
+
+    async fn first_trace(&self, req_id: &ReqId) -> Option<String> {
+        let read = sqlx::query_scalar("SELECT traceparent FROM transfer_traces WHERE req_id = $1")
+            .bind(req_id.to_string())
+            .fetch_optional(&self.pool)
+            .await;
+        match read {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(%req_id, error = %e, "reading the transfer's first trace failed");
+                None
+            }
+        }
     }
 
     async fn begin_attempt(

@@ -9,6 +9,7 @@ pub mod heartbeat;
 pub mod stuck;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+mod traced;
 pub mod worker;
 
 pub use book::{AttemptPolicy, AttemptRecord, PgRetryBook, RetryBook, Tally};

@@ -25,6 +25,7 @@ use domain::{AdapterOutcome, ReqId, TransferState};
 use futures_util::future::Either;
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
+use tracing::Instrument;
 
 use crate::book::{AttemptPolicy, AttemptRecord, NoRetryBook, PgRetryBook, RetryBook, Tally};
 
@@ -518,7 +519,8 @@ impl RecoveryWorker {
         }
         let attempt_id = self.book.begin_attempt(&req_id, &self.id, state).await?;
 
-        let result = self.resume_renewing(&req_id).await;
+        let span = crate::traced::attempt_span(self.book.as_ref(), &req_id, state, &self.id).await;
+        let result = self.resume_renewing(&req_id).instrument(span).await;
         let terminal = matches!(&result, Ok(Resumed { unknown: None, .. }));
         self.record(&req_id, attempt_id, result).await?;
         Ok(Some(terminal))

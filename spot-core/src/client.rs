@@ -13,7 +13,40 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::time::{timeout_at, Instant};
 
-use crate::protocol::{Request, Response};
+use std::borrow::Cow;
+
+use crate::protocol::{Request, Response, TRACE_SINCE_VERSION};
+
+/// One request, framed (its JSON and a newline).
+fn framed(req: &Request) -> Result<Vec<u8>, ClientError> {
+    let mut line = serde_json::to_vec(req).map_err(|e| ClientError::Protocol(e.to_string()))?;
+    line.push(b'\n');
+    Ok(line)
+}
+
+/// Requests framed one after another, for one pipelined write.
+fn pipelined<'a>(reqs: impl Iterator<Item = Cow<'a, Request>>) -> Result<Vec<u8>, ClientError> {
+    let mut lines = Vec::with_capacity(reqs.size_hint().0 * 192);
+    for req in reqs {
+        serde_json::to_writer(&mut lines, req.as_ref())
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        lines.push(b'\n');
+    }
+    Ok(lines)
+}
+
+/// `req` carrying the trace context `trace`, when it is a movement (the only requests that take
+/// one); `None` for any other request.
+fn with_trace(req: &Request, trace: &str) -> Option<Request> {
+    let (op, movement) = req.as_movement()?;
+    let mut movement = movement.clone();
+    movement.trace = Some(trace.to_owned());
+    Some(match op {
+        crate::protocol::MovementOp::Withdraw => Request::Withdraw(movement),
+        crate::protocol::MovementOp::Deposit => Request::Deposit(movement),
+        crate::protocol::MovementOp::Refund => Request::Refund(movement),
+    })
+}
 
 /// Idle connections kept for reuse; more concurrent calls simply open more connections.
 pub const MAX_IDLE_CONNECTIONS: usize = 32;
@@ -44,6 +77,8 @@ impl ClientError {
 #[derive(Debug)]
 struct Conn {
     stream: BufReader<TcpStream>,
+    /// The engine's protocol version, from its answer to `hello` (1 without one).
+    protocol: u32,
 }
 
 impl Conn {
@@ -67,10 +102,11 @@ impl Conn {
             .map_err(|e| ClientError::Connect(format!("TCP liveness options: {e}")))?;
         let mut conn = Conn {
             stream: BufReader::new(stream),
+            protocol: 1,
         };
         if let Some(hello) = hello {
             match conn.exchange(hello).await {
-                Ok(Response::Ok { .. }) => {}
+                Ok(answer @ Response::Ok { .. }) => conn.protocol = answer.protocol_version(),
                 Ok(other) => {
                     return Err(ClientError::Connect(format!("{HELLO_REFUSED}: {other:?}")))
                 }
@@ -156,8 +192,12 @@ struct Inner {
     addr: String,
     timeout: Duration,
     liveness: TcpLiveness,
-    /// The framed `hello` line sent on every new connection, when there is a token or a cell.
+    /// The framed `hello` line sent on every new connection, when there is a token or a cell,
+    /// or traces are exported (to learn the engine's protocol version).
     hello: Option<Vec<u8>>,
+    /// Traces are exported: movements carry their caller's trace context to engines that speak
+    /// protocol version 2 (`docs/adr/0018-traces.md`).
+    traced: bool,
     idle: Mutex<Vec<Conn>>,
 }
 
@@ -250,7 +290,8 @@ impl SpotClient {
         liveness: TcpLiveness,
         cell: Option<u16>,
     ) -> SpotClient {
-        let hello = (token.is_some() || cell.is_some()).then(|| {
+        let traced = telemetry::enabled();
+        let hello = (token.is_some() || cell.is_some() || traced).then(|| {
             let token = token.unwrap_or_default();
             let mut line = serde_json::to_vec(&Request::Hello { token, cell })
                 .expect("serializing a hello cannot fail");
@@ -263,6 +304,7 @@ impl SpotClient {
                 timeout,
                 liveness,
                 hello,
+                traced,
                 idle: Mutex::new(Vec::new()),
             }),
         }
@@ -303,14 +345,22 @@ impl SpotClient {
     /// Send one request and wait for its answer.
     pub async fn call(&self, req: &Request) -> Result<Response, ClientError> {
         let deadline = Instant::now() + self.inner.timeout;
-        let mut line = serde_json::to_vec(req).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        line.push(b'\n');
+        let line = framed(req)?;
+        // The same request with the caller's trace context, for engines that take it.
+        let traced = match self.trace_context() {
+            Some(trace) => with_trace(req, &trace).map(|r| framed(&r)).transpose()?,
+            None => None,
+        };
+        let line_for = |conn: &Conn| match &traced {
+            Some(t) if conn.protocol >= TRACE_SINCE_VERSION => t.as_slice(),
+            _ => line.as_slice(),
+        };
         // A pooled connection may have been closed by a server restart without the reactor having
         // noticed yet. Every request is idempotent (movements by req_id), so when a pooled
         // connection breaks, sending once more on a fresh connection is safe.
         let mut first_failure = None;
         if let Some(mut conn) = self.take_idle() {
-            match timeout_at(deadline, conn.exchange(&line)).await {
+            match timeout_at(deadline, conn.exchange(line_for(&conn))).await {
                 Ok(Ok(response)) => {
                     self.put_idle(conn);
                     return Ok(response);
@@ -323,7 +373,7 @@ impl SpotClient {
         let mut conn = self.connect_by(deadline, first_failure).await?;
         // On any error the connection is dropped here: it may still carry a late answer
         // that would be mistaken for the answer to the next request.
-        let response = match timeout_at(deadline, conn.exchange(&line)).await {
+        let response = match timeout_at(deadline, conn.exchange(line_for(&conn))).await {
             Ok(r) => r?,
             Err(_) => return Err(ClientError::Timeout),
         };
@@ -338,21 +388,21 @@ impl SpotClient {
     /// the pipeline from start to last answer. The errors keep `call`'s meaning per request.
     pub async fn call_many(&self, reqs: &[Request]) -> Vec<Result<Response, ClientError>> {
         let mut answers = Vec::with_capacity(reqs.len());
+        let trace = self.trace_context();
         for chunk in reqs.chunks(PIPELINE_REQUESTS_MAX) {
-            let mut lines = Vec::with_capacity(chunk.len() * 192);
-            let mut framed = Ok(());
-            for req in chunk {
-                framed = serde_json::to_writer(&mut lines, req);
-                if framed.is_err() {
-                    break;
+            let lines = pipelined(chunk.iter().map(Cow::Borrowed));
+            let traced = trace.as_deref().map(|trace| {
+                pipelined(
+                    chunk
+                        .iter()
+                        .map(|req| with_trace(req, trace).map_or(Cow::Borrowed(req), Cow::Owned)),
+                )
+            });
+            match (lines, traced.transpose()) {
+                (Ok(lines), Ok(traced)) => {
+                    answers.extend(self.pipeline(&lines, traced.as_deref(), chunk.len()).await)
                 }
-                lines.push(b'\n');
-            }
-            match framed {
-                Ok(()) => answers.extend(self.pipeline(&lines, chunk.len()).await),
-                Err(e) => {
-                    answers.extend(vec![Err(ClientError::Protocol(e.to_string())); chunk.len()])
-                }
+                (Err(e), _) | (_, Err(e)) => answers.extend(vec![Err(e); chunk.len()]),
             }
         }
         answers
@@ -361,11 +411,20 @@ impl SpotClient {
     /// One pipelined write of `count` framed requests and its answers. As in `call`, a pooled
     /// connection that broke before any answer came back is replaced by a fresh one and the
     /// whole pipeline sent again (every request is idempotent).
-    async fn pipeline(&self, lines: &[u8], count: usize) -> Vec<Result<Response, ClientError>> {
+    async fn pipeline(
+        &self,
+        lines: &[u8],
+        traced: Option<&[u8]>,
+        count: usize,
+    ) -> Vec<Result<Response, ClientError>> {
         let deadline = Instant::now() + self.inner.timeout;
+        let lines_for = |conn: &Conn| match traced {
+            Some(t) if conn.protocol >= TRACE_SINCE_VERSION => t,
+            _ => lines,
+        };
         let mut first_failure = None;
         if let Some(mut conn) = self.take_idle() {
-            let answers = conn.exchange_many(lines, count, deadline).await;
+            let answers = conn.exchange_many(lines_for(&conn), count, deadline).await;
             match answers.first() {
                 Some(Err(e @ ClientError::Io(_))) => first_failure = Some(e.clone()),
                 _ => {
@@ -380,13 +439,21 @@ impl SpotClient {
             Ok(c) => c,
             Err(e) => return vec![Err(e); count],
         };
-        let answers = conn.exchange_many(lines, count, deadline).await;
+        let answers = conn.exchange_many(lines_for(&conn), count, deadline).await;
         // Kept only when every answer came back whole: otherwise a late answer could be taken
         // for the answer to a later request.
         if answers.iter().all(Result::is_ok) {
             self.put_idle(conn);
         }
         answers
+    }
+
+    /// The caller's trace context to send along, when traces are exported.
+    fn trace_context(&self) -> Option<String> {
+        if !self.inner.traced {
+            return None;
+        }
+        telemetry::current_traceparent()
     }
 
     fn take_idle(&self) -> Option<Conn> {

@@ -166,6 +166,7 @@ impl Engine {
             totals: None,
             records: None,
             core: Some(self.core_status()),
+            protocol: None,
         }
     }
 

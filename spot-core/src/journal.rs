@@ -149,6 +149,7 @@ pub fn read_journal(catalog: &SharedCatalog, after_seq: u64, limit: u32, upto: u
             totals: None,
             records: Some(records),
             core: None,
+            protocol: None,
         },
         Err(ReadError::Compacted(first)) => Response::Error {
             code: ErrorCode::JournalCompacted,

@@ -10,6 +10,7 @@ pub mod protocol;
 pub mod server;
 pub mod snapshot;
 pub mod storage;
+pub mod traces;
 pub mod ulid;
 pub mod wal;
 
@@ -68,6 +69,9 @@ pub struct Args {
     /// Segments, snapshots and the archive.
     #[command(flatten)]
     pub storage: StorageOptions,
+    /// Traces over OTLP (the standard `OTEL_*` variables).
+    #[command(flatten)]
+    pub traces: traces::TraceArgs,
 }
 
 /// Environment variable holding the shared token when `--token-file` is absent.
@@ -262,22 +266,26 @@ async fn shutdown_signal() -> anyhow::Result<()> {
 
 /// Log to stderr (stdout carries the "listening on" line), filtered by RUST_LOG, default info.
 pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+    let _ = telemetry::init(None);
+}
+
+/// Log as `init_tracing` does and, when `args` configure an OTLP export, export spans; keep the
+/// returned guard while serving.
+pub fn init_tracing_with(args: &Args) -> anyhow::Result<Option<telemetry::Guard>> {
+    let export = args.traces.export()?;
+    telemetry::init(export.as_ref()).map_err(anyhow::Error::msg)
 }
 
 /// Everything `main` does once it has parsed the command line (and with it the environment):
-/// set up logging, run.
+/// set up logging (and traces), run.
 pub fn main_entry(args: Args) -> anyhow::Result<()> {
-    init_tracing();
-    tokio::runtime::Builder::new_multi_thread()
+    let traces = init_tracing_with(&args)?;
+    let served = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("building the tokio runtime")?
-        .block_on(run(args))
+        .block_on(run(args));
+    // The last spans are sent before the process ends.
+    drop(traces);
+    served
 }

@@ -13,6 +13,15 @@ pub const DEFAULT_JOURNAL_LIMIT: u32 = 1_000;
 /// A request line longer than this closes the connection.
 pub const MAX_LINE_BYTES: usize = 64 * 1024;
 
+/// The protocol version this engine speaks, announced in its answer to `hello` (`protocol`).
+/// An engine that announces none is version 1.
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// The first version whose movement requests may carry `trace` (a W3C traceparent,
+/// `docs/adr/0018-traces.md`). A client adds it only on a connection whose `hello` was answered
+/// with at least this version: an older engine refuses unknown fields.
+pub const TRACE_SINCE_VERSION: u32 = 2;
+
 /// One request line.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
@@ -51,7 +60,8 @@ pub enum Request {
         amount: String,
     },
     /// Authenticate the connection (the first line when the server has a token). Handled by
-    /// the server itself, never by the engine. `cell`, when given, is the cell the client
+    /// the server itself, never by the engine, and answered `ok` with the engine's `protocol`
+    /// version (since version 2; an older engine answers a bare `ok`). `cell`, when given, is the cell the client
     /// expects this engine to be (ADR 0017): a server started with another cell id refuses the
     /// connection; a hello without it (old clients, no cell map) is not checked.
     Hello {
@@ -146,6 +156,11 @@ pub struct MovementRequest {
     pub user_id: u64,
     pub asset: String,
     pub amount: String,
+    /// The caller's trace context, a W3C `traceparent` (protocol version 2): spot-core's spans for
+    /// this request join that trace. Never part of what is recorded (the WAL's `MovementRecord`
+    /// has no such field), nor of the idempotency check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
 }
 
 impl MovementRequest {
@@ -160,6 +175,7 @@ impl MovementRequest {
             user_id,
             asset: asset.into(),
             amount: canonical_amount(amount),
+            trace: None,
         }
     }
 }
@@ -392,6 +408,9 @@ pub enum Response {
         records: Option<Vec<JournalRecord>>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         core: Option<CoreStatus>,
+        /// In the answer to `hello` only: the engine's protocol version (`PROTOCOL_VERSION`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        protocol: Option<u32>,
     },
 }
 
@@ -404,6 +423,29 @@ impl Response {
             totals: None,
             records: None,
             core: None,
+            protocol: None,
+        }
+    }
+
+    /// The answer to an accepted `hello`: `ok` with this engine's protocol version.
+    pub fn hello() -> Response {
+        Response::Ok {
+            ops: None,
+            balances: None,
+            totals: None,
+            records: None,
+            core: None,
+            protocol: Some(PROTOCOL_VERSION),
+        }
+    }
+
+    /// The protocol version an answer to `hello` announces: 1 when it names none.
+    pub fn protocol_version(&self) -> u32 {
+        match self {
+            Response::Ok {
+                protocol: Some(v), ..
+            } => *v,
+            _ => 1,
         }
     }
 
@@ -627,6 +669,33 @@ mod tests {
                 .is_err()
         );
         assert!(parse(r#"{"op":"balances","user_id":-1}"#).is_err());
+    }
+
+    /// Version 2's `trace` rides on a movement, is left out when absent (a version 1 line is
+    /// unchanged), and the hello answer announces the version; an old engine's bare `ok` reads
+    /// as version 1.
+    #[test]
+    fn a_trace_is_a_version_2_field_of_movements_only() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let line = format!(
+            r#"{{"op":"deposit","req_id":"a","user_id":1,"asset":"BTC","amount":"1","trace":"{tp}"}}"#
+        );
+        let Request::Deposit(m) = parse(&line).unwrap() else {
+            panic!("a deposit");
+        };
+        assert_eq!(m.trace.as_deref(), Some(tp));
+        let plain = Request::deposit("a", 1, "BTC", Decimal::ONE);
+        assert!(!serde_json::to_string(&plain).unwrap().contains("trace"));
+        assert!(parse(&format!(r#"{{"op":"lookup","req_id":"a","trace":"{tp}"}}"#)).is_err());
+        let hello = serde_json::to_string(&Response::hello()).unwrap();
+        assert_eq!(
+            hello,
+            format!(r#"{{"status":"ok","protocol":{PROTOCOL_VERSION}}}"#)
+        );
+        let back: Response = serde_json::from_str(&hello).unwrap();
+        assert_eq!(back.protocol_version(), PROTOCOL_VERSION);
+        let old: Response = serde_json::from_str(r#"{"status":"ok"}"#).unwrap();
+        assert_eq!(old.protocol_version(), 1);
     }
 
     #[test]

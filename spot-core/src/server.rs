@@ -139,7 +139,7 @@ async fn authenticate<R: AsyncRead + Unpin>(
                 token: offered,
                 cell,
             }) => match access.refusal(&offered, cell) {
-                None => return queue.send(Pending::Ready(Response::ok())).await.is_ok(),
+                None => return queue.send(Pending::Ready(Response::hello())).await.is_ok(),
                 Some(refusal) => refusal,
             },
             _ => "the first request must be {\"op\":\"hello\",\"token\":...}".to_owned(),
@@ -195,18 +195,44 @@ async fn read_loop(
                     linger(lines.get_mut()).await;
                     return;
                 }
-                Pending::Ready(Response::ok())
+                Pending::Ready(Response::hello())
             }
-            Ok(request) => match engine.submit(request).await {
-                Some(rx) => Pending::Waiting(rx),
-                None => return,
-            },
+            Ok(request) => {
+                let span = request_span(&request);
+                match engine.submit_traced(request, span).await {
+                    Some(rx) => Pending::Waiting(rx),
+                    None => return,
+                }
+            }
             Err(e) => Pending::Ready(Response::bad_request(format!("invalid request: {e}"))),
         };
         if queue.send(pending).await.is_err() {
             return;
         }
     }
+}
+
+/// The span of a movement whose caller sent its trace context (protocol version 2), a child of
+/// the caller's span; disabled (free) for every other request and when traces are not exported.
+fn request_span(request: &Request) -> tracing::Span {
+    let Some((op, movement)) = request.as_movement() else {
+        return tracing::Span::none();
+    };
+    let Some(parent) = movement.trace.as_deref().filter(|_| telemetry::enabled()) else {
+        return tracing::Span::none();
+    };
+    let span = tracing::info_span!(
+        target: telemetry::TARGET,
+        parent: None,
+        "spot_core.request",
+        otel.kind = "server",
+        op = op.as_str(),
+        req_id = %movement.req_id
+    );
+    if let Some(parent) = telemetry::parse_traceparent(parent) {
+        telemetry::set_remote_parent(&span, parent);
+    }
+    span
 }
 
 /// After the last answer of a connection being closed: discard further input for a moment

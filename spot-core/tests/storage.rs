@@ -38,6 +38,7 @@ fn workload(n: u64) -> Vec<Request> {
             user_id: user,
             asset: asset.into(),
             amount: amount.clone(),
+            trace: None,
         };
         let r = match (x >> 50) % 10 {
             0..=3 => Request::Deposit(body(key(i))),

@@ -105,6 +105,8 @@ pub struct SpotProcess {
     pub token: String,
     /// The cell this engine is (`SPOT_CORE_CELL_ID`), if it was started as one.
     pub cell: Option<u16>,
+    /// More of its environment (the traces test's `OTEL_*`), kept for a restart.
+    env: Vec<(String, String)>,
     child: Option<Child>,
     _tmp: Option<tempfile::TempDir>,
 }
@@ -125,16 +127,30 @@ impl SpotProcess {
         Self::start_as("127.0.0.1:0", Some(cell))
     }
 
+    /// A new engine with `env` added to its environment.
+    pub fn start_with_env(env: &[(&str, &str)]) -> Self {
+        let env = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Self::start_as_with("127.0.0.1:0", None, env)
+    }
+
     fn start_as(listen: &str, cell: Option<u16>) -> Self {
+        Self::start_as_with(listen, cell, Vec::new())
+    }
+
+    fn start_as_with(listen: &str, cell: Option<u16>, env: Vec<(String, String)>) -> Self {
         let tmp = tempfile::tempdir().expect("tempdir");
         let data_dir = tmp.path().join("spot");
         let token = format!("it-spot-core-{}", ulid::Ulid::new());
-        let (child, addr) = spawn_spot(&data_dir, listen, &token, cell);
+        let (child, addr) = spawn_spot(&data_dir, listen, &token, cell, &env);
         Self {
             data_dir,
             addr,
             token,
             cell,
+            env,
             child: Some(child),
             _tmp: Some(tmp),
         }
@@ -151,7 +167,13 @@ impl SpotProcess {
     /// Starts it again on the same data directory and the same address.
     pub fn restart(&mut self) {
         self.kill();
-        let (child, addr) = spawn_spot(&self.data_dir, &self.addr, &self.token, self.cell);
+        let (child, addr) = spawn_spot(
+            &self.data_dir,
+            &self.addr,
+            &self.token,
+            self.cell,
+            &self.env,
+        );
         assert_eq!(addr, self.addr);
         self.child = Some(child);
     }
@@ -177,7 +199,13 @@ impl Drop for SpotProcess {
     }
 }
 
-fn spawn_spot(data_dir: &Path, listen: &str, token: &str, cell: Option<u16>) -> (Child, String) {
+fn spawn_spot(
+    data_dir: &Path,
+    listen: &str,
+    token: &str,
+    cell: Option<u16>,
+    env: &[(String, String)],
+) -> (Child, String) {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let mut cmd = Command::new(bin("spot-core"));
@@ -192,6 +220,7 @@ fn spawn_spot(data_dir: &Path, listen: &str, token: &str, cell: Option<u16>) -> 
         if let Some(cell) = cell {
             cmd.env(spot_core::CELL_ID_ENV, cell.to_string());
         }
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
         let mut child = cmd.spawn().expect("spawn spot-core");
         let stdout = child.stdout.take().expect("stdout");
         let mut line = String::new();
@@ -245,8 +274,11 @@ pub struct Stack {
 
 impl Stack {
     pub async fn start() -> Self {
-        let db = TestDb::new().await;
-        let spot = SpotProcess::start();
+        Self::over(TestDb::new().await, SpotProcess::start())
+    }
+
+    /// The stack over a database and an engine the test started.
+    pub fn over(db: TestDb, spot: SpotProcess) -> Self {
         let funding = FundingLedger::new(db.pool.clone());
         let spot_adapter = spot.adapter();
         let assets = Arc::new(RwLock::new(AssetRegistry::default_assets()));

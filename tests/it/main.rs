@@ -40,3 +40,4 @@ mod relay;
 mod security;
 mod spot_durability;
 mod tlog;
+mod traces;

@@ -68,7 +68,7 @@ impl Batcher {
             conn: KeptConnection::new(pool),
         };
         Self {
-            queue: GroupCommit::start(committer, QUEUE_LENGTH_MAX, BATCH_MAX),
+            queue: GroupCommit::start("funding.batch", committer, QUEUE_LENGTH_MAX, BATCH_MAX),
         }
     }
 

@@ -127,6 +127,9 @@ pub struct Flags {
     /// ... or every this many milliseconds when the log grew (10,000 by default).
     #[arg(long, global = true, env = "LEDGER_LOG_CHECKPOINT_MS")]
     pub log_checkpoint_ms: Option<u64>,
+    /// Traces over OTLP: the standard `OTEL_*` variables (`docs/adr/0018-traces.md`).
+    #[command(flatten)]
+    pub otel: OtelFlags,
     /// The crash tests' fail point to arm (CRA-001..006): the process aborts there on purpose.
     /// Honoured only with `--allow-failpoints`; an unknown name refuses start-up.
     #[arg(long, global = true, env = "LEDGER_FAILPOINT", hide = true)]
@@ -168,5 +171,70 @@ fn bulk_max(text: &str) -> Result<usize, String> {
     match text.trim().parse::<usize>() {
         Ok(n) if (1..=100_000).contains(&n) => Ok(n),
         _ => Err(format!("must be an integer from 1 to 100000, got {text:?}")),
+    }
+}
+
+/// The standard OpenTelemetry variables the ledger reads (`telemetry::OtelVars` checks them);
+/// with no endpoint set, nothing is exported.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct OtelFlags {
+    /// `true`: export nothing, whatever else is set.
+    #[arg(long, global = true, env = "OTEL_SDK_DISABLED", hide = true)]
+    pub otel_sdk_disabled: Option<String>,
+    /// `otlp` (the default when an endpoint is set) or `none`.
+    #[arg(long, global = true, env = "OTEL_TRACES_EXPORTER", hide = true)]
+    pub otel_traces_exporter: Option<String>,
+    /// The OTLP collector's base URL (`http://host:4317` for grpc, `http://host:4318` for
+    /// http/protobuf); unset: no traces are exported.
+    #[arg(long, global = true, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otel_exporter_otlp_endpoint: Option<String>,
+    /// The OTLP traces URL itself (wins over the base URL).
+    #[arg(long, global = true, env = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")]
+    pub otel_exporter_otlp_traces_endpoint: Option<String>,
+    /// `grpc` or `http/protobuf` (the default).
+    #[arg(long, global = true, env = "OTEL_EXPORTER_OTLP_PROTOCOL")]
+    pub otel_exporter_otlp_protocol: Option<String>,
+    /// The protocol for traces alone (wins over OTEL_EXPORTER_OTLP_PROTOCOL).
+    #[arg(
+        long,
+        global = true,
+        env = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        hide = true
+    )]
+    pub otel_exporter_otlp_traces_protocol: Option<String>,
+    /// `service.name` of the ledger's spans (default `ledger`; spot-core reports its own).
+    #[arg(long, global = true, env = "OTEL_SERVICE_NAME")]
+    pub otel_service_name: Option<String>,
+    /// `parentbased_always_on` (default), `always_on`, `always_off`, `traceidratio`,
+    /// `parentbased_always_off`, `parentbased_traceidratio`.
+    #[arg(long, global = true, env = "OTEL_TRACES_SAMPLER")]
+    pub otel_traces_sampler: Option<String>,
+    /// The ratio of the `traceidratio` samplers, 0 to 1 (default 1).
+    #[arg(long, global = true, env = "OTEL_TRACES_SAMPLER_ARG")]
+    pub otel_traces_sampler_arg: Option<String>,
+    /// Longest an export call may take (ms, default 10000).
+    #[arg(long, global = true, env = "OTEL_EXPORTER_OTLP_TIMEOUT", hide = true)]
+    pub otel_exporter_otlp_timeout: Option<String>,
+    /// Longest a finished span waits before it is sent (ms, default 1000).
+    #[arg(long, global = true, env = "OTEL_BSP_SCHEDULE_DELAY", hide = true)]
+    pub otel_bsp_schedule_delay: Option<String>,
+}
+
+impl OtelFlags {
+    /// The variables as given, for `telemetry::OtelVars::export`.
+    pub fn vars(&self) -> telemetry::OtelVars {
+        telemetry::OtelVars {
+            sdk_disabled: self.otel_sdk_disabled.clone(),
+            traces_exporter: self.otel_traces_exporter.clone(),
+            endpoint: self.otel_exporter_otlp_endpoint.clone(),
+            traces_endpoint: self.otel_exporter_otlp_traces_endpoint.clone(),
+            protocol: self.otel_exporter_otlp_protocol.clone(),
+            traces_protocol: self.otel_exporter_otlp_traces_protocol.clone(),
+            service_name: self.otel_service_name.clone(),
+            sampler: self.otel_traces_sampler.clone(),
+            sampler_arg: self.otel_traces_sampler_arg.clone(),
+            timeout_ms: self.otel_exporter_otlp_timeout.clone(),
+            schedule_delay_ms: self.otel_bsp_schedule_delay.clone(),
+        }
     }
 }

@@ -295,6 +295,11 @@ pub fn resolution_of(events: &[LoggedEvent]) -> Option<Resolution> {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Timeline {
     pub transfer: AdminTransfer,
+    /// The trace id (32 hex digits) of the request that created the transfer, when traces were
+    /// exported then (`docs/adr/0018-traces.md`): look it up in the tracing backend; recovery
+    /// attempts' traces link to it.
+    #[schema(example = "4bf92f3577b34da6a3ce929d0e0e4736")]
+    pub trace_id: Option<String>,
     pub events: Vec<TimelineEvent>,
     pub attempts: Vec<AttemptEntry>,
     pub funding: Vec<FundingEntry>,

@@ -41,6 +41,7 @@ impl Engine {
                 totals: None,
                 records: None,
                 core: None,
+                protocol: None,
             }),
             Request::Totals {} => Effect::reply(Response::Ok {
                 ops: None,
@@ -48,6 +49,7 @@ impl Engine {
                 totals: Some(self.totals()),
                 records: None,
                 core: None,
+                protocol: None,
             }),
             Request::Journal { .. } => Effect::reply(Response::bad_request(
                 "journal is served from the WAL, not by the engine",
@@ -65,6 +67,7 @@ impl Engine {
                     user_id: *user_id,
                     asset: asset.clone(),
                     amount: amount.clone(),
+                    trace: None,
                 },
                 now_ms,
             ),
@@ -331,6 +334,7 @@ fn ops_response(ops: Vec<LookupOp>) -> Response {
         totals: None,
         records: None,
         core: None,
+        protocol: None,
     }
 }
 

@@ -37,6 +37,7 @@ fn mv(op: MovementOp, req_id: &str, user_id: u64, asset: &str, amount: &str) -> 
         user_id,
         asset: asset.into(),
         amount: amount.into(),
+        trace: None,
     };
     match op {
         MovementOp::Withdraw => Request::Withdraw(body),
@@ -859,6 +860,7 @@ fn dep(e: &mut Engine, req_id: &str, amount: &str, now: u64) -> Effect {
             user_id: 1,
             asset: "USDT".into(),
             amount: amount.into(),
+            trace: None,
         }),
         now,
     )

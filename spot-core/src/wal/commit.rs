@@ -24,6 +24,8 @@ pub const MAX_BATCH: usize = 4096;
 struct Job {
     request: Request,
     reply: oneshot::Sender<Response>,
+    /// The request's span when its caller's trace is exported (`server.rs`); disabled otherwise.
+    span: tracing::Span,
 }
 
 /// Cheap handle for submitting requests to the engine thread.
@@ -36,8 +38,25 @@ impl EngineHandle {
     /// Queue a request; the returned receiver yields its response once it is durable.
     /// `None` means the engine thread is gone (only during shutdown).
     pub async fn submit(&self, request: Request) -> Option<oneshot::Receiver<Response>> {
+        self.submit_traced(request, tracing::Span::none()).await
+    }
+
+    /// `submit`, with the request's span: its WAL append is a child of it, and the batch's sync
+    /// links it. The span ends when the answer is sent.
+    pub async fn submit_traced(
+        &self,
+        request: Request,
+        span: tracing::Span,
+    ) -> Option<oneshot::Receiver<Response>> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send(Job { request, reply }).await.ok()?;
+        self.tx
+            .send(Job {
+                request,
+                reply,
+                span,
+            })
+            .await
+            .ok()?;
         Some(rx)
     }
 
@@ -123,6 +142,9 @@ impl Drop for AbortOnPanic {
 struct Batch {
     jobs: Vec<Job>,
     answers: Vec<(oneshot::Sender<Response>, Response)>,
+    /// The traced requests' spans of this batch (kept until they are answered), which its sync
+    /// links; empty when nothing is traced.
+    spans: Vec<tracing::Span>,
     journals: Vec<JournalJob>,
     framed: Vec<u8>,
     /// A movement is in this batch (the `abort_after_wal_sync` fail point's condition).
@@ -144,6 +166,7 @@ fn commit_loop(
     let mut batch = Batch {
         jobs: Vec::with_capacity(MAX_BATCH),
         answers: Vec::with_capacity(MAX_BATCH),
+        spans: Vec::new(),
         journals: Vec::new(),
         framed: Vec::with_capacity(1 << 16),
         has_movement: false,
@@ -193,11 +216,22 @@ fn decide(engine: &mut Engine, batch: &mut Batch) {
             });
             continue;
         }
+        // Only for a traced request (a disabled parent would make it a root of its own).
+        let append = if job.span.is_disabled() {
+            tracing::Span::none()
+        } else {
+            tracing::info_span!(target: telemetry::TARGET, parent: &job.span, "wal.append")
+        };
+        let entered = append.enter();
         let effect = engine.apply(&job.request);
         if let Some(record) = &effect.record {
             batch.has_movement |= record.as_movement().is_some();
             encode_record(record, &mut batch.framed);
             batch.since_records += 1;
+        }
+        drop(entered);
+        if !job.span.is_disabled() {
+            batch.spans.push(job.span);
         }
         batch.wants_storage |= matches!(&effect.response, Response::Ok { core: Some(_), .. });
         batch.answers.push((job.reply, effect.response));
@@ -207,7 +241,29 @@ fn decide(engine: &mut Engine, batch: &mut Batch) {
 /// Write and sync the batch's records (abort if that fails), then publish the conservation check's retained
 /// position and start a new segment when the active one is full.
 fn make_durable(engine: &Engine, wal: &mut Wal, batch: &mut Batch, side: &Side, fail: FailPoints) {
-    if let Err(e) = wal.append(&batch.framed) {
+    // One write and one fsync for the whole batch: a span of its own, linked to every traced
+    // request it made durable.
+    let sync = if batch.spans.is_empty() {
+        tracing::Span::none()
+    } else {
+        let sync = tracing::info_span!(
+            target: telemetry::TARGET,
+            parent: None,
+            "wal.sync",
+            bytes = batch.framed.len(),
+            traced_requests = batch.spans.len()
+        );
+        telemetry::link_all(
+            &sync,
+            batch.spans.iter().filter_map(telemetry::span_context),
+        );
+        sync
+    };
+    let entered = sync.enter();
+    let appended = wal.append(&batch.framed);
+    drop(entered);
+    drop(sync);
+    if let Err(e) = appended {
         // Memory is now ahead of the disk; answering or continuing could acknowledge
         // something a restart would forget.
         tracing::error!(path = %wal.path().display(), error = %e, "WAL write or sync failed; aborting");
@@ -243,6 +299,8 @@ fn answer(wal: &Wal, batch: &mut Batch, side: &Side) {
         // The asker may have hung up; the result is durable and visible through lookup.
         let _ = reply.send(response);
     }
+    // Each traced request's span ends here, answered.
+    batch.spans.clear();
     for job in batch.journals.drain(..) {
         if let Err(e) = side.journal.send(job) {
             // The reader is gone (it never exits while we run); answer rather than hang.

@@ -47,6 +47,7 @@ fn mv(kind: &str, req_id: &str, user_id: u64, asset: &str, amount: &str) -> Requ
         user_id,
         asset: asset.into(),
         amount: amount.into(),
+        trace: None,
     };
     match kind {
         "w" => Request::Withdraw(body),
