@@ -76,7 +76,10 @@ fn defaults<T: clap::Args>() -> anyhow::Result<T> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let summary = match Cli::parse().command {
-        Command::Transfers(args) => transfers::run(args).await?,
+        Command::Transfers(args) => match args.cells {
+            Some(cells) => cells::transfers(&args, cells).await?,
+            None => transfers::run(args).await?,
+        },
         Command::Spot(args) => spot::run(args).await?,
         Command::Replay(args) => replay::run(args).await?,
         Command::Relay(args) => relay::run(args).await?,

@@ -64,7 +64,7 @@ pub struct Args {
     /// Cells (ADR 0017): with N (2 to 8), instead of the runs above, the routing cost of a cell
     /// map (one cell without a map against one cell under a map, alternating, `--rounds` times
     /// each) and the rate of 1 cell and of N cells under a map, at the first `--clients` count
-    /// (`cells.rs`).
+    /// (`cells.rs`; `main.rs` sends the command there).
     #[arg(long)]
     pub(crate) cells: Option<u16>,
     /// Rounds of the alternating routing-cost runs of `--cells`.
@@ -171,9 +171,6 @@ pub fn spawn_ready(mut cmd: Command, prefix: &str) -> anyhow::Result<(Proc, Stri
 
 // long: one measurement read top to bottom (set-up, warm-up, load, figures); a figures tool, not the ledger's code.
 pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
-    if let Some(cells) = args.cells {
-        return crate::cells::transfers(&args, cells).await;
-    }
     let url = format!("{}/ledger_bench?sslmode={}", args.server, args.sslmode);
     let admin = url
         .parse::<sqlx::postgres::PgConnectOptions>()
