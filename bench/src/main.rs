@@ -15,12 +15,16 @@
 //!   restart time after 1M, 5M and 10M operations with the horizon advancing, and the
 //!   conservation check's time (periodic and full) at 10k, 100k and 1M transfers in the log. Not
 //!   part of `all` (it takes several minutes more).
+//! - `transfers --cells N` and `cells`: what a cell map costs (routing, ABAB) and the rate of 1
+//!   and N cells; the three faults in one cell and the other cells' rate during each (`cells.rs`).
 //! - `all`: transfers (at 8, 32 and 128 clients, with `--wrk` and `--relay`), spot, replay and
 //!   relay, one after the other, and a closing summary of every figure against its target.
 
 // Figures for people to read (rates, percentiles, MiB) are floats; no money is computed here.
 #![allow(clippy::float_arithmetic)]
 
+mod cells;
+mod cellstack;
 mod clients;
 mod growth;
 mod procstat;
@@ -55,6 +59,9 @@ enum Command {
     /// What years of traffic cost: spot-core memory, snapshots, WAL and restart time after
     /// millions of operations; the conservation check's time at up to 1M transfers.
     Growth(growth::Args),
+    /// Cells: the three faults in one cell (a killed spot-core, a stopped PostgreSQL, a halt),
+    /// the other cells' rate during each against before it.
+    Cells(cells::FaultArgs),
     /// All three with their defaults, then a summary against the targets.
     All,
 }
@@ -69,11 +76,15 @@ fn defaults<T: clap::Args>() -> anyhow::Result<T> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let summary = match Cli::parse().command {
-        Command::Transfers(args) => transfers::run(args).await?,
+        Command::Transfers(args) => match args.cells {
+            Some(cells) => cells::transfers(&args, cells).await?,
+            None => transfers::run(args).await?,
+        },
         Command::Spot(args) => spot::run(args).await?,
         Command::Replay(args) => replay::run(args).await?,
         Command::Relay(args) => relay::run(args).await?,
         Command::Growth(args) => growth::run(args).await?,
+        Command::Cells(args) => cells::faults(args).await?,
         Command::All => {
             let mut summary = transfers::run(transfers::Args::for_all()?).await?;
             println!();

@@ -61,6 +61,15 @@ pub struct Args {
     /// How long to measure the raw commit baseline.
     #[arg(long, default_value_t = 10)]
     pub(crate) baseline_seconds: u64,
+    /// Cells (ADR 0017): with N (2 to 8), instead of the runs above, the routing cost of a cell
+    /// map (one cell without a map against one cell under a map, alternating, `--rounds` times
+    /// each) and the rate of 1 cell and of N cells under a map, at the first `--clients` count
+    /// (`cells.rs`; `main.rs` sends the command there).
+    #[arg(long)]
+    pub(crate) cells: Option<u16>,
+    /// Rounds of the alternating routing-cost runs of `--cells`.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) rounds: usize,
     /// The PostgreSQL server; the benchmark makes its own database `ledger_bench` there.
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
     pub(crate) server: String,

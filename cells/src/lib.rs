@@ -4,12 +4,14 @@
 //! partition function (`partition.rs`) and the placement of a user in a cell. It does no I/O:
 //! the binary reads the file, the `schema` crate stores the map in each cell's database.
 
+pub mod cursor;
 pub mod map;
 pub mod partition;
 mod placement;
 
 use std::num::NonZeroU16;
 
+pub use cursor::{CursorError, FeedCursor};
 pub use map::{CellMap, CellSpec, MapError, MapFormat, SpotAddress};
 pub use partition::{partition_of, partition_of_bytes, Partition, PARTITIONS};
 pub use placement::{PartitionMismatch, Placement};

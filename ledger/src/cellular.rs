@@ -4,13 +4,15 @@
 //! router over its own pool and spot-core, and its own background tasks (the projector, the
 //! recovery worker, the conservation check and its halt, the asset reloader, the vacuum, the
 //! idempotency horizon); the front router sends each request to its user's cell (`front.rs`).
-//! Not built yet: the relay per cell (refused with a map), the fan-out admin views and metrics
-//! (the home cell's are served), the per-cell feed cursor, and serving while a cell is
-//! unreachable (start-up waits for every cell). Deposits claim their external_id across cells
-//! first (`claims.rs`).
+//! An admin's feed reads every cell's feed, merged, with a cursor naming each cell's position
+//! (`feed.rs`); `--nats` relays each cell's feed to a stream of its own (`<stream>_<cell>`, its
+//! checkpoint and leader lock in that cell's database). Not built yet: the fan-out admin views
+//! and metrics (the home cell's are served), and serving while a cell is unreachable (start-up
+//! waits for every cell). Deposits claim their external_id across cells first (`claims.rs`).
 
 pub mod claims;
 pub mod connect;
+pub mod feed;
 pub mod front;
 
 use std::collections::BTreeMap;
@@ -45,7 +47,6 @@ pub(crate) async fn serve(
             config::JWT_SECRET_ENV
         )
     })?;
-    refuse_relay(args.relay.config().is_some())?;
     let assets = config::load_assets(args.assets.as_deref())?;
     let links = connect::connect_all(settings, map, args.spot_timeout.0, &BTreeMap::new()).await?;
     let listener = TcpListener::bind(&args.listen)
@@ -63,6 +64,7 @@ pub(crate) async fn serve(
         links,
         assets,
         secret,
+        relay: args.relay.config(),
     };
     run(listener, metrics, cells, settings, Vec::new()).await
 }
@@ -70,7 +72,6 @@ pub(crate) async fn serve(
 /// `ledger up` with cells: `--cells N` on the local PostgreSQL, or `--cell-map FILE`; every
 /// cell whose spot is `"start"` gets a spot-core child of its own.
 pub(crate) async fn up(args: UpArgs, settings: &Settings, map: CellMap) -> anyhow::Result<()> {
-    refuse_relay(args.relay.config().is_some())?;
     let assets = config::load_assets(args.assets.as_deref())?;
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("create data dir {}", args.data_dir.display()))?;
@@ -104,6 +105,7 @@ pub(crate) async fn up(args: UpArgs, settings: &Settings, map: CellMap) -> anyho
         links,
         assets,
         secret,
+        relay: args.relay.config(),
     };
     run(listener, metrics, cells, settings, children).await
 }
@@ -162,22 +164,14 @@ fn cell_database_url(url: &str, cell: usize) -> anyhow::Result<String> {
     Ok(out)
 }
 
-fn refuse_relay(asked: bool) -> anyhow::Result<()> {
-    if asked {
-        bail!(
-            "the relay per cell (one JetStream stream per cell, ADR 0017 §8) is not built yet; \
-             run with a cell map and without --nats"
-        );
-    }
-    Ok(())
-}
-
 /// Every cell a process serves, and what they share.
 struct Cells {
     placement: Placement,
     links: Vec<CellLink>,
     assets: domain::AssetRegistry,
     secret: JwtSecret,
+    /// `--nats`: each cell's feed is relayed to a stream of its own (`<stream>_<cell>`).
+    relay: Option<relay::RelayConfig>,
 }
 
 fn describe_links(links: &[CellLink]) -> String {
@@ -200,6 +194,7 @@ struct Started {
 /// Wires each cell's core and starts its background tasks (ADR 0017 §11: all of them per cell).
 async fn start_cells(cells: Cells, settings: &Settings) -> anyhow::Result<Started> {
     let mut apps = BTreeMap::new();
+    let mut states = BTreeMap::new();
     let mut tasks = Vec::new();
     let mut first = None;
     let pools = cells.links.iter().map(|l| (l.id, l.pool.clone())).collect();
@@ -211,7 +206,7 @@ async fn start_cells(cells: Cells, settings: &Settings) -> anyhow::Result<Starte
             link.spot,
             cells.assets.clone(),
             &cells.secret,
-            None,
+            cells.relay.as_ref().map(|r| r.for_cell(link.id.get())),
         )?;
         // One tree, origin and key per cell is not built yet (ADR 0017 lists it): no cell keeps
         // a log rather than several under one origin.
@@ -222,6 +217,7 @@ async fn start_cells(cells: Cells, settings: &Settings) -> anyhow::Result<Starte
                 .with_context(|| format!("cell {}: start its background tasks", link.id))?,
         );
         apps.insert(link.id, build_app(assembled.state.clone(), &serving));
+        states.insert(link.id, assembled.state.clone());
         first.get_or_insert((assembled.state, serving));
     }
     let (home_state, serving) = first.context("a cell map names at least one cell")?;
@@ -232,7 +228,8 @@ async fn start_cells(cells: Cells, settings: &Settings) -> anyhow::Result<Starte
         &cells.secret.bytes,
         settings.limits.bulk_max,
         claims,
-    );
+    )
+    .with_feed(feed::router(feed::CellFeeds::new(states), &serving));
     Ok(Started {
         front: front.router(),
         tasks,

@@ -62,7 +62,7 @@ pub fn build_app(state: AppState, serving: &Serving) -> Router {
 }
 
 /// A handler panic still answers in the error shape; the panic text goes to the log only.
-fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response {
+pub(crate) fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response {
     let detail = panic
         .downcast_ref::<String>()
         .map(String::as_str)

@@ -90,7 +90,8 @@ async fn events(
 #[utoipa::path(get, path = "/api/v1/events/stream",
     params(StreamParams,
         ("Last-Event-ID" = Option<String>, Header,
-            description = "the last position a reconnecting client received (wins over `after`)")),
+            description = "the last position a reconnecting client received (wins over `after`); \
+            under a cell map the cursor it received")),
     responses((status = 200, description = "server-sent events, endless: each event's `id` is \
         its position, its `event` its type and its `data` the event as `GET /api/v1/events` \
         lists it; comments keep the connection alive; the stream ends when the token expires",
@@ -171,7 +172,8 @@ fn feed_stream(
 #[derive(Debug, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct FeedParams {
-    /// Events with a position above this one (0 when absent).
+    /// Events with a position above this one (0 when absent). Under a cell map a cursor of one
+    /// position per cell instead, `1:5120,2:4987,3:5011` (contract §8.1).
     #[param(minimum = 0)]
     pub after: Option<i64>,
     /// Events per page: 1 to 1000 (100 when absent).
@@ -183,7 +185,8 @@ pub struct FeedParams {
 #[allow(dead_code)]
 #[derive(Debug, IntoParams)]
 pub struct StreamParams {
-    /// Events with a position above this one (0 when absent; `Last-Event-ID` wins).
+    /// Events with a position above this one (0 when absent; `Last-Event-ID` wins). Under a cell
+    /// map a cursor of one position per cell, `1:5120,2:4987,3:5011` (contract §8.1).
     #[param(minimum = 0)]
     #[into_params(parameter_in = Query)]
     pub after: Option<i64>,
@@ -194,13 +197,13 @@ pub struct StreamParams {
 #[derive(Debug, ToSchema)]
 pub struct FeedPage {
     pub events: Vec<FeedEventView>,
-    /// What to ask with next (`after`).
+    /// What to ask with next (`after`). Under a cell map a cursor string, `1:5120,2:4987`.
     pub next_after: i64,
-    /// The last position handed out so far.
+    /// The last position handed out so far. Under a cell map a cursor string of every cell's.
     pub head: i64,
 }
 
-/// One event of the global, gap-free, ordered feed.
+/// One event of the global, gap-free, ordered feed (under a cell map: of its cell's feed).
 #[allow(dead_code)]
 #[derive(Debug, ToSchema)]
 #[schema(as = FeedEvent)]
@@ -215,4 +218,6 @@ pub struct FeedEventView {
     pub payload: serde_json::Value,
     pub user_id: Option<i64>,
     pub occurred_at: String,
+    /// Under a cell map only: the cell whose feed the event is in (`position` is that cell's).
+    pub cell: Option<i64>,
 }

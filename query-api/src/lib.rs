@@ -18,6 +18,10 @@ pub(crate) mod ops_metrics;
 pub(crate) mod rest;
 pub(crate) mod stuck;
 
+/// The feed's page size and a stream's poll interval, which the merged feed of a cell map
+/// (`ledger::cellular::feed`) keeps the same.
+pub use feed::{FEED_PAGE_SIZE_DEFAULT, STREAM_POLL_INTERVAL};
+
 use axum::http::Method;
 use edge::routes::Routes;
 

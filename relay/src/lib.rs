@@ -53,6 +53,9 @@ pub struct RelayConfig {
     pub backoff_max: Duration,
     /// This relay's name in `relay_checkpoint.leader` (host, pid, ...).
     pub instance: String,
+    /// The cell whose feed this relay publishes (ADR 0017 §8): its subjects are the cell's
+    /// (`ledger.cells.<cell>.events.>`) and each message names it. `None` without a cell map.
+    pub cell: Option<u16>,
 }
 
 impl RelayConfig {
@@ -69,8 +72,26 @@ impl RelayConfig {
             backoff_base: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
             instance: format!("relay-{}", std::process::id()),
+            cell: None,
         }
     }
+
+    /// The relay of one cell's feed under a cell map: the stream `<stream>_<cell>` (one stream
+    /// per cell, so JetStream's expected-last-sequence fence, which NATS checks per stream,
+    /// orders each cell's feed), the cell's subjects, the rest as `self`. Its checkpoint and
+    /// leader lock live in that cell's database, keyed by that stream's name.
+    pub fn for_cell(&self, cell: u16) -> Self {
+        Self {
+            stream: cell_stream(&self.stream, cell),
+            cell: Some(cell),
+            ..self.clone()
+        }
+    }
+}
+
+/// The stream of one cell's feed: `<stream>_<cell>`, e.g. `LEDGER_EVENTS_2`.
+pub fn cell_stream(stream: &str, cell: u16) -> String {
+    format!("{stream}_{cell}")
 }
 
 /// Why a leadership ended or a step failed.
@@ -138,5 +159,18 @@ mod tests {
         assert_eq!(c.stream, "LEDGER_EVENTS");
         assert!(c.window >= 256 && c.window <= 1024);
         assert_eq!(c.lag_alert, Duration::from_secs(60));
+        assert_eq!(c.cell, None);
+    }
+
+    #[test]
+    fn a_cells_relay_has_its_own_stream_and_subjects() {
+        let c = RelayConfig::new("nats://127.0.0.1:4222", STREAM_DEFAULT).for_cell(2);
+        assert_eq!(c.stream, "LEDGER_EVENTS_2");
+        assert_eq!(c.cell, Some(2));
+        assert_eq!(
+            message::stream_subjects_for(c.cell),
+            "ledger.cells.2.events.>"
+        );
+        assert_eq!(message::stream_subjects(), "ledger.events.>");
     }
 }

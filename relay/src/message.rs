@@ -27,14 +27,39 @@ pub const HEADER_MSG_ID: &str = "Nats-Msg-Id";
 /// keeps the stream in feed order whatever happens to the relay, its connection or its lock.
 pub const HEADER_EXPECTED_LAST_SEQUENCE: &str = "Nats-Expected-Last-Sequence";
 
+/// The cell whose feed a message carries (ADR 0017 §8); absent without a cell map.
+pub const HEADER_CELL: &str = "Ledger-Cell";
+
 /// The subjects the relay's stream is made of.
 pub fn stream_subjects() -> String {
-    format!("{SUBJECT_PREFIX}.>")
+    stream_subjects_for(None)
+}
+
+/// The subjects of a cell's stream: `ledger.cells.<cell>.events.>` (so no two cells' streams,
+/// nor the one-cell stream's `ledger.events.>`, overlap on one NATS server); without a cell,
+/// today's.
+pub fn stream_subjects_for(cell: Option<u16>) -> String {
+    format!("{}.>", subject_prefix(cell))
+}
+
+/// `ledger.events`, or `ledger.cells.<cell>.events` for a cell's feed.
+pub fn subject_prefix(cell: Option<u16>) -> String {
+    match cell {
+        None => SUBJECT_PREFIX.to_owned(),
+        Some(cell) => format!("ledger.cells.{cell}.events"),
+    }
 }
 
 /// `ledger.events.<event_type>.<user_id>`, or `.system` for an event without a user. Anything in
 /// the event type a NATS subject token cannot hold (`.`, `*`, `>`, white space, ...) becomes `_`.
 pub fn subject(e: &FeedEvent) -> String {
+    subject_for(e, None)
+}
+
+/// [`subject`] under a cell's prefix ([`subject_prefix`]):
+/// `ledger.cells.<cell>.events.<event_type>.<user_id>`.
+pub fn subject_for(e: &FeedEvent, cell: Option<u16>) -> String {
+    let prefix = subject_prefix(cell);
     let event_type: String = e
         .event_type
         .chars()
@@ -52,15 +77,23 @@ pub fn subject(e: &FeedEvent) -> String {
         event_type
     };
     match e.user_id {
-        Some(user) => format!("{SUBJECT_PREFIX}.{event_type}.{user}"),
-        None => format!("{SUBJECT_PREFIX}.{event_type}.{NO_USER_TOKEN}"),
+        Some(user) => format!("{prefix}.{event_type}.{user}"),
+        None => format!("{prefix}.{event_type}.{NO_USER_TOKEN}"),
     }
 }
 
 /// The headers of one event's message. `expected_last_sequence` is the stream sequence the
 /// message must follow; 0 (an empty stream) asks for no check.
 pub fn headers(e: &FeedEvent, expected_last_sequence: u64) -> HeaderMap {
+    headers_for(e, expected_last_sequence, None)
+}
+
+/// [`headers`], with [`HEADER_CELL`] when the event is a cell's.
+pub fn headers_for(e: &FeedEvent, expected_last_sequence: u64, cell: Option<u16>) -> HeaderMap {
     let mut h = HeaderMap::new();
+    if let Some(cell) = cell {
+        h.insert(HEADER_CELL, cell.to_string().as_str());
+    }
     h.insert(HEADER_MSG_ID, e.event_id.as_str());
     h.insert(HEADER_POSITION, e.position.to_string().as_str());
     h.insert(HEADER_REQ_ID, e.aggregate_id.as_str());
@@ -80,7 +113,17 @@ pub fn headers(e: &FeedEvent, expected_last_sequence: u64) -> HeaderMap {
 
 /// The body: the event's JSON as `GET /api/v1/events` shows it.
 pub fn body(e: &FeedEvent) -> Bytes {
-    Bytes::from(event_json(e).to_string())
+    body_for(e, None)
+}
+
+/// [`body`]; a cell's event also names its `cell`, as the merged HTTP feed of a cell map shows
+/// it.
+pub fn body_for(e: &FeedEvent, cell: Option<u16>) -> Bytes {
+    let mut v = event_json(e);
+    if let Some(cell) = cell {
+        v["cell"] = serde_json::json!(cell);
+    }
+    Bytes::from(v.to_string())
 }
 
 /// The feed position a stored message carries in its `Ledger-Position` header, if any.

@@ -155,10 +155,11 @@ async fn session(
             Err(e) => return e.into(),
         },
     };
-    let mut st = match stream::ensure(&js, &config.stream, config.duplicate_window).await {
-        Ok(st) => st,
-        Err(e) => return e.into(),
-    };
+    let mut st =
+        match stream::ensure(&js, &config.stream, config.duplicate_window, config.cell).await {
+            Ok(st) => st,
+            Err(e) => return e.into(),
+        };
     let end = match stream::end(&mut st).await {
         Ok(end) => end,
         Err(e) => return e.into(),
@@ -248,6 +249,7 @@ async fn pump(
         inflight: VecDeque::with_capacity(config.window.max(1)),
         next_position: start + 1,
         expected: last_sequence,
+        cell: config.cell,
     };
     let (mut acked, mut acked_sequence) = (start, last_sequence);
     let mut checkpointed = start;
@@ -300,6 +302,8 @@ struct Window {
     next_position: i64,
     /// ... and the stream sequence it must follow.
     expected: u64,
+    /// The cell whose feed this is (its subjects, its `Ledger-Cell` header); `None` without a map.
+    cell: Option<u16>,
 }
 
 impl Window {
@@ -332,9 +336,9 @@ impl Window {
             }
             let ack = js
                 .publish_with_headers(
-                    message::subject(&e),
-                    message::headers(&e, self.expected),
-                    message::body(&e),
+                    message::subject_for(&e, self.cell),
+                    message::headers_for(&e, self.expected, self.cell),
+                    message::body_for(&e, self.cell),
                 )
                 .await
                 .map_err(|err| {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, stream::StorageType};
 
-use crate::message::{position_of, stream_subjects};
+use crate::message::{position_of, stream_subjects_for};
 use crate::RelayError;
 
 /// How long a JetStream API call or a publish's ack may take before it counts as failed.
@@ -36,10 +36,15 @@ pub async fn connect(url: &str, window: usize) -> Result<jetstream::Context, Rel
 }
 
 /// The stream's configuration as the relay creates it.
-pub fn stream_config(name: &str, duplicate_window: Duration) -> jetstream::stream::Config {
+/// `cell` names the cell whose feed the stream holds (its own subjects); `None` without a map.
+pub fn stream_config(
+    name: &str,
+    duplicate_window: Duration,
+    cell: Option<u16>,
+) -> jetstream::stream::Config {
     jetstream::stream::Config {
         name: name.to_owned(),
-        subjects: vec![stream_subjects()],
+        subjects: vec![stream_subjects_for(cell)],
         storage: StorageType::File,
         duplicate_window,
         description: Some("Ledger events, in feed order, published by `ledger relay`".to_owned()),
@@ -52,16 +57,17 @@ pub async fn ensure(
     js: &jetstream::Context,
     name: &str,
     duplicate_window: Duration,
+    cell: Option<u16>,
 ) -> Result<jetstream::stream::Stream, RelayError> {
     let mut stream = js
-        .get_or_create_stream(stream_config(name, duplicate_window))
+        .get_or_create_stream(stream_config(name, duplicate_window, cell))
         .await
         .map_err(|e| RelayError::Nats(format!("create or get stream {name}: {e}")))?;
     let info = stream
         .info()
         .await
         .map_err(|e| RelayError::Nats(format!("stream {name} info: {e}")))?;
-    let wanted = stream_subjects();
+    let wanted = stream_subjects_for(cell);
     if info.config.storage != StorageType::File {
         return Err(RelayError::Config(format!(
             "stream {name} exists with memory storage; the relay needs file storage"

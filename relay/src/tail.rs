@@ -125,6 +125,95 @@ pub async fn tail(config: &TailConfig, out: &mut impl Write) -> Result<u64, Rela
     Ok(written)
 }
 
+/// Consumes several streams at once (one per cell of a cell map, ADR 0017 §8), every line to
+/// `out`: each stream's lines in its own order, the streams interleaved as their messages come.
+/// Each config's own `limit` is ignored; `limit` counts every stream's lines together, and
+/// reaching it stops them all. Returns how many lines were written; the first stream that fails
+/// ends the whole.
+pub async fn tail_all(
+    configs: Vec<TailConfig>,
+    out: impl Write + Send + 'static,
+    limit: Option<u64>,
+) -> Result<u64, RelayError> {
+    let shared = std::sync::Arc::new(SharedOut {
+        out: std::sync::Mutex::new((Box::new(out), 0)),
+        limit,
+        done: tokio::sync::Notify::new(),
+    });
+    if limit == Some(0) {
+        return Ok(0);
+    }
+    let tails = configs.into_iter().map(|mut config| {
+        config.limit = None;
+        let mut writer = LineWriter {
+            shared: shared.clone(),
+            line: Vec::new(),
+        };
+        async move { tail(&config, &mut writer).await }
+    });
+    let all = futures_util::future::try_join_all(tails);
+    let written = |s: &SharedOut| s.out.lock().map_or(0, |o| o.1);
+    tokio::select! {
+        ended = all => match ended {
+            Ok(_) => Ok(written(&shared)),
+            Err(_) if shared.reached() => Ok(written(&shared)),
+            Err(e) => Err(e),
+        },
+        () = shared.done.notified() => Ok(written(&shared)),
+    }
+}
+
+/// The output several tails share, and how many lines it took.
+struct SharedOut {
+    out: std::sync::Mutex<(Box<dyn Write + Send>, u64)>,
+    limit: Option<u64>,
+    done: tokio::sync::Notify,
+}
+
+impl SharedOut {
+    fn reached(&self) -> bool {
+        let written = self.out.lock().map_or(0, |o| o.1);
+        self.limit.is_some_and(|l| written >= l)
+    }
+}
+
+/// One tail's writer: it collects a line, and writes it whole to the shared output at `flush`
+/// (a tail flushes after each line); past the limit it refuses, so that line is not acked.
+struct LineWriter {
+    shared: std::sync::Arc<SharedOut>,
+    line: Vec<u8>,
+}
+
+impl Write for LineWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.line.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.line.is_empty() {
+            return Ok(());
+        }
+        let mut guard = self
+            .shared
+            .out
+            .lock()
+            .map_err(|_| std::io::Error::other("the output's lock is poisoned"))?;
+        let (out, written) = &mut *guard;
+        if self.shared.limit.is_some_and(|l| *written >= l) {
+            return Err(std::io::Error::other("the limit of lines was reached"));
+        }
+        out.write_all(&self.line)?;
+        out.flush()?;
+        self.line.clear();
+        *written += 1;
+        if self.shared.limit.is_some_and(|l| *written >= l) {
+            self.shared.done.notify_one();
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,4 +12,4 @@ pub mod rng;
 pub mod run;
 pub mod world;
 
-pub use run::{run, Config, Report};
+pub use run::{run, run_cells, Config, Report};

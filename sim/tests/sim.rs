@@ -3,7 +3,7 @@
 //! its stated number of seeds, and one seed replays byte for byte.
 
 use application::plant::Bug;
-use sim::{run, Config};
+use sim::{run, run_cells, Config};
 
 fn config(plant: Option<Bug>, trace: bool) -> Config {
     Config {
@@ -12,6 +12,7 @@ fn config(plant: Option<Bug>, trace: bool) -> Config {
         trace,
         tight: false,
         bulk: false,
+        calm: false,
     }
 }
 
@@ -106,4 +107,32 @@ fn one_seed_replays_byte_for_byte() {
     }
     let planted = config(Some(Bug::NoCas), true);
     assert_eq!(run(9, &planted).trace, run(9, &planted).trace);
+}
+
+/// Cells (ADR 0017): three cell worlds per seed, the faults and a planted bug in cell 1 only.
+/// The bug is found in cell 1, and no seed ever finds a violation in cells 2 and 3.
+#[test]
+fn a_fault_in_one_cell_never_breaks_an_invariant_in_another() {
+    let planted = config(Some(Bug::PersistAfterCall), false);
+    let mut found_in_cell_one = 0;
+    for seed in 0..40 {
+        let reports = run_cells(seed, 3, &planted);
+        assert_eq!(reports.len(), 3);
+        found_in_cell_one += usize::from(!reports[0].violations.is_empty());
+        for (cell, report) in reports.iter().enumerate().skip(1) {
+            assert!(
+                report.violations.is_empty(),
+                "seed {seed}, cell {}: {:?}",
+                cell + 1,
+                report.violations
+            );
+            assert!(
+                report.faults.values().all(|n| *n == 0),
+                "cell {} is calm",
+                cell + 1
+            );
+            assert!(report.transfers > 0, "cell {} moved money", cell + 1);
+        }
+    }
+    assert!(found_in_cell_one > 0, "the planted bug is found in cell 1");
 }

@@ -20,25 +20,25 @@ use crate::helpers::{token, SpotProcess, TestDb};
 use crate::procs::{LedgerProcess, RECOVER_NOW};
 
 /// One cell of a test: its database, its spot-core and the file with that engine's token.
-struct Cell {
-    id: u16,
-    db: TestDb,
-    spot: SpotProcess,
+pub(crate) struct Cell {
+    pub(crate) id: u16,
+    pub(crate) db: TestDb,
+    pub(crate) spot: SpotProcess,
     token_file: PathBuf,
 }
 
 /// Three cells and the map naming them (partitions 0-84, 85-169, 170-255).
-struct ThreeCells {
-    cells: Vec<Cell>,
-    map: PathBuf,
-    placement: Placement,
+pub(crate) struct ThreeCells {
+    pub(crate) cells: Vec<Cell>,
+    pub(crate) map: PathBuf,
+    pub(crate) placement: Placement,
     _dir: tempfile::TempDir,
 }
 
 const RANGES: [&str; 3] = ["0-84", "85-169", "170-255"];
 
 impl ThreeCells {
-    async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut cells = Vec::new();
         for id in 1..=3u16 {
@@ -70,7 +70,7 @@ impl ThreeCells {
     }
 
     /// The first user (by id) of each cell, in cell order.
-    fn one_user_per_cell(&self) -> Vec<u64> {
+    pub(crate) fn one_user_per_cell(&self) -> Vec<u64> {
         (1..=3u64)
             .map(|cell| {
                 let cell = CellId::new(cell).unwrap();
@@ -83,7 +83,7 @@ impl ThreeCells {
 
     /// Money in each cell is exact: the conservation check over that cell's database and
     /// spot-core alone.
-    async fn assert_every_cell_exact(&self) {
+    pub(crate) async fn assert_every_cell_exact(&self) {
         for cell in &self.cells {
             let funding = FundingLedger::new(cell.db.pool.clone());
             let report = application::audit::check(&funding, &cell.spot.adapter())
@@ -115,7 +115,7 @@ async fn transfers_in(db: &TestDb) -> Vec<String> {
 }
 
 /// `(status, JSON body)` of one request to the process.
-async fn call(
+pub(crate) async fn call(
     base: &str,
     method: Method,
     path: &str,
@@ -137,7 +137,7 @@ async fn call(
     )
 }
 
-async fn deposit(base: &str, user: u64, amount: &str) {
+pub(crate) async fn deposit(base: &str, user: u64, amount: &str) {
     let body = json!({"user_id": user, "asset": "USDT", "amount": amount,
                       "external_id": format!("cells-{user}-{}", ulid::Ulid::new())});
     let (status, answer) = call(
@@ -151,7 +151,13 @@ async fn deposit(base: &str, user: u64, amount: &str) {
     assert_eq!(status, 200, "deposit for user {user}: {answer}");
 }
 
-async fn transfer(base: &str, user: u64, from: &str, to: &str, amount: &str) -> (u16, Value) {
+pub(crate) async fn transfer(
+    base: &str,
+    user: u64,
+    from: &str,
+    to: &str,
+    amount: &str,
+) -> (u16, Value) {
     let body = json!({"from": from, "to": to, "asset": "USDT", "amount": amount});
     call(
         base,
@@ -164,7 +170,7 @@ async fn transfer(base: &str, user: u64, from: &str, to: &str, amount: &str) -> 
 }
 
 /// `(funding, spot)` of a user's USDT, as the API reports them.
-async fn usdt(base: &str, user: u64) -> (String, String) {
+pub(crate) async fn usdt(base: &str, user: u64) -> (String, String) {
     let (status, body) = call(
         base,
         Method::GET,

@@ -247,6 +247,17 @@ pub async fn assert_stream_equals_feed(
     js: &jetstream::Context,
     stream: &str,
 ) -> usize {
+    assert_stream_equals_cell_feed(pool, js, stream, None).await
+}
+
+/// [`assert_stream_equals_feed`] for the stream of one cell's feed (ADR 0017 §8): the cell's
+/// subjects, its `Ledger-Cell` header and the `cell` in each body.
+pub async fn assert_stream_equals_cell_feed(
+    pool: &PgPool,
+    js: &jetstream::Context,
+    stream: &str,
+    cell: Option<u16>,
+) -> usize {
     let caught_up = projections::Projector::new(pool.clone())
         .catch_up(Duration::from_secs(30))
         .await
@@ -297,9 +308,14 @@ pub async fn assert_stream_equals_feed(
             Some(e.event_version.as_str())
         );
         assert_eq!(header("Ledger-User-Id"), e.user_id.map(|u| u.to_string()));
-        assert_eq!(m.subject.as_str(), relay::message::subject(e));
+        assert_eq!(m.subject.as_str(), relay::message::subject_for(e, cell));
+        assert_eq!(header("Ledger-Cell"), cell.map(|c| c.to_string()));
         let body: serde_json::Value = serde_json::from_slice(&m.payload).expect("the body is JSON");
-        assert_eq!(body, feed::event_json(e), "sequence {seq}'s body");
+        let mut expected = feed::event_json(e);
+        if let Some(cell) = cell {
+            expected["cell"] = serde_json::json!(cell);
+        }
+        assert_eq!(body, expected, "sequence {seq}'s body");
     }
     events.len()
 }

@@ -7,7 +7,8 @@
 //!   GraphQL, the user's own transfer by req_id, the feed).
 //! - An admin's token: a deposit (its external_id claimed across cells first, `claims.rs`), a
 //!   single transfer or a user's page goes to the cell of the user it names; a bulk request is split per cell; a route that names only a
-//!   req_id (a transfer, its timeline, resolve, repair) is looked up in each cell in turn; every
+//!   req_id (a transfer, its timeline, resolve, repair) is looked up in each cell in turn; a GET
+//!   of the feed (`/api/v1/events`, its stream) reads every cell's feed, merged (`feed.rs`); every
 //!   other admin route (the lists, the overview, alerts, the invariant, assets, the console)
 //!   goes to the home cell (the lowest id) and shows that cell only: fan-out views are not built.
 //! - No token, or one that does not verify: the home cell, which answers as today (a public
@@ -47,6 +48,8 @@ pub struct Front {
     keys: Arc<JwtKeys>,
     bulk_max: usize,
     claims: Claims,
+    /// The merged feed of every cell (`feed.rs`): an admin's GET of the feed's paths.
+    feed: Option<Router>,
 }
 
 /// The user a JSON body names, if it names one (`user_id`).
@@ -77,7 +80,14 @@ impl Front {
             keys: Arc::new(JwtKeys::new(jwt_secret)),
             bulk_max,
             claims,
+            feed: None,
         }
+    }
+
+    /// Sends an admin's GET of the feed's paths to `feed` (every cell's feed, merged).
+    pub fn with_feed(mut self, feed: Router) -> Self {
+        self.feed = Some(feed);
+        self
     }
 
     /// The router that takes every request and forwards it.
@@ -111,6 +121,16 @@ impl Front {
         let path = req.uri().path().to_owned();
         if let Some(user) = user_in_path(&path) {
             return self.forward(self.cell_of(user), req).await;
+        }
+        if let Some(feed) = self
+            .feed
+            .as_ref()
+            .filter(|_| req.method() == Method::GET && super::feed::is_feed(&path))
+        {
+            return match feed.clone().oneshot(req).await {
+                Ok(response) => response,
+                Err(never) => match never {},
+            };
         }
         let post = req.method() == Method::POST;
         if post && path == BULK_PATH {

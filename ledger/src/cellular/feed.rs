@@ -1,0 +1,359 @@
+//! The event feed under a cell map (ADR 0017 §8, contract §8): each cell keeps its own dense,
+//! gap-free feed, so an admin's `GET /api/v1/events` and `GET /api/v1/events/stream` read every
+//! cell's feed after the cursor's position for it (`1:5120,2:4987,3:5011`) and merge them.
+//!
+//! The merge is a k-way merge of the cells' pages: it always takes the head of the page whose
+//! head event was recorded first (ties: the lower cell id), so each cell's events keep their
+//! feed order, and the cells are interleaved by their recording time. Only the per-cell order is
+//! a promise: no engine gives a dense order across cells without one sequencer. Each event names
+//! its `cell`; `next_after` and `head` are cursors. A cell that cannot be read leaves its
+//! position where it was (so nothing of it is ever skipped) and the page says `partial` and
+//! names it in `cells_down`; the stream goes on with the other cells and asks that one again.
+//!
+//! The front router (`front.rs`) sends an admin's GET of these two paths here; a user's token
+//! still goes to its own cell, which refuses the feed as today (403). Without a map none of
+//! this runs: `query_api::feed` serves today's bare positions.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::extract::{FromRef, Query, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::routing::get;
+use axum::{Json, Router};
+use cells::{CellId, FeedCursor};
+use edge::auth::{AdminUser, JwtKeys};
+use edge::error::ApiError;
+use edge::state::AppState;
+use futures_util::stream::{self, Stream, StreamExt};
+use projections::feed::{event_json, FeedEvent, FEED_PAGE_SIZE_MAX};
+use query_api::{FEED_PAGE_SIZE_DEFAULT, STREAM_POLL_INTERVAL};
+use serde_json::{json, Value};
+use tokio::sync::OwnedSemaphorePermit;
+use tower_http::trace::TraceLayer;
+
+use crate::startup::Serving;
+
+/// The HTTP feed's path.
+pub const EVENTS_PATH: &str = "/api/v1/events";
+/// The SSE feed's path.
+pub const STREAM_PATH: &str = "/api/v1/events/stream";
+
+/// Events each cell is asked for per look by a stream.
+const STREAM_BATCH_MAX: i64 = 500;
+
+/// Every cell's state (its read side) and the home cell's, whose admission slots and keys the
+/// merged feed uses. Cheap to clone.
+#[derive(Clone)]
+pub struct CellFeeds {
+    cells: Arc<BTreeMap<CellId, AppState>>,
+    home: AppState,
+}
+
+impl FromRef<CellFeeds> for Arc<JwtKeys> {
+    fn from_ref(feeds: &CellFeeds) -> Self {
+        feeds.home.jwt.clone()
+    }
+}
+
+impl CellFeeds {
+    /// The feeds of `cells` (at least one; the lowest id is the home cell).
+    pub fn new(cells: BTreeMap<CellId, AppState>) -> Self {
+        let home = cells
+            .values()
+            .next()
+            .expect("a cell map names at least one cell")
+            .clone();
+        Self {
+            cells: Arc::new(cells),
+            home,
+        }
+    }
+
+    fn ids(&self) -> Vec<CellId> {
+        self.cells.keys().copied().collect()
+    }
+
+    fn cursor(&self, text: Option<&String>) -> Result<FeedCursor, ApiError> {
+        FeedCursor::parse(text.map_or("", String::as_str), &self.ids())
+            .map_err(|e| ApiError::BadRequest(format!("`after`: {e}")))
+    }
+
+    /// Each cell's page after the cursor's position for it, read at once; `Err` for a cell that
+    /// could not be read.
+    async fn pages(&self, after: &FeedCursor, limit: i64) -> Vec<CellPage> {
+        let reads = self.cells.iter().map(|(&cell, state)| async move {
+            let events = state.reads.feed_after(after.get(cell), limit, None).await;
+            CellPage { cell, events }
+        });
+        futures_util::future::join_all(reads).await
+    }
+}
+
+/// One cell's read: its events, or why it could not be read.
+struct CellPage {
+    cell: CellId,
+    events: Result<Vec<FeedEvent>, sqlx::Error>,
+}
+
+/// Is `path` one of the feed's two routes?
+pub fn is_feed(path: &str) -> bool {
+    path == EVENTS_PATH || path == STREAM_PATH
+}
+
+/// The two feed routes over every cell, with the limits, panic catching and tracing every
+/// cell's router has.
+pub fn router(feeds: CellFeeds, serving: &Serving) -> Router {
+    Router::new()
+        .route(EVENTS_PATH, get(events))
+        .route(STREAM_PATH, get(stream_events))
+        .layer(axum::middleware::from_fn_with_state(
+            serving.http,
+            edge::http_server::request_limits,
+        ))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            crate::router::panic_response,
+        ))
+        .layer(TraceLayer::new_for_http())
+        .with_state(feeds)
+}
+
+/// The merge of the cells' pages (see the module's comment): at most `limit` events, each with
+/// its cell, every cell's events in their feed order.
+pub fn merge(pages: Vec<(CellId, Vec<FeedEvent>)>, limit: usize) -> Vec<(CellId, FeedEvent)> {
+    let mut queues: Vec<(CellId, VecDeque<FeedEvent>)> = pages
+        .into_iter()
+        .map(|(cell, events)| (cell, events.into()))
+        .collect();
+    let mut out = Vec::new();
+    while out.len() < limit {
+        let next = queues
+            .iter_mut()
+            .filter_map(|(cell, q)| q.front().map(|e| (e.recorded_at, *cell)))
+            .min();
+        let Some((_, cell)) = next else { break };
+        let queue = queues
+            .iter_mut()
+            .find(|(c, _)| *c == cell)
+            .map(|(_, q)| q)
+            .expect("the chosen cell has a queue");
+        let event = queue.pop_front().expect("the chosen queue has a head");
+        out.push((cell, event));
+    }
+    out
+}
+
+/// An event as the merged feed shows it: the one-cell JSON and its `cell`.
+pub fn cell_event_json(cell: CellId, e: &FeedEvent) -> Value {
+    let mut v = event_json(e);
+    v["cell"] = json!(cell.get());
+    v
+}
+
+fn limit_param(params: &HashMap<String, String>) -> Result<i64, ApiError> {
+    let limit = match params.get("limit") {
+        None => FEED_PAGE_SIZE_DEFAULT,
+        Some(text) => text
+            .parse::<i64>()
+            .ok()
+            .filter(|n| *n >= 0)
+            .ok_or_else(|| {
+                ApiError::BadRequest("`limit` must be a non-negative integer".to_owned())
+            })?,
+    };
+    if limit == 0 || limit > FEED_PAGE_SIZE_MAX {
+        return Err(ApiError::BadRequest(format!(
+            "`limit` must be between 1 and {FEED_PAGE_SIZE_MAX}"
+        )));
+    }
+    Ok(limit)
+}
+
+/// `GET /api/v1/events?after=CURSOR&limit=M` (admin) under a map.
+async fn events(
+    State(feeds): State<CellFeeds>,
+    _admin: AdminUser,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let after = feeds.cursor(params.get("after"))?;
+    let limit = limit_param(&params)?;
+    let heads = feeds
+        .cells
+        .iter()
+        .map(|(&cell, state)| async move { (cell, state.reads.feed_head().await) });
+    let (pages, heads) = tokio::join!(
+        feeds.pages(&after, limit),
+        futures_util::future::join_all(heads)
+    );
+    let mut down = Vec::new();
+    let mut read = Vec::new();
+    for page in pages {
+        match page.events {
+            Ok(events) => read.push((page.cell, events)),
+            Err(e) => {
+                tracing::warn!(cell = %page.cell, error = %e, "feed: a cell cannot be read");
+                down.push(page.cell);
+            }
+        }
+    }
+    let merged = merge(read, usize::try_from(limit).unwrap_or(usize::MAX));
+    let mut next = after.clone();
+    for (cell, e) in &merged {
+        next.set(*cell, e.position);
+    }
+    let mut head = after.clone();
+    for (cell, at) in heads {
+        match at {
+            Ok(at) => head.set(cell, at),
+            Err(_) if !down.contains(&cell) => down.push(cell),
+            Err(_) => {}
+        }
+    }
+    down.sort();
+    let mut body = json!({
+        "events": merged.iter().map(|(c, e)| cell_event_json(*c, e)).collect::<Vec<_>>(),
+        "next_after": next.to_string(),
+        "head": head.to_string(),
+    });
+    if !down.is_empty() {
+        body["partial"] = json!(true);
+        body["cells_down"] = json!(down.iter().map(|c| c.get()).collect::<Vec<_>>());
+    }
+    Ok(Json(body))
+}
+
+/// `GET /api/v1/events/stream?after=CURSOR` (admin) under a map: the merged feed as server-sent
+/// events, each `id` the whole cursor after that event (what `Last-Event-ID` resumes from).
+async fn stream_events(
+    State(feeds): State<CellFeeds>,
+    admin: AdminUser,
+    headers: HeaderMap,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let resume = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| FeedCursor::parse(v, &feeds.ids()).ok());
+    let after = match resume {
+        Some(cursor) => cursor,
+        None => feeds.cursor(params.get("after"))?,
+    };
+    let slot = feeds
+        .home
+        .admission
+        .event_stream()
+        .map_err(|_| ApiError::Refused(domain::ErrorCode::RateLimitExceeded))?;
+    let left = admin
+        .expires_at
+        .duration_since(SystemTime::now())
+        .unwrap_or_default();
+    let stream = merged_stream(feeds, after, slot).take_until(tokio::time::sleep(left));
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+/// What a merged stream holds between events.
+struct StreamState {
+    feeds: CellFeeds,
+    cursor: FeedCursor,
+    pending: VecDeque<(CellId, FeedEvent)>,
+    _slot: OwnedSemaphorePermit,
+}
+
+/// Every cell's feed after `after`, merged, forever; a cell that cannot be read is asked again
+/// at the next look (its position stays, so nothing of it is skipped).
+fn merged_stream(
+    feeds: CellFeeds,
+    after: FeedCursor,
+    slot: OwnedSemaphorePermit,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let state = StreamState {
+        feeds,
+        cursor: after,
+        pending: VecDeque::new(),
+        _slot: slot,
+    };
+    stream::unfold(state, |mut st| async move {
+        loop {
+            if let Some((cell, e)) = st.pending.pop_front() {
+                st.cursor.set(cell, e.position);
+                let event = Event::default()
+                    .id(st.cursor.to_string())
+                    .event(e.event_type.clone())
+                    .data(cell_event_json(cell, &e).to_string());
+                return Some((Ok(event), st));
+            }
+            let home = st.feeds.home.clone();
+            let Ok(_turn) = home.admission.read().await else {
+                tokio::time::sleep(STREAM_POLL_INTERVAL).await;
+                continue;
+            };
+            let mut read = Vec::new();
+            for page in st.feeds.pages(&st.cursor, STREAM_BATCH_MAX).await {
+                match page.events {
+                    Ok(events) => read.push((page.cell, events)),
+                    Err(e) => tracing::warn!(cell = %page.cell, error = %e,
+                        "event stream: a cell cannot be read; asked again at the next look"),
+                }
+            }
+            st.pending = merge(read, usize::MAX).into();
+            if st.pending.is_empty() {
+                tokio::time::sleep(STREAM_POLL_INTERVAL).await;
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::{TimeZone, Utc};
+
+    fn event(position: i64, at_ms: i64) -> FeedEvent {
+        let at = Utc.timestamp_millis_opt(at_ms).unwrap();
+        FeedEvent {
+            position,
+            event_id: format!("Transfer:x:{position}"),
+            global_position: position,
+            aggregate_type: "Transfer".into(),
+            aggregate_id: "x".into(),
+            sequence: position,
+            event_type: "TransferCreated".into(),
+            event_version: "1".into(),
+            payload: json!({}),
+            user_id: Some(1),
+            occurred_at: at,
+            recorded_at: at,
+        }
+    }
+
+    fn cell(id: u64) -> CellId {
+        CellId::new(id).unwrap()
+    }
+
+    #[test]
+    fn the_merge_interleaves_by_time_and_keeps_each_cells_order() {
+        let one = vec![event(1, 10), event(2, 30), event(3, 50)];
+        // Cell 2's positions were recorded out of time order: its feed order still wins.
+        let two = vec![event(1, 20), event(2, 5), event(3, 40)];
+        let merged = merge(vec![(cell(1), one), (cell(2), two)], 10);
+        let got: Vec<(u16, i64)> = merged.iter().map(|(c, e)| (c.get(), e.position)).collect();
+        assert_eq!(got, [(1, 1), (2, 1), (2, 2), (1, 2), (2, 3), (1, 3)]);
+        // Ties go to the lower cell; the limit cuts the merge.
+        let tie = merge(
+            vec![(cell(2), vec![event(1, 7)]), (cell(1), vec![event(1, 7)])],
+            1,
+        );
+        assert_eq!(tie[0].0, cell(1));
+        assert_eq!(tie.len(), 1);
+    }
+
+    #[test]
+    fn a_merged_event_names_its_cell() {
+        let v = cell_event_json(cell(3), &event(4, 0));
+        assert_eq!(v["cell"], 3);
+        assert_eq!(v["position"], 4);
+    }
+}
