@@ -267,7 +267,7 @@ async fn run(
 ) -> anyhow::Result<()> {
     let Started {
         shared,
-        mut reached,
+        reached,
         map,
     } = started;
     let placement = Placement::of_map(&map);
@@ -282,36 +282,9 @@ async fn run(
     );
     let (stop_watchers, stopping) = tokio::sync::watch::channel(false);
     let (exits_tx, mut exits) = tokio::sync::mpsc::unbounded_channel::<String>();
-    let watchers: Vec<_> = map
-        .cells()
-        .iter()
-        .map(|spec| {
-            tokio::spawn(watch::run(
-                Arc::clone(&shared),
-                spec.clone(),
-                reached.remove(&spec.id),
-                stopping.clone(),
-                exits_tx.clone(),
-            ))
-        })
-        .collect();
+    let watchers = spawn_watchers(&shared, &map, reached, &stopping, &exits_tx);
     let http = settings.http.limits;
-    let metrics = metrics.map(|l| {
-        let metrics_front = front.clone();
-        let app = axum::Router::new().route(
-            "/metrics",
-            axum::routing::get(move || {
-                let f = metrics_front.clone();
-                async move { f.metrics().await }
-            }),
-        );
-        tokio::spawn(edge::http_server::serve(
-            l,
-            app,
-            http,
-            std::future::pending(),
-        ))
-    });
+    let metrics = metrics.map(|l| serve_metrics(l, front.clone(), http));
     let mut children: Vec<Option<SpotChild>> = children.into_iter().map(Some).collect();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let mut server = tokio::spawn(edge::http_server::serve(
@@ -348,6 +321,50 @@ async fn run(
         child.stop().await;
     }
     outcome
+}
+
+/// A watcher per cell of `map` (`watch.rs`), each given the parts of its cell reached at
+/// start-up.
+fn spawn_watchers(
+    shared: &Arc<Shared>,
+    map: &CellMap,
+    mut reached: BTreeMap<CellId, Reached>,
+    stopping: &tokio::sync::watch::Receiver<bool>,
+    exits: &tokio::sync::mpsc::UnboundedSender<String>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    map.cells()
+        .iter()
+        .map(|spec| {
+            tokio::spawn(watch::run(
+                Arc::clone(shared),
+                spec.clone(),
+                reached.remove(&spec.id),
+                stopping.clone(),
+                exits.clone(),
+            ))
+        })
+        .collect()
+}
+
+/// `/metrics` of every cell (`views.rs`) on its own listener.
+fn serve_metrics(
+    listener: TcpListener,
+    front: Front,
+    http: edge::http_server::HttpLimits,
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let f = front.clone();
+            async move { f.metrics().await }
+        }),
+    );
+    tokio::spawn(edge::http_server::serve(
+        listener,
+        app,
+        http,
+        std::future::pending(),
+    ))
 }
 
 async fn first_child_exit(children: &mut [Option<SpotChild>]) -> String {

@@ -113,7 +113,7 @@ pub fn merge_transfers(answers: &Answers, limit: usize) -> (Vec<Value>, BTreeMap
             row["req_id"].as_str().unwrap_or_default().to_owned(),
         )
     };
-    all.sort_by(|(_, a), (_, b)| key(b).cmp(&key(a)));
+    all.sort_by_key(|(_, row)| std::cmp::Reverse(key(row)));
     all.truncate(limit);
     let mut taken: BTreeMap<CellId, usize> = BTreeMap::new();
     for (cell, _) in &all {
@@ -224,7 +224,7 @@ pub fn alerts(answers: &Answers, limit: usize) -> Value {
             a["id"].as_i64(),
         )
     };
-    all.sort_by(|a, b| key(b).cmp(&key(a)));
+    all.sort_by_key(|alert| std::cmp::Reverse(key(alert)));
     all.truncate(limit);
     let mut out = json!({ "alerts": all });
     mark(&mut out, answers);

@@ -77,15 +77,17 @@ impl CellSlot {
 
     /// The cell's router and a bulkhead permit to hold while it answers, or why not.
     pub fn admit(&self) -> Result<(Router, OwnedSemaphorePermit), Refusal> {
-        let inner = self.read();
-        let served = match (inner.up, inner.served) {
-            (true, Some(served)) => served,
-            _ => return Err(Refusal::Down),
+        let app = {
+            let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+            match (&inner.served, inner.up) {
+                (Some(served), true) => served.app.clone(),
+                _ => return Err(Refusal::Down),
+            }
         };
         let permit = Arc::clone(&self.bulkhead)
             .try_acquire_owned()
             .map_err(|_| Refusal::Saturated)?;
-        Ok((served.app, permit))
+        Ok((app, permit))
     }
 
     /// What the cell serves with, once reached (up or down since).
@@ -177,4 +179,45 @@ pub fn healthz(slots: &Slots) -> Response {
     let all_up = slots.values().all(|s| s.is_up());
     let status = if all_up { "ok" } else { "degraded" };
     Json(json!({ "status": status, "cells": cells })).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn served() -> Served {
+        // Never connected: the slot only hands it out.
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+            .expect("a lazy pool");
+        let registry = Arc::new(RwLock::new(domain::AssetRegistry::default()));
+        Served {
+            app: Router::new(),
+            metrics: Router::new(),
+            assets: application::AssetSettings::new(pool.clone(), registry),
+            pool,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cell_takes_nothing_while_down_and_at_most_its_share_while_up() {
+        let slot = CellSlot::new(CellId::new(2).unwrap(), 2);
+        assert!(matches!(slot.admit(), Err(Refusal::Down)));
+        assert_eq!(slot.describe()["state"], "down");
+        slot.install(served());
+        let first = slot.admit().ok().expect("up");
+        let second = slot.admit().ok().expect("its second slot");
+        assert!(matches!(slot.admit(), Err(Refusal::Saturated)));
+        drop(first);
+        let third = slot.admit().ok().expect("a slot freed");
+        drop((second, third));
+        assert!(slot.set_down(), "it was up");
+        assert!(matches!(slot.admit(), Err(Refusal::Down)));
+        assert!(slot.describe()["down_since"].is_string());
+        slot.set_up();
+        assert!(slot.admit().is_ok());
+        let answer = refused(slot.id, &Refusal::Down);
+        assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(answer.headers()[RETRY_AFTER], "1");
+    }
 }

@@ -196,55 +196,64 @@ fn encode(text: &str) -> String {
     out
 }
 
+/// The page a transfers listing asks for: its `limit` and each cell's position. `Err(None)` for
+/// a `limit` out of range (a cell's own refusal answers it), `Err(Some(_))` for a cursor that
+/// does not parse.
+fn page_asked(uri: &Uri, cells: &[CellId]) -> Result<(usize, Positions), Option<ApiError>> {
+    let pairs = query_pairs(uri);
+    let value = |name: &str| {
+        pairs
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let limit = match value("limit").map(str::parse::<usize>) {
+        None => TRANSFERS_PAGE_DEFAULT,
+        Some(Ok(n)) if (1..=TRANSFERS_PAGE_MAX).contains(&n) => n,
+        Some(_) => return Err(None),
+    };
+    let positions = fanout::parse_positions(value("after"), cells).ok_or_else(|| {
+        Some(ApiError::BadRequest(
+            "`after` must be a cursor this listing returned".into(),
+        ))
+    })?;
+    Ok((limit, positions))
+}
+
+type Positions = std::collections::BTreeMap<CellId, Position>;
+
+/// One cell's page of the listing `parts` asks for, from `at`, at most `limit` rows.
+async fn cell_page(
+    front: &Front,
+    parts: &axum::http::request::Parts,
+    cell: CellId,
+    at: Position,
+    limit: usize,
+) -> Option<(u16, Value)> {
+    let uri = match at {
+        Position::End => return Some((200, json!({"transfers": [], "next": null}))),
+        Position::Start => with_page(&parts.uri, None, limit),
+        Position::After(c) => with_page(&parts.uri, Some(&c), limit),
+    };
+    front.ask(cell, &uri, &parts.headers).await
+}
+
 /// `GET /api/v1/admin/transfers` across cells: each cell's page from its own position, merged
 /// newest first, the next cursor naming each cell's position after this page (`fanout.rs`).
 async fn transfers(front: &Front, req: Request) -> Response {
     let (parts, _) = req.into_parts();
-    let pairs = query_pairs(&parts.uri);
-    let raw_limit = pairs
-        .iter()
-        .find(|(k, _)| k == "limit")
-        .map(|(_, v)| v.as_str());
-    let limit = match raw_limit.map(str::parse::<usize>) {
-        None => TRANSFERS_PAGE_DEFAULT,
-        Some(Ok(n)) if (1..=TRANSFERS_PAGE_MAX).contains(&n) => n,
-        // The cell refuses it with today's answer.
-        Some(_) => {
-            return front
-                .forward(front.any_cell(), Request::from_parts(parts, Body::empty()))
-                .await
-        }
-    };
-    let after = pairs
-        .iter()
-        .find(|(k, _)| k == "after")
-        .map(|(_, v)| v.as_str());
     let cells: Vec<CellId> = front.cells().collect();
-    let Some(mut positions) = fanout::parse_positions(after, &cells) else {
-        return ApiError::BadRequest("`after` must be a cursor this listing returned".into())
-            .into_response();
-    };
-    let page = |cell: CellId, at: &Position, limit: usize| {
-        let uri = parts.uri.clone();
-        let headers = parts.headers.clone();
-        let at = at.clone();
-        async move {
-            match at {
-                Position::End => Some((200, json!({"transfers": [], "next": null}))),
-                Position::Start => {
-                    front
-                        .ask(cell, &with_page(&uri, None, limit), &headers)
-                        .await
-                }
-                Position::After(c) => {
-                    front
-                        .ask(cell, &with_page(&uri, Some(&c), limit), &headers)
-                        .await
-                }
-            }
+    let (limit, mut positions) = match page_asked(&parts.uri, &cells) {
+        Ok(asked) => asked,
+        Err(None) => {
+            let req = Request::from_parts(parts, Body::empty());
+            return front.forward(front.any_cell(), req).await;
         }
+        Err(Some(refused)) => return refused.into_response(),
     };
-    let asks = cells.iter().map(|c| page(*c, &positions[c], limit));
+    let asks = cells
+        .iter()
+        .map(|c| cell_page(front, &parts, *c, positions[c].clone(), limit));
     let answers: Answers = cells
         .iter()
         .copied()
@@ -264,27 +273,20 @@ async fn transfers(front: &Front, req: Request) -> Response {
             Some(body["next"].clone())
         } else if took > 0 {
             // Where this cell stops: its own cursor after exactly the rows taken.
-            match page(*cell, &positions[cell], took).await {
-                Some((200, again)) => Some(again["next"].clone()),
-                _ => None,
-            }
+            let again = cell_page(front, &parts, *cell, positions[cell].clone(), took).await;
+            again.and_then(|(status, body)| (status == 200).then(|| body["next"].clone()))
         } else {
             None
         };
         if let Some(next) = next {
-            positions.insert(
-                *cell,
-                next.as_str()
-                    .map_or(Position::End, |c| Position::After(c.to_owned())),
-            );
+            let at = next
+                .as_str()
+                .map_or(Position::End, |c| Position::After(c.to_owned()));
+            positions.insert(*cell, at);
         }
     }
-    let next = fanout::encode_positions(&positions);
-    (
-        StatusCode::OK,
-        Json(fanout::transfers_page(rows, next, &answers)),
-    )
-        .into_response()
+    let page = fanout::transfers_page(rows, fanout::encode_positions(&positions), &answers);
+    (StatusCode::OK, Json(page)).into_response()
 }
 
 /// `PUT /api/v1/admin/assets/{symbol}` (ADR 0017 §4): written to the home cell, which checks

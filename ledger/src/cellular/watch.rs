@@ -194,7 +194,7 @@ async fn watch_reached(shared: &Shared, slot: &CellSlot, probe: &sqlx::PgPool, p
         }
         return;
     }
-    let due = !slot.is_up() || probes % ASSET_SYNC_EVERY == 0;
+    let due = !slot.is_up() || probes.is_multiple_of(ASSET_SYNC_EVERY);
     if !due {
         return;
     }
