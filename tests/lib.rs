@@ -6,3 +6,4 @@ pub mod chaos;
 pub mod netns;
 pub mod pg_ctl;
 pub mod pg_pair;
+pub mod pg_solo;

@@ -428,7 +428,7 @@ impl Drop for PgPair {
     }
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()
@@ -438,7 +438,7 @@ fn is_root() -> bool {
 
 /// Gives the pair's directory to the `postgres` user when running as root (initdb refuses
 /// root); otherwise the current user must be able to run PostgreSQL itself.
-fn as_postgres_owner(dir: &Path) -> anyhow::Result<()> {
+pub(crate) fn as_postgres_owner(dir: &Path) -> anyhow::Result<()> {
     if !is_root() {
         return Ok(());
     }
@@ -456,7 +456,7 @@ fn as_postgres_owner(dir: &Path) -> anyhow::Result<()> {
 }
 
 /// A port nothing listens on now.
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
 }

@@ -117,12 +117,18 @@ async fn run<C: Committer>(
 }
 
 /// A connection a committer keeps between batches (no pool round trip, no liveness ping per
-/// batch) and gives up after any error, so a broken one is never used twice.
+/// batch) and gives up after any error, so a broken one is never used twice. One kept idle
+/// longer than [`KEPT_IDLE_MAX`] goes back to the pool instead, and the batch takes one through
+/// the pool's acquire check: after a quiet spell (a cell whose database was down and is back,
+/// say) the first batch does not fail on a socket the server closed meanwhile.
 #[derive(Debug)]
 pub struct KeptConnection {
     pool: PgPool,
-    held: Option<PoolConnection<Postgres>>,
+    held: Option<(PoolConnection<Postgres>, std::time::Instant)>,
 }
+
+/// How long a committer keeps a connection between two batches before the pool checks it again.
+pub const KEPT_IDLE_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl KeptConnection {
     pub fn new(pool: PgPool) -> Self {
@@ -136,13 +142,14 @@ impl KeptConnection {
     /// The kept connection, or a new one from the pool.
     pub async fn take(&mut self) -> Result<PoolConnection<Postgres>, sqlx::Error> {
         match self.held.take() {
-            Some(held) => Ok(held),
-            None => self.pool.acquire().await,
+            Some((held, since)) if since.elapsed() <= KEPT_IDLE_MAX => Ok(held),
+            // Dropped: back to the pool, whose acquire checks it before handing it out.
+            _ => self.pool.acquire().await,
         }
     }
 
     /// Keeps `conn` for the next batch (only after a batch that saw no error on it).
     pub fn keep(&mut self, conn: PoolConnection<Postgres>) {
-        self.held = Some(conn);
+        self.held = Some((conn, std::time::Instant::now()));
     }
 }

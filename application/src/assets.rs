@@ -71,6 +71,60 @@ impl AssetSettings {
         Ok(())
     }
 
+    /// Makes the stored settings here equal to `home`'s (a cell catching up with the home cell,
+    /// ADR 0017 §4): every row of `home`'s `assets` that is missing or differs here is written
+    /// here as it is there, then the registry is reloaded. Returns how many rows were written.
+    /// Assets are never deleted, so a row only here stays.
+    pub async fn copy_from(&self, home: &PgPool) -> Result<usize, sqlx::Error> {
+        const ROWS: &str = "SELECT symbol, precision, min_transfer_amount, max_transfer_amount, \
+             status, internal_transfer_enabled, updated_at FROM assets ORDER BY symbol";
+        type Stored = (
+            String,
+            i32,
+            Decimal,
+            Decimal,
+            String,
+            bool,
+            chrono::DateTime<chrono::Utc>,
+        );
+        let theirs: Vec<Stored> = sqlx::query_as(ROWS).fetch_all(home).await?;
+        let ours: Vec<Stored> = sqlx::query_as(ROWS).fetch_all(&self.pool).await?;
+        let ours: std::collections::BTreeMap<&str, &Stored> =
+            ours.iter().map(|row| (row.0.as_str(), row)).collect();
+        let mut written = 0;
+        for row in &theirs {
+            let same = ours.get(row.0.as_str()).is_some_and(|mine| {
+                (mine.1, mine.2, mine.3, &mine.4, mine.5) == (row.1, row.2, row.3, &row.4, row.5)
+            });
+            if same {
+                continue;
+            }
+            sqlx::query(
+                "INSERT INTO assets (symbol, precision, min_transfer_amount, max_transfer_amount,
+                                     status, internal_transfer_enabled, updated_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)
+                 ON CONFLICT (symbol) DO UPDATE SET precision = EXCLUDED.precision,
+                     min_transfer_amount = EXCLUDED.min_transfer_amount,
+                     max_transfer_amount = EXCLUDED.max_transfer_amount,
+                     status = EXCLUDED.status,
+                     internal_transfer_enabled = EXCLUDED.internal_transfer_enabled,
+                     updated_at = EXCLUDED.updated_at",
+            )
+            .bind(&row.0)
+            .bind(row.1)
+            .bind(row.2)
+            .bind(row.3)
+            .bind(&row.4)
+            .bind(row.5)
+            .bind(row.6)
+            .execute(&self.pool)
+            .await?;
+            written += 1;
+        }
+        self.reload().await?;
+        Ok(written)
+    }
+
     /// Lays the stored settings over the registry; returns how many were applied. A row that no
     /// longer passes the checks is skipped with a warning rather than stopping the service.
     pub async fn reload(&self) -> Result<usize, sqlx::Error> {

@@ -1,21 +1,28 @@
 //! Serving several cells from one process (ADR 0017): `ledger serve --cell-map FILE` and
-//! `ledger up --cells N` (or `up --cell-map FILE` with `spot = "start"` cells). Every cell is
-//! reached and checked at start-up (`connect.rs`); each gets the whole of today's core and
-//! router over its own pool and spot-core, and its own background tasks (the projector, the
+//! `ledger up --cells N` (or `up --cell-map FILE` with `spot = "start"` cells). Start-up
+//! reaches every cell it can (`connect.rs`; a cell refused for its identity stops start-up, one
+//! that does not answer is served later) and each reached cell gets the whole of today's core
+//! and router over its own pool and spot-core, and its own background tasks (the projector, the
 //! recovery worker, the conservation check and its halt, the asset reloader, the vacuum, the
-//! idempotency horizon); the front router sends each request to its user's cell (`front.rs`).
-//! An admin's feed reads every cell's feed, merged, with a cursor naming each cell's position
-//! (`feed.rs`); `--nats` relays each cell's feed to a stream of its own (`<stream>_<cell>`, its
-//! checkpoint and leader lock in that cell's database). Not built yet: the fan-out admin views
-//! and metrics (the home cell's are served), and serving while a cell is unreachable (start-up
-//! waits for every cell). Deposits claim their external_id across cells first (`claims.rs`).
+//! idempotency horizon). A watcher per cell (`watch.rs`) keeps retrying a cell not reached,
+//! probes a reached one and marks it down or up (`slot.rs`), and keeps its assets equal to the
+//! home cell's. The front router sends each request to its user's cell (`front.rs`) and fans
+//! the admin views out (`views.rs`, `fanout.rs`). An admin's feed reads every cell's feed, merged,
+//! with a cursor naming each cell's position (`feed.rs`); `--nats` relays each cell's feed to a
+//! stream of its own (`<stream>_<cell>`, its checkpoint and leader lock in that cell's
+//! database). Deposits claim their external_id across cells first (`claims.rs`).
 
 pub mod claims;
 pub mod connect;
+pub mod fanout;
 pub mod feed;
 pub mod front;
+pub mod slot;
+pub mod views;
+pub mod watch;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context};
 use cells::{CellId, CellMap, MapFormat, Partition, Placement, SpotAddress};
@@ -24,13 +31,14 @@ use domain::UserId;
 use tokio::net::TcpListener;
 
 use crate::config::{self, JwtSecret};
-use crate::router::build_app;
-use crate::serve::{bind_metrics, configured, ServeArgs, UpArgs};
-use crate::settings::Settings;
+use crate::serve::{bind_metrics, ServeArgs, UpArgs};
+use crate::settings::{MetricsListen, Settings};
 use crate::spot_child::{child_exit, stored_or_generated_spot_token, SpotChild};
-use crate::startup::{shutdown_signal, Serving, Tasks};
-use connect::CellLink;
+use crate::startup::shutdown_signal;
+use connect::{ConnectError, Reach};
 use front::Front;
+use slot::{CellSlot, Slots};
+use watch::{Reached, Shared};
 
 /// The most cells `ledger up --cells` starts on one machine.
 pub const UP_CELLS_MAX: u16 = 16;
@@ -48,7 +56,8 @@ pub(crate) async fn serve(
         )
     })?;
     let assets = config::load_assets(args.assets.as_deref())?;
-    let links = connect::connect_all(settings, map, args.spot_timeout.0, &BTreeMap::new()).await?;
+    let reach = Reach::new(settings, map, args.spot_timeout.0, BTreeMap::new());
+    let started = start_cells(map, reach, assets, secret, args.relay.config()).await?;
     let listener = TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("listen on {}", args.listen))?;
@@ -56,17 +65,10 @@ pub(crate) async fn serve(
     let metrics = bind_metrics(&settings.http.metrics).await?;
     println!(
         "ledger serving on http://{local} ({} cells: {})",
-        links.len(),
-        describe_links(&links)
+        map.cells().len(),
+        describe_cells(map, &started.shared.slots)
     );
-    let cells = Cells {
-        placement: Placement::of_map(map),
-        links,
-        assets,
-        secret,
-        relay: args.relay.config(),
-    };
-    run(listener, metrics, cells, settings, Vec::new()).await
+    run(listener, metrics, started, settings, Vec::new()).await
 }
 
 /// `ledger up` with cells: `--cells N` on the local PostgreSQL, or `--cell-map FILE`; every
@@ -93,21 +95,21 @@ pub(crate) async fn up(args: UpArgs, settings: &Settings, map: CellMap) -> anyho
         started.insert(spec.id, (child.addr.clone(), Some(token)));
         children.push(child);
     }
-    let links = connect::connect_all(settings, &map, args.spot_timeout.0, &started).await?;
+    let reach = Reach::new(settings, &map, args.spot_timeout.0, started);
+    let banner_secret = secret.clone();
+    let started = start_cells(&map, reach, assets, secret, args.relay.config()).await?;
     let listener = TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("listen on {}", args.listen))?;
     let local = listener.local_addr()?;
     let metrics = bind_metrics(&settings.http.metrics).await?;
-    print_up_banner(&format!("http://{local}"), &map, &links, &secret);
-    let cells = Cells {
-        placement: Placement::of_map(&map),
-        links,
-        assets,
-        secret,
-        relay: args.relay.config(),
-    };
-    run(listener, metrics, cells, settings, children).await
+    print_up_banner(
+        &format!("http://{local}"),
+        &map,
+        &started.shared.slots,
+        &banner_secret,
+    );
+    run(listener, metrics, started, settings, children).await
 }
 
 /// The cell map `ledger up` runs, if any: `--cells N`'s ([`local_map`]) or the settings' own.
@@ -164,77 +166,85 @@ fn cell_database_url(url: &str, cell: usize) -> anyhow::Result<String> {
     Ok(out)
 }
 
-/// Every cell a process serves, and what they share.
-struct Cells {
-    placement: Placement,
-    links: Vec<CellLink>,
-    assets: domain::AssetRegistry,
-    secret: JwtSecret,
-    /// `--nats`: each cell's feed is relayed to a stream of its own (`<stream>_<cell>`).
-    relay: Option<relay::RelayConfig>,
-}
-
-fn describe_links(links: &[CellLink]) -> String {
-    let each: Vec<String> = links
+/// Each cell's id and whether it serves now, for the banner.
+fn describe_cells(map: &CellMap, slots: &Slots) -> String {
+    let each: Vec<String> = map
+        .cells()
         .iter()
-        .map(|l| format!("cell {} spot-core {}", l.id, l.spot_addr))
+        .map(|c| {
+            let state = if slots[&c.id].is_up() {
+                "up"
+            } else {
+                "down, retried in the background"
+            };
+            let spot = match &c.spot {
+                SpotAddress::At(addr) => addr.clone(),
+                SpotAddress::Start => "a child".to_owned(),
+            };
+            format!("cell {} spot-core {spot} ({state})", c.id)
+        })
         .collect();
     each.join(", ")
 }
 
-/// Every cell's core, router and background tasks, and the front router over them.
+/// Every cell's place behind the front, the cells reached at start-up and the front itself.
 struct Started {
-    front: axum::Router,
-    tasks: Vec<Tasks>,
-    /// The home cell's state: `/metrics` reports it until metrics carry a `cell` label.
-    home_state: edge::state::AppState,
-    serving: Serving,
+    shared: Arc<Shared>,
+    reached: BTreeMap<CellId, Reached>,
+    map: CellMap,
 }
 
-/// Wires each cell's core and starts its background tasks (ADR 0017 §11: all of them per cell).
-async fn start_cells(cells: Cells, settings: &Settings) -> anyhow::Result<Started> {
-    let mut apps = BTreeMap::new();
-    let mut states = BTreeMap::new();
-    let mut tasks = Vec::new();
-    let mut first = None;
-    let pools = cells.links.iter().map(|l| (l.id, l.pool.clone())).collect();
-    let claims = claims::Claims::new(cells.placement.clone(), pools);
-    for link in cells.links {
-        let (assembled, mut serving) = configured(
-            settings,
-            link.pool,
-            link.spot,
-            cells.assets.clone(),
-            &cells.secret,
-            cells.relay.as_ref().map(|r| r.for_cell(link.id.get())),
-        )?;
-        // One tree, origin and key per cell is not built yet (ADR 0017 lists it): no cell keeps
-        // a log rather than several under one origin.
-        serving.background.log = None;
-        tasks.push(
-            Tasks::start(&assembled.pieces, &serving.background)
-                .await
-                .with_context(|| format!("cell {}: start its background tasks", link.id))?,
-        );
-        apps.insert(link.id, build_app(assembled.state.clone(), &serving));
-        states.insert(link.id, assembled.state.clone());
-        first.get_or_insert((assembled.state, serving));
+/// Reaches every cell it can (ADR 0017 §11): the home cell first (where assets are
+/// authoritative, so the others catch up with it as they are reached), then every other cell
+/// at once. A cell refused for what it is (another cell's database or engine, a map that
+/// differs) stops start-up; one that does not answer is left down, and its watcher reaches it
+/// later.
+async fn start_cells(
+    map: &CellMap,
+    reach: Reach,
+    assets: domain::AssetRegistry,
+    secret: JwtSecret,
+    relay: Option<relay::RelayConfig>,
+) -> anyhow::Result<Started> {
+    let cells = map.cells().len().max(1);
+    let in_flight_max = reach.settings.http.limits.connections_max / cells;
+    let slots: Slots = Arc::new(
+        map.cells()
+            .iter()
+            .map(|c| (c.id, Arc::new(CellSlot::new(c.id, in_flight_max))))
+            .collect(),
+    );
+    let shared = Arc::new(Shared {
+        reach,
+        assets,
+        secret,
+        slots,
+        relay,
+    });
+    let home = shared.home();
+    let (first, rest): (Vec<_>, Vec<_>) = map.cells().iter().partition(|c| c.id == home);
+    let mut reached = BTreeMap::new();
+    for batch in [first, rest] {
+        let attempts = batch.iter().map(|spec| watch::reach(&shared, spec));
+        let results = futures_util::future::join_all(attempts).await;
+        for (spec, result) in batch.iter().zip(results) {
+            match result {
+                Ok((served, parts)) => {
+                    shared.slots[&spec.id].install(served);
+                    reached.insert(spec.id, parts);
+                }
+                Err(ConnectError::Refused(e)) => return Err(e),
+                Err(ConnectError::Unreachable(e)) => {
+                    tracing::error!(cell = %spec.id, error = %format!("{e:#}"), "cell unreachable at start-up: the other cells serve, this one is retried in the background");
+                }
+            }
+        }
     }
-    let (home_state, serving) = first.context("a cell map names at least one cell")?;
     tracing::warn!("under a cell map the tamper-evident log is not kept yet (ADR 0017)");
-    let front = Front::new(
-        cells.placement,
-        apps,
-        &cells.secret.bytes,
-        settings.limits.bulk_max,
-        claims,
-    )
-    .with_feed(feed::router(feed::CellFeeds::new(states), &serving));
     Ok(Started {
-        front: front.router(),
-        tasks,
-        home_state,
-        serving,
+        shared,
+        reached,
+        map: map.clone(),
     })
 }
 
@@ -243,31 +253,40 @@ async fn start_cells(cells: Cells, settings: &Settings) -> anyhow::Result<Starte
 async fn run(
     listener: TcpListener,
     metrics: Option<TcpListener>,
-    cells: Cells,
+    started: Started,
     settings: &Settings,
     children: Vec<SpotChild>,
 ) -> anyhow::Result<()> {
     let Started {
-        front,
-        mut tasks,
-        home_state,
-        serving,
-    } = start_cells(cells, settings).await?;
-    let metrics = metrics.map(|l| {
-        let app = query_api::metrics::app(home_state, serving.target_pending_alert_after());
-        tokio::spawn(edge::http_server::serve(
-            l,
-            app,
-            serving.http,
-            std::future::pending(),
-        ))
-    });
+        shared,
+        reached,
+        map,
+    } = started;
+    let placement = Placement::of_map(&map);
+    let claims = claims::Claims::new(placement.clone(), Arc::clone(&shared.slots));
+    let front = Front::new(
+        placement,
+        Arc::clone(&shared.slots),
+        &shared.secret.bytes,
+        settings.limits.bulk_max,
+        claims,
+        settings.http.metrics == MetricsListen::Api,
+    )
+    .with_feed(feed::router(
+        feed::CellFeeds::new(Arc::clone(&shared.slots), &shared.secret.bytes),
+        settings.http.limits,
+    ));
+    let (stop_watchers, stopping) = tokio::sync::watch::channel(false);
+    let (exits_tx, mut exits) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let watchers = spawn_watchers(&shared, &map, reached, &stopping, &exits_tx);
+    let http = settings.http.limits;
+    let metrics = metrics.map(|l| serve_metrics(l, front.clone(), http));
     let mut children: Vec<Option<SpotChild>> = children.into_iter().map(Some).collect();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let mut server = tokio::spawn(edge::http_server::serve(
         listener,
-        front,
-        serving.http,
+        front.router(),
+        http,
         async move {
             let _ = stop_rx.await;
         },
@@ -275,7 +294,7 @@ async fn run(
     let outcome = tokio::select! {
         () = shutdown_signal() => Ok(()),
         ended = &mut server => Err(anyhow!("the API server stopped: {ended:?}")),
-        name = first_task_exit(&mut tasks) => Err(anyhow!("background task {name} stopped")),
+        Some(name) = exits.recv() => Err(anyhow!("background task {name} stopped")),
         status = first_child_exit(&mut children) => {
             Err(anyhow!("a cell's spot-core exited unexpectedly ({status})"))
         }
@@ -290,8 +309,9 @@ async fn run(
     if let Some(metrics) = metrics {
         metrics.abort();
     }
-    for t in tasks {
-        t.stop().await;
+    let _ = stop_watchers.send(true);
+    for watcher in watchers {
+        let _ = watcher.await;
     }
     for child in children.into_iter().flatten() {
         child.stop().await;
@@ -299,9 +319,48 @@ async fn run(
     outcome
 }
 
-async fn first_task_exit(tasks: &mut [Tasks]) -> &'static str {
-    let waits = tasks.iter_mut().map(|t| Box::pin(t.first_exit()));
-    futures_util::future::select_all(waits).await.0
+/// A watcher per cell of `map` (`watch.rs`), each given the parts of its cell reached at
+/// start-up.
+fn spawn_watchers(
+    shared: &Arc<Shared>,
+    map: &CellMap,
+    mut reached: BTreeMap<CellId, Reached>,
+    stopping: &tokio::sync::watch::Receiver<bool>,
+    exits: &tokio::sync::mpsc::UnboundedSender<String>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    map.cells()
+        .iter()
+        .map(|spec| {
+            tokio::spawn(watch::run(
+                Arc::clone(shared),
+                spec.clone(),
+                reached.remove(&spec.id),
+                stopping.clone(),
+                exits.clone(),
+            ))
+        })
+        .collect()
+}
+
+/// `/metrics` of every cell (`views.rs`) on its own listener.
+fn serve_metrics(
+    listener: TcpListener,
+    front: Front,
+    http: edge::http_server::HttpLimits,
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let f = front.clone();
+            async move { f.metrics().await }
+        }),
+    );
+    tokio::spawn(edge::http_server::serve(
+        listener,
+        app,
+        http,
+        std::future::pending(),
+    ))
 }
 
 async fn first_child_exit(children: &mut [Option<SpotChild>]) -> String {
@@ -313,17 +372,17 @@ async fn first_child_exit(children: &mut [Option<SpotChild>]) -> String {
 }
 
 /// `ledger up`'s banner with cells: the usual one, then where users land.
-fn print_up_banner(base: &str, map: &CellMap, links: &[CellLink], secret: &JwtSecret) {
+fn print_up_banner(base: &str, map: &CellMap, slots: &Slots, secret: &JwtSecret) {
     crate::serve::print_banner(&crate::serve::Banner {
         base: base.to_owned(),
-        metrics: "the home cell's (see above)".to_owned(),
+        metrics: "every cell's, with a `cell` label (see above)".to_owned(),
         database: map
             .cells()
             .iter()
             .map(|c| format!("cell {}: {}", c.id, config::redact_url(&c.database_url)))
             .collect::<Vec<_>>()
             .join("; "),
-        spot: describe_links(links),
+        spot: describe_cells(map, slots),
         secret,
     });
     println!();

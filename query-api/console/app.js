@@ -355,6 +355,7 @@
     var check = o.last_check;
     var lag = o.lag || {};
     replace(statsBox, [
+      cellsStat(o),
       stat("Created in the last minute", String(o.rate_last_minute === undefined ? "—" : o.rate_last_minute)),
       stat("Oldest open transfer", o.oldest_open_age_ms === null || o.oldest_open_age_ms === undefined ? "none" : duration(o.oldest_open_age_ms),
         o.oldest_open_req_id ? reqLink(o.oldest_open_req_id) : "no transfer is open"),
@@ -367,6 +368,20 @@
         "recovery pass " + (lag.recovery_last_pass_age_ms === null || lag.recovery_last_pass_age_ms === undefined ? "—" : duration(lag.recovery_last_pass_age_ms) + " ago") +
         " · relay " + (lag.relay_positions === null || lag.relay_positions === undefined ? "off" : lag.relay_positions + " events / " + lag.relay_seconds + " s")),
     ]);
+  }
+
+  // Under a cell map (ADR 0017) the overview adds up every cell and names each one's state; the
+  // figures above are the cells that answered, and a cell that is down is named here.
+  function cellsStat(o) {
+    if (!o.cells) { return null; }
+    var down = o.cells.filter(function (c) { return c.state !== "up"; }).map(function (c) { return c.cell; });
+    var value = down.length
+      ? h("span", { class: "pill bad", id: "cells-down" }, "cell " + down.join(", ") + " down")
+      : h("span", { class: "pill good" }, "all " + o.cells.length + " up");
+    var note = o.cells.map(function (c) {
+      return "cell " + c.cell + ": " + (c.state === "up" ? (c.halted ? "halted" : "up") : "down since " + utc(c.down_since));
+    }).join(" · ");
+    return stat("Cells", value, note + (down.length ? " · figures show the other cells" : ""));
   }
 
   function stuckTable(rows) {

@@ -175,7 +175,7 @@ fn mon_rules_point_at_runbook_sections_that_exist() {
         .lines()
         .filter_map(|l| l.trim().strip_prefix("runbook: docs/runbook.md#"))
         .collect();
-    assert_eq!(alerts, 9, "{rules}");
+    assert_eq!(alerts, 10, "{rules}");
     assert_eq!(anchors.len(), alerts, "one runbook per rule");
     assert_eq!(
         rules.matches("summary: ").count(),

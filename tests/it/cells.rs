@@ -18,13 +18,47 @@ use serde_json::{json, Value};
 
 use crate::helpers::{token, SpotProcess, TestDb};
 use crate::procs::{LedgerProcess, RECOVER_NOW};
+use tests::pg_solo::PgSolo;
 
-/// One cell of a test: its database, its spot-core and the file with that engine's token.
+/// One cell of a test: its database, its spot-core and the file with that engine's token. The
+/// database is a test database on the shared server, or one on a private cluster the test can
+/// stop ([`PgSolo`]).
 pub(crate) struct Cell {
     pub(crate) id: u16,
-    pub(crate) db: TestDb,
+    pub(crate) db: CellDb,
     pub(crate) spot: SpotProcess,
     token_file: PathBuf,
+}
+
+/// A cell's database: its URL and a pool of the test's own.
+pub(crate) struct CellDb {
+    pub(crate) url: String,
+    pub(crate) pool: sqlx::PgPool,
+    _shared: Option<TestDb>,
+}
+
+impl CellDb {
+    async fn shared() -> Self {
+        let db = TestDb::new().await;
+        Self {
+            url: db.url.clone(),
+            pool: db.pool.clone(),
+            _shared: Some(db),
+        }
+    }
+
+    /// A database on `cluster`, which the test may stop.
+    async fn private(cluster: &PgSolo) -> Self {
+        let url = cluster.url("ledger_cell");
+        let pool = schema::prepare(&url, 4)
+            .await
+            .expect("prepare the cell's database");
+        Self {
+            url,
+            pool,
+            _shared: None,
+        }
+    }
 }
 
 /// Three cells and the map naming them (partitions 0-84, 85-169, 170-255).
@@ -39,15 +73,24 @@ const RANGES: [&str; 3] = ["0-84", "85-169", "170-255"];
 
 impl ThreeCells {
     pub(crate) async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// Three cells, cell 2's database on `private` when given.
+    async fn start_with(private: Option<&PgSolo>) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut cells = Vec::new();
         for id in 1..=3u16 {
             let spot = SpotProcess::start_cell(id);
             let token_file = dir.path().join(format!("spot-{id}.token"));
             std::fs::write(&token_file, &spot.token).expect("token file");
+            let db = match private {
+                Some(cluster) if id == 2 => CellDb::private(cluster).await,
+                _ => CellDb::shared().await,
+            };
             cells.push(Cell {
                 id,
-                db: TestDb::new().await,
+                db,
                 spot,
                 token_file,
             });
@@ -105,7 +148,7 @@ fn cell_json(id: u16, db: &str, spot: &str, token_file: &Path, parts: &[&str]) -
 }
 
 /// The req_ids of the transfers created in one cell's database.
-async fn transfers_in(db: &TestDb) -> Vec<String> {
+async fn transfers_in(db: &CellDb) -> Vec<String> {
     sqlx::query_scalar(
         "SELECT aggregate_id FROM events WHERE event_type = 'TransferCreated' ORDER BY aggregate_id",
     )
@@ -539,8 +582,7 @@ async fn cells_005_an_external_id_retried_under_a_user_of_another_cell_credits_o
 
 /// A conservation mismatch planted in one cell with SQL halts that cell only (ADR 0017 §11): its
 /// users are refused with the contract's code while the other cells keep committing, their money
-/// exact. The check is asked of the home cell (cell 1), where `/admin/invariant` goes until the
-/// admin views fan out.
+/// exact. `/admin/invariant` runs the check in every cell: cell 1's is the one that fails.
 #[tokio::test]
 async fn cells_006_a_halt_in_one_cell_refuses_only_its_users() {
     let three = ThreeCells::start().await;
@@ -568,6 +610,21 @@ async fn cells_006_a_halt_in_one_cell_refuses_only_its_users() {
     assert_eq!(
         (report["ok"].clone(), report["halted"].clone()),
         (json!(false), json!(true)),
+        "{report}"
+    );
+    let per_cell: Vec<(Value, Value)> = report["cells"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["ok"].clone(), c["halted"].clone()))
+        .collect();
+    assert_eq!(
+        per_cell,
+        [
+            (json!(false), json!(true)),
+            (json!(true), json!(false)),
+            (json!(true), json!(false))
+        ],
         "{report}"
     );
 
@@ -687,4 +744,402 @@ async fn cells_007_ledger_up_cells_3_runs_three_cells_here() {
             .await
             .unwrap();
     }
+}
+
+/// `/healthz`'s state of `cell` (`up` or `down`).
+async fn cell_state(base: &str, cell: u16) -> String {
+    let body: Value = reqwest::get(format!("{base}/healthz"))
+        .await
+        .expect("healthz")
+        .json()
+        .await
+        .expect("healthz JSON");
+    body["cells"]
+        .as_array()
+        .and_then(|cells| cells.iter().find(|c| c["cell"] == cell))
+        .and_then(|c| c["state"].as_str())
+        .unwrap_or_else(|| panic!("no cell {cell} in {body}"))
+        .to_owned()
+}
+
+/// Waits (bounded) until `/healthz` says `cell` is `state`.
+async fn wait_cell(base: &str, cell: u16, state: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let now = cell_state(base, cell).await;
+        if now == state {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "cell {cell} stayed {now}, not {state}, for {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits (bounded) until the overview counts `committed` transfers (the read models are
+/// projected from each cell's feed a moment after the commit), and returns it.
+async fn overview_once_projected(base: &str, committed: i64) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let overview = admin_get(base, "/api/v1/admin/overview").await;
+        if overview["by_state"]["COMMITTED"] == committed {
+            return overview;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never {committed} committed: {overview}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// An external_id whose claim is kept by a cell other than `not`.
+fn external_id_not_in(three: &ThreeCells, not: u16) -> String {
+    (0..)
+        .map(|i| format!("cells-{}-{i}", ulid::Ulid::new()))
+        .find(|id| {
+            three
+                .placement
+                .owner(cells::partition_of_bytes(id.as_bytes()))
+                .get()
+                != not
+        })
+        .unwrap()
+}
+
+async fn admin_get(base: &str, path: &str) -> Value {
+    let (status, body) = call(base, Method::GET, path, &token(1, true), None).await;
+    assert_eq!(status, 200, "{path}: {body}");
+    body
+}
+
+/// USDT's settings with `max_transfer_amount` set, as `PUT /api/v1/admin/assets/USDT` takes them.
+fn usdt_with_max(max: &str) -> Value {
+    json!({"precision": 8, "min_transfer_amount": "0.00000001", "max_transfer_amount": max,
+           "status": "ACTIVE", "internal_transfer_enabled": true})
+}
+
+/// A user of the cell whose database is down is refused at once, 503 naming the cell.
+async fn assert_refused_fast(base: &str, user: u64, cell: u16) {
+    let asked = Instant::now();
+    let (status, body) = transfer(base, user, "FUNDING", "SPOT", "10").await;
+    assert_eq!(
+        (status, body["code"].clone(), body["cell"].clone()),
+        (503, json!("SYSTEM_ERROR"), json!(cell)),
+        "{body}"
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(1),
+        "refused after {:?}, not at once",
+        asked.elapsed()
+    );
+}
+
+/// Stop one cell's PostgreSQL for real (its own private cluster, `-m immediate`): that cell's
+/// users are refused at once (503 naming the cell) while the other cells keep committing; the
+/// admin views say which cell is missing; an asset change made meanwhile reaches the cells up
+/// and, once the database is back, the stopped cell catches it up before it serves again; then
+/// it commits again with nothing lost, and money is exact in every cell.
+#[tokio::test]
+async fn cells_008_a_stopped_postgresql_stops_only_its_cell() {
+    let cluster = PgSolo::start().expect("a private PostgreSQL cluster");
+    let three = ThreeCells::start_with(Some(&cluster)).await;
+    let ledger = LedgerProcess::start_cells(&three.map, &RECOVER_NOW);
+    let base = ledger.base.clone();
+    let users = three.one_user_per_cell();
+    for &user in &users {
+        deposit(&base, user, "100").await;
+    }
+    let (status, before) = transfer(&base, users[1], "FUNDING", "SPOT", "10").await;
+    assert_eq!(
+        (status, before["state"].clone()),
+        (200, json!("COMMITTED")),
+        "{before}"
+    );
+
+    cluster.stop_immediate().expect("stop cell 2's PostgreSQL");
+    wait_cell(&base, 2, "down", Duration::from_secs(15)).await;
+    assert_refused_fast(&base, users[1], 2).await;
+    for _ in 0..5 {
+        for user in [users[0], users[2]] {
+            let (status, body) = transfer(&base, user, "FUNDING", "SPOT", "10").await;
+            assert_eq!(
+                (status, body["state"].clone()),
+                (200, json!("COMMITTED")),
+                "{body}"
+            );
+        }
+    }
+    // The admin views show the other cells and name the missing one.
+    let overview = overview_once_projected(&base, 10).await;
+    assert_eq!(
+        (overview["partial"].clone(), overview["down_cells"].clone()),
+        (json!(true), json!([2])),
+        "{overview}"
+    );
+    assert_eq!(overview["cells"][1]["state"], "down", "{overview}");
+    let page = admin_get(&base, "/api/v1/admin/transfers?limit=500").await;
+    assert_eq!(
+        (page["partial"].clone(), page["down_cells"].clone()),
+        (json!(true), json!([2])),
+        "{page}"
+    );
+    assert_eq!(page["transfers"].as_array().unwrap().len(), 10, "{page}");
+    let metrics = reqwest::get(&ledger.metrics)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("ledger_cell_up{cell=\"2\"} 0"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("ledger_cell_up{cell=\"1\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("ledger_halted{cell=\"3\"} 0"), "{metrics}");
+
+    // An asset change while cell 2 is down: the cells up apply it at once.
+    let (status, body) = call(
+        &base,
+        Method::PUT,
+        "/api/v1/admin/assets/USDT",
+        &token(1, true),
+        Some(usdt_with_max("5")),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    for user in [users[0], users[2]] {
+        let (status, body) = transfer(&base, user, "SPOT", "FUNDING", "6").await;
+        assert_eq!(
+            (status, body["code"].clone()),
+            (422, json!("AMOUNT_TOO_LARGE")),
+            "{body}"
+        );
+    }
+
+    cluster
+        .start_again()
+        .expect("start cell 2's PostgreSQL again");
+    wait_cell(&base, 2, "up", Duration::from_secs(60)).await;
+    // Caught up before it served again: its own database holds the change, and it refuses.
+    let max: rust_decimal::Decimal =
+        sqlx::query_scalar("SELECT max_transfer_amount FROM assets WHERE symbol = 'USDT'")
+            .fetch_one(&three.cells[1].db.pool)
+            .await
+            .unwrap();
+    assert_eq!(max.normalize().to_string(), "5");
+    let (status, body) = transfer(&base, users[1], "FUNDING", "SPOT", "6").await;
+    assert_eq!(
+        (status, body["code"].clone()),
+        (422, json!("AMOUNT_TOO_LARGE")),
+        "{body}"
+    );
+    let (status, after) = transfer(&base, users[1], "FUNDING", "SPOT", "5").await;
+    assert_eq!(
+        (status, after["state"].clone()),
+        (200, json!("COMMITTED")),
+        "{after}"
+    );
+
+    // Nothing lost in the stopped cell: both its transfers, and its user's money.
+    assert_eq!(
+        usdt(&base, users[1]).await,
+        ("85".to_owned(), "15".to_owned())
+    );
+    let mut held = transfers_in(&three.cells[1].db).await;
+    held.sort();
+    let mut want = vec![
+        before["req_id"].as_str().unwrap().to_owned(),
+        after["req_id"].as_str().unwrap().to_owned(),
+    ];
+    want.sort();
+    assert_eq!(held, want);
+    for user in [users[0], users[2]] {
+        assert_eq!(usdt(&base, user).await, ("50".to_owned(), "50".to_owned()));
+    }
+    three.assert_every_cell_exact().await;
+}
+
+/// A ledger started while one cell's database is down serves the other cells, says which cell
+/// is down, refuses a deposit whose external_id that cell keeps, and serves the cell once its
+/// database is back; money exact in every cell.
+#[tokio::test]
+async fn cells_009_a_ledger_started_while_a_cells_database_is_down_serves_the_others() {
+    let cluster = PgSolo::start().expect("a private PostgreSQL cluster");
+    let three = ThreeCells::start_with(Some(&cluster)).await;
+    let users = three.one_user_per_cell();
+    cluster.stop_immediate().expect("stop cell 2's PostgreSQL");
+    let ledger = LedgerProcess::start_cells(&three.map, &RECOVER_NOW);
+    let base = ledger.base.clone();
+    let health: Value = reqwest::get(format!("{base}/healthz"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["status"], "degraded", "{health}");
+    assert_eq!(cell_state(&base, 2).await, "down");
+    for user in [users[0], users[2]] {
+        let body = json!({"user_id": user, "asset": "USDT", "amount": "100",
+                          "external_id": external_id_not_in(&three, 2)});
+        let (status, answer) = call(
+            &base,
+            Method::POST,
+            "/api/v1/admin/deposits",
+            &token(1, true),
+            Some(body),
+        )
+        .await;
+        assert_eq!(status, 200, "{answer}");
+        let (status, body) = transfer(&base, user, "FUNDING", "SPOT", "30").await;
+        assert_eq!(
+            (status, body["state"].clone()),
+            (200, json!("COMMITTED")),
+            "{body}"
+        );
+    }
+    assert_refused_fast(&base, users[1], 2).await;
+    // An external_id whose claim cell is cell 2 cannot be claimed: refused, nothing credited.
+    let external_id = (0..)
+        .map(|i| format!("cells-009-{i}"))
+        .find(|id| {
+            three
+                .placement
+                .owner(cells::partition_of_bytes(id.as_bytes()))
+                .get()
+                == 2
+        })
+        .unwrap();
+    let body =
+        json!({"user_id": users[0], "asset": "USDT", "amount": "7", "external_id": external_id});
+    let (status, refused) = call(
+        &base,
+        Method::POST,
+        "/api/v1/admin/deposits",
+        &token(1, true),
+        Some(body),
+    )
+    .await;
+    assert_eq!(
+        (status, refused["cell"].clone()),
+        (503, json!(2)),
+        "{refused}"
+    );
+    assert_eq!(
+        usdt(&base, users[0]).await,
+        ("70".to_owned(), "30".to_owned())
+    );
+
+    cluster.start_again().expect("start cell 2's PostgreSQL");
+    wait_cell(&base, 2, "up", Duration::from_secs(60)).await;
+    deposit(&base, users[1], "100").await;
+    let (status, body) = transfer(&base, users[1], "FUNDING", "SPOT", "30").await;
+    assert_eq!(
+        (status, body["state"].clone()),
+        (200, json!("COMMITTED")),
+        "{body}"
+    );
+    for &user in &users {
+        assert_eq!(usdt(&base, user).await, ("70".to_owned(), "30".to_owned()));
+    }
+    three.assert_every_cell_exact().await;
+}
+
+/// The admin views across cells: the transfers list walked page by page with its cursor shows
+/// every cell's transfers once each, newest first; the overview and the conservation check add
+/// up every cell; an asset change reaches every cell.
+#[tokio::test]
+async fn cells_010_the_admin_views_merge_every_cell() {
+    let three = ThreeCells::start().await;
+    let ledger = LedgerProcess::start_cells(&three.map, &[]);
+    let base = ledger.base.as_str();
+    let users = three.one_user_per_cell();
+    for &user in &users {
+        deposit(base, user, "100").await;
+        for _ in 0..4 {
+            let (status, body) = transfer(base, user, "FUNDING", "SPOT", "1").await;
+            assert_eq!(
+                (status, body["state"].clone()),
+                (200, json!("COMMITTED")),
+                "{body}"
+            );
+        }
+    }
+    overview_once_projected(base, 12).await;
+    let mut every = Vec::new();
+    for cell in &three.cells {
+        every.extend(transfers_in(&cell.db).await);
+    }
+    every.sort();
+    let mut seen: Vec<(String, String)> = Vec::new();
+    let mut path = "/api/v1/admin/transfers?limit=5".to_owned();
+    for _ in 0..10 {
+        let page = admin_get(base, &path).await;
+        assert_eq!(page["partial"], false, "{page}");
+        for row in page["transfers"].as_array().unwrap() {
+            seen.push((
+                row["created_at"].as_str().unwrap().to_owned(),
+                row["req_id"].as_str().unwrap().to_owned(),
+            ));
+        }
+        match page["next"].as_str() {
+            Some(next) => {
+                path = format!(
+                    "/api/v1/admin/transfers?limit=5&after={}",
+                    next.replace(':', "%3A").replace(',', "%2C")
+                )
+            }
+            None => break,
+        }
+    }
+    let mut newest_first = seen.clone();
+    newest_first.sort_by(|a, b| b.cmp(a));
+    assert_eq!(seen, newest_first, "pages are newest first across cells");
+    let mut ids: Vec<String> = seen.into_iter().map(|(_, id)| id).collect();
+    ids.sort();
+    assert_eq!(ids, every, "every transfer of every cell once");
+
+    let overview = overview_once_projected(base, 12).await;
+    assert_eq!(overview["cells"].as_array().unwrap().len(), 3, "{overview}");
+    let invariant = admin_get(base, "/api/v1/admin/invariant").await;
+    assert_eq!(
+        (invariant["ok"].clone(), invariant["partial"].clone()),
+        (json!(true), json!(false)),
+        "{invariant}"
+    );
+    assert_eq!(invariant["total"]["USDT"]["deposits"], "300", "{invariant}");
+    assert_eq!(invariant["total"]["USDT"]["spot"], "12", "{invariant}");
+
+    // An asset suspended by an admin is suspended in every cell at once.
+    let mut suspended = usdt_with_max("100000000");
+    suspended["status"] = json!("SUSPENDED");
+    let (status, body) = call(
+        base,
+        Method::PUT,
+        "/api/v1/admin/assets/USDT",
+        &token(1, true),
+        Some(suspended),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    for (cell, &user) in three.cells.iter().zip(&users) {
+        let (status, body) = transfer(base, user, "FUNDING", "SPOT", "1").await;
+        assert_eq!(
+            (status, body["code"].clone()),
+            (422, json!("ASSET_SUSPENDED")),
+            "cell {}: {body}",
+            cell.id
+        );
+        let stored: String = sqlx::query_scalar("SELECT status FROM assets WHERE symbol = 'USDT'")
+            .fetch_one(&cell.db.pool)
+            .await
+            .unwrap();
+        assert_eq!(stored, "SUSPENDED", "cell {}", cell.id);
+    }
+    three.assert_every_cell_exact().await;
 }

@@ -68,7 +68,7 @@ async fn cell_feeds(three: &ThreeCells) -> BTreeMap<u16, Vec<(i64, String)>> {
 }
 
 #[tokio::test]
-async fn cells_008_each_cells_feed_is_dense_and_the_merged_feed_gives_every_event_once() {
+async fn cells_011_each_cells_feed_is_dense_and_the_merged_feed_gives_every_event_once() {
     let three = ThreeCells::start().await;
     let ledger = LedgerProcess::start_cells(&three.map, &[]);
     let base = ledger.base.as_str();
@@ -215,7 +215,7 @@ fn tail(map: &std::path::Path, nats: &NatsServer, args: &[&str]) -> Vec<Value> {
 }
 
 #[tokio::test]
-async fn cells_009_the_relay_publishes_each_cells_feed_to_its_own_stream_exactly_once() {
+async fn cells_012_the_relay_publishes_each_cells_feed_to_its_own_stream_exactly_once() {
     let three = ThreeCells::start().await;
     let nats = NatsServer::start().await;
     let url = nats.url();

@@ -5,17 +5,16 @@
 //! under another user is refused with the code one database gives a reused external_id. When
 //! the claim cell cannot answer, the deposit is refused and nothing is credited.
 
-use std::collections::BTreeMap;
-
 use cells::{partition_of_bytes, CellId, Placement};
 use domain::UserId;
-use sqlx::PgPool;
 
-/// Every cell's pool, to claim an external_id in the cell that owns it.
+use super::slot::Slots;
+
+/// Every cell (its pool while it is up), to claim an external_id in the cell that owns it.
 #[derive(Clone)]
 pub struct Claims {
     placement: Placement,
-    pools: BTreeMap<CellId, PgPool>,
+    slots: Slots,
 }
 
 /// What a claim found.
@@ -28,8 +27,8 @@ pub enum Claim {
 }
 
 impl Claims {
-    pub fn new(placement: Placement, pools: BTreeMap<CellId, PgPool>) -> Self {
-        Self { placement, pools }
+    pub fn new(placement: Placement, slots: Slots) -> Self {
+        Self { placement, slots }
     }
 
     /// The cell that keeps `external_id`'s claim.
@@ -42,7 +41,9 @@ impl Claims {
     /// the claim cell did not answer: nothing may be credited.
     pub async fn claim(&self, external_id: &str, user: UserId) -> Result<Claim, ClaimError> {
         let cell = self.claim_cell(external_id);
-        let pool = self.pools.get(&cell).ok_or(ClaimError::NoPool(cell))?;
+        let slot = self.slots.get(&cell).ok_or(ClaimError::NoPool(cell))?;
+        let served = slot.serving().ok_or(ClaimError::Down(cell))?;
+        let pool = &served.pool;
         sqlx::query(
             "INSERT INTO external_claims (external_id, user_id) VALUES ($1, $2) \
              ON CONFLICT (external_id) DO NOTHING",
@@ -74,6 +75,8 @@ impl Claims {
 pub enum ClaimError {
     #[error("cell {0}, which keeps this external_id's claim, did not answer: {1}")]
     Unreachable(CellId, #[source] sqlx::Error),
+    #[error("cell {0}, which keeps this external_id's claim, is down")]
+    Down(CellId),
     #[error("no pool for cell {0}")]
     NoPool(CellId),
     #[error("cell {0} keeps an invalid user id {1} in external_claims")]

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use adapters::SpotAdapter;
-use anyhow::{anyhow, bail, Context};
+use anyhow::{anyhow, Context};
 use cells::{CellId, CellMap, CellSpec, Placement, SpotAddress};
 use sqlx::PgPool;
 
@@ -56,54 +56,110 @@ fn server_part(url: &str) -> &str {
     rest.split(['/', '?']).next().unwrap_or(rest)
 }
 
-/// Every cell of `map`, connected and checked: a database that is another cell's, or whose
-/// stored map differs, refuses start-up naming the cell (and the partition); so does a spot-core
-/// that says it is another cell. A spot-core that does not answer yet is only a warning:
-/// transfers wait and the recovery worker retries, as with one cell.
-pub async fn connect_all(
-    settings: &Settings,
-    map: &CellMap,
-    spot_timeout: Duration,
-    started: &BTreeMap<CellId, (String, Option<String>)>,
-) -> anyhow::Result<Vec<CellLink>> {
-    let placement = Placement::of_map(map);
-    let sizes = pool_sizes(map);
-    let mut links = Vec::with_capacity(map.cells().len());
-    for spec in map.cells() {
+/// Why a cell could not be connected: unreachable (retried in the background while the other
+/// cells serve) or refused (a misconfiguration: another cell's database or engine, a wrong
+/// token, a map that differs; start-up stops on it).
+#[derive(Debug)]
+pub enum ConnectError {
+    Unreachable(anyhow::Error),
+    Refused(anyhow::Error),
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unreachable(e) | Self::Refused(e) => write!(f, "{e:#}"),
+        }
+    }
+}
+
+/// What reaching one cell needs: the settings, the map's placement and pool sizes, and the
+/// spot-core children `ledger up` started.
+#[derive(Clone)]
+pub struct Reach {
+    pub settings: Settings,
+    pub placement: Placement,
+    pub sizes: BTreeMap<CellId, u32>,
+    pub spot_timeout: Duration,
+    pub started: BTreeMap<CellId, (String, Option<String>)>,
+}
+
+impl Reach {
+    pub fn new(
+        settings: &Settings,
+        map: &CellMap,
+        spot_timeout: Duration,
+        started: BTreeMap<CellId, (String, Option<String>)>,
+    ) -> Self {
+        Self {
+            settings: settings.clone(),
+            placement: Placement::of_map(map),
+            sizes: pool_sizes(map),
+            spot_timeout,
+            started,
+        }
+    }
+
+    /// One cell of the map, connected and checked: a database that is another cell's, or whose
+    /// stored map differs, is refused naming the cell (and the partition); so is a spot-core
+    /// that says it is another cell. A database that does not answer is unreachable. A
+    /// spot-core that does not answer yet is only a warning: transfers wait and the recovery
+    /// worker retries, as with one cell.
+    pub async fn connect(&self, spec: &CellSpec) -> Result<CellLink, ConnectError> {
         let database = config::redact_url(&spec.database_url);
         let pool = schema::prepare_with(
             &spec.database_url,
-            sizes[&spec.id],
-            settings.database.liveness,
+            self.sizes[&spec.id],
+            self.settings.database.liveness,
         )
         .await
-        .with_context(|| format!("cell {}: database {database}", spec.id))?;
-        schema::cell_identity::establish(&pool, &database, spec.id, &placement)
-            .await
-            .with_context(|| format!("cell {} refused", spec.id))?;
-        let (spot_addr, token) = match (&spec.spot, started.get(&spec.id)) {
+        .with_context(|| format!("cell {}: database {database}", spec.id))
+        .map_err(ConnectError::Unreachable)?;
+        match schema::cell_identity::establish(&pool, &database, spec.id, &self.placement).await {
+            Ok(()) => {}
+            Err(e @ schema::cell_identity::IdentityError::Database(_)) => {
+                pool.close().await;
+                return Err(ConnectError::Unreachable(
+                    anyhow::Error::new(e).context(format!("cell {}: database {database}", spec.id)),
+                ));
+            }
+            Err(e) => {
+                pool.close().await;
+                return Err(ConnectError::Refused(
+                    anyhow::Error::new(e).context(format!("cell {} refused", spec.id)),
+                ));
+            }
+        }
+        let (spot_addr, token) = match (&spec.spot, self.started.get(&spec.id)) {
             (_, Some((addr, token))) => (addr.clone(), token.clone()),
-            (SpotAddress::At(addr), None) => (addr.clone(), cell_token(settings, spec)?),
+            (SpotAddress::At(addr), None) => (
+                addr.clone(),
+                cell_token(&self.settings, spec).map_err(ConnectError::Refused)?,
+            ),
             (SpotAddress::Start, None) => {
-                bail!("cell {}: spot = \"start\" is for `ledger up` only", spec.id)
+                return Err(ConnectError::Refused(anyhow!(
+                    "cell {}: spot = \"start\" is for `ledger up` only",
+                    spec.id
+                )))
             }
         };
         let spot = SpotAdapter::for_cell(
             spot_addr.clone(),
-            spot_timeout,
+            self.spot_timeout,
             token,
-            settings.spot_liveness,
+            self.settings.spot_liveness,
             spec.id.get(),
         );
-        check_spot(&spot, spec.id, &spot_addr).await?;
-        links.push(CellLink {
+        check_spot(&spot, spec.id, &spot_addr)
+            .await
+            .map_err(ConnectError::Refused)?;
+        Ok(CellLink {
             id: spec.id,
             pool,
             spot,
             spot_addr,
-        });
+        })
     }
-    Ok(links)
 }
 
 /// The cell's own spot-core token (`spot_token_file`), else the process's `SPOT_CORE_TOKEN`.

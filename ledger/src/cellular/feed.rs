@@ -14,7 +14,7 @@
 //! still goes to its own cell, which refuses the feed as today (403). Without a map none of
 //! this runs: `query_api::feed` serves today's bare positions.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -25,9 +25,10 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::routing::get;
 use axum::{Json, Router};
 use cells::{CellId, FeedCursor};
+use edge::admission::Admission;
 use edge::auth::{AdminUser, JwtKeys};
 use edge::error::ApiError;
-use edge::state::AppState;
+use edge::reads::ReadSide;
 use futures_util::stream::{self, Stream, StreamExt};
 use projections::feed::{event_json, FeedEvent, FEED_PAGE_SIZE_MAX};
 use query_api::{FEED_PAGE_SIZE_DEFAULT, STREAM_POLL_INTERVAL};
@@ -35,7 +36,7 @@ use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
 use tower_http::trace::TraceLayer;
 
-use crate::startup::Serving;
+use super::slot::Slots;
 
 /// The HTTP feed's path.
 pub const EVENTS_PATH: &str = "/api/v1/events";
@@ -45,36 +46,34 @@ pub const STREAM_PATH: &str = "/api/v1/events/stream";
 /// Events each cell is asked for per look by a stream.
 const STREAM_BATCH_MAX: i64 = 500;
 
-/// Every cell's state (its read side) and the home cell's, whose admission slots and keys the
-/// merged feed uses. Cheap to clone.
+/// Every cell's slot (its read side while it serves), the keys that verify an admin's token
+/// and the merged feed's own admission (its stream slots and read turns, shared by every
+/// merged read, whichever cells are up). Cheap to clone.
 #[derive(Clone)]
 pub struct CellFeeds {
-    cells: Arc<BTreeMap<CellId, AppState>>,
-    home: AppState,
+    slots: Slots,
+    keys: Arc<JwtKeys>,
+    admission: Arc<Admission>,
 }
 
 impl FromRef<CellFeeds> for Arc<JwtKeys> {
     fn from_ref(feeds: &CellFeeds) -> Self {
-        feeds.home.jwt.clone()
+        feeds.keys.clone()
     }
 }
 
 impl CellFeeds {
-    /// The feeds of `cells` (at least one; the lowest id is the home cell).
-    pub fn new(cells: BTreeMap<CellId, AppState>) -> Self {
-        let home = cells
-            .values()
-            .next()
-            .expect("a cell map names at least one cell")
-            .clone();
+    /// The feeds of the cells in `slots` (at least one), tokens verified with `jwt_secret`.
+    pub fn new(slots: Slots, jwt_secret: &[u8]) -> Self {
         Self {
-            cells: Arc::new(cells),
-            home,
+            slots,
+            keys: Arc::new(JwtKeys::new(jwt_secret)),
+            admission: Arc::new(Admission::default()),
         }
     }
 
     fn ids(&self) -> Vec<CellId> {
-        self.cells.keys().copied().collect()
+        self.slots.keys().copied().collect()
     }
 
     fn cursor(&self, text: Option<&String>) -> Result<FeedCursor, ApiError> {
@@ -82,21 +81,48 @@ impl CellFeeds {
             .map_err(|e| ApiError::BadRequest(format!("`after`: {e}")))
     }
 
+    /// The read side of each cell, `None` for a cell that does not serve now (not reached, or
+    /// marked down by its watcher).
+    fn reads(&self) -> Vec<(CellId, Option<ReadSide>)> {
+        self.slots
+            .iter()
+            .map(|(&cell, slot)| (cell, slot.serving().map(|s| s.reads)))
+            .collect()
+    }
+
     /// Each cell's page after the cursor's position for it, read at once; `Err` for a cell that
-    /// could not be read.
+    /// could not be read (or is down).
     async fn pages(&self, after: &FeedCursor, limit: i64) -> Vec<CellPage> {
-        let reads = self.cells.iter().map(|(&cell, state)| async move {
-            let events = state.reads.feed_after(after.get(cell), limit, None).await;
+        let reads = self.reads().into_iter().map(|(cell, reads)| async move {
+            let events = match reads {
+                Some(reads) => reads
+                    .feed_after(after.get(cell), limit, None)
+                    .await
+                    .map_err(|e| e.to_string()),
+                None => Err("the cell is down".to_owned()),
+            };
             CellPage { cell, events }
         });
         futures_util::future::join_all(reads).await
+    }
+
+    /// Each cell's last feed position; `Err` for a cell that could not be read (or is down).
+    async fn heads(&self) -> Vec<(CellId, Result<i64, String>)> {
+        let heads = self.reads().into_iter().map(|(cell, reads)| async move {
+            let head = match reads {
+                Some(reads) => reads.feed_head().await.map_err(|e| e.to_string()),
+                None => Err("the cell is down".to_owned()),
+            };
+            (cell, head)
+        });
+        futures_util::future::join_all(heads).await
     }
 }
 
 /// One cell's read: its events, or why it could not be read.
 struct CellPage {
     cell: CellId,
-    events: Result<Vec<FeedEvent>, sqlx::Error>,
+    events: Result<Vec<FeedEvent>, String>,
 }
 
 /// Is `path` one of the feed's two routes?
@@ -106,12 +132,12 @@ pub fn is_feed(path: &str) -> bool {
 
 /// The two feed routes over every cell, with the limits, panic catching and tracing every
 /// cell's router has.
-pub fn router(feeds: CellFeeds, serving: &Serving) -> Router {
+pub fn router(feeds: CellFeeds, http: edge::http_server::HttpLimits) -> Router {
     Router::new()
         .route(EVENTS_PATH, get(events))
         .route(STREAM_PATH, get(stream_events))
         .layer(axum::middleware::from_fn_with_state(
-            serving.http,
+            http,
             edge::http_server::request_limits,
         ))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
@@ -180,14 +206,7 @@ async fn events(
 ) -> Result<Json<Value>, ApiError> {
     let after = feeds.cursor(params.get("after"))?;
     let limit = limit_param(&params)?;
-    let heads = feeds
-        .cells
-        .iter()
-        .map(|(&cell, state)| async move { (cell, state.reads.feed_head().await) });
-    let (pages, heads) = tokio::join!(
-        feeds.pages(&after, limit),
-        futures_util::future::join_all(heads)
-    );
+    let (pages, heads) = tokio::join!(feeds.pages(&after, limit), feeds.heads());
     let mut down = Vec::new();
     let mut read = Vec::new();
     for page in pages {
@@ -242,7 +261,6 @@ async fn stream_events(
         None => feeds.cursor(params.get("after"))?,
     };
     let slot = feeds
-        .home
         .admission
         .event_stream()
         .map_err(|_| ApiError::Refused(domain::ErrorCode::RateLimitExceeded))?;
@@ -285,8 +303,8 @@ fn merged_stream(
                     .data(cell_event_json(cell, &e).to_string());
                 return Some((Ok(event), st));
             }
-            let home = st.feeds.home.clone();
-            let Ok(_turn) = home.admission.read().await else {
+            let admission = Arc::clone(&st.feeds.admission);
+            let Ok(_turn) = admission.read().await else {
                 tokio::time::sleep(STREAM_POLL_INTERVAL).await;
                 continue;
             };

@@ -6,15 +6,22 @@
 //! - A user's token: the user's cell, for every route (transfers, bulk, balances, history,
 //!   GraphQL, the user's own transfer by req_id, the feed).
 //! - An admin's token: a deposit (its external_id claimed across cells first, `claims.rs`), a
-//!   single transfer or a user's page goes to the cell of the user it names; a bulk request is split per cell; a route that names only a
-//!   req_id (a transfer, its timeline, resolve, repair) is looked up in each cell in turn; a GET
-//!   of the feed (`/api/v1/events`, its stream) reads every cell's feed, merged (`feed.rs`); every
-//!   other admin route (the lists, the overview, alerts, the invariant, assets, the console)
-//!   goes to the home cell (the lowest id) and shows that cell only: fan-out views are not built.
-//! - No token, or one that does not verify: the home cell, which answers as today (a public
-//!   route, or the refusal). GraphQL over a websocket (`/graphql/ws`) carries its token in its
-//!   `connection_init` message, not in a header, so it reaches the home cell unless the upgrade
-//!   request also sends `Authorization`: not routed yet.
+//!   single transfer or a user's page goes to the cell of the user it names; a bulk request is
+//!   split per cell; a route that names only a req_id (a transfer, its timeline, resolve,
+//!   repair) is looked up in each cell in turn; the transfers list, the overview, the alerts and
+//!   the conservation check fan out to every cell and merge (`views.rs`, `fanout.rs`); an asset
+//!   change is written to the home cell, then to every other cell (`views.rs`); every other
+//!   admin route (the stuck list, the check history, the asset list, the console) goes to the
+//!   home cell (the lowest id), or the first cell up while it is down; a GET of the feed
+//!   (`/api/v1/events`, its stream) reads every cell's feed, merged (`feed.rs`).
+//! - No token, or one that does not verify: the home cell (or the first cell up), which answers
+//!   as today (a public route, or the refusal). GraphQL over a websocket (`/graphql/ws`) carries
+//!   its token in its `connection_init` message, not in a header, so it reaches the home cell
+//!   unless the upgrade request also sends `Authorization`: not routed yet.
+//! - `GET /healthz` and (on the API's address) `GET /metrics` are answered here for every cell.
+//!
+//! A cell that is down, or whose share of the requests in flight is taken (its bulkhead,
+//! `slot.rs`), is answered at once: 503 SYSTEM_ERROR naming the cell.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -35,6 +42,7 @@ use serde_json::{json, Value};
 use tower::ServiceExt;
 
 use super::claims::{Claim, Claims};
+use super::slot::{self, Refusal, Slots};
 
 /// The bulk route (`command_api`'s), which an admin's token may fill with users of many cells.
 const BULK_PATH: &str = "/api/v1/internal_transfers";
@@ -43,11 +51,13 @@ const BULK_PATH: &str = "/api/v1/internal_transfers";
 #[derive(Clone)]
 pub struct Front {
     placement: Placement,
-    apps: Arc<BTreeMap<CellId, Router>>,
+    pub(super) slots: Slots,
     home: CellId,
     keys: Arc<JwtKeys>,
     bulk_max: usize,
     claims: Claims,
+    /// Whether `/metrics` is served on the API's address (`LEDGER_METRICS_LISTEN=api`).
+    metrics_on_api: bool,
     /// The merged feed of every cell (`feed.rs`): an admin's GET of the feed's paths.
     feed: Option<Router>,
 }
@@ -60,26 +70,28 @@ struct NamedUser {
 }
 
 impl Front {
-    /// The front over `apps` (one per cell the placement names), verifying tokens with
+    /// The front over `slots` (one per cell the placement names), verifying tokens with
     /// `jwt_secret` as every cell's router does.
     pub fn new(
         placement: Placement,
-        apps: BTreeMap<CellId, Router>,
+        slots: Slots,
         jwt_secret: &[u8],
         bulk_max: usize,
         claims: Claims,
+        metrics_on_api: bool,
     ) -> Self {
-        let home = *apps
+        let home = *slots
             .keys()
             .next()
             .expect("a cell map names at least one cell");
         Self {
             placement,
-            apps: Arc::new(apps),
+            slots,
             home,
             keys: Arc::new(JwtKeys::new(jwt_secret)),
             bulk_max,
             claims,
+            metrics_on_api,
             feed: None,
         }
     }
@@ -100,20 +112,44 @@ impl Front {
         self.placement.cell_of(user)
     }
 
-    /// Hands `req` to `cell`'s router and returns its answer.
-    async fn forward(&self, cell: CellId, req: Request) -> Response {
-        let Some(app) = self.apps.get(&cell) else {
+    /// Hands `req` to `cell`'s router and returns its answer; a cell that is down or saturated
+    /// is answered here at once (503 naming it), so its requests never wait on its pool.
+    pub(super) async fn forward(&self, cell: CellId, req: Request) -> Response {
+        let Some(slot) = self.slots.get(&cell) else {
             return ApiError::Internal(format!("no router for cell {cell}")).into_response();
         };
-        match app.clone().oneshot(req).await {
+        let (app, permit) = match slot.admit() {
+            Ok(admitted) => admitted,
+            Err(why) => return slot::refused(cell, &why),
+        };
+        let answer = match app.oneshot(req).await {
             Ok(response) => response,
             Err(never) => match never {},
-        }
+        };
+        drop(permit);
+        answer
     }
 
     /// The cells, ascending.
-    fn cells(&self) -> impl Iterator<Item = CellId> + '_ {
-        self.apps.keys().copied()
+    pub(super) fn cells(&self) -> impl Iterator<Item = CellId> + '_ {
+        self.slots.keys().copied()
+    }
+
+    /// The home cell, or the first cell up while it is down (for the routes any cell answers
+    /// alike: the public ones, the asset list).
+    pub(super) fn any_cell(&self) -> CellId {
+        if self.slots[&self.home].is_up() {
+            return self.home;
+        }
+        self.slots
+            .values()
+            .find(|s| s.is_up())
+            .map_or(self.home, |s| s.id)
+    }
+
+    /// The home cell, where assets are authoritative.
+    pub(super) fn home(&self) -> CellId {
+        self.home
     }
 
     /// An admin's request, by what it names.
@@ -145,7 +181,10 @@ impl Front {
         if names_a_req_id(&path) {
             return self.find_in_cells(req).await;
         }
-        self.forward(self.home, req).await
+        if let Some(answer) = self.admin_view(req.method(), &path) {
+            return answer.run(self, req).await;
+        }
+        self.forward(self.any_cell(), req).await
     }
 
     /// A body naming `user_id` goes to that user's cell; one that names none (or does not parse:
@@ -182,6 +221,9 @@ impl Front {
                         "external_id held by another user; deposit refused"
                     );
                     return ApiError::Refused(ErrorCode::IdempotencyKeyReused).into_response();
+                }
+                Err(super::claims::ClaimError::Down(cell)) => {
+                    return slot::refused(cell, &Refusal::Down);
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "external_id claim failed; deposit refused");
@@ -242,6 +284,13 @@ fn named(bytes: &[u8], admin: Identity) -> (UserId, Option<String>) {
 
 /// Every request: by its token's user, or to the home cell without one.
 async fn route(State(front): State<Front>, req: Request) -> Response {
+    if req.method() == Method::GET {
+        match req.uri().path() {
+            "/healthz" => return slot::healthz(&front.slots),
+            "/metrics" if front.metrics_on_api => return front.metrics().await,
+            _ => {}
+        }
+    }
     let identity = req
         .headers()
         .get(AUTHORIZATION)
@@ -251,7 +300,7 @@ async fn route(State(front): State<Front>, req: Request) -> Response {
     match identity {
         Some(id) if id.admin => front.admin(id, req).await,
         Some(id) => front.forward(front.cell_of(id.user_id), req).await,
-        None => front.forward(front.home, req).await,
+        None => front.forward(front.any_cell(), req).await,
     }
 }
 
