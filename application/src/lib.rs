@@ -43,6 +43,7 @@ pub mod queries;
 pub mod repair;
 pub mod request;
 pub mod resolve;
+pub mod round;
 pub mod submit;
 #[cfg(feature = "testkit")]
 pub mod testkit;

@@ -72,8 +72,10 @@ impl Coordinator {
         self.create_and_drive(request).await
     }
 
-    /// Everything after the checks: claims the cid, charges the daily limits, creates, drives.
-    pub(crate) async fn create_and_drive(
+    /// Everything after the checks, for one request alone (the single route goes through a
+    /// round, `round.rs`; a creation whose cid claim moved is retried here): claims the cid,
+    /// charges the daily limits, creates, drives.
+    pub(crate) async fn create_and_drive_alone(
         &self,
         request: NewTransfer,
     ) -> Result<TransferData, CoordinatorError> {
