@@ -209,16 +209,12 @@ impl Coordinator {
         slots: &[Slot],
         answers: &mut [Option<Result<TransferData, CoordinatorError>>],
     ) -> Vec<(usize, domain::ReqId, Option<chrono::NaiveDate>)> {
-        // The cid claims together: each key is its own (a key used twice in the batch is one
-        // slot), so they are independent round trips.
-        let keyed = futures_util::future::join_all(
-            requests
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| slots[*i] == Slot::Own)
-                .map(|(i, request)| async move { (i, self.cid_key(request).await) }),
-        )
-        .await;
+        // The cid claims together, in one statement: each key is its own (a key used twice in
+        // the batch is one slot).
+        let own: Vec<usize> = (0..requests.len())
+            .filter(|&i| slots[i] == Slot::Own)
+            .collect();
+        let keyed = own.iter().copied().zip(self.cid_keys(requests, &own).await);
         // Then the charges, all at once and in request order, so a daily limit running out
         // refuses the batch's last items, as the same requests one after another would be.
         let mut claimed = Vec::new();

@@ -23,6 +23,7 @@
 
 mod clients;
 mod growth;
+mod pgstat;
 mod procstat;
 mod relay;
 mod replay;
