@@ -29,10 +29,12 @@ use tokio::sync::oneshot;
 use crate::bulk::Route;
 use crate::coordinator::{Coordinator, CoordinatorError, NewTransfer};
 
-/// Most rounds of single requests one coordinator has in flight at once. With one, a round's
-/// steps never compete with another round's for the appender, the funding batch or spot-core's
-/// connection; what arrives meanwhile makes the next round larger.
-pub const ROUNDS_IN_FLIGHT: usize = 1;
+/// Most rounds of single requests one coordinator has in flight at once. Two, so the clients a
+/// round answers do not wait a whole round for the one in flight before theirs starts (with one,
+/// closed-loop clients split into two cohorts taking turns, each waiting two rounds); the two
+/// rounds' appends meet in the group commit. A request arriving with both in flight joins the
+/// next round.
+pub const ROUNDS_IN_FLIGHT: usize = 2;
 
 /// Most requests one round carries: the bulk route's default maximum, so a round is never a
 /// larger unit of work than one bulk request.
