@@ -84,6 +84,27 @@ pub(crate) fn cid_slots(items: &[Option<(UserId, Option<&str>, String)>]) -> Vec
         .collect()
 }
 
+/// Which route a batch came by: a bulk request, or a round of single requests (`round.rs`). Only
+/// the crash tests' half-batch fail points tell them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    Batch,
+    Round,
+}
+
+impl Route {
+    /// The fail point that makes half of this route's `operation` calls and aborts.
+    fn half(self, operation: Operation) -> Option<FailPoint> {
+        match (self, operation) {
+            (Route::Batch, Operation::Withdraw) => Some(FailPoint::BulkHalfWithdrawn),
+            (Route::Batch, Operation::Deposit) => Some(FailPoint::BulkHalfDeposited),
+            (Route::Round, Operation::Withdraw) => Some(FailPoint::RoundHalfWithdrawn),
+            (Route::Round, Operation::Deposit) => Some(FailPoint::RoundHalfDeposited),
+            (_, Operation::Refund) => None,
+        }
+    }
+}
+
 /// One transfer of the batch on its way.
 struct Lane {
     /// Its index among the items handed to `create_and_drive_many`.
@@ -126,7 +147,7 @@ impl Coordinator {
                 Err(answer) => answers[i] = Some(answer),
             }
         }
-        let driven = self.create_and_drive_many(fresh).await;
+        let driven = self.create_and_drive_many(fresh, Route::Batch).await;
         for (i, answer) in positions.into_iter().zip(driven) {
             answers[i] = Some(answer);
         }
@@ -143,6 +164,7 @@ impl Coordinator {
     pub(crate) async fn create_and_drive_many(
         &self,
         requests: Vec<NewTransfer>,
+        route: Route,
     ) -> Vec<Result<TransferData, CoordinatorError>> {
         let keys: Vec<_> = requests
             .iter()
@@ -165,7 +187,7 @@ impl Coordinator {
             // is announced before it is called.
             self.failpoints.hit(FailPoint::AfterCreatedWithdrawStarted);
         }
-        for (index, data) in self.drive_many(lanes).await {
+        for (index, data) in self.drive_many(lanes, route).await {
             answers[index] = Some(Ok(data));
         }
         for (i, slot) in slots.iter().enumerate() {
@@ -187,16 +209,12 @@ impl Coordinator {
         slots: &[Slot],
         answers: &mut [Option<Result<TransferData, CoordinatorError>>],
     ) -> Vec<(usize, domain::ReqId, Option<chrono::NaiveDate>)> {
-        // The cid claims together: each key is its own (a key used twice in the batch is one
-        // slot), so they are independent round trips.
-        let keyed = futures_util::future::join_all(
-            requests
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| slots[*i] == Slot::Own)
-                .map(|(i, request)| async move { (i, self.cid_key(request).await) }),
-        )
-        .await;
+        // The cid claims together, in one statement: each key is its own (a key used twice in
+        // the batch is one slot).
+        let own: Vec<usize> = (0..requests.len())
+            .filter(|&i| slots[i] == Slot::Own)
+            .collect();
+        let keyed = own.iter().copied().zip(self.cid_keys(requests, &own).await);
         // Then the charges, all at once and in request order, so a daily limit running out
         // refuses the batch's last items, as the same requests one after another would be.
         let mut claimed = Vec::new();
@@ -250,7 +268,7 @@ impl Coordinator {
                 Ok(Created::New(ctx)) => lanes.push(Lane { index: i, ctx }),
                 Ok(Created::Answered(existing)) => answers[i] = Some(Ok(existing)),
                 Ok(Created::ClaimMoved) => {
-                    answers[i] = Some(self.create_and_drive(request.clone()).await);
+                    answers[i] = Some(self.create_and_drive_alone(request.clone()).await);
                 }
                 Err(e) => answers[i] = Some(Err(e)),
             }
@@ -261,7 +279,7 @@ impl Coordinator {
     /// Drives the batch's transfers together, a round per step: every lane waiting on the same
     /// call is called in one `AccountPort::movements` and its outcomes committed in one append.
     /// Returns each lane's last known state.
-    async fn drive_many(&self, mut lanes: Vec<Lane>) -> Vec<(usize, TransferData)> {
+    async fn drive_many(&self, mut lanes: Vec<Lane>, route: Route) -> Vec<(usize, TransferData)> {
         let mut done = Vec::with_capacity(lanes.len());
         while !lanes.is_empty() {
             let mut by_state: HashMap<TransferState, Vec<Lane>> = HashMap::new();
@@ -278,12 +296,14 @@ impl Coordinator {
             for (state, group) in by_state {
                 let moved = match state {
                     TransferState::SourcePending => {
-                        self.call_round(group, Operation::Withdraw).await
+                        self.call_round(group, Operation::Withdraw, route).await
                     }
                     TransferState::TargetPending => {
-                        self.call_round(group, Operation::Deposit).await
+                        self.call_round(group, Operation::Deposit, route).await
                     }
-                    TransferState::Compensating => self.call_round(group, Operation::Refund).await,
+                    TransferState::Compensating => {
+                        self.call_round(group, Operation::Refund, route).await
+                    }
                     // Never left by a creation (its announcement shares the create's commit):
                     // the single drive loop, lane by lane.
                     _ => self.drive_alone(group).await,
@@ -331,7 +351,7 @@ impl Coordinator {
     /// One step for every lane waiting on `operation`: the calls (one per account system), then
     /// the definite outcomes committed in one append. An unknown outcome (and a refund not
     /// applied, which is never given up) records nothing: that lane stops where it is.
-    async fn call_round(&self, group: Vec<Lane>, operation: Operation) -> Vec<Moved> {
+    async fn call_round(&self, group: Vec<Lane>, operation: Operation, route: Route) -> Vec<Moved> {
         let (before, after) = match operation {
             Operation::Withdraw => (
                 FailPoint::SourcePendingBeforeCall,
@@ -354,8 +374,16 @@ impl Coordinator {
             return Vec::new();
         }
         self.failpoints.hit(before);
-        let outcomes = self.calls(operation, &datas).await;
+        let outcomes = self.calls(operation, &datas, route).await;
         self.failpoints.hit(after);
+        if operation == Operation::Withdraw && planted!(PersistAfterCall) {
+            for (data, outcome) in datas.iter().zip(&outcomes) {
+                if *outcome == AdapterOutcome::Success {
+                    // Planted: the deposit is called before its announcement is durable.
+                    let _ = self.port(data.to).deposit(&movement_of(data)).await;
+                }
+            }
+        }
         let mut moved = Vec::with_capacity(group.len());
         let mut steps = Vec::new();
         let mut stepping = Vec::new();
@@ -418,7 +446,12 @@ impl Coordinator {
 
     /// Makes `operation` for every transfer, one `movements` call per account system (the two
     /// systems' calls at the same time), and answers in the transfers' order.
-    async fn calls(&self, operation: Operation, datas: &[TransferData]) -> Vec<AdapterOutcome> {
+    async fn calls(
+        &self,
+        operation: Operation,
+        datas: &[TransferData],
+        route: Route,
+    ) -> Vec<AdapterOutcome> {
         let mut outcomes: Vec<Option<AdapterOutcome>> = datas.iter().map(|_| None).collect();
         let per_system = [AccountType::Funding, AccountType::Spot].map(|account| {
             let (positions, movements): (Vec<usize>, Vec<Movement>) = datas
@@ -432,7 +465,9 @@ impl Coordinator {
                     return (positions, Vec::new());
                 }
                 let port = self.port(account);
-                let made = self.movements_of_port(port, operation, &movements).await;
+                let made = self
+                    .movements_of_port(port, operation, &movements, route)
+                    .await;
                 (positions, made)
             }
         });
@@ -454,11 +489,10 @@ impl Coordinator {
         port: &dyn AccountPort,
         operation: Operation,
         movements: &[Movement],
+        route: Route,
     ) -> Vec<AdapterOutcome> {
-        let half = match operation {
-            Operation::Withdraw => FailPoint::BulkHalfWithdrawn,
-            Operation::Deposit => FailPoint::BulkHalfDeposited,
-            Operation::Refund => return port.movements(operation, movements).await,
+        let Some(half) = route.half(operation) else {
+            return port.movements(operation, movements).await;
         };
         if self.failpoints.is_armed(half) && movements.len() > 1 {
             let first = port

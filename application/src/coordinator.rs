@@ -18,6 +18,7 @@ use sqlx::PgPool;
 use crate::daily::{Charge, DailyLimits};
 pub use crate::error::{CoordinatorError, StoreCause};
 use crate::failpoint::FailPoints;
+use crate::round::Rounds;
 use crate::pg::{PgClientKeys, PgDailyReservations, PgLeases, PgTransferLog};
 pub(crate) use crate::ports::Context;
 use crate::ports::{
@@ -95,6 +96,10 @@ pub struct Coordinator {
     /// The idempotency horizon's retention: how old a client key's orphan claim may get before
     /// it is re-keyed (`submit.rs`, `horizon.rs`).
     pub(crate) retention: Duration,
+    /// The single route's round former (`round.rs`), shared by this value's clones; a
+    /// coordinator configured anew (`with_*`) gets its own, so a round never mixes two
+    /// configurations.
+    pub(crate) rounds: Arc<Rounds>,
 }
 
 impl Coordinator {
@@ -133,6 +138,7 @@ impl Coordinator {
             daily: Arc::new(DailyLimits::default()),
             failpoints: FailPoints::default(),
             retention: crate::horizon::RETENTION_DEFAULT,
+            rounds: Arc::default(),
         }
     }
 
@@ -140,18 +146,21 @@ impl Coordinator {
     /// process). Without it the coordinator sets no daily limit.
     pub fn with_daily_limits(mut self, limits: DailyLimits) -> Self {
         self.daily = Arc::new(limits);
+        self.rounds = Arc::default();
         self
     }
 
     /// Arms a fail point (crash tests only).
     pub fn with_failpoints(mut self, failpoints: FailPoints) -> Self {
         self.failpoints = failpoints;
+        self.rounds = Arc::default();
         self
     }
 
     /// The idempotency horizon's retention (the default is `horizon::RETENTION_DEFAULT`).
     pub fn with_idempotency_retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
+        self.rounds = Arc::default();
         self
     }
 

@@ -14,8 +14,10 @@ use std::str::FromStr;
 /// SOURCE_DONE (a log written before those pairs were one commit, or a manual resolution to
 /// SOURCE_DONE), before its call-free step.
 ///
-/// The last two are the bulk path's (`bulk.rs`): with one armed, a batch's withdraws (deposits)
+/// `BulkHalf*` are the bulk path's (`bulk.rs`): with one armed, a batch's withdraws (deposits)
 /// are made for its first half only, and the process aborts before the second half's.
+/// `RoundHalf*` are the same inside a shared round of single requests (`round.rs`), met only by
+/// a round carrying more than one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FailPoint {
     AfterInit,
@@ -31,11 +33,13 @@ pub enum FailPoint {
     AfterManualResolution,
     BulkHalfWithdrawn,
     BulkHalfDeposited,
+    RoundHalfWithdrawn,
+    RoundHalfDeposited,
 }
 
 impl FailPoint {
     /// Every fail point, in the order a transfer meets them.
-    pub const ALL: [FailPoint; 13] = [
+    pub const ALL: [FailPoint; 15] = [
         FailPoint::AfterInit,
         FailPoint::AfterCreatedWithdrawStarted,
         FailPoint::SourcePendingBeforeCall,
@@ -49,6 +53,8 @@ impl FailPoint {
         FailPoint::AfterManualResolution,
         FailPoint::BulkHalfWithdrawn,
         FailPoint::BulkHalfDeposited,
+        FailPoint::RoundHalfWithdrawn,
+        FailPoint::RoundHalfDeposited,
     ];
 
     /// The name `LEDGER_FAILPOINT` gives it.
@@ -67,6 +73,8 @@ impl FailPoint {
             FailPoint::AfterManualResolution => "after_manual_resolution",
             FailPoint::BulkHalfWithdrawn => "bulk_half_withdrawn",
             FailPoint::BulkHalfDeposited => "bulk_half_deposited",
+            FailPoint::RoundHalfWithdrawn => "round_half_withdrawn",
+            FailPoint::RoundHalfDeposited => "round_half_deposited",
         }
     }
 }

@@ -328,7 +328,9 @@ impl Ledger {
                         Err(e) => refused.push((k, e)),
                     }
                 }
-                let mut driven = coordinator.create_and_drive_many(checked).await;
+                let mut driven = coordinator
+                    .create_and_drive_many(checked, crate::bulk::Route::Batch)
+                    .await;
                 // Ascending, so each refusal goes back to its own position.
                 for (k, e) in refused {
                     driven.insert(k, Err(e));

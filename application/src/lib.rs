@@ -43,6 +43,7 @@ pub mod queries;
 pub mod repair;
 pub mod request;
 pub mod resolve;
+pub mod round;
 pub mod submit;
 #[cfg(feature = "testkit")]
 pub mod testkit;
@@ -56,7 +57,7 @@ pub use failpoint::{FailPoint, FailPoints, UnknownFailPoint};
 pub use horizon::{Horizon, HorizonConfig};
 pub use ledger::{Ledger, RateGate, RequestError, Unlimited};
 pub use ports::{
-    ClientKey, ClientKeys, Clock, Commit, DailyReservations, LeaseRequest, Leases, Rekeyed,
+    CidClaim, ClientKey, ClientKeys, Clock, Commit, DailyReservations, LeaseRequest, Leases, Rekeyed,
     SystemClock, TransferLog,
 };
 pub use queries::Queries;

@@ -21,7 +21,7 @@ use crate::daily::{Charge, DailyLimits};
 use crate::error::CoordinatorError;
 use crate::limits;
 use crate::ports::{
-    ClientKey, ClientKeys, Commit, Context, DailyReservations, LeaseRequest, Leases, Rekeyed,
+    CidClaim, ClientKey, ClientKeys, Commit, Context, DailyReservations, LeaseRequest, Leases, Rekeyed,
     TransferLog,
 };
 
@@ -185,6 +185,42 @@ impl ClientKeys for PgClientKeys {
         .await?
         .rows_affected();
         Ok(inserted == 1)
+    }
+
+    async fn claim_many(&self, claims: &[CidClaim]) -> Result<Vec<bool>, CoordinatorError> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        // In key order, so two statements claiming overlapping keys wait on each other in the
+        // same order and never deadlock.
+        let mut sorted: Vec<&CidClaim> = claims.iter().collect();
+        sorted.sort_by(|a, b| (a.user, &a.cid).cmp(&(b.user, &b.cid)));
+        let users: Vec<i64> = sorted.iter().map(|c| c.user.as_i64()).collect();
+        let cids: Vec<&str> = sorted.iter().map(|c| c.cid.as_str()).collect();
+        let req_ids: Vec<String> = sorted.iter().map(|c| c.req_id.to_string()).collect();
+        let fingerprints: Vec<&str> = sorted.iter().map(|c| c.fingerprint.as_str()).collect();
+        // One statement, one commit: each row inserted unless its key is claimed already (a
+        // concurrent claim of the same key is waited for, as one INSERT waits).
+        let inserted: Vec<(i64, String)> = sqlx::query_as(
+            "INSERT INTO transfer_cids (user_id, cid, req_id, fingerprint)
+             SELECT u, c, r, f
+               FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[])
+                    WITH ORDINALITY AS t (u, c, r, f, n)
+              ORDER BY n
+             ON CONFLICT (user_id, cid) DO NOTHING
+             RETURNING user_id, cid",
+        )
+        .bind(&users)
+        .bind(&cids)
+        .bind(&req_ids)
+        .bind(&fingerprints)
+        .fetch_all(&self.pool)
+        .await?;
+        let inserted: std::collections::HashSet<(i64, String)> = inserted.into_iter().collect();
+        Ok(claims
+            .iter()
+            .map(|c| inserted.contains(&(c.user.as_i64(), c.cid.clone())))
+            .collect())
     }
 
     async fn rekey(

@@ -94,6 +94,21 @@ pub trait ClientKeys: Send + Sync {
         fingerprint: &str,
     ) -> Result<bool, CoordinatorError>;
 
+    /// `claim` for many keys at once (no `(user, cid)` twice): whether each was claimed now, in
+    /// order. One by one here; PostgreSQL's claims them in one statement. An error leaves some
+    /// claimed and others not, which is safe: a claim without a transfer is created under on
+    /// the request's retry.
+    async fn claim_many(&self, claims: &[CidClaim]) -> Result<Vec<bool>, CoordinatorError> {
+        let mut claimed = Vec::with_capacity(claims.len());
+        for c in claims {
+            claimed.push(
+                self.claim(c.user, &c.cid, &c.req_id, &c.fingerprint)
+                    .await?,
+            );
+        }
+        Ok(claimed)
+    }
+
     /// In one transaction: points the claim at `new` only if it names `old` and no transfer was
     /// created under `old`.
     async fn rekey(
@@ -103,6 +118,15 @@ pub trait ClientKeys: Send + Sync {
         old: &ReqId,
         new: &ReqId,
     ) -> Result<Rekeyed, CoordinatorError>;
+}
+
+/// One claim of `ClientKeys::claim_many`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CidClaim {
+    pub user: UserId,
+    pub cid: String,
+    pub req_id: ReqId,
+    pub fingerprint: String,
 }
 
 /// A request for the one lease on a transfer (`Leases::take`).

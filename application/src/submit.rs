@@ -11,13 +11,7 @@ use crate::coordinator::{Context, Coordinator, CoordinatorError, NewTransfer};
 use crate::daily::{self, Charge};
 use crate::failpoint::FailPoint;
 use crate::horizon;
-use crate::ports::ClientKey;
-use crate::ports::Rekeyed;
-
-enum Claim {
-    New(ReqId),
-    Existing(ReqId),
-}
+use crate::ports::{CidClaim, ClientKey, Rekeyed};
 
 /// What an orphan claim comes to: the req_id to create under, or the transfer another request
 /// created meanwhile.
@@ -72,8 +66,10 @@ impl Coordinator {
         self.create_and_drive(request).await
     }
 
-    /// Everything after the checks: claims the cid, charges the daily limits, creates, drives.
-    pub(crate) async fn create_and_drive(
+    /// Everything after the checks, for one request alone (the single route goes through a
+    /// round, `round.rs`; a creation whose cid claim moved is retried here): claims the cid,
+    /// charges the daily limits, creates, drives.
+    pub(crate) async fn create_and_drive_alone(
         &self,
         request: NewTransfer,
     ) -> Result<TransferData, CoordinatorError> {
@@ -203,20 +199,107 @@ impl Coordinator {
         let Some(cid) = &request.cid else {
             return Ok(CidKey::Key(None));
         };
-        match self.claim_cid(request, cid).await? {
-            Claim::New(id) => Ok(CidKey::Key(Some(id))),
-            Claim::Existing(id) => {
-                // The first request may have died between claiming the key and creating the
-                // transfer; creating it now is safe because the key fixed its req_id (or
-                // re-keyed it, when it is too old for the idempotency horizon).
-                if let Some(existing) = self.load(&id).await? {
-                    return Ok(CidKey::Answered(existing));
-                }
-                match self.usable_claim(request, cid, id).await? {
-                    Usable::Create(id) => Ok(CidKey::Key(Some(id))),
-                    Usable::Exists(existing) => Ok(CidKey::Answered(existing)),
-                }
+        let fresh = self.clock.req_id();
+        let inserted = self
+            .claims
+            .claim(request.user_id, cid, &fresh, &request.fingerprint())
+            .await?;
+        self.claimed(request, cid, fresh, inserted).await
+    }
+
+    /// `cid_key` for the requests at `indices` (no user and cid twice among them), their claims
+    /// taken in one `ClientKeys::claim_many`: one answer each, in order. A store error answers
+    /// every request with a cid.
+    pub(crate) async fn cid_keys(
+        &self,
+        requests: &[NewTransfer],
+        indices: &[usize],
+    ) -> Vec<Result<CidKey, CoordinatorError>> {
+        let fresh: Vec<Option<ReqId>> = indices
+            .iter()
+            .map(|&i| requests[i].cid.as_ref().map(|_| self.clock.req_id()))
+            .collect();
+        let claims: Vec<CidClaim> = indices
+            .iter()
+            .zip(&fresh)
+            .filter_map(|(&i, fresh)| {
+                let r = &requests[i];
+                Some(CidClaim {
+                    user: r.user_id,
+                    cid: r.cid.clone()?,
+                    req_id: (*fresh)?,
+                    fingerprint: r.fingerprint(),
+                })
+            })
+            .collect();
+        let claimed = match claims.is_empty() {
+            true => Ok(Vec::new()),
+            false => self.claims.claim_many(&claims).await,
+        };
+        let mut claimed = match claimed {
+            Ok(claimed) => claimed.into_iter(),
+            Err(e) => {
+                return indices
+                    .iter()
+                    .map(|&i| match requests[i].cid {
+                        Some(_) => Err(e.clone()),
+                        None => Ok(CidKey::Key(None)),
+                    })
+                    .collect()
             }
+        };
+        let outcomes: Vec<_> = fresh
+            .into_iter()
+            .map(|f| f.map(|f| (f, claimed.next().unwrap_or(false))))
+            .collect();
+        // The keys found claimed already are looked at together (independent reads).
+        futures_util::future::join_all(indices.iter().zip(outcomes).map(
+            |(&i, outcome)| async move {
+                let request = &requests[i];
+                match (&request.cid, outcome) {
+                    (Some(cid), Some((fresh, inserted))) => {
+                        self.claimed(request, cid, fresh, inserted).await
+                    }
+                    _ => Ok(CidKey::Key(None)),
+                }
+            },
+        ))
+        .await
+    }
+
+    /// What a claim of `cid` under `fresh` came to: `fresh` when `inserted`; else the claim
+    /// found (another body under the key refused), the transfer it names, or, when the first
+    /// request died before creating it, its req_id to create under.
+    async fn claimed(
+        &self,
+        request: &NewTransfer,
+        cid: &str,
+        fresh: ReqId,
+        inserted: bool,
+    ) -> Result<CidKey, CoordinatorError> {
+        if inserted {
+            return Ok(CidKey::Key(Some(fresh)));
+        }
+        let ClientKey {
+            req_id: id,
+            fingerprint,
+        } = self
+            .claims
+            .find(request.user_id, cid)
+            .await?
+            .ok_or_else(|| CoordinatorError::invariant("the client key's claim vanished"))?;
+        if fingerprint != request.fingerprint() {
+            return Err(CoordinatorError::Refused(ErrorCode::IdempotencyKeyReused));
+        }
+        // The first request may have died between claiming the key and creating the
+        // transfer; creating it now is safe because the key fixed its req_id (or re-keyed it,
+        // when it is too old for the idempotency horizon).
+        if let Some(existing) = self.load(&id).await? {
+            return Ok(CidKey::Answered(existing));
+        }
+        match self.usable_claim(request, cid, id).await? {
+            Usable::Create(id) => Ok(CidKey::Key(Some(id))),
+            Usable::Exists(existing) => Ok(CidKey::Answered(existing)),
         }
     }
 
@@ -327,29 +410,6 @@ impl Coordinator {
             }
         }
         Ok(())
-    }
-
-    async fn claim_cid(&self, request: &NewTransfer, cid: &str) -> Result<Claim, CoordinatorError> {
-        let fresh = self.clock.req_id();
-        let inserted = self
-            .claims
-            .claim(request.user_id, cid, &fresh, &request.fingerprint())
-            .await?;
-        if inserted {
-            return Ok(Claim::New(fresh));
-        }
-        let ClientKey {
-            req_id,
-            fingerprint,
-        } = self
-            .claims
-            .find(request.user_id, cid)
-            .await?
-            .ok_or_else(|| CoordinatorError::invariant("the client key's claim vanished"))?;
-        if fingerprint != request.fingerprint() {
-            return Err(CoordinatorError::Refused(ErrorCode::IdempotencyKeyReused));
-        }
-        Ok(Claim::Existing(req_id))
     }
 
     /// Whether an orphan claim's req_id (no transfer under it) may still be used. spot-core

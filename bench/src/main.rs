@@ -27,6 +27,7 @@ mod cells;
 mod cellstack;
 mod clients;
 mod growth;
+mod pgstat;
 mod procstat;
 mod relay;
 mod replay;

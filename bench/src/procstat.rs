@@ -52,11 +52,16 @@ fn status_kib(pid: u32, key: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Pids of every running PostgreSQL server process.
+/// Pids of every running PostgreSQL server process; with `LEDGER_BENCH_POSTMASTER_PID` set, only
+/// that server's (the postmaster and its children), so another server sharing the machine is not
+/// counted.
 pub fn postgres_pids() -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return vec![];
     };
+    let postmaster: Option<u32> = std::env::var("LEDGER_BENCH_POSTMASTER_PID")
+        .ok()
+        .and_then(|p| p.trim().parse().ok());
     dir.filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
         .filter(|pid| {
@@ -64,7 +69,15 @@ pub fn postgres_pids() -> Vec<u32> {
                 .map(|c| c.trim() == "postgres")
                 .unwrap_or(false)
         })
+        .filter(|pid| postmaster.is_none_or(|p| *pid == p || parent(*pid) == Some(p)))
         .collect()
+}
+
+/// A process's parent pid (field 4 of `/proc/PID/stat`, after the command in parentheses).
+fn parent(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// CPU used by all PostgreSQL processes alive now.

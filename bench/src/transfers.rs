@@ -55,6 +55,10 @@ pub struct Args {
     /// runs also pay the cid's claim and the append's claim guard; without it none does.
     #[arg(long)]
     pub(crate) cid: bool,
+    /// Reset `pg_stat_statements` before each transfer run and print its statements per
+    /// transfer after it (the server must preload the extension).
+    #[arg(long)]
+    pub(crate) statements: bool,
     /// How long to drive transfers, per run.
     #[arg(long, default_value_t = 20)]
     pub(crate) seconds: u64,
@@ -279,6 +283,7 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
                     )]
                 })
                 .collect();
+            let profiled = args.statements && crate::pgstat::reset(&pool).await;
             let run = drive_batches(
                 &http,
                 &base,
@@ -289,6 +294,9 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
                 args.cid.then(crate::clients::Cids::new),
             )
             .await?;
+            if profiled {
+                crate::pgstat::print(&pool, &label(n, bulk, args.cid), run.committed).await?;
+            }
             runs.push((label(n, bulk, args.cid), run));
         }
     }

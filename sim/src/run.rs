@@ -69,6 +69,9 @@ pub struct Report {
     pub transfers: usize,
     pub steps: u64,
     pub trace: Vec<String>,
+    /// Single requests that went in a round with others (`application/src/round.rs`), over
+    /// every ledger process.
+    pub shared_in_rounds: u64,
 }
 
 /// Fault rates from the seed: each run its own mix, some runs calm in one kind.
@@ -330,6 +333,10 @@ pub fn run(seed: u64, config: &Config) -> Report {
         transfers,
         steps: exec.steps,
         trace: w.trace.take().unwrap_or_default(),
+        shared_in_rounds: ledgers
+            .iter()
+            .map(|l| l.coordinator.round_stats().shared)
+            .sum(),
     }
 }
 

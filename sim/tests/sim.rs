@@ -34,6 +34,15 @@ fn the_real_code_passes_a_bounded_run_of_seeds() {
     assert_clean(&config(None, false), 1_000, "");
 }
 
+/// Concurrent single requests go through shared rounds (`application/src/round.rs`): the seeds
+/// above put several single requests in one round, under the faults.
+#[test]
+fn single_requests_share_rounds_in_the_simulation() {
+    let config = config(None, false);
+    let shared: u64 = (0..200).map(|seed| run(seed, &config).shared_in_rounds).sum();
+    assert!(shared > 0, "no round carried more than one request");
+}
+
 /// Seeds within which each planted bug must be found (from seed 0); found at, when written:
 /// compensate-on-unknown 3, refund-not-idempotent 67, persist-after-call 0,
 /// resume-without-lookup 1, no-cas 3, not-seen-as-refusal 1.

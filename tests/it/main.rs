@@ -38,6 +38,7 @@ mod prometheus;
 mod recovery;
 mod recovery_safety;
 mod relay;
+mod rounds;
 mod security;
 mod spot_durability;
 mod tlog;
