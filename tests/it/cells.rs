@@ -887,6 +887,12 @@ async fn cells_008_a_stopped_postgresql_stops_only_its_cell() {
         "{page}"
     );
     assert_eq!(page["transfers"].as_array().unwrap().len(), 10, "{page}");
+    let stuck = admin_get(&base, "/api/v1/admin/transfers/stuck?older_than_ms=0").await;
+    assert_eq!(
+        (stuck["partial"].clone(), stuck["down_cells"].clone()),
+        (json!(true), json!([2])),
+        "{stuck}"
+    );
     let metrics = reqwest::get(&ledger.metrics)
         .await
         .unwrap()

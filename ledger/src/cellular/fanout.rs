@@ -231,6 +231,24 @@ pub fn alerts(answers: &Answers, limit: usize) -> Value {
     out
 }
 
+/// Every cell's stuck transfers, oldest (longest unchanged) first, each with its cell, at most
+/// `limit` (1 to 500, 100 when absent, as one cell brings it within).
+pub fn stuck(answers: &Answers, limit: usize) -> Value {
+    let mut all: Vec<Value> = Vec::new();
+    for (cell, body) in ok_bodies(answers) {
+        for row in body["transfers"].as_array().into_iter().flatten() {
+            let mut row = row.clone();
+            row["cell"] = json!(cell.get());
+            all.push(row);
+        }
+    }
+    all.sort_by_key(|row| std::cmp::Reverse(row["age_ms"].as_i64()));
+    all.truncate(limit.clamp(1, 500));
+    let mut out = json!({ "transfers": all });
+    mark(&mut out, answers);
+    out
+}
+
 /// The conservation check of every cell and the total: `ok` only when every cell answered and
 /// is conserved, `halted` when any cell is, each cell's own report under `cells`, and the
 /// per-asset sums of every cell's figures under `total` (the exact decimal strings added).
@@ -434,6 +452,26 @@ mod tests {
              # HELP ledger_cell_up Whether the cell serves: 1 when its database answers this process, 0 while its users are refused (503).\n\
              # TYPE ledger_cell_up gauge\nledger_cell_up{cell=\"1\"} 1\nledger_cell_up{cell=\"2\"} 0\n# EOF\n"
         );
+    }
+
+    #[test]
+    fn stuck_rows_merge_oldest_first() {
+        let page = |ages: &[i64]| {
+            let rows: Vec<Value> = ages.iter().map(|a| json!({"age_ms": a})).collect();
+            Some((200, json!({ "transfers": rows })))
+        };
+        let mut answers = Answers::new();
+        answers.insert(cell(1), page(&[900, 100]));
+        answers.insert(cell(2), page(&[500]));
+        let out = stuck(&answers, 2);
+        let ages: Vec<i64> = out["transfers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["age_ms"].as_i64().unwrap())
+            .collect();
+        assert_eq!(ages, [900, 500]);
+        assert_eq!(out["transfers"][1]["cell"], 2);
     }
 
     #[test]

@@ -8,12 +8,12 @@
 //! - An admin's token: a deposit (its external_id claimed across cells first, `claims.rs`), a
 //!   single transfer or a user's page goes to the cell of the user it names; a bulk request is
 //!   split per cell; a route that names only a req_id (a transfer, its timeline, resolve,
-//!   repair) is looked up in each cell in turn; the transfers list, the overview, the alerts and
-//!   the conservation check fan out to every cell and merge (`views.rs`, `fanout.rs`); an asset
+//!   repair) is looked up in each cell in turn; the transfers list, the stuck list, the
+//!   overview, the alerts and the conservation check fan out to every cell and merge (`views.rs`, `fanout.rs`); an asset
 //!   change is written to the home cell, then to every other cell (`views.rs`); every other
-//!   admin route (the stuck list, the check history, the asset list, the console) goes to the
-//!   home cell (the lowest id), or the first cell up while it is down; a GET of the feed
-//!   (`/api/v1/events`, its stream) reads every cell's feed, merged (`feed.rs`).
+//!   admin route (the check history, the asset list, the console) goes to the home cell (the
+//!   lowest id), or the first cell up while it is down; a GET of the feed (`/api/v1/events`,
+//!   its stream) reads every cell's feed, merged (`feed.rs`).
 //! - No token, or one that does not verify: the home cell (or the first cell up), which answers
 //!   as today (a public route, or the refusal). GraphQL over a websocket (`/graphql/ws`) carries
 //!   its token in its `connection_init` message, not in a header, so it reaches the home cell

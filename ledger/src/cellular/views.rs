@@ -19,7 +19,8 @@ use super::slot::{self, Refusal};
 /// The default and largest page of the admin transfers list (`query-api`'s).
 const TRANSFERS_PAGE_DEFAULT: usize = 50;
 const TRANSFERS_PAGE_MAX: usize = 500;
-const ALERTS_PAGE_DEFAULT: usize = 20;
+const ALERTS_PAGE_DEFAULT: usize = 50;
+const STUCK_PAGE_DEFAULT: usize = 100;
 
 /// An admin route the front answers across cells.
 pub enum View {
@@ -27,6 +28,7 @@ pub enum View {
     Overview,
     Alerts,
     Invariant,
+    Stuck,
     PutAsset,
 }
 
@@ -38,6 +40,7 @@ impl Front {
             (Method::GET, "/api/v1/admin/overview") => Some(View::Overview),
             (Method::GET, "/api/v1/admin/alerts") => Some(View::Alerts),
             (Method::GET, "/api/v1/admin/invariant") => Some(View::Invariant),
+            (Method::GET, "/api/v1/admin/transfers/stuck") => Some(View::Stuck),
             (Method::PUT, p) if p.starts_with("/api/v1/admin/assets/") => Some(View::PutAsset),
             _ => None,
         }
@@ -118,7 +121,7 @@ impl View {
         match self {
             Self::PutAsset => put_asset(front, req).await,
             Self::Transfers => transfers(front, req).await,
-            Self::Overview | Self::Alerts | Self::Invariant => {
+            Self::Overview | Self::Alerts | Self::Invariant | Self::Stuck => {
                 let (parts, _) = req.into_parts();
                 let answers = front.ask_every(&parts.uri, &parts.headers).await;
                 if let Some(refusal) = first_refusal(&answers) {
@@ -133,6 +136,10 @@ impl View {
                     Self::Alerts => {
                         let limit = query_usize(&parts.uri, "limit").unwrap_or(ALERTS_PAGE_DEFAULT);
                         fanout::alerts(&answers, limit)
+                    }
+                    Self::Stuck => {
+                        let limit = query_usize(&parts.uri, "limit").unwrap_or(STUCK_PAGE_DEFAULT);
+                        fanout::stuck(&answers, limit)
                     }
                     _ => fanout::invariant(&answers),
                 };
