@@ -83,6 +83,7 @@ fn median(mut xs: Vec<f64>) -> f64 {
 }
 
 /// `ledger-bench transfers --cells N`.
+// long: one measurement read top to bottom (the ABAB rounds, then 1 and N cells); a figures tool.
 pub async fn transfers(args: &crate::transfers::Args, cells: u16) -> anyhow::Result<Vec<String>> {
     if !(2..=8).contains(&cells) {
         bail!("--cells must be from 2 to 8 (1 cell is always measured beside it)");
@@ -200,6 +201,7 @@ impl Counters {
 }
 
 /// `ledger-bench cells`.
+// long: the three faults one after the other, each measured and undone; a figures tool.
 pub async fn faults(args: FaultArgs) -> anyhow::Result<Vec<String>> {
     let private = PrivateCluster::start().context("a private PostgreSQL for cell 3")?;
     let stack = Stack::start(&Layout {

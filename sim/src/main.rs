@@ -212,8 +212,11 @@ fn run_many_cells(from: u64, n: u64, cells: u16, config: &Config) -> ExitCode {
         }
     }
     for (kind, count) in &faults {
-        say!("fault {kind} (cell 1 only): {count}");
+        say!("fault {kind}: {count}");
     }
+    say!(
+        "(faults are injected in cell 1 only; the operator-/admin- counts are every cell's actors)"
+    );
     for (i, f) in failing.iter().enumerate() {
         let role = if i == 0 { "faulted" } else { "calm" };
         say!("cell {} ({role}): {n} seeds, {f} violations", i + 1);
