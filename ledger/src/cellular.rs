@@ -205,7 +205,7 @@ async fn start_cells(cells: Cells, settings: &Settings) -> anyhow::Result<Starte
     let pools = cells.links.iter().map(|l| (l.id, l.pool.clone())).collect();
     let claims = claims::Claims::new(cells.placement.clone(), pools);
     for link in cells.links {
-        let (assembled, mut serving) = configured(
+        let (mut assembled, mut serving) = configured(
             settings,
             link.pool,
             link.spot,
@@ -213,9 +213,10 @@ async fn start_cells(cells: Cells, settings: &Settings) -> anyhow::Result<Starte
             &cells.secret,
             None,
         )?;
-        // One tree, origin and key per cell is not built yet (ADR 0017 lists it): no cell keeps
-        // a log rather than several under one origin.
-        serving.background.log = None;
+        // One tree, origin and key per cell (ADR 0016): the cell's follower, its routes and
+        // receipts name the cell.
+        serving.background.log = crate::log_cli::of_cell(serving.background.log, link.id.get())?;
+        assembled.state.reads = assembled.state.reads.with_log_cell(link.id.get());
         tasks.push(
             Tasks::start(&assembled.pieces, &serving.background)
                 .await
@@ -225,7 +226,6 @@ async fn start_cells(cells: Cells, settings: &Settings) -> anyhow::Result<Starte
         first.get_or_insert((assembled.state, serving));
     }
     let (home_state, serving) = first.context("a cell map names at least one cell")?;
-    tracing::warn!("under a cell map the tamper-evident log is not kept yet (ADR 0017)");
     let front = Front::new(
         cells.placement,
         apps,

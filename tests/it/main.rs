@@ -40,3 +40,5 @@ mod relay;
 mod security;
 mod spot_durability;
 mod tlog;
+mod tlog_receipts;
+mod tlog_stream;
