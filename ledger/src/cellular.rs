@@ -3,7 +3,7 @@
 //! reached and checked at start-up (`connect.rs`); each gets the whole of today's core and
 //! router over its own pool and spot-core, and its own background tasks (the projector, the
 //! recovery worker, the conservation check and its halt, the asset reloader, the vacuum, the
-//! idempotency horizon); the front router sends each request to its user's cell (`front.rs`).
+//! idempotency horizon, the tamper-evident log's follower signing as the cell); the front router sends each request to its user's cell (`front.rs`).
 //! Not built yet: the relay per cell (refused with a map), the fan-out admin views and metrics
 //! (the home cell's are served), the per-cell feed cursor, and serving while a cell is
 //! unreachable (start-up waits for every cell). Deposits claim their external_id across cells
@@ -75,6 +75,8 @@ pub(crate) async fn up(args: UpArgs, settings: &Settings, map: CellMap) -> anyho
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("create data dir {}", args.data_dir.display()))?;
     let secret = config::secret_for_data_dir(settings.secrets.jwt.clone(), &args.data_dir)?;
+    // One key in the data dir; each cell signs with its own identity derived from it.
+    let settings = &crate::log_cli::with_data_dir_key(settings, &args.data_dir)?;
     let mut children = Vec::new();
     let mut started = BTreeMap::new();
     for spec in map.cells().iter().filter(|c| c.spot == SpotAddress::Start) {

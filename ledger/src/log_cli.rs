@@ -68,6 +68,10 @@ pub struct VerifyArgs {
     #[arg(long = "checkpoint-stream", env = "LEDGER_LOG_CHECKPOINT_STREAM",
           default_value = relay::checkpoints::CHECKPOINT_STREAM_DEFAULT)]
     pub checkpoint_stream: String,
+    /// Under a cell map: the cell whose log to verify (its database from the map, the key of
+    /// LEDGER_LOG_SIGNING_KEY_FILE's identity for that cell, its subject on the stream).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub cell: Option<u16>,
 }
 
 #[derive(Debug, Args)]
@@ -229,13 +233,38 @@ fn read_signer(path: &Path) -> anyhow::Result<Signer> {
     Signer::parse(&text).map_err(|e| anyhow!("the log signing key {}: {e}", path.display()))
 }
 
-/// The verifier: `--vkey`, or the configured signing key's.
-fn verifier(vkey: Option<&str>, settings: &Settings) -> anyhow::Result<Verifier> {
+/// The verifier: `--vkey`, or the configured signing key's (its identity for `cell`, if given).
+fn verifier(
+    vkey: Option<&str>,
+    settings: &Settings,
+    cell: Option<u16>,
+) -> anyhow::Result<Verifier> {
     match (vkey, key_path(settings)) {
         (Some(v), _) => Verifier::parse(v).map_err(|e| anyhow!("--vkey: {e}")),
-        (None, Some(path)) => Ok(read_signer(path)?.verifier()),
+        (None, Some(path)) => {
+            let signer = read_signer(path)?;
+            let signer = match cell {
+                Some(cell) => signer
+                    .for_cell(cell)
+                    .map_err(|e| anyhow!("the key for cell {cell}: {e}"))?,
+                None => signer,
+            };
+            Ok(signer.verifier())
+        }
         (None, None) => bail!("give --vkey or LEDGER_LOG_SIGNING_KEY_FILE"),
     }
+}
+
+/// The database whose log is verified: cell `cell`'s under a cell map, else `DATABASE_URL`'s.
+async fn log_database(settings: &Settings, cell: Option<u16>) -> anyhow::Result<sqlx::PgPool> {
+    let (Some(cell), Some(map)) = (cell, &settings.cells) else {
+        return settings.database.pool(2).await;
+    };
+    let id = cells::CellId::new(cell.into()).context("a cell id")?;
+    let spec = map
+        .cell(id)
+        .with_context(|| format!("the cell map has no cell {cell}"))?;
+    schema::prepare_with(&spec.database_url, 2, settings.database.liveness).await
 }
 
 fn log_key(args: LogKeyArgs, settings: &Settings) -> anyhow::Result<()> {
@@ -247,7 +276,7 @@ fn log_key(args: LogKeyArgs, settings: &Settings) -> anyhow::Result<()> {
                 .context("--generate needs --origin")?;
             generate_key(path, origin).with_context(|| format!("create {}", path.display()))?
         }
-        None => verifier(None, settings)?.to_vkey(),
+        None => verifier(None, settings, None)?.to_vkey(),
     };
     println!("{vkey}");
     Ok(())
@@ -288,21 +317,21 @@ fn read_outside(path: &Path) -> anyhow::Result<Vec<OutsideNote>> {
 
 /// `ledger verify`: prints what was checked and `Ok(true)` when everything holds.
 async fn verify_command(args: VerifyArgs, settings: &Settings) -> anyhow::Result<bool> {
-    let verifier = verifier(args.vkey.as_deref(), settings)?;
+    let verifier = verifier(args.vkey.as_deref(), settings, args.cell)?;
     let mut outside = Vec::new();
     for path in &args.checkpoints {
         outside.extend(read_outside(path)?);
     }
     let from_files = outside.len();
     if args.from_stream {
-        outside.extend(read_stream(&args, None).await?);
+        outside.extend(read_stream(&args, args.cell).await?);
         println!(
             "{} checkpoints read back from stream {}",
             outside.len() - from_files,
             args.checkpoint_stream
         );
     }
-    let pool = settings.database.pool(2).await?;
+    let pool = log_database(settings, args.cell).await?;
     // indicatif draws only on a terminal, so piped output stays clean.
     let bar = ProgressBar::new_spinner();
     bar.set_style(

@@ -40,5 +40,6 @@ mod relay;
 mod security;
 mod spot_durability;
 mod tlog;
+mod tlog_cells;
 mod tlog_receipts;
 mod tlog_stream;

@@ -322,7 +322,7 @@ async fn tlog_proofs_check_out_with_an_independent_verifier_and_users_see_only_t
     // A transfer's receipt names its events' positions, for its owner (and admins) only.
     let (req_id, owned): (String, Vec<i64>) = sqlx::query_as(
         "SELECT aggregate_id, array_agg(feed_position ORDER BY sequence) FROM events
-         WHERE user_id = 1 GROUP BY aggregate_id LIMIT 1",
+         WHERE user_id = 1 AND aggregate_type = 'Transfer' GROUP BY aggregate_id LIMIT 1",
     )
     .fetch_one(&pool)
     .await
