@@ -7,11 +7,13 @@
 //! state, every `req_id` must be applied at most once in each system and exactly as its final
 //! state says, conservation must hold, spot-core's journal must still be readable from seq 1
 //! (through the archive) and add up to its balances, and the ledger's own exact check, incremental
-//! and full, must answer ok. Used by `cargo run -p tests --bin chaos` and by smaller tests.
+//! and full, must answer ok, and `ledger verify` must find the tamper-evident log, kept by every
+//! ledger through it all, intact. Used by `cargo run -p tests --bin chaos` and by smaller tests.
 
 mod check;
 mod cluster;
 mod failover;
+pub mod log;
 pub mod netfaults;
 
 use std::collections::{BTreeMap, HashMap};
@@ -717,6 +719,16 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     for full in [false, true] {
         problems.extend(check::ledger_invariant(&base, full).await?);
     }
+    let settings = &cluster.settings;
+    problems.extend(
+        log::log_problems(
+            &pool,
+            &settings.bin_dir,
+            &settings.db_url,
+            &settings.log_key,
+        )
+        .await?,
+    );
     let spot_client = cluster.spot_client(Duration::from_secs(30));
     let mut report = check::check(&pool, &spot_client, &sent).await?;
     report.problems.extend(problems);

@@ -103,10 +103,22 @@ pub async fn create_transfers(
         }
     }
     let answers = state.ledger.request_transfers(requests).await;
+    let created: Vec<String> = answers
+        .iter()
+        .filter_map(|a| a.as_ref().ok())
+        .filter(|d| d.state != domain::TransferState::Failed)
+        .map(|d| d.req_id.to_string())
+        .collect();
+    let mut receipts = if created.is_empty() {
+        Default::default()
+    } else {
+        edge::render::log_positions(&state, &created).await
+    };
     for (i, answer) in positions.into_iter().zip(answers) {
-        let rendered = answer
-            .map_err(routes::request_error)
-            .and_then(routes::transfer_answer);
+        let rendered = answer.map_err(routes::request_error).and_then(|d| {
+            let receipt = receipts.remove(&d.req_id.to_string());
+            routes::transfer_answer(d, receipt, state.reads.log().cell())
+        });
         results[i] = Some(match rendered {
             Ok(Json(transfer)) => BulkResult::Transfer(transfer),
             Err(e) => refused(e),

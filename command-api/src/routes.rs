@@ -99,6 +99,15 @@ pub struct TransferResponse {
     /// Why the target refused, for a transfer that was rolled back (or is being).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure_code: Option<String>,
+    /// The feed positions of the transfer's events so far, in order: its entries in the
+    /// tamper-evident log, a receipt to prove later against any checkpoint at least as large
+    /// (`GET /api/v1/log/proof/inclusion`). Absent only when they could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<u64>>)]
+    pub log_positions: Option<Vec<i64>>,
+    /// The cell whose log holds those positions, under a cell map (`?cell=` of the log routes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_cell: Option<u16>,
 }
 
 fn state_message(data: &TransferData) -> String {
@@ -141,12 +150,22 @@ pub(crate) async fn create_transfer(
         .request_transfer(request)
         .await
         .map_err(request_error)?;
-    transfer_answer(data)
+    let mut positions = match data.state {
+        TransferState::Failed => Default::default(),
+        _ => edge::render::log_positions(&state, &[data.req_id.to_string()]).await,
+    };
+    let receipt = positions.remove(&data.req_id.to_string());
+    transfer_answer(data, receipt, state.reads.log().cell())
 }
 
 /// The answer for a transfer as submitted: FAILED is the source's refusal with its code (and
-/// the req_id, so it can be looked up); any other state is 200 with where the transfer stands.
-pub(crate) fn transfer_answer(data: TransferData) -> Result<Json<TransferResponse>, ApiError> {
+/// the req_id, so it can be looked up); any other state is 200 with where the transfer stands and
+/// its events' feed positions (`log_positions`).
+pub(crate) fn transfer_answer(
+    data: TransferData,
+    log_positions: Option<Vec<i64>>,
+    log_cell: Option<u16>,
+) -> Result<Json<TransferResponse>, ApiError> {
     if data.state == TransferState::Failed {
         let code = data
             .failure
@@ -173,6 +192,8 @@ pub(crate) fn transfer_answer(data: TransferData) -> Result<Json<TransferRespons
         state: data.state.as_str(),
         message: state_message(&data),
         failure_code,
+        log_positions,
+        log_cell,
     }))
 }
 

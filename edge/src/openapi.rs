@@ -281,6 +281,17 @@ pub struct TransferPath {
     pub req_id: String,
 }
 
+/// `?cell=N` of the tamper-evident log's routes: the cell whose log is asked for (under a cell
+/// map; without one the log is cell 1). Absent: the caller's own cell's.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct LogCell {
+    /// The cell whose log is asked for; absent: the caller's own cell's (404 for a cell the
+    /// ledger does not have).
+    #[param(minimum = 1, maximum = 65535)]
+    pub cell: Option<u16>,
+}
+
 /// The path of `PUT /api/v1/admin/accounts/{user_id}/{account_type}/status`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Path)]

@@ -49,6 +49,13 @@ impl ReadSide {
         &self.log
     }
 
+    /// The same read side, whose log is cell `cell`'s (under a cell map: every log route and
+    /// receipt names its cell).
+    pub fn with_log_cell(mut self, cell: u16) -> Self {
+        self.log = self.log.of_cell(cell);
+        self
+    }
+
     /// Open transfers unchanged for at least `older_than`, oldest first, with their retries.
     pub async fn stuck(
         &self,

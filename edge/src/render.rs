@@ -72,6 +72,23 @@ pub async fn user_balances(
     Ok(merge_balances(funding, spot, in_flight))
 }
 
+/// The feed positions of each transfer's events (its entries in the tamper-evident log: the
+/// receipt a transfer answer carries), by req_id, in one read. Positions are handed out when the
+/// events are appended, so every committed event has one; if the read fails the answers go out
+/// without them (the transfer happened; `GET /api/v1/log/receipts/{req_id}` gives them later).
+pub async fn log_positions(
+    state: &crate::state::AppState,
+    req_ids: &[String],
+) -> std::collections::HashMap<String, Vec<i64>> {
+    match state.reads.log().positions_of(req_ids).await {
+        Ok(positions) => positions,
+        Err(e) => {
+            tracing::warn!(error = %e, "the transfers' log positions could not be read");
+            std::collections::HashMap::new()
+        }
+    }
+}
+
 /// Longest refusal code passed through from an account system.
 const REFUSAL_CODE_CHARS_MAX: usize = 64;
 

@@ -4,7 +4,7 @@
 //! that does not answer is served later) and each reached cell gets the whole of today's core
 //! and router over its own pool and spot-core, and its own background tasks (the projector, the
 //! recovery worker, the conservation check and its halt, the asset reloader, the vacuum, the
-//! idempotency horizon). A watcher per cell (`watch.rs`) keeps retrying a cell not reached,
+//! idempotency horizon, the tamper-evident log's follower signing as the cell). A watcher per cell (`watch.rs`) keeps retrying a cell not reached,
 //! probes a reached one and marks it down or up (`slot.rs`), and keeps its assets equal to the
 //! home cell's. The front router sends each request to its user's cell (`front.rs`) and fans
 //! the admin views out (`views.rs`, `fanout.rs`). An admin's feed reads every cell's feed, merged,
@@ -78,6 +78,8 @@ pub(crate) async fn up(args: UpArgs, settings: &Settings, map: CellMap) -> anyho
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("create data dir {}", args.data_dir.display()))?;
     let secret = config::secret_for_data_dir(settings.secrets.jwt.clone(), &args.data_dir)?;
+    // One key in the data dir; each cell signs with its own identity derived from it.
+    let settings = &crate::log_cli::with_data_dir_key(settings, &args.data_dir)?;
     let mut children = Vec::new();
     let mut started = BTreeMap::new();
     for spec in map.cells().iter().filter(|c| c.spot == SpotAddress::Start) {
@@ -240,7 +242,6 @@ async fn start_cells(
             }
         }
     }
-    tracing::warn!("under a cell map the tamper-evident log is not kept yet (ADR 0017)");
     Ok(Started {
         shared,
         reached,

@@ -1,7 +1,7 @@
 //! The tamper-evident log's commands (`docs/adr/0016-tamper-evident-log.md`): `ledger verify`
 //! (re-read the log, recompute the tree, check every checkpoint; exit 1 naming the first
 //! difference), `ledger log export-checkpoints FILE` (every signed checkpoint, for safekeeping
-//! outside the database), `ledger log-key` (the verifier key, or a new signing key); and the
+//! outside the database; `--from-stream` reads those published to JetStream), `ledger log-key` (the verifier key, or a new signing key); and the
 //! follower's configuration for `serve` and `up` (`LEDGER_LOG_SIGNING_KEY_FILE`, the checkpoint
 //! interval), with the key `up` keeps in its data dir.
 
@@ -57,6 +57,21 @@ pub struct VerifyArgs {
     /// LEDGER_LOG_SIGNING_KEY_FILE.
     #[arg(long)]
     pub vkey: Option<String>,
+    /// Also check every checkpoint published to the JetStream checkpoint stream (by `serve` or
+    /// `up` with --nats), read back from the NATS server of --nats.
+    #[arg(long)]
+    pub from_stream: bool,
+    /// The NATS server of --from-stream.
+    #[arg(long = "nats", env = "LEDGER_NATS_URL", requires = "from_stream")]
+    pub nats: Option<String>,
+    /// The checkpoint stream of --from-stream.
+    #[arg(long = "checkpoint-stream", env = "LEDGER_LOG_CHECKPOINT_STREAM",
+          default_value = relay::checkpoints::CHECKPOINT_STREAM_DEFAULT)]
+    pub checkpoint_stream: String,
+    /// Under a cell map: the cell whose log to verify (its database from the map, the key of
+    /// LEDGER_LOG_SIGNING_KEY_FILE's identity for that cell, its subject on the stream).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub cell: Option<u16>,
 }
 
 #[derive(Debug, Args)]
@@ -100,6 +115,67 @@ pub(crate) fn follower_config(settings: &Settings) -> anyhow::Result<Option<Foll
         checkpoint_events: settings.log.checkpoint_events,
         checkpoint_interval: settings.log.checkpoint_interval,
     }))
+}
+
+/// The follower's configuration for cell `cell` of a cell map: the configured key's identity
+/// for that cell (`<origin>/cell/<N>`, a key derived for it: `tlog::Signer::for_cell`).
+pub(crate) fn of_cell(
+    config: Option<FollowerConfig>,
+    cell: u16,
+) -> anyhow::Result<Option<FollowerConfig>> {
+    config
+        .map(|c| {
+            let signer = c
+                .signer
+                .for_cell(cell)
+                .map_err(|e| anyhow!("the log signing key for cell {cell}: {e}"))?;
+            Ok(FollowerConfig { signer, ..c })
+        })
+        .transpose()
+}
+
+/// Where the follower's checkpoints are published: with a signing key and a NATS server, the
+/// checkpoint stream, on the subject of `cell` (`None` without a cell map). The event stream is
+/// refused: the checkpoints have a stream of their own.
+pub(crate) fn checkpoint_target(
+    relay: Option<&relay::RelayConfig>,
+    log: Option<&FollowerConfig>,
+    cell: Option<u16>,
+) -> anyhow::Result<Option<relay::checkpoints::CheckpointTarget>> {
+    let (Some(relay), Some(_)) = (relay, log) else {
+        return Ok(None);
+    };
+    if relay.checkpoint_stream == relay.stream {
+        bail!(
+            "the checkpoint stream must not be the event stream ({}): give another \
+             --checkpoint-stream",
+            relay.stream
+        );
+    }
+    Ok(Some(relay::checkpoints::CheckpointTarget {
+        nats_url: relay.nats_url.clone(),
+        stream: relay.checkpoint_stream.clone(),
+        subject: relay::checkpoints::subject(cell),
+    }))
+}
+
+/// The checkpoints of the JetStream checkpoint stream, for `ledger verify --from-stream`.
+async fn read_stream(args: &VerifyArgs, cell: Option<u16>) -> anyhow::Result<Vec<OutsideNote>> {
+    let url = args
+        .nats
+        .as_deref()
+        .context("--from-stream needs --nats URL or LEDGER_NATS_URL")?;
+    let subject = relay::checkpoints::subject(cell);
+    let notes = relay::checkpoints::read_back(url, &args.checkpoint_stream, &subject)
+        .await
+        .with_context(|| format!("read the checkpoints of stream {}", args.checkpoint_stream))?;
+    Ok(notes
+        .into_iter()
+        .map(|n| OutsideNote {
+            source: format!("stream {} sequence {}", args.checkpoint_stream, n.sequence),
+            note: n.note,
+        })
+        .collect())
 }
 
 /// `settings` with the data dir's signing key (generated there if missing) unless a key file
@@ -157,13 +233,38 @@ fn read_signer(path: &Path) -> anyhow::Result<Signer> {
     Signer::parse(&text).map_err(|e| anyhow!("the log signing key {}: {e}", path.display()))
 }
 
-/// The verifier: `--vkey`, or the configured signing key's.
-fn verifier(vkey: Option<&str>, settings: &Settings) -> anyhow::Result<Verifier> {
+/// The verifier: `--vkey`, or the configured signing key's (its identity for `cell`, if given).
+fn verifier(
+    vkey: Option<&str>,
+    settings: &Settings,
+    cell: Option<u16>,
+) -> anyhow::Result<Verifier> {
     match (vkey, key_path(settings)) {
         (Some(v), _) => Verifier::parse(v).map_err(|e| anyhow!("--vkey: {e}")),
-        (None, Some(path)) => Ok(read_signer(path)?.verifier()),
+        (None, Some(path)) => {
+            let signer = read_signer(path)?;
+            let signer = match cell {
+                Some(cell) => signer
+                    .for_cell(cell)
+                    .map_err(|e| anyhow!("the key for cell {cell}: {e}"))?,
+                None => signer,
+            };
+            Ok(signer.verifier())
+        }
         (None, None) => bail!("give --vkey or LEDGER_LOG_SIGNING_KEY_FILE"),
     }
+}
+
+/// The database whose log is verified: cell `cell`'s under a cell map, else `DATABASE_URL`'s.
+async fn log_database(settings: &Settings, cell: Option<u16>) -> anyhow::Result<sqlx::PgPool> {
+    let (Some(cell), Some(map)) = (cell, &settings.cells) else {
+        return settings.database.pool(2).await;
+    };
+    let id = cells::CellId::new(cell.into()).context("a cell id")?;
+    let spec = map
+        .cell(id)
+        .with_context(|| format!("the cell map has no cell {cell}"))?;
+    schema::prepare_with(&spec.database_url, 2, settings.database.liveness).await
 }
 
 fn log_key(args: LogKeyArgs, settings: &Settings) -> anyhow::Result<()> {
@@ -175,7 +276,7 @@ fn log_key(args: LogKeyArgs, settings: &Settings) -> anyhow::Result<()> {
                 .context("--generate needs --origin")?;
             generate_key(path, origin).with_context(|| format!("create {}", path.display()))?
         }
-        None => verifier(None, settings)?.to_vkey(),
+        None => verifier(None, settings, None)?.to_vkey(),
     };
     println!("{vkey}");
     Ok(())
@@ -216,12 +317,21 @@ fn read_outside(path: &Path) -> anyhow::Result<Vec<OutsideNote>> {
 
 /// `ledger verify`: prints what was checked and `Ok(true)` when everything holds.
 async fn verify_command(args: VerifyArgs, settings: &Settings) -> anyhow::Result<bool> {
-    let verifier = verifier(args.vkey.as_deref(), settings)?;
+    let verifier = verifier(args.vkey.as_deref(), settings, args.cell)?;
     let mut outside = Vec::new();
     for path in &args.checkpoints {
         outside.extend(read_outside(path)?);
     }
-    let pool = settings.database.pool(2).await?;
+    let from_files = outside.len();
+    if args.from_stream {
+        outside.extend(read_stream(&args, args.cell).await?);
+        println!(
+            "{} checkpoints read back from stream {}",
+            outside.len() - from_files,
+            args.checkpoint_stream
+        );
+    }
+    let pool = log_database(settings, args.cell).await?;
     // indicatif draws only on a terminal, so piped output stays clean.
     let bar = ProgressBar::new_spinner();
     bar.set_style(

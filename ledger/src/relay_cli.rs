@@ -1,6 +1,7 @@
-//! The relay's commands: `ledger relay` (publish the feed to NATS JetStream) and `ledger tail`
-//! (consume the stream, print JSON lines); under a cell map, one stream per cell
-//! (`<stream>_<cell>`, ADR 0017 §8) for both. The relay's options, which `ledger up` and
+//! The relay's commands: `ledger relay` (publish the feed to NATS JetStream, and the
+//! tamper-evident log's checkpoints to their own stream) and `ledger tail` (consume the stream,
+//! print JSON lines); under a cell map, one stream per cell (`<stream>_<cell>`, ADR 0017 §8)
+//! for both. The relay's options, which `ledger up` and
 //! `ledger serve` also take to run it in-process, are `settings::options::RelayOptions`; the
 //! `relay` crate takes them as arguments.
 
@@ -77,8 +78,25 @@ pub async fn relay(args: RelayArgs, settings: &Settings) -> anyhow::Result<()> {
         relay_config.stream,
         relay_config.nats_url
     );
+    if relay_config.checkpoint_stream == relay_config.stream {
+        bail!(
+            "the checkpoint stream must not be the event stream: give another --checkpoint-stream"
+        );
+    }
+    // The tamper-evident log's checkpoints, if it is kept, go to their own stream beside.
+    let checkpoints = relay::checkpoints::publish(
+        pool.clone(),
+        relay::checkpoints::CheckpointTarget {
+            nats_url: relay_config.nats_url.clone(),
+            stream: relay_config.checkpoint_stream.clone(),
+            subject: relay::checkpoints::subject(None),
+        },
+    );
     let stats = std::sync::Arc::new(relay::RelayStats::default());
-    relay::run(pool, relay_config, stats, crate::startup::shutdown_signal()).await;
+    tokio::select! {
+        () = relay::run(pool, relay_config, stats, crate::startup::shutdown_signal()) => {}
+        () = checkpoints => {}
+    }
     Ok(())
 }
 

@@ -90,13 +90,16 @@ pub(crate) fn configured(
         .with_watched_limits(limits.limits.clone(), limits.frequency)
         .with_failpoints(settings.failpoints)
         .assemble();
+    let log = crate::log_cli::follower_config(settings)?;
+    let checkpoints = crate::log_cli::checkpoint_target(relay.as_ref(), log.as_ref(), None)?;
     let serving = Serving {
         background: Background {
             recovery: Some(background.recovery.clone()),
             audit_interval: background.audit_interval,
             relay,
             horizon: Some(background.horizon),
-            log: crate::log_cli::follower_config(settings)?,
+            log,
+            checkpoints,
         },
         http: settings.http.limits,
         metrics_on_api: settings.http.metrics == MetricsListen::Api,

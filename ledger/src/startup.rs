@@ -3,7 +3,8 @@
 //! every background task of a serving process and stops them together (zero-to-production's
 //! `main`): the projector (read models and feed), the recovery worker, the periodic
 //! conservation check, the asset-settings reloader, the hot-table vacuum, the idempotency
-//! horizon's advances and the event relay. No other code starts a long-running task. These tasks
+//! horizon's advances, the tamper-evident log's follower and checkpoint publisher, and the event
+//! relay. No other code starts a long-running task. These tasks
 //! run forever; one that ends (a panic) is reported, and [`Tasks::first_exit`] lets the server
 //! stop on it. Also the stop signal every long-running command waits for ([`shutdown_signal`]).
 
@@ -40,6 +41,8 @@ pub struct Background {
     pub horizon: Option<application::HorizonConfig>,
     /// The tamper-evident log's follower, when a signing key is configured.
     pub log: Option<tlog_follower::FollowerConfig>,
+    /// Where the log's signed checkpoints are published, with a signing key and `--nats`.
+    pub checkpoints: Option<relay::checkpoints::CheckpointTarget>,
 }
 
 impl Default for Background {
@@ -50,6 +53,7 @@ impl Default for Background {
             relay: None,
             horizon: None,
             log: None,
+            checkpoints: None,
         }
     }
 }
@@ -171,6 +175,12 @@ impl Tasks {
         if let Some(config) = &background.log {
             let follower = tlog_follower::Follower::new(pool.clone(), config.clone());
             tasks.spawn("tamper-evident log", follower.run());
+        }
+        if let Some(target) = &background.checkpoints {
+            tracing::info!(stream = %target.stream, subject = %target.subject,
+                "the log's checkpoints are published");
+            let publish = relay::checkpoints::publish(pool.clone(), target.clone());
+            tasks.spawn("checkpoint publisher", publish);
         }
         if let Some(config) = &background.relay {
             tracing::info!(stream = %config.stream, nats = %config.nats_url, "relay starts in-process");

@@ -84,6 +84,25 @@ fn bounded(params: &HashMap<String, String>, name: &str, min: u64) -> Result<u64
         .ok_or_else(bad)
 }
 
+/// `?cell=N`: the cell whose log is asked for. Under a cell map the front router sends the
+/// request to cell N, so it must name this log's cell; without a map the one log is cell 1. Absent:
+/// this log (the caller's own cell's, under a map). NOT_FOUND for a cell this is not, BAD_REQUEST
+/// for a malformed one.
+fn check_cell(log: &LogReads, params: &HashMap<String, String>) -> Result<(), ApiError> {
+    let Some(raw) = params.get("cell") else {
+        return Ok(());
+    };
+    let cell =
+        raw.parse::<u16>().ok().filter(|c| *c >= 1).ok_or_else(|| {
+            ApiError::BadRequest("`cell` must be an integer from 1 to 65535".into())
+        })?;
+    if log.cell().unwrap_or(1) == cell {
+        Ok(())
+    } else {
+        Err(not_found(format!("no log of cell {cell} here")))
+    }
+}
+
 fn b64(hashes: &[tlog::Hash]) -> Vec<String> {
     hashes.iter().map(|h| STANDARD.encode(h)).collect()
 }
@@ -111,13 +130,16 @@ async fn owned_entry(
 
 /// `GET /api/v1/log/checkpoint`: the newest signed checkpoint, the note's text.
 #[utoipa::path(get, path = "/api/v1/log/checkpoint",
+    params(edge::openapi::LogCell),
     responses((status = 200, description = "the newest signed checkpoint: a C2SP signed note",
         content_type = "text/plain", body = String),
         edge::openapi::LogRefusals))]
 pub(crate) async fn checkpoint(
     State(state): State<AppState>,
     _user: AuthUser,
+    Query(params): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
+    check_cell(state.reads.log(), &params)?;
     let _turn = turn(&state).await?;
     let note = state
         .reads
@@ -131,13 +153,16 @@ pub(crate) async fn checkpoint(
 
 /// `GET /api/v1/log/key`: the verifier key of the log's signatures (C2SP vkey).
 #[utoipa::path(get, path = "/api/v1/log/key",
+    params(edge::openapi::LogCell),
     responses((status = 200, description = "the verifier key (C2SP vkey), one line",
         content_type = "text/plain", body = String),
         edge::openapi::LogRefusals))]
 pub(crate) async fn key(
     State(state): State<AppState>,
     _user: AuthUser,
+    Query(params): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
+    check_cell(state.reads.log(), &params)?;
     let _turn = turn(&state).await?;
     let head = state.reads.log().head().await.map_err(internal)?;
     let vkey = head
@@ -149,7 +174,7 @@ pub(crate) async fn key(
 /// `GET /api/v1/log/entries/{position}`: the exact leaf bytes (canonical JSON).
 #[utoipa::path(get, path = "/api/v1/log/entries/{position}",
     params(("position" = u64, Path, minimum = 1,
-        description = "the entry's feed position")),
+        description = "the entry's feed position"), edge::openapi::LogCell),
     responses((status = 200, description = "the entry's exact leaf bytes (RFC 8785 JSON)",
         content_type = "application/json", body = Object),
         edge::openapi::LogRefusals))]
@@ -157,7 +182,9 @@ pub(crate) async fn entry(
     State(state): State<AppState>,
     user: AuthUser,
     Path(position): Path<String>,
+    Query(params): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
+    check_cell(state.reads.log(), &params)?;
     let position = position
         .parse::<u64>()
         .ok()
@@ -174,7 +201,8 @@ pub(crate) async fn entry(
     params(("position" = u64, Query, minimum = 1,
             description = "the entry's feed position"),
         ("size" = u64, Query, minimum = 1,
-            description = "the tree size the proof is for; at least `position` (400 otherwise)")),
+            description = "the tree size the proof is for; at least `position` (400 otherwise)"),
+        edge::openapi::LogCell),
     responses((status = 200, description = "the RFC 6962 audit path, bottom-up, base64 hashes",
         body = Object),
         edge::openapi::LogRefusals))]
@@ -183,6 +211,7 @@ pub(crate) async fn inclusion(
     user: AuthUser,
     Query(params): Query<HashMap<String, String>>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    check_cell(state.reads.log(), &params)?;
     let position = param(&params, "position")?;
     let size = param(&params, "size")?;
     if position > size {
@@ -209,7 +238,8 @@ pub(crate) async fn inclusion(
     params(("from" = u64, Query, minimum = 0,
             description = "the older tree size"),
         ("to" = u64, Query, minimum = 0,
-            description = "the newer tree size; at least `from` (400 otherwise)")),
+            description = "the newer tree size; at least `from` (400 otherwise)"),
+        edge::openapi::LogCell),
     responses((status = 200, description = "the RFC 6962 consistency proof, base64 hashes",
         body = Object),
         edge::openapi::LogRefusals))]
@@ -218,6 +248,7 @@ pub(crate) async fn consistency(
     _user: AuthUser,
     Query(params): Query<HashMap<String, String>>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    check_cell(state.reads.log(), &params)?;
     // The empty tree (size 0) is consistent with every tree: its proof is empty (contract §10).
     let from = bounded(&params, "from", 0)?;
     let to = bounded(&params, "to", 0)?;
@@ -240,7 +271,7 @@ pub(crate) async fn consistency(
 /// size now (an event at a position up to it has an inclusion proof against any checkpoint of at
 /// least that size). Its owner or an admin; NOT_FOUND otherwise, as for the transfer itself.
 #[utoipa::path(get, path = "/api/v1/log/receipts/{req_id}",
-    params(edge::openapi::TransferPath),
+    params(edge::openapi::TransferPath, edge::openapi::LogCell),
     responses((status = 200, description = "the feed positions of the transfer's events and the \
         tree's size now", body = Object),
         edge::openapi::LogRefusals))]
@@ -248,7 +279,9 @@ pub(crate) async fn receipt(
     State(state): State<AppState>,
     user: AuthUser,
     Path(req_id): Path<String>,
+    Query(params): Query<HashMap<String, String>>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    check_cell(state.reads.log(), &params)?;
     let _turn = turn(&state).await?;
     let log = state.reads.log();
     let events = log.of_transfer(&req_id).await.map_err(internal)?;
@@ -265,7 +298,9 @@ pub(crate) async fn receipt(
             |e| json!({"position": e.position, "sequence": e.sequence, "event_type": e.event_type}),
         )
         .collect();
-    Ok(Json(
-        json!({ "req_id": req_id, "tree_size": size, "entries": entries }),
-    ))
+    let mut receipt = json!({ "req_id": req_id, "tree_size": size, "entries": entries });
+    if let Some(cell) = log.cell() {
+        receipt["cell"] = json!(cell);
+    }
+    Ok(Json(receipt))
 }

@@ -33,6 +33,15 @@ pub(crate) struct TransferDetail {
     pub failure_code: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure_message: Option<String>,
+    /// The feed positions of the transfer's events so far, in order: its entries in the
+    /// tamper-evident log (a receipt; `GET /api/v1/log/proof/inclusion` proves each). Absent only
+    /// when they could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<u64>>)]
+    pub log_positions: Option<Vec<i64>>,
+    /// The cell whose log holds those positions, under a cell map (`?cell=` of the log routes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_cell: Option<u16>,
 }
 
 /// `GET /api/v1/internal_transfer/{req_id}`: the owner's transfer, folded from its events.
@@ -71,6 +80,10 @@ pub(crate) async fn get_transfer(
         }
         None => (None, None),
     };
+    let req_id = data.req_id.to_string();
+    let log_positions = edge::render::log_positions(&state, std::slice::from_ref(&req_id))
+        .await
+        .remove(&req_id);
     Ok(Json(TransferDetail {
         transfer_id: data.req_id.to_string(),
         req_id: data.req_id.to_string(),
@@ -83,6 +96,8 @@ pub(crate) async fn get_transfer(
         updated_at: rfc3339(data.updated_at),
         failure_code,
         failure_message,
+        log_positions,
+        log_cell: state.reads.log().cell(),
     }))
 }
 

@@ -12,6 +12,7 @@
 //! configuration as arguments and reads no environment.
 
 pub mod checkpoint;
+pub mod checkpoints;
 pub mod message;
 mod monitor;
 mod publisher;
@@ -38,6 +39,8 @@ pub struct RelayConfig {
     pub nats_url: String,
     /// The JetStream stream (created with file storage when missing).
     pub stream: String,
+    /// The stream of the tamper-evident log's checkpoints (`checkpoints`), never `stream`.
+    pub checkpoint_stream: String,
     /// Publishes in flight at once (acks awaited in order).
     pub window: usize,
     /// The stream's duplicate window, used when the relay creates the stream.
@@ -64,6 +67,7 @@ impl RelayConfig {
         Self {
             nats_url: nats_url.into(),
             stream: stream.into(),
+            checkpoint_stream: checkpoints::CHECKPOINT_STREAM_DEFAULT.to_owned(),
             window: 512,
             duplicate_window: Duration::from_secs(120),
             lag_alert: Duration::from_secs(60),

@@ -113,6 +113,8 @@ pub(super) struct Settings {
     pub audit_interval_secs: u64,
     /// Set in a network-fault run.
     pub net: Option<NetPlace>,
+    /// The tamper-evident log's signing key, the same for every ledger of the run.
+    pub log_key: PathBuf,
 }
 
 impl Settings {
@@ -137,6 +139,7 @@ impl Settings {
             },
             audit_interval_secs: cfg.audit_interval_secs,
             net: None,
+            log_key: super::log::make_key(dir)?,
         };
         std::fs::create_dir_all(&settings.archive)?;
         std::fs::create_dir_all(&settings.logs)?;
@@ -205,6 +208,8 @@ impl Settings {
                     .env("LEDGER_RETRY_BACKOFF_MS_BASE", "50")
                     .env("LEDGER_RETRY_BACKOFF_MS_MAX", "1000")
                     .env("LEDGER_RECOVERY_LEASE_MS", "15000")
+                    .env("LEDGER_LOG_SIGNING_KEY_FILE", &self.log_key)
+                    .env("LEDGER_LOG_CHECKPOINT_EVENTS", "500")
                     .env_remove("LEDGER_FAILPOINT")
                     .env_remove("LEDGER_ALLOW_FAILPOINTS");
                 if self.horizon {

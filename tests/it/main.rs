@@ -43,3 +43,6 @@ mod security;
 mod spot_durability;
 mod tlog;
 mod traces;
+mod tlog_cells;
+mod tlog_receipts;
+mod tlog_stream;

@@ -77,3 +77,20 @@ pub async fn of_transfer(pool: &PgPool, req_id: &str) -> Result<Vec<ReceiptEntry
     .fetch_all(pool)
     .await
 }
+
+/// The feed positions of the events of each transfer in `req_ids`, in sequence order, by req_id
+/// (a req_id without events is absent): the receipts the transfer answers carry, in one query.
+pub async fn positions_of(
+    pool: &PgPool,
+    req_ids: &[String],
+) -> Result<std::collections::HashMap<String, Vec<i64>>, sqlx::Error> {
+    let rows: Vec<(String, Vec<i64>)> = sqlx::query_as(
+        "SELECT aggregate_id, array_agg(feed_position ORDER BY sequence) FROM events
+         WHERE aggregate_type = 'Transfer' AND aggregate_id = ANY($1)
+         GROUP BY aggregate_id",
+    )
+    .bind(req_ids)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().collect())
+}

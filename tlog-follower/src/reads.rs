@@ -11,12 +11,27 @@ use crate::LogError;
 #[derive(Debug, Clone)]
 pub struct LogReads {
     pool: PgPool,
+    /// The cell whose log this is, under a cell map (`None`: a ledger without one).
+    cell: Option<u16>,
 }
 
 impl LogReads {
     /// Over the ledger's database.
     pub fn new(pool: PgPool) -> Self {
-        Self { pool }
+        Self { pool, cell: None }
+    }
+
+    /// The same reads, of cell `cell`'s log (its own database, tree, origin and key).
+    pub fn of_cell(self, cell: u16) -> Self {
+        Self {
+            cell: Some(cell),
+            ..self
+        }
+    }
+
+    /// The cell whose log this is, under a cell map.
+    pub fn cell(&self) -> Option<u16> {
+        self.cell
     }
 
     /// The tree's size, root and signing identity now.
@@ -37,6 +52,14 @@ impl LogReads {
     /// The feed positions of one transfer's events.
     pub async fn of_transfer(&self, req_id: &str) -> Result<Vec<ReceiptEntry>, LogError> {
         Ok(entries::of_transfer(&self.pool, req_id).await?)
+    }
+
+    /// The feed positions of each transfer's events, by req_id (see `entries::positions_of`).
+    pub async fn positions_of(
+        &self,
+        req_ids: &[String],
+    ) -> Result<std::collections::HashMap<String, Vec<i64>>, LogError> {
+        Ok(entries::positions_of(&self.pool, req_ids).await?)
     }
 
     /// The audit path of the entry at `position` in the tree of `size` entries.

@@ -153,6 +153,19 @@ impl Signer {
         &self.name
     }
 
+    /// The signing identity of cell `cell` of a ledger whose key this is (a cell map, ADR 0017):
+    /// named [`crate::origin`]`(name, cell)`, with its own Ed25519 key derived from this one's
+    /// seed (SHA-256 of a fixed label, the seed and the cell), so each cell's log has an origin
+    /// and a key of its own while an operator keeps one key file.
+    pub fn for_cell(&self, cell: u16) -> Result<Self, NoteError> {
+        let mut h = Sha256::new();
+        h.update(b"ledger tamper-evident log cell key\0");
+        h.update(self.key.to_bytes());
+        h.update(cell.to_be_bytes());
+        let seed: [u8; 32] = h.finalize().into();
+        Self::from_seed(&crate::origin(&self.name, Some(&cell.to_string())), seed)
+    }
+
     /// The matching verifier.
     pub fn verifier(&self) -> Verifier {
         Verifier {
@@ -279,6 +292,21 @@ mod tests {
             signer("other.example/log", 7).verifier().open(&note),
             Err(NoteError::NoSignature)
         );
+    }
+
+    #[test]
+    fn each_cell_has_an_origin_and_a_key_of_its_own() {
+        let base = signer("ledger.example/log", 7);
+        let (one, two) = (base.for_cell(1).unwrap(), base.for_cell(2).unwrap());
+        assert_eq!(one.name(), "ledger.example/log/cell/1");
+        assert_eq!(two.name(), "ledger.example/log/cell/2");
+        assert_ne!(one.verifier().key, two.verifier().key);
+        assert_ne!(one.verifier().key, base.verifier().key);
+        // Derived, so the same key file gives the same identities at every start.
+        assert_eq!(base.for_cell(2).unwrap(), two);
+        let note = one.sign("ledger.example/log/cell/1\n1\nroot\n").unwrap();
+        assert!(one.verifier().open(&note).is_ok());
+        assert_eq!(two.verifier().open(&note), Err(NoteError::NoSignature));
     }
 
     #[test]

@@ -297,6 +297,13 @@ async fn route(State(front): State<Front>, req: Request) -> Response {
         .and_then(|v| v.to_str().ok())
         .and_then(bearer_token)
         .and_then(|token| front.keys.verify(token).ok());
+    if let Some(cell) = log_cell(&req) {
+        // The tamper-evident log of the cell it names (each cell checks who may see what).
+        return match CellId::new(cell.into()).filter(|c| front.slots.contains_key(c)) {
+            Some(cell) => front.forward(cell, req).await,
+            None => ApiError::NotFound.into_response(),
+        };
+    }
     match identity {
         Some(id) if id.admin => front.admin(id, req).await,
         Some(id) => front.forward(front.cell_of(id.user_id), req).await,
@@ -331,7 +338,22 @@ fn user_in_path(path: &str) -> Option<UserId> {
     UserId::new(raw).ok()
 }
 
-/// The routes that name a req_id and no user: a transfer, its timeline, resolve, repair.
+/// The cell a tamper-evident log route names (`/api/v1/log/...?cell=N`), if it names one; one
+/// that names none goes by its token as any route, to the caller's own cell.
+fn log_cell(req: &Request) -> Option<u16> {
+    if !req.uri().path().starts_with("/api/v1/log/") {
+        return None;
+    }
+    let query = req.uri().query()?;
+    query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("cell="))?
+        .parse()
+        .ok()
+}
+
+/// The routes that name a req_id and no user: a transfer, its timeline, resolve, repair, its
+/// log receipt.
 fn names_a_req_id(path: &str) -> bool {
     let under = |prefix: &str| {
         path.strip_prefix(prefix)
@@ -340,6 +362,7 @@ fn names_a_req_id(path: &str) -> bool {
     under("/api/v1/internal_transfer/")
         || under("/api/v1/admin/transfers/")
         || under("/api/v1/admin/repairs/")
+        || under("/api/v1/log/receipts/")
 }
 
 /// An admin's bulk request across cells (DESIGN §15): items naming users of several cells are

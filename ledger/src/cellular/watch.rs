@@ -69,7 +69,7 @@ pub struct Reached {
 pub async fn reach(shared: &Shared, spec: &CellSpec) -> Result<(Served, Reached), ConnectError> {
     let link = shared.reach.connect(spec).await?;
     let settings = &shared.reach.settings;
-    let (assembled, mut serving) = configured(
+    let (mut assembled, mut serving) = configured(
         settings,
         link.pool.clone(),
         link.spot,
@@ -78,9 +78,11 @@ pub async fn reach(shared: &Shared, spec: &CellSpec) -> Result<(Served, Reached)
         shared.relay.as_ref().map(|r| r.for_cell(spec.id.get())),
     )
     .map_err(ConnectError::Refused)?;
-    // One tree, origin and key per cell is not built yet (ADR 0017 lists it): no cell keeps a
-    // log rather than several under one origin.
-    serving.background.log = None;
+    // One tree, origin and key per cell (ADR 0016): the cell's follower, its routes and
+    // receipts name the cell.
+    serving.background.log = crate::log_cli::of_cell(serving.background.log, spec.id.get())
+        .map_err(ConnectError::Refused)?;
+    assembled.state.reads = assembled.state.reads.with_log_cell(spec.id.get());
     let assets = assembled.pieces.ledger.assets().clone();
     catch_up(shared, spec.id, &assets)
         .await

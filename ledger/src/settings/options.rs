@@ -44,6 +44,12 @@ pub struct RelayOptions {
     /// The JetStream stream events are published to (created with file storage if missing).
     #[arg(long = "stream", env = "LEDGER_RELAY_STREAM", default_value = relay::STREAM_DEFAULT)]
     pub stream: String,
+    /// The JetStream stream the tamper-evident log's signed checkpoints are published to (with a
+    /// signing key; created with file storage, no deletes and no purges, if missing). Never the
+    /// event stream.
+    #[arg(long = "checkpoint-stream", env = "LEDGER_LOG_CHECKPOINT_STREAM",
+          default_value = relay::checkpoints::CHECKPOINT_STREAM_DEFAULT)]
+    pub checkpoint_stream: String,
     /// Publishes in flight at once (acks are awaited in order).
     #[arg(long = "relay-window", env = "LEDGER_RELAY_WINDOW", default_value_t = 512,
           value_parser = clap::value_parser!(u64).range(1..=4096))]
@@ -73,6 +79,7 @@ impl RelayOptions {
             .map(str::trim)
             .filter(|u| !u.is_empty())?;
         let mut c = relay::RelayConfig::new(url, self.stream.clone());
+        c.checkpoint_stream = self.checkpoint_stream.clone();
         c.window = usize::try_from(self.window).unwrap_or(512);
         c.duplicate_window = Duration::from_millis(self.duplicate_window_ms);
         c.lag_alert = Duration::from_millis(self.lag_alert_ms);
@@ -143,6 +150,7 @@ mod tests {
         .unwrap();
         let c = cmd.relay.config().unwrap();
         assert_eq!(c.stream, "LEDGER_EVENTS");
+        assert_eq!(c.checkpoint_stream, "LEDGER_LOG_CHECKPOINTS");
         assert_eq!(c.duplicate_window, Duration::from_secs(1));
         assert_eq!(c.lag_alert, Duration::from_secs(60));
     }

@@ -127,6 +127,24 @@ impl TransferGql {
     async fn updated_at(&self) -> DateTime<Utc> {
         self.updated_at
     }
+    /// The feed positions of the transfer's events so far, in order: its entries in the
+    /// tamper-evident log, a receipt to prove later (`GET /api/v1/log/proof/inclusion`).
+    #[graphql(complexity = "IO_FIELD_COST")]
+    async fn log_positions(&self, ctx: &Context<'_>) -> async_graphql::Result<Vec<i64>> {
+        let _turn = app(ctx).admission.read().await.map_err(busy)?;
+        let ids = [self.req_id.clone()];
+        let mut positions = app(ctx)
+            .reads
+            .log()
+            .positions_of(&ids)
+            .await
+            .map_err(internal)?;
+        Ok(positions.remove(&self.req_id).unwrap_or_default())
+    }
+    /// The cell whose log holds `logPositions`, under a cell map (null without one).
+    async fn log_cell(&self, ctx: &Context<'_>) -> Option<u16> {
+        app(ctx).reads.log().cell()
+    }
     /// The transfer's events, in order, from the event log itself.
     #[graphql(complexity = "IO_FIELD_COST + 10 * child_complexity")]
     async fn events(&self, ctx: &Context<'_>) -> async_graphql::Result<Vec<TransferEventGql>> {
