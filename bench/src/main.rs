@@ -15,6 +15,9 @@
 //!   restart time after 1M, 5M and 10M operations with the horizon advancing, and the
 //!   conservation check's time (periodic and full) at 10k, 100k and 1M transfers in the log. Not
 //!   part of `all` (it takes several minutes more).
+//! - `traces`: the single-transfer route with OTLP trace export off and on, in alternating runs
+//!   (every span sampled, to a sink the benchmark starts); the medians and how much slower "on"
+//!   is. Not part of `all`.
 //! - `all`: transfers (at 8, 32 and 128 clients, with `--wrk` and `--relay`), spot, replay and
 //!   relay, one after the other, and a closing summary of every figure against its target.
 
@@ -27,6 +30,7 @@ mod procstat;
 mod relay;
 mod replay;
 mod spot;
+mod traces;
 mod transfers;
 mod wrk;
 
@@ -55,6 +59,9 @@ enum Command {
     /// What years of traffic cost: spot-core memory, snapshots, WAL and restart time after
     /// millions of operations; the conservation check's time at up to 1M transfers.
     Growth(growth::Args),
+    /// The single-transfer route with trace export off and on (both processes, every span, to
+    /// an OTLP sink it starts), in alternating runs: the medians and their ratio.
+    Traces(traces::Args),
     /// All three with their defaults, then a summary against the targets.
     All,
 }
@@ -74,6 +81,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Replay(args) => replay::run(args).await?,
         Command::Relay(args) => relay::run(args).await?,
         Command::Growth(args) => growth::run(args).await?,
+        Command::Traces(args) => traces::run(args).await?,
         Command::All => {
             let mut summary = transfers::run(transfers::Args::for_all()?).await?;
             println!();
