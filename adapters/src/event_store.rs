@@ -24,7 +24,11 @@ use tracing::Instrument;
 
 use crate::group_commit::{Committer, GroupCommit, KeptConnection};
 
+mod statements;
 mod traces;
+
+use statements::{INSERT_EVENTS, INSERT_EVENTS_TRACED};
+pub use traces::first_trace;
 
 /// The event store in plain event-store mode (postgres-es's snapshot modes double-apply events),
 /// over the batching repository: postgres-es's table and reads, group-committed appends.
@@ -89,7 +93,7 @@ impl BatchingEventRepository {
         let count = commits.len();
         let span = traces::append_span(commits.iter().flatten());
         let asked = async {
-            let trace = traces::first_trace(commits.iter().flatten());
+            let trace = traces::creation_trace(commits.iter().flatten());
             self.queue
                 .ask(|reply| Job {
                     aggregate_type: A::TYPE,
@@ -284,40 +288,6 @@ async fn insert(conn: &mut PgConnection, commits: &[Pending<'_>]) -> Result<(), 
     Ok(())
 }
 
-/// The events' INSERT, after the claim guard and the feed head; `$traced` adds a step to the
-/// same statement (the first traces, `traces.rs`).
-macro_rules! insert_events {
-    ($traced:literal) => {
-        concat!(
-            "WITH guard AS MATERIALIZED (SELECT cid_claims_hold($10::bigint[], $11::text[],
-                                                      $12::text[]) AS held),
-                  head AS MATERIALIZED (SELECT feed_take() AS before FROM guard)",
-            $traced,
-            "
-             INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version,
-                                 payload, metadata, user_id, occurred_at, feed_position)
-             SELECT u.t, u.id, u.seq, u.et, u.v, u.p, u.m, u.owner, COALESCE(u.at, now()),
-                    head.before + u.n
-             FROM head,
-                  UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::json[],
-                         $7::json[], $8::bigint[], $9::timestamptz[])
-                      WITH ORDINALITY AS u(t, id, seq, et, v, p, m, owner, at, n)"
-        )
-    };
-}
-
-/// The append of a batch with no first trace to keep: the statement as it always was.
-const INSERT_EVENTS: &str = insert_events!("");
-
-/// The append of a batch that creates traced transfers: their first traces are written by the
-/// same statement, so they exist exactly when the creations do.
-const INSERT_EVENTS_TRACED: &str = insert_events!(
-    ",
-              traced AS (INSERT INTO transfer_traces (req_id, traceparent)
-                         SELECT * FROM UNNEST($13::text[], $14::text[])
-                         ON CONFLICT (req_id) DO NOTHING)"
-);
-
 /// The client-key claims the creations in a batch were made under: each must still name its
 /// transfer when the batch commits (`cid_claims_hold`, migration 0020), or the batch is refused
 /// with `CLAIM_MOVED` and retried commit by commit, so only the creation whose claim was re-keyed
@@ -438,7 +408,7 @@ impl PersistedEventRepository for BatchingEventRepository {
         }
         let span = traces::append_span(events.iter());
         let mut answers = async {
-            let trace = traces::first_trace(events.iter());
+            let trace = traces::creation_trace(events.iter());
             self.queue
                 .ask(|reply| Job {
                     aggregate_type: A::TYPE,

@@ -213,7 +213,12 @@ impl SpotAdapter {
     }
 
     async fn movement(&self, op: MovementOp, m: &Movement) -> AdapterOutcome {
-        let answer = self.client.call(&movement_request(op, m)).await;
+        let span = traced::spot_call(operation_of(op), std::slice::from_ref(m));
+        let answer = self
+            .client
+            .call(&movement_request(op, m))
+            .instrument(span)
+            .await;
         movement_outcome(op, m, answer)
     }
 
@@ -221,7 +226,8 @@ impl SpotAdapter {
     /// one WAL sync in spot-core for the lot, each answer read as a single movement's.
     async fn movements_pipelined(&self, op: MovementOp, ms: &[Movement]) -> Vec<AdapterOutcome> {
         let requests: Vec<Request> = ms.iter().map(|m| movement_request(op, m)).collect();
-        let answers = self.client.call_many(&requests).await;
+        let span = traced::spot_call(operation_of(op), ms);
+        let answers = self.client.call_many(&requests).instrument(span).await;
         if answers.len() != ms.len() {
             // A transport that lost count: nothing can be said about any of them.
             let why = format!("{} answers to {} requests", answers.len(), ms.len());
@@ -292,27 +298,19 @@ impl AccountPort for SpotAdapter {
     }
 
     async fn withdraw(&self, m: &Movement) -> AdapterOutcome {
-        let span = traced::spot_call(Operation::Withdraw, std::slice::from_ref(m));
-        self.movement(MovementOp::Withdraw, m)
-            .instrument(span)
-            .await
+        self.movement(MovementOp::Withdraw, m).await
     }
 
     async fn deposit(&self, m: &Movement) -> AdapterOutcome {
-        let span = traced::spot_call(Operation::Deposit, std::slice::from_ref(m));
-        self.movement(MovementOp::Deposit, m).instrument(span).await
+        self.movement(MovementOp::Deposit, m).await
     }
 
     async fn refund(&self, m: &Movement) -> AdapterOutcome {
-        let span = traced::spot_call(Operation::Refund, std::slice::from_ref(m));
-        self.movement(MovementOp::Refund, m).instrument(span).await
+        self.movement(MovementOp::Refund, m).await
     }
 
     async fn movements(&self, operation: Operation, ms: &[Movement]) -> Vec<AdapterOutcome> {
-        let span = traced::spot_call(operation, ms);
-        self.movements_pipelined(movement_op(operation), ms)
-            .instrument(span)
-            .await
+        self.movements_pipelined(movement_op(operation), ms).await
     }
 
     /// spot-core answers `lookup` from the records it rebuilt from its WAL, after the same sync

@@ -17,6 +17,9 @@
 //!   part of `all` (it takes several minutes more).
 //! - `transfers --cells N` and `cells`: what a cell map costs (routing, ABAB) and the rate of 1
 //!   and N cells; the three faults in one cell and the other cells' rate during each (`cells.rs`).
+//! - `traces`: the single-transfer route with OTLP trace export off and on, in alternating runs
+//!   (every span sampled, to a sink the benchmark starts); the medians and how much slower "on"
+//!   is. Not part of `all`.
 //! - `all`: transfers (at 8, 32 and 128 clients, with `--wrk` and `--relay`), spot, replay and
 //!   relay, one after the other, and a closing summary of every figure against its target.
 
@@ -32,6 +35,7 @@ mod procstat;
 mod relay;
 mod replay;
 mod spot;
+mod traces;
 mod transfers;
 mod wrk;
 
@@ -63,6 +67,9 @@ enum Command {
     /// Cells: the three faults in one cell (a killed spot-core, a stopped PostgreSQL, a halt),
     /// the other cells' rate during each against before it.
     Cells(cells::FaultArgs),
+    /// The single-transfer route with trace export off and on (both processes, every span, to
+    /// an OTLP sink it starts), in alternating runs: the medians and their ratio.
+    Traces(traces::Args),
     /// All three with their defaults, then a summary against the targets.
     All,
 }
@@ -86,6 +93,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Relay(args) => relay::run(args).await?,
         Command::Growth(args) => growth::run(args).await?,
         Command::Cells(args) => cells::faults(args).await?,
+        Command::Traces(args) => traces::run(args).await?,
         Command::All => {
             let mut summary = transfers::run(transfers::Args::for_all()?).await?;
             println!();

@@ -73,11 +73,8 @@ impl ReadSide {
     /// The transfer's first trace id (32 hex digits, from the traceparent `transfer_traces`
     /// keeps; `docs/adr/0018-traces.md`), when it was created while traces were exported.
     pub async fn first_trace_id(&self, req_id: &ReqId) -> Result<Option<String>, sqlx::Error> {
-        let traceparent: Option<String> =
-            sqlx::query_scalar("SELECT traceparent FROM transfer_traces WHERE req_id = $1")
-                .bind(req_id.to_string())
-                .fetch_optional(&self.pool)
-                .await?;
+        let traceparent =
+            adapters::event_store::first_trace(&self.pool, &req_id.to_string()).await?;
         // version-traceid-parentid-flags
         Ok(traceparent.and_then(|t| t.split('-').nth(1).map(str::to_owned)))
     }

@@ -61,7 +61,7 @@ pub enum Command {
     Log(crate::log_cli::LogCommand),
     /// Run the spot-core engine in this process.
     #[command(name = "spot-core", hide = true)]
-    SpotCore(spot_core::Args),
+    SpotCore(Box<spot_core::Args>),
 }
 
 #[derive(Debug, Args)]
@@ -155,7 +155,7 @@ async fn run_command(command: Command, settings: Settings) -> anyhow::Result<()>
         Command::Relay(args) => crate::relay_cli::relay(args, &settings).await,
         Command::Tail(args) => crate::relay_cli::tail(args, settings.cells.as_ref()).await,
         Command::Audit(_) => unreachable!("`run` answers `ledger audit` itself"),
-        Command::SpotCore(args) => spot_core::run(args).await,
+        Command::SpotCore(args) => spot_core::run(*args).await,
         Command::Log(command) => crate::log_cli::run(command, &settings).await,
     }
 }

@@ -46,6 +46,16 @@ impl LedgerProcess {
         Self::launch(&["--spot-url", &spot.addr], &all)
     }
 
+    /// Starts `ledger serve` against the spot-core at `spot_addr` (one the test put in front of
+    /// a real engine) with its token; returns once it listens.
+    pub fn start_at(db_url: &str, spot_addr: &str, spot_token: &str, env: &[(&str, &str)]) -> Self {
+        let mut all: Vec<(&str, &str)> =
+            vec![("DATABASE_URL", db_url), (spot_core::TOKEN_ENV, spot_token)];
+        all.extend_from_slice(env);
+        Self::launch(&["--spot-url", spot_addr], &all)
+            .unwrap_or_else(|log| panic!("ledger serve exited before listening:\n{log}"))
+    }
+
     /// Starts `ledger serve` under the cell map `map` (`LEDGER_CELL_MAP`), every cell's database
     /// and spot-core named there; returns once it listens.
     pub fn start_cells(map: &std::path::Path, env: &[(&str, &str)]) -> Self {

@@ -396,6 +396,95 @@ async fn recovery_links_the_first_trace(receiver: &Receiver, s: &Stack, env: &[(
     assert_eq!(engine.parent_span_id, call.span_id);
 }
 
+/// An engine of protocol version 1 as its clients see it: a proxy in front of a real one that
+/// answers `hello` with a bare `ok` (no version), as engines before version 2 did, and refuses
+/// any request carrying `trace` with BAD_REQUEST, as their `deny_unknown_fields` did (counted in
+/// the returned counter). Every other line goes to the real engine on a connection of its own,
+/// authenticated with `token`, and its answer comes back.
+async fn version_one_engine(
+    upstream: String,
+    token: String,
+) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let refused = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let counted = refused.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let (upstream, token, refused) = (upstream.clone(), token.clone(), counted.clone());
+            tokio::spawn(async move {
+                let engine = tokio::net::TcpStream::connect(&upstream).await.unwrap();
+                let mut engine = BufReader::new(engine);
+                let hello = format!("{}\n", json!({"op": "hello", "token": token}));
+                engine.get_mut().write_all(hello.as_bytes()).await.unwrap();
+                let mut answer = String::new();
+                engine.read_line(&mut answer).await.unwrap();
+                let (read, mut write) = client.into_split();
+                let mut lines = BufReader::new(read).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let request: serde_json::Value = serde_json::from_str(&line).unwrap();
+                    let reply = if request["op"] == "hello" {
+                        r#"{"status":"ok"}"#.to_owned()
+                    } else if request.get("trace").is_some() {
+                        refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        r#"{"status":"error","code":"BAD_REQUEST","message":"invalid request: unknown field `trace`"}"#.to_owned()
+                    } else {
+                        engine
+                            .get_mut()
+                            .write_all(format!("{line}\n").as_bytes())
+                            .await
+                            .unwrap();
+                        answer.clear();
+                        engine.read_line(&mut answer).await.unwrap();
+                        answer.trim_end().to_owned()
+                    };
+                    if write
+                        .write_all(format!("{reply}\n").as_bytes())
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, refused)
+}
+
+/// A ledger exporting traces, in front of an engine that announces no protocol version, sends
+/// it no trace context: its transfers work, untraced inside the engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_older_engine_keeps_working_untraced() {
+    let receiver = Receiver::start().await;
+    let env_owned = receiver.env("grpc");
+    let env: Vec<(&str, &str)> = env_owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let spot = SpotProcess::start_with_env(&env);
+    let s = Stack::over(TestDb::new().await, spot);
+    s.deposit(1, "USDT", "100").await;
+    let (old, refused) = version_one_engine(s.spot.addr.clone(), s.spot.token.clone()).await;
+    let ledger = LedgerProcess::start_at(&s.db.url, &old.to_string(), &s.spot.token, &env);
+    let trace = random_hex(16);
+    let answer: serde_json::Value =
+        post_transfer(&ledger.base, &format!("00-{trace}-{}-01", random_hex(8)))
+            .await
+            .expect("an answer")
+            .json()
+            .await
+            .expect("JSON");
+    assert_eq!(answer["state"], "COMMITTED", "{answer}");
+    let spans = receiver
+        .wait_for("the ledger's side of the trace", |s| {
+            !named(s, &trace, "ledger", "spot_core.call").is_empty()
+        })
+        .await;
+    assert_eq!(refused.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert!(named(&spans, &trace, "spot-core", "spot_core.request").is_empty());
+    assert_eq!(s.spot_balance(1, "USDT").await, dec("10"));
+    s.assert_conserved(1, "USDT").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn traces_over_grpc() {
     one_trace_across_both_systems("grpc").await;

@@ -5,8 +5,6 @@
 
 use cqrs_es::persist::SerializedEvent;
 
-use super::Pending;
-
 /// Whether `e` creates a transfer (its first event).
 fn creates(e: &SerializedEvent) -> bool {
     e.sequence == 1 && e.event_type == "TransferCreated"
@@ -34,7 +32,7 @@ pub(super) fn append_span<'a>(
 
 /// The current span's traceparent, when these events create a transfer and its trace is
 /// sampled: the transfer's first trace.
-pub(super) fn first_trace<'a>(
+pub(super) fn creation_trace<'a>(
     mut events: impl Iterator<Item = &'a SerializedEvent>,
 ) -> Option<String> {
     if !telemetry::enabled() || !events.any(creates) {
@@ -53,7 +51,8 @@ pub(super) struct FirstTraces<'a> {
 }
 
 impl<'a> FirstTraces<'a> {
-    pub fn of(commits: &[Pending<'a>]) -> Self {
+    /// From a batch's commits: (aggregate type, events, the job's first trace).
+    pub fn of(commits: &[(&'static str, &'a [SerializedEvent], Option<&'a str>)]) -> Self {
         let mut traces = Self::default();
         for (_, events, trace) in commits {
             let Some(trace) = trace else { continue };
@@ -68,4 +67,13 @@ impl<'a> FirstTraces<'a> {
     pub fn is_empty(&self) -> bool {
         self.req_ids.is_empty()
     }
+}
+
+/// The transfer's first trace, as `transfer_traces` keeps it (a W3C traceparent), if any: for the
+/// admin timeline and the recovery worker's link.
+pub async fn first_trace(pool: &sqlx::PgPool, req_id: &str) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar("SELECT traceparent FROM transfer_traces WHERE req_id = $1")
+        .bind(req_id)
+        .fetch_optional(pool)
+        .await
 }
