@@ -18,12 +18,12 @@ use sqlx::PgPool;
 use crate::daily::{Charge, DailyLimits};
 pub use crate::error::{CoordinatorError, StoreCause};
 use crate::failpoint::FailPoints;
-use crate::round::Rounds;
 use crate::pg::{PgClientKeys, PgDailyReservations, PgLeases, PgTransferLog};
 pub(crate) use crate::ports::Context;
 use crate::ports::{
     ClientKeys, Clock, Commit, DailyReservations, Leases, SystemClock, TransferLog,
 };
+use crate::round::Rounds;
 
 /// A request for a new transfer, already parsed into domain types.
 #[derive(Debug, Clone, PartialEq)]

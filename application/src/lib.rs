@@ -57,8 +57,8 @@ pub use failpoint::{FailPoint, FailPoints, UnknownFailPoint};
 pub use horizon::{Horizon, HorizonConfig};
 pub use ledger::{Ledger, RateGate, RequestError, Unlimited};
 pub use ports::{
-    CidClaim, ClientKey, ClientKeys, Clock, Commit, DailyReservations, LeaseRequest, Leases, Rekeyed,
-    SystemClock, TransferLog,
+    CidClaim, ClientKey, ClientKeys, Clock, Commit, DailyReservations, LeaseRequest, Leases,
+    Rekeyed, SystemClock, TransferLog,
 };
 pub use queries::Queries;
 pub use repair::{RepairError, RepairOutcome};

@@ -21,8 +21,8 @@ use crate::daily::{Charge, DailyLimits};
 use crate::error::CoordinatorError;
 use crate::limits;
 use crate::ports::{
-    CidClaim, ClientKey, ClientKeys, Commit, Context, DailyReservations, LeaseRequest, Leases, Rekeyed,
-    TransferLog,
+    CidClaim, ClientKey, ClientKeys, Commit, Context, DailyReservations, LeaseRequest, Leases,
+    Rekeyed, TransferLog,
 };
 
 /// The event log in PostgreSQL.

@@ -38,7 +38,9 @@ fn the_real_code_passes_a_bounded_run_of_seeds() {
 #[test]
 fn single_requests_share_rounds_in_the_simulation() {
     let config = config(None, false);
-    let shared: u64 = (0..200).map(|seed| run(seed, &config).shared_in_rounds).sum();
+    let shared: u64 = (0..200)
+        .map(|seed| run(seed, &config).shared_in_rounds)
+        .sum();
     assert!(shared > 0, "no round carried more than one request");
 }
 

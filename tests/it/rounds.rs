@@ -86,9 +86,17 @@ async fn rounds_answer_each_single_request_alone_whatever_the_others_come_to() {
         .iter()
         .filter_map(|a| a.as_ref().ok().map(|t| t.req_id))
         .collect();
-    assert_eq!(ids.len(), 10, "one transfer per request, the cid's repeat excepted");
+    assert_eq!(
+        ids.len(),
+        10,
+        "one transfer per request, the cid's repeat excepted"
+    );
     assert_eq!(all_req_ids(&s).await.len(), 10);
-    let dup_amount = if answers[9].is_ok() { dec("2") } else { dec("1") };
+    let dup_amount = if answers[9].is_ok() {
+        dec("2")
+    } else {
+        dec("1")
+    };
     assert_eq!(
         s.funding_balance(1, "USDT").await,
         dec("100") - dec("40") - dup_amount
