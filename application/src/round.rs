@@ -29,12 +29,11 @@ use tokio::sync::oneshot;
 use crate::bulk::Route;
 use crate::coordinator::{Coordinator, CoordinatorError, NewTransfer};
 
-/// Most rounds of single requests one coordinator has in flight at once. Two, so the clients a
-/// round answers do not wait a whole round for the one in flight before theirs starts (with one,
-/// closed-loop clients split into two cohorts taking turns, each waiting two rounds); the two
-/// rounds' appends meet in the group commit. A request arriving with both in flight joins the
-/// next round.
-pub const ROUNDS_IN_FLIGHT: usize = 2;
+/// Most rounds of single requests one coordinator has in flight at once. One: what arrives while
+/// it is in flight makes the next round larger. Two were measured too (`docs/perf-log.md`, issue
+/// 35): a request finding one round in flight and a slot free then goes nearly alone, so rounds
+/// fragment, and the rate and the CPU per transfer were both worse than with one.
+pub const ROUNDS_IN_FLIGHT: usize = 1;
 
 /// Most requests one round carries: the bulk route's default maximum, so a round is never a
 /// larger unit of work than one bulk request.
