@@ -23,7 +23,7 @@ pub(crate) use crate::ports::Context;
 use crate::ports::{
     ClientKeys, Clock, Commit, DailyReservations, Leases, SystemClock, TransferLog,
 };
-use crate::round::Rounds;
+use crate::round_queue::Rounds;
 
 /// A request for a new transfer, already parsed into domain types.
 #[derive(Debug, Clone, PartialEq)]
@@ -99,7 +99,7 @@ pub struct Coordinator {
     /// The single route's round former (`round.rs`), shared by this value's clones; a
     /// coordinator configured anew (`with_*`) gets its own, so a round never mixes two
     /// configurations.
-    pub(crate) rounds: Arc<Rounds>,
+    pub(crate) rounds: Arc<Rounds<NewTransfer, Result<TransferData, CoordinatorError>>>,
 }
 
 impl Coordinator {

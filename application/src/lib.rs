@@ -44,6 +44,7 @@ pub mod repair;
 pub mod request;
 pub mod resolve;
 pub mod round;
+mod round_queue;
 pub mod submit;
 #[cfg(feature = "testkit")]
 pub mod testkit;

@@ -19,48 +19,20 @@
 //! carried are answered with an unknown outcome (their transfers may exist; the recovery worker
 //! finishes them and a cid repeat finds them).
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
 
 use domain::TransferData;
-use tokio::sync::oneshot;
 
 use crate::bulk::Route;
 use crate::coordinator::{Coordinator, CoordinatorError, NewTransfer};
-
-/// Most rounds of single requests one coordinator has in flight at once. One: what arrives while
-/// it is in flight makes the next round larger. Two were measured too (`docs/perf-log.md`, issue
-/// 35): a request finding one round in flight and a slot free then goes nearly alone, so rounds
-/// fragment, and the rate and the CPU per transfer were both worse than with one.
-pub const ROUNDS_IN_FLIGHT: usize = 1;
+pub use crate::round_queue::ROUNDS_IN_FLIGHT;
+use crate::round_queue::{Entered, Signal, Slot};
 
 /// Most requests one round carries: the bulk route's default maximum, so a round is never a
 /// larger unit of work than one bulk request.
 pub const ROUND_MAX: usize = crate::bulk::TRANSFERS_PER_REQUEST_MAX_DEFAULT;
 
 type Answer = Result<TransferData, CoordinatorError>;
-
-/// What a waiting request is told.
-enum Signal {
-    /// Its answer: the round that carried it is over.
-    Answer(Answer),
-    /// It leads the next round (its own request given back), taking everyone queued.
-    Lead(NewTransfer),
-}
-
-/// A waiting request.
-struct Seat {
-    request: NewTransfer,
-    tell: oneshot::Sender<Signal>,
-}
-
-#[derive(Default)]
-struct Queue {
-    /// Rounds in flight (each held by a `Slot`).
-    running: usize,
-    waiting: VecDeque<Seat>,
-}
 
 /// How many rounds a coordinator ran and how many requests they carried.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -69,128 +41,6 @@ pub struct RoundStats {
     pub requests: u64,
     /// Requests carried by a round with at least one other request.
     pub shared: u64,
-}
-
-/// One coordinator's round former. Shared by the coordinator's clones.
-#[derive(Default)]
-pub(crate) struct Rounds {
-    queue: Mutex<Queue>,
-    rounds: AtomicU64,
-    requests: AtomicU64,
-    shared: AtomicU64,
-}
-
-impl std::fmt::Debug for Rounds {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Rounds").finish_non_exhaustive()
-    }
-}
-
-/// What entering the round former gave a request.
-enum Entered {
-    /// No round was in flight (or fewer than the most): lead one now.
-    Lead(NewTransfer, Slot),
-    /// Wait for a round to carry it, or to be told to lead one.
-    Wait(Waiting),
-}
-
-impl Rounds {
-    fn lock(&self) -> MutexGuard<'_, Queue> {
-        // A poisoned lock only means a holder panicked; the queue itself is always whole.
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn enter(self: &Arc<Self>, request: NewTransfer) -> Entered {
-        let mut queue = self.lock();
-        if queue.running < ROUNDS_IN_FLIGHT {
-            queue.running += 1;
-            return Entered::Lead(request, Slot(self.clone()));
-        }
-        let (tell, told) = oneshot::channel();
-        queue.waiting.push_back(Seat { request, tell });
-        Entered::Wait(Waiting {
-            told: Some(told),
-            rounds: self.clone(),
-        })
-    }
-
-    /// Up to `most` waiting requests, in arrival order; a seat whose caller is gone is skipped
-    /// (nothing was made for it yet).
-    fn take(&self, most: usize) -> Vec<Seat> {
-        let mut queue = self.lock();
-        let mut seats = Vec::new();
-        while seats.len() < most {
-            let Some(seat) = queue.waiting.pop_front() else {
-                break;
-            };
-            if !seat.tell.is_closed() {
-                seats.push(seat);
-            }
-        }
-        seats
-    }
-
-    fn count(&self, carried: usize) {
-        let carried = u64::try_from(carried).unwrap_or(u64::MAX);
-        self.rounds.fetch_add(1, Ordering::Relaxed);
-        self.requests.fetch_add(carried, Ordering::Relaxed);
-        if carried > 1 {
-            self.shared.fetch_add(carried, Ordering::Relaxed);
-        }
-    }
-
-    /// A round's slot is free: the first waiter still there leads the next round, or the slot
-    /// is given back when nobody waits.
-    fn pass_on(&self) {
-        let mut queue = self.lock();
-        while let Some(seat) = queue.waiting.pop_front() {
-            match seat.tell.send(Signal::Lead(seat.request)) {
-                Ok(()) => return,
-                // Its caller is gone: the next one.
-                Err(_) => continue,
-            }
-        }
-        queue.running = queue.running.saturating_sub(1);
-    }
-}
-
-/// A round's slot, held while the round runs; dropping it (at the round's end, or when the
-/// leading future is dropped) passes it on.
-struct Slot(Arc<Rounds>);
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.pass_on();
-    }
-}
-
-/// A waiting request's end of its seat. Dropped before its answer (its caller gone), it closes
-/// the seat, and a lead handed to it in the meantime is passed on.
-struct Waiting {
-    told: Option<oneshot::Receiver<Signal>>,
-    rounds: Arc<Rounds>,
-}
-
-impl Waiting {
-    /// What this request is told; `None` when the round carrying it ended without a word (its
-    /// leading future was dropped).
-    async fn told(&mut self) -> Option<Signal> {
-        let told = self.told.as_mut()?;
-        let signal = told.await.ok();
-        self.told = None;
-        signal
-    }
-}
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        if let Some(mut told) = self.told.take() {
-            told.close();
-            if let Ok(Signal::Lead(_)) = told.try_recv() {
-                self.rounds.pass_on();
-            }
-        }
-    }
 }
 
 impl Coordinator {
@@ -225,7 +75,7 @@ impl Coordinator {
 
     /// One round: this request and up to `ROUND_MAX - 1` waiting ones through the bulk
     /// machinery; each waiter told its own answer, then the slot passed on.
-    async fn lead_round(&self, own: NewTransfer, slot: Slot) -> Answer {
+    async fn lead_round(&self, own: NewTransfer, slot: Slot<NewTransfer, Answer>) -> Answer {
         let seats = self.rounds.take(ROUND_MAX - 1);
         let (requests, tells): (Vec<NewTransfer>, Vec<_>) = std::iter::once((own, None))
             .chain(seats.into_iter().map(|s| (s.request, Some(s.tell))))

@@ -42,7 +42,7 @@ mod rounds;
 mod security;
 mod spot_durability;
 mod tlog;
-mod traces;
 mod tlog_cells;
 mod tlog_receipts;
 mod tlog_stream;
+mod traces;
