@@ -77,6 +77,11 @@ impl Ports {
     }
 }
 
+/// A single request in the round former's queue (`round.rs`), with the trace context of the
+/// request that sent it when tracing is on, so a shared round's span can link to every request
+/// it served.
+pub(crate) type Queued = (NewTransfer, Option<telemetry::SpanContext>);
+
 /// Drives transfers. Cheap to clone.
 #[derive(Clone)]
 pub struct Coordinator {
@@ -99,7 +104,7 @@ pub struct Coordinator {
     /// The single route's round former (`round.rs`), shared by this value's clones; a
     /// coordinator configured anew (`with_*`) gets its own, so a round never mixes two
     /// configurations.
-    pub(crate) rounds: Arc<Rounds<NewTransfer, Result<TransferData, CoordinatorError>>>,
+    pub(crate) rounds: Arc<Rounds<Queued, Result<TransferData, CoordinatorError>>>,
 }
 
 impl Coordinator {

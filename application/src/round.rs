@@ -22,9 +22,10 @@
 use std::sync::atomic::Ordering;
 
 use domain::TransferData;
+use tracing::Instrument;
 
 use crate::bulk::Route;
-use crate::coordinator::{Coordinator, CoordinatorError, NewTransfer};
+use crate::coordinator::{Coordinator, CoordinatorError, NewTransfer, Queued};
 pub use crate::round_queue::ROUNDS_IN_FLIGHT;
 use crate::round_queue::{Entered, Signal, Slot};
 
@@ -58,7 +59,7 @@ impl Coordinator {
     /// creates, drives, in a round with the requests that arrive meanwhile. The answer is this
     /// request's own, as `create_and_drive_alone` would give it.
     pub(crate) async fn create_and_drive(&self, request: NewTransfer) -> Answer {
-        let (own, slot) = match self.rounds.enter(request) {
+        let (own, slot) = match self.rounds.enter((request, telemetry::current())) {
             Entered::Lead(own, slot) => (own, slot),
             Entered::Wait(mut waiting) => match waiting.told().await {
                 Some(Signal::Answer(answer)) => return answer,
@@ -75,13 +76,28 @@ impl Coordinator {
 
     /// One round: this request and up to `ROUND_MAX - 1` waiting ones through the bulk
     /// machinery; each waiter told its own answer, then the slot passed on.
-    async fn lead_round(&self, own: NewTransfer, slot: Slot<NewTransfer, Answer>) -> Answer {
+    async fn lead_round(&self, own: Queued, slot: Slot<Queued, Answer>) -> Answer {
         let seats = self.rounds.take(ROUND_MAX - 1);
-        let (requests, tells): (Vec<NewTransfer>, Vec<_>) = std::iter::once((own, None))
+        let (queued, tells): (Vec<Queued>, Vec<_>) = std::iter::once((own, None))
             .chain(seats.into_iter().map(|s| (s.request, Some(s.tell))))
             .unzip();
+        let (requests, traces): (Vec<NewTransfer>, Vec<_>) = queued.into_iter().unzip();
         self.rounds.count(requests.len());
-        let answers = self.create_and_drive_many(requests, Route::Round).await;
+        let round = self.create_and_drive_many(requests, Route::Round);
+        let answers = if traces.len() > 1 && traces.iter().any(Option::is_some) {
+            // A shared round is a step of its own, linked to each request it served (as the
+            // group commit is), not a child of the one request that happened to lead it.
+            let span = tracing::info_span!(
+                target: telemetry::TARGET,
+                parent: None,
+                "round",
+                requests = traces.len()
+            );
+            telemetry::link_all(&span, traces.into_iter().flatten());
+            round.instrument(span).await
+        } else {
+            round.await
+        };
         let mut own_answer = None;
         for (tell, answer) in tells.into_iter().zip(answers) {
             match tell {
