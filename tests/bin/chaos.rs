@@ -1,5 +1,5 @@
 //! `cargo run --release -p tests --bin chaos -- [TRANSFERS] [CRASHES] [--pg-restarts N]
-//! [--pg-failovers N] [--net-faults N] [--net-paths spot|postgres] [--bulk N] [--no-horizon] [--no-snapshots | --snapshot-every-records N --segment-bytes B]`: the chaos run against the machine's PostgreSQL
+//! [--pg-failovers N] [--net-faults N] [--net-paths spot|postgres] [--bulk N] [--cells N] [--no-horizon] [--no-snapshots | --snapshot-every-records N --segment-bytes B]`: the chaos run against the machine's PostgreSQL
 //! (`TEST_DATABASE_SERVER`, default postgres://postgres@127.0.0.1:5432) with the `ledger` and
 //! `spot-core` binaries built beside this one. `--pg-restarts N` restarts that server's cluster
 //! N times with `-m immediate` during the run (it needs the rights of `pg_ctlcluster`, and takes
@@ -11,7 +11,10 @@
 //! spot-core or PostgreSQL (root only; `tests::netns`); `--net-paths spot|postgres` draws them
 //! on that path only. `--bulk N` sends the transfers in
 //! batches of N to `POST /api/v1/internal_transfers` (each item with its own cid, retried until
-//! it is answered with its req_id). spot-core snapshots every 300 records in 64 KiB
+//! it is answered with its req_id). `--cells N` runs N cells (ADR 0017): a database and a
+//! spot-core (`--cell-id`) per cell, the ledgers under a cell map, the crashes drawn over the
+//! ledgers and every cell's spot-core, and the end check per cell and in total (no PostgreSQL
+//! restart, failover or network fault with cells). spot-core snapshots every 300 records in 64 KiB
 //! segments unless told otherwise. Exits non-zero unless every figure that must be zero
 //! is and the end check found nothing else wrong.
 
@@ -20,7 +23,8 @@ use tests::chaos::Snapshots;
 use tests::netns::{Fault, PathTo};
 
 const USAGE: &str = "usage: chaos [TRANSFERS] [CRASHES] [--pg-restarts N] [--pg-failovers N] \
-                     [--net-faults N] [--net-paths spot|postgres] [--bulk N] [--no-horizon] \
+                     [--net-faults N] [--net-paths spot|postgres] [--bulk N] [--cells N] \
+                     [--no-horizon] \
                      [--no-snapshots | --snapshot-every-records N --segment-bytes B]";
 
 #[tokio::main]
@@ -58,6 +62,10 @@ async fn main() -> anyhow::Result<()> {
                 };
                 config.net_kinds = Fault::ALL.into_iter().map(|f| (path, f)).collect();
             }
+            "--cells" => {
+                let n = args.next().context(USAGE)?;
+                config.cells = n.parse().with_context(|| format!("--cells {n}"))?;
+            }
             "--bulk" => {
                 let n = args.next().context(USAGE)?;
                 config.bulk = n.parse().with_context(|| format!("--bulk {n}"))?;
@@ -91,6 +99,13 @@ async fn main() -> anyhow::Result<()> {
             }
             other => bail!("unexpected argument {other}: {USAGE}"),
         }
+    }
+    if config.cells > 1 {
+        println!(
+            "chaos: {} cells (a database and a spot-core each, the ledgers under a cell map; \
+             crashes drawn over the ledgers and every cell's spot-core)",
+            config.cells
+        );
     }
     if config.bulk > 1 {
         println!("chaos: transfers sent in batches of {}", config.bulk);
