@@ -38,6 +38,7 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned());
     let mut config = tests::chaos::Config::new(1_000, 20, bin_dir, server_url);
     let mut positional = 0;
+    let mut snapshots_given = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -70,8 +71,12 @@ async fn main() -> anyhow::Result<()> {
                 let n = args.next().context(USAGE)?;
                 config.bulk = n.parse().with_context(|| format!("--bulk {n}"))?;
             }
-            "--no-snapshots" => config.snapshots = None,
+            "--no-snapshots" => {
+                config.snapshots = None;
+                snapshots_given = true;
+            }
             "--snapshot-every-records" | "--segment-bytes" => {
+                snapshots_given = true;
                 let v = args.next().context(USAGE)?;
                 let n = v.parse().with_context(|| format!("{arg} {v}"))?;
                 let s = config.snapshots.get_or_insert(Snapshots::FULL_RUN);
@@ -99,6 +104,12 @@ async fn main() -> anyhow::Result<()> {
             }
             other => bail!("unexpected argument {other}: {USAGE}"),
         }
+    }
+    if let (Some(s), false, n @ 2..) = (config.snapshots.as_mut(), snapshots_given, config.cells) {
+        // Each cell's spot-core sees about 1/N of the records: snapshots and segments scaled
+        // down as much, so each compacts and archives as one spot-core does in a run of one cell.
+        s.every_records = (s.every_records / n as u64).max(1);
+        s.segment_bytes = (s.segment_bytes / n as u64).max(4_096);
     }
     if config.cells > 1 {
         println!(
