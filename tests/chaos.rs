@@ -472,11 +472,20 @@ pub async fn run(cfg: Config) -> anyhow::Result<Report> {
 
 async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     let n_cells = cfg.cells.max(1);
-    if n_cells > 1 && (cfg.pg_restarts > 0 || cfg.pg_failovers > 0 || cfg.net_faults > 0) {
+    if n_cells > 1 && (cfg.pg_failovers > 0 || cfg.net_faults > 0) {
         bail!(
-            "a run with {n_cells} cells runs no PostgreSQL restart, failover or network fault \
-             (not built: each cell's database would need a private cluster)"
+            "a run with {n_cells} cells runs no PostgreSQL failover or network fault (not built)"
         );
+    }
+    // Cells with PostgreSQL restarts: each cell's database on a private cluster of its own
+    // (`crate::pg_solo`), restarted in turn; the machine's server is never touched.
+    let mut solos = Vec::new();
+    if n_cells > 1 && cfg.pg_restarts > 0 {
+        for _ in 0..n_cells {
+            solos.push(Arc::new(
+                tokio::task::spawn_blocking(crate::pg_solo::PgSolo::start).await??,
+            ));
+        }
     }
     // Failovers: a private pair; otherwise restarting PostgreSQL: one such run at a time on
     // this machine, held to the end.
@@ -485,7 +494,7 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     } else {
         None
     };
-    let pg = if cfg.pg_restarts > 0 && pair.is_none() {
+    let pg = if cfg.pg_restarts > 0 && pair.is_none() && n_cells == 1 {
         let pg = PgCluster::serving(&cfg.server_url)?;
         let lock = tokio::task::spawn_blocking(crate::pg_ctl::lock).await??;
         pg.settle(&cfg.server_url).await?;
@@ -503,18 +512,24 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
         1 => vec![database.clone()],
         n => (1..=n).map(|c| format!("{database}_c{c}")).collect(),
     };
+    let urls: Vec<String> = match n_cells {
+        1 => vec![db_url.clone()],
+        _ => databases
+            .iter()
+            .enumerate()
+            .map(|(i, name)| match solos.get(i) {
+                Some(solo) => solo.url(name),
+                None => format!("{}/{name}", cfg.server_url),
+            })
+            .collect(),
+    };
     let mut pools = Vec::new();
-    for name in &databases {
-        let url = format!("{}/{name}", cfg.server_url);
-        let url = if n_cells == 1 { db_url.clone() } else { url };
-        pools.push(schema::prepare(&url, if n_cells == 1 { 8 } else { 4 }).await?);
+    for url in &urls {
+        pools.push(schema::prepare(url, if n_cells == 1 { 8 } else { 4 }).await?);
     }
     let mut settings = Settings::new(&cfg, db_url.clone(), dir)?;
     if n_cells > 1 {
-        settings.cell_dbs = databases
-            .iter()
-            .map(|name| format!("{}/{name}", cfg.server_url))
-            .collect();
+        settings.cell_dbs = urls.clone();
     }
     let net = if cfg.net_faults > 0 {
         // The ledgers reach the database (the machine's server, or the failover pair's two)
@@ -671,23 +686,36 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     // PostgreSQL restarts, spread evenly over the transfers: the k-th once k/(n+1) of them have
     // started (any left when the clients are done happen then).
     let restarter = {
-        let (pg, next, done, n, transfers) = (
+        let (pg, solos, next, done, n, transfers) = (
             pg.clone(),
+            solos.clone(),
             next.clone(),
             clients_done.clone(),
             cfg.pg_restarts,
             cfg.transfers,
         );
         tokio::task::spawn_blocking(move || -> anyhow::Result<usize> {
-            let Some((pg, _lock)) = pg else {
+            if pg.is_none() && solos.is_empty() {
                 return Ok(0);
-            };
+            }
             for k in 1..=n {
                 let due = transfers * k / (n + 1);
                 while next.load(Ordering::SeqCst) < due && !done.load(Ordering::SeqCst) {
                     std::thread::sleep(Duration::from_millis(50));
                 }
-                pg.restart_immediate()?;
+                match &pg {
+                    Some((pg, _lock)) => pg.restart_immediate()?,
+                    // With cells: the k-th restart is cell k's (round the cells), a power
+                    // cut of that cell's database alone, the others committing meanwhile.
+                    None => {
+                        let solo = &solos[(k - 1) % solos.len()];
+                        solo.stop_immediate()?;
+                        std::thread::sleep(Duration::from_millis(
+                            rand::rng().random_range(0..1_000),
+                        ));
+                        solo.start_again()?;
+                    }
+                }
             }
             Ok(n)
         })
@@ -793,6 +821,10 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
         r.archived_segments = std::fs::read_dir(cluster.archive(index))?.count();
         r.stuck = stuck[index];
         r.spot_crashes = spot_crashes[index];
+        if !solos.is_empty() {
+            // The k-th restart was cell ((k - 1) mod N) + 1's.
+            r.pg_restarts = (0..pg_restarts).filter(|k| k % n_cells == index).count();
+        }
         let cell = u16::try_from(index + 1)?;
         per_cell.push((cell, r));
     }
@@ -818,8 +850,8 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     }
     // A clean run's database goes (every run makes one, and a server's crash recovery after an
     // immediate stop syncs every file of every database); a run with findings keeps it.
-    if pair.is_some() {
-        // The pair and its data go with the run.
+    if pair.is_some() || !solos.is_empty() {
+        // The pair or the cells' private clusters and their data go with the run.
     } else if report.clean() {
         for name in &databases {
             crate::pg_ctl::drop_database(&cfg.server_url, name).await?;

@@ -53,6 +53,7 @@ pub(super) fn total(cells: Vec<(u16, Report)>) -> Report {
     for (cell, r) in &cells {
         t.transfers += r.transfers;
         t.spot_crashes += r.spot_crashes;
+        t.pg_restarts += r.pg_restarts;
         t.answered_lost += r.answered_lost;
         for (state, n) in &r.states {
             *t.states.entry(state.clone()).or_insert(0) += n;
@@ -83,12 +84,14 @@ impl fmt::Display for PerCell<'_> {
             let states: Vec<String> = r.states.iter().map(|(s, n)| format!("{s} {n}")).collect();
             writeln!(
                 f,
-                "cell {cell}: {} transfers ({}), spot-core crashes {}, created {}, lost {}, \
+                "cell {cell}: {} transfers ({}), spot-core crashes {}, PostgreSQL restarts {}, \
+                 created {}, lost {}, \
                  duplicates {}, disagreeing {}, stuck {}, answers lost {}, resumed {}, \
                  feed {} events {}, journal {} records from seq 1, {} segments archived{}, {}",
                 r.transfers,
                 states.join(", "),
                 r.spot_crashes,
+                r.pg_restarts,
                 r.created,
                 r.lost,
                 r.duplicates,

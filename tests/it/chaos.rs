@@ -172,16 +172,19 @@ impl Drop for KillOnDrop {
 
 /// Issue 34, `chaos --cells 3`: the chaos run over three cells (three databases, three
 /// spot-cores each started as its cell, two ledgers serving every cell under a cell map), the
-/// ledgers and every cell's spot-core killed with SIGKILL again and again. Each cell's end check
+/// ledgers and every cell's spot-core killed with SIGKILL again and again, and each cell's
+/// PostgreSQL (a private cluster per cell) restarted with `-m immediate` once. Each cell's end check
 /// runs on its own database, its own spot-core and its own users' transfers: nothing stuck,
 /// nothing applied twice, every record as its transfer's final state says, no money created or
 /// lost, the feed dense, the journal read back from seq 1; and in total, as well as the ledger's
 /// own check of every cell and the total.
 #[tokio::test]
-async fn chaos_cells_3_kills_of_ledgers_and_each_cells_spot_core_money_exact_per_cell_and_in_total()
-{
+async fn chaos_cells_3_kills_and_each_cells_pg_restart_money_exact_per_cell_and_in_total() {
     let mut c = config(150, 8);
     c.cells = 3;
+    // Each cell's database on a private cluster of its own, each restarted once with
+    // `-m immediate` (the shared server is never touched).
+    c.pg_restarts = 3;
     c.users = 21;
     // About 50 transfers per cell: snapshots and archiving often enough to run in each.
     c.snapshots = Some(Snapshots {
@@ -201,6 +204,7 @@ async fn chaos_cells_3_kills_of_ledgers_and_each_cells_spot_core_money_exact_per
     for (cell, r) in &report.cells {
         assert!(r.transfers > 0, "cell {cell} had no transfer: {report}");
         assert!(r.spot_crashes >= 1, "cell {cell}'s spot-core never killed");
+        assert_eq!(r.pg_restarts, 1, "cell {cell}'s database");
         assert!(
             r.created.is_zero() && r.lost.is_zero(),
             "cell {cell}: {report}"
@@ -220,5 +224,6 @@ async fn chaos_cells_3_kills_of_ledgers_and_each_cells_spot_core_money_exact_per
     }
     assert_eq!(transfers, report.transfers);
     assert_eq!(spot_crashes, report.spot_crashes);
+    assert_eq!(report.pg_restarts, 3);
     assert!(report.clean(), "{report}");
 }
