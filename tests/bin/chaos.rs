@@ -13,8 +13,9 @@
 //! batches of N to `POST /api/v1/internal_transfers` (each item with its own cid, retried until
 //! it is answered with its req_id). `--cells N` runs N cells (ADR 0017): a database and a
 //! spot-core (`--cell-id`) per cell, the ledgers under a cell map, the crashes drawn over the
-//! ledgers and every cell's spot-core, and the end check per cell and in total (no PostgreSQL
-//! restart, failover or network fault with cells). spot-core snapshots every 300 records in 64 KiB
+//! ledgers and every cell's spot-core, and the end check per cell and in total; with
+//! `--pg-restarts` each cell's database is on a private cluster restarted in turn (no failover
+//! or network fault with cells). spot-core snapshots every 300 records in 64 KiB
 //! segments unless told otherwise. Exits non-zero unless every figure that must be zero
 //! is and the end check found nothing else wrong.
 
