@@ -10,6 +10,7 @@
 //! and full, must answer ok, and `ledger verify` must find the tamper-evident log, kept by every
 //! ledger through it all, intact. Used by `cargo run -p tests --bin chaos` and by smaller tests.
 
+mod cells;
 mod check;
 mod cluster;
 mod failover;
@@ -81,6 +82,12 @@ pub struct Config {
     /// Transfers per request: above 1, every client sends batches of this many to
     /// `POST /api/v1/internal_transfers` (an admin's token naming each item's user).
     pub bulk: usize,
+    /// Cells (ADR 0017): 1 is one database and one spot-core without a map. Above 1, each cell
+    /// gets a database of its own and a spot-core started as that cell, the ledgers serve them
+    /// all under a cell map, the crashes are drawn over the ledgers and every cell's spot-core,
+    /// and the end check runs per cell and in total. PostgreSQL restarts, failovers and network
+    /// faults are not run with cells (refused).
+    pub cells: usize,
 }
 
 impl Config {
@@ -106,6 +113,7 @@ impl Config {
             net_faults: 0,
             net_kinds: Vec::new(),
             bulk: 1,
+            cells: 1,
         }
     }
 }
@@ -175,6 +183,9 @@ pub struct Report {
     /// The run's database, kept when the run is not clean (dropped otherwise).
     pub database: Option<String>,
     pub elapsed: Duration,
+    /// With several cells: each cell's own end check, by cell id (the figures above are their
+    /// sums); empty for one cell.
+    pub cells: Vec<(u16, Report)>,
 }
 
 impl Report {
@@ -189,6 +200,7 @@ impl Report {
             && self.answered_lost == 0
             && self.exited.is_empty()
             && self.problems.is_empty()
+            && self.cells.iter().all(|(_, r)| r.clean())
     }
 }
 
@@ -200,6 +212,14 @@ impl fmt::Display for Report {
             self.elapsed.as_secs_f64()
         )?;
         writeln!(f, "transfers:            {}", self.transfers)?;
+        if !self.cells.is_empty() {
+            writeln!(
+                f,
+                "cells:                {} (each checked on its own below; the figures here are \
+                 their sums)",
+                self.cells.len()
+            )?;
+        }
         writeln!(
             f,
             "crashes injected:     {} (ledger {}, spot-core {})",
@@ -245,6 +265,7 @@ impl fmt::Display for Report {
             self.journal_records, self.archived_segments
         )?;
         match &self.core {
+            _ if !self.cells.is_empty() => write!(f, "{}", cells::PerCell(&self.cells))?,
             Some(c) => writeln!(
                 f,
                 "spot-core status:     last_seq {}, snapshot_seq {} ({} bytes), wal_segments {} \
@@ -452,6 +473,22 @@ pub async fn run(cfg: Config) -> anyhow::Result<Report> {
 }
 
 async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
+    let n_cells = cfg.cells.max(1);
+    if n_cells > 1 && (cfg.pg_failovers > 0 || cfg.net_faults > 0) {
+        bail!(
+            "a run with {n_cells} cells runs no PostgreSQL failover or network fault (not built)"
+        );
+    }
+    // Cells with PostgreSQL restarts: each cell's database on a private cluster of its own
+    // (`crate::pg_solo`), restarted in turn; the machine's server is never touched.
+    let mut solos = Vec::new();
+    if n_cells > 1 && cfg.pg_restarts > 0 {
+        for _ in 0..n_cells {
+            solos.push(Arc::new(
+                tokio::task::spawn_blocking(crate::pg_solo::PgSolo::start).await??,
+            ));
+        }
+    }
     // Failovers: a private pair; otherwise restarting PostgreSQL: one such run at a time on
     // this machine, held to the end.
     let pair = if cfg.pg_failovers > 0 {
@@ -459,7 +496,7 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     } else {
         None
     };
-    let pg = if cfg.pg_restarts > 0 && pair.is_none() {
+    let pg = if cfg.pg_restarts > 0 && pair.is_none() && n_cells == 1 {
         let pg = PgCluster::serving(&cfg.server_url)?;
         let lock = tokio::task::spawn_blocking(crate::pg_ctl::lock).await??;
         pg.settle(&cfg.server_url).await?;
@@ -472,8 +509,30 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
         Some(pair) => pair.url(&database),
         None => format!("{}/{database}", cfg.server_url),
     };
-    let pool = schema::prepare(&db_url, 8).await?;
+    // With cells, a database per cell beside the first's name: `<database>_c1`, `_c2`, ...
+    let databases: Vec<String> = match n_cells {
+        1 => vec![database.clone()],
+        n => (1..=n).map(|c| format!("{database}_c{c}")).collect(),
+    };
+    let urls: Vec<String> = match n_cells {
+        1 => vec![db_url.clone()],
+        _ => databases
+            .iter()
+            .enumerate()
+            .map(|(i, name)| match solos.get(i) {
+                Some(solo) => solo.url(name),
+                None => format!("{}/{name}", cfg.server_url),
+            })
+            .collect(),
+    };
+    let mut pools = Vec::new();
+    for url in &urls {
+        pools.push(schema::prepare(url, if n_cells == 1 { 8 } else { 4 }).await?);
+    }
     let mut settings = Settings::new(&cfg, db_url.clone(), dir)?;
+    if n_cells > 1 {
+        settings.cell_dbs = urls.clone();
+    }
     let net = if cfg.net_faults > 0 {
         // The ledgers reach the database (the machine's server, or the failover pair's two)
         // through forwarders in the root namespace, where the faults are put.
@@ -487,9 +546,10 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     let cluster =
         Arc::new(tokio::task::spawn_blocking(move || Cluster::start(settings, ledgers)).await??);
 
-    let funding = adapters::FundingLedger::new(pool.clone());
+    // Each user's deposit in its own cell's database (the one cell's without a map).
     let usdt = domain::AssetSymbol::parse("USDT").map_err(|e| anyhow::anyhow!("{e:?}"))?;
     for user in 1..=cfg.users {
+        let funding = adapters::FundingLedger::new(pools[cells::cell_index(user, n_cells)].clone());
         funding
             .external_deposit(
                 &format!("chaos-seed-{user}"),
@@ -503,8 +563,9 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
 
     // Every seventh user's SPOT account refuses deposits, so transfers into it are refused at
     // the target and must be compensated (COMPENSATING → ROLLED_BACK) under the same chaos.
-    let spot_admin = cluster.spot_client(Duration::from_secs(5));
     for user in (7..=cfg.users).step_by(7) {
+        let spot_admin =
+            cluster.spot_client(cells::cell_index(user, n_cells), Duration::from_secs(5));
         let req = Request::SetStatus {
             user_id: user,
             asset: "USDT".into(),
@@ -584,16 +645,23 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
             cfg.clone(),
             exited.clone(),
         );
-        tokio::task::spawn_blocking(move || -> anyhow::Result<(usize, usize)> {
-            let (mut ledger_kills, mut spot_kills) = (0, 0);
-            while !(done.load(Ordering::SeqCst) && ledger_kills + spot_kills >= cfg.crashes_min) {
-                let (wait, pause, pick_spot, which) = {
+        tokio::task::spawn_blocking(move || -> anyhow::Result<(usize, Vec<usize>)> {
+            // spot-core kills per cell (one entry without cells).
+            let (mut ledger_kills, mut spot_kills) = (0, vec![0; n_cells]);
+            // With cells, until every cell's spot-core was killed at least once too.
+            let enough = |ledger_kills: usize, spot_kills: &[usize]| {
+                ledger_kills + spot_kills.iter().sum::<usize>() >= cfg.crashes_min
+                    && (!cfg.kill_spot || spot_kills.iter().all(|n| *n > 0))
+            };
+            while !(done.load(Ordering::SeqCst) && enough(ledger_kills, &spot_kills)) {
+                let (wait, pause, pick_spot, which, cell) = {
                     let mut rng = rand::rng();
                     (
                         rng.random_range(150..900u64),
                         rng.random_range(0..300u64),
                         rng.random_bool(0.4),
                         rng.random_range(0..cfg.ledgers.max(1)),
+                        rng.random_range(0..n_cells),
                     )
                 };
                 std::thread::sleep(Duration::from_millis(wait));
@@ -604,8 +672,8 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
                     .extend(died);
                 let spot = cfg.kill_spot && (pick_spot || !cfg.kill_ledgers);
                 if spot {
-                    cluster.kill_spot_and_restart(Duration::from_millis(pause))?;
-                    spot_kills += 1;
+                    cluster.kill_spot_and_restart(cell, Duration::from_millis(pause))?;
+                    spot_kills[cell] += 1;
                 } else if cfg.kill_ledgers {
                     cluster.kill_ledger_and_restart(which, Duration::from_millis(pause))?;
                     ledger_kills += 1;
@@ -620,23 +688,36 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     // PostgreSQL restarts, spread evenly over the transfers: the k-th once k/(n+1) of them have
     // started (any left when the clients are done happen then).
     let restarter = {
-        let (pg, next, done, n, transfers) = (
+        let (pg, solos, next, done, n, transfers) = (
             pg.clone(),
+            solos.clone(),
             next.clone(),
             clients_done.clone(),
             cfg.pg_restarts,
             cfg.transfers,
         );
         tokio::task::spawn_blocking(move || -> anyhow::Result<usize> {
-            let Some((pg, _lock)) = pg else {
+            if pg.is_none() && solos.is_empty() {
                 return Ok(0);
-            };
+            }
             for k in 1..=n {
                 let due = transfers * k / (n + 1);
                 while next.load(Ordering::SeqCst) < due && !done.load(Ordering::SeqCst) {
                     std::thread::sleep(Duration::from_millis(50));
                 }
-                pg.restart_immediate()?;
+                match &pg {
+                    Some((pg, _lock)) => pg.restart_immediate()?,
+                    // With cells: the k-th restart is cell k's (round the cells), a power
+                    // cut of that cell's database alone, the others committing meanwhile.
+                    None => {
+                        let solo = &solos[(k - 1) % solos.len()];
+                        solo.stop_immediate()?;
+                        std::thread::sleep(Duration::from_millis(
+                            rand::rng().random_range(0..1_000),
+                        ));
+                        solo.start_again()?;
+                    }
+                }
             }
             Ok(n)
         })
@@ -695,21 +776,30 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
         .unwrap_or_else(|e| e.into_inner())
         .extend(died);
 
-    // Settle: every transfer must reach a terminal state on its own (the recovery workers).
-    // The database may still be coming back from its last restart: an error is retried.
+    // Settle: every transfer must reach a terminal state on its own (the recovery workers), in
+    // every cell. The database may still be coming back from its last restart: an error is
+    // retried.
     let settle_deadline = Instant::now() + cfg.settle_max;
     let stuck = loop {
-        let open = check::open_transfers(&pool).await;
-        match open {
-            Ok(0) => break 0,
-            Ok(n) if Instant::now() > settle_deadline => break n,
-            Err(e) if Instant::now() > settle_deadline => return Err(e),
+        let mut open = Vec::new();
+        let mut failed = None;
+        for pool in &pools {
+            match check::open_transfers(pool).await {
+                Ok(n) => open.push(n),
+                Err(e) => failed = Some(e),
+            }
+        }
+        match failed {
+            None if open.iter().all(|n| *n == 0) => break open,
+            None if Instant::now() > settle_deadline => break open,
+            Some(e) if Instant::now() > settle_deadline => return Err(e),
             _ => tokio::time::sleep(Duration::from_millis(200)).await,
         }
     };
 
-    // The ledger's own exact check first (it lets spot-core compact what it consumed), then
-    // spot-core's journal from seq 1, through whatever was archived.
+    // The ledger's own exact check first (it lets spot-core compact what it consumed; under a
+    // map it is every cell's and the total), then each cell's end check: its database, its
+    // spot-core's journal from seq 1 through whatever was archived, its users' transfers.
     let base = cluster
         .bases()
         .into_iter()
@@ -719,38 +809,51 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     for full in [false, true] {
         problems.extend(check::ledger_invariant(&base, full).await?);
     }
-    let settings = &cluster.settings;
-    problems.extend(
-        log::log_problems(
-            &pool,
-            &settings.bin_dir,
-            &settings.db_url,
-            &settings.log_key,
-        )
-        .await?,
-    );
-    let spot_client = cluster.spot_client(Duration::from_secs(30));
-    let mut report = check::check(&pool, &spot_client, &sent).await?;
-    report.problems.extend(problems);
-    match &report.core {
-        Some(core) => {
-            if cfg.snapshots.is_some() && core.snapshot_seq == 0 {
-                report
-                    .problems
-                    .push("spot-core never took a snapshot".into());
-            }
-            if cfg.horizon && core.horizon_ms == 0 {
-                report
-                    .problems
-                    .push("the idempotency horizon never advanced".into());
-            }
+    let all_sent = sent.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut per_cell = Vec::new();
+    for (index, pool) in pools.iter().enumerate() {
+        let mine: HashMap<String, Sent> = all_sent
+            .iter()
+            .filter(|(_, s)| cells::cell_index(s.user, n_cells) == index)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let spot_client = cluster.spot_client(index, Duration::from_secs(30));
+        let mut r = check::check(pool, &spot_client, &Mutex::new(mine)).await?;
+        let settings = &cluster.settings;
+        let (db_url, cell) = match n_cells {
+            1 => (settings.db_url.clone(), None),
+            _ => (
+                settings.cell_dbs[index].clone(),
+                settings
+                    .map
+                    .as_deref()
+                    .map(|m| (m, u16::try_from(index + 1))),
+            ),
+        };
+        let cell = match cell {
+            Some((map, id)) => Some((map, id?)),
+            None => None,
+        };
+        r.problems.extend(
+            log::log_problems(pool, &settings.bin_dir, &db_url, &settings.log_key, cell).await?,
+        );
+        r.problems.extend(core_problems(&cfg, r.core.as_ref()));
+        r.archived_segments = std::fs::read_dir(cluster.archive(index))?.count();
+        r.stuck = stuck[index];
+        r.spot_crashes = spot_crashes[index];
+        if !solos.is_empty() {
+            // The k-th restart was cell ((k - 1) mod N) + 1's.
+            r.pg_restarts = (0..pg_restarts).filter(|k| k % n_cells == index).count();
         }
-        None if cfg.snapshots.is_some() || cfg.horizon => report
-            .problems
-            .push("spot-core does not answer `status`".into()),
-        None => {}
+        let cell = u16::try_from(index + 1)?;
+        per_cell.push((cell, r));
     }
-    report.archived_segments = std::fs::read_dir(&cluster.settings.archive)?.count();
+    let mut report = match n_cells {
+        1 => per_cell.pop().map(|(_, r)| r).unwrap_or_default(),
+        _ => cells::total(per_cell),
+    };
+    report.problems.extend(problems);
+    let spot_crashes: usize = spot_crashes.iter().sum();
     report.crashes = ledger_crashes + spot_crashes;
     report.ledger_crashes = ledger_crashes;
     report.spot_crashes = spot_crashes;
@@ -758,20 +861,44 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     report.failovers = failovers;
     report.problems.extend(netfaults::problems(&net_faults));
     report.net_faults = net_faults;
-    report.stuck = stuck;
     report.unanswered = unanswered.load(Ordering::SeqCst);
     report.exited = exited.lock().unwrap_or_else(|e| e.into_inner()).clone();
     drop(cluster);
     drop(net);
-    pool.close().await;
+    for pool in &pools {
+        pool.close().await;
+    }
     // A clean run's database goes (every run makes one, and a server's crash recovery after an
     // immediate stop syncs every file of every database); a run with findings keeps it.
-    if pair.is_some() {
-        // The pair and its data go with the run.
+    if pair.is_some() || !solos.is_empty() {
+        // The pair or the cells' private clusters and their data go with the run.
     } else if report.clean() {
-        crate::pg_ctl::drop_database(&cfg.server_url, &database).await?;
+        for name in &databases {
+            crate::pg_ctl::drop_database(&cfg.server_url, name).await?;
+        }
     } else {
-        report.database = Some(database);
+        report.database = Some(databases.join(", "));
     }
     Ok(report)
+}
+
+/// What spot-core's `status` at the end says the run did not exercise: no snapshot taken, the
+/// idempotency horizon never advanced, or no `status` at all.
+fn core_problems(cfg: &Config, core: Option<&CoreStatus>) -> Vec<String> {
+    let mut problems = Vec::new();
+    match core {
+        Some(core) => {
+            if cfg.snapshots.is_some() && core.snapshot_seq == 0 {
+                problems.push("spot-core never took a snapshot".into());
+            }
+            if cfg.horizon && core.horizon_ms == 0 {
+                problems.push("the idempotency horizon never advanced".into());
+            }
+        }
+        None if cfg.snapshots.is_some() || cfg.horizon => {
+            problems.push("spot-core does not answer `status`".into());
+        }
+        None => {}
+    }
+    problems
 }

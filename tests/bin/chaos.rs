@@ -1,5 +1,5 @@
 //! `cargo run --release -p tests --bin chaos -- [TRANSFERS] [CRASHES] [--pg-restarts N]
-//! [--pg-failovers N] [--net-faults N] [--net-paths spot|postgres] [--bulk N] [--no-horizon] [--no-snapshots | --snapshot-every-records N --segment-bytes B]`: the chaos run against the machine's PostgreSQL
+//! [--pg-failovers N] [--net-faults N] [--net-paths spot|postgres] [--bulk N] [--cells N] [--no-horizon] [--no-snapshots | --snapshot-every-records N --segment-bytes B]`: the chaos run against the machine's PostgreSQL
 //! (`TEST_DATABASE_SERVER`, default postgres://postgres@127.0.0.1:5432) with the `ledger` and
 //! `spot-core` binaries built beside this one. `--pg-restarts N` restarts that server's cluster
 //! N times with `-m immediate` during the run (it needs the rights of `pg_ctlcluster`, and takes
@@ -11,7 +11,11 @@
 //! spot-core or PostgreSQL (root only; `tests::netns`); `--net-paths spot|postgres` draws them
 //! on that path only. `--bulk N` sends the transfers in
 //! batches of N to `POST /api/v1/internal_transfers` (each item with its own cid, retried until
-//! it is answered with its req_id). spot-core snapshots every 300 records in 64 KiB
+//! it is answered with its req_id). `--cells N` runs N cells (ADR 0017): a database and a
+//! spot-core (`--cell-id`) per cell, the ledgers under a cell map, the crashes drawn over the
+//! ledgers and every cell's spot-core, and the end check per cell and in total; with
+//! `--pg-restarts` each cell's database is on a private cluster restarted in turn (no failover
+//! or network fault with cells). spot-core snapshots every 300 records in 64 KiB
 //! segments unless told otherwise. Exits non-zero unless every figure that must be zero
 //! is and the end check found nothing else wrong.
 
@@ -20,7 +24,8 @@ use tests::chaos::Snapshots;
 use tests::netns::{Fault, PathTo};
 
 const USAGE: &str = "usage: chaos [TRANSFERS] [CRASHES] [--pg-restarts N] [--pg-failovers N] \
-                     [--net-faults N] [--net-paths spot|postgres] [--bulk N] [--no-horizon] \
+                     [--net-faults N] [--net-paths spot|postgres] [--bulk N] [--cells N] \
+                     [--no-horizon] \
                      [--no-snapshots | --snapshot-every-records N --segment-bytes B]";
 
 #[tokio::main]
@@ -34,6 +39,7 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned());
     let mut config = tests::chaos::Config::new(1_000, 20, bin_dir, server_url);
     let mut positional = 0;
+    let mut snapshots_given = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -58,12 +64,20 @@ async fn main() -> anyhow::Result<()> {
                 };
                 config.net_kinds = Fault::ALL.into_iter().map(|f| (path, f)).collect();
             }
+            "--cells" => {
+                let n = args.next().context(USAGE)?;
+                config.cells = n.parse().with_context(|| format!("--cells {n}"))?;
+            }
             "--bulk" => {
                 let n = args.next().context(USAGE)?;
                 config.bulk = n.parse().with_context(|| format!("--bulk {n}"))?;
             }
-            "--no-snapshots" => config.snapshots = None,
+            "--no-snapshots" => {
+                config.snapshots = None;
+                snapshots_given = true;
+            }
             "--snapshot-every-records" | "--segment-bytes" => {
+                snapshots_given = true;
                 let v = args.next().context(USAGE)?;
                 let n = v.parse().with_context(|| format!("{arg} {v}"))?;
                 let s = config.snapshots.get_or_insert(Snapshots::FULL_RUN);
@@ -91,6 +105,19 @@ async fn main() -> anyhow::Result<()> {
             }
             other => bail!("unexpected argument {other}: {USAGE}"),
         }
+    }
+    if let (Some(s), false, n @ 2..) = (config.snapshots.as_mut(), snapshots_given, config.cells) {
+        // Each cell's spot-core sees about 1/N of the records: snapshots and segments scaled
+        // down as much, so each compacts and archives as one spot-core does in a run of one cell.
+        s.every_records = (s.every_records / n as u64).max(1);
+        s.segment_bytes = (s.segment_bytes / n as u64).max(4_096);
+    }
+    if config.cells > 1 {
+        println!(
+            "chaos: {} cells (a database and a spot-core each, the ledgers under a cell map; \
+             crashes drawn over the ledgers and every cell's spot-core)",
+            config.cells
+        );
     }
     if config.bulk > 1 {
         println!("chaos: transfers sent in batches of {}", config.bulk);

@@ -103,9 +103,14 @@ fn spawn_ready(
 pub(super) struct Settings {
     pub bin_dir: PathBuf,
     pub db_url: String,
-    pub spot_data: PathBuf,
-    pub archive: PathBuf,
+    /// The run's directory: spot-core's data and archive (one of each per cell) live there.
+    pub dir: PathBuf,
     pub logs: PathBuf,
+    /// With several cells: each cell's database URL, in cell order (cell 1 first); empty for one
+    /// cell (`db_url`, no map).
+    pub cell_dbs: Vec<String>,
+    /// The cell map the ledgers are started with (written once every cell's spot-core listens).
+    pub map: Option<PathBuf>,
     pub snapshots: Option<Snapshots>,
     pub horizon: bool,
     /// The idempotency retention with the horizon on.
@@ -122,9 +127,10 @@ impl Settings {
         let settings = Settings {
             bin_dir: cfg.bin_dir.clone(),
             db_url,
-            spot_data: dir.join("spot"),
-            archive: dir.join("archive"),
+            dir: dir.to_path_buf(),
             logs: dir.join("logs"),
+            cell_dbs: Vec::new(),
+            map: None,
             snapshots: cfg.snapshots,
             horizon: cfg.horizon,
             // A cid claim is re-keyed once half a retention plus a grace old, which assumes a
@@ -141,13 +147,38 @@ impl Settings {
             net: None,
             log_key: super::log::make_key(dir)?,
         };
-        std::fs::create_dir_all(&settings.archive)?;
         std::fs::create_dir_all(&settings.logs)?;
         Ok(settings)
     }
 
-    pub fn spawn_spot(&self, listen: &str) -> anyhow::Result<(Proc, String)> {
+    /// The cells' ids: `[None]` for one cell without a map, else `Some(1..=N)`.
+    pub fn cells(&self) -> Vec<Option<u16>> {
+        match self.cell_dbs.len() {
+            0 => vec![None],
+            n => (1..=n).map(|c| u16::try_from(c).ok()).collect(),
+        }
+    }
+
+    /// spot-core's data directory, archive and log file for `cell` (`None`: the one cell).
+    pub fn spot_paths(&self, cell: Option<u16>) -> (PathBuf, PathBuf, PathBuf) {
+        match cell {
+            None => (
+                self.dir.join("spot"),
+                self.dir.join("archive"),
+                self.logs.join("spot-core.log"),
+            ),
+            Some(c) => (
+                self.dir.join(format!("spot-{c}")),
+                self.dir.join(format!("archive-{c}")),
+                self.logs.join(format!("spot-core-{c}.log")),
+            ),
+        }
+    }
+
+    pub fn spawn_spot(&self, cell: Option<u16>, listen: &str) -> anyhow::Result<(Proc, String)> {
         let exe = self.bin_dir.join("spot-core");
+        let (data, archive, log) = self.spot_paths(cell);
+        std::fs::create_dir_all(&archive)?;
         spawn_ready(
             || {
                 let mut c = match &self.net {
@@ -161,7 +192,12 @@ impl Settings {
                 c.arg("--listen")
                     .arg(listen)
                     .arg("--data-dir")
-                    .arg(&self.spot_data);
+                    .arg(&data)
+                    .env_remove(spot_core::CELL_ID_ENV);
+                if let Some(cell) = cell {
+                    // It knows its cell: a ledger's `hello` naming another cell is refused.
+                    c.env(spot_core::CELL_ID_ENV, cell.to_string());
+                }
                 if let Some(s) = self.snapshots {
                     // Frequent snapshots and small segments, so compaction and the archive
                     // run many times during the run.
@@ -170,12 +206,12 @@ impl Settings {
                         .arg("--segment-bytes")
                         .arg(s.segment_bytes.to_string())
                         .arg("--archive-dir")
-                        .arg(&self.archive);
+                        .arg(&archive);
                 }
                 c
             },
             "spot-core listening on ",
-            &self.logs.join("spot-core.log"),
+            &log,
         )
     }
 
@@ -196,9 +232,16 @@ impl Settings {
                         self.db_url.as_str(),
                     ),
                 };
-                c.args(["serve", "--listen", &listen, "--spot-url", spot])
-                    .args(["--spot-timeout-ms", "1000"])
-                    .env("DATABASE_URL", db_url)
+                c.args(["serve", "--listen", &listen]);
+                match &self.map {
+                    // Every cell's database and spot-core are in the map.
+                    Some(map) => c.env("LEDGER_CELL_MAP", map).env_remove("DATABASE_URL"),
+                    None => c
+                        .args(["--spot-url", spot])
+                        .env("DATABASE_URL", db_url)
+                        .env_remove("LEDGER_CELL_MAP"),
+                };
+                c.args(["--spot-timeout-ms", "1000"])
                     .env("LEDGER_JWT_SECRET", SECRET)
                     .env("RUST_LOG", "warn")
                     .env("LEDGER_RATE_PER_SECOND", "off")
@@ -235,57 +278,80 @@ impl Settings {
     }
 }
 
+/// One cell's spot-core (the only one without a map).
+pub(super) struct Spot {
+    /// Its cell (`None`: the one cell, started without `--cell-id`).
+    pub cell: Option<u16>,
+    /// Its address as the run's own checks reach it.
+    pub addr: String,
+    /// What it listens on, again at every restart.
+    listen: String,
+    /// Its address as the ledgers reach it.
+    for_ledgers: String,
+    /// Held across a kill and the start after it, so two of them never overlap.
+    life: Mutex<()>,
+    proc: Mutex<Option<Proc>>,
+}
+
 /// The running processes.
 pub(super) struct Cluster {
     pub settings: Settings,
-    /// spot-core's address as the run's own checks reach it.
-    pub spot_addr: String,
-    /// What spot-core listens on, again at every restart.
-    spot_listen: String,
-    /// spot-core's address as the ledgers reach it.
-    spot_for_ledgers: String,
-    /// Held across a kill and the start after it, so two of them never overlap.
-    spot_life: Mutex<()>,
-    spot: Mutex<Option<Proc>>,
+    /// One spot-core per cell, in cell order.
+    pub spots: Vec<Spot>,
     ledgers: Mutex<Vec<(Option<Proc>, String)>>,
 }
 
 impl Cluster {
-    /// Starts spot-core on a free port and `ledgers` ledger processes against it.
-    pub fn start(settings: Settings, ledgers: usize) -> anyhow::Result<Cluster> {
+    /// Starts a spot-core per cell on a free port (with several cells, writes the map naming
+    /// them and each cell's database) and `ledgers` ledger processes against them.
+    pub fn start(mut settings: Settings, ledgers: usize) -> anyhow::Result<Cluster> {
         let any = if settings.net.is_some() {
             "0.0.0.0:0"
         } else {
             "127.0.0.1:0"
         };
-        let (spot, spot_listen) = settings.spawn_spot(any)?;
-        let (spot_addr, spot_for_ledgers) = match &settings.net {
-            Some(place) => {
-                let port: u16 = spot_listen
-                    .rsplit_once(':')
-                    .and_then(|(_, p)| p.parse().ok())
-                    .with_context(|| format!("spot-core's address {spot_listen}"))?;
-                let for_ledgers = std::net::SocketAddrV4::new(place.net.spot_ip_from_ledger, port);
-                place.net.set_peer(PathTo::Spot, for_ledgers);
-                (
-                    format!("{}:{port}", place.net.spot_ip_from_root),
-                    for_ledgers.to_string(),
-                )
-            }
-            None => (spot_listen.clone(), spot_listen.clone()),
-        };
+        let mut spots = Vec::new();
+        for cell in settings.cells() {
+            let (spot, listen) = settings.spawn_spot(cell, any)?;
+            let (addr, for_ledgers) = match &settings.net {
+                Some(place) => {
+                    let port: u16 = listen
+                        .rsplit_once(':')
+                        .and_then(|(_, p)| p.parse().ok())
+                        .with_context(|| format!("spot-core's address {listen}"))?;
+                    let for_ledgers =
+                        std::net::SocketAddrV4::new(place.net.spot_ip_from_ledger, port);
+                    place.net.set_peer(PathTo::Spot, for_ledgers);
+                    (
+                        format!("{}:{port}", place.net.spot_ip_from_root),
+                        for_ledgers.to_string(),
+                    )
+                }
+                None => (listen.clone(), listen.clone()),
+            };
+            spots.push(Spot {
+                cell,
+                addr,
+                listen,
+                for_ledgers,
+                life: Mutex::new(()),
+                proc: Mutex::new(Some(spot)),
+            });
+        }
+        if !settings.cell_dbs.is_empty() {
+            let addrs: Vec<&str> = spots.iter().map(|s| s.for_ledgers.as_str()).collect();
+            let path = settings.dir.join("cells.json");
+            std::fs::write(&path, super::cells::map_json(&settings.cell_dbs, &addrs))?;
+            settings.map = Some(path);
+        }
         let mut procs = Vec::new();
         for i in 0..ledgers.max(1) {
-            let (p, base) = settings.spawn_ledger(i, &spot_for_ledgers)?;
+            let (p, base) = settings.spawn_ledger(i, &spots[0].for_ledgers)?;
             procs.push((Some(p), base));
         }
         Ok(Cluster {
             settings,
-            spot_addr,
-            spot_listen,
-            spot_for_ledgers,
-            spot_life: Mutex::new(()),
-            spot: Mutex::new(Some(spot)),
+            spots,
             ledgers: Mutex::new(procs),
         })
     }
@@ -304,25 +370,39 @@ impl Cluster {
             .collect()
     }
 
-    pub fn kill_spot_and_restart(&self, pause: Duration) -> anyhow::Result<()> {
-        self.kill_spot_then(|| std::thread::sleep(pause))
+    /// SIGKILLs the spot-core of the cell at `index` (0: the first), waits `pause`, and starts
+    /// it again on the same address and data.
+    pub fn kill_spot_and_restart(&self, index: usize, pause: Duration) -> anyhow::Result<()> {
+        self.kill_spot_then(index, || std::thread::sleep(pause))
     }
 
-    /// SIGKILLs spot-core, runs `meanwhile`, and starts it again on the same address.
-    pub fn kill_spot_then<T>(&self, meanwhile: impl FnOnce() -> T) -> anyhow::Result<T> {
-        let _life = self.spot_life.lock().unwrap_or_else(|e| e.into_inner());
-        drop(self.spot.lock().unwrap_or_else(|e| e.into_inner()).take());
+    /// SIGKILLs the spot-core at `index`, runs `meanwhile`, and starts it again on the same
+    /// address.
+    pub fn kill_spot_then<T>(
+        &self,
+        index: usize,
+        meanwhile: impl FnOnce() -> T,
+    ) -> anyhow::Result<T> {
+        let spot = &self.spots[index];
+        let _life = spot.life.lock().unwrap_or_else(|e| e.into_inner());
+        drop(spot.proc.lock().unwrap_or_else(|e| e.into_inner()).take());
         let out = meanwhile();
-        let (p, addr) = self.settings.spawn_spot(&self.spot_listen)?;
-        anyhow::ensure!(addr == self.spot_listen, "spot-core moved to {addr}");
-        *self.spot.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+        let (p, addr) = self.settings.spawn_spot(spot.cell, &spot.listen)?;
+        anyhow::ensure!(addr == spot.listen, "spot-core moved to {addr}");
+        *spot.proc.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
         Ok(out)
     }
 
-    /// A client of spot-core for the run's own requests (with the token where one is set).
-    pub fn spot_client(&self, timeout: Duration) -> spot_core::client::SpotClient {
+    /// A client of the spot-core at `index` for the run's own requests (with the token where
+    /// one is set).
+    pub fn spot_client(&self, index: usize, timeout: Duration) -> spot_core::client::SpotClient {
         let token = self.settings.net.as_ref().map(|_| SPOT_TOKEN.to_owned());
-        spot_core::client::SpotClient::with_token(self.spot_addr.clone(), timeout, token)
+        spot_core::client::SpotClient::with_token(self.spots[index].addr.clone(), timeout, token)
+    }
+
+    /// Where the spot-core at `index` moves its compacted segments.
+    pub fn archive(&self, index: usize) -> PathBuf {
+        self.settings.spot_paths(self.spots[index].cell).1
     }
 
     pub fn kill_ledger_and_restart(&self, i: usize, pause: Duration) -> anyhow::Result<()> {
@@ -332,7 +412,7 @@ impl Cluster {
                 .take(),
         );
         std::thread::sleep(pause);
-        let (p, base) = self.settings.spawn_ledger(i, &self.spot_for_ledgers)?;
+        let (p, base) = self.settings.spawn_ledger(i, &self.spots[0].for_ledgers)?;
         self.ledgers.lock().unwrap_or_else(|e| e.into_inner())[i] = (Some(p), base);
         Ok(())
     }
@@ -341,15 +421,20 @@ impl Cluster {
     /// again so the run goes on.
     pub fn restart_exited(&self) -> anyhow::Result<Vec<String>> {
         let mut exited = Vec::new();
-        let spot_dead = self
-            .spot
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_mut()
-            .is_some_and(Proc::exited);
-        if spot_dead {
-            exited.push("spot-core".to_owned());
-            self.kill_spot_and_restart(Duration::ZERO)?;
+        for (index, spot) in self.spots.iter().enumerate() {
+            let dead = spot
+                .proc
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_mut()
+                .is_some_and(Proc::exited);
+            if dead {
+                exited.push(match spot.cell {
+                    None => "spot-core".to_owned(),
+                    Some(c) => format!("spot-core of cell {c}"),
+                });
+                self.kill_spot_and_restart(index, Duration::ZERO)?;
+            }
         }
         for i in 0..self.ledger_count() {
             let dead = self.ledgers.lock().unwrap_or_else(|e| e.into_inner())[i]

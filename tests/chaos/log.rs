@@ -29,12 +29,14 @@ pub fn make_key(dir: &Path) -> anyhow::Result<PathBuf> {
 
 /// What is wrong with the log at the end of a run, if anything: the tree still behind the feed
 /// after [`CATCH_UP_MAX`], or `ledger verify` (the binary in `bin_dir`, against `db_url`, with
-/// the run's key) not exiting 0, with what it printed.
+/// the run's key) not exiting 0, with what it printed. Under a cell map (`cell`: the map file
+/// and the cell's id) `pool` and `db_url` are that cell's, and verify checks that cell's log.
 pub async fn log_problems(
     pool: &sqlx::PgPool,
     bin_dir: &Path,
     db_url: &str,
     key: &Path,
+    cell: Option<(&Path, u16)>,
 ) -> anyhow::Result<Vec<String>> {
     let mut problems = Vec::new();
     let deadline = Instant::now() + CATCH_UP_MAX;
@@ -54,15 +56,18 @@ pub async fn log_problems(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let (ledger, db_url, key) = (bin_dir.join("ledger"), db_url.to_owned(), key.to_owned());
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(ledger)
-            .arg("verify")
-            .env("DATABASE_URL", db_url)
-            .env("LEDGER_LOG_SIGNING_KEY_FILE", key)
-            .output()
-    })
-    .await??;
+    let mut verify = Command::new(bin_dir.join("ledger"));
+    verify
+        .arg("verify")
+        .env("DATABASE_URL", db_url)
+        .env("LEDGER_LOG_SIGNING_KEY_FILE", key);
+    if let Some((map, id)) = cell {
+        verify
+            .env("LEDGER_CELL_MAP", map)
+            .arg("--cell")
+            .arg(id.to_string());
+    }
+    let out = tokio::task::spawn_blocking(move || verify.output()).await??;
     if !out.status.success() {
         problems.push(format!(
             "ledger verify exited {}: {}{}",

@@ -159,7 +159,7 @@ pub(super) fn one(
             noticed
         }
         (Fault::DeadPeer, PathTo::Spot) => {
-            cluster.kill_spot_then(|| net.wait_noticed(path, since, NOTICE_MAX))??
+            cluster.kill_spot_then(0, || net.wait_noticed(path, since, NOTICE_MAX))??
         }
         (Fault::DeadPeer, PathTo::Postgres) => {
             for forwarder in &run.forwarders {

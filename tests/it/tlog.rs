@@ -665,7 +665,7 @@ async fn tlog_an_untouched_log_verifies_across_restarts() {
 async fn tlog_the_chaos_end_check_runs_ledger_verify() {
     let (s, _dir, key, size) = followed_stack().await;
     let bin_dir = bin("ledger").parent().unwrap().to_path_buf();
-    let check = || tests::chaos::log::log_problems(&s.db.pool, &bin_dir, &s.db.url, &key);
+    let check = || tests::chaos::log::log_problems(&s.db.pool, &bin_dir, &s.db.url, &key, None);
     let problems = check().await.unwrap();
     assert!(problems.is_empty(), "{problems:?}");
     exec(
