@@ -536,8 +536,13 @@ async fn idp_a_creation_delayed_past_a_rekey_of_its_claim_is_refused_not_doubled
     };
     // The retry comes after half the retention: it waits out the grace, then re-keys.
     tokio::time::sleep(Duration::from_millis(1_100)).await;
+    // The retry reaches another ledger process (another coordinator): in this one it would wait
+    // for the stalled request's round to end (`application/src/round.rs`, one round in flight).
+    let retrying = s
+        .another_coordinator()
+        .with_idempotency_retention(Duration::from_secs(2));
     let b = tokio::spawn({
-        let (c, r) = (coordinator.clone(), request.clone());
+        let (c, r) = (retrying, request.clone());
         async move { c.submit(r).await }
     });
     let deadline = Instant::now() + Duration::from_secs(10);
