@@ -104,29 +104,7 @@ impl PgPair {
 
     /// Runs a PostgreSQL program as the `postgres` user.
     fn run(&self, program: &str, args: &[&str]) -> anyhow::Result<()> {
-        let exe = self.bin.join(program);
-        let mut cmd = if is_root() {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(&exe);
-            c
-        } else {
-            Command::new(&exe)
-        };
-        let out = cmd
-            .args(args)
-            .current_dir(self.dir.path())
-            .output()
-            .with_context(|| format!("run {program}"))?;
-        if !out.status.success() {
-            bail!(
-                "{program} {}: {}\n{}{}",
-                args.join(" "),
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(())
+        run_as_postgres(&self.bin, self.dir.path(), program, args)
     }
 
     fn data(&self, i: usize) -> &str {
@@ -426,6 +404,39 @@ impl Drop for PgPair {
     fn drop(&mut self) {
         self.stop_all();
     }
+}
+
+/// Runs `program` of the PostgreSQL binaries in `bin` with `args`, in `dir`, as the `postgres`
+/// user when this process is root (initdb and pg_ctl refuse root); its output in the error.
+pub(crate) fn run_as_postgres(
+    bin: &Path,
+    dir: &Path,
+    program: &str,
+    args: &[&str],
+) -> anyhow::Result<()> {
+    let exe = bin.join(program);
+    let mut cmd = if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(&exe);
+        c
+    } else {
+        Command::new(&exe)
+    };
+    let out = cmd
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .with_context(|| format!("run {program}"))?;
+    if !out.status.success() {
+        bail!(
+            "{program} {}: {}\n{}{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
 }
 
 pub(crate) fn is_root() -> bool {

@@ -7,11 +7,10 @@
 //! same port and data. Stopped and removed on drop.
 
 use std::path::PathBuf;
-use std::process::Command;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 
-use crate::pg_pair::{as_postgres_owner, free_port, is_root};
+use crate::pg_pair::{as_postgres_owner, free_port, run_as_postgres};
 
 /// How long the cluster may take to start or stop.
 const CTL_WAIT_SECS: &str = "120";
@@ -115,29 +114,7 @@ impl PgSolo {
     }
 
     fn run(&self, program: &str, args: &[&str]) -> anyhow::Result<()> {
-        let exe = self.bin.join(program);
-        let mut cmd = if is_root() {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(&exe);
-            c
-        } else {
-            Command::new(&exe)
-        };
-        let out = cmd
-            .args(args)
-            .current_dir(self.dir.path())
-            .output()
-            .with_context(|| format!("run {program}"))?;
-        if !out.status.success() {
-            bail!(
-                "{program} {}: {}\n{}{}",
-                args.join(" "),
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(())
+        run_as_postgres(&self.bin, self.dir.path(), program, args)
     }
 }
 
