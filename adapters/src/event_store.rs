@@ -27,7 +27,7 @@ use crate::group_commit::{Committer, GroupCommit, KeptConnection};
 mod statements;
 mod traces;
 
-use statements::{INSERT_EVENTS, INSERT_EVENTS_TRACED};
+use statements::INSERT_EVENTS;
 pub use traces::first_trace;
 
 /// The event store in plain event-store mode (postgres-es's snapshot modes double-apply events),
@@ -246,6 +246,9 @@ async fn insert(conn: &mut PgConnection, commits: &[Pending<'_>]) -> Result<(), 
     let mut metadata = Vec::with_capacity(n);
     let mut owners = Vec::with_capacity(n);
     let mut times = Vec::with_capacity(n);
+    // A traced creation's metadata with its first trace added (`traces.rs`), made before the
+    // references below are taken.
+    let traced = traces::traced_metadata(commits);
     for (aggregate_type, events, _) in commits {
         for e in *events {
             types.push(*aggregate_type);
@@ -254,19 +257,13 @@ async fn insert(conn: &mut PgConnection, commits: &[Pending<'_>]) -> Result<(), 
             event_types.push(e.event_type.as_str());
             versions.push(e.event_version.as_str());
             payloads.push(&e.payload);
-            metadata.push(&e.metadata);
+            metadata.push(traced.get(&(e.aggregate_id.as_str(), e.sequence)).unwrap_or(&e.metadata));
             owners.push(owner(e));
             times.push(occurred_at(&e.payload));
         }
     }
     let guards = ClaimGuards::of(commits);
-    let traced = traces::FirstTraces::of(commits);
-    let statement = if traced.is_empty() {
-        INSERT_EVENTS
-    } else {
-        INSERT_EVENTS_TRACED
-    };
-    let query = sqlx::query(statement)
+    sqlx::query(INSERT_EVENTS)
         .bind(&types)
         .bind(&ids)
         .bind(&seqs)
@@ -278,13 +275,9 @@ async fn insert(conn: &mut PgConnection, commits: &[Pending<'_>]) -> Result<(), 
         .bind(&times)
         .bind(&guards.users)
         .bind(&guards.cids)
-        .bind(&guards.req_ids);
-    let query = if traced.is_empty() {
-        query
-    } else {
-        query.bind(&traced.req_ids).bind(&traced.traceparents)
-    };
-    query.execute(conn).await?;
+        .bind(&guards.req_ids)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 

@@ -81,7 +81,7 @@ pub trait RetryBook: Send + Sync {
     /// Records the end of a pass by `worker`.
     async fn heartbeat(&self, worker: &str) -> Result<(), CoordinatorError>;
 
-    /// The transfer's first trace, a W3C traceparent (`transfer_traces`, migration 0024), which
+    /// The transfer's first trace, a W3C traceparent (in its creation's metadata), which
     /// an attempt's span links (`docs/adr/0018-traces.md`); `None` when it has none (traces were
     /// not exported when it was created) or this book keeps none. Asked only when traces are
     /// exported; a failure to read it is `None`: a missing link never stops a recovery.
@@ -139,10 +139,17 @@ impl RetryBook for PgRetryBook {
     }
 
     async fn first_trace(&self, req_id: &ReqId) -> Option<String> {
-        let read = sqlx::query_scalar("SELECT traceparent FROM transfer_traces WHERE req_id = $1")
-            .bind(req_id.to_string())
-            .fetch_optional(&self.pool)
-            .await;
+        // As `adapters::event_store::first_trace` reads it: the creation's metadata, or the
+        // table earlier versions kept it in.
+        let read = sqlx::query_scalar(
+            "SELECT COALESCE(
+                 (SELECT metadata->>'traceparent' FROM events
+                  WHERE aggregate_type = 'Transfer' AND aggregate_id = $1 AND sequence = 1),
+                 (SELECT traceparent FROM transfer_traces WHERE req_id = $1))",
+        )
+        .bind(req_id.to_string())
+        .fetch_one(&self.pool)
+        .await;
         match read {
             Ok(found) => found,
             Err(e) => {

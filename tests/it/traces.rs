@@ -353,7 +353,8 @@ async fn recovery_links_the_first_trace(receiver: &Receiver, s: &Stack, env: &[(
     assert!(sent.is_err(), "the process dies mid-request: {sent:?}");
     assert!(!crashing.wait_exit(Duration::from_secs(15)).success());
     let req_id: String = sqlx::query_scalar(
-        "SELECT req_id FROM transfer_traces WHERE traceparent LIKE '00-' || $1 || '-%'",
+        "SELECT aggregate_id FROM events WHERE aggregate_type = 'Transfer' AND sequence = 1
+           AND metadata->>'traceparent' LIKE '00-' || $1 || '-%'",
     )
     .bind(&first_trace)
     .fetch_one(&s.db.pool)

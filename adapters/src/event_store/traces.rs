@@ -1,9 +1,13 @@
 //! The event store's part in traces (`docs/adr/0018-traces.md`): a span per append (a child of
 //! the caller's, linked from the group commit that wrote it), and each traced transfer's first
-//! trace, kept in `transfer_traces` by the statement that appends its creation (migration 0024),
-//! never in the event itself. Nothing here does any work unless traces are exported.
+//! trace, kept in its creation's metadata (the event's envelope, outside the tamper-evident
+//! log's leaf; earlier versions wrote a row of `transfer_traces`). Nothing here does any work
+//! unless traces are exported.
+
+use std::collections::HashMap;
 
 use cqrs_es::persist::SerializedEvent;
+use serde_json::Value;
 
 /// Whether `e` creates a transfer (its first event).
 fn creates(e: &SerializedEvent) -> bool {
@@ -43,37 +47,40 @@ pub(super) fn creation_trace<'a>(
         .map(|c| telemetry::traceparent(&c))
 }
 
-/// The first traces a batch writes: one per traced creation.
-#[derive(Default)]
-pub(super) struct FirstTraces<'a> {
-    pub req_ids: Vec<&'a str>,
-    pub traceparents: Vec<&'a str>,
-}
+/// The metadata key of a traced creation's first trace (a W3C traceparent).
+pub const TRACE_METADATA_KEY: &str = "traceparent";
 
-impl<'a> FirstTraces<'a> {
-    /// From a batch's commits: (aggregate type, events, the job's first trace).
-    pub fn of(commits: &[(&'static str, &'a [SerializedEvent], Option<&'a str>)]) -> Self {
-        let mut traces = Self::default();
-        for (_, events, trace) in commits {
-            let Some(trace) = trace else { continue };
-            for e in events.iter().filter(|e| creates(e)) {
-                traces.req_ids.push(e.aggregate_id.as_str());
-                traces.traceparents.push(trace);
+/// The metadata of each traced creation in a batch, keyed by (req_id, sequence): its commit's
+/// metadata with the job's first trace added under [`TRACE_METADATA_KEY`]. Empty (and nothing
+/// allocated) when no job carries a trace, which is always the case when traces are not exported.
+pub(super) fn traced_metadata<'a>(
+    commits: &[(&'static str, &'a [SerializedEvent], Option<&'a str>)],
+) -> HashMap<(&'a str, usize), Value> {
+    let mut traced = HashMap::new();
+    for (_, events, trace) in commits {
+        let Some(trace) = trace else { continue };
+        for e in events.iter().filter(|e| creates(e)) {
+            let mut metadata = e.metadata.clone();
+            if let Value::Object(fields) = &mut metadata {
+                fields.insert(TRACE_METADATA_KEY.into(), Value::String((*trace).to_owned()));
+                traced.insert((e.aggregate_id.as_str(), e.sequence), metadata);
             }
         }
-        traces
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.req_ids.is_empty()
-    }
+    traced
 }
 
-/// The transfer's first trace, as `transfer_traces` keeps it (a W3C traceparent), if any: for the
-/// admin timeline and the recovery worker's link.
+/// The transfer's first trace (a W3C traceparent), if any: for the admin timeline and the
+/// recovery worker's link. Kept in its creation's metadata; transfers created by earlier versions
+/// kept it in `transfer_traces`.
 pub async fn first_trace(pool: &sqlx::PgPool, req_id: &str) -> Result<Option<String>, sqlx::Error> {
-    sqlx::query_scalar("SELECT traceparent FROM transfer_traces WHERE req_id = $1")
-        .bind(req_id)
-        .fetch_optional(pool)
-        .await
+    sqlx::query_scalar(
+        "SELECT COALESCE(
+             (SELECT metadata->>'traceparent' FROM events
+              WHERE aggregate_type = 'Transfer' AND aggregate_id = $1 AND sequence = 1),
+             (SELECT traceparent FROM transfer_traces WHERE req_id = $1))",
+    )
+    .bind(req_id)
+    .fetch_one(pool)
+    .await
 }
