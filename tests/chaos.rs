@@ -85,8 +85,10 @@ pub struct Config {
     /// Cells (ADR 0017): 1 is one database and one spot-core without a map. Above 1, each cell
     /// gets a database of its own and a spot-core started as that cell, the ledgers serve them
     /// all under a cell map, the crashes are drawn over the ledgers and every cell's spot-core,
-    /// and the end check runs per cell and in total. PostgreSQL restarts, failovers and network
-    /// faults are not run with cells (refused).
+    /// and the end check runs per cell and in total. With PostgreSQL restarts or network
+    /// faults each cell's database is on a private cluster (`crate::pg_solo`): the restarts go
+    /// round the cells, and so do the network faults, each on one cell's spot-core or database
+    /// path (`chaos/netfaults.rs`). Failovers are not run with cells (refused).
     pub cells: usize,
 }
 
@@ -474,15 +476,19 @@ pub async fn run(cfg: Config) -> anyhow::Result<Report> {
 
 async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     let n_cells = cfg.cells.max(1);
-    if n_cells > 1 && (cfg.pg_failovers > 0 || cfg.net_faults > 0) {
+    if n_cells > 1 && cfg.pg_failovers > 0 {
         bail!(
-            "a run with {n_cells} cells runs no PostgreSQL failover or network fault (not built)"
+            "a run with {n_cells} cells runs no PostgreSQL failover (not built: a failover pair \
+             per cell); PostgreSQL restarts and network faults do run with cells"
         );
     }
-    // Cells with PostgreSQL restarts: each cell's database on a private cluster of its own
-    // (`crate::pg_solo`), restarted in turn; the machine's server is never touched.
+    // Cells with PostgreSQL restarts or network faults: each cell's database on a private
+    // cluster of its own (`crate::pg_solo`), restarted in turn; the machine's server is never
+    // touched. With network faults the ledgers reach each cell through a forwarder of its own,
+    // which the ledger counts as a server of its own (a full pool each, ADR 0017 §7): more than
+    // the machine's server, shared with other tests, should be asked to hold.
     let mut solos = Vec::new();
-    if n_cells > 1 && cfg.pg_restarts > 0 {
+    if n_cells > 1 && (cfg.pg_restarts > 0 || cfg.net_faults > 0) {
         for _ in 0..n_cells {
             solos.push(Arc::new(
                 tokio::task::spawn_blocking(crate::pg_solo::PgSolo::start).await??,
@@ -534,9 +540,14 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
         settings.cell_dbs = urls.clone();
     }
     let net = if cfg.net_faults > 0 {
-        // The ledgers reach the database (the machine's server, or the failover pair's two)
-        // through forwarders in the root namespace, where the faults are put.
-        let (net, place) = netfaults::start(&db_url).await?;
+        // The ledgers reach the database (the machine's server, or the failover pair's two;
+        // with cells each cell's) through forwarders in the root namespace, where the faults
+        // are put.
+        let dbs: Vec<(Option<u16>, String)> = match n_cells {
+            1 => vec![(None, db_url.clone())],
+            _ => settings.cells().into_iter().zip(urls.clone()).collect(),
+        };
+        let (net, place) = netfaults::start(&dbs).await?;
         settings.net = Some(place);
         Some(Arc::new(net))
     } else {
@@ -581,17 +592,22 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     // lost in a crash is retried without ever creating a second transfer.
     let next = Arc::new(AtomicUsize::new(0));
     let answers = Arc::new(AtomicUsize::new(0));
+    // Each cell's transfers answered COMMITTED so far: what the network faults record of the
+    // other cells while one cell's path is cut.
+    let committed: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..n_cells).map(|_| AtomicUsize::new(0)).collect());
     let unanswered = Arc::new(AtomicUsize::new(0));
     let sent: Arc<Mutex<HashMap<String, Sent>>> = Arc::default();
     let mut clients = tokio::task::JoinSet::new();
     for _ in 0..cfg.clients.max(1) {
-        let (cluster, next, unanswered, sent, cfg, answers) = (
+        let (cluster, next, unanswered, sent, cfg, answers, committed) = (
             cluster.clone(),
             next.clone(),
             unanswered.clone(),
             sent.clone(),
             cfg.clone(),
             answers.clone(),
+            committed.clone(),
         );
         clients.spawn(async move {
             let http = reqwest::Client::builder()
@@ -614,6 +630,10 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
                 for (p, answer) in planned.iter().zip(answered) {
                     match answer {
                         Some((id, state)) => {
+                            if state == "COMMITTED" {
+                                committed[cells::cell_index(p.user, n_cells)]
+                                    .fetch_add(1, Ordering::SeqCst);
+                            }
                             sent.lock().unwrap_or_else(|e| e.into_inner()).insert(
                                 id,
                                 Sent {
@@ -738,12 +758,13 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
         ))
     });
     let faulter = {
-        let (net, cluster, next, done, cfg) = (
+        let (net, cluster, next, done, cfg, committed) = (
             net.clone(),
             cluster.clone(),
             next.clone(),
             clients_done.clone(),
             cfg.clone(),
+            committed.clone(),
         );
         tokio::task::spawn_blocking(move || match net {
             Some(net) => netfaults::inject(
@@ -751,7 +772,12 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
                 &cluster,
                 &cfg.net_kinds,
                 cfg.net_faults,
-                (&next, &done, cfg.transfers),
+                &netfaults::Progress {
+                    next: &next,
+                    done: &done,
+                    transfers: cfg.transfers,
+                    committed: &committed,
+                },
             ),
             None => Ok(Vec::new()),
         })
@@ -841,11 +867,18 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
         r.archived_segments = std::fs::read_dir(cluster.archive(index))?.count();
         r.stuck = stuck[index];
         r.spot_crashes = spot_crashes[index];
-        if !solos.is_empty() {
-            // The k-th restart was cell ((k - 1) mod N) + 1's.
-            r.pg_restarts = (0..pg_restarts).filter(|k| k % n_cells == index).count();
-        }
         let cell = u16::try_from(index + 1)?;
+        if n_cells > 1 {
+            // The k-th restart was cell ((k - 1) mod N) + 1's; each network fault names its cell.
+            r.pg_restarts = (0..pg_restarts).filter(|k| k % n_cells == index).count();
+            r.net_faults = net_faults
+                .iter()
+                .filter(|d| d.cell == Some(cell))
+                .cloned()
+                .collect();
+            // A fault not noticed in time is its cell's finding (the total names the cell).
+            r.problems.extend(netfaults::problems(&r.net_faults));
+        }
         per_cell.push((cell, r));
     }
     let mut report = match n_cells {
@@ -859,7 +892,9 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     report.spot_crashes = spot_crashes;
     report.pg_restarts = pg_restarts;
     report.failovers = failovers;
-    report.problems.extend(netfaults::problems(&net_faults));
+    if n_cells == 1 {
+        report.problems.extend(netfaults::problems(&net_faults));
+    }
     report.net_faults = net_faults;
     report.unanswered = unanswered.load(Ordering::SeqCst);
     report.exited = exited.lock().unwrap_or_else(|e| e.into_inner()).clone();

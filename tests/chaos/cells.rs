@@ -85,13 +85,14 @@ impl fmt::Display for PerCell<'_> {
             writeln!(
                 f,
                 "cell {cell}: {} transfers ({}), spot-core crashes {}, PostgreSQL restarts {}, \
-                 created {}, lost {}, \
+                 network faults {}, created {}, lost {}, \
                  duplicates {}, disagreeing {}, stuck {}, answers lost {}, resumed {}, \
                  feed {} events {}, journal {} records from seq 1, {} segments archived{}, {}",
                 r.transfers,
                 states.join(", "),
                 r.spot_crashes,
                 r.pg_restarts,
+                r.net_faults.len(),
                 r.created,
                 r.lost,
                 r.duplicates,
