@@ -17,7 +17,8 @@
 //! `--pg-restarts` each cell's database is on a private cluster restarted in turn; with
 //! `--net-faults` too (each cell's database then reached through a forwarder of its own), the
 //! faults going round the cells, each on one cell's spot-core or database path and naming its
-//! cell (no failover with cells yet: refused). spot-core snapshots every 300 records in 64 KiB
+//! cell; with `--pg-failovers` the last cell's database is the private synchronous pair, failed
+//! over while the other cells commit. spot-core snapshots every 300 records in 64 KiB
 //! segments unless told otherwise. Exits non-zero unless every figure that must be zero
 //! is and the end check found nothing else wrong.
 
