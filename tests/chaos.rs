@@ -58,7 +58,8 @@ pub struct Config {
     /// Failovers: the run's database lives on a private primary and synchronous standby
     /// (`crate::pg_pair`) instead of `server_url`, whose primary is killed with `-m immediate`
     /// and the standby promoted this many times, spread over the transfers (and a new standby
-    /// made each time). `pg_restarts` then restart the pair's primary.
+    /// made each time). `pg_restarts` then restart the pair's primary. With cells the pair is
+    /// the last cell's database, the others' as without failovers.
     pub pg_failovers: usize,
     /// spot-core's snapshot and WAL segment settings, compacted segments archived (`None`:
     /// spot-core's defaults, no archive).
@@ -85,8 +86,12 @@ pub struct Config {
     /// Cells (ADR 0017): 1 is one database and one spot-core without a map. Above 1, each cell
     /// gets a database of its own and a spot-core started as that cell, the ledgers serve them
     /// all under a cell map, the crashes are drawn over the ledgers and every cell's spot-core,
-    /// and the end check runs per cell and in total. PostgreSQL restarts, failovers and network
-    /// faults are not run with cells (refused).
+    /// and the end check runs per cell and in total. With PostgreSQL restarts or network
+    /// faults each cell's database is on a private cluster (`crate::pg_solo`): the restarts go
+    /// round the cells, and so do the network faults, each on one cell's spot-core or database
+    /// path (`chaos/netfaults.rs`). With failovers the last cell's database is a private
+    /// synchronous pair instead, failed over (and, when a restart comes round to it, its
+    /// primary restarted) while the other cells commit.
     pub cells: usize,
 }
 
@@ -227,8 +232,14 @@ impl fmt::Display for Report {
         )?;
         writeln!(f, "PostgreSQL restarts:  {}", self.pg_restarts)?;
         writeln!(f, "PostgreSQL failovers: {}", self.failovers.len())?;
+        // With cells, the pair is one cell's database.
+        let of_cell = self
+            .cells
+            .iter()
+            .find(|(_, r)| !r.failovers.is_empty())
+            .map_or_else(String::new, |(c, _)| format!(" (cell {c})"));
         for (i, t) in self.failovers.iter().enumerate() {
-            writeln!(f, "  failover {}: {t}", i + 1)?;
+            writeln!(f, "  failover {}{of_cell}: {t}", i + 1)?;
         }
         writeln!(f, "answers lost:         {}", self.answered_lost)?;
         writeln!(f, "network faults:       {}", self.net_faults.len())?;
@@ -474,28 +485,29 @@ pub async fn run(cfg: Config) -> anyhow::Result<Report> {
 
 async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     let n_cells = cfg.cells.max(1);
-    if n_cells > 1 && (cfg.pg_failovers > 0 || cfg.net_faults > 0) {
-        bail!(
-            "a run with {n_cells} cells runs no PostgreSQL failover or network fault (not built)"
-        );
-    }
-    // Cells with PostgreSQL restarts: each cell's database on a private cluster of its own
-    // (`crate::pg_solo`), restarted in turn; the machine's server is never touched.
-    let mut solos = Vec::new();
-    if n_cells > 1 && cfg.pg_restarts > 0 {
-        for _ in 0..n_cells {
-            solos.push(Arc::new(
-                tokio::task::spawn_blocking(crate::pg_solo::PgSolo::start).await??,
-            ));
-        }
-    }
-    // Failovers: a private pair; otherwise restarting PostgreSQL: one such run at a time on
-    // this machine, held to the end.
+    // Failovers: a private pair (with cells, the last cell's database); otherwise restarting
+    // PostgreSQL: one such run at a time on this machine, held to the end.
     let pair = if cfg.pg_failovers > 0 {
         Some(Arc::new(PgPair::start(Replication::Synchronous).await?))
     } else {
         None
     };
+    // The cell index of the pair's database (0 without cells), if any.
+    let pair_cell = pair.as_ref().map(|_| n_cells - 1);
+    // Cells with PostgreSQL restarts or network faults: each cell's database (but the pair's)
+    // on a private cluster of its own (`crate::pg_solo`), restarted in turn; the machine's
+    // server is never touched. With network faults the ledgers reach each cell through a
+    // forwarder of its own, which the ledger counts as a server of its own (a full pool each,
+    // ADR 0017 §7): more than the machine's server, shared with other tests, should be asked
+    // to hold.
+    let mut solos = Vec::new();
+    if n_cells > 1 && (cfg.pg_restarts > 0 || cfg.net_faults > 0) {
+        for _ in 0..n_cells - usize::from(pair.is_some()) {
+            solos.push(Arc::new(
+                tokio::task::spawn_blocking(crate::pg_solo::PgSolo::start).await??,
+            ));
+        }
+    }
     let pg = if cfg.pg_restarts > 0 && pair.is_none() && n_cells == 1 {
         let pg = PgCluster::serving(&cfg.server_url)?;
         let lock = tokio::task::spawn_blocking(crate::pg_ctl::lock).await??;
@@ -519,12 +531,21 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
         _ => databases
             .iter()
             .enumerate()
-            .map(|(i, name)| match solos.get(i) {
-                Some(solo) => solo.url(name),
-                None => format!("{}/{name}", cfg.server_url),
+            .map(|(i, name)| match (&pair, solos.get(i)) {
+                (Some(pair), _) if pair_cell == Some(i) => pair.url(name),
+                (_, Some(solo)) => solo.url(name),
+                _ => format!("{}/{name}", cfg.server_url),
             })
             .collect(),
     };
+    // The databases on the machine's server, dropped after a clean run (a private cluster's go
+    // with it).
+    let on_server: Vec<String> = databases
+        .iter()
+        .zip(&urls)
+        .filter(|(_, url)| url.starts_with(&format!("{}/", cfg.server_url)))
+        .map(|(name, _)| name.clone())
+        .collect();
     let mut pools = Vec::new();
     for url in &urls {
         pools.push(schema::prepare(url, if n_cells == 1 { 8 } else { 4 }).await?);
@@ -534,9 +555,14 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
         settings.cell_dbs = urls.clone();
     }
     let net = if cfg.net_faults > 0 {
-        // The ledgers reach the database (the machine's server, or the failover pair's two)
-        // through forwarders in the root namespace, where the faults are put.
-        let (net, place) = netfaults::start(&db_url).await?;
+        // The ledgers reach the database (the machine's server, or the failover pair's two;
+        // with cells each cell's) through forwarders in the root namespace, where the faults
+        // are put.
+        let dbs: Vec<(Option<u16>, String)> = match n_cells {
+            1 => vec![(None, db_url.clone())],
+            _ => settings.cells().into_iter().zip(urls.clone()).collect(),
+        };
+        let (net, place) = netfaults::start(&dbs).await?;
         settings.net = Some(place);
         Some(Arc::new(net))
     } else {
@@ -580,18 +606,29 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     // Clients: each transfer is sent with its own cid until some process answers, so a request
     // lost in a crash is retried without ever creating a second transfer.
     let next = Arc::new(AtomicUsize::new(0));
-    let answers = Arc::new(AtomicUsize::new(0));
+    // Each cell's transfers answered so far (a failover's first answer is its cell's), and
+    // answered COMMITTED: what the network faults record of the other cells while one cell's
+    // path is cut.
+    let per_cell = || {
+        Arc::new(
+            (0..n_cells)
+                .map(|_| AtomicUsize::new(0))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let (answers, committed) = (per_cell(), per_cell());
     let unanswered = Arc::new(AtomicUsize::new(0));
     let sent: Arc<Mutex<HashMap<String, Sent>>> = Arc::default();
     let mut clients = tokio::task::JoinSet::new();
     for _ in 0..cfg.clients.max(1) {
-        let (cluster, next, unanswered, sent, cfg, answers) = (
+        let (cluster, next, unanswered, sent, cfg, answers, committed) = (
             cluster.clone(),
             next.clone(),
             unanswered.clone(),
             sent.clone(),
             cfg.clone(),
             answers.clone(),
+            committed.clone(),
         );
         clients.spawn(async move {
             let http = reqwest::Client::builder()
@@ -614,6 +651,10 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
                 for (p, answer) in planned.iter().zip(answered) {
                     match answer {
                         Some((id, state)) => {
+                            if state == "COMMITTED" {
+                                committed[cells::cell_index(p.user, n_cells)]
+                                    .fetch_add(1, Ordering::SeqCst);
+                            }
                             sent.lock().unwrap_or_else(|e| e.into_inner()).insert(
                                 id,
                                 Sent {
@@ -622,7 +663,8 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
                                     user: p.user,
                                 },
                             );
-                            answers.fetch_add(1, Ordering::SeqCst);
+                            answers[cells::cell_index(p.user, n_cells)]
+                                .fetch_add(1, Ordering::SeqCst);
                         }
                         None => {
                             unanswered.fetch_add(1, Ordering::SeqCst);
@@ -686,7 +728,8 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     };
 
     // PostgreSQL restarts, spread evenly over the transfers: the k-th once k/(n+1) of them have
-    // started (any left when the clients are done happen then).
+    // started (any left when the clients are done happen then). With cells the k-th is cell
+    // ((k - 1) mod N) + 1's; the pair's cell's are the pair's own (below).
     let restarter = {
         let (pg, solos, next, done, n, transfers) = (
             pg.clone(),
@@ -700,17 +743,22 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
             if pg.is_none() && solos.is_empty() {
                 return Ok(0);
             }
+            let mut done_here = 0;
             for k in 1..=n {
+                let index = (k - 1) % n_cells;
+                if pair_cell == Some(index) {
+                    continue;
+                }
                 let due = transfers * k / (n + 1);
                 while next.load(Ordering::SeqCst) < due && !done.load(Ordering::SeqCst) {
                     std::thread::sleep(Duration::from_millis(50));
                 }
                 match &pg {
                     Some((pg, _lock)) => pg.restart_immediate()?,
-                    // With cells: the k-th restart is cell k's (round the cells), a power
-                    // cut of that cell's database alone, the others committing meanwhile.
+                    // With cells: a power cut of that cell's database alone, the others
+                    // committing meanwhile.
                     None => {
-                        let solo = &solos[(k - 1) % solos.len()];
+                        let solo = &solos[index];
                         solo.stop_immediate()?;
                         std::thread::sleep(Duration::from_millis(
                             rand::rng().random_range(0..1_000),
@@ -718,17 +766,21 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
                         solo.start_again()?;
                     }
                 }
+                done_here += 1;
             }
-            Ok(n)
+            Ok(done_here)
         })
     };
-    let pair_faults = pair.clone().map(|pair| {
+    let pair_faults = pair.clone().zip(pair_cell).map(|(pair, cell)| {
         let progress = failover::Progress {
             next: next.clone(),
             answered: answers.clone(),
+            cell,
             clients_done: clients_done.clone(),
         };
-        let (restarts, failovers) = (cfg.pg_restarts, cfg.pg_failovers);
+        // The restarts that come round to the pair's cell (every one without cells).
+        let restarts = (0..cfg.pg_restarts).filter(|k| k % n_cells == cell).count();
+        let failovers = cfg.pg_failovers;
         tokio::spawn(failover::run_faults(
             pair,
             progress,
@@ -738,12 +790,13 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
         ))
     });
     let faulter = {
-        let (net, cluster, next, done, cfg) = (
+        let (net, cluster, next, done, cfg, committed) = (
             net.clone(),
             cluster.clone(),
             next.clone(),
             clients_done.clone(),
             cfg.clone(),
+            committed.clone(),
         );
         tokio::task::spawn_blocking(move || match net {
             Some(net) => netfaults::inject(
@@ -751,7 +804,12 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
                 &cluster,
                 &cfg.net_kinds,
                 cfg.net_faults,
-                (&next, &done, cfg.transfers),
+                &netfaults::Progress {
+                    next: &next,
+                    done: &done,
+                    transfers: cfg.transfers,
+                    committed: &committed,
+                },
             ),
             None => Ok(Vec::new()),
         })
@@ -763,7 +821,9 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     let net_faults = faulter.await??;
     let mut failovers = Vec::new();
     if let Some(faults) = pair_faults {
-        (pg_restarts, failovers) = faults.await??;
+        let pair_restarts;
+        (pair_restarts, failovers) = faults.await??;
+        pg_restarts += pair_restarts;
     }
     if let Some((pg, _)) = &pg {
         let pg = pg.clone();
@@ -841,11 +901,21 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
         r.archived_segments = std::fs::read_dir(cluster.archive(index))?.count();
         r.stuck = stuck[index];
         r.spot_crashes = spot_crashes[index];
-        if !solos.is_empty() {
-            // The k-th restart was cell ((k - 1) mod N) + 1's.
-            r.pg_restarts = (0..pg_restarts).filter(|k| k % n_cells == index).count();
-        }
         let cell = u16::try_from(index + 1)?;
+        if n_cells > 1 {
+            // The k-th restart was cell ((k - 1) mod N) + 1's; each network fault names its cell.
+            r.pg_restarts = (0..pg_restarts).filter(|k| k % n_cells == index).count();
+            r.net_faults = net_faults
+                .iter()
+                .filter(|d| d.cell == Some(cell))
+                .cloned()
+                .collect();
+            // A fault not noticed in time is its cell's finding (the total names the cell).
+            r.problems.extend(netfaults::problems(&r.net_faults));
+            if pair_cell == Some(index) {
+                r.failovers = failovers.clone();
+            }
+        }
         per_cell.push((cell, r));
     }
     let mut report = match n_cells {
@@ -859,7 +929,9 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     report.spot_crashes = spot_crashes;
     report.pg_restarts = pg_restarts;
     report.failovers = failovers;
-    report.problems.extend(netfaults::problems(&net_faults));
+    if n_cells == 1 {
+        report.problems.extend(netfaults::problems(&net_faults));
+    }
     report.net_faults = net_faults;
     report.unanswered = unanswered.load(Ordering::SeqCst);
     report.exited = exited.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -868,16 +940,15 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     for pool in &pools {
         pool.close().await;
     }
-    // A clean run's database goes (every run makes one, and a server's crash recovery after an
-    // immediate stop syncs every file of every database); a run with findings keeps it.
-    if pair.is_some() || !solos.is_empty() {
-        // The pair or the cells' private clusters and their data go with the run.
-    } else if report.clean() {
-        for name in &databases {
+    // A clean run's databases on the machine's server go (every run makes one, and a server's
+    // crash recovery after an immediate stop syncs every file of every database); a run with
+    // findings keeps them. The pair's and the cells' private clusters go with the run.
+    if report.clean() {
+        for name in &on_server {
             crate::pg_ctl::drop_database(&cfg.server_url, name).await?;
         }
-    } else {
-        report.database = Some(databases.join(", "));
+    } else if !on_server.is_empty() {
+        report.database = Some(on_server.join(", "));
     }
     Ok(report)
 }

@@ -13,7 +13,10 @@
 //! The ledgers reach spot-core over veth c and PostgreSQL through a userspace forwarder on the
 //! root end of veth a (`forward.rs`); the test process reaches the ledgers over veth a and
 //! spot-core over veth b. Faults are nftables rules in the ledger namespace matching one path
-//! (peer address and port), so the test's own traffic is never touched.
+//! (peer address and port), so the test's own traffic is never touched. With cells (the chaos
+//! run's `--cells N`) every cell's spot-core listens in the one spot namespace on a port of its
+//! own and every cell's database has a forwarder of its own, so each cell's two paths are
+//! [`Target`]s of their own: a fault cuts one cell's path and no other.
 
 pub mod forward;
 
@@ -75,6 +78,29 @@ impl PathTo {
     }
 }
 
+/// One path of one cell: what a fault is put on. `cell` is `None` in a run without cells (no
+/// map); a [`PathTo`] alone is that.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Target {
+    pub path: PathTo,
+    pub cell: Option<u16>,
+}
+
+impl From<PathTo> for Target {
+    fn from(path: PathTo) -> Self {
+        Target { path, cell: None }
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.cell {
+            None => f.write_str(self.path.name()),
+            Some(c) => write!(f, "{} of cell {c}", self.path.name()),
+        }
+    }
+}
+
 /// The namespaces and links of one run; deleted when dropped.
 pub struct Net {
     pub ledger_ns: String,
@@ -87,11 +113,12 @@ pub struct Net {
     pub spot_ip_from_root: Ipv4Addr,
     /// spot-core's address as the ledgers reach it (veth c).
     pub spot_ip_from_ledger: Ipv4Addr,
-    /// The peer addresses of each path, as the ledgers see them; set once the peers listen.
-    /// PostgreSQL has one per server of the database URL (a primary and its standby).
-    peers: Mutex<BTreeMap<PathTo, Vec<SocketAddrV4>>>,
-    /// The faults in force, by path.
-    active: Mutex<BTreeMap<PathTo, Fault>>,
+    /// The peer addresses of each path (of each cell), as the ledgers see them; set once the
+    /// peers listen. PostgreSQL has one per server of the database URL (a primary and its
+    /// standby).
+    peers: Mutex<BTreeMap<Target, Vec<SocketAddrV4>>>,
+    /// The faults in force, by path (of a cell).
+    active: Mutex<BTreeMap<Target, Fault>>,
 }
 
 /// Runs a command; its failure is an error that says what ran and what it printed.
@@ -298,43 +325,44 @@ impl Net {
     }
 
     /// Names the peer of a path (its address and port as the ledgers reach it).
-    pub fn set_peer(&self, path: PathTo, peer: SocketAddrV4) {
+    pub fn set_peer(&self, path: impl Into<Target>, peer: SocketAddrV4) {
         self.set_peers(path, vec![peer]);
     }
 
     /// Names every peer of a path: a fault on the path is put on each of them.
-    pub fn set_peers(&self, path: PathTo, peers: Vec<SocketAddrV4>) {
+    pub fn set_peers(&self, path: impl Into<Target>, peers: Vec<SocketAddrV4>) {
         self.peers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(path, peers);
+            .insert(path.into(), peers);
     }
 
-    pub fn peers(&self, path: PathTo) -> anyhow::Result<Vec<SocketAddrV4>> {
+    pub fn peers(&self, path: impl Into<Target>) -> anyhow::Result<Vec<SocketAddrV4>> {
+        let path = path.into();
         let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
         peers
             .get(&path)
             .filter(|p| !p.is_empty())
             .cloned()
-            .with_context(|| format!("no peer set for {}", path.name()))
+            .with_context(|| format!("no peer set for {path}"))
     }
 
     /// Puts `fault` on `path` (replacing any fault already there).
-    pub fn inject(&self, path: PathTo, fault: Fault) -> anyhow::Result<()> {
+    pub fn inject(&self, path: impl Into<Target>, fault: Fault) -> anyhow::Result<()> {
         let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
-        active.insert(path, fault);
+        active.insert(path.into(), fault);
         self.load(&active)
     }
 
     /// Removes the fault on `path`.
-    pub fn heal(&self, path: PathTo) -> anyhow::Result<()> {
+    pub fn heal(&self, path: impl Into<Target>) -> anyhow::Result<()> {
         let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
-        active.remove(&path);
+        active.remove(&path.into());
         self.load(&active)
     }
 
     /// Replaces the rule set with one for `active`.
-    fn load(&self, active: &BTreeMap<PathTo, Fault>) -> anyhow::Result<()> {
+    fn load(&self, active: &BTreeMap<Target, Fault>) -> anyhow::Result<()> {
         let mut script =
             String::from("flush chain inet netfault input\nflush chain inet netfault output\n");
         for (&path, &fault) in active {
@@ -377,7 +405,7 @@ impl Net {
     }
 
     /// How many sockets in the ledger namespace are established with a peer of `path`.
-    pub fn established(&self, path: PathTo) -> anyhow::Result<usize> {
+    pub fn established(&self, path: impl Into<Target>) -> anyhow::Result<usize> {
         Ok(self.established_lines(path, "-Htn")?.len())
     }
 
@@ -385,11 +413,15 @@ impl Net {
     /// process holding it, its timers (a keepalive timer or none), and TCP's own figures (idle
     /// times `lastsnd`/`lastrcv`, retransmissions). What a report shows of a fault that was not
     /// noticed in time.
-    pub fn established_detail(&self, path: PathTo) -> anyhow::Result<Vec<String>> {
+    pub fn established_detail(&self, path: impl Into<Target>) -> anyhow::Result<Vec<String>> {
         self.established_lines(path, "-HtnpoieO")
     }
 
-    fn established_lines(&self, path: PathTo, flags: &str) -> anyhow::Result<Vec<String>> {
+    fn established_lines(
+        &self,
+        path: impl Into<Target>,
+        flags: &str,
+    ) -> anyhow::Result<Vec<String>> {
         let peers: Vec<String> = self
             .peers(path)?
             .into_iter()
@@ -419,10 +451,11 @@ impl Net {
     /// `since`, or `None` when `max` passed first.
     pub fn wait_noticed(
         &self,
-        path: PathTo,
+        path: impl Into<Target>,
         since: Instant,
         max: Duration,
     ) -> anyhow::Result<Option<Duration>> {
+        let path = path.into();
         loop {
             if self.established(path)? == 0 {
                 return Ok(Some(since.elapsed()));

@@ -14,8 +14,11 @@
 //! it is answered with its req_id). `--cells N` runs N cells (ADR 0017): a database and a
 //! spot-core (`--cell-id`) per cell, the ledgers under a cell map, the crashes drawn over the
 //! ledgers and every cell's spot-core, and the end check per cell and in total; with
-//! `--pg-restarts` each cell's database is on a private cluster restarted in turn (no failover
-//! or network fault with cells). spot-core snapshots every 300 records in 64 KiB
+//! `--pg-restarts` each cell's database is on a private cluster restarted in turn; with
+//! `--net-faults` too (each cell's database then reached through a forwarder of its own), the
+//! faults going round the cells, each on one cell's spot-core or database path and naming its
+//! cell; with `--pg-failovers` the last cell's database is the private synchronous pair, failed
+//! over while the other cells commit. spot-core snapshots every 300 records in 64 KiB
 //! segments unless told otherwise. Exits non-zero unless every figure that must be zero
 //! is and the end check found nothing else wrong.
 
@@ -115,8 +118,13 @@ async fn main() -> anyhow::Result<()> {
     if config.cells > 1 {
         println!(
             "chaos: {} cells (a database and a spot-core each, the ledgers under a cell map; \
-             crashes drawn over the ledgers and every cell's spot-core)",
-            config.cells
+             crashes drawn over the ledgers and every cell's spot-core{})",
+            config.cells,
+            if config.net_faults > 0 {
+                "; network faults round the cells, each on one cell's spot-core or database path"
+            } else {
+                ""
+            }
         );
     }
     if config.bulk > 1 {

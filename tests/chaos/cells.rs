@@ -85,13 +85,15 @@ impl fmt::Display for PerCell<'_> {
             writeln!(
                 f,
                 "cell {cell}: {} transfers ({}), spot-core crashes {}, PostgreSQL restarts {}, \
-                 created {}, lost {}, \
+                 failovers {}, network faults {}, created {}, lost {}, \
                  duplicates {}, disagreeing {}, stuck {}, answers lost {}, resumed {}, \
                  feed {} events {}, journal {} records from seq 1, {} segments archived{}, {}",
                 r.transfers,
                 states.join(", "),
                 r.spot_crashes,
                 r.pg_restarts,
+                r.failovers.len(),
+                r.net_faults.len(),
                 r.created,
                 r.lost,
                 r.duplicates,

@@ -13,16 +13,17 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use super::{Config, Snapshots, SECRET};
-use crate::netns::{Net, PathTo};
+use crate::netns::{Net, PathTo, Target};
 
 /// spot-core's token in a network-fault run (it listens beyond loopback there).
 pub(super) const SPOT_TOKEN: &str = "chaos-run-spot-core-token-of-some-length";
 
-/// Where the processes run in a network-fault run: the namespaces, and the database URL the
-/// ledgers use (through the forwarder).
+/// Where the processes run in a network-fault run: the namespaces, and the database URLs the
+/// ledgers use (through the forwarders), one per cell in cell order (one for a run without
+/// cells). With cells these are what the map names, so every cell's database path can be cut.
 pub(super) struct NetPlace {
     pub net: Arc<Net>,
-    pub ledger_db_url: String,
+    pub ledger_db_urls: Vec<String>,
 }
 
 /// How long a process may take to print its ready line, retries included (a ledger started
@@ -224,7 +225,7 @@ impl Settings {
                         let mut c = place.net.command(&place.net.ledger_ns, &exe);
                         c.env(spot_core::TOKEN_ENV, SPOT_TOKEN);
                         let listen = format!("{}:0", place.net.ledger_ip);
-                        (c, listen, place.ledger_db_url.as_str())
+                        (c, listen, place.ledger_db_urls[0].as_str())
                     }
                     None => (
                         Command::new(&exe),
@@ -321,7 +322,11 @@ impl Cluster {
                         .with_context(|| format!("spot-core's address {listen}"))?;
                     let for_ledgers =
                         std::net::SocketAddrV4::new(place.net.spot_ip_from_ledger, port);
-                    place.net.set_peer(PathTo::Spot, for_ledgers);
+                    let path = Target {
+                        path: PathTo::Spot,
+                        cell,
+                    };
+                    place.net.set_peer(path, for_ledgers);
                     (
                         format!("{}:{port}", place.net.spot_ip_from_root),
                         for_ledgers.to_string(),
@@ -340,8 +345,14 @@ impl Cluster {
         }
         if !settings.cell_dbs.is_empty() {
             let addrs: Vec<&str> = spots.iter().map(|s| s.for_ledgers.as_str()).collect();
+            // In a network-fault run the ledgers reach each cell's database through its
+            // forwarder (the run's own checks go straight to it).
+            let dbs = match &settings.net {
+                Some(place) => &place.ledger_db_urls,
+                None => &settings.cell_dbs,
+            };
             let path = settings.dir.join("cells.json");
-            std::fs::write(&path, super::cells::map_json(&settings.cell_dbs, &addrs))?;
+            std::fs::write(&path, super::cells::map_json(dbs, &addrs))?;
             settings.map = Some(path);
         }
         let mut procs = Vec::new();

@@ -2,7 +2,8 @@
 //! `crate::pg_pair`): the database faults (immediate restarts of the primary and failovers: the
 //! primary killed with `-m immediate`, the standby promoted, a new standby made of the old
 //! primary's node) spread evenly over the transfers, and how long each failover took to serve
-//! transfers again.
+//! transfers again. With cells the pair is one cell's database (the last's), and the time to the
+//! first answer is that cell's.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -59,8 +60,10 @@ fn schedule(restarts: usize, failovers: usize, transfers: usize) -> Vec<(usize, 
 pub(super) struct Progress {
     /// Transfers handed to clients so far.
     pub next: Arc<AtomicUsize>,
-    /// Transfers answered so far.
-    pub answered: Arc<AtomicUsize>,
+    /// Each cell's transfers answered so far (one entry without cells).
+    pub answered: Arc<Vec<AtomicUsize>>,
+    /// The index of the pair's cell (0 without cells): a failover's first answer is its own.
+    pub cell: usize,
     pub clients_done: Arc<AtomicBool>,
 }
 
@@ -95,7 +98,8 @@ pub(super) async fn run_faults(
 }
 
 async fn fail_over(pair: &Arc<PgPair>, progress: &Progress) -> anyhow::Result<FailoverTimes> {
-    let answered_before = progress.answered.load(Ordering::SeqCst);
+    let answered = &progress.answered[progress.cell];
+    let answered_before = answered.load(Ordering::SeqCst);
     let killed = Instant::now();
     let p = pair.clone();
     tokio::task::spawn_blocking(move || p.fail_over()).await??;
@@ -105,7 +109,7 @@ async fn fail_over(pair: &Arc<PgPair>, progress: &Progress) -> anyhow::Result<Fa
     let mut first_answer = None;
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline && !progress.clients_done.load(Ordering::SeqCst) {
-        if progress.answered.load(Ordering::SeqCst) > answered_before {
+        if answered.load(Ordering::SeqCst) > answered_before {
             first_answer = Some(killed.elapsed());
             break;
         }
