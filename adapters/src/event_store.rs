@@ -257,7 +257,11 @@ async fn insert(conn: &mut PgConnection, commits: &[Pending<'_>]) -> Result<(), 
             event_types.push(e.event_type.as_str());
             versions.push(e.event_version.as_str());
             payloads.push(&e.payload);
-            metadata.push(traced.get(&(e.aggregate_id.as_str(), e.sequence)).unwrap_or(&e.metadata));
+            metadata.push(
+                traced
+                    .get(&(e.aggregate_id.as_str(), e.sequence))
+                    .unwrap_or(&e.metadata),
+            );
             owners.push(owner(e));
             times.push(occurred_at(&e.payload));
         }

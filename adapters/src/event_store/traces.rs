@@ -62,7 +62,10 @@ pub(super) fn traced_metadata<'a>(
         for e in events.iter().filter(|e| creates(e)) {
             let mut metadata = e.metadata.clone();
             if let Value::Object(fields) = &mut metadata {
-                fields.insert(TRACE_METADATA_KEY.into(), Value::String((*trace).to_owned()));
+                fields.insert(
+                    TRACE_METADATA_KEY.into(),
+                    Value::String((*trace).to_owned()),
+                );
                 traced.insert((e.aggregate_id.as_str(), e.sequence), metadata);
             }
         }

@@ -82,6 +82,14 @@ pub async fn reach(shared: &Shared, spec: &CellSpec) -> Result<(Served, Reached)
     // receipts name the cell.
     serving.background.log = crate::log_cli::of_cell(serving.background.log, spec.id.get())
         .map_err(ConnectError::Refused)?;
+    // Its checkpoints on the cell's own subject of the checkpoint stream (ADR 0016 "Cells"),
+    // where `ledger verify --cell N --from-stream` reads them back.
+    serving.background.checkpoints = crate::log_cli::checkpoint_target(
+        serving.background.relay.as_ref(),
+        serving.background.log.as_ref(),
+        Some(spec.id.get()),
+    )
+    .map_err(ConnectError::Refused)?;
     assembled.state.reads = assembled.state.reads.with_log_cell(spec.id.get());
     let assets = assembled.pieces.ledger.assets().clone();
     catch_up(shared, spec.id, &assets)
