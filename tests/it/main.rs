@@ -43,6 +43,7 @@ mod security;
 mod spot_durability;
 mod tlog;
 mod tlog_cells;
+mod tlog_deposits;
 mod tlog_receipts;
 mod tlog_stream;
 mod traces;
