@@ -341,11 +341,13 @@ async fn verify_command(args: VerifyArgs, settings: &Settings) -> anyhow::Result
     let report = verify(&pool, &verifier, &outside, |n| bar.set_position(n)).await?;
     bar.finish_and_clear();
     println!(
-        "read {} entries; tree of {}; {} stored and {} outside checkpoints; key {}",
+        "read {} entries; tree of {}; {} stored and {} outside checkpoints; deposits held to \
+         their entries: {}; key {}",
         report.entries,
         report.tree_size,
         report.stored_checkpoints,
         report.outside_checkpoints,
+        report.deposits,
         verifier.to_vkey()
     );
     match report.finding {

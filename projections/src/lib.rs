@@ -22,7 +22,7 @@ pub mod transfers;
 
 pub use error::ProjectionError;
 pub use fold::Fold;
-pub use log::StoredEvent;
+pub use log::{StoredEvent, TRANSFER_AGGREGATE};
 pub use projector::{Pass, Projector};
 pub use rows::{BalanceRow, TransferRow};
 pub use transfers::{HistoryFilter, PageCursor, TransferView};

@@ -407,8 +407,10 @@ pub struct BalanceAsOf {
     pub in_flight: Decimal,
 }
 
-/// One user's balances as of a feed position or a time. External deposits are not events; they
-/// count up to the time given, or for a position up to the time of the event at that position.
+/// One user's balances as of a feed position or a time. External deposits are read from their
+/// table, not folded from their entries in the feed (migration 0025): the entries of deposits
+/// made before that migration sit at the log's end, after events they preceded. They count up to
+/// the time given, or for a position up to the time of the event at that position.
 pub async fn balances_as_of(
     pool: &PgPool,
     user_id: i64,

@@ -210,6 +210,8 @@ pub struct FeedPage {
 pub struct FeedEventView {
     pub position: i64,
     pub event_id: String,
+    /// `Transfer` (a transfer's event; `aggregate_id` is its req_id) or `Deposit` (an external
+    /// deposit's one `ExternalDeposited` event; `aggregate_id` is its external_id).
     pub aggregate_type: String,
     pub aggregate_id: String,
     pub sequence: i64,

@@ -13,7 +13,7 @@ pub const NO_USER_TOKEN: &str = "system";
 
 /// The feed position of the event (dense, gap-free, 1, 2, 3, ...).
 pub const HEADER_POSITION: &str = "Ledger-Position";
-/// The aggregate id: for a transfer, its `req_id`.
+/// The aggregate id: for a transfer, its `req_id`; for a deposit, its `external_id`.
 pub const HEADER_REQ_ID: &str = "Ledger-Req-Id";
 /// The event's user id; absent when the event has none.
 pub const HEADER_USER_ID: &str = "Ledger-User-Id";

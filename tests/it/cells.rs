@@ -561,6 +561,22 @@ async fn cells_005_an_external_id_retried_under_a_user_of_another_cell_credits_o
                 .await
                 .unwrap();
         assert_eq!(deposits, i64::from(cell.id == 1), "cell {}", cell.id);
+        // Its one entry is in the log of the cell that credited it (ADR 0016), owned by its user;
+        // neither the retry nor the refusals appended one anywhere.
+        let entries: Vec<(i64, String, i64)> = sqlx::query_as(
+            "SELECT user_id, event_type, sequence FROM events
+             WHERE aggregate_type = 'Deposit' AND aggregate_id = $1",
+        )
+        .bind(&external_id)
+        .fetch_all(&cell.db.pool)
+        .await
+        .unwrap();
+        let expected = if cell.id == 1 {
+            vec![(users[0] as i64, "ExternalDeposited".to_owned(), 1)]
+        } else {
+            Vec::new()
+        };
+        assert_eq!(entries, expected, "cell {}", cell.id);
         let claims: i64 =
             sqlx::query_scalar("SELECT count(*) FROM external_claims WHERE external_id = $1")
                 .bind(&external_id)

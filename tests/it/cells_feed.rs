@@ -83,6 +83,16 @@ async fn cells_011_each_cells_feed_is_dense_and_the_merged_feed_gives_every_even
         let dense: Vec<i64> = (1..=positions.len() as i64).collect();
         assert_eq!(positions, dense, "cell {cell}'s feed is dense");
         assert!(!events.is_empty(), "cell {cell} has events");
+        // Each user's deposit is one event of its own cell's feed (and log), none of another's.
+        let deposits = events
+            .iter()
+            .filter(|(_, id)| id.starts_with("Deposit:"))
+            .count();
+        assert_eq!(
+            deposits,
+            users[usize::from(*cell) - 1].len(),
+            "cell {cell}'s deposits"
+        );
     }
 
     // Paging the merged feed by its cursor gives each cell's events once, in its order.

@@ -51,8 +51,9 @@ fn try_request(
     })
 }
 
+/// Transfer events only: the stack's deposit is an event too (aggregate `Deposit`).
 async fn events(stack: &Stack) -> i64 {
-    sqlx::query_scalar("SELECT COUNT(*) FROM events")
+    sqlx::query_scalar("SELECT COUNT(*) FROM events WHERE aggregate_type = 'Transfer'")
         .fetch_one(&stack.db.pool)
         .await
         .unwrap()

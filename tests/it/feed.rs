@@ -239,20 +239,25 @@ async fn feed_has_no_gap_and_no_duplicate_under_many_concurrent_writers() {
         "{} events",
         seen.len()
     );
-    // Every event of the user's transfers carries its owner, whichever process appended it, so
-    // the user's own stream holds all of them.
-    let (owned, of_user): (i64, i64) = sqlx::query_as(
+    // Every event of the user's transfers carries its owner, whichever process appended it, and
+    // so does its deposit's one event, so the user's own stream holds all of them.
+    let (owned, of_user, deposits): (i64, i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM feed WHERE user_id = 500),
                 (SELECT count(*) FROM events e JOIN events c
                    ON c.aggregate_type = e.aggregate_type AND c.aggregate_id = e.aggregate_id
                   AND c.sequence = 1
-                 WHERE c.payload -> 'TransferCreated' ->> 'user_id' = '500')",
+                 WHERE c.payload -> 'TransferCreated' ->> 'user_id' = '500'),
+                (SELECT count(*) FROM external_deposits WHERE user_id = 500)",
     )
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(owned, of_user);
-    assert!(owned >= TRANSFERS as i64 * 3, "{owned} events of user 500");
+    assert_eq!(deposits, 1);
+    assert_eq!(owned, of_user + deposits);
+    assert!(
+        of_user >= TRANSFERS as i64 * 3,
+        "{of_user} events of user 500"
+    );
 }
 
 #[tokio::test]
@@ -287,15 +292,21 @@ async fn feed_is_for_admins_and_validates_its_parameters() {
         .transfer(3, AccountType::Funding, AccountType::Spot, "USDT", "4")
         .await;
     api.stack.wait_for_projections().await;
+    // The deposit's one event, then the transfer's five.
     let body = page(&api, &admin, 0, 2).await;
     assert_eq!(body["events"].as_array().unwrap().len(), 2);
     assert_eq!(body["next_after"], 2);
-    assert_eq!(body["head"], 5);
-    let first = &body["events"][0];
+    assert_eq!(body["head"], 6);
+    let deposit = &body["events"][0];
+    assert_eq!(deposit["aggregate_type"], "Deposit");
+    assert_eq!(deposit["event_type"], "ExternalDeposited");
+    assert_eq!(deposit["user_id"], 3);
+    assert_eq!(deposit["payload"]["ExternalDeposited"]["amount"], "10");
+    let first = &body["events"][1];
     assert_eq!(first["event_id"], format!("Transfer:{}:1", t.req_id));
     assert_eq!(first["event_type"], "TransferCreated");
     assert_eq!(first["user_id"], 3);
-    let rest = page(&api, &admin, 2, 100).await;
+    let rest = page(&api, &admin, 3, 100).await;
     let types: Vec<&str> = rest["events"]
         .as_array()
         .unwrap()
@@ -322,7 +333,7 @@ async fn event_stream_sends_each_event_with_its_position_as_id() {
         .await;
     let mut resp = api
         .http
-        .get(format!("{}/api/v1/events/stream?after=1", api.base))
+        .get(format!("{}/api/v1/events/stream?after=2", api.base))
         .bearer_auth(&admin)
         .send()
         .await
@@ -334,7 +345,7 @@ async fn event_stream_sends_each_event_with_its_position_as_id() {
         .starts_with("text/event-stream"));
     let mut text = String::new();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !text.contains("id: 5") {
+    while !text.contains("id: 6") {
         let chunk = tokio::time::timeout_at(deadline.into(), resp.chunk())
             .await
             .expect("stream delivers events in time")
@@ -342,11 +353,12 @@ async fn event_stream_sends_each_event_with_its_position_as_id() {
             .expect("stream stays open");
         text.push_str(&String::from_utf8_lossy(&chunk));
     }
+    // Position 1 is the deposit's event, 2 the transfer's creation.
     assert!(
-        !text.contains("id: 1\n"),
+        !text.contains("id: 1\n") && !text.contains("id: 2\n"),
         "starts after the given position: {text}"
     );
-    for (id, kind) in [(2, "SourceWithdrawStarted"), (5, "TransferCommitted")] {
+    for (id, kind) in [(3, "SourceWithdrawStarted"), (6, "TransferCommitted")] {
         assert!(text.contains(&format!("id: {id}")), "{text}");
         assert!(text.contains(&format!("event: {kind}")), "{text}");
     }

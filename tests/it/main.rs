@@ -44,6 +44,7 @@ mod spot_durability;
 mod tlog;
 mod tlog_cells;
 mod tlog_cells_stream;
+mod tlog_deposits;
 mod tlog_receipts;
 mod tlog_stream;
 mod traces;

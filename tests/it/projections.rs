@@ -234,19 +234,28 @@ async fn point_in_time_transfer_and_balances_by_position_and_time() {
     s.wait_for_projections().await;
     let pool = &s.db.pool;
 
-    // Position 3 is the first transfer's SourceWithdrawn: money in flight.
-    let (data, events) = replay::transfer_as_of(pool, &first.req_id.to_string(), AsOf::Position(3))
+    // Position 1 is the deposit's event, so position 4 is the first transfer's SourceWithdrawn:
+    // money in flight.
+    let (data, events) = replay::transfer_as_of(pool, &first.req_id.to_string(), AsOf::Position(4))
         .await
         .unwrap()
         .unwrap();
     assert_eq!(data.state, TransferState::SourceDone);
     assert_eq!(events.len(), 3);
-    let at3 = replay::balances_as_of(pool, 7, AsOf::Position(3))
+    // As of the deposit's own event: the deposit alone.
+    let at1 = replay::balances_as_of(pool, 7, AsOf::Position(1))
         .await
         .unwrap();
-    assert_eq!(at3.len(), 1);
     assert_eq!(
-        (at3[0].funding, at3[0].spot, at3[0].in_flight),
+        (at1[0].funding, at1[0].spot, at1[0].in_flight),
+        (dec("50"), dec("0"), dec("0"))
+    );
+    let at4 = replay::balances_as_of(pool, 7, AsOf::Position(4))
+        .await
+        .unwrap();
+    assert_eq!(at4.len(), 1);
+    assert_eq!(
+        (at4[0].funding, at4[0].spot, at4[0].in_flight),
         (dec("30"), dec("0"), dec("20"))
     );
 
@@ -268,7 +277,7 @@ async fn point_in_time_transfer_and_balances_by_position_and_time() {
     assert_eq!((now[0].funding, now[0].spot), (dec("35"), dec("15")));
 
     let out = Command::new(bin("ledger"))
-        .args(["replay", "--user", "7", "--at-position", "3"])
+        .args(["replay", "--user", "7", "--at-position", "4"])
         .env("DATABASE_URL", &s.db.url)
         .output()
         .unwrap();

@@ -128,6 +128,7 @@ async fn relay_publishes_every_event_of_a_mixed_load_once_in_feed_order() {
     let n = assert_stream_equals_feed(&s.db.pool, &js, STREAM).await;
     let events = crate::nats::whole_feed(&s.db.pool).await;
     for kind in [
+        "ExternalDeposited",
         "TransferCommitted",
         "TransferFailed",
         "CompensationStarted",

@@ -484,6 +484,20 @@ async fn tlog_a_cut_and_resigned_tail_is_caught_by_checkpoints_saved_earlier() {
     )
     .await;
     follow(&s.db.pool).await;
+    // The cut took user 2's deposit's entry (after user 1's deposit and transfers), not its row:
+    // the database alone names that deposit.
+    let (ok, out) = ledger(&["verify"], &s.db.url, &key);
+    assert!(!ok, "{out}");
+    assert!(out.contains("VERIFY FAILED at deposit "), "{out}");
+    assert!(out.contains("(user 2, 1000 USDT) has no entry"), "{out}");
+    // An attacker who deletes the rows of the deposits cut too gets a database that agrees
+    // with itself again (the conservation check, not the log, then sees the missing money).
+    exec(
+        &s.db.pool,
+        "DELETE FROM external_deposits d WHERE NOT EXISTS (SELECT 1 FROM events e
+             WHERE e.aggregate_type = 'Deposit' AND e.aggregate_id = d.external_id)",
+    )
+    .await;
     let (ok, out) = ledger(&["verify"], &s.db.url, &key);
     assert!(
         ok,
@@ -561,19 +575,21 @@ async fn tlog_a_running_follower_never_signs_a_rewritten_log() {
     );
 }
 
-/// A deposit inserted with SQL behind the ledger's back. External deposits are not entries of
-/// the log (ADR 0016 names the limit), so `ledger verify` passes either way; a deposit row alone
-/// is caught by the conservation check; a deposit row with its balance is caught by neither.
+/// The conservation check as the ledger runs it, over the stack's two account systems.
+async fn conserved(s: &Stack) -> bool {
+    application::audit::check(&s.funding, &s.spot_adapter)
+        .await
+        .expect("the conservation check runs")
+        .ok
+}
+
+/// A deposit row inserted with SQL behind the ledger's back, without its balance. A deposit is
+/// written with its entry of the log (ADR 0016), so `ledger verify` names the row that has none
+/// by its external_id; the conservation check catches it too (deposits above the money held).
 #[tokio::test]
-async fn tlog_a_deposit_inserted_with_sql_is_caught_by_the_conservation_check_only() {
+async fn tlog_a_deposit_inserted_with_sql_is_caught_by_verify_and_the_conservation_check() {
     let (s, _dir, key, _) = followed_stack().await;
-    let conserved = || async {
-        application::audit::check(&s.funding, &s.spot_adapter)
-            .await
-            .expect("the conservation check runs")
-            .ok
-    };
-    assert!(conserved().await);
+    assert!(conserved(&s).await);
     exec(
         &s.db.pool,
         "INSERT INTO external_deposits (external_id, user_id, asset, amount)
@@ -581,22 +597,135 @@ async fn tlog_a_deposit_inserted_with_sql_is_caught_by_the_conservation_check_on
     )
     .await;
     let (ok, out) = ledger(&["verify"], &s.db.url, &key);
-    assert!(ok, "not an entry of the log: {out}");
+    assert!(!ok, "{out}");
     assert!(
-        !conserved().await,
+        out.contains(
+            "VERIFY FAILED at deposit forged-1: its external_deposits row (user 1, 500 USDT) \
+             has no entry in the log"
+        ),
+        "{out}"
+    );
+    assert!(
+        !conserved(&s).await,
         "the conservation check catches a deposit without its balance"
     );
+}
+
+/// A deposit row and its matching balance inserted with SQL: the conservation check's equation
+/// still holds, so only the log can tell, and `ledger verify` names it. So are a real deposit's
+/// row changed with its balance, and a row deleted. What the log cannot tell
+/// (the ADR's limit): an entry appended at the log's end together with its row and balance.
+#[tokio::test]
+async fn tlog_a_deposit_inserted_with_sql_with_its_balance_is_caught_by_verify_naming_it() {
+    let (s, _dir, key, _) = followed_stack().await;
+    let pool = &s.db.pool;
+    let credit = |amount: &'static str| {
+        format!(
+            "UPDATE funding_accounts SET balance = balance + {amount}
+             WHERE user_id = 1 AND asset = 'USDT'"
+        )
+    };
     exec(
-        &s.db.pool,
-        "UPDATE funding_accounts SET balance = balance + 500 WHERE user_id = 1 AND asset = 'USDT'",
+        pool,
+        "INSERT INTO external_deposits (external_id, user_id, asset, amount)
+         VALUES ('forged-2', 1, 'USDT', 500)",
+    )
+    .await;
+    exec(pool, &credit("500")).await;
+    assert!(
+        conserved(&s).await,
+        "with its balance, the conservation check cannot see it"
+    );
+    let (ok, out) = ledger(&["verify"], &s.db.url, &key);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains(
+            "VERIFY FAILED at deposit forged-2: its external_deposits row (user 1, 500 USDT) \
+             has no entry in the log: money credited behind the ledger's back"
+        ),
+        "{out}"
+    );
+    exec(
+        pool,
+        "DELETE FROM external_deposits WHERE external_id = 'forged-2'",
+    )
+    .await;
+    exec(pool, &credit("-500")).await;
+    let (ok, out) = ledger(&["verify"], &s.db.url, &key);
+    assert!(ok, "{out}");
+    assert!(out.contains("deposits held to their entries: 2;"), "{out}");
+
+    // A real deposit's amount raised with its balance: named by its entry's position.
+    let (position, external_id): (i64, String) = sqlx::query_as(
+        "SELECT feed_position, aggregate_id FROM events
+         WHERE aggregate_type = 'Deposit' AND user_id = 1",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    exec(
+        pool,
+        &format!("UPDATE external_deposits SET amount = 1200 WHERE external_id = '{external_id}'"),
+    )
+    .await;
+    exec(pool, &credit("200")).await;
+    assert!(conserved(&s).await);
+    let (ok, out) = ledger(&["verify"], &s.db.url, &key);
+    assert!(!ok, "{out}");
+    let expected = format!(
+        "VERIFY FAILED at position {position} (deposit {external_id}): the entry says user 1, \
+         1000 USDT (external_id {external_id}) but its external_deposits row says user 1, 1200 USDT"
+    );
+    assert!(out.contains(&expected), "{out}");
+
+    // Put back, then the row deleted (some of its money is in SPOT now, out of SQL's reach):
+    // the entry is left without its row.
+    exec(
+        pool,
+        &format!("UPDATE external_deposits SET amount = 1000 WHERE external_id = '{external_id}'"),
+    )
+    .await;
+    exec(pool, &credit("-200")).await;
+    assert!(conserved(&s).await);
+    let (ok, out) = ledger(&["verify"], &s.db.url, &key);
+    assert!(ok, "{out}");
+    exec(
+        pool,
+        &format!("DELETE FROM external_deposits WHERE external_id = '{external_id}'"),
     )
     .await;
     let (ok, out) = ledger(&["verify"], &s.db.url, &key);
-    assert!(ok, "{out}");
-    assert!(
-        conserved().await,
-        "with its balance, neither check sees it: the ADR's limit"
+    assert!(!ok, "{out}");
+    let expected = format!(
+        "VERIFY FAILED at position {position} (deposit {external_id}): an ExternalDeposited \
+         entry without its external_deposits row"
     );
+    assert!(out.contains(&expected), "{out}");
+    exec(
+        pool,
+        &format!(
+            "INSERT INTO external_deposits (external_id, user_id, asset, amount)
+             VALUES ('{external_id}', 1, 'USDT', 1000)"
+        ),
+    )
+    .await;
+
+    // The limit: a forged deposit appended as the ledger appends one, row, balance and entry at
+    // the log's end, verifies. The log proves history was not rewritten, not that every append
+    // was authorised.
+    exec(
+        pool,
+        "INSERT INTO external_deposits (external_id, user_id, asset, amount)
+         VALUES ('forged-3', 1, 'USDT', 70)",
+    )
+    .await;
+    exec(pool, &credit("70")).await;
+    exec(pool, "SELECT deposit_entries_append(ARRAY['forged-3'])").await;
+    follow(pool).await;
+    assert!(conserved(&s).await);
+    let (ok, out) = ledger(&["verify"], &s.db.url, &key);
+    assert!(ok, "{out}");
+    assert!(out.contains("deposits held to their entries: 3;"), "{out}");
 }
 
 /// Waits until a checkpoint covers every event.

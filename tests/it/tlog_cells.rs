@@ -190,6 +190,11 @@ async fn tlog_each_cell_keeps_its_own_log_named_by_its_cell() {
         assert_eq!(receipt["cell"], json!(cell), "{receipt}");
         let (ok, out) = verify_cell(&map, &key, *cell);
         assert!(ok && out.contains("the log verifies"), "cell {cell}: {out}");
+        // The cell's one deposit is in its own log, held to its row there.
+        assert!(
+            out.contains("deposits held to their entries: 1;"),
+            "cell {cell}: {out}"
+        );
     }
     let (status, body) = call(
         &base,

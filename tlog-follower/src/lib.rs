@@ -5,12 +5,15 @@
 //! checks it against the tree and every checkpoint (`docs/adr/0016-tamper-evident-log.md`).
 //!
 //! By job: `entries` (the one query of an entry's fields, shared by all) → `store` (the tree's
-//! tables) → `follower` (the writer), `proofs` (the routes' reads, behind `reads::LogReads`) and `verify` (with `copy`,
-//! COPY's text format). It reads the event table and writes only its own tables. Depends on
-//! `tlog` only among the ledger's crates.
+//! tables) → `follower` (the writer), `proofs` (the routes' reads, behind `reads::LogReads`) and
+//! `verify` (with `copy`, COPY's text format; `deposits`, which holds every external deposit to
+//! its entry; and `finding`, what both name). It reads the event table and `external_deposits`
+//! and writes only its own tables. Depends on `tlog` only among the ledger's crates.
 
 mod copy;
+mod deposits;
 pub mod entries;
+mod finding;
 pub mod follower;
 pub mod proofs;
 mod reads;

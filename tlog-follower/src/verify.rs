@@ -3,8 +3,10 @@
 //! that every stored leaf hash matches the log, that the tree holds no entry the log lost, and
 //! that every checkpoint (stored, and any saved outside the database) carries a valid signature
 //! by the configured key and the root recomputed at its size. Two checkpoints that both match
-//! the one recomputed tree are consistent: both are prefixes of the same log. Stops at the first
-//! difference, which it names: a position or a checkpoint, and why.
+//! the one recomputed tree are consistent: both are prefixes of the same log. In the same
+//! snapshot, every external deposit is held to its entry (`deposits`): money that entered the
+//! system without an entry of the log, or an entry without its deposit, is named. Stops at the
+//! first difference, which it names: a position, a deposit or a checkpoint, and why.
 
 use std::collections::BTreeMap;
 
@@ -14,21 +16,9 @@ use tlog::{leaf_hash, Checkpoint, Hash, RightEdge, Verifier};
 
 use crate::copy::field;
 use crate::entries::{EntryRow, ENTRY_COLUMNS};
-use crate::{store, LogError};
-
-/// The first difference found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Finding {
-    /// `position P` or `checkpoint of size S (where it came from)`.
-    pub at: String,
-    pub why: String,
-}
-
-impl std::fmt::Display for Finding {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.at, self.why)
-    }
-}
+use crate::finding::finding;
+pub use crate::finding::Finding;
+use crate::{deposits, store, LogError};
 
 /// What a verification read and found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +30,9 @@ pub struct Report {
     /// Checkpoints checked: stored, and from outside.
     pub stored_checkpoints: usize,
     pub outside_checkpoints: usize,
+    /// External deposits each found with its entry (0 when a difference stopped the check
+    /// before them).
+    pub deposits: u64,
     /// The first difference, if any: `None` means everything holds.
     pub finding: Option<Finding>,
 }
@@ -55,13 +48,6 @@ pub struct OutsideNote {
 struct Expected {
     at: String,
     root: Hash,
-}
-
-fn finding(at: impl Into<String>, why: impl Into<String>) -> Finding {
-    Finding {
-        at: at.into(),
-        why: why.into(),
-    }
 }
 
 /// Opens a checkpoint note with `verifier` and reads its body.
@@ -150,6 +136,9 @@ impl Checker {
             }
             _ => {}
         }
+        // An entry the tree already holds was caught above if edited; this names one that was
+        // never a deposit's as the ledger writes it (appended before the tree took it).
+        deposits::check_shape(&row).map_err(|why| finding(&at, why))?;
         self.edge.push(hash, |_, _| {});
         self.check_roots()
     }
@@ -307,6 +296,7 @@ pub async fn verify(
         tree_size: head.size,
         stored_checkpoints: stored.len(),
         outside_checkpoints: outside.len(),
+        deposits: 0,
         finding: None,
     };
     let expected = match expectations(verifier, &stored, outside) {
@@ -331,6 +321,12 @@ pub async fn verify(
     progress(report.entries);
     if report.finding.is_none() {
         report.finding = checker.finish().err();
+    }
+    if report.finding.is_none() {
+        match deposits::check(&mut tx).await? {
+            Ok(matched) => report.deposits = matched,
+            Err(f) => report.finding = Some(f),
+        }
     }
     tx.rollback().await?;
     Ok(report)

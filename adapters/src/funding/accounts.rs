@@ -1,5 +1,6 @@
 //! The funding accounts: money arriving from outside (external deposits, idempotent by
-//! `external_id`), an account's status, whether it exists (remembered once seen), and balances.
+//! `external_id`, each with its entry in the event log), an account's status, whether it exists
+//! (remembered once seen), and balances.
 
 use domain::{Amount, AssetSymbol, UserId};
 use rust_decimal::Decimal;
@@ -69,6 +70,7 @@ impl FundingLedger {
             tx.rollback().await?;
             return Err(FundingError::Overflow);
         }
+        append_entry(&mut tx, external_id).await?;
         tx.commit().await?;
         Ok(DepositReceipt {
             applied_now: true,
@@ -161,6 +163,34 @@ impl FundingLedger {
                 status,
             })
             .collect())
+    }
+}
+
+/// Appends the deposit's entry to the event table, and so to the feed and the tamper-evident log
+/// (migration 0025, `docs/adr/0016-tamper-evident-log.md`), in the deposit's transaction: the row,
+/// the balance and the entry commit together or not at all, and a repeat of the external_id never
+/// gets here, so each deposit has exactly one entry.
+///
+/// The feed's lock (`feed_take()`, held until the commit) is taken here, last, after the
+/// account's row lock that the balance's upsert holds. No lock cycle can pass through it: every
+/// other holder of the feed's lock is an event append (`event_store`'s one statement), which takes
+/// it as its last lock too and touches no funding account, and the funding movements
+/// (`funding_fresh_movements`) lock accounts but never the feed. Taken the other way round, a
+/// deposit waiting for an account that a funding batch holds would hold every event append in the
+/// ledger behind that batch.
+async fn append_entry(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    external_id: &str,
+) -> Result<(), FundingError> {
+    let position: Option<i64> = sqlx::query_scalar("SELECT deposit_entries_append(ARRAY[$1])")
+        .bind(external_id)
+        .fetch_one(&mut **tx)
+        .await?;
+    // The row was inserted by this transaction, so the function finds it; were it ever not to,
+    // the deposit is refused (rolled back with `tx`), never credited without its entry.
+    match position {
+        Some(_) => Ok(()),
+        None => Err(FundingError::Database(sqlx::Error::RowNotFound)),
     }
 }
 

@@ -420,6 +420,26 @@ fn another_aggregate_type_is_passed_over() {
     assert!(fold.rows.is_empty() && fold.state_counts.is_empty());
 }
 
+/// A deposit's entry (migration 0025) is in the log the projector reads, but it is no transfer's
+/// event: its payload is never decoded as one, and it changes no row, balance or count.
+#[test]
+fn a_deposit_entry_is_passed_over_undecoded() {
+    let mut fold = Fold::default();
+    let deposit = StoredEvent {
+        tx_id: 1,
+        global_position: 1,
+        aggregate_type: "Deposit".to_owned(),
+        aggregate_id: "ext-1".to_owned(),
+        sequence: 1,
+        event_type: "ExternalDeposited".to_owned(),
+        event_version: "1".to_owned(),
+        payload: serde_json::json!({"ExternalDeposited": {"external_id": "ext-1",
+            "asset": "USDT", "amount": "5", "at": "2026-01-01T00:00:00.000000Z"}}),
+    };
+    assert_eq!(fold.apply(&deposit).ok(), Some(None));
+    assert!(fold.rows.is_empty() && fold.state_counts.is_empty() && fold.balances.is_empty());
+}
+
 fn assert_out_of_order(result: Result<Option<i64>, ProjectionError>, detail_has: &str) {
     match result {
         Err(ProjectionError::OutOfOrder { detail, .. }) => {

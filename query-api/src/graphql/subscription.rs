@@ -5,6 +5,7 @@ use chrono::{DateTime, Utc};
 use domain::ErrorCode;
 use futures_util::stream::{self, Stream};
 use projections::feed::FeedEvent;
+use projections::TRANSFER_AGGREGATE;
 
 use super::context::{app, busy, caller, coded, internal, SUBSCRIPTION_POLL_INTERVAL};
 use edge::admission::SubscriptionSlot;
@@ -133,8 +134,8 @@ async fn next_updates(
     Ok(batch(rows, req_id))
 }
 
-/// The updates of `rows` (only `req_id`'s, if given), up to the first event `domain::stored`
-/// refuses; `None` for no rows.
+/// The updates of `rows` (transfers' events only; only `req_id`'s, if given), up to the first
+/// event `domain::stored` refuses; `None` for no rows.
 fn batch(rows: Vec<FeedEvent>, req_id: Option<&str>) -> Option<Batch> {
     let last = rows.last()?.position;
     let mut batch = Batch {
@@ -143,6 +144,11 @@ fn batch(rows: Vec<FeedEvent>, req_id: Option<&str>) -> Option<Batch> {
         undecodable: None,
     };
     for r in rows {
+        // Transfers only: a deposit's entry (aggregate `Deposit`, migration 0025) is in the feed
+        // but changes no transfer's state.
+        if r.aggregate_type != TRANSFER_AGGREGATE {
+            continue;
+        }
         if req_id.is_some_and(|id| id != r.aggregate_id) {
             continue;
         }
@@ -221,6 +227,25 @@ mod tests {
         let batch = batch(rows, None).unwrap();
         assert!(batch.updates.is_empty());
         assert!(batch.undecodable.is_some());
+    }
+
+    #[test]
+    fn a_deposit_in_the_feed_is_passed_over_and_the_position_moves_past_it() {
+        let mut deposit = row(
+            8,
+            "ext-1",
+            "1",
+            serde_json::json!({"ExternalDeposited": {"external_id": "ext-1", "asset": "USDT",
+                               "amount": "5", "at": "2026-01-01T00:00:00.000000Z"}}),
+        );
+        deposit.aggregate_type = "Deposit".into();
+        deposit.event_type = "ExternalDeposited".into();
+        let rows = vec![row(7, "A", EVENT_VERSION, committed()), deposit];
+        let batch = batch(rows, None).unwrap();
+        assert_eq!(batch.last, 8);
+        let positions: Vec<i64> = batch.updates.iter().map(|u| u.position).collect();
+        assert_eq!(positions, [7]);
+        assert!(batch.undecodable.is_none());
     }
 
     #[test]
