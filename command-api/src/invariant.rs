@@ -3,6 +3,8 @@
 //! now and reports per asset (incremental from the stored checkpoint; `?full=true` from the
 //! start of history); `POST /api/v1/admin/invariant/clear` lifts the halt (MON-003).
 
+use std::collections::HashMap;
+
 use application::audit::{CheckError, Mode};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -68,15 +70,23 @@ async fn run_check(
     Ok(Json(body))
 }
 
-/// `POST /api/v1/admin/invariant/clear`: an admin lifts the halt (after looking into the cause).
+/// `POST /api/v1/admin/invariant/clear[?cell=N]`: an admin lifts the halt (after looking into
+/// the cause). Under a cell map the front router requires `cell` and sends the request there
+/// (ADR 0017 §11), so a cell lifts only its own halt: `cell` must name this one (without a map,
+/// cell 1; absent, this one).
 #[utoipa::path(post, path = "/api/v1/admin/invariant/clear",
+    params(edge::openapi::CheckCell),
     responses((status = 200, description = "the halt is lifted",
         body = HaltResponse),
         edge::openapi::ClearRefusals))]
 async fn clear_halt(
     State(state): State<AppState>,
     admin: AdminUser,
+    Query(params): Query<HashMap<String, String>>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    state
+        .reads
+        .check_cell(params.get("cell").map(String::as_str), "halt")?;
     state
         .ledger
         .clear_halt(admin.user_id)

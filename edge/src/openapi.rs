@@ -189,6 +189,9 @@ refusals! {
     AdminReadRefusals: [400, 401, 403, 429, 503];
     /// `GET /api/v1/admin/transfers/{req_id}`.
     AdminLookupRefusals: [401, 403, 404, 429];
+    /// `GET /api/v1/admin/invariant/runs/{id}` (400: a malformed `cell`, or none under a cell
+    /// map; 503: its cell down).
+    RunRefusals: [400, 401, 403, 404, 429, 503];
     /// `GET /api/v1/admin/users/{user_id}`.
     AdminUserRefusals: [400, 401, 403, 429, 503];
     /// `GET /api/v1/admin/alerts`.
@@ -199,8 +202,9 @@ refusals! {
     RepairRefusals: [400, 401, 403, 404, 409, 413, 415, 503];
     /// `GET /api/v1/admin/invariant`.
     InvariantRefusals: [400, 401, 403, 503];
-    /// `POST /api/v1/admin/invariant/clear`.
-    ClearRefusals: [401, 403];
+    /// `POST /api/v1/admin/invariant/clear` (400 and 404: a `cell` that is malformed or not
+    /// this ledger's; under a cell map 400 without one, 503 for a cell down).
+    ClearRefusals: [400, 401, 403, 404, 503];
     /// `GET /api/v1/admin/transfers/stuck` and `GET /api/v1/events`.
     AdminListRefusals: [400, 401, 403];
     /// `GET /api/v1/events/stream` (429: every stream slot is taken).
@@ -288,6 +292,19 @@ pub struct TransferPath {
 pub struct LogCell {
     /// The cell whose log is asked for; absent: the caller's own cell's (404 for a cell the
     /// ledger does not have).
+    #[param(minimum = 1, maximum = 65535)]
+    pub cell: Option<u16>,
+}
+
+/// `?cell=N` of the conservation check's clear and of one run's report (ADR 0017): the cell
+/// they are about. Under a cell map the front router sends the request to cell N (a run's id is
+/// its cell's own, and a halt is cleared one cell at a time, so both need it); without a map
+/// the one cell is cell 1 and it may be left out.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct CheckCell {
+    /// The cell; required under a cell map (400 without it), optional without one (404 for a
+    /// cell the ledger does not have).
     #[param(minimum = 1, maximum = 65535)]
     pub cell: Option<u16>,
 }

@@ -14,6 +14,21 @@ use relay::RelayStatus;
 use sqlx::PgPool;
 use tlog_follower::LogReads;
 
+use crate::error::ApiError;
+
+/// A `cell` query parameter: `None` when absent, the cell id when it is an integer from 1 to
+/// 65535, BAD_REQUEST otherwise (the same words wherever a route takes one).
+pub fn cell_param(raw: Option<&str>) -> Result<Option<u16>, ApiError> {
+    let Some(raw) = raw else {
+        return Ok(None);
+    };
+    raw.parse::<u16>()
+        .ok()
+        .filter(|c| *c >= 1)
+        .map(Some)
+        .ok_or_else(|| ApiError::BadRequest("`cell` must be an integer from 1 to 65535".into()))
+}
+
 /// The read models and listings. Cheap to clone: every field is a handle.
 #[derive(Clone)]
 pub struct ReadSide {
@@ -54,6 +69,30 @@ impl ReadSide {
     pub fn with_log_cell(mut self, cell: u16) -> Self {
         self.log = self.log.of_cell(cell);
         self
+    }
+
+    /// The cell this read side serves: its id under a cell map, `None` without one (ADR 0017).
+    pub fn cell(&self) -> Option<u16> {
+        self.log.cell()
+    }
+
+    /// `?cell=N` on a route that a cell map routes by it (the tamper-evident log's, the
+    /// conservation check's clear, history and runs): the front router sends it to cell N, so
+    /// it must name this cell; without a map the one cell is cell 1. `None` (absent) is this
+    /// cell. NOT_FOUND for a cell this is not (`what` says what it has not), BAD_REQUEST for a
+    /// malformed one.
+    pub fn check_cell(&self, raw: Option<&str>, what: &str) -> Result<(), ApiError> {
+        let Some(cell) = cell_param(raw)? else {
+            return Ok(());
+        };
+        if self.cell().unwrap_or(1) == cell {
+            Ok(())
+        } else {
+            Err(ApiError::RefusedBecause {
+                code: domain::ErrorCode::NotFound,
+                message: format!("no {what} of cell {cell} here"),
+            })
+        }
     }
 
     /// Open transfers unchanged for at least `older_than`, oldest first, with their retries.

@@ -12,6 +12,7 @@
 //! stream of its own (`<stream>_<cell>`, its checkpoint and leader lock in that cell's
 //! database). Deposits claim their external_id across cells first (`claims.rs`).
 
+pub mod checks;
 pub mod claims;
 pub mod connect;
 pub mod fanout;
@@ -20,6 +21,7 @@ pub mod front;
 pub mod slot;
 pub mod views;
 pub mod watch;
+pub mod ws;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -208,8 +210,7 @@ async fn start_cells(
     secret: JwtSecret,
     relay: Option<relay::RelayConfig>,
 ) -> anyhow::Result<Started> {
-    let cells = map.cells().len().max(1);
-    let in_flight_max = reach.settings.http.limits.connections_max / cells;
+    let in_flight_max = reach.settings.http.cell_in_flight_max(map.cells().len());
     let slots: Slots = Arc::new(
         map.cells()
             .iter()

@@ -23,7 +23,8 @@ use liveness::TcpLiveness;
 use recovery::RecoveryConfig;
 
 pub use flags::{
-    Flags, CELL_MAP_ENV, DAILY_AMOUNT_MAX_ENV, DAILY_COUNT_MAX_ENV, RATE_PER_SECOND_ENV,
+    Flags, CELL_IN_FLIGHT_MAX_ENV, CELL_MAP_ENV, DAILY_AMOUNT_MAX_ENV, DAILY_COUNT_MAX_ENV,
+    RATE_PER_SECOND_ENV,
 };
 
 /// How often the periodic conservation check runs, unless configured otherwise.
@@ -133,6 +134,20 @@ pub struct BackgroundSettings {
 pub struct HttpSettings {
     pub limits: HttpLimits,
     pub metrics: MetricsListen,
+    /// `LEDGER_CELL_IN_FLIGHT_MAX`: each cell's bulkhead under a cell map, when given; see
+    /// [`HttpSettings::cell_in_flight_max`].
+    pub cell_in_flight: Option<usize>,
+}
+
+impl HttpSettings {
+    /// Under a map of `cells` cells, the requests one cell may have in flight in this process
+    /// before its next ones are refused (ADR 0017 §7a): `LEDGER_CELL_IN_FLIGHT_MAX`, or the
+    /// connections cap shared evenly (`LEDGER_HTTP_CONNECTIONS_MAX / cells`, at least 1).
+    pub fn cell_in_flight_max(&self, cells: usize) -> usize {
+        self.cell_in_flight
+            .unwrap_or(self.limits.connections_max / cells.max(1))
+            .max(1)
+    }
 }
 
 impl Settings {
@@ -166,6 +181,7 @@ impl Settings {
             http: HttpSettings {
                 limits: flags.http_limits()?,
                 metrics: flags.metrics_listen(),
+                cell_in_flight: flags.cell_in_flight_max()?,
             },
             spot_liveness: flags.spot_liveness(),
             log: LogSettings {
@@ -283,6 +299,37 @@ mod tests {
             refused.contains("partition 255 is assigned to no cell"),
             "{refused}"
         );
+    }
+
+    #[test]
+    fn each_cells_bulkhead_is_a_setting_with_todays_share_as_default() {
+        let shared = Settings::from_flags(&Flags {
+            http_connections_max: Some(300),
+            ..Flags::default()
+        })
+        .unwrap();
+        assert_eq!(shared.http.cell_in_flight_max(3), 100);
+        assert_eq!(
+            Settings::from_flags(&Flags::default())
+                .unwrap()
+                .http
+                .cell_in_flight_max(3),
+            HttpLimits::default().connections_max / 3
+        );
+        let set = Settings::from_flags(&Flags {
+            http_connections_max: Some(300),
+            cell_in_flight_max: Some(7),
+            ..Flags::default()
+        })
+        .unwrap();
+        assert_eq!(set.http.cell_in_flight_max(3), 7);
+        let refused = Settings::from_flags(&Flags {
+            cell_in_flight_max: Some(0),
+            ..Flags::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(refused.contains(CELL_IN_FLIGHT_MAX_ENV), "{refused}");
     }
 
     #[test]

@@ -661,7 +661,7 @@
       var started = Date.now();
       api("/api/v1/admin/invariant" + (full ? "?full=true" : "")).then(function (rep) {
         replace(result, reportView(rep, Date.now() - started));
-        showHaltState(rep.halted, null);
+        showHaltState(rep.halted, null, rep.cells);
         loadHistory();
       }, function (e) { replace(result, errorBox(e)); }).then(function () { running = false; });
     }
@@ -671,14 +671,36 @@
     }
     var clear = h("button", { type: "button", class: "danger", id: "clear-halt", hidden: true }, "Clear the halt");
     var clearOut = h("div", {}, h("div", { class: "muted" }, "Reading the halt flag…"));
-    function showHaltState(halted, reason) {
+    // Under a cell map (`cells` given) each cell has its own halt, cleared on its own: one button
+    // per halted cell, which names it (`?cell=N`); the API refuses a clear that names none.
+    var cellClears = h("div");
+    function showHaltState(halted, reason, cells) {
       showHalt(halted, reason);
+      if (cells) {
+        clear.hidden = true;
+        var stopped = cells.filter(function (c) { return c.halted; });
+        replace(clearOut, stopped.length ? h("div", { class: "error" }, "Transfers are halted in cell " + stopped.map(function (c) { return c.cell; }).join(", ") + (reason ? ": " + reason : "") + ".")
+          : h("div", { class: "ok-box" }, "No cell is halted: transfers are accepted."));
+        replace(cellClears, stopped.map(function (c) { return clearCellButton(c.cell); }));
+        return;
+      }
       clear.hidden = !halted;
       replace(clearOut, halted ? h("div", { class: "error" }, "Transfers are halted" + (reason ? ": " + reason : "") + ".")
         : h("div", { class: "ok-box" }, "Not halted: transfers are accepted."));
     }
-    api("/api/v1/admin/overview").then(function (o) { showHaltState(o.halted, o.halt_reason); },
-      function (e) { replace(clearOut, errorBox(e)); });
+    function clearCellButton(cell) {
+      var b = h("button", { type: "button", class: "danger", id: "clear-halt-" + cell }, "Clear cell " + cell + "'s halt");
+      b.addEventListener("click", function () {
+        if (b.getAttribute("data-armed") !== "1") { b.setAttribute("data-armed", "1"); b.textContent = "Confirm: cell " + cell + "'s transfers resume now"; return; }
+        api("/api/v1/admin/invariant/clear?cell=" + encodeURIComponent(cell), { method: "POST" }).then(readHalt, function (e) { replace(clearOut, errorBox(e)); });
+      });
+      return b;
+    }
+    function readHalt() {
+      api("/api/v1/admin/overview").then(function (o) { showHaltState(o.halted, o.halt_reason, o.cells); },
+        function (e) { replace(clearOut, errorBox(e)); });
+    }
+    readHalt();
     clear.addEventListener("click", function () {
       if (clear.getAttribute("data-armed") !== "1") { clear.setAttribute("data-armed", "1"); clear.textContent = "Confirm: transfers resume now"; return; }
       api("/api/v1/admin/invariant/clear", { method: "POST" }).then(function () {
@@ -692,7 +714,7 @@
           h("button", { type: "button", id: "run-full", class: "secondary", onclick: function () { run(true); } }, "Run the full check now")),
         result]),
       card("Recent checks", history),
-      card("Halt", [h("p", { class: "muted" }, "A violation halts new transfers. Clear it only after you have found the cause."), clearOut, clear])]);
+      card("Halt", [h("p", { class: "muted" }, "A violation halts new transfers. Clear it only after you have found the cause."), clearOut, clear, cellClears])]);
     loadHistory();
   };
 
@@ -714,22 +736,26 @@
 
   function historyTable(checks) {
     if (checks.length === 0) { return h("div", { class: "empty" }, "No check recorded yet."); }
-    return h("table", { id: "invariant-history" }, h("thead", {}, h("tr", {}, h("th", {}, "when"), h("th", {}, "mode"), h("th", { class: "num" }, "took"), h("th", {}, "result"), h("th", {}, "per asset"), h("th", {}, "report"))),
+    // Under a cell map each check names its cell, and a run's id is its cell's own.
+    var cells = checks.some(function (c) { return c.cell !== undefined; });
+    return h("table", { id: "invariant-history" }, h("thead", {}, h("tr", {}, cells ? h("th", {}, "cell") : null, h("th", {}, "when"), h("th", {}, "mode"), h("th", { class: "num" }, "took"), h("th", {}, "result"), h("th", {}, "per asset"), h("th", {}, "report"))),
       h("tbody", {}, checks.map(function (c) {
-        return h("tr", { "data-run": String(c.id) }, h("td", {}, when(c.at)), h("td", {}, c.mode), h("td", { class: "num" }, c.duration_ms + " ms"),
+        var link = "#/check/" + encodeURIComponent(c.id) + (c.cell !== undefined ? "?cell=" + encodeURIComponent(c.cell) : "");
+        return h("tr", { "data-run": String(c.id) }, cells ? h("td", {}, String(c.cell)) : null, h("td", {}, when(c.at)), h("td", {}, c.mode), h("td", { class: "num" }, c.duration_ms + " ms"),
           h("td", {}, h("span", { class: "pill " + (c.ok ? "good" : "bad") }, c.ok ? "conserved" : "violated")),
           h("td", {}, (c.assets || []).map(function (a) {
             return h("span", { class: "pill " + (a.ok ? "good" : "bad"), title: a.detail || "" }, a.asset + (a.ok ? " ok" : " ✗"));
           })),
-          h("td", {}, c.report ? h("a", { class: "report-link", href: "#/check/" + encodeURIComponent(c.id) }, "full report") : h("span", { class: "muted" }, "pruned")));
+          h("td", {}, c.report ? h("a", { class: "report-link", href: link }, "full report") : h("span", { class: "muted" }, "pruned")));
       })));
   }
 
   // One check's full report, as it was stored when the check ran.
   PAGES.check = function (root, r) {
     var body = h("div", { id: "check-report" }, h("div", { class: "muted" }, "Loading…"));
-    append(root, [h("h1", {}, "Conservation check " + r.arg), body, h("p", {}, h("a", { href: "#/invariant" }, "← Conservation check"))]);
-    api("/api/v1/admin/invariant/runs/" + encodeURIComponent(r.arg)).then(function (rep) {
+    var cell = r.params.get("cell");
+    append(root, [h("h1", {}, "Conservation check " + r.arg + (cell ? " of cell " + cell : "")), body, h("p", {}, h("a", { href: "#/invariant" }, "← Conservation check"))]);
+    api("/api/v1/admin/invariant/runs/" + encodeURIComponent(r.arg) + (cell ? "?cell=" + encodeURIComponent(cell) : "")).then(function (rep) {
       replace(body, card("Full report", reportView(rep, null)));
     }, function (e) { replace(body, e.status === 404 ? h("div", { class: "empty" }, "This check's report has been pruned.") : errorBox(e)); });
   };

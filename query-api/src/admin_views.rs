@@ -286,6 +286,8 @@ pub async fn invariant_history(
         return Err(ApiError::BadRequest("malformed query string".into()));
     };
     let limit = query.limit()?;
+    let cell = query.cell.map(|c| c.to_string());
+    state.reads.check_cell(cell.as_deref(), "check history")?;
     let _turn = turn(&state).await?;
     let runs = state
         .queries
@@ -301,18 +303,26 @@ pub async fn invariant_history(
 /// `GET /api/v1/admin/invariant` returned it without `halted`: per asset its figures, the
 /// disagreeing transfers, the positions read. 404 when there is no such run or its report has
 /// been pruned.
+///
+/// A run's id is its cell's own: under a cell map `?cell=N` names the cell (the front router
+/// requires it and sends the request there); here it must name this cell (without a map, cell
+/// 1; absent, this one).
 #[utoipa::path(get, path = "/api/v1/admin/invariant/runs/{id}",
-    params(RunPath),
+    params(RunPath, edge::openapi::CheckCell),
     responses((status = 200, description = "ok", body = Object),
-        edge::openapi::AdminLookupRefusals))]
+        edge::openapi::RunRefusals))]
 pub async fn invariant_run_report(
     State(state): State<AppState>,
     _admin: AdminUser,
     path: Result<Path<RunPath>, PathRejection>,
+    Query(params): Query<std::collections::HashMap<String, String>>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let Ok(Path(RunPath { id })) = path else {
         return Err(ApiError::NotFound);
     };
+    state
+        .reads
+        .check_cell(params.get("cell").map(String::as_str), "check run")?;
     let _turn = turn(&state).await?;
     let report = state
         .queries

@@ -42,7 +42,11 @@ use edge::state::AppState;
 /// Longest a query may run; past it the caller gets SYSTEM_ERROR and the work is dropped.
 pub(crate) const EXECUTION_TIME_MAX: Duration = Duration::from_secs(10);
 /// Longest a websocket may wait for its `connection_init` (and token).
-pub(crate) const WS_INIT_WAIT_MAX: Duration = Duration::from_secs(10);
+pub const WS_INIT_WAIT_MAX: Duration = Duration::from_secs(10);
+
+/// The websocket subprotocols `/graphql/ws` speaks, preferred first (graphql-transport-ws, then
+/// the older graphql-ws).
+pub const WS_PROTOCOLS: [&str; 2] = ALL_WEBSOCKET_PROTOCOLS;
 
 /// The schema type.
 pub(crate) type LedgerSchema = Schema<QueryRoot, async_graphql::EmptyMutation, SubscriptionRoot>;
@@ -183,16 +187,22 @@ async fn graphql_ws(
 
 /// Verifies the token of a websocket's init payload.
 fn ws_session(state: &AppState, payload: &serde_json::Value) -> async_graphql::Result<Session> {
-    let token = payload.get("token").and_then(|v| v.as_str()).or_else(|| {
+    ws_init_token(payload)
+        .and_then(|t| state.jwt.verify_session(t).ok())
+        .ok_or_else(|| coded(ErrorCode::Unauthorized))
+}
+
+/// The token of a websocket's `connection_init` payload: `{"token": "<token>"}` or
+/// `{"Authorization": "Bearer <token>"}` (any case of the scheme, as REST takes it). The front
+/// router of a cell map reads it too, to pick the caller's cell (ADR 0017 §5).
+pub fn ws_init_token(payload: &serde_json::Value) -> Option<&str> {
+    payload.get("token").and_then(|v| v.as_str()).or_else(|| {
         payload
             .get("Authorization")
             .or_else(|| payload.get("authorization"))
             .and_then(|v| v.as_str())
             .and_then(bearer_token)
-    });
-    token
-        .and_then(|t| state.jwt.verify_session(t).ok())
-        .ok_or_else(|| coded(ErrorCode::Unauthorized))
+    })
 }
 
 /// Completes when a websocket must close: [`WS_INIT_WAIT_MAX`] after it opened without a

@@ -89,13 +89,9 @@ fn bounded(params: &HashMap<String, String>, name: &str, min: u64) -> Result<u64
 /// this log (the caller's own cell's, under a map). NOT_FOUND for a cell this is not, BAD_REQUEST
 /// for a malformed one.
 fn check_cell(log: &LogReads, params: &HashMap<String, String>) -> Result<(), ApiError> {
-    let Some(raw) = params.get("cell") else {
+    let Some(cell) = edge::reads::cell_param(params.get("cell").map(String::as_str))? else {
         return Ok(());
     };
-    let cell =
-        raw.parse::<u16>().ok().filter(|c| *c >= 1).ok_or_else(|| {
-            ApiError::BadRequest("`cell` must be an integer from 1 to 65535".into())
-        })?;
     if log.cell().unwrap_or(1) == cell {
         Ok(())
     } else {

@@ -15,6 +15,7 @@ mod audit_incremental;
 mod balance;
 mod bulk;
 mod cells;
+mod cells_admin;
 mod cells_feed;
 mod chaos;
 mod concurrency;

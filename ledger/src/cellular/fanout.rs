@@ -249,6 +249,35 @@ pub fn stuck(answers: &Answers, limit: usize) -> Value {
     out
 }
 
+/// Every cell's recent conservation checks, newest first (`at`, then the higher run id, then
+/// the lower cell), at most `limit`; each names its `cell`, and its report's link (`report`)
+/// names the cell too, since a run's id is its cell's own.
+pub fn history(answers: &Answers, limit: usize) -> Value {
+    let mut all: Vec<(CellId, Value)> = Vec::new();
+    for (cell, body) in ok_bodies(answers) {
+        for check in body["checks"].as_array().into_iter().flatten() {
+            let mut check = check.clone();
+            check["cell"] = json!(cell.get());
+            if let Some(report) = check["report"].as_str() {
+                check["report"] = json!(format!("{report}?cell={cell}"));
+            }
+            all.push((cell, check));
+        }
+    }
+    let key = |c: &Value| {
+        (
+            c["at"].as_str().unwrap_or_default().to_owned(),
+            c["id"].as_i64(),
+        )
+    };
+    all.sort_by(|(cell_a, a), (cell_b, b)| key(b).cmp(&key(a)).then(cell_a.cmp(cell_b)));
+    all.truncate(limit);
+    let checks: Vec<Value> = all.into_iter().map(|(_, c)| c).collect();
+    let mut out = json!({ "checks": checks });
+    mark(&mut out, answers);
+    out
+}
+
 /// The conservation check of every cell and the total: `ok` only when every cell answered and
 /// is conserved, `halted` when any cell is, each cell's own report under `cells`, and the
 /// per-asset sums of every cell's figures under `total` (the exact decimal strings added).
@@ -472,6 +501,49 @@ mod tests {
             .collect();
         assert_eq!(ages, [900, 500]);
         assert_eq!(out["transfers"][1]["cell"], 2);
+    }
+
+    #[test]
+    fn checks_merge_newest_first_each_naming_its_cell() {
+        let page = |checks: &[(&str, i64, bool)]| {
+            let rows: Vec<Value> = checks
+                .iter()
+                .map(|(at, id, report)| {
+                    let mut row = json!({"at": at, "id": id});
+                    if *report {
+                        row["report"] = json!(format!("/api/v1/admin/invariant/runs/{id}"));
+                    }
+                    row
+                })
+                .collect();
+            Some((200, json!({ "checks": rows })))
+        };
+        let mut answers = Answers::new();
+        answers.insert(
+            cell(1),
+            page(&[
+                ("2026-01-01T00:00:03.000Z", 9, true),
+                ("2026-01-01T00:00:01.000Z", 8, false),
+            ]),
+        );
+        answers.insert(cell(2), page(&[("2026-01-01T00:00:02.000Z", 9, true)]));
+        answers.insert(cell(3), None);
+        let out = history(&answers, 2);
+        let got: Vec<(i64, i64)> = out["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| (c["cell"].as_i64().unwrap(), c["id"].as_i64().unwrap()))
+            .collect();
+        assert_eq!(got, [(1, 9), (2, 9)]);
+        assert_eq!(
+            out["checks"][1]["report"],
+            "/api/v1/admin/invariant/runs/9?cell=2"
+        );
+        assert_eq!(
+            (out["partial"].clone(), out["down_cells"].clone()),
+            (json!(true), json!([3]))
+        );
     }
 
     #[test]

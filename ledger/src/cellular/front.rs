@@ -6,18 +6,21 @@
 //! - A user's token: the user's cell, for every route (transfers, bulk, balances, history,
 //!   GraphQL, the user's own transfer by req_id, the feed).
 //! - An admin's token: a deposit (its external_id claimed across cells first, `claims.rs`), a
-//!   single transfer or a user's page goes to the cell of the user it names; a bulk request is
-//!   split per cell; a route that names only a req_id (a transfer, its timeline, resolve,
-//!   repair) is looked up in each cell in turn; the transfers list, the stuck list, the
-//!   overview, the alerts and the conservation check fan out to every cell and merge (`views.rs`, `fanout.rs`); an asset
-//!   change is written to the home cell, then to every other cell (`views.rs`); every other
-//!   admin route (the check history, the asset list, the console) goes to the home cell (the
-//!   lowest id), or the first cell up while it is down; a GET of the feed (`/api/v1/events`,
-//!   its stream) reads every cell's feed, merged (`feed.rs`).
+//!   single transfer, a user's page or an account's status goes to the cell of the user it
+//!   names; a bulk request is split per cell; a route that names only a req_id (a transfer, its
+//!   timeline, resolve, repair) is looked up in each cell in turn; the transfers list, the stuck
+//!   list, the overview, the alerts and the conservation check fan out to every cell and merge
+//!   (`views.rs`, `fanout.rs`); the check's history merges too, and clearing a halt or reading
+//!   one run's report goes to the cell its `?cell=N` names (`checks.rs`); an asset change is
+//!   written to the home cell, then to every other cell (`views.rs`); every other admin route
+//!   (the asset list, the console) goes to the home cell (the lowest id), or the first cell up
+//!   while it is down; a GET of the feed (`/api/v1/events`, its stream) reads every cell's
+//!   feed, merged (`feed.rs`).
 //! - No token, or one that does not verify: the home cell (or the first cell up), which answers
-//!   as today (a public route, or the refusal). GraphQL over a websocket (`/graphql/ws`) carries
-//!   its token in its `connection_init` message, not in a header, so it reaches the home cell
-//!   unless the upgrade request also sends `Authorization`: not routed yet.
+//!   as today (a public route, or the refusal).
+//! - GraphQL over a websocket (`/graphql/ws`) carries its token in its `connection_init`
+//!   message, not in a header: the front takes the socket itself, reads that message and relays
+//!   the socket to the caller's cell, or for an admin to every cell, merged (`ws.rs`).
 //! - `GET /healthz` and (on the API's address) `GET /metrics` are answered here for every cell.
 //!
 //! A cell that is down, or whose share of the requests in flight is taken (its bulkhead,
@@ -53,7 +56,7 @@ pub struct Front {
     placement: Placement,
     pub(super) slots: Slots,
     home: CellId,
-    keys: Arc<JwtKeys>,
+    pub(super) keys: Arc<JwtKeys>,
     bulk_max: usize,
     claims: Claims,
     /// Whether `/metrics` is served on the API's address (`LEDGER_METRICS_LISTEN=api`).
@@ -108,7 +111,7 @@ impl Front {
     }
 
     /// The cell of `user`.
-    fn cell_of(&self, user: UserId) -> CellId {
+    pub(super) fn cell_of(&self, user: UserId) -> CellId {
         self.placement.cell_of(user)
     }
 
@@ -180,6 +183,9 @@ impl Front {
         }
         if names_a_req_id(&path) {
             return self.find_in_cells(req).await;
+        }
+        if let Some(route) = super::checks::CheckRoute::of(req.method(), &path) {
+            return route.run(self, req).await;
         }
         if let Some(answer) = self.admin_view(req.method(), &path) {
             return answer.run(self, req).await;
@@ -291,6 +297,10 @@ async fn route(State(front): State<Front>, req: Request) -> Response {
             _ => {}
         }
     }
+    if req.uri().path() == super::ws::WS_PATH {
+        // The token is in the socket's first message, not in a header (`ws.rs`).
+        return super::ws::upgrade(&front, req).await;
+    }
     let identity = req
         .headers()
         .get(AUTHORIZATION)
@@ -331,9 +341,12 @@ fn with_body(parts: &axum::http::request::Parts, body: Vec<u8>) -> Request {
     req
 }
 
-/// `/api/v1/admin/users/{user_id}`: the user it names.
+/// `/api/v1/admin/users/{user_id}` and `/api/v1/admin/accounts/{user_id}/{account_type}/status`:
+/// the user it names.
 fn user_in_path(path: &str) -> Option<UserId> {
-    let rest = path.strip_prefix("/api/v1/admin/users/")?;
+    let rest = path
+        .strip_prefix("/api/v1/admin/users/")
+        .or_else(|| path.strip_prefix("/api/v1/admin/accounts/"))?;
     let raw = rest.split('/').next()?.parse::<u64>().ok()?;
     UserId::new(raw).ok()
 }
@@ -452,6 +465,14 @@ mod tests {
             Some(42)
         );
         assert_eq!(user_in_path("/api/v1/admin/users/0"), None);
+        assert_eq!(
+            user_in_path("/api/v1/admin/accounts/7/FUNDING/status").map(UserId::get),
+            Some(7)
+        );
+        assert_eq!(
+            user_in_path("/api/v1/admin/accounts/x/FUNDING/status"),
+            None
+        );
         assert_eq!(user_in_path("/api/v1/admin/users/x"), None);
         assert_eq!(user_in_path("/api/v1/admin/transfers"), None);
     }

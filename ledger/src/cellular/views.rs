@@ -47,7 +47,12 @@ impl Front {
     }
 
     /// One cell's answer to a GET of `uri`: `None` when the cell is down or saturated.
-    async fn ask(&self, cell: CellId, uri: &Uri, headers: &HeaderMap) -> Option<(u16, Value)> {
+    pub(super) async fn ask(
+        &self,
+        cell: CellId,
+        uri: &Uri,
+        headers: &HeaderMap,
+    ) -> Option<(u16, Value)> {
         let mut req = Request::builder()
             .method(Method::GET)
             .uri(uri.clone())
@@ -151,7 +156,7 @@ impl View {
 
 /// A request every cell refused alike (4xx: a bad query, a token refused) is answered with the
 /// first cell's refusal, as one cell would answer it.
-fn first_refusal(answers: &Answers) -> Option<Response> {
+pub(super) fn first_refusal(answers: &Answers) -> Option<Response> {
     answers.values().flatten().find_map(|(status, body)| {
         let status = StatusCode::from_u16(*status).ok()?;
         status
@@ -161,14 +166,14 @@ fn first_refusal(answers: &Answers) -> Option<Response> {
 }
 
 /// `name`'s value in `uri`'s query, parsed.
-fn query_usize(uri: &Uri, name: &str) -> Option<usize> {
+pub(super) fn query_usize(uri: &Uri, name: &str) -> Option<usize> {
     query_pairs(uri)
         .into_iter()
         .find(|(k, _)| k == name)
         .and_then(|(_, v)| v.parse().ok())
 }
 
-fn query_pairs(uri: &Uri) -> Vec<(String, String)> {
+pub(super) fn query_pairs(uri: &Uri) -> Vec<(String, String)> {
     Query::<Vec<(String, String)>>::try_from_uri(uri)
         .map(|q| q.0)
         .unwrap_or_default()

@@ -8,6 +8,8 @@ use application::{FailPoint, FailPoints};
 
 /// The cell map file (ADR 0017).
 pub const CELL_MAP_ENV: &str = "LEDGER_CELL_MAP";
+/// Under a cell map, each cell's requests in flight at most (its bulkhead, ADR 0017 §7a).
+pub const CELL_IN_FLIGHT_MAX_ENV: &str = "LEDGER_CELL_IN_FLIGHT_MAX";
 /// Transfer requests per second per user; `0` or `off` turns the limit off.
 pub const RATE_PER_SECOND_ENV: &str = "LEDGER_RATE_PER_SECOND";
 /// Transfers per user and UTC day; `0` or `off` turns the limit off.
@@ -94,6 +96,11 @@ pub struct Flags {
     /// Connections open at once from one IP address (default 256).
     #[arg(long, global = true, env = "LEDGER_HTTP_CONNECTIONS_PER_ADDRESS_MAX")]
     pub http_connections_per_address_max: Option<usize>,
+    /// Under a cell map, requests one cell may have in flight in this process before its next
+    /// ones are refused (503 naming the cell), its bulkhead (default: the connections cap
+    /// divided by the number of cells).
+    #[arg(long, global = true, env = CELL_IN_FLIGHT_MAX_ENV)]
+    pub cell_in_flight_max: Option<usize>,
     /// Where `/metrics` is served: HOST:PORT (not on the API's address then), or `api` for the
     /// API's address (default 127.0.0.1:9464).
     #[arg(long, global = true, env = "LEDGER_METRICS_LISTEN")]

@@ -13,7 +13,8 @@ use edge::ratelimit::LimitsConfig;
 use recovery::{RecoveryConfig, RecoveryOverrides};
 
 use super::flags::{
-    Flags, CELL_MAP_ENV, DAILY_AMOUNT_MAX_ENV, DAILY_COUNT_MAX_ENV, RATE_PER_SECOND_ENV,
+    Flags, CELL_IN_FLIGHT_MAX_ENV, CELL_MAP_ENV, DAILY_AMOUNT_MAX_ENV, DAILY_COUNT_MAX_ENV,
+    RATE_PER_SECOND_ENV,
 };
 use super::{MetricsListen, AUDIT_INTERVAL_DEFAULT, METRICS_LISTEN_DEFAULT};
 
@@ -190,6 +191,15 @@ impl Flags {
             limits.connections_per_address_max = usize::try_from(n)?;
         }
         Ok(limits)
+    }
+
+    /// Each cell's bulkhead under a cell map, when given (`None`: the connections cap shared
+    /// evenly, `HttpSettings::cell_in_flight_max`); 0 is refused.
+    pub(super) fn cell_in_flight_max(&self) -> anyhow::Result<Option<usize>> {
+        match self.cell_in_flight_max {
+            Some(0) => anyhow::bail!("{CELL_IN_FLIGHT_MAX_ENV} must be a positive integer"),
+            other => Ok(other),
+        }
     }
 
     /// Where `/metrics` is served (`METRICS_LISTEN_DEFAULT` when unset).

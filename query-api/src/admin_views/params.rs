@@ -132,6 +132,11 @@ pub struct HistoryParams {
     /// Checks to show: 1 to 1000, default 50.
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
+    /// Only this cell's checks (ADR 0017). Under a cell map every cell's checks are merged
+    /// without it; without a map the one cell is cell 1 (404 for a cell the ledger does not
+    /// have).
+    #[param(minimum = 1, maximum = 65535)]
+    pub cell: Option<u16>,
 }
 
 impl HistoryParams {

@@ -23,6 +23,9 @@ pub struct TransferUpdate {
     /// The state right after the event.
     pub state: String,
     pub occurred_at: DateTime<Utc>,
+    /// The cell whose feed holds the event, under a cell map (null without one): an admin's
+    /// subscription there merges every cell's updates, and `position` is that cell's own.
+    pub cell: Option<u16>,
 }
 
 /// Streams.
@@ -32,7 +35,9 @@ pub struct SubscriptionRoot;
 #[Subscription]
 impl SubscriptionRoot {
     /// The caller's transfer state changes (an admin's: everyone's), or only those of `reqId`:
-    /// from now on, or after feed position `after` (to resume without missing any). An event
+    /// from now on, or after feed position `after` (to resume without missing any). Under a
+    /// cell map this reads one cell's feed (each update names its `cell`); the front router
+    /// runs a user's in the user's cell and merges an admin's over every cell. An event
     /// this version cannot decode, or a feed it cannot read, ends the stream with a
     /// SYSTEM_ERROR after the updates before it (the detail goes to the log): an update is never
     /// skipped.
@@ -131,12 +136,12 @@ async fn next_updates(
         return Ok(None);
     };
     let rows = state.reads.feed_after(after, 500, user).await?;
-    Ok(batch(rows, req_id))
+    Ok(batch(rows, req_id, state.reads.cell()))
 }
 
-/// The updates of `rows` (transfers' events only; only `req_id`'s, if given), up to the first
-/// event `domain::stored` refuses; `None` for no rows.
-fn batch(rows: Vec<FeedEvent>, req_id: Option<&str>) -> Option<Batch> {
+/// The updates of `rows` (transfers' events only; only `req_id`'s, if given), each naming
+/// `cell`, up to the first event `domain::stored` refuses; `None` for no rows.
+fn batch(rows: Vec<FeedEvent>, req_id: Option<&str>, cell: Option<u16>) -> Option<Batch> {
     let last = rows.last()?.position;
     let mut batch = Batch {
         last,
@@ -170,6 +175,7 @@ fn batch(rows: Vec<FeedEvent>, req_id: Option<&str>) -> Option<Batch> {
             event_type: r.event_type,
             state: event.resulting_state().as_str().to_owned(),
             occurred_at: r.occurred_at,
+            cell,
         });
     }
     Some(batch)
@@ -211,7 +217,7 @@ mod tests {
             row(2, "A", "2", committed()),
             row(3, "A", EVENT_VERSION, committed()),
         ];
-        let batch = batch(rows, None).unwrap();
+        let batch = batch(rows, None, None).unwrap();
         assert_eq!(batch.last, 3);
         let positions: Vec<i64> = batch.updates.iter().map(|u| u.position).collect();
         assert_eq!(positions, [1], "nothing after the refused event is sent");
@@ -224,7 +230,7 @@ mod tests {
     #[test]
     fn a_payload_that_is_not_an_event_is_not_skipped() {
         let rows = vec![row(4, "B", EVENT_VERSION, serde_json::json!({"Nope": {}}))];
-        let batch = batch(rows, None).unwrap();
+        let batch = batch(rows, None, None).unwrap();
         assert!(batch.updates.is_empty());
         assert!(batch.undecodable.is_some());
     }
@@ -254,9 +260,10 @@ mod tests {
             row(5, "C", "2", committed()),
             row(6, "D", EVENT_VERSION, committed()),
         ];
-        let batch = batch(rows, Some("D")).unwrap();
+        let batch = batch(rows, Some("D"), Some(2)).unwrap();
         assert_eq!(batch.updates.len(), 1);
         assert!(batch.undecodable.is_none());
-        assert!(super::batch(Vec::new(), None).is_none());
+        assert_eq!(batch.updates[0].cell, Some(2));
+        assert!(super::batch(Vec::new(), None, None).is_none());
     }
 }
