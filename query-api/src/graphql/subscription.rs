@@ -247,7 +247,7 @@ mod tests {
         deposit.aggregate_type = "Deposit".into();
         deposit.event_type = "ExternalDeposited".into();
         let rows = vec![row(7, "A", EVENT_VERSION, committed()), deposit];
-        let batch = batch(rows, None).unwrap();
+        let batch = batch(rows, None, None).unwrap();
         assert_eq!(batch.last, 8);
         let positions: Vec<i64> = batch.updates.iter().map(|u| u.position).collect();
         assert_eq!(positions, [7]);
