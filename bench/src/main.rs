@@ -20,12 +20,17 @@
 //! - `traces`: the single-transfer route with OTLP trace export off and on, in alternating runs
 //!   (every span sampled, to a sink the benchmark starts); the medians and how much slower "on"
 //!   is. Not part of `all`.
+//! - `tlog`: the tamper-evident log's cost: the single-transfer and bulk routes with the log on
+//!   (a signing key: tree and checkpoints) and off, in alternating runs, the medians and how much
+//!   slower "on" is; and `ledger verify` in entries/s over a generated log of about a million
+//!   events with its tree and checkpoints. Not part of `all`.
 //! - `all`: transfers (at 8, 32 and 128 clients, with `--wrk` and `--relay`), spot, replay and
 //!   relay, one after the other, and a closing summary of every figure against its target.
 
 // Figures for people to read (rates, percentiles, MiB) are floats; no money is computed here.
 #![allow(clippy::float_arithmetic)]
 
+mod abab;
 mod cells;
 mod cellstack;
 mod clients;
@@ -35,6 +40,7 @@ mod procstat;
 mod relay;
 mod replay;
 mod spot;
+mod tlog;
 mod traces;
 mod transfers;
 mod wrk;
@@ -70,6 +76,9 @@ enum Command {
     /// The single-transfer route with trace export off and on (both processes, every span, to
     /// an OTLP sink it starts), in alternating runs: the medians and their ratio.
     Traces(traces::Args),
+    /// The tamper-evident log: both routes with the log on and off, in alternating runs (the
+    /// medians and their ratio), and `ledger verify`'s entries/s over ~1M entries.
+    Tlog(tlog::Args),
     /// All three with their defaults, then a summary against the targets.
     All,
 }
@@ -94,6 +103,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Growth(args) => growth::run(args).await?,
         Command::Cells(args) => cells::faults(args).await?,
         Command::Traces(args) => traces::run(args).await?,
+        Command::Tlog(args) => tlog::run(args).await?,
         Command::All => {
             let mut summary = transfers::run(transfers::Args::for_all()?).await?;
             println!();
