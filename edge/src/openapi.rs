@@ -187,6 +187,9 @@ refusals! {
     AssetPutRefusals: [400, 401, 403, 404, 413, 415, 422];
     /// The admin views' listings and overview.
     AdminReadRefusals: [400, 401, 403, 429, 503];
+    /// `GET /api/v1/admin/invariant/history` (400 and 404: a `cell` that is malformed or not
+    /// this ledger's).
+    HistoryRefusals: [400, 401, 403, 404, 429, 503];
     /// `GET /api/v1/admin/transfers/{req_id}`.
     AdminLookupRefusals: [401, 403, 404, 429];
     /// `GET /api/v1/admin/invariant/runs/{id}` (400: a malformed `cell`, or none under a cell

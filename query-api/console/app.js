@@ -660,7 +660,7 @@
       replace(result, h("div", { class: "muted" }, (full ? "Running the full check from the start of history…" : "Running the incremental check…")));
       var started = Date.now();
       api("/api/v1/admin/invariant" + (full ? "?full=true" : "")).then(function (rep) {
-        replace(result, reportView(rep, Date.now() - started));
+        replace(result, rep.cells ? cellsReportView(rep, Date.now() - started) : reportView(rep, Date.now() - started));
         showHaltState(rep.halted, null, rep.cells);
         loadHistory();
       }, function (e) { replace(result, errorBox(e)); }).then(function () { running = false; });
@@ -718,10 +718,32 @@
     loadHistory();
   };
 
-  function reportView(rep, ms) {
+  // Under a cell map: the verdict over every cell, the per-asset total of their figures, then each
+  // cell's own report (a cell that could not answer named as down).
+  function cellsReportView(rep, ms) {
+    var down = rep.down_cells || [];
+    var head = h("p", {}, h("span", { class: "pill " + (rep.ok ? "good" : "bad") }, rep.ok ? "money is conserved in every cell" : (down.length ? "NOT ALL CELLS CHECKED" : "VIOLATION")),
+      "  " + rep.cells.length + " cells" + (down.length ? " · down: cell " + down.join(", ") : "") + (ms === null ? "" : " · " + ms + " ms in the browser"));
+    var total = rep.total || {};
+    var totals = h("table", { id: "invariant-assets" }, h("thead", {}, h("tr", {}, h("th", {}, "asset, all cells"), h("th", { class: "num" }, "deposits"), h("th", { class: "num" }, "FUNDING"),
+      h("th", { class: "num" }, "SPOT"), h("th", { class: "num" }, "in flight"), h("th", { class: "num" }, "difference"))),
+      h("tbody", {}, Object.keys(total).map(function (asset) {
+        var a = total[asset];
+        return h("tr", {}, h("td", {}, asset), h("td", { class: "num" }, amount(a.deposits)), h("td", { class: "num" }, amount(a.funding)),
+          h("td", { class: "num" }, amount(a.spot)), h("td", { class: "num" }, amount(a.in_flight)), h("td", { class: "num" }, amount(a.difference)));
+      })));
+    var cells = rep.cells.map(function (c) {
+      var title = h("h2", {}, "Cell " + c.cell);
+      if (c.state === "down") { return h("div", { class: "cell-report", "data-cell": String(c.cell) }, title, h("div", { class: "error" }, "Cell " + c.cell + " is down: not checked.")); }
+      return h("div", { class: "cell-report", "data-cell": String(c.cell) }, title, reportView(c, null, "invariant-assets-cell-" + c.cell));
+    });
+    return [head, totals].concat(cells);
+  }
+
+  function reportView(rep, ms, tableId) {
     var head = h("p", {}, h("span", { class: "pill " + (rep.ok ? "good" : "bad") }, rep.ok ? "money is conserved" : "VIOLATION"),
       "  " + rep.mode + " check at ", when(rep.checked_at), " · " + rep.transfers_checked + " transfers" + (ms === null ? "" : " · " + ms + " ms in the browser"));
-    var assets = h("table", { id: "invariant-assets" }, h("thead", {}, h("tr", {}, h("th", {}, "asset"), h("th", { class: "num" }, "deposits"), h("th", { class: "num" }, "FUNDING"),
+    var assets = h("table", { id: tableId || "invariant-assets" }, h("thead", {}, h("tr", {}, h("th", {}, "asset"), h("th", { class: "num" }, "deposits"), h("th", { class: "num" }, "FUNDING"),
       h("th", { class: "num" }, "SPOT"), h("th", { class: "num" }, "in flight"), h("th", { class: "num" }, "difference"), h("th", {}, "result"))),
       h("tbody", {}, (rep.assets || []).map(function (a) {
         return h("tr", {}, h("td", {}, a.asset), h("td", { class: "num" }, amount(a.deposits)), h("td", { class: "num" }, amount(a.funding)),

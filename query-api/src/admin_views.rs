@@ -276,7 +276,7 @@ pub async fn overview(
 #[utoipa::path(get, path = "/api/v1/admin/invariant/history",
     params(HistoryParams),
     responses((status = 200, description = "ok", body = CheckHistory),
-        edge::openapi::AdminReadRefusals))]
+        edge::openapi::HistoryRefusals))]
 pub async fn invariant_history(
     State(state): State<AppState>,
     _admin: AdminUser,

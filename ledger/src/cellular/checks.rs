@@ -40,6 +40,14 @@ pub enum CheckRoute {
     Run,
 }
 
+impl Front {
+    /// The check route `method` and `path` name, if any (a method here, so the front router
+    /// needs no path into this module: no import circle).
+    pub(super) fn check_route(&self, method: &Method, path: &str) -> Option<CheckRoute> {
+        CheckRoute::of(method, path)
+    }
+}
+
 impl CheckRoute {
     /// The check route `method` and `path` name, if any.
     pub fn of(method: &Method, path: &str) -> Option<Self> {

@@ -184,7 +184,7 @@ impl Front {
         if names_a_req_id(&path) {
             return self.find_in_cells(req).await;
         }
-        if let Some(route) = super::checks::CheckRoute::of(req.method(), &path) {
+        if let Some(route) = self.check_route(req.method(), &path) {
             return route.run(self, req).await;
         }
         if let Some(answer) = self.admin_view(req.method(), &path) {
@@ -297,9 +297,9 @@ async fn route(State(front): State<Front>, req: Request) -> Response {
             _ => {}
         }
     }
-    if req.uri().path() == super::ws::WS_PATH {
+    if Front::is_ws(req.uri().path()) {
         // The token is in the socket's first message, not in a header (`ws.rs`).
-        return super::ws::upgrade(&front, req).await;
+        return front.ws_upgrade(req).await;
     }
     let identity = req
         .headers()

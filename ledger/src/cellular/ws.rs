@@ -38,7 +38,7 @@ use axum::response::{IntoResponse, Response};
 use cells::CellId;
 use edge::auth::Identity;
 use edge::config::BODY_BYTES_MAX;
-use futures_util::stream::{BoxStream, SelectAll};
+use futures_util::stream::{BoxStream, SelectAll, SplitSink};
 use futures_util::{SinkExt, StreamExt};
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
@@ -62,6 +62,19 @@ const TRY_AGAIN_LATER: u16 = 1013;
 
 /// One inner socket: the client's side of a connection to one cell's router.
 type Inner = WebSocketStream<DuplexStream>;
+
+impl Front {
+    /// Whether `path` is GraphQL's websocket route (methods here, so the front router needs no
+    /// path into this module: no import circle).
+    pub(super) fn is_ws(path: &str) -> bool {
+        path == WS_PATH
+    }
+
+    /// The websocket route's answer (`upgrade`).
+    pub(super) async fn ws_upgrade(&self, req: Request) -> Response {
+        upgrade(self, req).await
+    }
+}
 
 /// `GET /graphql/ws` under a cell map: the socket is taken here and relayed to the caller's
 /// cell(s) once its first message names the caller. A request that is not a websocket
@@ -418,29 +431,42 @@ async fn merge(
                 Some((_, Err(_))) | None => return,
             },
         };
-        for action in actions {
-            let sent = match action {
-                Action::Client(text) => to_client.send(Message::text(text)).await.is_ok(),
-                Action::Cells(text) => {
-                    let mut all = true;
-                    for sink in &mut sinks {
-                        all &= sink
-                            .send(tungstenite::Message::text(text.clone()))
-                            .await
-                            .is_ok();
-                    }
-                    all
-                }
-                Action::Cell(at, text) => sinks[at]
-                    .send(tungstenite::Message::text(text))
-                    .await
-                    .is_ok(),
-            };
-            if !sent {
-                return;
-            }
+        if !perform(actions, &mut to_client, &mut sinks).await {
+            return;
         }
     }
+}
+
+/// Sends what the merge decided, in order: false once a socket would not take a message (the
+/// merged socket then ends).
+async fn perform(
+    actions: Vec<Action>,
+    to_client: &mut SplitSink<WebSocket, Message>,
+    sinks: &mut [SplitSink<Inner, tungstenite::Message>],
+) -> bool {
+    for action in actions {
+        let sent = match action {
+            Action::Client(text) => to_client.send(Message::text(text)).await.is_ok(),
+            Action::Cells(text) => {
+                let mut all = true;
+                for sink in sinks.iter_mut() {
+                    all &= sink
+                        .send(tungstenite::Message::text(text.clone()))
+                        .await
+                        .is_ok();
+                }
+                all
+            }
+            Action::Cell(at, text) => sinks[at]
+                .send(tungstenite::Message::text(text))
+                .await
+                .is_ok(),
+        };
+        if !sent {
+            return false;
+        }
+    }
+    true
 }
 
 /// A client's message as the cell's socket takes it; pings and pongs stay on their own hop.
