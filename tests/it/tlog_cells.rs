@@ -5,41 +5,22 @@
 //! and receipts name their cell, and `ledger verify --cell N` checks each cell's log in its own
 //! database.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cells::{CellId, CellMap, MapFormat, Placement};
 use domain::UserId;
 use reqwest::Method;
-use serde_json::{json, Value};
+use serde_json::json;
 
+use crate::cells::call;
 use crate::helpers::{bin, token, SpotProcess, TestDb};
 use crate::procs::LedgerProcess;
 use crate::tlog::{key_file, signer, ORIGIN};
 
-async fn call(
-    base: &str,
-    method: Method,
-    path: &str,
-    as_: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut req = reqwest::Client::new()
-        .request(method, format!("{base}{path}"))
-        .bearer_auth(as_);
-    if let Some(body) = body {
-        req = req.json(&body);
-    }
-    let resp = req.send().await.expect("request");
-    let status = resp.status().as_u16();
-    let text = resp.text().await.expect("body");
-    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    (status, value)
-}
-
 /// Waits until cell `db`'s newest checkpoint covers its whole feed; that size.
-async fn checkpointed(db: &TestDb) -> i64 {
+pub(crate) async fn checkpointed(db: &TestDb) -> i64 {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let (head, size): (i64, Option<i64>) = sqlx::query_as(
@@ -56,9 +37,47 @@ async fn checkpointed(db: &TestDb) -> i64 {
     }
 }
 
-fn verify_cell(map: &Path, key: &Path, cell: u16) -> (bool, String) {
+/// Two cells, each a database and a spot-core of its own, and the map naming them (partitions
+/// 0-127 in cell 1, 128-255 in cell 2) in a temporary directory.
+pub(crate) struct TwoCells {
+    pub dir: tempfile::TempDir,
+    pub cells: Vec<(TestDb, SpotProcess)>,
+    pub map: PathBuf,
+    pub placement: Placement,
+}
+
+impl TwoCells {
+    pub async fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cells = Vec::new();
+        let mut specs = Vec::new();
+        for (id, range) in [(1u16, "0-127"), (2, "128-255")] {
+            let spot = SpotProcess::start_cell(id);
+            let token_file = dir.path().join(format!("spot-{id}.token"));
+            std::fs::write(&token_file, &spot.token).unwrap();
+            let db = TestDb::new().await;
+            specs.push(json!({"id": id, "database_url": db.url, "spot": spot.addr,
+                              "spot_token_file": token_file, "partitions": [range]}));
+            cells.push((db, spot));
+        }
+        let text = json!({"partitions": 256, "cells": specs}).to_string();
+        let map = dir.path().join("cells.json");
+        std::fs::write(&map, &text).unwrap();
+        let placement = Placement::of_map(&CellMap::parse(&text, MapFormat::Json).unwrap());
+        Self {
+            dir,
+            cells,
+            map,
+            placement,
+        }
+    }
+}
+
+/// `ledger verify --cell N` (and `args`) under `map` with the key file `key`: success, output.
+pub(crate) fn verify_cell(map: &Path, key: &Path, cell: u16, args: &[&str]) -> (bool, String) {
     let out = Command::new(bin("ledger"))
         .args(["verify", "--cell", &cell.to_string()])
+        .args(args)
         .env_remove("DATABASE_URL")
         .env("LEDGER_CELL_MAP", map)
         .env("LEDGER_LOG_SIGNING_KEY_FILE", key)
@@ -74,22 +93,12 @@ fn verify_cell(map: &Path, key: &Path, cell: u16) -> (bool, String) {
 
 #[tokio::test]
 async fn tlog_each_cell_keeps_its_own_log_named_by_its_cell() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut cells = Vec::new();
-    let mut specs = Vec::new();
-    for (id, range) in [(1u16, "0-127"), (2, "128-255")] {
-        let spot = SpotProcess::start_cell(id);
-        let token_file = dir.path().join(format!("spot-{id}.token"));
-        std::fs::write(&token_file, &spot.token).unwrap();
-        let db = TestDb::new().await;
-        specs.push(json!({"id": id, "database_url": db.url, "spot": spot.addr,
-                          "spot_token_file": token_file, "partitions": [range]}));
-        cells.push((db, spot));
-    }
-    let text = json!({"partitions": 256, "cells": specs}).to_string();
-    let map = dir.path().join("cells.json");
-    std::fs::write(&map, &text).unwrap();
-    let placement = Placement::of_map(&CellMap::parse(&text, MapFormat::Json).unwrap());
+    let TwoCells {
+        dir,
+        cells,
+        map,
+        placement,
+    } = TwoCells::start().await;
     let key = key_file(dir.path());
     let key_text = key.to_str().unwrap().to_owned();
     let env = [
@@ -188,7 +197,7 @@ async fn tlog_each_cell_keeps_its_own_log_named_by_its_cell() {
         .await;
         assert_eq!(status, 200, "{receipt}");
         assert_eq!(receipt["cell"], json!(cell), "{receipt}");
-        let (ok, out) = verify_cell(&map, &key, *cell);
+        let (ok, out) = verify_cell(&map, &key, *cell, &[]);
         assert!(ok && out.contains("the log verifies"), "cell {cell}: {out}");
         // The cell's one deposit is in its own log, held to its row there.
         assert!(

@@ -6,38 +6,25 @@
 //! `ledger verify --cell N --from-stream` checks each cell's log against its copies there; a
 //! cell's copies never verify as another cell's.
 
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cells::{CellId, CellMap, MapFormat, Placement};
+use cells::CellId;
 use domain::UserId;
 use serde_json::json;
 
-use crate::helpers::{bin, token, SpotProcess, TestDb};
+use crate::helpers::{token, TestDb};
 use crate::nats::NatsServer;
 use crate::procs::LedgerProcess;
 use crate::tlog::{key_file, signer, ORIGIN};
+use crate::tlog_cells::{checkpointed, verify_cell, TwoCells};
 
 /// Cell `db`'s stored checkpoints (size, note), once the newest covers its whole feed.
 async fn stored_when_checkpointed(db: &TestDb) -> Vec<(i64, String)> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (head, size): (i64, Option<i64>) = sqlx::query_as(
-            "SELECT (SELECT position FROM feed_head), (SELECT max(size) FROM tlog_checkpoints)",
-        )
-        .fetch_one(&db.pool)
+    checkpointed(db).await;
+    sqlx::query_as("SELECT size, note FROM tlog_checkpoints ORDER BY size")
+        .fetch_all(&db.pool)
         .await
-        .unwrap();
-        if head > 0 && size == Some(head) {
-            return sqlx::query_as("SELECT size, note FROM tlog_checkpoints ORDER BY size")
-                .fetch_all(&db.pool)
-                .await
-                .unwrap();
-        }
-        assert!(Instant::now() < deadline, "{size:?} of {head}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        .unwrap()
 }
 
 /// The cell's checkpoints read back from the stream, once its last is of `size`.
@@ -67,43 +54,16 @@ async fn published(url: &str, cell: u16, size: i64) -> Vec<(i64, String)> {
     }
 }
 
-fn verify(map: &Path, key: &Path, nats: &str, cell: u16) -> (bool, String) {
-    let out = Command::new(bin("ledger"))
-        .args(["verify", "--cell", &cell.to_string(), "--from-stream"])
-        .args(["--nats", nats])
-        .env_remove("DATABASE_URL")
-        .env("LEDGER_CELL_MAP", map)
-        .env("LEDGER_LOG_SIGNING_KEY_FILE", key)
-        .output()
-        .expect("run ledger verify");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
 #[tokio::test]
 async fn tlog_each_cells_checkpoints_are_published_on_its_own_subject_and_verify_from_the_stream() {
     let nats = NatsServer::start().await;
     let url = nats.url();
-    let dir = tempfile::tempdir().unwrap();
-    let mut cells = Vec::new();
-    let mut specs = Vec::new();
-    for (id, range) in [(1u16, "0-127"), (2, "128-255")] {
-        let spot = SpotProcess::start_cell(id);
-        let token_file = dir.path().join(format!("spot-{id}.token"));
-        std::fs::write(&token_file, &spot.token).unwrap();
-        let db = TestDb::new().await;
-        specs.push(json!({"id": id, "database_url": db.url, "spot": spot.addr,
-                          "spot_token_file": token_file, "partitions": [range]}));
-        cells.push((db, spot));
-    }
-    let text = json!({"partitions": 256, "cells": specs}).to_string();
-    let map = dir.path().join("cells.json");
-    std::fs::write(&map, &text).unwrap();
-    let placement = Placement::of_map(&CellMap::parse(&text, MapFormat::Json).unwrap());
+    let TwoCells {
+        dir,
+        cells,
+        map,
+        placement,
+    } = TwoCells::start().await;
     let key = key_file(dir.path());
     let key_text = key.to_str().unwrap().to_owned();
     let env = [
@@ -156,7 +116,7 @@ async fn tlog_each_cells_checkpoints_are_published_on_its_own_subject_and_verify
             );
             assert!(other.verifier().open(note).is_err(), "not the other cell's");
         }
-        let (ok, out) = verify(&map, &key, &url, cell);
+        let (ok, out) = verify_cell(&map, &key, cell, &["--from-stream", "--nats", &url]);
         assert!(ok, "cell {cell}: {out}");
         assert!(
             out.contains(&format!("{} checkpoints read back", on_stream.len())),
