@@ -71,6 +71,11 @@ pub fn init(export: Option<&Export>) -> Result<Option<Guard>, String> {
     let spans = tracing_opentelemetry::layer()
         .with_tracer(tracer)
         .with_tracked_inactivity(false)
+        // A span's parent is the current `tracing` span, and contexts are read from spans
+        // (`span_context`); nothing here reads OpenTelemetry's own current context. Activating
+        // one on every enter (an async span is entered at each poll) cost a thread-local stack
+        // push and a context clone per poll for nothing (`docs/perf-log.md`, traces).
+        .with_context_activation(false)
         .with_location(false)
         .with_threads(false)
         .with_target(false)
