@@ -251,6 +251,59 @@ async fn hot_tables_are_vacuumed_by_the_ledger_whatever_autovacuum_does() {
     s.assert_invariant_exact().await;
 }
 
+/// Tables grown past autovacuum's analyze threshold are analyzed by the ledger itself (this
+/// machine's PostgreSQL runs without autovacuum, and a connection then keeps the plan it made
+/// while the event log was a page or two: a sequential scan of it per transfer answer). One pass
+/// analyzes the event log once the transfers grew it, leaves the hot tables to their vacuum, and
+/// the next pass finds nothing left to do.
+#[tokio::test]
+async fn grown_tables_are_analyzed_by_the_ledger_whatever_autovacuum_does() {
+    let s = Stack::start().await;
+    s.deposit(8, "USDT", "100").await;
+    for _ in 0..20 {
+        s.transfer(8, Funding, Spot, "USDT", "1").await;
+    }
+    let pool = &s.db.pool;
+    let analyzed_events = || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT last_analyze IS NOT NULL OR last_autoanalyze IS NOT NULL
+             FROM pg_stat_user_tables WHERE relname = 'events'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    };
+    // A backend's table counters reach the statistics when it flushes them: at most once a
+    // second while busy, and up to 10 s after it went idle (PostgreSQL 15's idle interval).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut first = Vec::new();
+    while !analyzed_events().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the event log was never analyzed"
+        );
+        first = application::maintenance::analyze_grown_tables(pool)
+            .await
+            .unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let autovacuum: String = sqlx::query_scalar("SHOW autovacuum")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    if autovacuum == "off" {
+        assert!(first.iter().any(|t| t == "events"), "{first:?}");
+    }
+    for hot in application::maintenance::HOT_TABLES {
+        assert!(!first.iter().any(|t| t == hot), "{hot} in {first:?}");
+    }
+    let again = application::maintenance::analyze_grown_tables(pool)
+        .await
+        .unwrap();
+    assert!(!again.iter().any(|t| t == "events"), "{again:?}");
+    s.assert_invariant_exact().await;
+}
+
 /// Years of periodic checks cost a bounded table: each check's report removes the passing
 /// reports older than the newest `RUNS_KEPT`, and keeps every failing one (each was a halt).
 #[tokio::test]
