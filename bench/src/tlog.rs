@@ -152,7 +152,25 @@ async fn rates(args: &Args, key: &Path) -> anyhow::Result<Vec<String>> {
             .fetch_one(&pool)
             .await?;
     println!("the tree holds {tree} of the feed's {head} entries");
+    summary.push(storage(&pool, tree).await?);
     Ok(summary)
+}
+
+/// The tiles' size (table, TOAST and index, dead versions not yet vacuumed included) per entry of
+/// the tree: printed, and the summary's line.
+async fn storage(pool: &PgPool, tree: i64) -> anyhow::Result<String> {
+    let (tiles, rows): (i64, i64) = sqlx::query_as(
+        "SELECT pg_total_relation_size('tlog_tiles'), (SELECT count(*) FROM tlog_tiles)",
+    )
+    .fetch_one(pool)
+    .await?;
+    let per = tiles as f64 / tree.max(1) as f64;
+    println!(
+        "tlog_tiles: {tiles} bytes in {rows} rows (table, TOAST and index): {per:.1} B per entry"
+    );
+    Ok(format!(
+        "tlog: storage after the runs: tlog_tiles {tiles} bytes for {tree} entries, {per:.1} B per entry"
+    ))
 }
 
 /// Waits until the tree holds every event of the feed as it stood when called (the on run's

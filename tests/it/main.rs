@@ -48,4 +48,5 @@ mod tlog_cells_stream;
 mod tlog_deposits;
 mod tlog_receipts;
 mod tlog_stream;
+mod tlog_tiles;
 mod traces;

@@ -476,7 +476,7 @@ async fn tlog_a_cut_and_resigned_tail_is_caught_by_checkpoints_saved_earlier() {
         &format!("DELETE FROM events WHERE feed_position > {cut}"),
     )
     .await;
-    exec(&s.db.pool, "DELETE FROM tlog_nodes").await;
+    exec(&s.db.pool, "DELETE FROM tlog_tiles").await;
     exec(&s.db.pool, "DELETE FROM tlog_checkpoints").await;
     exec(
         &s.db.pool,
@@ -540,7 +540,7 @@ async fn tlog_a_running_follower_never_signs_a_rewritten_log() {
         &format!("DELETE FROM events WHERE feed_position > {}", size / 2),
     )
     .await;
-    exec(&pool, "DELETE FROM tlog_nodes").await;
+    exec(&pool, "DELETE FROM tlog_tiles").await;
     exec(&pool, "DELETE FROM tlog_checkpoints").await;
     exec(&pool, "UPDATE tlog_state SET size = 0, edge = ''::bytea").await;
     let refused = f.pass().await.expect_err("a cut log is not re-signed");

@@ -108,7 +108,7 @@ async fn tlog_checkpoints_on_their_own_stream_catch_a_cut_and_resigned_tail() {
     )
     .await;
     for sql in [
-        "DELETE FROM tlog_nodes",
+        "DELETE FROM tlog_tiles",
         "DELETE FROM tlog_checkpoints",
         "UPDATE tlog_state SET size = 0, edge = ''::bytea",
     ] {

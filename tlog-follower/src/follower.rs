@@ -2,8 +2,9 @@
 //! (one follower at a time across processes, as the projector), reads the events after the
 //! tree's size in feed order, takes them while their positions are dense and their transactions
 //! are below the commit watermark (positions are handed out in commit order under the feed's lock,
-//! so nothing can appear below a taken one later), hashes their leaves, stores every subtree they
-//! complete and the new right edge, and signs a checkpoint every `checkpoint_events` events or
+//! so nothing can appear below a taken one later), hashes their leaves, appends the hashes of every
+//! subtree they complete at a tile level to its tile (one upsert per touched tile), stores the new
+//! right edge, and signs a checkpoint every `checkpoint_events` events or
 //! `checkpoint_interval`. Appends never wait for it: it only reads the event table.
 //!
 //! It never signs a tree that does not extend the last checkpoint it signed (or the newest
@@ -87,13 +88,18 @@ impl Follower {
         let mut head = store::lock_head(&mut tx, interval_ms).await?;
         let (origin, vkey) = self.identity(&head)?;
         let rows = settled_after(&mut tx, head.edge.size()).await?;
-        let mut completed: Vec<(Subtree, Hash)> = Vec::with_capacity(rows.len() * 2);
+        // Only subtrees at tile levels are stored: about one per leaf.
+        let mut completed: Vec<(Subtree, Hash)> = Vec::with_capacity(rows.len() + 8);
         for row in &rows {
-            head.edge
-                .push(leaf_hash(&row.leaf()), |s, h| completed.push((s, h)));
+            head.edge.push(leaf_hash(&row.leaf()), |s, h| {
+                if tlog::tile::is_stored(s) {
+                    completed.push((s, h));
+                }
+            });
         }
-        if !completed.is_empty() {
-            store::insert_nodes(&mut tx, &completed).await?;
+        let appends = tlog::tile::tile_appends(&completed);
+        if !appends.is_empty() {
+            store::append_tiles(&mut tx, &appends).await?;
         }
         let checkpoint = self.checkpoint_if_due(&mut tx, &head, &origin).await?;
         if !rows.is_empty() || checkpoint.is_some() || head.origin.is_none() {

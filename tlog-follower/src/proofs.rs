@@ -1,6 +1,7 @@
 //! What the log routes read: the newest signed checkpoint, an entry's exact leaf, inclusion and
-//! consistency proofs folded from stored subtrees (O(log n) rows in one query; nothing is
-//! re-hashed), and the stored signing identity.
+//! consistency proofs folded from stored subtree hashes (O(log n) tile slices in one query; a
+//! subtree between tile levels is folded in memory from the at most 128 stored hashes under it;
+//! no leaf or event is read or hashed again), and the stored signing identity.
 
 use sqlx::PgPool;
 use tlog::proof::PlanError;
@@ -101,7 +102,7 @@ pub(crate) async fn resolve_on(
 ) -> Result<Vec<Hash>, ProofError> {
     let mut needed = plan.needed();
     needed.extend_from_slice(extra);
-    let nodes = store::nodes(conn, &needed).await?;
+    let nodes = store::subtrees(conn, &needed).await?;
     let missing = || LogError::Corrupt("a stored subtree a proof needs is missing".into());
     let mut hashes = plan.resolve(&nodes).ok_or_else(missing)?;
     for s in extra {

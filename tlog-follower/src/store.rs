@@ -1,11 +1,11 @@
-//! The tree's tables (migration 0021): `tlog_state` (size, right edge, root, signing identity),
-//! `tlog_nodes` (every perfect subtree by (level, index)), `tlog_checkpoints` (signed notes by
-//! size). Written only by the follower, in its locked transaction; read by proofs and verify.
+//! The tree's tables (migrations 0021 and 0026): `tlog_state` (size, right edge, root, signing
+//! identity), `tlog_tiles` (the hashes of every eighth level, 256 to a row: `tlog::tile`),
+//! `tlog_checkpoints` (signed notes by size). Written only by the follower, in its locked transaction; read by proofs and verify.
 
 use std::collections::HashMap;
 
 use sqlx::PgConnection;
-use tlog::{Hash, RightEdge, Subtree};
+use tlog::{Hash, RightEdge, Subtree, Tile};
 
 use crate::LogError;
 
@@ -51,23 +51,42 @@ pub(crate) async fn lock_head(conn: &mut PgConnection, interval_ms: i64) -> Resu
     })
 }
 
-/// Stores newly completed subtrees.
-pub(crate) async fn insert_nodes(
+/// Appends a pass's new hashes to their tiles (`tlog::tile::tile_appends`): a tile's first
+/// hashes insert its row, later ones are appended to the stored bytes, each only where the stored
+/// tile ends exactly where the new hashes begin. One statement for every touched tile.
+pub(crate) async fn append_tiles(
     conn: &mut PgConnection,
-    nodes: &[(Subtree, Hash)],
-) -> Result<(), sqlx::Error> {
-    let levels: Vec<i16> = nodes.iter().map(|(s, _)| i16::from(s.level)).collect();
-    let idxs: Vec<i64> = nodes.iter().map(|(s, _)| s.index as i64).collect();
-    let hashes: Vec<Vec<u8>> = nodes.iter().map(|(_, h)| h.to_vec()).collect();
-    sqlx::query(
-        "INSERT INTO tlog_nodes (level, idx, hash)
-         SELECT * FROM unnest($1::smallint[], $2::bigint[], $3::bytea[])",
+    appends: &[(Tile, u64, Vec<u8>)],
+) -> Result<(), LogError> {
+    let levels: Vec<i16> = appends.iter().map(|(t, _, _)| i16::from(t.level)).collect();
+    let idxs: Vec<i64> = appends.iter().map(|(t, _, _)| t.index as i64).collect();
+    let offsets: Vec<i32> = appends.iter().map(|(_, o, _)| *o as i32).collect();
+    let hashes: Vec<&[u8]> = appends.iter().map(|(_, _, h)| h.as_slice()).collect();
+    let written: i64 = sqlx::query_scalar(
+        "WITH w AS (SELECT * FROM unnest($1::smallint[], $2::bigint[], $3::int[], $4::bytea[])
+                      AS w(level, idx, off, hashes)),
+              appended AS (UPDATE tlog_tiles t SET hashes = t.hashes || w.hashes FROM w
+                           WHERE w.off > 0 AND t.level = w.level AND t.idx = w.idx
+                             AND length(t.hashes) = w.off * 32
+                           RETURNING 1),
+              started AS (INSERT INTO tlog_tiles (level, idx, hashes)
+                          SELECT level, idx, hashes FROM w WHERE w.off = 0
+                          RETURNING 1)
+         SELECT (SELECT count(*) FROM appended) + (SELECT count(*) FROM started)",
     )
     .bind(levels)
     .bind(idxs)
+    .bind(offsets)
     .bind(hashes)
-    .execute(conn)
+    .fetch_one(conn)
     .await?;
+    if written != appends.len() as i64 {
+        return Err(LogError::Corrupt(format!(
+            "{} of {} tiles do not end where the tree's size says they do",
+            appends.len() as i64 - written,
+            appends.len()
+        )));
+    }
     Ok(())
 }
 
@@ -130,31 +149,42 @@ pub(crate) async fn insert_checkpoint(
     Ok(())
 }
 
-/// The stored hashes of `subtrees` (those stored; a missing one is absent from the map).
-pub(crate) async fn nodes(
+/// The hashes of `subtrees` (those stored; a missing one is absent from the map), from the
+/// tiles: one slice of one tile each (`Subtree::tile_slice`), read with `substring` (tiles are
+/// stored uncompressed, so only the slice's TOAST chunks are read), folded in memory when the
+/// subtree's level lies between tile levels. Nothing is re-hashed from the log.
+pub(crate) async fn subtrees(
     conn: &mut PgConnection,
     subtrees: &[Subtree],
 ) -> Result<HashMap<Subtree, Hash>, LogError> {
-    let levels: Vec<i16> = subtrees.iter().map(|s| i16::from(s.level)).collect();
-    let idxs: Vec<i64> = subtrees.iter().map(|s| s.index as i64).collect();
-    let rows: Vec<(i16, i64, Vec<u8>)> = sqlx::query_as(
-        "SELECT n.level, n.idx, n.hash
-         FROM unnest($1::smallint[], $2::bigint[]) AS w(level, idx)
-         JOIN tlog_nodes n ON n.level = w.level AND n.idx = w.idx",
+    let slices: Vec<_> = subtrees.iter().map(|s| s.tile_slice()).collect();
+    let levels: Vec<i16> = slices.iter().map(|s| i16::from(s.tile.level)).collect();
+    let idxs: Vec<i64> = slices.iter().map(|s| s.tile.index as i64).collect();
+    let offsets: Vec<i32> = slices.iter().map(|s| s.offset as i32).collect();
+    let counts: Vec<i32> = slices.iter().map(|s| s.count as i32).collect();
+    let rows: Vec<(i64, Vec<u8>)> = sqlx::query_as(
+        "SELECT w.n, substring(t.hashes FROM w.off * 32 + 1 FOR w.count * 32)
+         FROM unnest($1::smallint[], $2::bigint[], $3::int[], $4::int[])
+                WITH ORDINALITY AS w(level, idx, off, count, n)
+         JOIN tlog_tiles t ON t.level = w.level AND t.idx = w.idx",
     )
     .bind(levels)
     .bind(idxs)
+    .bind(offsets)
+    .bind(counts)
     .fetch_all(conn)
     .await?;
-    rows.into_iter()
-        .map(|(level, idx, hash)| {
-            let subtree = Subtree {
-                level: u8::try_from(level).map_err(|_| LogError::Corrupt("a level".into()))?,
-                index: size_of(idx)?,
-            };
-            Ok((subtree, to_hash(&hash)?))
-        })
-        .collect()
+    let mut out = HashMap::with_capacity(rows.len());
+    for (n, bytes) in rows {
+        let i = usize::try_from(n - 1).map_err(|_| LogError::Corrupt("an ordinal".into()))?;
+        let (subtree, slice) = (subtrees[i], slices[i]);
+        // A tile shorter than the slice has not grown that far: the subtree is not stored.
+        if bytes.len() as u64 == slice.count * 32 {
+            let hash = tlog::tile::fold_perfect(&bytes).expect("a power of two of hashes");
+            out.insert(subtree, hash);
+        }
+    }
+    Ok(out)
 }
 
 /// The tree's size and signing identity, as the readers see them.

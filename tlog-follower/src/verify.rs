@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use futures_util::StreamExt;
 use sqlx::PgPool;
-use tlog::{leaf_hash, Checkpoint, Hash, RightEdge, Verifier};
+use tlog::{leaf_hash, Checkpoint, Hash, RightEdge, Verifier, TILE_WIDTH};
 
 use crate::copy::field;
 use crate::entries::{EntryRow, ENTRY_COLUMNS};
@@ -105,6 +105,8 @@ struct Checker {
     tree_size: u64,
     edge: RightEdge,
     expected: BTreeMap<u64, Vec<Expected>>,
+    /// The level-0 tile of the current entries (empty when the tree stores none for them).
+    tile: Vec<u8>,
 }
 
 impl Checker {
@@ -112,7 +114,7 @@ impl Checker {
     fn line(&mut self, line: &[u8]) -> Result<(), Finding> {
         let next = self.edge.size() + 1;
         let at = format!("position {next}");
-        let (row, stored) =
+        let (row, tile) =
             parse_line(line).map_err(|why| finding(&at, format!("unreadable entry: {why}")))?;
         if row.position != next as i64 {
             return Err(finding(
@@ -123,6 +125,14 @@ impl Checker {
                 ),
             ));
         }
+        let offset = ((next - 1) % TILE_WIDTH) as usize * 32;
+        if offset == 0 {
+            self.tile = tile.unwrap_or_default();
+        }
+        let stored: Option<Hash> = self
+            .tile
+            .get(offset..offset + 32)
+            .map(|h| h.try_into().expect("32 bytes"));
         let hash = leaf_hash(&row.leaf());
         match stored {
             Some(s) if s != hash => {
@@ -188,8 +198,8 @@ impl Checker {
     }
 }
 
-/// One COPY line of [`verify`]'s query.
-fn parse_line(line: &[u8]) -> Result<(EntryRow, Option<Hash>), String> {
+/// One COPY line of [`verify`]'s query: the entry, and the level-0 tile on a tile's first entry.
+fn parse_line(line: &[u8]) -> Result<(EntryRow, Option<Vec<u8>>), String> {
     let mut fields = line.split(|b| *b == b'\t');
     let mut next = |name: &str| -> Result<Option<String>, String> {
         let raw = fields.next().ok_or(format!("no {name}"))?;
@@ -208,7 +218,7 @@ fn parse_line(line: &[u8]) -> Result<(EntryRow, Option<Hash>), String> {
     let occurred_at = text(next("occurred_at")?, "occurred_at")?;
     let user_id = next("user_id")?.map(|u| int(u, "user_id")).transpose()?;
     let payload = text(next("payload")?, "payload")?;
-    let stored = next("leaf hash")?.map(|h| decode_hex(&h)).transpose()?;
+    let tile = next("tile")?.map(|h| decode_hex(&h)).transpose()?;
     let row = EntryRow {
         position,
         aggregate_type,
@@ -220,10 +230,10 @@ fn parse_line(line: &[u8]) -> Result<(EntryRow, Option<Hash>), String> {
         user_id,
         payload,
     };
-    Ok((row, stored))
+    Ok((row, tile))
 }
 
-fn decode_hex(hex: &str) -> Result<Hash, String> {
+fn decode_hex(hex: &str) -> Result<Vec<u8>, String> {
     let bytes: Vec<u8> = (0..hex.len())
         .step_by(2)
         .map(|i| {
@@ -231,23 +241,29 @@ fn decode_hex(hex: &str) -> Result<Hash, String> {
                 .and_then(|b| u8::from_str_radix(b, 16).ok())
         })
         .collect::<Option<_>>()
-        .ok_or("bad leaf hash")?;
-    bytes
-        .try_into()
-        .map_err(|_| "a leaf hash not 32 bytes".into())
+        .ok_or("bad tile")?;
+    if !bytes.len().is_multiple_of(32) {
+        return Err(format!("a tile of {} bytes", bytes.len()));
+    }
+    Ok(bytes)
 }
 
-/// Streams every entry, with the leaf hash the tree stores for it, through `checker`; the first
-/// difference.
+/// Streams every entry, with the leaf hashes the tree stores for it (its level-0 tile), through
+/// `checker`; the first difference.
 async fn stream_entries(
     conn: &mut sqlx::PgConnection,
     checker: &mut Checker,
     progress: &mut impl FnMut(u64),
 ) -> Result<Option<Finding>, LogError> {
+    // The level-0 tile of the leaves' hashes rides on the line of its first position: one read
+    // of each tile, 256 entries apart.
     let query = format!(
-        "COPY (SELECT {ENTRY_COLUMNS}, encode(n.hash, 'hex')
-               FROM events e LEFT JOIN tlog_nodes n ON n.level = 0 AND n.idx = e.feed_position - 1
-               ORDER BY e.feed_position) TO STDOUT"
+        "COPY (SELECT {ENTRY_COLUMNS},
+                      CASE WHEN (e.feed_position - 1) % {TILE_WIDTH} = 0 THEN
+                          (SELECT encode(t.hashes, 'hex') FROM tlog_tiles t
+                           WHERE t.level = 0 AND t.idx = (e.feed_position - 1) / {TILE_WIDTH})
+                      END
+               FROM events e ORDER BY e.feed_position) TO STDOUT"
     );
     let mut stream = conn.copy_out_raw(&query).await?;
     let mut found = None;
@@ -310,6 +326,7 @@ pub async fn verify(
         tree_size: head.size,
         edge: RightEdge::new(),
         expected,
+        tile: Vec::new(),
     };
     // Checkpoints of the empty tree are checked before the first entry.
     if let Err(f) = checker.check_roots() {

@@ -3,8 +3,9 @@
 //!
 //! By job, bottom up: `leaf` (an entry's exact bytes, RFC 8785 canonical JSON) → `hash` (RFC 6962
 //! leaf and node hashes) → `tree` (perfect subtrees, the right edge that grows by one leaf, roots)
-//! → `proof` (which stored subtrees an inclusion or consistency proof needs, and the RFC 9162
-//! verifications) ; apart: `note` (C2SP signed notes with Ed25519, signer and verifier keys) and
+//! → `proof` (which subtrees an inclusion or consistency proof needs, and the RFC 9162
+//! verifications) → `tile` (where a subtree's hash is stored: tiles of 256 hashes every 8 levels);
+//! apart: `note` (C2SP signed notes with Ed25519, signer and verifier keys) and
 //! `checkpoint` (C2SP tlog-checkpoint bodies). The storage and the follower that feeds it live in
 //! `tlog-follower`; the routes and the CLI in `command-api`.
 
@@ -13,6 +14,7 @@ pub mod hash;
 pub mod leaf;
 pub mod note;
 pub mod proof;
+pub mod tile;
 pub mod tree;
 
 pub use checkpoint::Checkpoint;
@@ -22,6 +24,7 @@ pub use note::{NoteError, Signer, Verifier};
 pub use proof::{
     consistency_plan, inclusion_plan, verify_consistency, verify_inclusion, ProofPlan,
 };
+pub use tile::{Tile, TileSlice, TILE_HEIGHT, TILE_WIDTH};
 pub use tree::{RightEdge, Subtree};
 
 /// The origin of a log: the ledger's name, and its cell's when the ledger runs several cells.
