@@ -130,7 +130,10 @@ fn journal_problems(
 
 /// The ledger's own exact check (`GET /api/v1/admin/invariant`, `?full=true` for the full one
 /// from zero): `None` when it answers ok and nothing is halted, else what is wrong. Retried
-/// while it cannot run (a process still starting).
+/// while it cannot run (a process still starting) or, under a cell map, while it covers only
+/// part of the cells (`partial`: a cell whose database or spot-core path was faulted a moment
+/// ago is marked up again by its watcher's next probe); a cell still down at the deadline is
+/// reported.
 pub(super) async fn ledger_invariant(base: &str, full: bool) -> anyhow::Result<Option<String>> {
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(120))
@@ -151,6 +154,10 @@ pub(super) async fn ledger_invariant(base: &str, full: bool) -> anyhow::Result<O
         let last = match http.get(&url).bearer_auth(&admin).send().await {
             Ok(resp) if resp.status().is_success() => {
                 let body: serde_json::Value = resp.json().await?;
+                if body["partial"] == serde_json::json!(true) && Instant::now() <= deadline {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
                 return Ok(
                     if body["ok"] == serde_json::json!(true) && body["halted"] != true {
                         None
