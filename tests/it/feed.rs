@@ -17,8 +17,9 @@ use crate::helpers::ApiStack;
 use crate::procs::LedgerProcess;
 
 /// Appends one new transfer's `TransferCreated` the way postgres-es does (its seven columns
-/// only), inside `tx`; returns its event id.
-async fn append_created(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>, user: u64) -> String {
+/// only, its feed position from the column's default), on `conn` (a transaction's, or a pool);
+/// returns its event id.
+pub(crate) async fn append_created<'c>(conn: impl sqlx::PgExecutor<'c>, user: u64) -> String {
     let req_id = ReqId::generate();
     let event = TransferEvent::TransferCreated {
         req_id,
@@ -36,7 +37,7 @@ async fn append_created(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>, user: u6
     )
     .bind(req_id.to_string())
     .bind(serde_json::to_value(&event).unwrap())
-    .execute(&mut **tx)
+    .execute(conn)
     .await
     .unwrap();
     format!("Transfer:{req_id}:1")
@@ -71,7 +72,7 @@ fn append_and_commit(pool: &PgPool, user: u64) -> tokio::task::JoinHandle<String
     let pool = pool.clone();
     tokio::spawn(async move {
         let mut tx = pool.begin().await.unwrap();
-        let id = append_created(&mut tx, user).await;
+        let id = append_created(&mut *tx, user).await;
         tx.commit().await.unwrap();
         id
     })
@@ -100,7 +101,7 @@ async fn feed_never_delivers_a_position_while_a_lower_one_may_still_commit() {
     // A takes position 1 and stays open. B's append must wait: it cannot take a position while a
     // lower one may still commit.
     let mut a = pool.begin().await.unwrap();
-    append_created(&mut a, 1).await;
+    append_created(&mut *a, 1).await;
     let b = append_and_commit(pool, 2);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!b.is_finished(), "B appended while A held a lower position");
@@ -113,7 +114,7 @@ async fn feed_never_delivers_a_position_while_a_lower_one_may_still_commit() {
 
     // C takes 2 and stays open; D waits, and follows C once C commits.
     let mut c = pool.begin().await.unwrap();
-    let c_id = append_created(&mut c, 3).await;
+    let c_id = append_created(&mut *c, 3).await;
     let d = append_and_commit(pool, 4);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!d.is_finished(), "D appended while C held a lower position");
@@ -145,7 +146,7 @@ async fn feed_has_no_gap_and_no_duplicate_under_many_concurrent_writers() {
                 let mut tx = pool.begin().await.unwrap();
                 // 1 to 3 transfers' events in one transaction, like a batched append.
                 for _ in 0..=((w + i) % 3) {
-                    ids.push(append_created(&mut tx, 100 + w).await);
+                    ids.push(append_created(&mut *tx, 100 + w).await);
                 }
                 // Hold the transaction open for a while so commits interleave out of position
                 // order.

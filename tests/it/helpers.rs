@@ -36,6 +36,35 @@ impl TestDb {
             .expect("prepare test database");
         Self { url, pool, name }
     }
+
+    /// A database of its own migrated only up to (not including) `version`: an older ledger's
+    /// database, for a test of what a later migration does to it (`sqlx migrate` then applies
+    /// the rest when the ledger starts).
+    pub async fn migrated_before(version: i64) -> Self {
+        let name = format!("it_{}", ulid::Ulid::new().to_string().to_lowercase());
+        let url = format!("{}/{}", server_url(), name);
+        schema::ensure_database(&url)
+            .await
+            .expect("create test database");
+        let pool = schema::connect(&url, 5)
+            .await
+            .expect("connect test database");
+        let before = sqlx::migrate::Migrator {
+            migrations: std::borrow::Cow::Owned(
+                schema::MIGRATOR
+                    .iter()
+                    .filter(|m| m.version < version)
+                    .cloned()
+                    .collect(),
+            ),
+            ..sqlx::migrate::Migrator::DEFAULT
+        };
+        before
+            .run(&pool)
+            .await
+            .unwrap_or_else(|e| panic!("migrations before {version}: {e}"));
+        Self { url, pool, name }
+    }
 }
 
 /// A test that passed takes its database with it (`tests::pg_ctl::drop_database`, as a clean

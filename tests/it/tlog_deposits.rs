@@ -5,16 +5,13 @@
 //! overflow); the migration gives deposits made before it their entries at the log's end; and
 //! the whole log, deposits included, verifies.
 
-use std::borrow::Cow;
-
-use chrono::Utc;
-use domain::{AccountType, Amount, AssetSymbol, ReqId, TransferEvent, UserId};
+use domain::{Amount, AssetSymbol, UserId};
 use reqwest::Method;
 use serde_json::{json, Value};
-use sqlx::migrate::Migrator;
 use sqlx::PgPool;
 
-use crate::helpers::{server_url, ApiStack};
+use crate::feed::append_created;
+use crate::helpers::{ApiStack, TestDb};
 use crate::tlog::{exec, follow, key_file, ledger, signer};
 
 async fn head(pool: &PgPool) -> i64 {
@@ -188,48 +185,10 @@ async fn tlog_deposit_is_one_feed_event_and_its_retries_append_none() {
     assert_eq!(head(&pool).await, 3);
 }
 
-/// One `TransferCreated` appended as the ledger before migration 0025 could (postgres-es's seven
-/// columns, its position from the column's default).
-async fn append_created(pool: &PgPool, user: u64) {
-    let req_id = ReqId::generate();
-    let event = TransferEvent::TransferCreated {
-        req_id,
-        user_id: UserId::new(user).unwrap(),
-        from: AccountType::Funding,
-        to: AccountType::Spot,
-        asset: AssetSymbol::parse("USDT").unwrap(),
-        amount: Amount::parse("1").unwrap(),
-        cid: None,
-        at: Utc::now(),
-    };
-    sqlx::query(
-        "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version,
-            payload, metadata) VALUES ('Transfer', $1, 1, 'TransferCreated', '1', $2, '{}')",
-    )
-    .bind(req_id.to_string())
-    .bind(serde_json::to_value(&event).unwrap())
-    .execute(pool)
-    .await
-    .unwrap();
-}
-
 #[tokio::test]
 async fn tlog_deposit_entries_of_earlier_deposits_are_appended_at_the_log_end_by_the_migration() {
-    let name = format!("it_{}", ulid::Ulid::new().to_string().to_lowercase());
-    let url = format!("{}/{name}", server_url());
-    schema::ensure_database(&url).await.unwrap();
-    let pool = schema::connect(&url, 5).await.unwrap();
-    let before = Migrator {
-        migrations: Cow::Owned(
-            schema::MIGRATOR
-                .iter()
-                .filter(|m| m.version < 25)
-                .cloned()
-                .collect(),
-        ),
-        ..Migrator::DEFAULT
-    };
-    before.run(&pool).await.unwrap();
+    let db = TestDb::migrated_before(25).await;
+    let pool = db.pool.clone();
 
     // The log and deposits as they stood: rows and balances, no entries, between events.
     append_created(&pool, 1).await;
@@ -305,9 +264,4 @@ async fn tlog_deposit_entries_of_earlier_deposits_are_appended_at_the_log_end_by
         .unwrap();
     assert_eq!(report.finding, None);
     assert_eq!((report.entries, report.deposits), (6, 4));
-
-    pool.close().await;
-    tests::pg_ctl::drop_database(&server_url(), &name)
-        .await
-        .unwrap();
 }

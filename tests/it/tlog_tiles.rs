@@ -3,15 +3,13 @@
 //! the migration, and its proofs, `ledger verify` and its follower go on from the tiles; a tile
 //! edited, cut short or deleted with SQL is caught by `ledger verify` at the position it breaks.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 
-use sqlx::migrate::Migrator;
 use sqlx::PgPool;
 use tlog::{consistency_plan, inclusion_plan, leaf_hash, Checkpoint, Hash, RightEdge, Subtree};
 use tlog_follower::proofs;
 
-use crate::helpers::server_url;
+use crate::helpers::TestDb;
 use crate::tlog::{exec, follow, follower, key_file, ledger, signer};
 
 /// `n` events appended with SQL: the log needs no transfer to be hashed.
@@ -105,21 +103,8 @@ async fn proofs_match(pool: &PgPool, nodes: &HashMap<Subtree, Hash>, size: u64) 
 // long: one upgrade read top to bottom (the old tree, the migration, proofs, verify, growth).
 #[tokio::test]
 async fn tlog_tiles_an_old_tree_is_converted_and_its_proofs_and_verify_hold() {
-    let name = format!("it_{}", ulid::Ulid::new().to_string().to_lowercase());
-    let url = format!("{}/{name}", server_url());
-    schema::ensure_database(&url).await.unwrap();
-    let pool = schema::connect(&url, 5).await.unwrap();
-    let before = Migrator {
-        migrations: Cow::Owned(
-            schema::MIGRATOR
-                .iter()
-                .filter(|m| m.version < 26)
-                .cloned()
-                .collect(),
-        ),
-        ..Migrator::DEFAULT
-    };
-    before.run(&pool).await.unwrap();
+    let db = TestDb::migrated_before(26).await;
+    let (url, pool) = (db.url.clone(), db.pool.clone());
     // Two full level-0 tiles and a partial third (600 = 2 * 256 + 88); level 8's tile holds 2.
     append(&pool, 1, 600).await;
     let nodes = old_tree(&pool, 600).await;
@@ -168,10 +153,6 @@ async fn tlog_tiles_an_old_tree_is_converted_and_its_proofs_and_verify_hold() {
     let (ok, out) = ledger(&["verify"], &url, &key);
     assert!(ok, "the grown tree verifies: {out}");
     assert!(out.contains("900"), "{out}");
-    pool.close().await;
-    tests::pg_ctl::drop_database(&server_url(), &name)
-        .await
-        .unwrap();
 }
 
 /// A database with 600 entries followed by the follower (tiles written by it), and the key.

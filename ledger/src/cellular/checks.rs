@@ -23,7 +23,7 @@ use domain::ErrorCode;
 use edge::error::ApiError;
 use serde_json::json;
 
-use super::fanout::{self, Answers};
+use super::fanout;
 use super::front::Front;
 use super::views::{first_refusal, query_pairs, query_usize};
 
@@ -155,14 +155,7 @@ async fn unnamed_clear(front: &Front) -> Response {
 async fn history(front: &Front, req: Request, only: Option<CellId>) -> Response {
     let (parts, _) = req.into_parts();
     let cells: Vec<CellId> = only.map_or_else(|| front.cells().collect(), |c| vec![c]);
-    let asks = cells
-        .iter()
-        .map(|c| front.ask(*c, &parts.uri, &parts.headers));
-    let answers: Answers = cells
-        .iter()
-        .copied()
-        .zip(futures_util::future::join_all(asks).await)
-        .collect();
+    let answers = front.ask_cells(&cells, &parts.uri, &parts.headers).await;
     if let Some(refusal) = first_refusal(&answers) {
         return refusal;
     }

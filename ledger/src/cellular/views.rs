@@ -74,9 +74,19 @@ impl Front {
     /// The same GET asked of every cell at once.
     async fn ask_every(&self, uri: &Uri, headers: &HeaderMap) -> Answers {
         let cells: Vec<CellId> = self.cells().collect();
+        self.ask_cells(&cells, uri, headers).await
+    }
+
+    /// The same GET asked of each of `cells` at once.
+    pub(super) async fn ask_cells(
+        &self,
+        cells: &[CellId],
+        uri: &Uri,
+        headers: &HeaderMap,
+    ) -> Answers {
         let asks = cells.iter().map(|c| self.ask(*c, uri, headers));
         let answers = futures_util::future::join_all(asks).await;
-        cells.into_iter().zip(answers).collect()
+        cells.iter().copied().zip(answers).collect()
     }
 
     /// `GET /metrics`: every cell's figures with its `cell` label, and `ledger_cell_up`.
