@@ -23,6 +23,8 @@ pub(crate) struct Bench {
     /// One token per client, each its own user's.
     tokens: Vec<Vec<String>>,
     seconds: u64,
+    /// Each run's first seconds, driven and not counted (`drive`).
+    settle: Duration,
     seeded: bool,
 }
 
@@ -89,6 +91,7 @@ impl Bench {
             http,
             tokens,
             seconds,
+            settle: Duration::ZERO,
             seeded: false,
         })
     }
@@ -100,9 +103,27 @@ impl Bench {
 
     /// Drives transfers through `started` for the run's seconds, `bulk` per request (1: the
     /// single route); the first run's clients get their money first.
+    /// One measured run: first `settle` of traffic, not counted (its rate is printed), then
+    /// `seconds` counted. Both kinds of run settle alike. What it leaves out is each run's start:
+    /// a fresh process's pools and caches, and for an "on" run whatever its setting did before
+    /// the traffic (the log's catch-up read of the off run's entries pulls them through
+    /// PostgreSQL's buffers): what is measured is the setting's cost at a steady state.
     pub async fn drive(&mut self, started: &Started, bulk: usize) -> anyhow::Result<Run> {
+        if !self.settle.is_zero() {
+            let settle = self.drive_for(started, bulk, self.settle).await?;
+            println!(
+                "settling, not counted:      {:.1} s at {:.0} transfers/s",
+                self.settle.as_secs_f64(),
+                settle.tps()
+            );
+        }
         self.drive_for(started, bulk, Duration::from_secs(self.seconds))
             .await
+    }
+
+    /// Sets how long each run settles before it is counted (`drive`).
+    pub fn settle(&mut self, seconds: f64) {
+        self.settle = Duration::from_secs_f64(seconds.max(0.0));
     }
 
     async fn drive_for(

@@ -36,6 +36,10 @@ pub struct Args {
     /// A first run, the log off, not counted (`abab::Bench::warm_up`).
     #[arg(long, default_value_t = 8)]
     warmup_seconds: u64,
+    /// Each run's first seconds, driven and not counted, in both kinds of run
+    /// (`abab::Bench::drive`).
+    #[arg(long, default_value_t = 2.0)]
+    settle_seconds: f64,
     /// Transfers per request of the bulk route's runs.
     #[arg(long, default_value_t = 100)]
     bulk: usize,
@@ -111,6 +115,7 @@ async fn rates(args: &Args, key: &Path) -> anyhow::Result<Vec<String>> {
         key.to_str().context("a UTF-8 key path")?.to_owned(),
     )];
     bench.warm_up(args.warmup_seconds, 1).await?;
+    bench.settle(args.settle_seconds);
     let mut summary = Vec::new();
     for (bulk, route) in [
         (1, "single-transfer route".to_owned()),

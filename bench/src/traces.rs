@@ -28,6 +28,10 @@ pub struct Args {
     /// A first run, traces off, not counted (`abab::Bench::warm_up`).
     #[arg(long, default_value_t = 8)]
     pub(crate) warmup_seconds: u64,
+    /// Each run's first seconds, driven and not counted, in both kinds of run
+    /// (`abab::Bench::drive`).
+    #[arg(long, default_value_t = 2.0)]
+    pub(crate) settle_seconds: f64,
     /// The PostgreSQL server; the benchmark makes its own database `ledger_bench_traces` there.
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
     pub(crate) server: String,
@@ -96,6 +100,7 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
     let (sink, received) = start_sink().await?;
     println!("clean database: {}; OTLP/HTTP sink on {sink}", bench.url);
     bench.warm_up(args.warmup_seconds, 1).await?;
+    bench.settle(args.settle_seconds);
     let mut series = Series::default();
     for round in 0..args.pairs * 2 {
         let traced = round % 2 == 1;

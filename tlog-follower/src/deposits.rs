@@ -8,7 +8,6 @@
 
 use sqlx::PgConnection;
 
-use crate::entries::EntryRow;
 use crate::finding::{finding, Finding};
 use crate::LogError;
 
@@ -20,7 +19,7 @@ const DEPOSITED_VERSION: &str = "1";
 
 /// A deposit's entry has the one shape the ledger writes; any entry of the `Deposit` aggregate
 /// or of the `ExternalDeposited` type that does not is refused, with why.
-pub(crate) fn check_shape(row: &EntryRow) -> Result<(), String> {
+pub(crate) fn check_shape(row: &tlog::Entry<'_>) -> Result<(), String> {
     let deposit_type = row.aggregate_type == DEPOSIT_AGGREGATE;
     let deposit_event = row.event_type == DEPOSITED_EVENT;
     if !deposit_type && !deposit_event {
@@ -141,6 +140,7 @@ fn describe(u: Unmatched) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::entries::EntryRow;
 
     fn row(aggregate_type: &str, sequence: i64, event_type: &str, version: &str) -> EntryRow {
         EntryRow {
@@ -158,15 +158,15 @@ mod tests {
 
     #[test]
     fn a_deposit_entry_has_the_one_shape_the_ledger_writes() {
-        assert!(check_shape(&row("Deposit", 1, "ExternalDeposited", "1")).is_ok());
-        assert!(check_shape(&row("Transfer", 3, "SourceWithdrawn", "1")).is_ok());
+        assert!(check_shape(&row("Deposit", 1, "ExternalDeposited", "1").entry()).is_ok());
+        assert!(check_shape(&row("Transfer", 3, "SourceWithdrawn", "1").entry()).is_ok());
         for bad in [
             row("Deposit", 2, "ExternalDeposited", "1"),
             row("Deposit", 1, "ExternalDeposited", "2"),
             row("Deposit", 1, "TransferCreated", "1"),
             row("Transfer", 1, "ExternalDeposited", "1"),
         ] {
-            let why = check_shape(&bad).unwrap_err();
+            let why = check_shape(&bad.entry()).unwrap_err();
             assert!(why.contains("a deposit's entry is Deposit:"), "{why}");
         }
     }

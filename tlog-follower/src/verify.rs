@@ -10,12 +10,11 @@
 
 use std::collections::BTreeMap;
 
-use futures_util::StreamExt;
 use sqlx::PgPool;
 use tlog::{leaf_hash, Checkpoint, Hash, RightEdge, Verifier, TILE_WIDTH};
 
-use crate::copy::field;
-use crate::entries::{EntryRow, ENTRY_COLUMNS};
+use crate::copy::{fields, for_each_line, next_field, CopyEntry};
+use crate::entries::ENTRY_COLUMNS;
 use crate::finding::finding;
 pub use crate::finding::Finding;
 use crate::{deposits, store, LogError};
@@ -107,18 +106,22 @@ struct Checker {
     expected: BTreeMap<u64, Vec<Expected>>,
     /// The level-0 tile of the current entries (empty when the tree stores none for them).
     tile: Vec<u8>,
+    /// The current entry's leaf bytes (one buffer for every entry).
+    leaf: Vec<u8>,
 }
 
 impl Checker {
     /// One COPY line: an entry and the leaf hash the tree stores for its position.
     fn line(&mut self, line: &[u8]) -> Result<(), Finding> {
         let next = self.edge.size() + 1;
-        let at = format!("position {next}");
-        let (row, tile) =
-            parse_line(line).map_err(|why| finding(&at, format!("unreadable entry: {why}")))?;
+        let at = || format!("position {next}");
+        let mut fields = fields(line);
+        let (row, tile) = CopyEntry::read(&mut fields)
+            .and_then(|row| Ok((row, next_field(&mut fields, "tile")?)))
+            .map_err(|why| finding(at(), format!("unreadable entry: {why}")))?;
         if row.position != next as i64 {
             return Err(finding(
-                at,
+                at(),
                 format!(
                     "missing from the log (the next entry is at position {})",
                     row.position
@@ -127,28 +130,34 @@ impl Checker {
         }
         let offset = ((next - 1) % TILE_WIDTH) as usize * 32;
         if offset == 0 {
-            self.tile = tile.unwrap_or_default();
+            self.tile = match tile {
+                Some(hex) => decode_hex(&hex)
+                    .map_err(|why| finding(at(), format!("unreadable entry: {why}")))?,
+                None => Vec::new(),
+            };
         }
         let stored: Option<Hash> = self
             .tile
             .get(offset..offset + 32)
             .map(|h| h.try_into().expect("32 bytes"));
-        let hash = leaf_hash(&row.leaf());
+        let entry = row.entry();
+        entry.write_leaf(&mut self.leaf);
+        let hash = leaf_hash(&self.leaf);
         match stored {
             Some(s) if s != hash => {
                 return Err(finding(
-                    at,
+                    at(),
                     "its entry differs from the leaf the tree holds (edited, replaced or moved)",
                 ))
             }
             None if next <= self.tree_size => {
-                return Err(finding(at, "the tree holds no leaf for it"))
+                return Err(finding(at(), "the tree holds no leaf for it"))
             }
             _ => {}
         }
         // An entry the tree already holds was caught above if edited; this names one that was
         // never a deposit's as the ledger writes it (appended before the tree took it).
-        deposits::check_shape(&row).map_err(|why| finding(&at, why))?;
+        deposits::check_shape(&entry).map_err(|why| finding(at(), why))?;
         self.edge.push(hash, |_, _| {});
         self.check_roots()
     }
@@ -198,41 +207,6 @@ impl Checker {
     }
 }
 
-/// One COPY line of [`verify`]'s query: the entry, and the level-0 tile on a tile's first entry.
-fn parse_line(line: &[u8]) -> Result<(EntryRow, Option<Vec<u8>>), String> {
-    let mut fields = line.split(|b| *b == b'\t');
-    let mut next = |name: &str| -> Result<Option<String>, String> {
-        let raw = fields.next().ok_or(format!("no {name}"))?;
-        field(raw)
-            .map(|v| v.map(|s| s.into_owned()))
-            .map_err(|()| format!("bad {name}"))
-    };
-    let text = |v: Option<String>, name: &str| v.ok_or(format!("null {name}"));
-    let int = |s: String, name: &str| s.parse::<i64>().map_err(|_| format!("bad {name}"));
-    let position = int(text(next("position")?, "position")?, "position")?;
-    let aggregate_type = text(next("aggregate_type")?, "aggregate_type")?;
-    let aggregate_id = text(next("aggregate_id")?, "aggregate_id")?;
-    let sequence = int(text(next("sequence")?, "sequence")?, "sequence")?;
-    let event_type = text(next("event_type")?, "event_type")?;
-    let event_version = text(next("event_version")?, "event_version")?;
-    let occurred_at = text(next("occurred_at")?, "occurred_at")?;
-    let user_id = next("user_id")?.map(|u| int(u, "user_id")).transpose()?;
-    let payload = text(next("payload")?, "payload")?;
-    let tile = next("tile")?.map(|h| decode_hex(&h)).transpose()?;
-    let row = EntryRow {
-        position,
-        aggregate_type,
-        aggregate_id,
-        sequence,
-        event_type,
-        event_version,
-        occurred_at,
-        user_id,
-        payload,
-    };
-    Ok((row, tile))
-}
-
 fn decode_hex(hex: &str) -> Result<Vec<u8>, String> {
     let bytes: Vec<u8> = (0..hex.len())
         .step_by(2)
@@ -265,32 +239,16 @@ async fn stream_entries(
                       END
                FROM events e ORDER BY e.feed_position) TO STDOUT"
     );
-    let mut stream = conn.copy_out_raw(&query).await?;
-    let mut found = None;
-    // A row may be split across chunks: the unfinished tail waits for the next chunk. After a
-    // finding the stream is drained, unread, so the connection ends the COPY cleanly.
-    let mut carry: Vec<u8> = Vec::new();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk?;
-        if found.is_some() {
-            continue;
+    let stream = conn.copy_out_raw(&query).await?;
+    let outcome = for_each_line(stream, |line| {
+        checker.line(line)?;
+        if checker.edge.size().is_multiple_of(65_536) {
+            progress(checker.edge.size());
         }
-        let mut rest: &[u8] = &chunk;
-        while let Some(end) = rest.iter().position(|b| *b == b'\n') {
-            carry.extend_from_slice(&rest[..end]);
-            rest = &rest[end + 1..];
-            if let Err(f) = checker.line(&carry) {
-                found = Some(f);
-                break;
-            }
-            carry.clear();
-            if checker.edge.size().is_multiple_of(65_536) {
-                progress(checker.edge.size());
-            }
-        }
-        carry.extend_from_slice(rest);
-    }
-    Ok(found)
+        Ok(true)
+    })
+    .await?;
+    Ok(outcome.err())
 }
 
 /// Verifies the log of `pool` (see the module's comment); `progress` gets the number of entries
@@ -327,6 +285,7 @@ pub async fn verify(
         edge: RightEdge::new(),
         expected,
         tile: Vec::new(),
+        leaf: Vec::new(),
     };
     // Checkpoints of the empty tree are checked before the first entry.
     if let Err(f) = checker.check_roots() {

@@ -30,58 +30,133 @@ pub struct Entry<'a> {
 impl Entry<'_> {
     /// The leaf bytes: the canonical JSON object, keys in order.
     pub fn leaf(&self) -> Vec<u8> {
-        let mut out = String::with_capacity(200 + self.payload.len() * 11 / 10);
-        let event_id = format!(
-            "{}:{}:{}",
-            self.aggregate_type, self.aggregate_id, self.sequence
-        );
-        out.push('{');
-        field(&mut out, "aggregate_id", Some(self.aggregate_id));
-        field(&mut out, "aggregate_type", Some(self.aggregate_type));
-        field(&mut out, "event_id", Some(&event_id));
-        field(&mut out, "event_type", Some(self.event_type));
-        field(&mut out, "event_version", Some(self.event_version));
-        field(&mut out, "occurred_at", Some(self.occurred_at));
-        field(&mut out, "payload", Some(self.payload));
-        field(&mut out, "position", Some(&self.position.to_string()));
-        field(&mut out, "sequence", Some(&self.sequence.to_string()));
-        let user = self.user_id.map(|u| u.to_string());
-        field(&mut out, "user_id", user.as_deref());
-        out.pop(); // the last field's comma
-        out.push('}');
-        out.into_bytes()
+        let mut out = Vec::new();
+        self.write_leaf(&mut out);
+        out
     }
+
+    /// Writes the leaf bytes into `out` (cleared first): the follower and `verify` reuse one
+    /// buffer for every entry. No allocation beyond `out`'s growth.
+    pub fn write_leaf(&self, out: &mut Vec<u8>) {
+        out.clear();
+        out.reserve(200 + self.payload.len() * 11 / 10);
+        let mut digits = Digits::default();
+        out.push(b'{');
+        field(out, "aggregate_id", Some(self.aggregate_id));
+        field(out, "aggregate_type", Some(self.aggregate_type));
+        // `event_id` is `type:id:sequence`; ':' and digits need no escape, so its JCS string is
+        // the concatenation of its parts' escapes.
+        out.extend_from_slice(b"\"event_id\":\"");
+        jcs_content(out, self.aggregate_type);
+        out.push(b':');
+        jcs_content(out, self.aggregate_id);
+        out.push(b':');
+        out.extend_from_slice(digits.of(self.sequence));
+        out.extend_from_slice(b"\",");
+        field(out, "event_type", Some(self.event_type));
+        field(out, "event_version", Some(self.event_version));
+        field(out, "occurred_at", Some(self.occurred_at));
+        field(out, "payload", Some(self.payload));
+        number(out, "position", self.position, &mut digits);
+        number(out, "sequence", self.sequence, &mut digits);
+        match self.user_id {
+            Some(u) => number(out, "user_id", u, &mut digits),
+            None => field(out, "user_id", None),
+        }
+        out.pop(); // the last field's comma
+        out.push(b'}');
+    }
+}
+
+/// A 64-bit integer's decimal digits, written without allocating.
+#[derive(Default)]
+struct Digits([u8; 20]);
+
+impl Digits {
+    fn of(&mut self, n: i64) -> &[u8] {
+        let mut v = n.unsigned_abs();
+        let mut at = self.0.len();
+        loop {
+            at -= 1;
+            self.0[at] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        if n < 0 {
+            // 20 digits hold u64::MAX; a negative i64 has at most 19, so there is room.
+            at -= 1;
+            self.0[at] = b'-';
+        }
+        &self.0[at..]
+    }
+}
+
+/// `"key":"digits",`: an integer as a decimal string.
+fn number(out: &mut Vec<u8>, key: &str, value: i64, digits: &mut Digits) {
+    out.push(b'"');
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(b"\":\"");
+    out.extend_from_slice(digits.of(value));
+    out.extend_from_slice(b"\",");
 }
 
 /// `"key":value,` with the value a JCS string or `null`.
-fn field(out: &mut String, key: &str, value: Option<&str>) {
-    out.push('"');
-    out.push_str(key);
-    out.push_str("\":");
+fn field(out: &mut Vec<u8>, key: &str, value: Option<&str>) {
+    out.push(b'"');
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(b"\":");
     match value {
-        Some(v) => jcs_string(out, v),
-        None => out.push_str("null"),
+        Some(v) => {
+            out.push(b'"');
+            jcs_content(out, v);
+            out.push(b'"');
+        }
+        None => out.extend_from_slice(b"null"),
     }
-    out.push(',');
+    out.push(b',');
 }
 
-/// A string as RFC 8785 section 3.2.2.2 writes it.
-fn jcs_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{8}' => out.push_str("\\b"),
-            '\t' => out.push_str("\\t"),
-            '\n' => out.push_str("\\n"),
-            '\u{c}' => out.push_str("\\f"),
-            '\r' => out.push_str("\\r"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
+/// A string as RFC 8785 section 3.2.2.2 writes it, with its quotes.
+#[cfg(test)]
+fn jcs_string(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    jcs_content(out, s);
+    out.push(b'"');
+}
+
+/// A string's content as RFC 8785 section 3.2.2.2 writes it: `"` and `\` and the control
+/// characters below U+0020 escaped (the short forms where ECMAScript has them, else `\u00xx`),
+/// everything else as is. Every byte that needs an escape is ASCII, so the runs between them are
+/// copied whole, and UTF-8 sequences are never split.
+fn jcs_content(out: &mut Vec<u8>, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bytes = s.as_bytes();
+    let mut run = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let short: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            0x08 => b"\\b",
+            b'\t' => b"\\t",
+            b'\n' => b"\\n",
+            0x0c => b"\\f",
+            b'\r' => b"\\r",
+            0x00..=0x1f => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[run..i]);
+        run = i + 1;
+        if short.is_empty() {
+            out.extend_from_slice(b"\\u00");
+            out.push(HEX[usize::from(b >> 4)]);
+            out.push(HEX[usize::from(b & 0xf)]);
+        } else {
+            out.extend_from_slice(short);
         }
     }
-    out.push('"');
+    out.extend_from_slice(&bytes[run..]);
 }
 
 #[cfg(test)]
@@ -126,15 +201,70 @@ mod tests {
 
     #[test]
     fn strings_are_escaped_as_jcs_says_and_nothing_more() {
-        let mut out = String::new();
+        let mut out = Vec::new();
         jcs_string(
             &mut out,
             "a\"b\\c\u{8}\t\n\u{c}\r\u{1}\u{1f} é€😀\u{7f}\u{2028}/",
         );
         assert_eq!(
-            out,
+            String::from_utf8(out).unwrap(),
             "\"a\\\"b\\\\c\\b\\t\\n\\f\\r\\u0001\\u001f é€😀\u{7f}\u{2028}/\""
         );
+    }
+
+    #[test]
+    fn strings_escape_as_an_independent_json_writer_escapes_them() {
+        // serde_json escapes exactly as ECMAScript's JSON.stringify does for valid UTF-8.
+        let mut every_control: String = (0u8..0x20).map(char::from).collect();
+        every_control.push_str("\"\\/\u{7f}");
+        for s in [
+            "",
+            "plain",
+            "\"\"",
+            "\\",
+            "end\"",
+            "\"start",
+            "mid\ndle\ttabs\r",
+            "é€😀\u{2028}\u{2029}\u{feff}",
+            every_control.as_str(),
+            r#"{"TransferCreated":{"amount":"1.5","note":"a \"q\" \\ b"}}"#,
+        ] {
+            let mut out = Vec::new();
+            jcs_string(&mut out, s);
+            assert_eq!(
+                String::from_utf8(out).unwrap(),
+                serde_json::to_string(s).unwrap()
+            );
+        }
+    }
+
+    #[test]
+    fn integers_are_their_decimal_digits() {
+        let mut digits = Digits::default();
+        for n in [
+            0,
+            7,
+            10,
+            42,
+            -1,
+            -10,
+            i64::MAX,
+            i64::MIN,
+            9_007_199_254_740_993,
+        ] {
+            assert_eq!(digits.of(n), n.to_string().as_bytes());
+        }
+    }
+
+    #[test]
+    fn the_leaf_is_the_same_written_into_a_used_buffer() {
+        let e = entry(r#"{"a":"\n"}"#, None);
+        let mut buf = b"left over from the last entry, longer than the leaf itself".repeat(9);
+        e.write_leaf(&mut buf);
+        assert_eq!(buf, e.leaf());
+        let parsed: serde_json::Value = serde_json::from_slice(&buf).unwrap();
+        assert_eq!(parsed["payload"], r#"{"a":"\n"}"#);
+        assert_eq!(parsed["position"], "9007199254740993");
     }
 
     #[test]
