@@ -1,7 +1,8 @@
 //! The tree's hashes in tiles (migration 0026, `docs/adr/0016-tamper-evident-log.md`): a ledger
 //! whose tree was stored the old way (every perfect subtree a `tlog_nodes` row) is converted by
 //! the migration, and its proofs, `ledger verify` and its follower go on from the tiles; a tile
-//! edited, cut short or deleted with SQL is caught by `ledger verify` at the position it breaks.
+//! edited (a leaf hash or an interior one), cut short or deleted with SQL is caught by `ledger
+//! verify` at the position, or the positions, it breaks.
 
 use std::collections::HashMap;
 
@@ -172,17 +173,19 @@ async fn followed() -> (
     (db, dir, key)
 }
 
-/// The stored bytes of a level-0 tile.
-async fn tile(pool: &PgPool, idx: i64) -> Vec<u8> {
-    sqlx::query_scalar("SELECT hashes FROM tlog_tiles WHERE level = 0 AND idx = $1")
+/// The stored bytes of a tile (`level` 0: leaf hashes; 1: hashes of 256-leaf subtrees).
+async fn tile(pool: &PgPool, level: i16, idx: i64) -> Vec<u8> {
+    sqlx::query_scalar("SELECT hashes FROM tlog_tiles WHERE level = $1 AND idx = $2")
+        .bind(level)
         .bind(idx)
         .fetch_one(pool)
         .await
         .unwrap()
 }
 
-async fn put_tile(pool: &PgPool, idx: i64, hashes: &[u8]) {
-    sqlx::query("UPDATE tlog_tiles SET hashes = $2 WHERE level = 0 AND idx = $1")
+async fn put_tile(pool: &PgPool, level: i16, idx: i64, hashes: &[u8]) {
+    sqlx::query("UPDATE tlog_tiles SET hashes = $3 WHERE level = $1 AND idx = $2")
+        .bind(level)
         .bind(idx)
         .bind(hashes)
         .execute(pool)
@@ -197,28 +200,42 @@ fn fails_with(db: &crate::helpers::TestDb, key: &std::path::Path, expected: &str
     assert!(out.contains(expected), "{expected}: {out}");
 }
 
-// long: four tamperings of the tiles in a row, each undone before the next.
+// long: five tamperings of the tiles in a row, each undone before the next.
 #[tokio::test]
 async fn tlog_tiles_a_tile_edited_cut_short_or_deleted_is_caught_at_its_position() {
     let (db, _dir, key) = followed().await;
     let pool = &db.pool;
-    let (second, third) = (tile(pool, 1).await, tile(pool, 2).await);
+    let (second, third) = (tile(pool, 0, 1).await, tile(pool, 0, 2).await);
     assert_eq!(third.len(), 88 * 32);
 
     // One leaf hash of the second tile changed: position 256 + 10 + 1.
     let mut edited = second.clone();
     edited[10 * 32] ^= 1;
-    put_tile(pool, 1, &edited).await;
+    put_tile(pool, 0, 1, &edited).await;
     fails_with(
         &db,
         &key,
         "VERIFY FAILED at position 267: its entry differs",
     );
-    put_tile(pool, 1, &second).await;
+    put_tile(pool, 0, 1, &second).await;
+
+    // An interior hash changed: the second 256-leaf subtree's, in the tile above. Every leaf
+    // still matches; the recomputed subtree does not, and is named with the positions it covers.
+    let upper = tile(pool, 1, 0).await;
+    assert_eq!(upper.len(), 2 * 32);
+    let mut edited = upper.clone();
+    edited[32] ^= 1;
+    put_tile(pool, 1, 0, &edited).await;
+    fails_with(
+        &db,
+        &key,
+        "VERIFY FAILED at the tree's tile 1/0, hash 1 (positions 257 to 512): it differs",
+    );
+    put_tile(pool, 1, 0, &upper).await;
 
     // The third tile cut to its first 5 hashes: position 512 + 5 + 1 has none. The follower
     // refuses to append to a tile that does not end where the tree's size says.
-    put_tile(pool, 2, &third[..5 * 32]).await;
+    put_tile(pool, 0, 2, &third[..5 * 32]).await;
     fails_with(
         &db,
         &key,
@@ -241,7 +258,7 @@ async fn tlog_tiles_a_tile_edited_cut_short_or_deleted_is_caught_at_its_position
         "{refused}"
     );
     exec(pool, "DELETE FROM events WHERE feed_position > 600").await;
-    put_tile(pool, 2, &third).await;
+    put_tile(pool, 0, 2, &third).await;
 
     // The second tile deleted: its first position is named, and no proof is served from it.
     exec(pool, "DELETE FROM tlog_tiles WHERE level = 0 AND idx = 1").await;
