@@ -6,8 +6,9 @@
 //!
 //! By job: `entries` (the one query of an entry's fields, shared by all) → `store` (the tree's
 //! tables) → `follower` (the writer), `proofs` (the routes' reads, behind `reads::LogReads`) and
-//! `verify` (with `copy`, COPY's text format; `deposits`, which holds every external deposit to
-//! its entry; and `finding`, what both name). It reads the event table and `external_deposits`
+//! `verify` (with `deposits`, which holds every external deposit to its entry, and `finding`,
+//! what both name). The follower and `verify` read the log as COPY lines (`copy`: COPY's text
+//! format, an entry's fields borrowed from the line). It reads the event table and `external_deposits`
 //! and writes only its own tables. Depends on `tlog` only among the ledger's crates.
 
 mod copy;
