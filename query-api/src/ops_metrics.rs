@@ -5,6 +5,9 @@
 //! - `ledger_recovery_last_pass_timestamp_seconds` (gauge, Unix seconds; 0: no pass yet)
 //! - `ledger_projector_lag_positions` (gauge: events appended, not yet applied)
 //! - `ledger_projector_lag_seconds` (gauge: age of the oldest event not yet applied; 0 when none)
+//! - with the tamper-evident log kept (its tree ever signed): `ledger_log_tree_size`,
+//!   `ledger_log_lag_positions` (feed entries not yet in the tree) and `ledger_log_lag_seconds`
+//!   (age of the oldest of them; 0 when none)
 
 use edge::reads::ReadSide;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -16,6 +19,8 @@ pub struct OpsFigures {
     pub recovery_last_pass_epoch_seconds: f64,
     pub projector_lag_positions: i64,
     pub projector_lag_seconds: f64,
+    /// The tamper-evident log's tree against the feed; `None` when no log is kept.
+    pub log: Option<tlog_follower::LogLag>,
 }
 
 /// Reads them: the worker's heartbeat row and the projector's lag (two one-row tables and one
@@ -23,10 +28,12 @@ pub struct OpsFigures {
 pub async fn gather(reads: &ReadSide) -> Result<OpsFigures, sqlx::Error> {
     let heartbeat = reads.heartbeat().await?;
     let lag = reads.admin().projector_lag().await?;
+    let log = reads.log().lag().await?;
     Ok(OpsFigures {
         recovery_last_pass_epoch_seconds: heartbeat.map_or(0.0, |h| h.last_pass_epoch_seconds),
         projector_lag_positions: lag.positions,
         projector_lag_seconds: lag.seconds,
+        log,
     })
 }
 
@@ -57,6 +64,32 @@ pub fn encode(
         "Events appended to the log and not yet applied by the read models' projector.",
         None,
         positions.metric_type(),
+    )?)?;
+    let Some(log) = figures.log else {
+        return Ok(());
+    };
+    let counts: [(&str, &str, i64); 2] = [
+        (
+            "ledger_log_tree_size",
+            "Entries in the tamper-evident log's Merkle tree.",
+            log.tree_size,
+        ),
+        (
+            "ledger_log_lag_positions",
+            "Feed entries not yet in the tamper-evident log's tree (nor under any new checkpoint).",
+            log.positions,
+        ),
+    ];
+    for (name, help, value) in counts {
+        let gauge = ConstGauge::new(value);
+        gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+    }
+    let seconds = ConstGauge::new(log.seconds);
+    seconds.encode(encoder.encode_descriptor(
+        "ledger_log_lag_seconds",
+        "Age of the oldest feed entry not yet in the tamper-evident log's tree (0 when none).",
+        None,
+        seconds.metric_type(),
     )?)
 }
 
@@ -82,6 +115,11 @@ mod tests {
             recovery_last_pass_epoch_seconds: 1_700_000_000.5,
             projector_lag_positions: 7,
             projector_lag_seconds: 1.25,
+            log: Some(tlog_follower::LogLag {
+                tree_size: 40,
+                positions: 2,
+                seconds: 0.5,
+            }),
         })));
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
@@ -90,8 +128,21 @@ mod tests {
             "ledger_recovery_last_pass_timestamp_seconds 1700000000.5",
             "ledger_projector_lag_positions 7",
             "ledger_projector_lag_seconds 1.25",
+            "# TYPE ledger_log_lag_seconds gauge",
+            "ledger_log_tree_size 40",
+            "ledger_log_lag_positions 2",
+            "ledger_log_lag_seconds 0.5",
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} in\n{text}");
         }
+    }
+
+    #[test]
+    fn without_a_log_kept_there_is_no_log_series() {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Only(OpsFigures::default())));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(!text.contains("ledger_log_"), "{text}");
     }
 }

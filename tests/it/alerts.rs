@@ -175,7 +175,7 @@ fn mon_rules_point_at_runbook_sections_that_exist() {
         .lines()
         .filter_map(|l| l.trim().strip_prefix("runbook: docs/runbook.md#"))
         .collect();
-    assert_eq!(alerts, 10, "{rules}");
+    assert_eq!(alerts, 11, "{rules}");
     assert_eq!(anchors.len(), alerts, "one runbook per rule");
     assert_eq!(
         rules.matches("summary: ").count(),
@@ -188,7 +188,14 @@ fn mon_rules_point_at_runbook_sections_that_exist() {
             "docs/runbook.md has no section #{anchor}"
         );
     }
-    for code in ["MON-001", "MON-002", "MON-003", "MON-004", "RELAY-LAG"] {
+    for code in [
+        "MON-001",
+        "MON-002",
+        "MON-003",
+        "MON-004",
+        "RELAY-LAG",
+        "LOG_STALLED",
+    ] {
         assert!(rules.contains(&format!("code: {code}")), "{code}");
     }
 }

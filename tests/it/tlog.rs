@@ -811,3 +811,94 @@ async fn tlog_the_chaos_end_check_runs_ledger_verify() {
     );
     assert!(size >= 3);
 }
+
+/// `/metrics` until a line starts with `prefix`: that line's value.
+async fn metric_value(ledger: &LedgerProcess, prefix: &str, wanted: impl Fn(f64) -> bool) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = reqwest::get(&ledger.metrics)
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let value = text
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .and_then(|v| v.trim().parse::<f64>().ok());
+        if let Some(v) = value.filter(|v| wanted(*v)) {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{prefix} never as wanted in\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The log's metrics (`LedgerLogStalled`'s figures): none for a log never kept; the tree's size
+/// and no lag while a follower keeps it; a lag in positions and seconds once transfers go on
+/// with no follower running.
+#[tokio::test]
+async fn tlog_metrics_report_the_tree_and_a_follower_that_stopped() {
+    let s = Stack::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let key = key_file(dir.path());
+    let key_text = key.to_str().unwrap().to_owned();
+    let body = json!({"from": "FUNDING", "to": "SPOT", "asset": "USDT", "amount": "1"});
+    s.deposit(1, "USDT", "1000").await;
+
+    let plain = LedgerProcess::start(&s.db.url, &s.spot, &[]);
+    let answer = plain.transfer(1, body.clone()).await;
+    assert_eq!(answer["state"], "COMMITTED", "{answer}");
+    metric_value(&plain, "ledger_projector_lag_positions ", |_| true).await;
+    let text = reqwest::get(&plain.metrics).await.unwrap().text().await;
+    let text = text.unwrap();
+    assert!(
+        !text.contains("ledger_log_"),
+        "no log kept, no series:\n{text}"
+    );
+    drop(plain);
+
+    let kept = LedgerProcess::start(
+        &s.db.url,
+        &s.spot,
+        &[("LEDGER_LOG_SIGNING_KEY_FILE", key_text.as_str())],
+    );
+    let answer = kept.transfer(1, body.clone()).await;
+    assert_eq!(answer["state"], "COMMITTED", "{answer}");
+    let head = wait_checkpointed(&s.db.pool).await as f64;
+    let size = metric_value(&kept, "ledger_log_tree_size ", |v| v == head).await;
+    assert_eq!(
+        metric_value(&kept, "ledger_log_lag_positions ", |v| v == 0.0).await,
+        0.0
+    );
+    assert_eq!(
+        metric_value(&kept, "ledger_log_lag_seconds ", |v| v == 0.0).await,
+        0.0
+    );
+    drop(kept);
+
+    // No follower: money still moves, the tree stays, and the lag says so.
+    let plain = LedgerProcess::start(&s.db.url, &s.spot, &[]);
+    let answer = plain.transfer(1, body).await;
+    assert_eq!(answer["state"], "COMMITTED", "{answer}");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(
+        metric_value(&plain, "ledger_log_tree_size ", |_| true).await,
+        size
+    );
+    let behind = metric_value(&plain, "ledger_log_lag_positions ", |v| v >= 3.0).await;
+    let (now_head,): (i64,) = sqlx::query_as("SELECT position FROM feed_head")
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        behind,
+        now_head as f64 - size,
+        "the feed's entries not in the tree"
+    );
+    let seconds = metric_value(&plain, "ledger_log_lag_seconds ", |v| v >= 1.0).await;
+    assert!(seconds < 60.0, "{seconds}");
+}

@@ -23,7 +23,7 @@ pub mod verify;
 
 pub use entries::EntryRow;
 pub use follower::{Follower, FollowerConfig};
-pub use reads::LogReads;
+pub use reads::{LogLag, LogReads};
 
 /// Why a log operation failed.
 #[derive(Debug, thiserror::Error)]

@@ -7,6 +7,17 @@ use crate::entries::{self, EntryRow, ReceiptEntry};
 use crate::proofs::{self, Inclusion, ProofError, TreeHead};
 use crate::LogError;
 
+/// How far the tree is behind the feed.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LogLag {
+    /// Entries in the tree.
+    pub tree_size: i64,
+    /// Feed positions handed out and not yet in the tree.
+    pub positions: i64,
+    /// Age of the oldest feed entry not yet in the tree (0 when none).
+    pub seconds: f64,
+}
+
 /// The tamper-evident log's reads. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct LogReads {
@@ -37,6 +48,25 @@ impl LogReads {
     /// The tree's size, root and signing identity now.
     pub async fn head(&self) -> Result<TreeHead, LogError> {
         proofs::head(&self.pool).await
+    }
+
+    /// How far the tree is behind the feed, once a follower has ever signed it (`None` for a
+    /// log never kept: a ledger without a signing key).
+    pub async fn lag(&self) -> Result<Option<LogLag>, sqlx::Error> {
+        let row: Option<(i64, i64, f64)> = sqlx::query_as(
+            "SELECT s.size, h.position,
+                    COALESCE((SELECT EXTRACT(EPOCH FROM now() - e.recorded_at)::float8
+                              FROM events e WHERE e.feed_position = s.size + 1), 0)
+             FROM tlog_state s, feed_head h
+             WHERE s.origin IS NOT NULL",
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|(size, head, seconds)| LogLag {
+            tree_size: size,
+            positions: (head - size).max(0),
+            seconds: seconds.max(0.0),
+        }))
     }
 
     /// The newest signed checkpoint's note text, if any.
