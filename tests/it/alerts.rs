@@ -5,7 +5,7 @@
 //! refusals raise it too. Also: every shipped rule's `runbook` annotation names a section that
 //! `docs/runbook.md` has.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -31,20 +31,11 @@ async fn requests(ledger: &LedgerProcess, user: u64, n: usize) -> Vec<u16> {
 
 /// Reads `/metrics` until `line` is in it (the alert is stored after its log line).
 async fn wait_metric(ledger: &LedgerProcess, line: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let text = reqwest::get(&ledger.metrics)
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        if text.lines().any(|l| l == line) {
-            return text;
-        }
-        assert!(Instant::now() < deadline, "{line:?} never in\n{text}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    ledger
+        .metrics_until(Duration::from_secs(15), |text| {
+            text.lines().any(|l| l == line)
+        })
+        .await
 }
 
 async fn alerts(ledger: &LedgerProcess, bearer: &str) -> (u16, Value) {

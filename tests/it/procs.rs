@@ -149,6 +149,24 @@ impl LedgerProcess {
             .expect("a JSON answer")
     }
 
+    /// Reads `/metrics` until `done` holds for its text, within `within`: that text.
+    pub async fn metrics_until(&self, within: Duration, done: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let text = reqwest::get(&self.metrics)
+                .await
+                .expect("metrics request")
+                .text()
+                .await
+                .expect("metrics text");
+            if done(&text) {
+                return text;
+            }
+            assert!(Instant::now() < deadline, "never as wanted:\n{text}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Its log so far (stderr).
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()

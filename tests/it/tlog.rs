@@ -812,29 +812,19 @@ async fn tlog_the_chaos_end_check_runs_ledger_verify() {
     assert!(size >= 3);
 }
 
-/// `/metrics` until a line starts with `prefix`: that line's value.
+/// `/metrics` until the line starting with `prefix` has a value `wanted` accepts: that value.
 async fn metric_value(ledger: &LedgerProcess, prefix: &str, wanted: impl Fn(f64) -> bool) -> f64 {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let text = reqwest::get(&ledger.metrics)
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let value = text
-            .lines()
+    let value = |text: &str| {
+        text.lines()
             .find_map(|l| l.strip_prefix(prefix))
-            .and_then(|v| v.trim().parse::<f64>().ok());
-        if let Some(v) = value.filter(|v| wanted(*v)) {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{prefix} never as wanted in\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    let text = ledger
+        .metrics_until(Duration::from_secs(30), |text| {
+            value(text).is_some_and(&wanted)
+        })
+        .await;
+    value(&text).expect("the value just seen")
 }
 
 /// The log's metrics (`LedgerLogStalled`'s figures): none for a log never kept; the tree's size
