@@ -273,3 +273,39 @@ async fn tlog_tiles_a_tile_edited_cut_short_or_deleted_is_caught_at_its_position
     let served = proofs::consistency(pool, 3, 600).await;
     assert!(served.is_err(), "no proof without tiles: {served:?}");
 }
+
+/// The follower takes only entries below the commit watermark, and stops at the first it may not
+/// take: while a transaction that began before the later appends stays open, the tree holds the
+/// entries before them and no more, pass after pass; once it ends, the rest.
+#[tokio::test]
+async fn tlog_tiles_the_follower_stops_at_the_commit_watermark() {
+    let db = TestDb::new().await;
+    append(&db.pool, 1, 5).await;
+    let f = follower(&db.pool);
+    assert_eq!(crate::tlog::follow_with(&f, &db.pool).await, 5);
+    // An open transaction with an id: every transaction that commits after it began is above
+    // the watermark until it ends.
+    let mut open = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *open)
+        .await
+        .unwrap();
+    append(&db.pool, 6, 5).await;
+    for _ in 0..5 {
+        let pass = f.pass().await.unwrap();
+        assert_eq!(
+            (pass.size, pass.added),
+            (5, 0),
+            "nothing above the watermark"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    open.commit().await.unwrap();
+    assert_eq!(crate::tlog::follow_with(&f, &db.pool).await, 10);
+    let (ok, out) = {
+        let dir = tempfile::tempdir().unwrap();
+        let key = key_file(dir.path());
+        ledger(&["verify"], &db.url, &key)
+    };
+    assert!(ok, "{out}");
+}
