@@ -208,25 +208,6 @@ pub(crate) async fn tree_head(conn: &mut PgConnection) -> Result<TreeHead, LogEr
     })
 }
 
-/// Every stored tile above level 0, by tile level and index (`verify`).
-pub(crate) async fn upper_tiles(
-    conn: &mut PgConnection,
-) -> Result<HashMap<(u8, u64), Vec<u8>>, LogError> {
-    let rows: Vec<(i16, i64, Vec<u8>)> =
-        sqlx::query_as("SELECT level, idx, hashes FROM tlog_tiles WHERE level > 0")
-            .fetch_all(conn)
-            .await?;
-    rows.into_iter()
-        .map(|(level, idx, hashes)| {
-            let key = u8::try_from(level)
-                .ok()
-                .zip(u64::try_from(idx).ok())
-                .ok_or_else(|| LogError::Corrupt(format!("tile {level}/{idx}")))?;
-            Ok((key, hashes))
-        })
-        .collect()
-}
-
 /// Every stored checkpoint (size, root, note), by size.
 pub(crate) async fn checkpoints(
     conn: &mut PgConnection,

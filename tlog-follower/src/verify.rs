@@ -8,7 +8,7 @@
 //! system without an entry of the log, or an entry without its deposit, is named. Stops at the
 //! first difference, which it names: a position, a deposit or a checkpoint, and why.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use sqlx::PgPool;
 use tlog::{leaf_hash, Checkpoint, Hash, RightEdge, Subtree, Verifier, TILE_WIDTH};
@@ -18,6 +18,15 @@ use crate::entries::ENTRY_COLUMNS;
 use crate::finding::finding;
 pub use crate::finding::Finding;
 use crate::{deposits, store, LogError};
+
+/// The tile levels `verify` holds to the recomputed tree: 0 (leaf hashes) to 6, whose tiles
+/// cover 2^56 entries each (level 7's would cover 2^64, more than a feed position counts).
+const TILE_LEVELS: usize = 7;
+
+/// How many entries a tile of `level` covers: 256^(level + 1).
+fn tile_span(level: usize) -> u64 {
+    TILE_WIDTH << (8 * level)
+}
 
 /// What a verification read and found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,14 +113,13 @@ struct Checker {
     tree_size: u64,
     edge: RightEdge,
     expected: BTreeMap<u64, Vec<Expected>>,
-    /// The level-0 tile of the current entries (empty when the tree stores none for them).
-    tile: Vec<u8>,
+    /// The current tile of each tile level (`tiles[0]`: the leaf hashes of the current entries;
+    /// above: the interior hashes proofs are folded from), each read on the line of the first
+    /// entry it covers and held until the next: a few KiB, whatever the log's length. Empty when
+    /// the tree stores none there.
+    tiles: [Vec<u8>; TILE_LEVELS],
     /// The current entry's leaf bytes (one buffer for every entry).
     leaf: Vec<u8>,
-    /// The stored tiles above level 0 (the tree's interior hashes that proofs are folded from),
-    /// by tile level and index: each is compared with the recomputed tree as its subtrees
-    /// complete. About one hash per 256 entries: 125 MB for a billion.
-    upper: HashMap<(u8, u64), Vec<u8>>,
     /// The first interior hash that differs, found while pushing a leaf.
     interior: Option<Finding>,
 }
@@ -122,8 +130,8 @@ impl Checker {
         let next = self.edge.size() + 1;
         let at = || format!("position {next}");
         let mut fields = fields(line);
-        let (row, tile) = CopyEntry::read(&mut fields)
-            .and_then(|row| Ok((row, next_field(&mut fields, "tile")?)))
+        let (row, tiles) = CopyEntry::read(&mut fields)
+            .and_then(|row| Ok((row, next_field(&mut fields, "tiles")?)))
             .map_err(|why| finding(at(), format!("unreadable entry: {why}")))?;
         if row.position != next as i64 {
             return Err(finding(
@@ -134,16 +142,12 @@ impl Checker {
                 ),
             ));
         }
-        let offset = ((next - 1) % TILE_WIDTH) as usize * 32;
-        if offset == 0 {
-            self.tile = match tile {
-                Some(hex) => decode_hex(&hex)
-                    .map_err(|why| finding(at(), format!("unreadable entry: {why}")))?,
-                None => Vec::new(),
-            };
+        if let Some(tiles) = tiles {
+            self.load_tiles(next, &tiles)
+                .map_err(|why| finding(at(), format!("unreadable entry: {why}")))?;
         }
-        let stored: Option<Hash> = self
-            .tile
+        let offset = ((next - 1) % TILE_WIDTH) as usize * 32;
+        let stored: Option<Hash> = self.tiles[0]
             .get(offset..offset + 32)
             .map(|h| h.try_into().expect("32 bytes"));
         let entry = row.entry();
@@ -164,16 +168,36 @@ impl Checker {
         // An entry the tree already holds was caught above if edited; this names one that was
         // never a deposit's as the ledger writes it (appended before the tree took it).
         deposits::check_shape(&entry).map_err(|why| finding(at(), why))?;
-        let (upper, tree_size, interior) = (&self.upper, self.tree_size, &mut self.interior);
+        let (tiles, tree_size, interior) = (&self.tiles, self.tree_size, &mut self.interior);
         self.edge.push(hash, |subtree, hash| {
             if interior.is_none() {
-                *interior = check_interior(upper, tree_size, subtree, &hash).err();
+                *interior = check_interior(tiles, tree_size, subtree, &hash).err();
             }
         });
         if let Some(f) = self.interior.take() {
             return Err(f);
         }
         self.check_roots()
+    }
+
+    /// At the entry at `position`, the tiles whose ranges begin there replace the current ones:
+    /// those `tiles` carries (`level:hex`, comma-separated), and an empty one for each level the
+    /// tree stores no tile of there.
+    fn load_tiles(&mut self, position: u64, tiles: &str) -> Result<(), String> {
+        for level in 0..TILE_LEVELS {
+            if (position - 1).is_multiple_of(tile_span(level)) {
+                self.tiles[level].clear();
+            }
+        }
+        for tile in tiles.split(',').filter(|t| !t.is_empty()) {
+            let (level, hex) = tile.split_once(':').ok_or("bad tile")?;
+            let level: usize = level.parse().map_err(|_| "bad tile level")?;
+            if level >= TILE_LEVELS || !(position - 1).is_multiple_of(tile_span(level)) {
+                return Err(format!("a tile of level {level} at position {position}"));
+            }
+            self.tiles[level] = decode_hex(hex)?;
+        }
+        Ok(())
     }
 
     /// Compares the checkpoints at the current size with the recomputed root.
@@ -239,7 +263,7 @@ fn decode_hex(hex: &str) -> Result<Vec<u8>, String> {
 /// Compares a subtree the recomputation completed with the tree's stored hash of it, when the
 /// tree stores it (a tile level above 0, within the tree's size).
 fn check_interior(
-    upper: &HashMap<(u8, u64), Vec<u8>>,
+    tiles: &[Vec<u8>; TILE_LEVELS],
     tree_size: u64,
     subtree: Subtree,
     hash: &Hash,
@@ -249,20 +273,20 @@ fn check_interior(
     }
     let first = subtree.start() + 1;
     let last = subtree.start() + (1 << subtree.level);
-    if last > tree_size {
+    let slice = subtree.tile_slice();
+    let level = usize::from(slice.tile.level);
+    if last > tree_size || level >= TILE_LEVELS {
         return Ok(());
     }
-    let slice = subtree.tile_slice();
     let at = || {
         format!(
             "the tree's tile {}/{}, hash {} (positions {first} to {last})",
             slice.tile.level, slice.tile.index, slice.offset
         )
     };
+    // The current tile of the level is this subtree's: its range holds the subtree's last entry.
     let offset = slice.offset as usize * 32;
-    let stored = upper
-        .get(&(slice.tile.level, slice.tile.index))
-        .and_then(|t| t.get(offset..offset + 32));
+    let stored = tiles[level].get(offset..offset + 32);
     match stored {
         None => Err(finding(at(), "the tree holds no hash for it")),
         Some(s) if s != hash => Err(finding(
@@ -281,15 +305,28 @@ async fn stream_entries(
     checker: &mut Checker,
     progress: &mut impl FnMut(u64),
 ) -> Result<Option<Finding>, LogError> {
-    // The level-0 tile of the leaves' hashes rides on the line of its first position: one read
-    // of each tile, 256 entries apart.
+    // Each tile rides on the line of the first entry it covers: one read of each tile, the
+    // level-0 ones 256 entries apart, level 1's 65,536, and so on; one subquery per level, each
+    // an index lookup behind a test of the position.
+    let per_level: Vec<String> = (0..TILE_LEVELS)
+        .map(|level| {
+            let bits = 8 * (level + 1);
+            format!(
+                "SELECT {level} AS l, t.hashes AS h FROM tlog_tiles t
+                 WHERE (e.feed_position - 1) % {span} = 0
+                   AND t.level = {level} AND t.idx = (e.feed_position - 1) >> {bits}",
+                span = tile_span(level)
+            )
+        })
+        .collect();
     let query = format!(
         "COPY (SELECT {ENTRY_COLUMNS},
                       CASE WHEN (e.feed_position - 1) % {TILE_WIDTH} = 0 THEN
-                          (SELECT encode(t.hashes, 'hex') FROM tlog_tiles t
-                           WHERE t.level = 0 AND t.idx = (e.feed_position - 1) / {TILE_WIDTH})
+                          (SELECT coalesce(string_agg(l || ':' || encode(h, 'hex'), ','), '')
+                           FROM ({}) u)
                       END
-               FROM events e ORDER BY e.feed_position) TO STDOUT"
+               FROM events e ORDER BY e.feed_position) TO STDOUT",
+        per_level.join(" UNION ALL ")
     );
     let stream = conn.copy_out_raw(&query).await?;
     let outcome = for_each_line(stream, |line| {
@@ -336,9 +373,8 @@ pub async fn verify(
         tree_size: head.size,
         edge: RightEdge::new(),
         expected,
-        tile: Vec::new(),
+        tiles: Default::default(),
         leaf: Vec::new(),
-        upper: store::upper_tiles(&mut tx).await?,
         interior: None,
     };
     // Checkpoints of the empty tree are checked before the first entry.
