@@ -119,6 +119,21 @@ async fn metrics(
     Ok(([(CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], render(snapshot)).into_response())
 }
 
+/// Writes one unlabelled gauge per `(name, help, value)`.
+pub(crate) fn encode_gauges<N>(
+    encoder: &mut DescriptorEncoder,
+    gauges: &[(&str, &str, N)],
+) -> Result<(), std::fmt::Error>
+where
+    N: prometheus_client::encoding::EncodeGaugeValue + Copy + std::fmt::Debug,
+{
+    for &(name, help, value) in gauges {
+        let gauge = ConstGauge::new(value);
+        gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+    }
+    Ok(())
+}
+
 /// The exposition of one snapshot, ending with OpenMetrics' `# EOF`.
 fn render(snapshot: Snapshot) -> String {
     let mut registry = Registry::default();
@@ -194,10 +209,7 @@ fn encode_figures(f: &Figures, encoder: &mut DescriptorEncoder) -> Result<(), st
             f.leased,
         ),
     ];
-    for (name, help, value) in gauges {
-        let gauge = ConstGauge::new(value);
-        gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
-    }
+    encode_gauges(encoder, &gauges)?;
     let counters: [(&str, &str, i64); 4] = [
         (
             "ledger_transfer_retries",
@@ -260,10 +272,7 @@ fn encode_audit(
             audit.last_success_epoch_seconds,
         ),
     ];
-    for (name, help, value) in gauges {
-        let gauge = ConstGauge::new(value);
-        gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
-    }
+    encode_gauges(encoder, &gauges)?;
     Ok(())
 }
 
@@ -282,10 +291,7 @@ fn encode_health(health: Health, encoder: &mut DescriptorEncoder) -> Result<(), 
             health.halted,
         ),
     ];
-    for (name, help, value) in gauges {
-        let gauge = ConstGauge::new(i64::from(value));
-        gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
-    }
+    encode_gauges(encoder, &gauges.map(|(n, h, v)| (n, h, i64::from(v))))?;
     let threshold = ConstGauge::new(health.target_pending_threshold_seconds);
     threshold.encode(encoder.encode_descriptor(
         "ledger_alert_target_pending_threshold_seconds",

@@ -10,8 +10,9 @@
 //!   (age of the oldest of them; 0 when none)
 
 use edge::reads::ReadSide;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::encoding::DescriptorEncoder;
+
+use crate::metrics::encode_gauges;
 
 /// The figures of one scrape.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -42,55 +43,55 @@ pub fn encode(
     figures: &OpsFigures,
     encoder: &mut DescriptorEncoder,
 ) -> Result<(), std::fmt::Error> {
-    let floats: [(&str, &str, f64); 2] = [
-        (
-            "ledger_recovery_last_pass_timestamp_seconds",
-            "When a recovery worker last finished a pass (Unix time; 0: none yet).",
-            figures.recovery_last_pass_epoch_seconds,
-        ),
-        (
-            "ledger_projector_lag_seconds",
-            "Age of the oldest event the read models' projector has not applied yet (0 when none).",
-            figures.projector_lag_seconds,
-        ),
-    ];
-    for (name, help, value) in floats {
-        let gauge = ConstGauge::new(value);
-        gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
-    }
-    let positions = ConstGauge::new(figures.projector_lag_positions);
-    positions.encode(encoder.encode_descriptor(
-        "ledger_projector_lag_positions",
-        "Events appended to the log and not yet applied by the read models' projector.",
-        None,
-        positions.metric_type(),
-    )?)?;
+    encode_gauges(
+        encoder,
+        &[
+            (
+                "ledger_recovery_last_pass_timestamp_seconds",
+                "When a recovery worker last finished a pass (Unix time; 0: none yet).",
+                figures.recovery_last_pass_epoch_seconds,
+            ),
+            (
+                "ledger_projector_lag_seconds",
+                "Age of the oldest event the read models' projector has not applied yet (0 when none).",
+                figures.projector_lag_seconds,
+            ),
+        ],
+    )?;
+    encode_gauges(
+        encoder,
+        &[(
+            "ledger_projector_lag_positions",
+            "Events appended to the log and not yet applied by the read models' projector.",
+            figures.projector_lag_positions,
+        )],
+    )?;
     let Some(log) = figures.log else {
         return Ok(());
     };
-    let counts: [(&str, &str, i64); 2] = [
-        (
-            "ledger_log_tree_size",
-            "Entries in the tamper-evident log's Merkle tree.",
-            log.tree_size,
-        ),
-        (
-            "ledger_log_lag_positions",
-            "Feed entries not yet in the tamper-evident log's tree (nor under any new checkpoint).",
-            log.positions,
-        ),
-    ];
-    for (name, help, value) in counts {
-        let gauge = ConstGauge::new(value);
-        gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
-    }
-    let seconds = ConstGauge::new(log.seconds);
-    seconds.encode(encoder.encode_descriptor(
-        "ledger_log_lag_seconds",
-        "Age of the oldest feed entry not yet in the tamper-evident log's tree (0 when none).",
-        None,
-        seconds.metric_type(),
-    )?)
+    encode_gauges(
+        encoder,
+        &[
+            (
+                "ledger_log_tree_size",
+                "Entries in the tamper-evident log's Merkle tree.",
+                log.tree_size,
+            ),
+            (
+                "ledger_log_lag_positions",
+                "Feed entries not yet in the tamper-evident log's tree (nor under any new checkpoint).",
+                log.positions,
+            ),
+        ],
+    )?;
+    encode_gauges(
+        encoder,
+        &[(
+            "ledger_log_lag_seconds",
+            "Age of the oldest feed entry not yet in the tamper-evident log's tree (0 when none).",
+            log.seconds,
+        )],
+    )
 }
 
 #[cfg(test)]
