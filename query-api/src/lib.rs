@@ -10,6 +10,7 @@ pub(crate) mod admin_alerts;
 pub(crate) mod admin_views;
 pub mod console;
 pub(crate) mod feed;
+pub(crate) mod gauges;
 pub mod graphql;
 pub(crate) mod log_routes;
 pub mod metrics;

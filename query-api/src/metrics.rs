@@ -21,6 +21,8 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
+use crate::gauges::encode_gauges;
+
 use edge::error::ApiError;
 use edge::routes::Routes;
 use edge::state::AppState;
@@ -117,21 +119,6 @@ async fn metrics(
         health,
     };
     Ok(([(CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], render(snapshot)).into_response())
-}
-
-/// Writes one unlabelled gauge per `(name, help, value)`.
-pub(crate) fn encode_gauges<N>(
-    encoder: &mut DescriptorEncoder,
-    gauges: &[(&str, &str, N)],
-) -> Result<(), std::fmt::Error>
-where
-    N: prometheus_client::encoding::EncodeGaugeValue + Copy + std::fmt::Debug,
-{
-    for &(name, help, value) in gauges {
-        let gauge = ConstGauge::new(value);
-        gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
-    }
-    Ok(())
 }
 
 /// The exposition of one snapshot, ending with OpenMetrics' `# EOF`.

@@ -12,7 +12,7 @@
 use edge::reads::ReadSide;
 use prometheus_client::encoding::DescriptorEncoder;
 
-use crate::metrics::encode_gauges;
+use crate::gauges::encode_gauges;
 
 /// The figures of one scrape.
 #[derive(Debug, Default, Clone, PartialEq)]
