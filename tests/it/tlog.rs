@@ -422,6 +422,43 @@ async fn tlog_an_edited_payload_is_caught_at_its_position() {
     assert!(out.contains(&expected), "{out}");
 }
 
+/// The leaf's domain time is made in Rust from PostgreSQL's plain text of it; it must be, byte
+/// for byte, what the database's `to_char` made before (every tree hashed so far holds those
+/// bytes): six digits always, trailing zeros and a zero fraction included.
+#[tokio::test]
+async fn tlog_the_leaf_time_is_the_one_the_database_formatted_before() {
+    let (s, _dir, _key, _) = followed_stack().await;
+    let times = [
+        "2026-11-27 05:38:43.123456+00",
+        "2026-11-27 05:38:43.120000+00",
+        "2026-11-27 05:38:43.000001+00",
+        "2026-11-27 05:38:43+00",
+        "2026-11-27 23:59:59.999999-05",
+        "1999-12-31 23:00:00.5+02",
+    ];
+    for (i, at) in times.iter().enumerate() {
+        let position = i as i64 + 1;
+        exec(
+            &s.db.pool,
+            &format!("UPDATE events SET occurred_at = '{at}' WHERE feed_position = {position}"),
+        )
+        .await;
+        let before: String = sqlx::query_scalar(
+            "SELECT to_char(occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')
+             FROM events WHERE feed_position = $1",
+        )
+        .bind(position)
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap();
+        let entry = tlog_follower::entries::at(&s.db.pool, position)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(entry.occurred_at, before, "{at}");
+    }
+}
+
 #[tokio::test]
 async fn tlog_a_deleted_event_is_caught_at_its_position() {
     let (s, _dir, key, _) = followed_stack().await;

@@ -8,6 +8,8 @@ use std::borrow::Cow;
 use futures_util::{Stream, StreamExt};
 use tlog::Entry;
 
+use crate::leaf_time::LeafTime;
+
 /// Calls `each` with every line of a COPY text stream, without its newline, in order. Once
 /// `each` answers `Ok(false)` (enough) or an error, the rest of the stream is drained unread,
 /// so the connection ends the COPY cleanly; that error is returned inside `Ok`.
@@ -93,7 +95,7 @@ pub(crate) struct CopyEntry<'a> {
     pub sequence: i64,
     pub event_type: Cow<'a, str>,
     pub event_version: Cow<'a, str>,
-    pub occurred_at: Cow<'a, str>,
+    pub occurred_at: LeafTime,
     pub user_id: Option<i64>,
     pub payload: Cow<'a, str>,
 }
@@ -112,7 +114,7 @@ impl<'a> CopyEntry<'a> {
             sequence,
             event_type: next_text(fields, "event_type")?,
             event_version: next_text(fields, "event_version")?,
-            occurred_at: next_text(fields, "occurred_at")?,
+            occurred_at: LeafTime::from_db(&next_text(fields, "occurred_at")?)?,
             user_id: next_int(fields, "user_id")?,
             payload: next_text(fields, "payload")?,
         })
@@ -127,7 +129,7 @@ impl<'a> CopyEntry<'a> {
             sequence: self.sequence,
             event_type: &self.event_type,
             event_version: &self.event_version,
-            occurred_at: &self.occurred_at,
+            occurred_at: self.occurred_at.as_str(),
             user_id: self.user_id,
             payload: &self.payload,
         }
@@ -194,9 +196,10 @@ mod tests {
 
     #[test]
     fn an_entry_borrows_its_fields_unless_copy_escaped_them() {
-        let line = b"7\tTransfer\tR1\t2\tSourceWithdrawn\t1\t2026-11-27T00:00:00.000000Z\t\\N\t{\"a\\\\b\": 1}";
+        let line = b"7\tTransfer\tR1\t2\tSourceWithdrawn\t1\t2026-11-27 00:00:00.25\t\\N\t{\"a\\\\b\": 1}";
         let e = CopyEntry::read(&mut fields(line)).unwrap();
         assert_eq!((e.position, e.sequence, e.user_id), (7, 2, None));
+        assert_eq!(e.occurred_at.as_str(), "2026-11-27T00:00:00.250000Z");
         assert!(matches!(e.aggregate_id, Cow::Borrowed("R1")));
         assert_eq!(e.payload, "{\"a\\b\": 1}");
         assert!(matches!(e.payload, Cow::Owned(_)));

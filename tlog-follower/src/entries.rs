@@ -1,14 +1,17 @@
 //! An entry's fields as the leaf needs them, read from the event table by one expression list
-//! (the follower's reads, the routes' `entries`, `verify`'s COPY): the domain time is formatted
-//! by the database in UTC with six fractional digits, the payload is the stored JSON text.
+//! (the follower's reads, the routes' `entries`, `verify`'s COPY): the domain time is the
+//! database's text of it in UTC, put in the leaf's form here (`leaf_time`), the payload is the
+//! stored JSON text.
 
 use sqlx::PgPool;
 use tlog::Entry;
 
+use crate::leaf_time::LeafTime;
+
 /// The columns of an entry, in [`EntryRow`]'s order, over `events e`.
 pub(crate) const ENTRY_COLUMNS: &str = "e.feed_position AS position, e.aggregate_type, \
      e.aggregate_id, e.sequence, e.event_type, e.event_version, \
-     to_char(e.occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS occurred_at, \
+     (e.occurred_at AT TIME ZONE 'UTC')::text AS occurred_at, \
      e.user_id, e.payload::text AS payload";
 
 /// One entry of the log, owned.
@@ -20,6 +23,7 @@ pub struct EntryRow {
     pub sequence: i64,
     pub event_type: String,
     pub event_version: String,
+    /// In the leaf's form (`YYYY-MM-DDTHH:MM:SS.ffffffZ`).
     pub occurred_at: String,
     pub user_id: Option<i64>,
     pub payload: String,
@@ -49,12 +53,20 @@ impl EntryRow {
 
 /// The entry at feed `position`, if the log has one.
 pub async fn at(pool: &PgPool, position: i64) -> Result<Option<EntryRow>, sqlx::Error> {
-    sqlx::query_as(&format!(
+    let row: Option<EntryRow> = sqlx::query_as(&format!(
         "SELECT {ENTRY_COLUMNS} FROM events e WHERE e.feed_position = $1"
     ))
     .bind(position)
     .fetch_optional(pool)
-    .await
+    .await?;
+    row.map(|mut row| {
+        row.occurred_at = LeafTime::from_db(&row.occurred_at)
+            .map_err(|why| sqlx::Error::Decode(why.into()))?
+            .as_str()
+            .to_owned();
+        Ok(row)
+    })
+    .transpose()
 }
 
 /// One event of a transfer as a receipt names it.

@@ -15,6 +15,7 @@ mod copy;
 mod deposits;
 pub mod entries;
 mod finding;
+mod leaf_time;
 pub mod follower;
 pub mod proofs;
 mod reads;
