@@ -43,6 +43,9 @@ pub struct Args {
     /// Transfers per request of the bulk route's runs.
     #[arg(long, default_value_t = 100)]
     bulk: usize,
+    /// Which routes' rates to measure: both, single or bulk.
+    #[arg(long, value_enum, default_value_t = Routes::Both)]
+    routes: Routes,
     /// About how many events the log `ledger verify` reads holds.
     #[arg(long, default_value_t = 1_000_000)]
     events: u64,
@@ -65,6 +68,14 @@ pub struct Args {
     /// libpq's sslmode for the ledger's connections.
     #[arg(long, default_value = "prefer")]
     sslmode: String,
+}
+
+/// The routes (a) measures.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Routes {
+    Both,
+    Single,
+    Bulk,
 }
 
 /// The log's name (its checkpoints' origin) in both parts.
@@ -117,10 +128,18 @@ async fn rates(args: &Args, key: &Path) -> anyhow::Result<Vec<String>> {
     bench.warm_up(args.warmup_seconds, 1).await?;
     bench.settle(args.settle_seconds);
     let mut summary = Vec::new();
-    for (bulk, route) in [
-        (1, "single-transfer route".to_owned()),
-        (args.bulk, format!("bulk route, {} per request", args.bulk)),
-    ] {
+    let routes = [
+        (Routes::Single, 1, "single-transfer route".to_owned()),
+        (
+            Routes::Bulk,
+            args.bulk,
+            format!("bulk route, {} per request", args.bulk),
+        ),
+    ];
+    let wanted = routes
+        .into_iter()
+        .filter(|(r, _, _)| args.routes == Routes::Both || args.routes == *r);
+    for (_, bulk, route) in wanted {
         let mut series = Series::default();
         for round in 0..args.pairs * 2 {
             let on = round % 2 == 1;

@@ -196,7 +196,8 @@ mod tests {
 
     #[test]
     fn an_entry_borrows_its_fields_unless_copy_escaped_them() {
-        let line = b"7\tTransfer\tR1\t2\tSourceWithdrawn\t1\t2026-11-27 00:00:00.25\t\\N\t{\"a\\\\b\": 1}";
+        let line =
+            b"7\tTransfer\tR1\t2\tSourceWithdrawn\t1\t2026-11-27 00:00:00.25\t\\N\t{\"a\\\\b\": 1}";
         let e = CopyEntry::read(&mut fields(line)).unwrap();
         assert_eq!((e.position, e.sequence, e.user_id), (7, 2, None));
         assert_eq!(e.occurred_at.as_str(), "2026-11-27T00:00:00.250000Z");
