@@ -198,8 +198,8 @@ async fn read_loop(
                 Pending::Ready(Response::hello())
             }
             Ok(request) => {
-                let span = request_span(&request);
-                match engine.submit_traced(request, span).await {
+                let trace = caller_trace(&request);
+                match engine.submit_traced(request, trace).await {
                     Some(rx) => Pending::Waiting(rx),
                     None => return,
                 }
@@ -212,27 +212,13 @@ async fn read_loop(
     }
 }
 
-/// The span of a movement whose caller sent its trace context (protocol version 2), a child of
-/// the caller's span; disabled (free) for every other request and when traces are not exported.
-fn request_span(request: &Request) -> tracing::Span {
-    let Some((op, movement)) = request.as_movement() else {
-        return tracing::Span::none();
-    };
-    let Some(parent) = movement.trace.as_deref().filter(|_| telemetry::enabled()) else {
-        return tracing::Span::none();
-    };
-    let span = tracing::info_span!(
-        target: telemetry::TARGET,
-        parent: None,
-        "spot_core.request",
-        otel.kind = "server",
-        op = op.as_str(),
-        req_id = %movement.req_id
-    );
-    if let Some(parent) = telemetry::parse_traceparent(parent) {
-        telemetry::set_remote_parent(&span, parent);
-    }
-    span
+/// The caller's span context of a movement whose caller sent it (protocol version 2), when this
+/// engine exports traces; `None` (nothing made) for every other request. Read here, on the
+/// connection's task, so that the engine thread only makes the append's span from it.
+fn caller_trace(request: &Request) -> Option<telemetry::SpanContext> {
+    let (_, movement) = request.as_movement()?;
+    let text = movement.trace.as_deref().filter(|_| telemetry::enabled())?;
+    telemetry::parse_traceparent(text)
 }
 
 /// After the last answer of a connection being closed: discard further input for a moment

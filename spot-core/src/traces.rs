@@ -1,5 +1,5 @@
 //! spot-core's own reading of the standard `OTEL_*` variables (its binary has its own `Args`;
-//! no library reads them): with an endpoint set, its spans (each traced request, its WAL append,
+//! no library reads them): with an endpoint set, its spans (each traced request's WAL append,
 //! each batch's sync) go over OTLP as `service.name` `spot-core` unless `OTEL_SERVICE_NAME` says
 //! otherwise. See `docs/adr/0018-traces.md`.
 

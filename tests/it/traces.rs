@@ -230,7 +230,6 @@ fn transfer_traced(spans: &[Got], trace: &str) -> bool {
         && has("ledger", "event_store.append", 3)
         && has("ledger", "funding.call", 1)
         && has("ledger", "spot_core.call", 1)
-        && has("spot-core", "spot_core.request", 1)
         && has("spot-core", "wal.append", 1)
         && named(spans, trace, "ledger", "event_store.append")
             .iter()
@@ -238,9 +237,9 @@ fn transfer_traced(spans: &[Got], trace: &str) -> bool {
         && named(spans, trace, "ledger", "funding.call")
             .iter()
             .all(|c| linked_from(spans, "ledger", "funding.batch", c).is_some())
-        && named(spans, trace, "spot-core", "spot_core.request")
+        && named(spans, trace, "ledger", "spot_core.call")
             .iter()
-            .all(|r| linked_from(spans, "spot-core", "wal.sync", r).is_some())
+            .all(|c| linked_from(spans, "spot-core", "wal.sync", c).is_some())
 }
 
 /// Parents and links of a committed FUNDING→SPOT transfer's trace, continued from `parent`.
@@ -254,13 +253,11 @@ fn check_transfer_trace(spans: &[Got], trace: &str, parent: &str) {
     for child in appends.iter().copied().chain([funding, spot_call]) {
         assert_eq!(child.parent_span_id, request.span_id, "{}", child.name);
     }
-    let engine = one(spans, trace, "spot-core", "spot_core.request");
+    let wal = one(spans, trace, "spot-core", "wal.append");
     assert_eq!(
-        engine.parent_span_id, spot_call.span_id,
+        wal.parent_span_id, spot_call.span_id,
         "across the protocol"
     );
-    let wal = one(spans, trace, "spot-core", "wal.append");
-    assert_eq!(wal.parent_span_id, engine.span_id);
     // The shared steps: spans of their own (another trace, no parent), linked to the requests
     // they served.
     let shared = appends
@@ -268,7 +265,7 @@ fn check_transfer_trace(spans: &[Got], trace: &str, parent: &str) {
         .map(|a| ("ledger", "event_store.group_commit", *a))
         .chain([
             ("ledger", "funding.batch", funding),
-            ("spot-core", "wal.sync", engine),
+            ("spot-core", "wal.sync", spot_call),
         ]);
     for (service, name, served) in shared {
         let step = linked_from(spans, service, name, served)
@@ -383,7 +380,7 @@ async fn recovery_links_the_first_trace(receiver: &Receiver, s: &Stack, env: &[(
             attempt_of(spans).is_some_and(|a| {
                 let trace = hex(&a.trace_id);
                 !named(spans, &trace, "ledger", "spot_core.call").is_empty()
-                    && !named(spans, &trace, "spot-core", "spot_core.request").is_empty()
+                    && !named(spans, &trace, "spot-core", "wal.append").is_empty()
             })
         })
         .await;
@@ -393,7 +390,7 @@ async fn recovery_links_the_first_trace(receiver: &Receiver, s: &Stack, env: &[(
     assert!(attempt.parent_span_id.is_empty());
     let call = one(&spans, &trace, "ledger", "spot_core.call");
     assert_eq!(call.parent_span_id, attempt.span_id);
-    let engine = one(&spans, &trace, "spot-core", "spot_core.request");
+    let engine = one(&spans, &trace, "spot-core", "wal.append");
     assert_eq!(engine.parent_span_id, call.span_id);
 }
 
@@ -481,7 +478,7 @@ async fn an_older_engine_keeps_working_untraced() {
         })
         .await;
     assert_eq!(refused.load(std::sync::atomic::Ordering::SeqCst), 0);
-    assert!(named(&spans, &trace, "spot-core", "spot_core.request").is_empty());
+    assert!(named(&spans, &trace, "spot-core", "wal.append").is_empty());
     assert_eq!(s.spot_balance(1, "USDT").await, dec("10"));
     s.assert_conserved(1, "USDT").await;
 }

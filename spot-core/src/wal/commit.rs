@@ -24,8 +24,9 @@ pub const MAX_BATCH: usize = 4096;
 struct Job {
     request: Request,
     reply: oneshot::Sender<Response>,
-    /// The request's span when its caller's trace is exported (`server.rs`); disabled otherwise.
-    span: tracing::Span,
+    /// The caller's span (its `spot_core.call`) when it sent its trace context and this engine
+    /// exports traces (`server.rs`): the WAL append is its child, the batch's sync links it.
+    trace: Option<telemetry::SpanContext>,
 }
 
 /// Cheap handle for submitting requests to the engine thread.
@@ -38,22 +39,22 @@ impl EngineHandle {
     /// Queue a request; the returned receiver yields its response once it is durable.
     /// `None` means the engine thread is gone (only during shutdown).
     pub async fn submit(&self, request: Request) -> Option<oneshot::Receiver<Response>> {
-        self.submit_traced(request, tracing::Span::none()).await
+        self.submit_traced(request, None).await
     }
 
-    /// `submit`, with the request's span: its WAL append is a child of it, and the batch's sync
-    /// links it. The span ends when the answer is sent.
+    /// `submit`, with the caller's span context: the request's WAL append is a span whose parent
+    /// is the caller's span, and the batch's sync links the caller's span.
     pub async fn submit_traced(
         &self,
         request: Request,
-        span: tracing::Span,
+        trace: Option<telemetry::SpanContext>,
     ) -> Option<oneshot::Receiver<Response>> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Job {
                 request,
                 reply,
-                span,
+                trace,
             })
             .await
             .ok()?;
@@ -142,9 +143,9 @@ impl Drop for AbortOnPanic {
 struct Batch {
     jobs: Vec<Job>,
     answers: Vec<(oneshot::Sender<Response>, Response)>,
-    /// The traced requests' spans of this batch (kept until they are answered), which its sync
-    /// links; empty when nothing is traced.
-    spans: Vec<tracing::Span>,
+    /// The callers' spans of this batch's traced requests, which its sync links; empty when
+    /// nothing is traced.
+    traced: Vec<telemetry::SpanContext>,
     journals: Vec<JournalJob>,
     framed: Vec<u8>,
     /// A movement is in this batch (the `abort_after_wal_sync` fail point's condition).
@@ -166,7 +167,7 @@ fn commit_loop(
     let mut batch = Batch {
         jobs: Vec::with_capacity(MAX_BATCH),
         answers: Vec::with_capacity(MAX_BATCH),
-        spans: Vec::new(),
+        traced: Vec::new(),
         journals: Vec::new(),
         framed: Vec::with_capacity(1 << 16),
         has_movement: false,
@@ -216,11 +217,11 @@ fn decide(engine: &mut Engine, batch: &mut Batch) {
             });
             continue;
         }
-        // Only for a traced request (a disabled parent would make it a root of its own).
-        let append = if job.span.is_disabled() {
-            tracing::Span::none()
-        } else {
-            tracing::info_span!(target: telemetry::TARGET, parent: &job.span, "wal.append")
+        // Only for a traced request: the engine's one span per request, the child of the
+        // caller's span across the protocol.
+        let append = match &job.trace {
+            Some(caller) => append_span(&job.request, caller.clone()),
+            None => tracing::Span::none(),
         };
         let entered = append.enter();
         let effect = engine.apply(&job.request);
@@ -230,12 +231,31 @@ fn decide(engine: &mut Engine, batch: &mut Batch) {
             batch.since_records += 1;
         }
         drop(entered);
-        if !job.span.is_disabled() {
-            batch.spans.push(job.span);
+        if let Some(caller) = job.trace {
+            batch.traced.push(caller);
         }
         batch.wants_storage |= matches!(&effect.response, Response::Ok { core: Some(_), .. });
         batch.answers.push((job.reply, effect.response));
     }
+}
+
+/// The span of a traced request's WAL append (its decision in memory and its framed record), a
+/// server span whose parent is the caller's `spot_core.call` across the protocol.
+fn append_span(request: &Request, caller: telemetry::SpanContext) -> tracing::Span {
+    let (op, req_id) = match request.as_movement() {
+        Some((op, movement)) => (op.as_str(), movement.req_id.as_str()),
+        None => ("", ""),
+    };
+    let span = tracing::info_span!(
+        target: telemetry::TARGET,
+        parent: None,
+        "wal.append",
+        otel.kind = "server",
+        op,
+        req_id
+    );
+    telemetry::set_remote_parent(&span, caller);
+    span
 }
 
 /// Write and sync the batch's records (abort if that fails), then publish the conservation check's retained
@@ -243,7 +263,7 @@ fn decide(engine: &mut Engine, batch: &mut Batch) {
 fn make_durable(engine: &Engine, wal: &mut Wal, batch: &mut Batch, side: &Side, fail: FailPoints) {
     // One write and one fsync for the whole batch: a span of its own, linked to every traced
     // request it made durable.
-    let sync = if batch.spans.is_empty() {
+    let sync = if batch.traced.is_empty() {
         tracing::Span::none()
     } else {
         let sync = tracing::info_span!(
@@ -251,12 +271,9 @@ fn make_durable(engine: &Engine, wal: &mut Wal, batch: &mut Batch, side: &Side, 
             parent: None,
             "wal.sync",
             bytes = batch.framed.len(),
-            traced_requests = batch.spans.len()
+            traced_requests = batch.traced.len()
         );
-        telemetry::link_all(
-            &sync,
-            batch.spans.iter().filter_map(telemetry::span_context),
-        );
+        telemetry::link_all(&sync, batch.traced.drain(..));
         sync
     };
     let entered = sync.enter();
@@ -299,8 +316,6 @@ fn answer(wal: &Wal, batch: &mut Batch, side: &Side) {
         // The asker may have hung up; the result is durable and visible through lookup.
         let _ = reply.send(response);
     }
-    // Each traced request's span ends here, answered.
-    batch.spans.clear();
     for job in batch.journals.drain(..) {
         if let Err(e) = side.journal.send(job) {
             // The reader is gone (it never exits while we run); answer rather than hang.
