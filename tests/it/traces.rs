@@ -254,10 +254,7 @@ fn check_transfer_trace(spans: &[Got], trace: &str, parent: &str) {
         assert_eq!(child.parent_span_id, request.span_id, "{}", child.name);
     }
     let wal = one(spans, trace, "spot-core", "wal.append");
-    assert_eq!(
-        wal.parent_span_id, spot_call.span_id,
-        "across the protocol"
-    );
+    assert_eq!(wal.parent_span_id, spot_call.span_id, "across the protocol");
     // The shared steps: spans of their own (another trace, no parent), linked to the requests
     // they served.
     let shared = appends
