@@ -229,11 +229,13 @@ fn decide(engine: &mut Engine, batch: &mut Batch) {
             batch.has_movement |= record.as_movement().is_some();
             encode_record(record, &mut batch.framed);
             batch.since_records += 1;
+            // The sync links the callers whose records it makes durable; a request that framed
+            // none (a replayed answer) has no sync to be linked from.
+            if let Some(caller) = job.trace {
+                batch.traced.push(caller);
+            }
         }
         drop(entered);
-        if let Some(caller) = job.trace {
-            batch.traced.push(caller);
-        }
         batch.wants_storage |= matches!(&effect.response, Response::Ok { core: Some(_), .. });
         batch.answers.push((job.reply, effect.response));
     }
@@ -348,5 +350,58 @@ fn hand_snapshot(engine: &Engine, wal: &Wal, side: &Side) {
     };
     if side.snapshots.send(job).is_err() {
         side.in_flight.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rust_decimal::Decimal;
+
+    use super::*;
+    use crate::assets::Assets;
+
+    fn job(request: Request, trace: Option<telemetry::SpanContext>) -> Job {
+        Job {
+            request,
+            reply: oneshot::channel().0,
+            trace,
+        }
+    }
+
+    /// The batch's sync links only the callers whose records it makes durable: a replayed
+    /// answer frames nothing, and a batch that frames nothing has no sync that would take its
+    /// callers away (they would be linked from a later, unrelated sync).
+    #[test]
+    fn only_requests_that_frame_a_record_are_linked_from_the_sync() {
+        let caller =
+            telemetry::parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+                .expect("a valid traceparent");
+        let req_id = crate::ulid::format(crate::ulid::from_parts(crate::ulid::now_ms(), 42));
+        let deposit = || Request::deposit(req_id.clone(), 7, "USDT", Decimal::from(5));
+        let mut engine = Engine::new(Assets::builtin());
+        let mut batch = Batch {
+            jobs: vec![
+                job(deposit(), Some(caller.clone())),
+                job(deposit(), Some(caller.clone())),
+            ],
+            answers: Vec::new(),
+            traced: Vec::new(),
+            journals: Vec::new(),
+            framed: Vec::new(),
+            has_movement: false,
+            wants_storage: false,
+            since_records: 0,
+            since_bytes: 0,
+        };
+        decide(&mut engine, &mut batch);
+        assert_eq!(batch.since_records, 1, "the second deposit is a replay");
+        assert_eq!(batch.traced, vec![caller.clone()]);
+
+        batch.traced.clear();
+        batch.framed.clear();
+        batch.jobs.push(job(deposit(), Some(caller)));
+        decide(&mut engine, &mut batch);
+        assert!(batch.framed.is_empty(), "a replay alone frames nothing");
+        assert!(batch.traced.is_empty(), "{:?}", batch.traced);
     }
 }
