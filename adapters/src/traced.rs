@@ -15,7 +15,7 @@ pub(crate) fn funding_call(operation: Operation, movements: &[Movement]) -> trac
         "funding.call",
         otel.kind = "client",
         operation = operation.as_str(),
-        req_id = %first(movements),
+        req_id = first(movements),
         movements = movements.len()
     )
 }
@@ -30,11 +30,12 @@ pub(crate) fn spot_call(operation: Operation, movements: &[Movement]) -> tracing
         "spot_core.call",
         otel.kind = "client",
         operation = operation.as_str(),
-        req_id = %first(movements),
+        req_id = first(movements),
         movements = movements.len()
     )
 }
 
+/// The first movement's req_id, recorded as a string (not formatted through `Debug` again).
 fn first(movements: &[Movement]) -> String {
     movements
         .first()

@@ -38,6 +38,10 @@ pub struct Args {
     /// libpq's sslmode for the ledger's connections.
     #[arg(long, default_value = "prefer")]
     pub(crate) sslmode: String,
+    /// Keep what the sink receives and, after the runs, print the spans and links per HTTP
+    /// request by service and span name (decoded after the runs, never during one).
+    #[arg(long)]
+    pub(crate) span_census: bool,
 }
 
 /// What the sink received.
@@ -45,12 +49,17 @@ pub struct Args {
 struct Received {
     requests: AtomicU64,
     bytes: AtomicU64,
+    /// The bodies, kept for `--span-census`.
+    kept: Option<std::sync::Mutex<Vec<axum::body::Bytes>>>,
 }
 
 /// An OTLP/HTTP sink on a free loopback port: answers every `POST /v1/traces` 200 with an empty
 /// `ExportTraceServiceResponse` (an empty protobuf message is zero bytes).
-async fn start_sink() -> anyhow::Result<(SocketAddr, Arc<Received>)> {
-    let received = Arc::new(Received::default());
+async fn start_sink(keep: bool) -> anyhow::Result<(SocketAddr, Arc<Received>)> {
+    let received = Arc::new(Received {
+        kept: keep.then(Default::default),
+        ..Received::default()
+    });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let counted = received.clone();
@@ -63,6 +72,9 @@ async fn start_sink() -> anyhow::Result<(SocketAddr, Arc<Received>)> {
                 counted
                     .bytes
                     .fetch_add(body.len() as u64, Ordering::Relaxed);
+                if let Some(kept) = &counted.kept {
+                    kept.lock().unwrap_or_else(|e| e.into_inner()).push(body);
+                }
                 (
                     [("content-type", "application/x-protobuf")],
                     Vec::<u8>::new(),
@@ -97,7 +109,7 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
         args.seconds,
     )
     .await?;
-    let (sink, received) = start_sink().await?;
+    let (sink, received) = start_sink(args.span_census).await?;
     println!("clean database: {}; OTLP/HTTP sink on {sink}", bench.url);
     bench.warm_up(args.warmup_seconds, 1).await?;
     bench.settle(args.settle_seconds);
@@ -128,9 +140,57 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
         received.requests.load(Ordering::Relaxed),
         received.bytes.load(Ordering::Relaxed) as f64 / (1024.0 * 1024.0)
     );
+    if let Some(kept) = &received.kept {
+        print_census(&kept.lock().unwrap_or_else(|e| e.into_inner()))?;
+    }
     let (off_median, on_median, slower) = series.medians();
     Ok(vec![format!(
         "traces ({} clients, {} s runs, ABAB x{}): off median {off_median:.0}/s, on median {on_median:.0}/s, on {slower:.1}% slower (target <= 5%)",
         args.clients, args.seconds, args.pairs
     )])
+}
+
+/// Spans and links per HTTP request (the ledger's `http.request` spans), by service and name.
+fn print_census(bodies: &[axum::body::Bytes]) -> anyhow::Result<()> {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use prost::Message;
+    let mut by_name: std::collections::BTreeMap<(String, String), (u64, u64)> =
+        std::collections::BTreeMap::new();
+    for body in bodies {
+        let request = ExportTraceServiceRequest::decode(body.as_ref())?;
+        for resource in request.resource_spans {
+            let service = resource
+                .resource
+                .iter()
+                .flat_map(|r| &r.attributes)
+                .find(|a| a.key == "service.name")
+                .and_then(|a| a.value.as_ref())
+                .map(|v| format!("{:?}", v.value))
+                .unwrap_or_default();
+            for span in resource.scope_spans.iter().flat_map(|s| &s.spans) {
+                let entry = by_name
+                    .entry((service.clone(), span.name.clone()))
+                    .or_default();
+                entry.0 += 1;
+                entry.1 += span.links.len() as u64;
+            }
+        }
+    }
+    let requests = by_name
+        .iter()
+        .filter(|((_, name), _)| name.starts_with("POST "))
+        .map(|(_, (n, _))| n)
+        .sum::<u64>()
+        .max(1) as f64;
+    println!("spans per POST request ({requests} requests), by service and name:");
+    for ((service, name), (spans, links)) in &by_name {
+        println!(
+            "  {:<40} {:<32} {:>8.3} spans {:>8.3} links",
+            service,
+            name,
+            *spans as f64 / requests,
+            *links as f64 / requests
+        );
+    }
+    Ok(())
 }

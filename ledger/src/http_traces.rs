@@ -24,8 +24,8 @@ pub async fn request_span(request: Request, next: Next) -> Response {
         "http.request",
         otel.name = format!("{} {route}", request.method()),
         otel.kind = "server",
-        http.request.method = %request.method(),
-        http.route = %route,
+        http.request.method = request.method().as_str(),
+        http.route = route.as_str(),
         http.response.status_code = tracing::field::Empty,
     );
     if let Some(parent) = request

@@ -15,6 +15,7 @@ use sqlx::PgPool;
 
 /// The server every test database lives on.
 pub fn server_url() -> String {
+    crate::fd_census::install();
     std::env::var("TEST_DATABASE_SERVER")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned())
 }
@@ -105,6 +106,7 @@ fn bin_dir() -> PathBuf {
 /// The path of a workspace binary, building the workspace's binaries once if it is missing
 /// (plain `cargo test` builds only the test's own dependencies' libraries).
 pub fn bin(name: &str) -> PathBuf {
+    crate::fd_census::install();
     static BUILT: OnceLock<()> = OnceLock::new();
     let path = bin_dir().join(name);
     if !path.exists() {

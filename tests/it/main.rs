@@ -2,6 +2,7 @@
 //! PostgreSQL and real spot-core processes. Test names carry its ids
 //! (`docs/acceptance.md`).
 
+mod fd_census;
 mod helpers;
 mod nats;
 mod procs;

@@ -27,9 +27,9 @@ pub(super) fn append_span<'a>(
     tracing::info_span!(
         target: telemetry::TARGET,
         "event_store.append",
-        req_id = %first.aggregate_id,
+        req_id = first.aggregate_id.as_str(),
         sequence = first.sequence,
-        event_type = %first.event_type,
+        event_type = first.event_type.as_str(),
         events = 1 + events.count()
     )
 }
