@@ -71,16 +71,20 @@ pub fn census() -> String {
     let far_ports = far_ports(&socket_inodes);
     let limit = std::fs::read_to_string("/proc/self/limits")
         .ok()
-        .and_then(|l| l.lines().find(|l| l.starts_with("Max open files")).map(str::to_owned))
+        .and_then(|l| {
+            l.lines()
+                .find(|l| l.starts_with("Max open files"))
+                .map(str::to_owned)
+        })
         .unwrap_or_default();
     let mut out = format!("--- file descriptors of this test process: {total} ({limit}) ---\n");
     let mut by_count: Vec<_> = kinds.into_iter().collect();
-    by_count.sort_by(|a, b| b.1.cmp(&a.1));
+    by_count.sort_by_key(|k| std::cmp::Reverse(k.1));
     for (kind, n) in by_count.iter().take(20) {
         out.push_str(&format!("  {n:>6}  {kind}\n"));
     }
     let mut ports: Vec<_> = far_ports.into_iter().collect();
-    ports.sort_by(|a, b| b.1.cmp(&a.1));
+    ports.sort_by_key(|k| std::cmp::Reverse(k.1));
     out.push_str("  sockets by (state, far port):\n");
     for ((state, port), n) in ports.iter().take(15) {
         out.push_str(&format!("  {n:>6}  {state} to :{port}\n"));

@@ -15,6 +15,9 @@
 //! Its own test binary: it builds and kills PostgreSQL clusters, and its tests run one at a
 //! time.
 
+#[path = "../it/fd_census.rs"]
+#[allow(dead_code)]
+mod fd_census;
 #[path = "../it/helpers.rs"]
 #[allow(dead_code)]
 mod helpers;

@@ -7,6 +7,9 @@
 //! always started again, even on panic. The cluster restarted is the one serving
 //! `TEST_DATABASE_SERVER`.
 
+#[path = "../it/fd_census.rs"]
+#[allow(dead_code)]
+mod fd_census;
 #[path = "../it/helpers.rs"]
 #[allow(dead_code)]
 mod helpers;

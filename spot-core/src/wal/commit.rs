@@ -205,6 +205,7 @@ fn commit_loop(
 fn decide(engine: &mut Engine, batch: &mut Batch) {
     batch.has_movement = false;
     batch.wants_storage = false;
+    let mut appending = Appending::default();
     for job in batch.jobs.drain(..) {
         if let Request::Journal { after_seq, limit } = job.request {
             // Served by the reader thread once this batch is synced, up to what the engine
@@ -217,11 +218,15 @@ fn decide(engine: &mut Engine, batch: &mut Batch) {
             });
             continue;
         }
-        // Only for a traced request: the engine's one span per request, the child of the
-        // caller's span across the protocol.
+        // Only for a traced request: the WAL append's span, the child of the caller's span
+        // across the protocol, one for each run of consecutive requests of one call (a round's
+        // pipelined movements share their call's).
         let append = match &job.trace {
-            Some(caller) => append_span(&job.request, caller.clone()),
-            None => tracing::Span::none(),
+            Some(caller) => appending.span_for(&job.request, caller),
+            None => {
+                appending.end();
+                tracing::Span::none()
+            }
         };
         let entered = append.enter();
         let effect = engine.apply(&job.request);
@@ -229,10 +234,12 @@ fn decide(engine: &mut Engine, batch: &mut Batch) {
             batch.has_movement |= record.as_movement().is_some();
             encode_record(record, &mut batch.framed);
             batch.since_records += 1;
-            // The sync links the callers whose records it makes durable; a request that framed
-            // none (a replayed answer) has no sync to be linked from.
+            // The sync links the calls whose records it makes durable, each once; a request
+            // that framed none (a replayed answer) has no sync to be linked from.
             if let Some(caller) = job.trace {
-                batch.traced.push(caller);
+                if batch.traced.last() != Some(&caller) {
+                    batch.traced.push(caller);
+                }
             }
         }
         drop(entered);
@@ -241,8 +248,49 @@ fn decide(engine: &mut Engine, batch: &mut Batch) {
     }
 }
 
-/// The span of a traced request's WAL append (its decision in memory and its framed record), a
-/// server span whose parent is the caller's `spot_core.call` across the protocol.
+/// The WAL append span of the run of requests being decided, and whose call it serves. Ends
+/// (the span is dropped, with the number of requests it covered recorded) when a request of
+/// another call, or an untraced one, comes, and at the end of the batch's decisions.
+#[derive(Default)]
+struct Appending {
+    open: Option<(telemetry::SpanContext, tracing::Span, u32)>,
+}
+
+impl Appending {
+    /// The span for `request` of the call `caller`: the open one when it is that call's.
+    fn span_for(&mut self, request: &Request, caller: &telemetry::SpanContext) -> tracing::Span {
+        match &mut self.open {
+            Some((of, span, requests)) if of == caller => {
+                *requests += 1;
+                span.clone()
+            }
+            _ => {
+                self.end();
+                let span = append_span(request, caller.clone());
+                self.open = Some((caller.clone(), span.clone(), 1));
+                span
+            }
+        }
+    }
+
+    fn end(&mut self) {
+        if let Some((_, span, requests)) = self.open.take() {
+            if requests > 1 {
+                span.record("requests", requests);
+            }
+        }
+    }
+}
+
+impl Drop for Appending {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+/// The span of a traced call's WAL append (its requests' decisions in memory and their framed
+/// records), a server span whose parent is the caller's `spot_core.call` across the protocol;
+/// `op` and `req_id` are its first request's, `requests` how many it covered when more than one.
 fn append_span(request: &Request, caller: telemetry::SpanContext) -> tracing::Span {
     let (op, req_id) = match request.as_movement() {
         Some((op, movement)) => (op.as_str(), movement.req_id.as_str()),
@@ -254,7 +302,8 @@ fn append_span(request: &Request, caller: telemetry::SpanContext) -> tracing::Sp
         "wal.append",
         otel.kind = "server",
         op,
-        req_id
+        req_id,
+        requests = tracing::field::Empty
     );
     telemetry::set_remote_parent(&span, caller);
     span
@@ -396,6 +445,25 @@ mod tests {
         decide(&mut engine, &mut batch);
         assert_eq!(batch.since_records, 1, "the second deposit is a replay");
         assert_eq!(batch.traced, vec![caller.clone()]);
+
+        // A call's pipelined requests are linked once; each call is linked.
+        let other =
+            telemetry::parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b8-01")
+                .expect("a valid traceparent");
+        batch.traced.clear();
+        batch.framed.clear();
+        let fresh = |n: u64| {
+            let id = crate::ulid::format(crate::ulid::from_parts(crate::ulid::now_ms(), n.into()));
+            Request::deposit(id, 7, "USDT", Decimal::from(1))
+        };
+        batch.jobs.extend([
+            job(fresh(100), Some(caller.clone())),
+            job(fresh(101), Some(caller.clone())),
+            job(fresh(102), Some(other.clone())),
+        ]);
+        decide(&mut engine, &mut batch);
+        assert_eq!(batch.since_records, 4);
+        assert_eq!(batch.traced, vec![caller.clone(), other]);
 
         batch.traced.clear();
         batch.framed.clear();
