@@ -152,6 +152,17 @@ async fn rates(args: &Args, key: &Path) -> anyhow::Result<Vec<String>> {
                 );
             }
             let run = bench.drive(&started, bulk).await?;
+            if on {
+                let (tree, head): (i64, i64) = sqlx::query_as(
+                    "SELECT (SELECT size FROM tlog_state), (SELECT position FROM feed_head)",
+                )
+                .fetch_one(&pool)
+                .await?;
+                println!(
+                    "log on: at the run's end the tree held {tree} of {head} entries ({} behind)",
+                    head - tree
+                );
+            }
             drop(started);
             let label = if on {
                 "log on (tree and checkpoints)"

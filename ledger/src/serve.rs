@@ -18,7 +18,7 @@ use crate::router::serve_with_shutdown;
 use crate::settings::options::{spot_address, Millis, RelayOptions, SpotStorage};
 use crate::settings::{MetricsListen, Settings};
 use crate::spot_child::{child_exit, stored_or_generated_spot_token, SpotChild, SPOT_TOKEN_FILE};
-use crate::startup::{shutdown_signal, Background, Serving};
+use crate::startup::{shutdown_signal, Background, LogDatabase, Serving};
 use crate::wiring::{Assembled, Wiring};
 
 #[derive(Debug, Args)]
@@ -100,6 +100,7 @@ pub(crate) fn configured(
             horizon: Some(background.horizon),
             log,
             checkpoints,
+            log_database: None,
         },
         http: settings.http.limits,
         metrics_on_api: settings.http.metrics == MetricsListen::Api,
@@ -136,8 +137,12 @@ pub(crate) async fn serve(args: ServeArgs, settings: &Settings) -> anyhow::Resul
         .await
         .with_context(|| format!("listen on {}", args.listen))?;
     let local = listener.local_addr()?;
-    let (assembled, serving) =
+    let (assembled, mut serving) =
         configured(settings, pool, spot, assets, &secret, args.relay.config())?;
+    serving.background.log_database = Some(LogDatabase {
+        url: settings.database.url.clone(),
+        liveness: settings.database.liveness,
+    });
     let metrics = bind_metrics(&settings.http.metrics).await?;
     println!("ledger serving on http://{local} (spot-core at {spot_addr})");
     run_until_stopped(listener, metrics, assembled, serving, None).await
@@ -176,8 +181,12 @@ pub(crate) async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> 
         .await
         .with_context(|| format!("listen on {}", args.listen))?;
     let local = listener.local_addr()?;
-    let (assembled, serving) =
+    let (assembled, mut serving) =
         configured(settings, pool, spot, assets, &secret, args.relay.config())?;
+    serving.background.log_database = Some(LogDatabase {
+        url: url.clone(),
+        liveness: database.liveness,
+    });
     let metrics = bind_metrics(&settings.http.metrics).await?;
 
     print_banner(&Banner {

@@ -27,6 +27,17 @@ use crate::wiring::Pieces;
 /// accepting transfers of an asset an admin has just suspended.
 pub(crate) const ASSET_RELOAD_INTERVAL: Duration = Duration::from_secs(1);
 
+/// The log follower's thread's nice value, above the process's 0: its hashing takes the cores'
+/// idle time and yields them to the request path when both want them. Appends never wait for
+/// the tree (ADR 0016); `ledger-bench tlog` prints how far behind it was at each run's end.
+const FOLLOWER_NICE: i32 = 10;
+
+/// The follower's own pool: one connection reads, one writes a pass's tiles and checkpoint.
+const FOLLOWER_CONNECTIONS: u32 = 2;
+
+/// How long the follower's thread waits before connecting again when its database is down.
+const FOLLOWER_CONNECT_RETRY: Duration = Duration::from_secs(1);
+
 /// Which background work a serving process runs, and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Background {
@@ -43,6 +54,18 @@ pub struct Background {
     pub log: Option<tlog_follower::FollowerConfig>,
     /// Where the log's signed checkpoints are published, with a signing key and `--nats`.
     pub checkpoints: Option<relay::checkpoints::CheckpointTarget>,
+    /// The database the follower connects to on its own thread ([`follow_the_log`]); `None`
+    /// runs it as a task on the server's pool (an in-process server).
+    pub log_database: Option<LogDatabase>,
+}
+
+/// The database URL and liveness settings of a serving process's (or cell's) pool: the
+/// follower's own pool is built from them, the server's kind of pool (failover, liveness, the
+/// pooled-transaction check) on the follower's own runtime.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogDatabase {
+    pub url: String,
+    pub liveness: schema::DbLiveness,
 }
 
 impl Default for Background {
@@ -54,6 +77,7 @@ impl Default for Background {
             horizon: None,
             log: None,
             checkpoints: None,
+            log_database: None,
         }
     }
 }
@@ -173,8 +197,16 @@ impl Tasks {
             tasks.spawn("idempotency horizon", horizon.run());
         }
         if let Some(config) = &background.log {
-            let follower = tlog_follower::Follower::new(pool.clone(), config.clone());
-            tasks.spawn("tamper-evident log", follower.run());
+            match &background.log_database {
+                Some(database) => tasks.spawn(
+                    "tamper-evident log",
+                    follow_the_log(database.clone(), config.clone()),
+                ),
+                None => {
+                    let follower = tlog_follower::Follower::new(pool.clone(), config.clone());
+                    tasks.spawn("tamper-evident log", follower.run());
+                }
+            }
         }
         if let Some(target) = &background.checkpoints {
             tracing::info!(stream = %target.stream, subject = %target.subject,
@@ -213,6 +245,69 @@ impl Tasks {
     /// Stops every task and waits until they are gone.
     pub async fn stop(mut self) {
         self.set.shutdown().await;
+    }
+}
+
+/// Runs the log's follower on a thread of its own at [`FOLLOWER_NICE`], on a current-thread
+/// runtime with a pool of its own (a pool's sockets belong to the runtime that opened them, so
+/// none is shared with the server's). On the server's runtime the follower's hashing held a
+/// worker for whole passes beside the request path (`docs/perf-log.md`, tamper-evident log,
+/// fifth stop). The future ends when the follower does (a signing identity that does not match,
+/// or a panic), as a task's would; dropped (the tasks stopped), it stops the thread.
+async fn follow_the_log(database: LogDatabase, config: tlog_follower::FollowerConfig) {
+    let (ended, ending) = tokio::sync::oneshot::channel::<()>();
+    let (_stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let started = std::thread::Builder::new()
+        .name("tlog-follower".into())
+        .spawn(move || {
+            let _ended = ended;
+            // On Linux a thread id given to setpriority names that one thread.
+            if let Err(e) =
+                rustix::process::setpriority_process(Some(rustix::thread::gettid()), FOLLOWER_NICE)
+            {
+                tracing::warn!(error = %e, "the log follower keeps the normal priority");
+            }
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    tracing::error!(error = %e, "the log follower's runtime did not start");
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let pool = loop {
+                    let connect = schema::connect_with(
+                        &database.url,
+                        FOLLOWER_CONNECTIONS,
+                        database.liveness,
+                    );
+                    tokio::select! {
+                        connected = connect => match connected {
+                            Ok(pool) => break pool,
+                            Err(e) => tracing::warn!(error = %e,
+                                "the log follower cannot connect yet; retrying"),
+                        },
+                        _ = &mut stopped => return,
+                    }
+                    tokio::select! {
+                        () = tokio::time::sleep(FOLLOWER_CONNECT_RETRY) => {}
+                        _ = &mut stopped => return,
+                    }
+                };
+                tokio::select! {
+                    () = tlog_follower::Follower::new(pool, config).run() => {}
+                    _ = stopped => {}
+                }
+            });
+        });
+    match started {
+        Ok(_) => {
+            let _ = ending.await;
+        }
+        Err(e) => tracing::error!(error = %e, "the log follower's thread did not start"),
     }
 }
 

@@ -896,6 +896,13 @@ async fn tlog_metrics_report_the_tree_and_a_follower_that_stopped() {
     let answer = kept.transfer(1, body.clone()).await;
     assert_eq!(answer["state"], "COMMITTED", "{answer}");
     let head = wait_checkpointed(&s.db.pool).await as f64;
+    // The follower hashes on a thread of its own at a lower priority than the request path's
+    // (ledger/src/startup.rs, FOLLOWER_NICE), and the process's other threads keep theirs.
+    assert_eq!(
+        thread_nices(kept.pid()),
+        vec![("tlog-follower".to_owned(), 10)],
+        "the follower's thread and its nice value, then any other thread not at 0"
+    );
     let size = metric_value(&kept, "ledger_log_tree_size ", |v| v == head).await;
     assert_eq!(
         metric_value(&kept, "ledger_log_lag_positions ", |v| v == 0.0).await,
@@ -928,4 +935,30 @@ async fn tlog_metrics_report_the_tree_and_a_follower_that_stopped() {
     );
     let seconds = metric_value(&plain, "ledger_log_lag_seconds ", |v| v >= 1.0).await;
     assert!(seconds < 60.0, "{seconds}");
+}
+
+/// The threads of process `pid` named `tlog-follower` or whose nice value is not 0, with their
+/// nice values (`/proc/<pid>/task/<tid>/stat`, the 19th field).
+fn thread_nices(pid: u32) -> Vec<(String, i64)> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let Ok(comm) = std::fs::read_to_string(task.path().join("comm")) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        // The fields after the command's closing parenthesis: state is field 3, nice field 19.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let nice: i64 = after.split_whitespace().nth(16).unwrap().parse().unwrap();
+        let comm = comm.trim().to_owned();
+        if comm == "tlog-follower" || nice != 0 {
+            found.push((comm, nice));
+        }
+    }
+    found.sort();
+    found
 }

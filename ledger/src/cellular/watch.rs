@@ -90,6 +90,10 @@ pub async fn reach(shared: &Shared, spec: &CellSpec) -> Result<(Served, Reached)
         Some(spec.id.get()),
     )
     .map_err(ConnectError::Refused)?;
+    serving.background.log_database = Some(crate::startup::LogDatabase {
+        url: spec.database_url.clone(),
+        liveness: settings.database.liveness,
+    });
     assembled.state.reads = assembled.state.reads.with_log_cell(spec.id.get());
     let assets = assembled.pieces.ledger.assets().clone();
     catch_up(shared, spec.id, &assets)
