@@ -145,23 +145,11 @@ async fn rates(args: &Args, key: &Path) -> anyhow::Result<Vec<String>> {
             let on = round % 2 == 1;
             let started = bench.start(if on { on_env.as_slice() } else { &[] })?;
             if on {
-                let (entries, took) = caught_up(&pool).await?;
-                println!(
-                    "log on: the follower caught up with {entries} entries in {:.1} s first",
-                    took.as_secs_f64()
-                );
+                print_caught_up(&pool).await?;
             }
             let run = bench.drive(&started, bulk).await?;
             if on {
-                let (tree, head): (i64, i64) = sqlx::query_as(
-                    "SELECT (SELECT size FROM tlog_state), (SELECT position FROM feed_head)",
-                )
-                .fetch_one(&pool)
-                .await?;
-                println!(
-                    "log on: at the run's end the tree held {tree} of {head} entries ({} behind)",
-                    head - tree
-                );
+                print_lag(&pool).await?;
             }
             drop(started);
             let label = if on {
@@ -189,6 +177,29 @@ async fn rates(args: &Args, key: &Path) -> anyhow::Result<Vec<String>> {
     println!("the tree holds {tree} of the feed's {head} entries");
     summary.push(storage(&pool, tree).await?);
     Ok(summary)
+}
+
+/// Waits for the follower to catch up with what the off run left, and says how long it took.
+async fn print_caught_up(pool: &PgPool) -> anyhow::Result<()> {
+    let (entries, took) = caught_up(pool).await?;
+    println!(
+        "log on: the follower caught up with {entries} entries in {:.1} s first",
+        took.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// How far behind the feed the tree is (at an on run's end: the follower keeps up, or not).
+async fn print_lag(pool: &PgPool) -> anyhow::Result<()> {
+    let (tree, head): (i64, i64) =
+        sqlx::query_as("SELECT (SELECT size FROM tlog_state), (SELECT position FROM feed_head)")
+            .fetch_one(pool)
+            .await?;
+    println!(
+        "log on: at the run's end the tree held {tree} of {head} entries ({} behind)",
+        head - tree
+    );
+    Ok(())
 }
 
 /// The tiles' size (table, TOAST and index, dead versions not yet vacuumed included) per entry of
