@@ -72,8 +72,8 @@ pub struct ServeArgs {
 
 /// The core wired with everything the settings configure (limits, the fail point, the
 /// idempotency retention), and how to serve it: the recovery worker, the conservation check's
-/// interval, the idempotency horizon, the HTTP limits, where `/metrics` is served, and the relay
-/// when `relay` is given.
+/// interval, the idempotency horizon, the HTTP limits, where `/metrics` is served, the relay
+/// when `relay` is given, and `database_url` (`pool`'s database) for the log follower's own pool.
 pub(crate) fn configured(
     settings: &Settings,
     pool: sqlx::PgPool,
@@ -81,6 +81,7 @@ pub(crate) fn configured(
     assets: domain::AssetRegistry,
     secret: &JwtSecret,
     relay: Option<relay::RelayConfig>,
+    database_url: &str,
 ) -> anyhow::Result<(Assembled, Serving)> {
     let background = &settings.background;
     let limits = &settings.limits;
@@ -100,7 +101,10 @@ pub(crate) fn configured(
             horizon: Some(background.horizon),
             log,
             checkpoints,
-            log_database: None,
+            log_database: Some(LogDatabase {
+                url: database_url.to_owned(),
+                liveness: settings.database.liveness,
+            }),
         },
         http: settings.http.limits,
         metrics_on_api: settings.http.metrics == MetricsListen::Api,
@@ -137,12 +141,15 @@ pub(crate) async fn serve(args: ServeArgs, settings: &Settings) -> anyhow::Resul
         .await
         .with_context(|| format!("listen on {}", args.listen))?;
     let local = listener.local_addr()?;
-    let (assembled, mut serving) =
-        configured(settings, pool, spot, assets, &secret, args.relay.config())?;
-    serving.background.log_database = Some(LogDatabase {
-        url: settings.database.url.clone(),
-        liveness: settings.database.liveness,
-    });
+    let (assembled, serving) = configured(
+        settings,
+        pool,
+        spot,
+        assets,
+        &secret,
+        args.relay.config(),
+        &settings.database.url,
+    )?;
     let metrics = bind_metrics(&settings.http.metrics).await?;
     println!("ledger serving on http://{local} (spot-core at {spot_addr})");
     run_until_stopped(listener, metrics, assembled, serving, None).await
@@ -181,12 +188,15 @@ pub(crate) async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> 
         .await
         .with_context(|| format!("listen on {}", args.listen))?;
     let local = listener.local_addr()?;
-    let (assembled, mut serving) =
-        configured(settings, pool, spot, assets, &secret, args.relay.config())?;
-    serving.background.log_database = Some(LogDatabase {
-        url: url.clone(),
-        liveness: database.liveness,
-    });
+    let (assembled, serving) = configured(
+        settings,
+        pool,
+        spot,
+        assets,
+        &secret,
+        args.relay.config(),
+        &url,
+    )?;
     let metrics = bind_metrics(&settings.http.metrics).await?;
 
     print_banner(&Banner {

@@ -76,6 +76,7 @@ pub async fn reach(shared: &Shared, spec: &CellSpec) -> Result<(Served, Reached)
         shared.assets.clone(),
         &shared.secret,
         shared.relay.as_ref().map(|r| r.for_cell(spec.id.get())),
+        &spec.database_url,
     )
     .map_err(ConnectError::Refused)?;
     // One tree, origin and key per cell (ADR 0016): the cell's follower, its routes and
@@ -90,10 +91,6 @@ pub async fn reach(shared: &Shared, spec: &CellSpec) -> Result<(Served, Reached)
         Some(spec.id.get()),
     )
     .map_err(ConnectError::Refused)?;
-    serving.background.log_database = Some(crate::startup::LogDatabase {
-        url: spec.database_url.clone(),
-        liveness: settings.database.liveness,
-    });
     assembled.state.reads = assembled.state.reads.with_log_cell(spec.id.get());
     let assets = assembled.pieces.ledger.assets().clone();
     catch_up(shared, spec.id, &assets)
