@@ -102,30 +102,52 @@ pub struct ProcessSocket {
     pub peer: Option<SocketAddr>,
 }
 
-/// Every socket this process has open, each through a duplicate of its descriptor taken with
-/// `pidfd_getfd` on the process itself (no unsafe code); one closed since the listing is left
-/// out.
-pub fn process_sockets() -> std::io::Result<Vec<ProcessSocket>> {
-    let me = pidfd_open(getpid(), PidfdFlags::empty())?;
-    let mut sockets = Vec::new();
-    for entry in std::fs::read_dir("/proc/self/fd")? {
-        let Ok(entry) = entry else { continue };
-        let is_socket = std::fs::read_link(entry.path())
-            .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"));
-        let fd = entry.file_name().to_str().and_then(|n| n.parse().ok());
-        let (true, Some(fd)) = (is_socket, fd) else {
-            continue;
-        };
-        let Ok(dup) = pidfd_getfd(&me, fd, PidfdGetfdFlags::empty()) else {
-            continue;
-        };
-        let peer = rustix::net::getpeername(&dup)
-            .ok()
-            .flatten()
-            .and_then(|p| SocketAddr::try_from(p).ok());
-        sockets.push(ProcessSocket { fd: dup, peer });
+/// Every socket this process has open, one at a time, each through a duplicate of its descriptor
+/// taken with `pidfd_getfd` on the process itself (no unsafe code) only when the iterator reaches
+/// it; one closed since the listing began is left out.
+///
+/// Lazily, because this runs after every new database connection: a process with S sockets
+/// that took all S duplicates at once held 2S descriptors for a moment, and a few connections
+/// opened together multiplied that. A test process hosting many ledgers (S in the hundreds)
+/// reached its 20,000-descriptor limit that way in a burst of under a second, and the tests
+/// running then failed on "Too many open files". Dropping each item before taking the next
+/// keeps this to one extra descriptor per caller, besides the directory and the pidfd.
+pub fn process_sockets() -> std::io::Result<ProcessSockets> {
+    Ok(ProcessSockets {
+        me: pidfd_open(getpid(), PidfdFlags::empty())?,
+        entries: std::fs::read_dir("/proc/self/fd")?,
+    })
+}
+
+/// The iterator [`process_sockets`] returns.
+pub struct ProcessSockets {
+    me: OwnedFd,
+    entries: std::fs::ReadDir,
+}
+
+impl Iterator for ProcessSockets {
+    type Item = ProcessSocket;
+
+    fn next(&mut self) -> Option<ProcessSocket> {
+        for entry in self.entries.by_ref() {
+            let Ok(entry) = entry else { continue };
+            let is_socket = std::fs::read_link(entry.path())
+                .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"));
+            let fd = entry.file_name().to_str().and_then(|n| n.parse().ok());
+            let (true, Some(fd)) = (is_socket, fd) else {
+                continue;
+            };
+            let Ok(dup) = pidfd_getfd(&self.me, fd, PidfdGetfdFlags::empty()) else {
+                continue;
+            };
+            let peer = rustix::net::getpeername(&dup)
+                .ok()
+                .flatten()
+                .and_then(|p| SocketAddr::try_from(p).ok());
+            return Some(ProcessSocket { fd: dup, peer });
+        }
+        None
     }
-    Ok(sockets)
 }
 
 /// Every port `url` names: one per host of a multi-host URL (`h1:5432,h2:5433`), 5432 where a
@@ -184,6 +206,48 @@ mod tests {
                 "-c tcp_keepalives_idle=4 -c tcp_keepalives_interval=1 -c tcp_keepalives_count=4 \
                  -c tcp_user_timeout=10000 -c idle_in_transaction_session_timeout=60000"
             )
+        );
+    }
+
+    /// The sockets are duplicated one at a time: while the listing is walked, at most one of
+    /// this test's twenty connections has a second descriptor (two if another test of this
+    /// binary lists the sockets at the same moment), never all of them at once.
+    #[test]
+    fn the_process_sockets_are_duplicated_one_at_a_time() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let streams: Vec<_> = (0..20)
+            .map(|_| std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap())
+            .collect();
+        let mine: BTreeSet<String> = streams
+            .iter()
+            .map(|s| {
+                let fd = std::os::fd::AsRawFd::as_raw_fd(s);
+                std::fs::read_link(format!("/proc/self/fd/{fd}"))
+                    .unwrap()
+                    .display()
+                    .to_string()
+            })
+            .collect();
+        let duplicated_now = || {
+            let mut seen = std::collections::BTreeMap::<String, usize>::new();
+            for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+                if let Ok(t) = std::fs::read_link(entry.path()) {
+                    *seen.entry(t.display().to_string()).or_default() += 1;
+                }
+            }
+            mine.iter()
+                .filter(|m| seen.get(*m).copied().unwrap_or(0) > 1)
+                .count()
+        };
+        let (mut walked, mut most) = (0, 0);
+        for _socket in process_sockets().unwrap() {
+            walked += 1;
+            most = most.max(duplicated_now());
+        }
+        assert!(walked >= 20, "{walked}");
+        assert!(
+            (1..=2).contains(&most),
+            "{most} of the 20 held twice at once"
         );
     }
 
