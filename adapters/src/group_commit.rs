@@ -40,12 +40,16 @@ pub struct Stopped;
 /// dropped (its queue closes).
 pub struct GroupCommit<J> {
     queue: mpsc::Sender<Queued<J>>,
+    /// Whether a batch is a span of its own when traces are exported (a transfer's step), or
+    /// never (a read answering requests, no step of any transfer).
+    traced: bool,
 }
 
 impl<J> Clone for GroupCommit<J> {
     fn clone(&self) -> Self {
         Self {
             queue: self.queue.clone(),
+            traced: self.traced,
         }
     }
 }
@@ -68,7 +72,23 @@ impl<J: Send + 'static> GroupCommit<J> {
     ) -> Self {
         let (queue, rx) = mpsc::channel(queue_length_max);
         tokio::spawn(run(name, committer, rx, batch_max.max(1)));
-        Self { queue }
+        Self {
+            queue,
+            traced: true,
+        }
+    }
+
+    /// [`start`](Self::start) for batches that are no step of a transfer (a read that answers
+    /// many requests at once): no span, and no caller's span context taken.
+    pub fn start_untraced<C: Committer<Job = J>>(
+        committer: C,
+        queue_length_max: usize,
+        batch_max: usize,
+    ) -> Self {
+        Self {
+            traced: false,
+            ..Self::start("untraced", committer, queue_length_max, batch_max)
+        }
     }
 
     /// Queues the job built around a fresh reply channel and waits for its answer.
@@ -76,7 +96,11 @@ impl<J: Send + 'static> GroupCommit<J> {
         let (reply, answer) = oneshot::channel();
         let queued = Queued {
             job: job(reply),
-            from: telemetry::current(),
+            from: if self.traced {
+                telemetry::current()
+            } else {
+                None
+            },
         };
         self.queue.send(queued).await.map_err(|_| Stopped)?;
         answer.await.map_err(|_| Stopped)

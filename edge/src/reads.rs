@@ -36,6 +36,7 @@ pub struct ReadSide {
     view: TransferView,
     admin: AdminView,
     log: LogReads,
+    receipts: crate::receipts::Receipts,
 }
 
 impl ReadSide {
@@ -45,6 +46,7 @@ impl ReadSide {
             view: TransferView::new(pool.clone()),
             admin: AdminView::new(pool.clone()),
             log: LogReads::new(pool.clone()),
+            receipts: crate::receipts::Receipts::new(pool.clone()),
             pool,
         }
     }
@@ -62,6 +64,12 @@ impl ReadSide {
     /// The tamper-evident log's entries, proofs and checkpoints.
     pub fn log(&self) -> &LogReads {
         &self.log
+    }
+
+    /// The feed positions transfer answers carry, single lookups read together
+    /// (`receipts.rs`).
+    pub fn receipts(&self) -> &crate::receipts::Receipts {
+        &self.receipts
     }
 
     /// The same read side, whose log is cell `cell`'s (under a cell map: every log route and

@@ -73,14 +73,16 @@ pub async fn user_balances(
 }
 
 /// The feed positions of each transfer's events (its entries in the tamper-evident log: the
-/// receipt a transfer answer carries), by req_id, in one read. Positions are handed out when the
-/// events are appended, so every committed event has one; if the read fails the answers go out
-/// without them (the transfer happened; `GET /api/v1/log/receipts/{req_id}` gives them later).
+/// receipt a transfer answer carries), by req_id, in one read; one transfer's lookup is read
+/// together with the other answers' waiting at the same moment (`receipts.rs`). Positions are
+/// handed out when the events are appended, so every committed event has one; if the read fails
+/// the answers go out without them (the transfer happened; `GET /api/v1/log/receipts/{req_id}`
+/// gives them later).
 pub async fn log_positions(
     state: &crate::state::AppState,
     req_ids: &[String],
 ) -> std::collections::HashMap<String, Vec<i64>> {
-    match state.reads.log().positions_of(req_ids).await {
+    match state.reads.receipts().positions_of(req_ids).await {
         Ok(positions) => positions,
         Err(e) => {
             tracing::warn!(error = %e, "the transfers' log positions could not be read");

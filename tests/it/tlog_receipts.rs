@@ -213,3 +213,49 @@ async fn tlog_every_transfer_answer_carries_its_receipt_which_proves_inclusion_l
         .await;
     assert_eq!((status, body["code"].clone()), (400, json!("BAD_REQUEST")));
 }
+
+/// Single answers sent at the same moment have their positions read together (one statement for
+/// all that wait, `edge::receipts`): each answer still carries exactly its own transfer's
+/// positions, never a neighbour's, and a GET of each gives the same receipt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tlog_concurrent_single_answers_each_carry_their_own_receipt() {
+    let api = ApiStack::start().await;
+    let users: Vec<u64> = (1..=24).collect();
+    for user in &users {
+        api.stack.deposit(*user, "USDT", "100").await;
+    }
+    let calls = users.iter().map(|user| {
+        let (api, token) = (&api, api.token(*user, false));
+        let body = json!({"from": "FUNDING", "to": "SPOT", "asset": "USDT",
+                          "amount": format!("{user}")});
+        async move {
+            api.call(
+                Method::POST,
+                "/api/v1/internal_transfer",
+                Some(&token),
+                Some(body),
+            )
+            .await
+        }
+    });
+    let answers = futures_util::future::join_all(calls).await;
+    let mut seen = std::collections::BTreeSet::new();
+    for (user, (status, answer)) in users.iter().zip(answers) {
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["amount"], format!("{user}"), "{answer}");
+        let req_id = answer["req_id"].as_str().unwrap().to_owned();
+        let receipt = positions(&answer["log_positions"]);
+        assert_eq!(receipt, stored_positions(&api, &req_id).await, "{answer}");
+        assert!(receipt.iter().all(|p| seen.insert(*p)), "shared: {receipt:?}");
+        let (status, got) = api
+            .call(
+                Method::GET,
+                &format!("/api/v1/internal_transfer/{req_id}"),
+                Some(&api.token(*user, false)),
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "{got}");
+        assert_eq!(positions(&got["log_positions"]), receipt);
+    }
+}

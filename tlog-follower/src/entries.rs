@@ -92,8 +92,8 @@ pub async fn of_transfer(pool: &PgPool, req_id: &str) -> Result<Vec<ReceiptEntry
 
 /// The feed positions of the events of each transfer in `req_ids`, in sequence order, by req_id
 /// (a req_id without events is absent): the receipts the transfer answers carry, in one query.
-pub async fn positions_of(
-    pool: &PgPool,
+pub async fn positions_of<'c>(
+    db: impl sqlx::PgExecutor<'c>,
     req_ids: &[String],
 ) -> Result<std::collections::HashMap<String, Vec<i64>>, sqlx::Error> {
     let rows: Vec<(String, Vec<i64>)> = sqlx::query_as(
@@ -102,7 +102,7 @@ pub async fn positions_of(
          GROUP BY aggregate_id",
     )
     .bind(req_ids)
-    .fetch_all(pool)
+    .fetch_all(db)
     .await?;
     Ok(rows.into_iter().collect())
 }
