@@ -246,7 +246,10 @@ async fn tlog_concurrent_single_answers_each_carry_their_own_receipt() {
         let req_id = answer["req_id"].as_str().unwrap().to_owned();
         let receipt = positions(&answer["log_positions"]);
         assert_eq!(receipt, stored_positions(&api, &req_id).await, "{answer}");
-        assert!(receipt.iter().all(|p| seen.insert(*p)), "shared: {receipt:?}");
+        assert!(
+            receipt.iter().all(|p| seen.insert(*p)),
+            "shared: {receipt:?}"
+        );
         let (status, got) = api
             .call(
                 Method::GET,
