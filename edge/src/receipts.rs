@@ -51,9 +51,11 @@ impl Committer for Reader {
             Err(e) => Err(e),
         };
         match read {
-            Ok(mut found) => {
+            Ok(found) => {
+                // Looked up, not taken: two lookups of one transfer in one read (its answer and
+                // a GET of it at the same moment) each get its positions.
                 for lookup in batch.drain(..) {
-                    let positions = found.remove(&lookup.req_id).unwrap_or_default();
+                    let positions = found.get(&lookup.req_id).cloned().unwrap_or_default();
                     let _ = lookup.reply.send(Ok(positions));
                 }
             }

@@ -262,3 +262,30 @@ async fn tlog_concurrent_single_answers_each_carry_their_own_receipt() {
         assert_eq!(positions(&got["log_positions"]), receipt);
     }
 }
+
+/// Lookups of one transfer at the same moment (several GETs of it, read together) each carry its
+/// whole receipt: none is left without it because another lookup in the same read took it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tlog_concurrent_lookups_of_one_transfer_each_carry_its_receipt() {
+    let api = ApiStack::start().await;
+    api.stack.deposit(1, "USDT", "100").await;
+    let token = api.token(1, false);
+    let body = json!({"from": "FUNDING", "to": "SPOT", "asset": "USDT", "amount": "5"});
+    let (status, created) = api
+        .call(
+            Method::POST,
+            "/api/v1/internal_transfer",
+            Some(&token),
+            Some(body),
+        )
+        .await;
+    assert_eq!(status, 200, "{created}");
+    let req_id = created["req_id"].as_str().unwrap().to_owned();
+    let stored = stored_positions(&api, &req_id).await;
+    let path = format!("/api/v1/internal_transfer/{req_id}");
+    let gets = (0..16).map(|_| api.call(Method::GET, &path, Some(&token), None));
+    for (status, got) in futures_util::future::join_all(gets).await {
+        assert_eq!(status, 200, "{got}");
+        assert_eq!(positions(&got["log_positions"]), stored, "{got}");
+    }
+}
