@@ -111,7 +111,6 @@ pub fn census() -> String {
     kept.spare.clear();
     let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
     let mut socket_inodes = Vec::new();
-    let mut total = 0;
     kept.fd_dir.rewind();
     let mut names = Vec::new();
     while let Some(Ok(entry)) = kept.fd_dir.read() {
@@ -122,7 +121,6 @@ pub fn census() -> String {
     }
     let dir_fd = kept.fd_dir.fd().ok();
     for name in &names {
-        total += 1;
         let target = dir_fd
             .and_then(|fd| rustix::fs::readlinkat(fd, name.as_c_str(), Vec::new()).ok())
             .map(|t| t.to_string_lossy().into_owned())
@@ -143,7 +141,10 @@ pub fn census() -> String {
                 .map(str::to_owned)
         })
         .unwrap_or_default();
-    let mut out = format!("--- file descriptors of this test process: {total} ({limit}) ---\n");
+    let mut out = format!(
+        "--- file descriptors of this test process: {} ({limit}) ---\n",
+        names.len()
+    );
     let mut by_count: Vec<_> = kinds.into_iter().collect();
     by_count.sort_by_key(|k| std::cmp::Reverse(k.1));
     for (kind, n) in by_count.iter().take(20) {

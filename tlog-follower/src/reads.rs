@@ -84,14 +84,6 @@ impl LogReads {
         Ok(entries::of_transfer(&self.pool, req_id).await?)
     }
 
-    /// The feed positions of each transfer's events, by req_id (see `entries::positions_of`).
-    pub async fn positions_of(
-        &self,
-        req_ids: &[String],
-    ) -> Result<std::collections::HashMap<String, Vec<i64>>, LogError> {
-        Ok(entries::positions_of(&self.pool, req_ids).await?)
-    }
-
     /// The audit path of the entry at `position` in the tree of `size` entries.
     pub async fn inclusion(&self, position: u64, size: u64) -> Result<Inclusion, ProofError> {
         proofs::inclusion(&self.pool, position, size).await

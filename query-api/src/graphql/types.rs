@@ -133,9 +133,11 @@ impl TransferGql {
     async fn log_positions(&self, ctx: &Context<'_>) -> async_graphql::Result<Vec<i64>> {
         let _turn = app(ctx).admission.read().await.map_err(busy)?;
         let ids = [self.req_id.clone()];
+        // Through the receipts' reader: a page of transfers resolves this field for each of
+        // them at once, and those lookups go as one read.
         let mut positions = app(ctx)
             .reads
-            .log()
+            .receipts()
             .positions_of(&ids)
             .await
             .map_err(internal)?;
