@@ -150,6 +150,13 @@ impl Ledger {
         self.bulk_max
     }
 
+    /// The rounds of single requests this process's coordinator ran so far (ADR 0019): how
+    /// well concurrent single requests share each durable step. This process's own counts,
+    /// from its start.
+    pub fn round_stats(&self) -> crate::round::RoundStats {
+        self.coordinator.round_stats()
+    }
+
     /// Applies the per-second gate and the daily limits to new transfer requests.
     pub fn with_limits(mut self, rate: Arc<dyn RateGate>, daily: DailyLimits) -> Self {
         self.rate = rate;

@@ -135,8 +135,32 @@ pub fn serve_command(database_url: &str, spot_addr: &str) -> anyhow::Result<Comm
         .env("LEDGER_JWT_SECRET", SECRET)
         .env("LEDGER_RATE_PER_SECOND", "off")
         .env("LEDGER_DAILY_COUNT_MAX", "off")
+        // `/metrics` on the API's address, so a run can read the ledger's round counters there.
+        .env("LEDGER_METRICS_LISTEN", "api")
         .env("RUST_LOG", "warn");
     Ok(cmd)
+}
+
+/// The ledger's round counters from its `/metrics` (ADR 0019): rounds, single requests they
+/// carried, requests that shared theirs; `None` when they cannot be read (an older ledger).
+async fn rounds(http: &reqwest::Client, base: &str) -> Option<(u64, u64, u64)> {
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let counter = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<u64>().ok())
+    };
+    Some((
+        counter("ledger_rounds_total")?,
+        counter("ledger_round_requests_total")?,
+        counter("ledger_round_shared_requests_total")?,
+    ))
 }
 
 pub fn bin(name: &str) -> anyhow::Result<PathBuf> {
@@ -284,6 +308,7 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
                 })
                 .collect();
             let profiled = args.statements && crate::pgstat::reset(&pool).await;
+            let rounds_before = rounds(&http, &base).await;
             let run = drive_batches(
                 &http,
                 &base,
@@ -296,6 +321,17 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
             .await?;
             if profiled {
                 crate::pgstat::print(&pool, &label(n, bulk, args.cid), run.committed).await?;
+            }
+            if let (Some(a), Some(b)) = (rounds_before, rounds(&http, &base).await) {
+                let (made, carried, shared) = (b.0 - a.0, b.1 - a.1, b.2 - a.2);
+                if made > 0 {
+                    println!(
+                        "rounds ({}): {made} rounds carried {carried} single requests, {:.1} a round; {:.0}% shared theirs",
+                        label(n, bulk, args.cid),
+                        carried as f64 / made as f64,
+                        100.0 * shared as f64 / carried.max(1) as f64
+                    );
+                }
             }
             runs.push((label(n, bulk, args.cid), run));
         }

@@ -2,7 +2,9 @@
 //! check's health), encoded by `prometheus-client`.
 //! Every figure is read from PostgreSQL at scrape time, so all `ledger serve` instances report
 //! the same cluster-wide values and nothing is lost when a process restarts; the idempotency
-//! horizon is read from spot-core, which holds it. Gathering
+//! horizon is read from spot-core, which holds it. The exception is the rounds of single
+//! requests (`ledger_rounds_total` and its two siblings, ADR 0019): they describe how this
+//! process shares its own work, so they are its own counts from its start. Gathering
 //! (`TransferView::metric_figures`, the SQL) and encoding (`Snapshot`'s `Collector`) are kept
 //! apart.
 
@@ -64,6 +66,8 @@ struct Snapshot {
     ops: crate::ops_metrics::OpsFigures,
     /// The alerts' own figures: spot-core's health, the halt flag, MON-004's count.
     health: Health,
+    /// This process's rounds of single requests (ADR 0019).
+    rounds: application::round::RoundStats,
 }
 
 /// `ledger_spot_core_up`, `ledger_halted` and `ledger_alerts_request_frequency_total`.
@@ -117,6 +121,7 @@ async fn metrics(
         horizon_ms,
         ops,
         health,
+        rounds: state.ledger.round_stats(),
     };
     Ok(([(CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], render(snapshot)).into_response())
 }
@@ -140,6 +145,7 @@ impl Collector for Snapshot {
         encode_figures(&self.figures, &mut encoder)?;
         encode_audit(&self.audit, &mut encoder)?;
         encode_health(self.health, &mut encoder)?;
+        encode_rounds(self.rounds, &mut encoder)?;
         if let Some(ms) = self.horizon_ms {
             let gauge = ConstGauge::new(i64::try_from(ms).unwrap_or(i64::MAX));
             gauge.encode(encoder.encode_descriptor(
@@ -295,6 +301,36 @@ fn encode_health(health: Health, encoder: &mut DescriptorEncoder) -> Result<(), 
     )?)
 }
 
+/// This process's rounds of single requests (ADR 0019): rounds, the requests they carried, and
+/// those that shared their round with another. Requests per round is the second over the first.
+fn encode_rounds(
+    rounds: application::round::RoundStats,
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    let counters: [(&str, &str, u64); 3] = [
+        (
+            "ledger_rounds",
+            "Rounds of single transfer requests this process ran (ADR 0019), from its start.",
+            rounds.rounds,
+        ),
+        (
+            "ledger_round_requests",
+            "Single transfer requests this process's rounds carried, from its start.",
+            rounds.requests,
+        ),
+        (
+            "ledger_round_shared_requests",
+            "Single transfer requests carried by a round with at least one other, from this process's start.",
+            rounds.shared,
+        ),
+    ];
+    for (name, help, value) in counters {
+        let counter = ConstCounter::new(value);
+        counter.encode(encoder.encode_descriptor(name, help, None, counter.metric_type())?)?;
+    }
+    Ok(())
+}
+
 /// A relay figure: its name, its help, and how to read it from a status row.
 type RelayFigure = (&'static str, &'static str, fn(&relay::RelayStatus) -> i64);
 
@@ -444,6 +480,26 @@ mod tests {
     }
 
     #[test]
+    fn the_rounds_of_single_requests_are_counted() {
+        let text = render(Snapshot {
+            rounds: application::round::RoundStats {
+                rounds: 4,
+                requests: 40,
+                shared: 38,
+            },
+            ..Snapshot::default()
+        });
+        for line in [
+            "# TYPE ledger_rounds counter",
+            "ledger_rounds_total 4",
+            "ledger_round_requests_total 40",
+            "ledger_round_shared_requests_total 38",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} in\n{text}");
+        }
+    }
+
+    #[test]
     fn the_audit_health_is_reported() {
         let text = render(Snapshot {
             audit: application::audit::status::AuditHealth {
@@ -491,6 +547,7 @@ mod tests {
             horizon_ms: None,
             ops: Default::default(),
             health: Health::default(),
+            rounds: Default::default(),
         });
         assert!(text.contains("ledger_transfers{state=\"TARGET_PENDING\"} 2"));
         assert!(text.contains("ledger_transfers{state=\"COMMITTED\"} 0"));

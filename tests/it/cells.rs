@@ -924,6 +924,11 @@ async fn cells_008_a_stopped_postgresql_stops_only_its_cell() {
         "{metrics}"
     );
     assert!(metrics.contains("ledger_halted{cell=\"3\"} 0"), "{metrics}");
+    // Each cell's own rounds of single requests (its own coordinator's), under its label.
+    assert!(
+        metrics.contains("ledger_rounds_total{cell=\"3\"} "),
+        "{metrics}"
+    );
 
     // An asset change while cell 2 is down: the cells up apply it at once.
     let (status, body) = call(

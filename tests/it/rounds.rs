@@ -207,3 +207,57 @@ async fn round_crash_with_half_the_withdraws_made_recovers_each_transfer_once() 
 async fn round_crash_with_half_the_deposits_made_recovers_each_transfer_once() {
     crash_mid_round("round_half_deposited", TransferState::TargetPending).await;
 }
+
+/// `/metrics` counts this process's rounds: every single request in one, and requests sent
+/// together sharing theirs.
+#[tokio::test]
+async fn metrics_count_the_rounds_and_the_requests_they_carried() {
+    let s = Stack::start().await;
+    for user in 1..=4 {
+        s.deposit(user, "USDT", "100").await;
+    }
+    let ledger = LedgerProcess::start(&s.db.url, &s.spot, &[]);
+    let before = ledger
+        .metrics_until(Duration::from_secs(10), |t| {
+            t.contains("ledger_rounds_total")
+        })
+        .await;
+    assert!(
+        before.lines().any(|l| l == "ledger_round_requests_total 0"),
+        "{before}"
+    );
+    let ledger_ref = &ledger;
+    let posts = (1..=4u64).flat_map(|user| {
+        (0..4).map(move |_| {
+            let body = json!({"from": "FUNDING", "to": "SPOT", "asset": "USDT", "amount": "1"});
+            ledger_ref.transfer(user, body)
+        })
+    });
+    let answers = futures_util::future::join_all(posts).await;
+    for answer in &answers {
+        assert_eq!(answer["state"], "COMMITTED", "{answer}");
+    }
+    let text = ledger
+        .metrics_until(Duration::from_secs(10), |t| {
+            t.lines().any(|l| l == "ledger_round_requests_total 16")
+        })
+        .await;
+    let counter = |name: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in\n{text}"))
+    };
+    let (rounds, shared) = (
+        counter("ledger_rounds_total"),
+        counter("ledger_round_shared_requests_total"),
+    );
+    assert!(
+        (1..16).contains(&rounds),
+        "sixteen requests at once in fewer rounds: {rounds}"
+    );
+    assert!(
+        (2..=16).contains(&shared),
+        "some shared their round: {shared}"
+    );
+}
