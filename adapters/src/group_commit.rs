@@ -1,11 +1,13 @@
 //! The one group-commit skeleton behind the ledger's two batchers (the event store's appends and
-//! the funding ledger's fresh movements): callers queue a job with a reply channel and wait; one
-//! task takes everything waiting, up to a batch limit, and commits it together, so batches grow
-//! with load and a lone job still goes out at once.
+//! the funding ledger's fresh movements) and one batched read (the answers' receipts,
+//! `edge::receipts`): callers queue a job with a reply channel and wait; one task takes
+//! everything waiting, up to a batch limit, and commits it together, so batches grow with load
+//! and a lone job still goes out at once.
 //!
-//! When traces are exported, each job remembers its caller's span, and a batch that served a
-//! traced job is committed in a span of its own (named by the batcher) linked to every traced
-//! caller it served (`docs/adr/0018-traces.md`).
+//! When traces are exported, each job of a batcher started with [`GroupCommit::start`] remembers
+//! its caller's span, and a batch that served a traced job is committed in a span of its own
+//! (named by the batcher) linked to every traced caller it served (`docs/adr/0018-traces.md`).
+//! One started with [`GroupCommit::start_untraced`] remembers none, so its batches make no span.
 
 use std::future::Future;
 
@@ -79,7 +81,8 @@ impl<J: Send + 'static> GroupCommit<J> {
     }
 
     /// [`start`](Self::start) for batches that are no step of a transfer (a read that answers
-    /// many requests at once): no span, and no caller's span context taken.
+    /// many requests at once): no caller's span context taken, so no batch ever has a span and
+    /// needs no name.
     pub fn start_untraced<C: Committer<Job = J>>(
         committer: C,
         queue_length_max: usize,
