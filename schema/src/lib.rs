@@ -148,7 +148,8 @@ pub async fn connect_with(
 /// (found by the database ports, `net.rs`). A connection to a server that cannot write (in
 /// recovery: a standby, or an old primary come back as one; or read-only by setting) is refused
 /// when it is made and dropped when it is handed out, and the failover watcher is told
-/// (`failover::Servers::suspect`).
+/// (`failover::Servers::suspect`). A connection made before the watcher last moved the pool to
+/// another server is dropped when handed out, without a round trip.
 fn pool_options(max_connections: u32, servers: &Arc<failover::Servers>) -> PgPoolOptions {
     let on_connect = Arc::clone(servers);
     let on_acquire = Arc::clone(servers);
@@ -173,9 +174,15 @@ fn pool_options(max_connections: u32, servers: &Arc<failover::Servers>) -> PgPoo
                 ))
             })
         })
-        .before_acquire(move |conn, _meta| {
+        .before_acquire(move |conn, meta| {
             let servers = Arc::clone(&on_acquire);
+            let before_move = servers.made_before_move(meta.age);
             Box::pin(async move {
+                // Made before the pool moved to another server (under Patroni the old one may
+                // still be writable, its commits waiting on a standby that follows another).
+                if before_move {
+                    return Ok(false);
+                }
                 // A simple query's own implicit transaction starts with the statement; inside
                 // an open block it started earlier. A query without arguments goes as a simple
                 // query, on purpose: with the extended protocol, Bind starts the transaction and

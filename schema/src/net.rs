@@ -155,10 +155,11 @@ impl Iterator for ProcessSockets {
 pub fn database_ports(url: &str) -> BTreeSet<u16> {
     let mut ports = BTreeSet::new();
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let (authority, query) = match rest.split_once('/') {
-        Some((a, path)) => (a, path.split_once('?').map_or("", |(_, q)| q)),
-        None => (rest, ""),
-    };
+    // The authority ends at the path or the query, whichever comes first (a query may hold
+    // URLs of its own: `?patroni=http://...`).
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let query = tail.split_once('?').map_or("", |(_, q)| q);
     let hosts = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
     for host in hosts.split(',').filter(|h| !h.is_empty()) {
         // `[::1]:5432`, `host:5432`, `host`
@@ -195,6 +196,10 @@ mod tests {
         );
         assert_eq!(ports("postgres://[::1]:6432/db"), [6432]);
         assert_eq!(ports("postgres://localhost/db?port=7000"), [5432, 7000]);
+        assert_eq!(
+            ports("postgres://u@h1:6000,h2:6001?patroni=http://h1:8008,http://h2:8008"),
+            [6000, 6001]
+        );
     }
 
     #[test]
