@@ -5,6 +5,7 @@
 //! `Io`, `Protocol`): only the first proves nothing happened; for the others the caller
 //! must retry the same req_id or ask `lookup`.
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use tokio::time::{timeout_at, Instant};
 
 use std::borrow::Cow;
 
-use crate::protocol::{Request, Response, TRACE_SINCE_VERSION};
+use crate::protocol::{HelloInfo, Request, Response, TRACE_SINCE_VERSION};
 
 /// One request, framed (its JSON and a newline).
 fn framed(req: &Request) -> Result<Vec<u8>, ClientError> {
@@ -79,6 +80,8 @@ struct Conn {
     stream: BufReader<TcpStream>,
     /// The engine's protocol version, from its answer to `hello` (1 without one).
     protocol: u32,
+    /// The epoch a replicated engine leads (ADR 0020 §4), from its answer to `hello`.
+    epoch: Option<u64>,
 }
 
 impl Conn {
@@ -103,11 +106,15 @@ impl Conn {
         let mut conn = Conn {
             stream: BufReader::new(stream),
             protocol: 1,
+            epoch: None,
         };
         if let Some(hello) = hello {
-            match conn.exchange(hello).await {
-                Ok(answer @ Response::Ok { .. }) => conn.protocol = answer.protocol_version(),
-                Ok(other) => {
+            match conn.exchange_raw(hello).await {
+                Ok((answer @ Response::Ok { .. }, info)) => {
+                    conn.protocol = answer.protocol_version();
+                    conn.epoch = info.epoch;
+                }
+                Ok((other, _)) => {
                     return Err(ClientError::Connect(format!("{HELLO_REFUSED}: {other:?}")))
                 }
                 Err(e) => return Err(ClientError::Connect(format!("during hello: {e}"))),
@@ -171,6 +178,26 @@ impl Conn {
         answers
     }
 
+    /// `exchange`, with what a replica adds to its answer to `hello` read from the same line.
+    async fn exchange_raw(&mut self, line: &[u8]) -> Result<(Response, HelloInfo), ClientError> {
+        let io = |e: std::io::Error| ClientError::Io(e.to_string());
+        self.stream.get_mut().write_all(line).await.map_err(io)?;
+        let mut answer = Vec::with_capacity(256);
+        self.stream
+            .read_until(b'\n', &mut answer)
+            .await
+            .map_err(io)?;
+        if answer.last() != Some(&b'\n') {
+            return Err(ClientError::Io(
+                "connection closed before a complete answer".into(),
+            ));
+        }
+        let response =
+            serde_json::from_slice(&answer).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let info = serde_json::from_slice(&answer).unwrap_or_default();
+        Ok((response, info))
+    }
+
     async fn exchange(&mut self, line: &[u8]) -> Result<Response, ClientError> {
         let io = |e: std::io::Error| ClientError::Io(e.to_string());
         self.stream.get_mut().write_all(line).await.map_err(io)?;
@@ -190,6 +217,16 @@ impl Conn {
 
 struct Inner {
     addr: String,
+    /// The replicas of a replicated cell (`addr` split at commas; one address otherwise).
+    addrs: Vec<String>,
+    /// The replica that answered last as the leader (tried first).
+    current: AtomicUsize,
+    /// The highest epoch any replica answered with: a replica that has not seen it refuses the
+    /// `hello`, and an answer with a lower one is not used (ADR 0020 §4).
+    epoch_seen: AtomicU64,
+    /// What a replicated cell's `hello` carries besides the epoch.
+    token: String,
+    cell: Option<u16>,
     timeout: Duration,
     liveness: TcpLiveness,
     /// The framed `hello` line sent on every new connection, when there is a token or a cell,
@@ -292,18 +329,34 @@ impl SpotClient {
     ) -> SpotClient {
         let traced = telemetry::enabled();
         let hello = (token.is_some() || cell.is_some() || traced).then(|| {
-            let token = token.unwrap_or_default();
-            let mut line = serde_json::to_vec(&Request::Hello { token, cell })
-                .expect("serializing a hello cannot fail");
+            let token = token.clone().unwrap_or_default();
+            let mut line = serde_json::to_vec(&Request::Hello {
+                token,
+                cell,
+                epoch: None,
+                map_version: None,
+            })
+            .expect("serializing a hello cannot fail");
             line.push(b'\n');
             line
         });
+        let addrs: Vec<String> = addr
+            .split(',')
+            .map(|a| a.trim().to_owned())
+            .filter(|a| !a.is_empty())
+            .collect();
+        let replicated = addrs.len() > 1;
         SpotClient {
             inner: Arc::new(Inner {
+                addrs,
+                current: AtomicUsize::new(0),
+                epoch_seen: AtomicU64::new(0),
+                token: token.clone().unwrap_or_default(),
+                cell,
+                hello: if replicated { None } else { hello },
                 addr,
                 timeout,
                 liveness,
-                hello,
                 traced,
                 idle: Mutex::new(Vec::new()),
             }),
@@ -322,16 +375,7 @@ impl SpotClient {
         deadline: Instant,
         first_failure: Option<ClientError>,
     ) -> Result<Conn, ClientError> {
-        let connected = match timeout_at(
-            deadline,
-            Conn::connect(
-                &self.inner.addr,
-                self.inner.hello.as_deref(),
-                &self.inner.liveness,
-            ),
-        )
-        .await
-        {
+        let connected = match timeout_at(deadline, self.connect_any()).await {
             Ok(c) => c,
             Err(_) => Err(ClientError::Connect("timed out while connecting".into())),
         };
@@ -340,6 +384,52 @@ impl SpotClient {
             (Err(_), Some(first)) => Err(first),
             (Err(e), None) => Err(e),
         }
+    }
+
+    /// A connection to the one engine, or, for a replicated cell, to its leader: each replica in
+    /// turn from the last leader, until one answers its `hello` as the leader of an epoch at
+    /// least as high as any seen (ADR 0020 §4).
+    async fn connect_any(&self) -> Result<Conn, ClientError> {
+        let inner = &self.inner;
+        if inner.addrs.len() <= 1 {
+            return Conn::connect(&inner.addr, inner.hello.as_deref(), &inner.liveness).await;
+        }
+        let first = inner.current.load(Ordering::Relaxed);
+        let mut last_error = None;
+        for k in 0..inner.addrs.len() {
+            let i = (first + k) % inner.addrs.len();
+            let seen = inner.epoch_seen.load(Ordering::Acquire);
+            let mut hello = serde_json::to_vec(&Request::Hello {
+                token: inner.token.clone(),
+                cell: inner.cell,
+                epoch: (seen > 0).then_some(seen),
+                map_version: None,
+            })
+            .expect("serializing a hello cannot fail");
+            hello.push(b'\n');
+            match Conn::connect(&inner.addrs[i], Some(&hello), &inner.liveness).await {
+                Ok(conn) => {
+                    let epoch = conn.epoch.unwrap_or(0);
+                    if epoch < inner.epoch_seen.load(Ordering::Acquire) {
+                        last_error = Some(ClientError::Connect(format!(
+                            "{} answered epoch {epoch}, older than one seen",
+                            inner.addrs[i]
+                        )));
+                        continue;
+                    }
+                    inner.epoch_seen.fetch_max(epoch, Ordering::AcqRel);
+                    inner.current.store(i, Ordering::Relaxed);
+                    return Ok(conn);
+                }
+                Err(e) => last_error = Some(e),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| ClientError::Connect("no replica".into())))
+    }
+
+    /// The highest epoch a replica of this cell has answered with (0: none, or not replicated).
+    pub fn epoch_seen(&self) -> u64 {
+        self.inner.epoch_seen.load(Ordering::Acquire)
     }
 
     /// Send one request and wait for its answer.

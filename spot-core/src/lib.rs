@@ -7,6 +7,7 @@ pub mod client;
 pub mod engine;
 pub mod journal;
 pub mod protocol;
+pub mod replica;
 pub mod server;
 pub mod snapshot;
 pub mod storage;
@@ -72,6 +73,9 @@ pub struct Args {
     /// Traces over OTLP (the standard `OTEL_*` variables).
     #[command(flatten)]
     pub traces: traces::TraceArgs,
+    /// One of a cell's three replicas (docs/adr/0020-high-availability.md).
+    #[command(flatten)]
+    pub replica: replica::ReplicaArgs,
 }
 
 /// Environment variable holding the shared token when `--token-file` is absent.
@@ -150,6 +154,9 @@ pub async fn bind(args: &Args) -> anyhow::Result<Bound> {
     };
     let data_dir = args.data_dir.clone();
     let storage = args.storage.clone();
+    if args.replica.replica.is_some() {
+        replica::follower::swap_in_rebuild(&data_dir)?;
+    }
     let (engine, wal) =
         tokio::task::spawn_blocking(move || open_engine_with(assets, &data_dir, &storage))
             .await
@@ -158,12 +165,28 @@ pub async fn bind(args: &Args) -> anyhow::Result<Bound> {
     if fail != FailPoints::default() {
         tracing::warn!(?fail, "fail points enabled");
     }
-    let (engine, _thread) =
-        wal::spawn_committer(engine, wal, fail).context("starting the engine thread")?;
     let listener = TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     let local_addr = listener.local_addr()?;
+    let mut access = server::Access {
+        token: token.clone().map(server::Token::new),
+        cell: args.cell_id,
+        role: None,
+    };
+    let engine = match &args.replica.replica {
+        None => {
+            wal::spawn_committer(engine, wal, fail)
+                .context("starting the engine thread")?
+                .0
+        }
+        Some(name) => {
+            let (handle, role) =
+                start_replica(args, name, token.clone(), engine, wal, fail, local_addr).await?;
+            access.role = Some(role);
+            handle
+        }
+    };
     tracing::info!(
         authentication = if token.is_some() {
             "token"
@@ -171,17 +194,80 @@ pub async fn bind(args: &Args) -> anyhow::Result<Bound> {
             "none (loopback only)"
         },
         cell = args.cell_id,
+        replica = args.replica.replica.as_deref(),
         "access control"
     );
     Ok(Bound {
         local_addr,
         listener,
         engine,
-        access: server::Access {
-            token: token.map(server::Token::new),
-            cell: args.cell_id,
-        },
+        access,
     })
+}
+
+/// A replica's engine thread (following until it leads), its replication listener and its
+/// campaign loop (docs/adr/0020-high-availability.md §3).
+async fn start_replica(
+    args: &Args,
+    name: &str,
+    token: Option<String>,
+    engine: Engine,
+    wal: Wal,
+    fail: FailPoints,
+    local_addr: SocketAddr,
+) -> anyhow::Result<(EngineHandle, std::sync::Arc<replica::Role>)> {
+    use std::sync::Arc;
+    let repl_listen = args
+        .replica
+        .repl_listen
+        .as_deref()
+        .context("--replica needs --repl-listen")?;
+    let repl = TcpListener::bind(repl_listen)
+        .await
+        .with_context(|| format!("binding {repl_listen}"))?;
+    let epochs = replica::history::Epochs::load(&args.data_dir, engine.last_seq())?;
+    let (jobs_tx, jobs_rx) = std::sync::mpsc::sync_channel(1024);
+    let progress = Arc::new(wal::Progress::default());
+    let info = replica::lease::LeaderInfo {
+        name: name.to_owned(),
+        client: args
+            .replica
+            .advertise
+            .clone()
+            .unwrap_or_else(|| local_addr.to_string()),
+        repl: repl.local_addr()?.to_string(),
+    };
+    let ctx = Arc::new(replica::ReplicaCtx::new(
+        &args.replica,
+        name.to_owned(),
+        token,
+        args.cell_id,
+        args.data_dir.clone(),
+        wal.catalog().clone(),
+        progress.clone(),
+        jobs_tx,
+        info,
+    )?);
+    let runtime = tokio::runtime::Handle::current();
+    let lead_ctx = ctx.clone();
+    let parts = wal::ReplicaParts {
+        epochs,
+        jobs: jobs_rx,
+        progress,
+        lead: Box::new(move |epoch, start, history| {
+            replica::leader::start_shipping(lead_ctx, runtime, epoch, start, history)
+        }),
+    };
+    let (handle, _thread) = wal::spawn_replica_committer(engine, wal, fail, parts)
+        .context("starting the engine thread")?;
+    tokio::spawn(replica::follower::listen(repl, ctx.clone()));
+    tokio::spawn(replica::run(ctx.clone()));
+    tracing::info!(
+        replica = name,
+        repl = repl_listen,
+        "replica started; following until it leads"
+    );
+    Ok((handle, ctx.role.clone()))
 }
 
 /// Open `data_dir` with the default storage options (see `open_engine_with`).

@@ -15,7 +15,11 @@ pub const MAX_LINE_BYTES: usize = 64 * 1024;
 
 /// The protocol version this engine speaks, announced in its answer to `hello` (`protocol`).
 /// An engine that announces none is version 1.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
+
+/// The first version whose `hello` takes `epoch` and `map_version` and answers with the
+/// replica's `epoch` and `role` (ADR 0020 §4).
+pub const EPOCH_SINCE_VERSION: u32 = 3;
 
 /// The first version whose movement requests may carry `trace` (a W3C traceparent,
 /// `docs/adr/0018-traces.md`). A client adds it only on a connection whose `hello` was answered
@@ -68,6 +72,14 @@ pub enum Request {
         token: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cell: Option<u16>,
+        /// The highest epoch the client has seen from this cell's spot-core (ADR 0020 §4): a
+        /// replica whose own epoch is lower refuses `STALE_EPOCH`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        epoch: Option<u64>,
+        /// The cell map's version the client routes by; reserved for partition moves (ADR 0020
+        /// §4), accepted and not checked yet.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        map_version: Option<u64>,
     },
     /// Move the idempotency horizon forward to `before_ms` (Unix milliseconds): every `req_id`
     /// whose ULID time is earlier is forgotten and refused `REQ_ID_EXPIRED` from then on.
@@ -374,6 +386,22 @@ pub enum ErrorCode {
     /// A `journal` request reaches before the oldest record this spot-core still serves
     /// (compacted, and not archived); the message names the first seq available.
     JournalCompacted,
+    /// This replica does not lead its cell (ADR 0020): the message names the leader's address
+    /// when known. Nothing was done; the client tries the next replica.
+    NotLeader,
+    /// The client has seen a higher epoch than this replica's: it is a deposed leader, or a
+    /// follower that has not heard of the new one yet. Nothing was done.
+    StaleEpoch,
+}
+
+/// What a replicated engine adds to its answer to `hello` (protocol version 3): the epoch it
+/// leads, and its role. Read from the same line as the `Response`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloInfo {
+    #[serde(default)]
+    pub epoch: Option<u64>,
+    #[serde(default)]
+    pub role: Option<String>,
 }
 
 /// One response line.

@@ -49,6 +49,9 @@ impl std::fmt::Debug for Token {
 enum Pending {
     Ready(Response),
     Waiting(oneshot::Receiver<Response>),
+    /// The answer to an accepted `hello`: a `Response::hello()` line with, on a replica, its
+    /// epoch and role (ADR 0020 §4).
+    Hello(Option<(u64, &'static str)>),
 }
 
 /// Who may talk to this engine: the shared token, if any, and the cell this engine is, if it
@@ -57,6 +60,8 @@ enum Pending {
 pub struct Access {
     pub token: Option<Token>,
     pub cell: Option<u16>,
+    /// This engine's role when it is a replica (ADR 0020): only the leader serves.
+    pub role: Option<Arc<crate::replica::Role>>,
 }
 
 impl Access {
@@ -71,6 +76,41 @@ impl Access {
             )),
             _ => None,
         }
+    }
+
+    /// On a replica: the refusal of a client that has seen `epoch`, or of any request while this
+    /// replica does not lead; else the answer's epoch and role.
+    fn replica_check(
+        &self,
+        epoch: Option<u64>,
+    ) -> Result<Option<(u64, &'static str)>, Box<Response>> {
+        let Some(role) = &self.role else {
+            return Ok(None);
+        };
+        let mine = role.epoch();
+        if epoch.is_some_and(|seen| seen > mine) {
+            return Err(Box::new(Response::Error {
+                code: crate::protocol::ErrorCode::StaleEpoch,
+                message: format!(
+                    "this replica's epoch {mine} is older than the {} the client has seen",
+                    epoch.unwrap_or_default()
+                ),
+            }));
+        }
+        if !role.leading() {
+            return Err(Box::new(not_leader(role)));
+        }
+        Ok(Some((mine, "leader")))
+    }
+}
+
+fn not_leader(role: &crate::replica::Role) -> Response {
+    Response::Error {
+        code: crate::protocol::ErrorCode::NotLeader,
+        message: match role.leader() {
+            Some(addr) => format!("this replica does not lead; the leader is at {addr}"),
+            None => "this replica does not lead; no leader is known".to_owned(),
+        },
     }
 }
 
@@ -138,8 +178,16 @@ async fn authenticate<R: AsyncRead + Unpin>(
             Ok(Request::Hello {
                 token: offered,
                 cell,
+                epoch,
+                ..
             }) => match access.refusal(&offered, cell) {
-                None => return queue.send(Pending::Ready(Response::hello())).await.is_ok(),
+                None => {
+                    let answer = match access.replica_check(epoch) {
+                        Ok(info) => Pending::Hello(info),
+                        Err(refused) => Pending::Ready(*refused),
+                    };
+                    return queue.send(answer).await.is_ok();
+                }
                 Some(refusal) => refusal,
             },
             _ => "the first request must be {\"op\":\"hello\",\"token\":...}".to_owned(),
@@ -185,6 +233,8 @@ async fn read_loop(
             Ok(Request::Hello {
                 token: offered,
                 cell,
+                epoch,
+                ..
             }) => {
                 if let Some(refusal) = access.refusal(&offered, cell) {
                     tracing::warn!(reason = %refusal, "connection refused: unauthorized");
@@ -195,7 +245,15 @@ async fn read_loop(
                     linger(lines.get_mut()).await;
                     return;
                 }
-                Pending::Ready(Response::hello())
+                match access.replica_check(epoch) {
+                    Ok(info) => Pending::Hello(info),
+                    Err(refused) => Pending::Ready(*refused),
+                }
+            }
+            // A replica that does not lead answers nothing but `hello` (ADR 0020 §3: every
+            // answer comes from state two replicas hold).
+            Ok(_) if access.role.as_ref().is_some_and(|r| !r.leading()) => {
+                Pending::Ready(not_leader(access.role.as_deref().expect("checked above")))
             }
             Ok(request) => {
                 let trace = caller_trace(&request);
@@ -244,6 +302,25 @@ async fn write_loop(wr: OwnedWriteHalf, mut queue: mpsc::Receiver<Pending>) {
     while let Some(pending) = queue.recv().await {
         let response = match pending {
             Pending::Ready(r) => r,
+            Pending::Hello(info) => {
+                buf.clear();
+                serde_json::to_writer(&mut buf, &Response::hello()).expect("responses serialize");
+                if let Some((epoch, role)) = info {
+                    // `{"status":"ok","protocol":3}` gains the replica's epoch and role.
+                    buf.pop();
+                    buf.extend_from_slice(
+                        format!(",\"epoch\":{epoch},\"role\":\"{role}\"}}").as_bytes(),
+                    );
+                }
+                buf.push(b'\n');
+                if out.write_all(&buf).await.is_err() {
+                    return;
+                }
+                if queue.is_empty() && out.flush().await.is_err() {
+                    return;
+                }
+                continue;
+            }
             Pending::Waiting(mut rx) => match rx.try_recv() {
                 Ok(r) => r,
                 Err(oneshot::error::TryRecvError::Empty) => {
@@ -356,6 +433,7 @@ mod tests {
     #[test]
     fn a_hello_naming_another_cell_is_refused() {
         let cell_one = Access {
+            role: None,
             token: Some(Token::new("t")),
             cell: Some(1),
         };

@@ -15,11 +15,15 @@
 mod base;
 mod commit;
 mod compact;
+mod follow;
 mod recovery;
 mod scan;
 mod writer;
 
-pub use commit::{spawn_committer, EngineHandle, MAX_BATCH};
+pub use commit::{
+    spawn_committer, spawn_replica_committer, EngineHandle, ReplicaParts, Replicate, MAX_BATCH,
+};
+pub use follow::{FollowJob, JoinAnswer, Progress};
 pub use recovery::{open, ReplayReport};
 pub use scan::{later_valid_frame, scan_frames};
 pub use writer::{StorageOptions, Wal};

@@ -21,6 +21,19 @@ use crate::storage::{encode_record, FailPoints};
 /// Most requests folded into one write + sync.
 pub const MAX_BATCH: usize = 4096;
 
+/// A leader's replication, as the group commit sees it (`replica/leader.rs`,
+/// docs/adr/0020-high-availability.md §3): each batch is shipped once, after it is written and
+/// before the leader's own fsync, and answered only when a follower holds it fsynced.
+pub trait Replicate: Send + Sync {
+    /// Hands the frames `first..=last` to every follower (never blocks).
+    fn ship(&self, first: u64, last: u64, frames: &[u8]);
+    /// Waits until a follower of this epoch has fsynced everything up to `last`; false when
+    /// none did within the acknowledgement timeout (the leader then stops).
+    fn wait_acked(&self, last: u64) -> bool;
+    /// The last seq written to the leader's segments (what a catching-up follower may read).
+    fn written(&self, last: u64);
+}
+
 struct Job {
     request: Request,
     reply: oneshot::Sender<Response>,
@@ -74,6 +87,77 @@ pub fn spawn_committer(
     fail: FailPoints,
 ) -> io::Result<(EngineHandle, std::thread::JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel(MAX_BATCH * 4);
+    let side = spawn_side(&engine, &wal, fail)?;
+    let thread = std::thread::Builder::new()
+        .name("spot-engine".into())
+        .spawn(move || commit_loop(engine, wal, rx, side, fail))?;
+    Ok((EngineHandle { tx }, thread))
+}
+
+/// What a replica's engine thread is started with (`replica/`): its epochs, the follow jobs'
+/// queue, the progress it publishes, and how to replicate once it leads.
+pub struct ReplicaParts {
+    pub epochs: crate::replica::history::Epochs,
+    pub jobs: std::sync::mpsc::Receiver<super::follow::FollowJob>,
+    pub progress: Arc<super::follow::Progress>,
+    /// Builds the leader's replication from the epoch, its first seq and the leader's history.
+    pub lead:
+        Box<dyn FnOnce(u64, u64, crate::replica::history::Position) -> Arc<dyn Replicate> + Send>,
+}
+
+/// The engine thread of a replica: it follows (`follow.rs`) until it is told to lead, then runs
+/// the group commit, every batch replicated. Requests queued on the handle meanwhile wait (the
+/// server refuses clients while this replica does not lead).
+pub fn spawn_replica_committer(
+    mut engine: Engine,
+    mut wal: Wal,
+    fail: FailPoints,
+    parts: ReplicaParts,
+) -> io::Result<(EngineHandle, std::thread::JoinHandle<()>)> {
+    let (tx, rx) = mpsc::channel(MAX_BATCH * 4);
+    let mut side = spawn_side(&engine, &wal, fail)?;
+    let thread = std::thread::Builder::new()
+        .name("spot-engine".into())
+        .spawn(move || {
+            let _guard = AbortOnPanic;
+            let ReplicaParts {
+                mut epochs,
+                jobs,
+                progress,
+                lead,
+            } = parts;
+            let mut since = wal.since_snapshot_records;
+            let Some(led) = super::follow::follow(
+                &mut engine,
+                &mut wal,
+                &mut epochs,
+                &jobs,
+                &side,
+                &progress,
+                &mut since,
+            ) else {
+                return;
+            };
+            let replicate = lead(led.epoch, led.start, led.history);
+            // Nothing is answered until a follower holds this epoch's start: the line in its
+            // history that outranks every older log (ADR 0020 §3, step 3).
+            if !replicate.wait_acked(led.start - 1) {
+                eprintln!(
+                    "spot-core: no follower joined epoch {}; aborting",
+                    led.epoch
+                );
+                std::process::abort();
+            }
+            tracing::info!(epoch = led.epoch, start = led.start, "leading");
+            side.replicate = Some(replicate);
+            wal.since_snapshot_records = since;
+            commit_loop(engine, wal, rx, side, fail)
+        })?;
+    Ok((EngineHandle { tx }, thread))
+}
+
+/// The journal reader and the snapshot writer beside the engine thread.
+fn spawn_side(engine: &Engine, wal: &Wal, fail: FailPoints) -> io::Result<Side> {
     let journal = journal::spawn_reader(wal.catalog.clone())?;
     let retain = Arc::new(AtomicU64::new(engine.retain_after()));
     let in_flight = Arc::new(AtomicBool::new(false));
@@ -95,35 +179,27 @@ pub fn spawn_committer(
                 }
             })?
     };
-    let thread = std::thread::Builder::new()
-        .name("spot-engine".into())
-        .spawn(move || {
-            commit_loop(
-                engine,
-                wal,
-                rx,
-                Side {
-                    journal,
-                    snapshots: snap_tx,
-                    spare: spare_rx,
-                    snapshot_thread,
-                    in_flight,
-                    retain,
-                },
-                fail,
-            )
-        })?;
-    Ok((EngineHandle { tx }, thread))
+    Ok(Side {
+        journal,
+        snapshots: snap_tx,
+        spare: spare_rx,
+        snapshot_thread,
+        in_flight,
+        retain,
+        replicate: None,
+    })
 }
 
 /// The engine thread's links to its helper threads.
-struct Side {
+pub(super) struct Side {
     journal: std::sync::mpsc::Sender<JournalJob>,
     snapshots: std::sync::mpsc::Sender<SnapshotJob>,
     spare: std::sync::mpsc::Receiver<Vec<u8>>,
     snapshot_thread: std::thread::JoinHandle<()>,
-    in_flight: Arc<AtomicBool>,
+    pub(super) in_flight: Arc<AtomicBool>,
     retain: Arc<AtomicU64>,
+    /// Set when this engine leads a replicated cell.
+    replicate: Option<Arc<dyn Replicate>>,
 }
 
 /// Aborts the process if the engine thread unwinds: memory may then be ahead of the log or
@@ -148,6 +224,8 @@ struct Batch {
     traced: Vec<telemetry::SpanContext>,
     journals: Vec<JournalJob>,
     framed: Vec<u8>,
+    /// The seq of the batch's first record (the last seq before it, plus one).
+    first_seq: u64,
     /// A movement is in this batch (the `abort_after_wal_sync` fail point's condition).
     has_movement: bool,
     /// An answer carries a status to fill with the storage figures.
@@ -170,6 +248,7 @@ fn commit_loop(
         traced: Vec::new(),
         journals: Vec::new(),
         framed: Vec::with_capacity(1 << 16),
+        first_seq: 0,
         has_movement: false,
         wants_storage: false,
         since_records: wal.since_snapshot_records,
@@ -183,6 +262,7 @@ fn commit_loop(
             let _ = side.snapshot_thread.join();
             return;
         }
+        batch.first_seq = engine.last_seq() + 1;
         decide(&mut engine, &mut batch);
         if !batch.framed.is_empty() {
             make_durable(&engine, &mut wal, &mut batch, &side, fail);
@@ -328,7 +408,14 @@ fn make_durable(engine: &Engine, wal: &mut Wal, batch: &mut Batch, side: &Side, 
         sync
     };
     let entered = sync.enter();
-    let appended = wal.append(&batch.framed);
+    let appended = match &side.replicate {
+        None => wal.append(&batch.framed),
+        Some(replicate) => wal.write(&batch.framed).and_then(|()| {
+            replicate.written(engine.last_seq());
+            replicate.ship(batch.first_seq, engine.last_seq(), &batch.framed);
+            wal.sync()
+        }),
+    };
     drop(entered);
     drop(sync);
     if let Err(e) = appended {
@@ -337,6 +424,20 @@ fn make_durable(engine: &Engine, wal: &mut Wal, batch: &mut Batch, side: &Side, 
         tracing::error!(path = %wal.path().display(), error = %e, "WAL write or sync failed; aborting");
         eprintln!("spot-core: WAL write/sync failed: {e}; aborting");
         std::process::abort();
+    }
+    if let Some(replicate) = &side.replicate {
+        if !replicate.wait_acked(engine.last_seq()) {
+            // Memory is ahead of what two replicas hold; a lone leader never acknowledges.
+            tracing::error!(
+                seq = engine.last_seq(),
+                "no follower acknowledged; stepping down"
+            );
+            eprintln!(
+                "spot-core: no follower acknowledged seq {}; aborting",
+                engine.last_seq()
+            );
+            std::process::abort();
+        }
     }
     batch.since_bytes += batch.framed.len() as u64;
     batch.framed.clear();
@@ -379,7 +480,7 @@ fn answer(wal: &Wal, batch: &mut Batch, side: &Side) {
 
 /// Serialize a snapshot on this thread (the pause, bounded by what is live: accounts and
 /// remembered keys, not history) and hand it to the snapshot thread.
-fn hand_snapshot(engine: &Engine, wal: &Wal, side: &Side) {
+pub(super) fn hand_snapshot(engine: &Engine, wal: &Wal, side: &Side) {
     let started = Instant::now();
     let mut bytes = side.spare.try_recv().unwrap_or_default();
     snapshot::encode_into(
@@ -437,6 +538,7 @@ mod tests {
             traced: Vec::new(),
             journals: Vec::new(),
             framed: Vec::new(),
+            first_seq: 1,
             has_movement: false,
             wants_storage: false,
             since_records: 0,

@@ -74,6 +74,20 @@ impl Wal {
         Ok(())
     }
 
+    /// Write already-framed records without syncing them (visible to readers of the file);
+    /// `sync` makes them durable. A leader ships a batch between the two, so the followers'
+    /// fsyncs run beside its own.
+    pub fn write(&mut self, framed: &[u8]) -> io::Result<()> {
+        self.file.write_all(framed)?;
+        self.active_bytes += framed.len() as u64;
+        Ok(())
+    }
+
+    /// Make everything written durable.
+    pub fn sync(&mut self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
     /// Path of the active segment.
     pub fn path(&self) -> PathBuf {
         self.dir.join(segment_name(self.active_first))

@@ -1,0 +1,498 @@
+//! A replica that leads (docs/adr/0020-high-availability.md §3): taking over (promises from a
+//! quorum, the most advanced log adopted, the epoch's line written), then shipping every batch to
+//! both followers and counting their acknowledgements (`Shipper`, the group commit's
+//! `Replicate`). A follower that connects from behind is streamed what it lacks from the
+//! leader's segments, then the live batches; one whose log is not a prefix, or whose missing
+//! records were compacted, is sent the leader's files to rebuild from.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+use super::history::Position;
+use super::wire::{self, Message};
+use super::{Peer, ReplicaCtx};
+use crate::journal::{read_journal, SharedCatalog};
+use crate::protocol::Response;
+use crate::storage::encode_record;
+use crate::wal::{FollowJob, Replicate};
+
+/// One batch as shipped: shared by every follower's queue, copied once.
+#[derive(Debug)]
+pub struct Shipment {
+    first: u64,
+    last: u64,
+    frames: Vec<u8>,
+}
+
+#[derive(Debug)]
+struct PeerLink {
+    connected: AtomicBool,
+    tx: mpsc::UnboundedSender<Arc<Shipment>>,
+}
+
+/// The leader's side of replication: what the group commit calls.
+#[derive(Debug)]
+pub struct Shipper {
+    pub epoch: u64,
+    pub start: u64,
+    history: Position,
+    links: Vec<PeerLink>,
+    /// Each follower's last acknowledged seq and the epoch its history ended with then.
+    acks: Mutex<HashMap<String, (u64, u64)>>,
+    acked: Condvar,
+    written: AtomicU64,
+    ack_timeout: Duration,
+}
+
+impl Shipper {
+    fn record_ack(&self, name: &str, seq: u64, epoch: u64) {
+        let mut acks = self.acks.lock().unwrap_or_else(|e| e.into_inner());
+        acks.insert(name.to_owned(), (seq, epoch));
+        self.acked.notify_all();
+    }
+
+    /// The followers acknowledging this epoch, and how far (for status and alerts).
+    pub fn acknowledging(&self) -> Vec<(String, u64)> {
+        let acks = self.acks.lock().unwrap_or_else(|e| e.into_inner());
+        acks.iter()
+            .filter(|(_, (_, e))| *e == self.epoch)
+            .map(|(n, (s, _))| (n.clone(), *s))
+            .collect()
+    }
+
+    fn position(&self) -> Position {
+        Position {
+            history: self.history.history.clone(),
+            last_seq: self.written.load(Ordering::Acquire),
+        }
+    }
+}
+
+impl Replicate for Shipper {
+    fn ship(&self, first: u64, last: u64, frames: &[u8]) {
+        let shipment = Arc::new(Shipment {
+            first,
+            last,
+            frames: frames.to_vec(),
+        });
+        for link in &self.links {
+            if link.connected.load(Ordering::Acquire) {
+                let _ = link.tx.send(shipment.clone());
+            }
+        }
+    }
+
+    fn wait_acked(&self, last: u64) -> bool {
+        let deadline = Instant::now() + self.ack_timeout;
+        let mut acks = self.acks.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if acks
+                .values()
+                .any(|&(seq, epoch)| seq >= last && epoch == self.epoch)
+            {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            acks = self
+                .acked
+                .wait_timeout(acks, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    fn written(&self, last: u64) {
+        self.written.store(last, Ordering::Release);
+    }
+}
+
+/// Builds the shipper and starts one task per follower on `runtime`.
+pub fn start_shipping(
+    ctx: Arc<ReplicaCtx>,
+    runtime: tokio::runtime::Handle,
+    epoch: u64,
+    start: u64,
+    history: Position,
+) -> Arc<Shipper> {
+    let mut links = Vec::new();
+    let mut receivers = Vec::new();
+    for peer in &ctx.peers {
+        let (tx, rx) = mpsc::unbounded_channel();
+        links.push(PeerLink {
+            connected: AtomicBool::new(false),
+            tx,
+        });
+        receivers.push((peer.clone(), rx));
+    }
+    let shipper = Arc::new(Shipper {
+        epoch,
+        start,
+        written: AtomicU64::new(history.last_seq),
+        history,
+        links,
+        acks: Mutex::new(HashMap::new()),
+        acked: Condvar::new(),
+        ack_timeout: ctx.ack_timeout,
+    });
+    *ctx.shipper.lock().unwrap_or_else(|e| e.into_inner()) = Some(shipper.clone());
+    for (i, (peer, rx)) in receivers.into_iter().enumerate() {
+        let shipper = shipper.clone();
+        let ctx = ctx.clone();
+        runtime.spawn(async move { follow_peer(shipper, i, peer, rx, ctx).await });
+    }
+    shipper
+}
+
+/// Keeps one follower in step, reconnecting forever.
+async fn follow_peer(
+    shipper: Arc<Shipper>,
+    index: usize,
+    peer: Peer,
+    mut rx: mpsc::UnboundedReceiver<Arc<Shipment>>,
+    ctx: Arc<ReplicaCtx>,
+) {
+    loop {
+        let result = session(&shipper, index, &peer, &mut rx, &ctx).await;
+        shipper.links[index]
+            .connected
+            .store(false, Ordering::Release);
+        while rx.try_recv().is_ok() {}
+        if let Err(e) = result {
+            tracing::warn!(peer = %peer.name, error = %format!("{e:#}"), "follower session ended");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Connects to `peer`'s replication address and says hello.
+pub async fn connect(peer: &Peer, ctx: &ReplicaCtx) -> anyhow::Result<TcpStream> {
+    let mut stream = tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(&peer.repl))
+        .await
+        .context("connect timed out")??;
+    stream.set_nodelay(true)?;
+    let _ = liveness::TcpLiveness::DEFAULT.apply(&stream);
+    wire::write(
+        &mut stream,
+        &Message::Hello {
+            token: ctx.token.clone().unwrap_or_default(),
+            cell: ctx.cell,
+        },
+        &[],
+    )
+    .await?;
+    Ok(stream)
+}
+
+async fn session(
+    shipper: &Arc<Shipper>,
+    index: usize,
+    peer: &Peer,
+    rx: &mut mpsc::UnboundedReceiver<Arc<Shipment>>,
+    ctx: &Arc<ReplicaCtx>,
+) -> anyhow::Result<()> {
+    let mut stream = connect(peer, ctx).await?;
+    let join = Message::Join {
+        epoch: shipper.epoch,
+        start: shipper.start,
+        leader: shipper.position(),
+    };
+    wire::write(&mut stream, &join, &[]).await?;
+    let mut sent = match wire::read(&mut stream).await? {
+        Some((Message::Joined { last_seq, epoch }, _)) => {
+            shipper.record_ack(&peer.name, last_seq, epoch);
+            last_seq
+        }
+        Some((Message::Rebuild { .. }, _)) => {
+            tracing::info!(peer = %peer.name, "follower's log is not a prefix of ours: rebuilding it");
+            return send_rebuild(&mut stream, shipper, ctx).await;
+        }
+        other => bail!("join answered {other:?}"),
+    };
+    let (mut rd, mut wr) = stream.into_split();
+    let name = peer.name.clone();
+    let acks = shipper.clone();
+    let mut reader = tokio::spawn(async move {
+        loop {
+            match wire::read(&mut rd).await {
+                Ok(Some((Message::Ack { seq, epoch }, _))) => acks.record_ack(&name, seq, epoch),
+                Ok(Some((other, _))) => return anyhow::anyhow!("follower said {other:?}"),
+                Ok(None) => return anyhow::anyhow!("follower closed the connection"),
+                Err(e) => return anyhow::anyhow!("reading acknowledgements: {e}"),
+            }
+        }
+    });
+    // From here every batch written is either in the segments read below or in the queue.
+    shipper.links[index]
+        .connected
+        .store(true, Ordering::Release);
+    let result = async {
+        catch_up(&mut wr, shipper, &ctx.catalog, &mut sent, u64::MAX).await?;
+        loop {
+            let shipment = tokio::select! {
+                s = rx.recv() => s.context("the shipper is gone")?,
+                e = &mut reader => bail!("{}", e.map_err(|e| anyhow::anyhow!("{e}"))?),
+            };
+            if shipment.last <= sent {
+                continue;
+            }
+            if shipment.first > sent + 1 {
+                catch_up(
+                    &mut wr,
+                    shipper,
+                    &ctx.catalog,
+                    &mut sent,
+                    shipment.first - 1,
+                )
+                .await?;
+            }
+            let frames = if shipment.first <= sent {
+                frames_after(&shipment.frames, sent)?
+            } else {
+                shipment.frames.clone()
+            };
+            let append = Message::Append {
+                epoch: shipper.epoch,
+                first: sent + 1,
+                last: shipment.last,
+            };
+            wire::write(&mut wr, &append, &frames).await?;
+            sent = shipment.last;
+        }
+    }
+    .await;
+    reader.abort();
+    result
+}
+
+/// Streams the records after `sent` up to what is written (and at most `upto`) from the
+/// leader's own segments.
+async fn catch_up(
+    wr: &mut tokio::net::tcp::OwnedWriteHalf,
+    shipper: &Shipper,
+    catalog: &SharedCatalog,
+    sent: &mut u64,
+    upto: u64,
+) -> anyhow::Result<()> {
+    loop {
+        let target = shipper.written.load(Ordering::Acquire).min(upto);
+        if *sent >= target {
+            return Ok(());
+        }
+        let (first, last, frames) = read_frames(catalog, *sent, target).await?;
+        let append = Message::Append {
+            epoch: shipper.epoch,
+            first,
+            last,
+        };
+        wire::write(wr, &append, &frames).await?;
+        *sent = last;
+    }
+}
+
+/// The frames after `after`, up to `upto`, at most a journal page, read from the segments.
+pub async fn read_frames(
+    catalog: &SharedCatalog,
+    after: u64,
+    upto: u64,
+) -> anyhow::Result<(u64, u64, Vec<u8>)> {
+    let catalog = catalog.clone();
+    let response = tokio::task::spawn_blocking(move || {
+        read_journal(&catalog, after, crate::protocol::MAX_JOURNAL_LIMIT, upto)
+    })
+    .await?;
+    let records = match response {
+        Response::Ok {
+            records: Some(r), ..
+        } if !r.is_empty() => r,
+        other => bail!("reading records after {after}: {other:?}"),
+    };
+    let mut frames = Vec::new();
+    for record in &records {
+        encode_record(record, &mut frames);
+    }
+    let last = records.last().map_or(after, |r| r.seq());
+    Ok((after + 1, last, frames))
+}
+
+/// The frames of `frames` whose seq is above `sent`.
+fn frames_after(frames: &[u8], sent: u64) -> anyhow::Result<Vec<u8>> {
+    let mut cursor = std::io::Cursor::new(frames);
+    loop {
+        let at = cursor.position() as usize;
+        match crate::journal::read_frame(&mut cursor)? {
+            Some((record, _)) if record.seq() > sent => return Ok(frames[at..].to_vec()),
+            Some(_) => continue,
+            None => return Ok(Vec::new()),
+        }
+    }
+}
+
+/// Sends this leader's files (its newest snapshot, every segment, its history) to a follower
+/// that rebuilds from them.
+async fn send_rebuild(
+    stream: &mut TcpStream,
+    shipper: &Shipper,
+    ctx: &ReplicaCtx,
+) -> anyhow::Result<()> {
+    let rebuild = Message::Rebuild {
+        epoch: shipper.epoch,
+        history: shipper.history.history.clone(),
+    };
+    wire::write(stream, &rebuild, &[]).await?;
+    for path in files_to_copy(&ctx.data_dir)? {
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .context("a file name")?
+            .to_owned();
+        let bytes = tokio::fs::read(&path)
+            .await
+            .with_context(|| format!("reading {}", path.display()))?;
+        for chunk in bytes
+            .chunks(16 << 20)
+            .chain(bytes.is_empty().then_some(&[][..]))
+        {
+            wire::write(stream, &Message::File { name: name.clone() }, chunk).await?;
+        }
+    }
+    wire::write(stream, &Message::Done, &[]).await?;
+    // The follower restarts on its new files; its answer is the closed connection.
+    let _ = tokio::time::timeout(Duration::from_secs(30), wire::read(stream)).await;
+    Ok(())
+}
+
+/// The newest snapshot and every segment of `dir`.
+fn files_to_copy(dir: &std::path::Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut snapshots = Vec::new();
+    let mut segments = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(seq) = crate::snapshot::parse_name(&name) {
+            snapshots.push((seq, entry.path()));
+        } else if crate::storage::parse_segment_name(&name).is_some() {
+            segments.push(entry.path());
+        }
+    }
+    snapshots.sort();
+    segments.sort();
+    let mut out: Vec<PathBuf> = snapshots.pop().map(|(_, p)| p).into_iter().collect();
+    out.extend(segments);
+    Ok(out)
+}
+
+/// Why a take-over did not end in leading.
+#[derive(Debug)]
+pub enum TakeOver {
+    /// Fewer than two replicas (this one included) promised.
+    NoQuorum,
+    /// This replica's log has a tail the most advanced one lacks: it must not lead.
+    Diverged,
+    Failed(anyhow::Error),
+}
+
+/// Steps 1 and 2 of ADR 0020 §3 for `epoch`: promises from a quorum, the most advanced log
+/// adopted. Step 3 (`FollowJob::Lead`) is the caller's.
+pub async fn take_over(
+    ctx: &Arc<ReplicaCtx>,
+    jobs: &std::sync::mpsc::SyncSender<FollowJob>,
+    epoch: u64,
+) -> Result<(), TakeOver> {
+    let mine = ask(jobs, |reply| FollowJob::Promise { epoch, reply })
+        .await
+        .map_err(TakeOver::Failed)?;
+    let mut promised = Vec::new();
+    let deadline = Instant::now() + ctx.ack_timeout;
+    for peer in &ctx.peers {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(remaining, promise_of(peer, ctx, epoch)).await {
+            Ok(Ok((stream, position))) => promised.push((stream, position)),
+            Ok(Err(e)) => {
+                tracing::warn!(peer = %peer.name, error = %format!("{e:#}"), "no promise")
+            }
+            Err(_) => tracing::warn!(peer = %peer.name, "no promise in time"),
+        }
+    }
+    if promised.is_empty() {
+        return Err(TakeOver::NoQuorum);
+    }
+    let best = promised
+        .iter_mut()
+        .max_by(|a, b| (a.1.last_epoch(), a.1.last_seq).cmp(&(b.1.last_epoch(), b.1.last_seq)))
+        .expect("one promise at least");
+    if !best.1.more_advanced_than(&mine) {
+        return Ok(());
+    }
+    if super::history::divergence(&mine, &best.1) < mine.last_seq {
+        return Err(TakeOver::Diverged);
+    }
+    let upto = best.1.last_seq;
+    let stream = &mut best.0;
+    let fetch = Message::Fetch {
+        after: mine.last_seq,
+        upto,
+    };
+    wire::write(stream, &fetch, &[])
+        .await
+        .map_err(|e| TakeOver::Failed(e.into()))?;
+    loop {
+        match wire::read(stream).await {
+            Ok(Some((Message::Frames { first, last }, frames))) => {
+                ask(jobs, |reply| FollowJob::Append {
+                    epoch,
+                    first,
+                    last,
+                    frames,
+                    reply,
+                })
+                .await
+                .map_err(TakeOver::Failed)?;
+            }
+            Ok(Some((Message::Done, _))) => return Ok(()),
+            other => {
+                return Err(TakeOver::Failed(anyhow::anyhow!(
+                    "fetching the most advanced log answered {other:?}"
+                )))
+            }
+        }
+    }
+}
+
+async fn promise_of(
+    peer: &Peer,
+    ctx: &ReplicaCtx,
+    epoch: u64,
+) -> anyhow::Result<(TcpStream, Position)> {
+    let mut stream = connect(peer, ctx).await?;
+    wire::write(&mut stream, &Message::Promise { epoch }, &[]).await?;
+    match wire::read(&mut stream).await? {
+        Some((Message::Position { position }, _)) => Ok((stream, position)),
+        other => bail!("promise answered {other:?}"),
+    }
+}
+
+/// Sends a job to the engine thread and waits for its answer.
+pub async fn ask<T>(
+    jobs: &std::sync::mpsc::SyncSender<FollowJob>,
+    job: impl FnOnce(tokio::sync::oneshot::Sender<Result<T, String>>) -> FollowJob,
+) -> anyhow::Result<T> {
+    let (reply, rx) = tokio::sync::oneshot::channel();
+    let jobs = jobs.clone();
+    let job = job(reply);
+    tokio::task::spawn_blocking(move || jobs.send(job))
+        .await?
+        .map_err(|_| anyhow::anyhow!("the engine thread no longer follows"))?;
+    rx.await
+        .context("the engine thread dropped the job")?
+        .map_err(|e| anyhow::anyhow!(e))
+}
