@@ -16,6 +16,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use super::history::Position;
+use super::rules::Adopt;
 use super::wire::{self, Message};
 use super::{Peer, ReplicaCtx};
 use crate::journal::{read_journal, SharedCatalog};
@@ -93,10 +94,7 @@ impl Replicate for Shipper {
         let deadline = Instant::now() + self.ack_timeout;
         let mut acks = self.acks.lock().unwrap_or_else(|e| e.into_inner());
         loop {
-            if acks
-                .values()
-                .any(|&(seq, epoch)| seq >= last && epoch == self.epoch)
-            {
+            if super::rules::may_acknowledge(acks.values().copied(), last, self.epoch) {
                 return true;
             }
             let now = Instant::now();
@@ -430,18 +428,13 @@ pub async fn take_over(
         .iter_mut()
         .max_by(|a, b| (a.1.last_epoch(), a.1.last_seq).cmp(&(b.1.last_epoch(), b.1.last_seq)))
         .expect("one promise at least");
-    if !best.1.more_advanced_than(&mine) {
-        return Ok(());
-    }
-    if super::history::divergence(&mine, &best.1) < mine.last_seq {
-        return Err(TakeOver::Diverged);
-    }
-    let upto = best.1.last_seq;
-    let stream = &mut best.0;
-    let fetch = Message::Fetch {
-        after: mine.last_seq,
-        upto,
+    let (after, upto) = match super::rules::adopt(&mine, &best.1) {
+        Adopt::Lead => return Ok(()),
+        Adopt::Diverged => return Err(TakeOver::Diverged),
+        Adopt::Fetch { after, upto } => (after, upto),
     };
+    let stream = &mut best.0;
+    let fetch = Message::Fetch { after, upto };
     wire::write(stream, &fetch, &[])
         .await
         .map_err(|e| TakeOver::Failed(e.into()))?;

@@ -6,7 +6,8 @@
 //! - `history.rs`: the promised epoch and the epoch history on disk, and how two logs compare;
 //! - `wire.rs`: the replication protocol's messages;
 //! - `leader.rs`: taking over and shipping batches (the group commit's `Replicate`);
-//! - `follower.rs`: the replication listener, and rebuilding from the leader's files.
+//! - `follower.rs`: the replication listener, and rebuilding from the leader's files;
+//! - `rules.rs`: the three decisions that keep the rule, shared with the simulation.
 //!
 //! The engine thread's side is in `wal/follow.rs` (following) and `wal/commit.rs` (leading).
 
@@ -14,6 +15,7 @@ pub mod follower;
 pub mod history;
 pub mod leader;
 pub mod lease;
+pub mod rules;
 pub mod wire;
 
 use std::path::PathBuf;

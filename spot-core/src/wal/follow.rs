@@ -208,7 +208,7 @@ fn append(
     last: u64,
     frames: &[u8],
 ) -> Result<(), String> {
-    if epoch != epochs.promised {
+    if !crate::replica::rules::accepts_frames(epochs.promised, epoch) {
         return Err(format!(
             "frames of epoch {epoch} refused: this replica promised epoch {}",
             epochs.promised
