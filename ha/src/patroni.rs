@@ -296,8 +296,11 @@ impl PatroniCluster {
         None
     }
 
-    /// Waits until a leader answers on `/primary` and reports a synchronous standby streaming
-    /// from it (its `/patroni` replication rows); returns (leader, standby).
+    /// Waits until a leader answers on `/primary`, reports a synchronous standby streaming
+    /// from it (its `/patroni` replication rows: PostgreSQL's view), and that standby is the
+    /// one the DCS names (`/cluster`'s `sync_standby`: Patroni writes its `/sync` key only
+    /// after PostgreSQL reports the standby synchronous, and promotes only the standby that key
+    /// names); returns (leader, standby).
     pub async fn wait_sync_standby(&self, timeout: Duration) -> anyhow::Result<(usize, usize)> {
         let http = http_client();
         let deadline = Instant::now() + timeout;
@@ -313,7 +316,16 @@ impl PatroniCluster {
                             streaming.then_some(i)
                         })
                     });
-                    if let Some(standby) = standby {
+                    let named = get(&http, &format!("{}/cluster", self.nodes[leader].rest_url()))
+                        .await
+                        .and_then(|(_, body)| {
+                            body["members"].as_array()?.iter().find_map(|m| {
+                                let name = m["name"].as_str()?;
+                                (m["role"] == "sync_standby")
+                                    .then(|| self.nodes.iter().position(|n| n.name == name))?
+                            })
+                        });
+                    if let Some(standby) = standby.filter(|s| named == Some(*s)) {
                         return Ok((leader, standby));
                     }
                 }
@@ -411,7 +423,14 @@ impl PatroniCluster {
             .iter()
             .map(|n| {
                 let text = std::fs::read_to_string(n.log_path()).unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(60).collect();
+                // Patroni's and PostgreSQL's own lines (they start with the date), not the
+                // Python tracebacks under a warning.
+                let tail: Vec<&str> = text
+                    .lines()
+                    .rev()
+                    .filter(|l| l.starts_with("20"))
+                    .take(80)
+                    .collect();
                 let tail: Vec<&str> = tail.into_iter().rev().collect();
                 format!("--- {} ---\n{}\n", n.name, tail.join("\n"))
             })
@@ -596,8 +615,32 @@ mod tests {
             .await
             .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
         assert_eq!((l, s), (standby, leader));
+        // Its agent alone: the leader key expires, the standby is promoted; started again, the
+        // old primary (still running, unmanaged) is demoted, rewound and follows.
+        let (leader, standby) = (l, s);
+        let killed = Instant::now();
+        cluster.kill_agent(leader);
+        let deadline = Instant::now() + Duration::from_secs(40);
+        while cluster.leader().await != Some(standby) {
+            assert!(
+                Instant::now() < deadline,
+                "no promotion\n{}",
+                cluster.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        eprintln!(
+            "agent killed: promoted {:.1} s after the kill",
+            killed.elapsed().as_secs_f64()
+        );
+        cluster.restart_agent(leader).expect("restart");
+        let (l, s) = cluster
+            .wait_sync_standby(Duration::from_secs(90))
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+        assert_eq!((l, s), (standby, leader));
         let seen = cluster.history();
-        assert!(seen.len() >= 2, "{seen:?}");
+        assert!(seen.len() >= 3, "{seen:?}");
         assert_eq!(seen.last().map(|c| c.to), Some(standby));
     }
 }

@@ -16,7 +16,7 @@
 //! URL may then name each host's Patroni REST API in a `patroni` query parameter, in the same
 //! order as the hosts (`postgres://u@h1:5432,h2:5432/db?patroni=http://h1:8008,http://h2:8008`).
 //! A host is then the one to use only when it is writable and its Patroni answers 200 on
-//! `GET /primary` (200 only on the leader running as primary, 503 elsewhere): see
+//! `/primary` (200 only on the leader running as primary, 503 elsewhere): see
 //! [`Servers::find_writable`] and [`watch`].
 //!
 //! Why a query parameter of `DATABASE_URL` and not a variable of its own: each database has its
@@ -92,10 +92,11 @@ impl PatroniUrl {
         })
     }
 
-    /// Whether this Patroni answers 200 on `GET /primary` within [`PROBE_TIMEOUT`]: it holds
-    /// the leader key and its PostgreSQL runs as primary. No answer, another status or a slow
-    /// answer count as "no". One HTTP/1.0 request on a fresh connection (Patroni's REST server
-    /// answers and closes).
+    /// Whether this Patroni answers 200 on `/primary` within [`PROBE_TIMEOUT`]: it holds the
+    /// leader key and its PostgreSQL runs as primary. No answer, another status or a slow
+    /// answer count as "no". One HTTP/1.0 `HEAD` on a fresh connection (the status alone, no
+    /// body; Patroni's REST server answers and closes), read to its end so that Patroni is not
+    /// left writing to a closed socket.
     pub async fn leads(&self) -> bool {
         matches!(
             tokio::time::timeout(PROBE_TIMEOUT, self.primary_status()).await,
@@ -112,13 +113,14 @@ impl PatroniUrl {
         };
         stream
             .write_all(
-                format!("GET /primary HTTP/1.0\r\nHost: {host}\r\nUser-Agent: ledger\r\n\r\n")
+                format!("HEAD /primary HTTP/1.0\r\nHost: {host}\r\nUser-Agent: ledger\r\n\r\n")
                     .as_bytes(),
             )
             .await?;
-        let mut head = Vec::with_capacity(64);
-        let mut buf = [0u8; 64];
-        while !head.contains(&b'\n') && head.len() < 256 {
+        let mut head = Vec::with_capacity(256);
+        let mut buf = [0u8; 256];
+        // Headers only; a server that keeps sending is cut off at 4 KiB.
+        while head.len() < 4096 {
             let n = stream.read(&mut buf).await?;
             if n == 0 {
                 break;
