@@ -29,6 +29,26 @@ pub struct SpotReplicas {
     etcd: String,
     cell: u16,
     extra_env: Vec<(String, String)>,
+    extra_args: Vec<String>,
+}
+
+/// True when the spot-core at `addr` answers a `hello` for `cell` as its leader.
+pub async fn answers_as_leader(addr: &str, cell: u16, token: &str) -> bool {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let attempt = async {
+        let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let mut stream = tokio::io::BufReader::new(stream);
+        let hello = serde_json::json!({"op": "hello", "token": token, "cell": cell}).to_string() + "\n";
+        stream.get_mut().write_all(hello.as_bytes()).await.ok()?;
+        let mut line = String::new();
+        stream.read_line(&mut line).await.ok()?;
+        Some(line.contains("\"role\":\"leader\""))
+    };
+    tokio::time::timeout(Duration::from_secs(1), attempt)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
 }
 
 impl SpotReplicas {
@@ -41,6 +61,18 @@ impl SpotReplicas {
         etcd: &str,
         cell: u16,
         env: &[(&str, &str)],
+    ) -> anyhow::Result<SpotReplicas> {
+        SpotReplicas::start_with_args(bin, dir, etcd, cell, env, &[])
+    }
+
+    /// `start`, with `args` added to each replica's command line.
+    pub fn start_with_args(
+        bin: &Path,
+        dir: &Path,
+        etcd: &str,
+        cell: u16,
+        env: &[(&str, &str)],
+        args: &[String],
     ) -> anyhow::Result<SpotReplicas> {
         let mut specs = Vec::new();
         for i in 1..=3 {
@@ -59,6 +91,7 @@ impl SpotReplicas {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            extra_args: args.to_vec(),
         };
         for (name, client, repl) in &specs {
             let data_dir = dir.join(name);
@@ -103,6 +136,24 @@ impl SpotReplicas {
             .join(",")
     }
 
+    /// The token the replicas were given (`SPOT_CORE_TOKEN` in their environment), or empty.
+    pub fn token(&self) -> &str {
+        self.extra_env
+            .iter()
+            .find(|(k, _)| k == "SPOT_CORE_TOKEN")
+            .map_or("", |(_, v)| v.as_str())
+    }
+
+    /// The replica answering as the leader, if one does.
+    pub async fn leader(&self) -> Option<usize> {
+        for (i, r) in self.replicas.iter().enumerate() {
+            if answers_as_leader(&r.client, self.cell, self.token()).await {
+                return Some(i);
+            }
+        }
+        None
+    }
+
     /// SIGKILL replica `i` (a machine lost).
     pub fn kill(&mut self, i: usize) {
         self.replicas[i].kid.kill();
@@ -134,6 +185,7 @@ impl SpotReplicas {
             .args(["--peers", &peers, "--etcd", &self.etcd])
             .args(["--cell-id", &self.cell.to_string()])
             .arg("--exit-with-stdin")
+            .args(&self.extra_args)
             .stdin(Stdio::piped())
             .stdout(log.try_clone()?)
             .stderr(log);

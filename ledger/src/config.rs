@@ -165,16 +165,25 @@ pub fn load_assets(path: Option<&Path>) -> anyhow::Result<AssetRegistry> {
 
 /// A spot-core address as `HOST:PORT`; a `tcp://` prefix is accepted and dropped.
 pub fn spot_addr(text: &str) -> anyhow::Result<String> {
-    let addr = text
-        .strip_prefix("tcp://")
-        .unwrap_or(text)
-        .trim_end_matches('/');
-    match addr.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
-            Ok(addr.to_owned())
+    // A replicated cell (ADR 0020) names its three replicas, comma-separated: the client
+    // connects to whichever leads.
+    let mut addrs = Vec::new();
+    for part in text.split(',') {
+        let addr = part
+            .trim()
+            .strip_prefix("tcp://")
+            .unwrap_or(part.trim())
+            .trim_end_matches('/');
+        match addr.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+                addrs.push(addr.to_owned())
+            }
+            _ => bail!(
+                "--spot-url must be HOST:PORT, or the replicas' HOST:PORT comma-separated, got {text:?}"
+            ),
         }
-        _ => bail!("--spot-url must be HOST:PORT, got {text:?}"),
     }
+    Ok(addrs.join(","))
 }
 
 #[cfg(test)]
@@ -199,6 +208,12 @@ mod tests {
         assert_eq!(spot_addr("tcp://localhost:7001").unwrap(), "localhost:7001");
         assert!(spot_addr("localhost").is_err());
         assert!(spot_addr(":80").is_err());
+        assert_eq!(
+            spot_addr("a:1, tcp://b:2,c:3").unwrap(),
+            "a:1,b:2,c:3",
+            "a replicated cell's three replicas"
+        );
+        assert!(spot_addr("a:1,b").is_err());
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub(crate) mod api_doc;
 pub mod cellular;
 pub mod cli;
 pub mod config;
+pub(crate) mod ha_up;
 pub(crate) mod http_traces;
 pub(crate) mod log_cli;
 pub mod private_pg;

@@ -36,6 +36,11 @@ pub struct UpArgs {
     /// after its database (`ledger_cell1`, ...), and N spot-core children.
     #[arg(long, conflicts_with = "spot_url")]
     pub cells: Option<u16>,
+    /// Run the cell under HA (docs/adr/0020-high-availability.md): an etcd cluster of three,
+    /// PostgreSQL under Patroni (a synchronous pair, failover automatic) and three spot-core
+    /// replicas, as child processes under `<data-dir>/ha`; `<data-dir>/members.json` names them.
+    #[arg(long, conflicts_with_all = ["spot_url", "cells"])]
+    pub ha: bool,
     /// Asset configuration (JSON array); the shipped default when absent.
     #[arg(long)]
     pub assets: Option<PathBuf>,
@@ -156,6 +161,9 @@ pub(crate) async fn serve(args: ServeArgs, settings: &Settings) -> anyhow::Resul
 }
 
 pub(crate) async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> {
+    if args.ha {
+        return crate::ha_up::up(args, settings).await;
+    }
     let assets = config::load_assets(args.assets.as_deref())?;
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("create data dir {}", args.data_dir.display()))?;
@@ -334,7 +342,7 @@ pub(crate) async fn bind_metrics(metrics: &MetricsListen) -> anyhow::Result<Opti
 /// ctrl-c or SIGTERM (or until the spot-core child dies: the stack is not whole without it), then
 /// stops in order: no new requests, requests in progress finish (bounded), the background tasks
 /// stop, the child is killed and reaped.
-async fn run_until_stopped(
+pub(crate) async fn run_until_stopped(
     listener: TcpListener,
     metrics: Option<TcpListener>,
     assembled: Assembled,

@@ -1,0 +1,141 @@
+//! `ledger up --ha` (docs/adr/0020-high-availability.md): the cell's processes under HA on this
+//! machine, started by the `ha` crate as children (an etcd cluster of three, PostgreSQL under
+//! Patroni, three spot-core replicas), watched by its supervisor (what exits is started again,
+//! `<data-dir>/members.json` rewritten every second), and the ledger serving against them: its
+//! pool follows Patroni's leader, its spot-core client the replica that leads the highest epoch.
+//! Everything stops with `up`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use adapters::SpotAdapter;
+use anyhow::Context;
+use tokio::net::TcpListener;
+
+use crate::config;
+use crate::serve::{bind_metrics, configured, print_banner, run_until_stopped, Banner, UpArgs};
+use crate::settings::Settings;
+use crate::spot_child::{stored_or_generated_spot_token, SPOT_TOKEN_FILE};
+
+/// The database every cell under HA serves from, on its Patroni cluster.
+pub const HA_DATABASE: &str = "ledger";
+
+/// The options a cell's processes start with, from `up`'s arguments.
+pub(crate) fn cell_options(
+    args: &UpArgs,
+    cell: u16,
+    token: &str,
+) -> anyhow::Result<ha::cell::CellOptions> {
+    let exe = std::env::current_exe().context("locate the ledger executable")?;
+    let spot_bin = exe.with_file_name("spot-core");
+    anyhow::ensure!(
+        spot_bin.is_file(),
+        "`ledger up --ha` runs the spot-core binary beside ledger ({}); build it with \
+         `cargo build --release --bins`",
+        spot_bin.display()
+    );
+    let mut spot_args: Vec<String> = args
+        .spot_storage
+        .args()
+        .into_iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    if let Some(assets) = &args.assets {
+        spot_args.push("--assets".into());
+        spot_args.push(assets.display().to_string());
+    }
+    Ok(ha::cell::CellOptions {
+        cell,
+        spot_bin,
+        spot_env: vec![(spot_core::TOKEN_ENV.to_owned(), token.to_owned())],
+        spot_args,
+        patroni: ha::patroni::Options::default(),
+    })
+}
+
+/// Where a cell's processes keep their data under `up`'s data dir.
+pub(crate) fn cell_dir(args: &UpArgs, cell: u16) -> anyhow::Result<std::path::PathBuf> {
+    let dir = std::path::absolute(args.data_dir.join("ha").join(format!("cell{cell}")))?;
+    // Patroni runs as `postgres` when `up` runs as root: the directories above the cell's must
+    // let it pass (as for the private cluster, README).
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+pub(crate) async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> {
+    let assets = config::load_assets(args.assets.as_deref())?;
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("create data dir {}", args.data_dir.display()))?;
+    let secret = config::secret_for_data_dir(settings.secrets.jwt.clone(), &args.data_dir)?;
+    let settings = &crate::log_cli::with_data_dir_key(settings, &args.data_dir)?;
+    let token = stored_or_generated_spot_token(&args.data_dir.join(SPOT_TOKEN_FILE))?;
+    println!("starting cell 1 under HA: etcd x3, PostgreSQL x2 under Patroni, spot-core x3 ...");
+    let cell = ha::cell::HaCell::start(&cell_dir(&args, 1)?, &cell_options(&args, 1, &token)?)
+        .await
+        .context("starting the cell's processes")?;
+    let url = cell.database_url(HA_DATABASE);
+    let spot_addrs = cell.spot_addrs();
+    let cells = Arc::new(tokio::sync::Mutex::new(vec![cell]));
+    let members = args.data_dir.join("members.json");
+    let supervisor = tokio::spawn(ha::cell::supervise(
+        cells.clone(),
+        members.clone(),
+        Duration::from_secs(1),
+    ));
+
+    let database = &settings.database;
+    let pool = schema::prepare_with(&url, config::POOL_CONNECTIONS_MAX, database.liveness).await?;
+    schema::cell_identity::check_no_map(&pool).await?;
+    let spot = SpotAdapter::with_liveness(
+        spot_addrs.clone(),
+        args.spot_timeout.0,
+        Some(token),
+        settings.spot_liveness,
+    );
+    wait_spot(&spot, &spot_addrs).await?;
+
+    let listener = TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("listen on {}", args.listen))?;
+    let local = listener.local_addr()?;
+    let (assembled, serving) = configured(
+        settings,
+        pool,
+        spot,
+        assets,
+        &secret,
+        args.relay.config(),
+        &url,
+    )?;
+    let metrics = bind_metrics(&settings.http.metrics).await?;
+    print_banner(&Banner {
+        base: format!("http://{local}"),
+        metrics: match &metrics {
+            Some(l) => format!("http://{}/metrics", l.local_addr()?),
+            None if serving.metrics_on_api => format!("http://{local}/metrics"),
+            None => "not served (see the warning above)".to_owned(),
+        },
+        database: config::redact_url(&url),
+        spot: format!("{spot_addrs} (three replicas, the leader by etcd's lease)"),
+        secret: &secret,
+    });
+    println!("members:      {} (rewritten every second)", members.display());
+    let served = run_until_stopped(listener, metrics, assembled, serving, None).await;
+    supervisor.abort();
+    drop(cells);
+    served
+}
+
+/// Waits until a replica leads and answers (a fresh cell elects within a lease's time).
+pub(crate) async fn wait_spot(spot: &SpotAdapter, addrs: &str) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match spot.ping().await {
+            Ok(_) => return Ok(()),
+            Err(e) if tokio::time::Instant::now() > deadline => {
+                anyhow::bail!("no spot-core replica of {addrs} leads: {e}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
