@@ -524,6 +524,31 @@ pub struct CoreStatus {
     pub remembered: u64,
     /// Accounts in RAM.
     pub accounts: u64,
+    /// On the leader of a replicated cell (ADR 0020): its epoch and each follower's
+    /// acknowledged seq; absent on a single engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<ReplicationStatus>,
+}
+
+/// A replicated leader's view of its followers (`status`), for `/metrics` and the admin's
+/// cells view.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicationStatus {
+    pub epoch: u64,
+    /// Replicas holding everything acknowledged: the leader and each follower of this epoch
+    /// within one batch of it (2 or 3 while the cell acknowledges).
+    pub acknowledging: u32,
+    pub followers: Vec<FollowerStatus>,
+}
+
+/// One follower as the leader sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FollowerStatus {
+    pub name: String,
+    /// The last seq it acknowledged as fsynced (0: none this epoch).
+    pub acked_seq: u64,
+    /// Records it is behind the leader's last seq.
+    pub lag: u64,
 }
 
 /// One entry of a `lookup` answer.

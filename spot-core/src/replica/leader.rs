@@ -45,6 +45,8 @@ pub struct Shipper {
     pub start: u64,
     history: Position,
     links: Vec<PeerLink>,
+    /// The followers' names, in `links`' order.
+    names: Vec<String>,
     /// Each follower's last acknowledged seq and the epoch its history ended with then.
     acks: Mutex<HashMap<String, (u64, u64)>>,
     acked: Condvar,
@@ -112,6 +114,37 @@ impl Replicate for Shipper {
     fn written(&self, last: u64) {
         self.written.store(last, Ordering::Release);
     }
+
+    fn status(&self, last_seq: u64) -> crate::protocol::ReplicationStatus {
+        let acks = self.acks.lock().unwrap_or_else(|e| e.into_inner());
+        let followers: Vec<crate::protocol::FollowerStatus> = self
+            .names
+            .iter()
+            .map(|name| {
+                let acked = match acks.get(name) {
+                    Some(&(seq, epoch)) if epoch == self.epoch => seq,
+                    _ => 0,
+                };
+                crate::protocol::FollowerStatus {
+                    name: name.clone(),
+                    acked_seq: acked,
+                    lag: last_seq.saturating_sub(acked),
+                }
+            })
+            .collect();
+        // Within one batch of the leader: every record it holds, or all but the batch in flight.
+        let caught_up = acks
+            .values()
+            .filter(|&&(seq, epoch)| {
+                epoch == self.epoch && last_seq.saturating_sub(seq) <= crate::wal::MAX_BATCH as u64
+            })
+            .count() as u32;
+        crate::protocol::ReplicationStatus {
+            epoch: self.epoch,
+            acknowledging: 1 + caught_up,
+            followers,
+        }
+    }
 }
 
 /// Builds the shipper and starts one task per follower on `runtime`.
@@ -133,6 +166,7 @@ pub fn start_shipping(
         receivers.push((peer.clone(), rx));
     }
     let shipper = Arc::new(Shipper {
+        names: ctx.peers.iter().map(|p| p.name.clone()).collect(),
         epoch,
         start,
         written: AtomicU64::new(history.last_seq),

@@ -32,6 +32,8 @@ pub trait Replicate: Send + Sync {
     fn wait_acked(&self, last: u64) -> bool;
     /// The last seq written to the leader's segments (what a catching-up follower may read).
     fn written(&self, last: u64);
+    /// The followers as the leader sees them, at its last seq `last_seq` (for `status`).
+    fn status(&self, last_seq: u64) -> crate::protocol::ReplicationStatus;
 }
 
 struct Job {
@@ -461,6 +463,9 @@ fn answer(wal: &Wal, batch: &mut Batch, side: &Side) {
             } = response
             {
                 wal.fill_status(core);
+                if let Some(replicate) = &side.replicate {
+                    core.replication = Some(replicate.status(core.last_seq));
+                }
             }
         }
     }
