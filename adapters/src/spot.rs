@@ -109,6 +109,11 @@ impl SpotAdapter {
         self.client.as_ref()
     }
 
+    /// The TCP client, when the transport is one (`SpotTransport::tcp_client`).
+    pub fn tcp_client(&self) -> Option<&SpotClient> {
+        self.client.tcp_client()
+    }
+
     pub async fn ping(&self) -> Result<(), SpotError> {
         match self.client.call(&Request::Ping {}).await? {
             Response::Ok { .. } => Ok(()),

@@ -12,7 +12,7 @@ mod placement;
 use std::num::NonZeroU16;
 
 pub use cursor::{CursorError, FeedCursor};
-pub use map::{CellMap, CellSpec, MapError, MapFormat, SpotAddress};
+pub use map::{CellMap, CellSpec, MapError, MapFormat, MemberKind, MemberSpec, SpotAddress};
 pub use partition::{partition_of, partition_of_bytes, Partition, PARTITIONS};
 pub use placement::{PartitionMismatch, Placement};
 

@@ -37,6 +37,44 @@ pub enum SpotAddress {
     Start,
 }
 
+/// What kind of process a cell's member is (ADR 0020).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize, serde::Serialize)]
+pub enum MemberKind {
+    /// A PostgreSQL node under Patroni.
+    #[serde(rename = "postgres")]
+    Postgres,
+    /// A spot-core replica.
+    #[serde(rename = "spot-core")]
+    SpotCore,
+}
+
+impl MemberKind {
+    /// `postgres` or `spot-core`, as the map, the cells view and `failovers.kind` write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Postgres => "postgres",
+            Self::SpotCore => "spot-core",
+        }
+    }
+}
+
+/// One process of a cell under HA, as the map names it (ADR 0017 §1, ADR 0020): for the
+/// operators' cells view (`GET /api/v1/admin/cells`), which asks each one its role.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemberSpec {
+    pub kind: MemberKind,
+    /// Its name (Patroni's node name, spot-core's `--replica` name).
+    pub name: String,
+    /// PostgreSQL: `host:port` of its server; spot-core: its client `host:port`.
+    pub address: String,
+    /// PostgreSQL: its Patroni REST URL (`http://host:8008`); spot-core: its replication
+    /// address. Optional; without it a PostgreSQL member's role is read from the URL's
+    /// `patroni` parameter for the same host, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<String>,
+}
+
 /// One cell as the map names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CellSpec {
@@ -46,6 +84,9 @@ pub struct CellSpec {
     pub spot: SpotAddress,
     /// The file holding this cell's spot-core token; `None`: the process's `SPOT_CORE_TOKEN`.
     pub spot_token_file: Option<PathBuf>,
+    /// Its processes under HA (`members`), for the cells view; empty when the map names none
+    /// (the view then reads them from the database URL's hosts and the spot addresses).
+    pub members: Vec<MemberSpec>,
 }
 
 /// A validated cell map: its cells in ascending id order, and each partition's cell.
@@ -90,6 +131,12 @@ pub enum MapError {
     },
     #[error("partition {0} is assigned to no cell")]
     PartitionUnassigned(Partition),
+    #[error("cell {cell}: member {name:?}: {why}")]
+    BadMember {
+        cell: CellId,
+        name: String,
+        why: &'static str,
+    },
 }
 
 #[derive(Deserialize)]
@@ -108,6 +155,8 @@ struct RawCell {
     #[serde(default)]
     spot_token_file: Option<PathBuf>,
     partitions: Vec<String>,
+    #[serde(default)]
+    members: Vec<MemberSpec>,
 }
 
 impl CellMap {
@@ -206,7 +255,42 @@ fn checked_cell(rc: &RawCell, before: &[CellSpec]) -> Result<CellSpec, MapError>
         database_url,
         spot,
         spot_token_file: rc.spot_token_file.clone(),
+        members: checked_members(id, &rc.members)?,
     })
+}
+
+/// A cell's members: each named and addressed, no name twice for one kind.
+fn checked_members(cell: CellId, members: &[MemberSpec]) -> Result<Vec<MemberSpec>, MapError> {
+    let mut out: Vec<MemberSpec> = Vec::with_capacity(members.len());
+    for m in members {
+        let bad = |why| MapError::BadMember {
+            cell,
+            name: m.name.clone(),
+            why,
+        };
+        let m = MemberSpec {
+            kind: m.kind,
+            name: m.name.trim().to_owned(),
+            address: m.address.trim().to_owned(),
+            control: m
+                .control
+                .as_deref()
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(str::to_owned),
+        };
+        if m.name.is_empty() {
+            return Err(bad("has no name"));
+        }
+        if m.address.is_empty() || !m.address.contains(':') {
+            return Err(bad("needs an address host:port"));
+        }
+        if out.iter().any(|o| o.kind == m.kind && o.name == m.name) {
+            return Err(bad("is named twice"));
+        }
+        out.push(m);
+    }
+    Ok(out)
 }
 
 /// `"N"` or an inclusive range `"A-B"`, in bounds and with `A <= B`.

@@ -27,10 +27,10 @@
 //! harnesses). It is taken out here, as `target_session_attrs` is, before sqlx sees the URL;
 //! libpq's tools (`psql`) would refuse it, so hand them the URL without it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context};
 use sqlx::postgres::PgConnectOptions;
@@ -236,6 +236,29 @@ impl Servers {
         }
     }
 
+    /// `host:port` of server `i`.
+    pub fn host(&self, i: usize) -> String {
+        let o = &self.options[i];
+        format!("{}:{}", o.get_host(), o.get_port())
+    }
+
+    /// What identifies these servers' database in this process's observations: every
+    /// `host:port`, in order, and the database name.
+    pub fn key(&self) -> String {
+        let hosts: Vec<String> = (0..self.options.len()).map(|i| self.host(i)).collect();
+        format!(
+            "{}/{}",
+            hosts.join(","),
+            self.options[0].get_database().unwrap_or_default()
+        )
+    }
+
+    /// Records that a pool over these servers uses server `i` (a first connection, or the
+    /// watcher's), `cause` saying why a different one was left if it was.
+    pub fn observe_using(&self, i: usize, cause: &str) {
+        observe_primary(&self.key(), self.host(i), cause);
+    }
+
     /// Asks the watcher to look for the writable server now.
     pub fn suspect(&self) {
         self.wake.notify_one();
@@ -313,6 +336,110 @@ impl Servers {
             tokio::time::sleep(PROBE_INTERVAL).await;
         }
     }
+}
+
+/// A change of primary this process's pool watchers observed, for the ledger to record in the
+/// database's `failovers` once it can write there again (the database is failing over when it
+/// happens): when, from which server to which (`host:port`), and why the old one was left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrimaryMove {
+    pub at: SystemTime,
+    /// `None`: no primary had been seen by this process before.
+    pub from: Option<String>,
+    pub to: String,
+    pub cause: String,
+}
+
+/// What this process's watchers of one database (every pool over the same servers: the
+/// server's, the log follower's, a cell's probe) observed together: the primary they use, the
+/// moves not yet taken, and since when none of them finds a primary. Shared so that one
+/// failover seen by three pools is one move.
+#[derive(Debug, Default)]
+struct Observed {
+    primary: Option<String>,
+    moves: Vec<PrimaryMove>,
+    leaderless_since: Option<SystemTime>,
+}
+
+/// The observations, by [`Servers::key`]. Process-wide: the pools are made deep inside
+/// start-up, and what reads the observations (the failover recorder, `/metrics`, the cells
+/// view) knows the database by its URL only.
+static OBSERVED: Mutex<BTreeMap<String, Observed>> = Mutex::new(BTreeMap::new());
+
+/// Most moves kept for one database while nobody takes them (a process that never records).
+const MOVES_KEPT_MAX: usize = 256;
+
+fn observed<T>(key: &str, f: impl FnOnce(&mut Observed) -> T) -> T {
+    let mut all = OBSERVED.lock().unwrap_or_else(|e| e.into_inner());
+    f(all.entry(key.to_owned()).or_default())
+}
+
+/// A watcher (or a new pool) uses `host` now: a move when another primary was in use.
+fn observe_primary(key: &str, host: String, cause: &str) {
+    observed(key, |o| {
+        o.leaderless_since = None;
+        if o.primary.as_deref() == Some(host.as_str()) {
+            return;
+        }
+        if let Some(from) = o.primary.replace(host.clone()) {
+            if o.moves.len() >= MOVES_KEPT_MAX {
+                o.moves.remove(0);
+            }
+            o.moves.push(PrimaryMove {
+                at: SystemTime::now(),
+                from: Some(from),
+                to: host,
+                cause: cause.to_owned(),
+            });
+        }
+    });
+}
+
+/// A watcher found no server to use: leaderless from now, unless already.
+fn observe_leaderless(key: &str) {
+    observed(key, |o| {
+        o.leaderless_since.get_or_insert_with(SystemTime::now);
+    });
+}
+
+/// The key under which the watchers of `url`'s servers record what they observe; `None` for a
+/// URL that does not parse.
+pub fn observation_key(url: &str) -> Option<String> {
+    Servers::parse(url).ok().map(|s| s.key())
+}
+
+/// Takes the primary moves observed on `url`'s servers since the last call (oldest first).
+pub fn take_moves(url: &str) -> Vec<PrimaryMove> {
+    let Some(key) = observation_key(url) else {
+        return Vec::new();
+    };
+    observed(&key, |o| std::mem::take(&mut o.moves))
+}
+
+/// Gives back moves a caller took and could not record (the database did not answer yet):
+/// they are taken again, before any newer, at the next call.
+pub fn untake_moves(url: &str, mut moves: Vec<PrimaryMove>) {
+    let Some(key) = observation_key(url) else {
+        return;
+    };
+    observed(&key, |o| {
+        moves.append(&mut o.moves);
+        moves.truncate(MOVES_KEPT_MAX);
+        o.moves = moves;
+    });
+}
+
+/// Since when this process's watchers of `url`'s servers have found no server to use (none
+/// writable, or under Patroni none whose Patroni leads); `None` while one is in use.
+pub fn leaderless_since(url: &str) -> Option<SystemTime> {
+    let key = observation_key(url)?;
+    observed(&key, |o| o.leaderless_since)
+}
+
+/// The primary this process's pools over `url`'s servers use now (`host:port`), if known.
+pub fn primary_in_use(url: &str) -> Option<String> {
+    let key = observation_key(url)?;
+    observed(&key, |o| o.primary.clone())
 }
 
 /// Whether the session may write; a failed or slow question counts as "no".
@@ -418,6 +545,10 @@ fn without_session_attrs(tail: &str) -> anyhow::Result<String> {
 /// can no longer replicate.
 pub async fn watch(pool: PgPool, servers: Arc<Servers>, mut current: usize, probe: PgConnection) {
     let mut probe = Some(probe);
+    let key = servers.key();
+    // Why the server in use was left, for the move's record; a pooled connection found on a
+    // server that cannot write wakes the watcher without a probe of its own failing.
+    let mut cause = "a pooled connection found the primary read-only or in recovery";
     loop {
         tokio::select! {
             () = servers.wake.notified() => {}
@@ -427,12 +558,18 @@ pub async fn watch(pool: PgPool, servers: Arc<Servers>, mut current: usize, prob
             return;
         }
         if let Some(conn) = probe.as_mut() {
-            if is_writable(conn).await && servers.leads(current).await {
+            if !is_writable(conn).await {
+                cause =
+                    "the primary stopped accepting writes (no answer, in recovery or read-only)";
+            } else if !servers.leads(current).await {
+                cause = "the primary's Patroni no longer holds the leader key";
+            } else {
                 continue;
             }
         }
         probe = None;
         let Some((found, conn)) = servers.find_writable(current).await else {
+            observe_leaderless(&key);
             tracing::warn!(
                 "no PostgreSQL server in DATABASE_URL accepts writes{}; looking again",
                 if servers.patroni.is_some() {
@@ -459,6 +596,8 @@ pub async fn watch(pool: PgPool, servers: Arc<Servers>, mut current: usize, prob
             }
             current = found;
         }
+        observe_primary(&key, servers.host(found), cause);
+        cause = "a pooled connection found the primary read-only or in recovery";
         probe = Some(conn);
     }
 }
@@ -650,6 +789,38 @@ mod tests {
         std::thread::sleep(Duration::from_millis(20));
         assert!(servers.made_before_move(Duration::from_secs(1)));
         assert!(!servers.made_before_move(Duration::from_millis(1)));
+    }
+
+    #[test]
+    fn one_move_is_recorded_however_many_pools_observe_it() {
+        let url = "postgres://u@obs-a:1,obs-b:2/observed";
+        let servers = Servers::parse(url).unwrap();
+        assert_eq!(servers.key(), "obs-a:1,obs-b:2/observed");
+        // The first sight is no move.
+        servers.observe_using(0, "first");
+        servers.observe_using(0, "again");
+        assert!(take_moves(url).is_empty());
+        assert_eq!(primary_in_use(url).as_deref(), Some("obs-a:1"));
+        observe_leaderless(&servers.key());
+        let since = leaderless_since(url).unwrap();
+        observe_leaderless(&servers.key());
+        assert_eq!(leaderless_since(url), Some(since));
+        // Two pools move to b: one move, and the leaderless time ends.
+        servers.observe_using(1, "the primary's Patroni no longer holds the leader key");
+        servers.observe_using(1, "the primary's Patroni no longer holds the leader key");
+        assert_eq!(leaderless_since(url), None);
+        let moves = take_moves(url);
+        assert_eq!(moves.len(), 1);
+        assert_eq!(moves[0].from.as_deref(), Some("obs-a:1"));
+        assert_eq!(moves[0].to, "obs-b:2");
+        assert!(take_moves(url).is_empty());
+        // Given back, taken again before a newer one.
+        untake_moves(url, moves);
+        servers.observe_using(0, "back");
+        let again = take_moves(url);
+        assert_eq!(again.len(), 2);
+        assert_eq!(again[0].to, "obs-b:2");
+        assert_eq!(again[1].to, "obs-a:1");
     }
 
     #[test]

@@ -139,6 +139,7 @@ pub async fn connect_with(
         .await
         .context("connect to PostgreSQL")?;
     if let Some(probe) = probe {
+        servers.observe_using(first, "a new pool found the primary elsewhere");
         tokio::spawn(failover::watch(pool.clone(), servers, first, probe));
     }
     Ok(pool)

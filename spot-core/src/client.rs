@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use liveness::TcpLiveness;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -215,6 +215,42 @@ impl Conn {
     }
 }
 
+/// A change of leader this client observed in a replicated cell (ADR 0020 §4): a replica
+/// answered its `hello` as the leader of an epoch higher than any seen before. For the ledger
+/// to record in the cell's `failovers`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderChange {
+    pub at: SystemTime,
+    /// The replica that led before (its address), `None` when this client had seen none.
+    pub from: Option<String>,
+    pub to: String,
+    pub epoch: u64,
+}
+
+/// What this client observed of its cell's leadership: the changes not yet taken, and since
+/// when no replica answers as the leader.
+#[derive(Debug, Default)]
+struct LeaderObserved {
+    leader: Option<String>,
+    changes: Vec<LeaderChange>,
+    leaderless_since: Option<SystemTime>,
+}
+
+/// Most changes kept while nobody takes them.
+const CHANGES_KEPT_MAX: usize = 256;
+
+/// How one replica answers a `hello` now ([`SpotClient::probe_replica`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplicaAnswer {
+    /// It leads `epoch`.
+    Leader { epoch: u64 },
+    /// It refused with `NOT_LEADER` (or `STALE_EPOCH`): a follower; the message names the
+    /// leader it believes in when it knows one.
+    Follower { message: String },
+    /// It did not answer, or refused the hello (a wrong token, another cell).
+    Down { error: String },
+}
+
 struct Inner {
     addr: String,
     /// The replicas of a replicated cell (`addr` split at commas; one address otherwise).
@@ -236,6 +272,7 @@ struct Inner {
     /// protocol version 2 (`docs/adr/0018-traces.md`).
     traced: bool,
     idle: Mutex<Vec<Conn>>,
+    observed: Mutex<LeaderObserved>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -268,12 +305,22 @@ pub trait SpotTransport: Send + Sync {
         }
         answers
     }
+
+    /// The TCP client behind this transport, when it is one (the leadership it observed, its
+    /// replicas' addresses); `None` for any other (the simulation's).
+    fn tcp_client(&self) -> Option<&SpotClient> {
+        None
+    }
 }
 
 #[async_trait::async_trait]
 impl SpotTransport for SpotClient {
     async fn call(&self, req: &Request) -> Result<Response, ClientError> {
         SpotClient::call(self, req).await
+    }
+
+    fn tcp_client(&self) -> Option<&SpotClient> {
+        Some(self)
     }
 
     async fn call_many(&self, reqs: &[Request]) -> Vec<Result<Response, ClientError>> {
@@ -359,6 +406,7 @@ impl SpotClient {
                 liveness,
                 traced,
                 idle: Mutex::new(Vec::new()),
+                observed: Mutex::new(LeaderObserved::default()),
             }),
         }
     }
@@ -417,14 +465,131 @@ impl SpotClient {
                         )));
                         continue;
                     }
-                    inner.epoch_seen.fetch_max(epoch, Ordering::AcqRel);
+                    let before = inner.epoch_seen.fetch_max(epoch, Ordering::AcqRel);
                     inner.current.store(i, Ordering::Relaxed);
+                    self.observe_leader(&inner.addrs[i], epoch, before);
                     return Ok(conn);
                 }
                 Err(e) => last_error = Some(e),
             }
         }
+        self.observed()
+            .leaderless_since
+            .get_or_insert_with(SystemTime::now);
         Err(last_error.unwrap_or_else(|| ClientError::Connect("no replica".into())))
+    }
+
+    fn observed(&self) -> std::sync::MutexGuard<'_, LeaderObserved> {
+        self.inner
+            .observed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `addr` answered as the leader of `epoch`, the highest epoch seen before being `before`:
+    /// a change when the epoch is higher than one seen (the first sight is none).
+    fn observe_leader(&self, addr: &str, epoch: u64, before: u64) {
+        let mut o = self.observed();
+        o.leaderless_since = None;
+        let from = o.leader.replace(addr.to_owned());
+        if before > 0 && epoch > before {
+            if o.changes.len() >= CHANGES_KEPT_MAX {
+                o.changes.remove(0);
+            }
+            o.changes.push(LeaderChange {
+                at: SystemTime::now(),
+                from,
+                to: addr.to_owned(),
+                epoch,
+            });
+        }
+    }
+
+    /// The replicas' addresses (one address for a single engine).
+    pub fn replicas(&self) -> &[String] {
+        &self.inner.addrs
+    }
+
+    /// Whether this client follows a replicated cell (several addresses).
+    pub fn replicated(&self) -> bool {
+        self.inner.addrs.len() > 1
+    }
+
+    /// Takes the leader changes observed since the last call, oldest first.
+    pub fn take_leader_changes(&self) -> Vec<LeaderChange> {
+        std::mem::take(&mut self.observed().changes)
+    }
+
+    /// Gives back changes a caller took and could not record: taken again first.
+    pub fn untake_leader_changes(&self, mut changes: Vec<LeaderChange>) {
+        let mut o = self.observed();
+        changes.append(&mut o.changes);
+        changes.truncate(CHANGES_KEPT_MAX);
+        o.changes = changes;
+    }
+
+    /// Since when no replica has answered this client as the leader (its last attempt to
+    /// connect tried them all); `None` while one does.
+    pub fn leaderless_since(&self) -> Option<SystemTime> {
+        self.observed().leaderless_since
+    }
+
+    /// The replica this client last used as the leader (its address), if any.
+    pub fn leader_in_use(&self) -> Option<String> {
+        self.observed().leader.clone()
+    }
+
+    /// How the replica at `addr` answers a `hello` of this client's cell and token now, within
+    /// `within` (the cells view asks each replica its role). No epoch is sent: a replica
+    /// behind the epochs seen still says what it believes it is.
+    pub async fn probe_replica(&self, addr: &str, within: Duration) -> ReplicaAnswer {
+        let inner = &self.inner;
+        let mut hello = serde_json::to_vec(&Request::Hello {
+            token: inner.token.clone(),
+            cell: inner.cell,
+            epoch: None,
+            map_version: None,
+        })
+        .expect("serializing a hello cannot fail");
+        hello.push(b'\n');
+        let asked = async {
+            let stream = TcpStream::connect(addr)
+                .await
+                .map_err(|e| ClientError::Connect(e.to_string()))?;
+            let mut conn = Conn {
+                stream: BufReader::new(stream),
+                protocol: 1,
+                epoch: None,
+            };
+            conn.exchange_raw(&hello).await
+        };
+        match tokio::time::timeout(within, asked).await {
+            Err(_) => ReplicaAnswer::Down {
+                error: "no answer in time".into(),
+            },
+            Ok(Err(e)) => ReplicaAnswer::Down {
+                error: e.to_string(),
+            },
+            Ok(Ok((Response::Ok { .. }, info))) => match info.role.as_deref() {
+                Some("leader") | None => ReplicaAnswer::Leader {
+                    epoch: info.epoch.unwrap_or(0),
+                },
+                Some(other) => ReplicaAnswer::Follower {
+                    message: format!("answers as {other}"),
+                },
+            },
+            Ok(Ok((
+                Response::Error {
+                    code:
+                        crate::protocol::ErrorCode::NotLeader | crate::protocol::ErrorCode::StaleEpoch,
+                    message,
+                },
+                _,
+            ))) => ReplicaAnswer::Follower { message },
+            Ok(Ok((other, _))) => ReplicaAnswer::Down {
+                error: format!("{HELLO_REFUSED}: {other:?}"),
+            },
+        }
     }
 
     /// The highest epoch a replica of this cell has answered with (0: none, or not replicated).

@@ -187,3 +187,88 @@ fn partition_ranges_are_in_bounds_and_ascending() {
         );
     }
 }
+
+const HA_TOML: &str = r#"
+partitions = 256
+
+[[cells]]
+id = 1
+database_url = "postgres://ledger@db1:5432,db1b:5432/ledger?patroni=http://db1:8008,http://db1b:8008"
+spot = "10.0.1.10:7400,10.0.1.11:7400,10.0.1.12:7400"
+partitions = ["0-255"]
+
+[[cells.members]]
+kind = "postgres"
+name = "pg1"
+address = "db1:5432"
+control = "http://db1:8008"
+
+[[cells.members]]
+kind = "spot-core"
+name = "r1"
+address = "10.0.1.10:7400"
+control = "10.0.1.10:7500"
+
+[[cells.members]]
+kind = "spot-core"
+name = " r2 "
+address = "10.0.1.11:7400"
+"#;
+
+#[test]
+fn a_cell_names_its_members_under_ha() {
+    let map = CellMap::parse(HA_TOML, MapFormat::Toml).unwrap();
+    let members = &map.cell(cell(1)).unwrap().members;
+    assert_eq!(members.len(), 3);
+    assert_eq!(members[0].kind, MemberKind::Postgres);
+    assert_eq!(members[0].control.as_deref(), Some("http://db1:8008"));
+    assert_eq!(members[1].kind.as_str(), "spot-core");
+    assert_eq!(members[2].name, "r2");
+    assert_eq!(members[2].control, None);
+    // The JSON form reads the same.
+    let json = r#"{"partitions": 256, "cells": [{"id": 1,
+        "database_url": "postgres://ledger@db1:5432,db1b:5432/ledger?patroni=http://db1:8008,http://db1b:8008",
+        "spot": "10.0.1.10:7400,10.0.1.11:7400,10.0.1.12:7400", "partitions": ["0-255"],
+        "members": [
+          {"kind": "postgres", "name": "pg1", "address": "db1:5432", "control": "http://db1:8008"},
+          {"kind": "spot-core", "name": "r1", "address": "10.0.1.10:7400", "control": "10.0.1.10:7500"},
+          {"kind": "spot-core", "name": "r2", "address": "10.0.1.11:7400"}]}]}"#;
+    assert_eq!(CellMap::parse(json, MapFormat::Json).unwrap(), map);
+    // Without members, none.
+    let plain = toml_of(&[(1, "d1", "s1", &["0-255"])]);
+    assert!(CellMap::parse(&plain, MapFormat::Toml).unwrap().cells()[0]
+        .members
+        .is_empty());
+}
+
+#[test]
+fn a_member_is_named_addressed_and_of_a_known_kind() {
+    let with = |member: &str| {
+        format!(
+            "{}\n[[cells.members]]\n{member}\n",
+            toml_of(&[(1, "d1", "s1", &["0-255"])])
+        )
+    };
+    let nameless = with("kind = \"postgres\"\nname = \" \"\naddress = \"h:1\"");
+    assert!(matches!(
+        refused(&nameless),
+        MapError::BadMember {
+            why: "has no name",
+            ..
+        }
+    ));
+    let no_port = with("kind = \"postgres\"\nname = \"a\"\naddress = \"h\"");
+    assert!(matches!(refused(&no_port), MapError::BadMember { .. }));
+    let unknown = with("kind = \"etcd\"\nname = \"a\"\naddress = \"h:1\"");
+    assert!(matches!(refused(&unknown), MapError::Toml(_)));
+    let extra = with("kind = \"postgres\"\nname = \"a\"\naddress = \"h:1\"\nrole = \"leader\"");
+    assert!(matches!(refused(&extra), MapError::Toml(_)));
+    let twice = format!(
+        "{}\n[[cells.members]]\nkind = \"spot-core\"\nname = \"r1\"\naddress = \"h:2\"\n",
+        with("kind = \"spot-core\"\nname = \"r1\"\naddress = \"h:1\"")
+    );
+    assert_eq!(
+        refused(&twice).to_string(),
+        "cell 1: member \"r1\": is named twice"
+    );
+}
