@@ -9,6 +9,7 @@
 
 pub mod admission;
 pub mod auth;
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod health;

@@ -10,6 +10,7 @@ use axum::extract::FromRef;
 
 use crate::admission::Admission;
 use crate::auth::JwtKeys;
+use crate::cluster::Cluster;
 use crate::reads::ReadSide;
 
 /// What every handler shares. Cheap to clone: every field is a handle.
@@ -25,6 +26,9 @@ pub struct AppState {
     pub jwt: Arc<JwtKeys>,
     /// How much the read surfaces (GraphQL, the feed, the admin views) may hold at once.
     pub admission: Arc<Admission>,
+    /// The cell's members under HA, their roles and the failovers observed (`cluster.rs`);
+    /// start-up sets it over the cell's database and spot-core.
+    pub cluster: Arc<Cluster>,
 }
 
 /// The extractors of `auth.rs` take the keys from any state that has them.
@@ -44,6 +48,7 @@ impl AppState {
             reads,
             jwt: Arc::new(JwtKeys::new(jwt_secret)),
             admission: Arc::default(),
+            cluster: Arc::new(Cluster::none()),
         }
     }
 }

@@ -95,7 +95,8 @@ pub(crate) fn configured(
         .with_bulk_max(limits.bulk_max)
         .with_watched_limits(limits.limits.clone(), limits.frequency)
         .with_failpoints(settings.failpoints)
-        .assemble();
+        .assemble()
+        .with_cluster(database_url);
     let log = crate::log_cli::follower_config(settings)?;
     let checkpoints = crate::log_cli::checkpoint_target(relay.as_ref(), log.as_ref(), None)?;
     let serving = Serving {

@@ -188,6 +188,13 @@ impl Tasks {
             ledger.clone().audit_periodically(background.audit_interval),
         );
         tasks.spawn("asset reloader", reload_assets(ledger.assets().clone()));
+        // Under HA: the leader changes this process observes, into the cell's `failovers`.
+        if pieces.cluster.pg_ha() || pieces.cluster.spot_replicated() {
+            tasks.spawn(
+                "failover recorder",
+                Arc::clone(&pieces.cluster).record_failovers(),
+            );
+        }
         tasks.spawn(
             "hot-table vacuum",
             application::maintenance::run(pool.clone(), application::maintenance::INTERVAL),

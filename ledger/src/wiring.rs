@@ -39,6 +39,8 @@ pub struct Pieces {
     pub spot: SpotAdapter,
     pub coordinator: Coordinator,
     pub ledger: Ledger,
+    /// The cell's HA view, the handlers' too: its failover recorder runs as a background task.
+    pub cluster: Arc<edge::cluster::Cluster>,
 }
 
 /// The handlers' state and the background tasks' pieces.
@@ -96,6 +98,7 @@ impl Wiring {
     }
 
     /// Builds the core once: the handlers' state and the background tasks' pieces share it.
+    /// Its HA view knows no database URL ([`Assembled::with_cluster`] gives it one).
     pub fn assemble(self) -> Assembled {
         let pool = self.pool;
         let registry = Arc::new(RwLock::new(self.assets));
@@ -133,14 +136,31 @@ impl Wiring {
         }
         let queries = Queries::new(pool.clone(), funding, self.spot.clone());
         let reads = ReadSide::new(pool.clone());
+        let state = AppState::new(ledger.clone(), queries, reads, &self.jwt_secret);
         Assembled {
-            state: AppState::new(ledger.clone(), queries, reads, &self.jwt_secret),
             pieces: Pieces {
                 pool,
                 spot: self.spot,
                 coordinator,
                 ledger,
+                cluster: state.cluster.clone(),
             },
+            state,
         }
+    }
+}
+
+impl Assembled {
+    /// The same core with the HA view of the cell at `database_url` (its pool and spot-core
+    /// client are the core's), for the handlers and the failover recorder alike.
+    pub fn with_cluster(mut self, database_url: &str) -> Self {
+        let cluster = Arc::new(edge::cluster::Cluster::new(
+            database_url,
+            self.pieces.pool.clone(),
+            self.pieces.spot.tcp_client().cloned(),
+        ));
+        self.state.cluster = cluster.clone();
+        self.pieces.cluster = cluster;
+        self
     }
 }

@@ -303,6 +303,7 @@
     var alertsBox = h("div");
     var stuckBox = h("div");
     var recentBox = h("div");
+    var haBox = h("div", { id: "cells-ha" });
     var thresholdSel = h("select", { id: "stuck-threshold", onchange: function () { refresh(); } },
       [["5000", "5 s"], ["30000", "30 s"], ["60000", "1 min"], ["300000", "5 min"], ["3600000", "1 h"]].map(function (o) {
         return h("option", { value: o[0], selected: o[0] === (parseHash().params.get("stuck_ms") || "60000") }, o[1]);
@@ -310,6 +311,7 @@
     append(root, [
       h("h1", {}, "Overview ", indicator.el),
       statsBox,
+      card("Cells: members, roles and failovers", haBox),
       card("Transfers by state", stateBox),
       card("Alerts (MON-004: abnormal request frequency)", alertsBox),
       card("Stuck transfers", stuckBox, h("span", { class: "muted small" }, "  open and unchanged for at least ", thresholdSel)),
@@ -322,7 +324,9 @@
         settled(api("/api/v1/admin/transfers?limit=15")),
         settled(api("/api/v1/admin/transfers/stuck?older_than_ms=" + encodeURIComponent(stuckMs) + "&limit=50")),
         settled(api("/api/v1/admin/alerts?limit=10")),
+        settled(api("/api/v1/admin/cells")),
       ]).then(function (r) {
+        replace(haBox, cellsHaView(r[4]));
         renderOverview(r[0], stateBox, statsBox);
         replace(recentBox, r[1].ok ? transferTable(r[1].value.transfers) : errorBox(r[1].error));
         replace(stuckBox, r[2].ok ? stuckTable(r[2].value.transfers) : errorBox(r[2].error));
@@ -382,6 +386,108 @@
       return "cell " + c.cell + ": " + (c.state === "up" ? (c.halted ? "halted" : "up") : "down since " + utc(c.down_since));
     }).join(" · ");
     return stat("Cells", value, note + (down.length ? " · figures show the other cells" : ""));
+  }
+
+  // Each cell's members under HA (ADR 0020) with their role now, the replication lag, the spot-core
+  // replicas acknowledging, what this ledger has no leader of, and the last failover recorded.
+  function cellsHaView(result) {
+    if (!result.ok && result.error.status === 404) {
+      return h("div", { class: "muted" }, "This ledger build has no cells route (GET /api/v1/admin/cells).");
+    }
+    if (!result.ok) { return errorBox(result.error); }
+    var v = result.value;
+    var out = (v.cells || []).map(cellHa);
+    if (v.down_cells && v.down_cells.length) {
+      out.push(h("div", { class: "pill bad" }, "cell " + v.down_cells.join(", ") + " did not answer"));
+    }
+    return out.length ? out : h("div", { class: "empty" }, "No cell answered.");
+  }
+
+  var ROLE_PILL = { leader: "good", standby: "", follower: "", down: "bad", unknown: "warn" };
+  var KIND_NAME = { postgres: "PostgreSQL", "spot-core": "spot-core" };
+
+  function bytes(n) {
+    if (n === null || n === undefined) { return "—"; }
+    if (n < 1024) { return n + " B"; }
+    if (n < 1048576) { return (n / 1024).toFixed(1) + " KiB"; }
+    return (n / 1048576).toFixed(1) + " MiB";
+  }
+
+  function memberLag(m, c) {
+    if (m.role === "leader" && m.kind === "spot-core") { return m.epoch ? "leads epoch " + m.epoch : "single engine"; }
+    if (m.role === "leader") {
+      var sync = (c.members || []).filter(function (o) { return o.kind === "postgres" && o.sync; }).length;
+      return c.ha ? "primary · " + (sync ? sync + " synchronous standby" : "NO synchronous standby") : "primary";
+    }
+    if (m.role === "down") { return "—"; }
+    if (m.kind === "postgres") {
+      if (m.lag_bytes === null || m.lag_bytes === undefined) { return "—"; }
+      return bytes(m.lag_bytes) + " / " + (m.lag_seconds || 0).toFixed(1) + " s behind" +
+        (m.sync ? " · synchronous" : " · not synchronous");
+    }
+    if (m.lag_records === null || m.lag_records === undefined) { return "see the leader's view of its followers below"; }
+    return m.lag_records + " records behind";
+  }
+
+  // Leaders first, then standbys and followers, then the rest, each kind together.
+  function memberOrder(a, b) {
+    var rank = { leader: 0, standby: 1, follower: 1, unknown: 2, down: 3 };
+    if (a.kind !== b.kind) { return a.kind === "postgres" ? -1 : 1; }
+    return (rank[a.role] === undefined ? 2 : rank[a.role]) - (rank[b.role] === undefined ? 2 : rank[b.role]);
+  }
+
+  function cellHa(c) {
+    var summary = [];
+    if (!c.ha) {
+      summary.push(h("span", { class: "pill" }, "no HA"), " one database and one spot-core; nothing fails over on its own");
+    } else {
+      var pg = (c.members || []).filter(function (m) { return m.kind === "postgres"; });
+      if (pg.length > 1) {
+        var primary = pg.filter(function (m) { return m.role === "leader"; })[0];
+        var syncs = pg.filter(function (m) { return m.sync; }).length;
+        summary.push(h("span", { class: "pill " + (primary && syncs ? "good" : "bad") },
+          "PostgreSQL: " + (primary ? "primary " + primary.name : "NO primary") + " · " +
+          (syncs ? syncs + " synchronous standby" : "no synchronous standby")), " ");
+      }
+    }
+    if (c.ha && !c.spot_replication && (c.members || []).filter(function (m) { return m.kind === "spot-core"; }).length > 1) {
+      summary.push(h("span", { class: "pill bad" }, "spot-core: no leader answers"), " ");
+    }
+    if (c.ha && c.spot_replication) {
+      var n = c.spot_replication.acknowledging;
+      summary.push(h("span", { class: "pill " + (n >= 3 ? "good" : n === 2 ? "warn" : "bad") },
+        "spot-core: " + n + " of 3 replicas acknowledging"),
+        " ", n === 2 ? "(one lost: no spare) " : n < 2 ? "(nothing is acknowledged) " : "");
+    }
+    (c.leaderless || []).forEach(function (l) {
+      summary.push(" ", h("span", { class: "pill bad" }, "no " + KIND_NAME[l.kind] + " leader for " + duration(l.seconds * 1000)));
+    });
+    var rows = (c.members || []).slice().sort(memberOrder).map(function (m) {
+      return h("tr", { "data-member": m.name, "data-role": m.role },
+        h("td", {}, KIND_NAME[m.kind] || m.kind),
+        h("td", { class: "mono" }, m.name, m.address === m.name ? null : h("span", { class: "muted small" }, " " + m.address)),
+        h("td", {}, h("span", { class: "pill " + (ROLE_PILL[m.role] === undefined ? "warn" : ROLE_PILL[m.role]) }, m.role)),
+        h("td", {}, memberLag(m, c)),
+        h("td", { class: "small muted" }, m.error || (m.state && m.state !== "running" ? m.state : "")));
+    });
+    var followers = c.spot_replication && c.spot_replication.followers.length
+      ? h("div", { class: "muted small" }, "spot-core leader's view of its followers (epoch " + c.spot_replication.epoch + "): " +
+        c.spot_replication.followers.map(function (f) {
+          return f.name + " acknowledged seq " + f.acked_seq + ", " + f.lag + " records behind";
+        }).join(" · "))
+      : null;
+    var f = c.last_failover;
+    var last = f
+      ? h("div", { class: "failover" }, h("strong", {}, "Last failover: "), KIND_NAME[f.kind] + " ",
+        h("span", { class: "mono" }, (f.from_member || "none") + " → " + f.to_member),
+        f.epoch ? " (epoch " + f.epoch + ")" : "", " at ", when(f.at),
+        h("div", { class: "muted small" }, f.cause + " · observed by " + f.observed_by))
+      : h("div", { class: "muted" }, "Last failover: none recorded.");
+    return h("section", { class: "cell-ha", "data-cell": c.cell },
+      h("h3", {}, "Cell " + c.cell + " "), h("div", { class: "small" }, summary),
+      h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "kind"), h("th", {}, "member"),
+        h("th", {}, "role now"), h("th", {}, "replication"), h("th", {}, "note"))), h("tbody", {}, rows)),
+      followers, last);
   }
 
   function stuckTable(rows) {

@@ -7,11 +7,13 @@
 //! with the command side is the `edge` crate's, below this one.
 
 pub(crate) mod admin_alerts;
+pub(crate) mod admin_cells;
 pub(crate) mod admin_views;
 pub mod console;
 pub(crate) mod feed;
 pub(crate) mod gauges;
 pub mod graphql;
+pub(crate) mod ha_metrics;
 pub(crate) mod log_routes;
 pub mod metrics;
 pub mod openapi;
@@ -40,6 +42,7 @@ pub fn router() -> Routes {
         .merge(stuck::routes())
         .merge(console::routes())
         .merge(admin_views::routes())
+        .merge(admin_cells::routes())
         .merge(feed::routes())
         // GraphQL's router carries its schema as a layer of its own: its routes on its word.
         .pages(

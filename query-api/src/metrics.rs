@@ -68,6 +68,8 @@ struct Snapshot {
     health: Health,
     /// This process's rounds of single requests (ADR 0019).
     rounds: application::round::RoundStats,
+    /// The cell under HA: synchronous standbys, acknowledging replicas, leaderless time.
+    ha: edge::cluster::HaFigures,
 }
 
 /// `ledger_spot_core_up`, `ledger_halted` and `ledger_alerts_request_frequency_total`.
@@ -99,7 +101,9 @@ async fn metrics(
         .map_err(internal)?;
     let relays = state.reads.relay_status().await.map_err(internal)?;
     let audit = state.queries.audit_health().await.map_err(internal)?;
-    let horizon_ms = state.queries.spot_status().await.ok().map(|c| c.horizon_ms);
+    let status = state.queries.spot_status().await.ok();
+    let horizon_ms = status.as_ref().map(|c| c.horizon_ms);
+    let ha = state.cluster.figures(status.as_ref()).await;
     let ops = crate::ops_metrics::gather(&state.reads)
         .await
         .map_err(internal)?;
@@ -122,6 +126,7 @@ async fn metrics(
         ops,
         health,
         rounds: state.ledger.round_stats(),
+        ha,
     };
     Ok(([(CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], render(snapshot)).into_response())
 }
@@ -156,6 +161,7 @@ impl Collector for Snapshot {
             )?)?;
         }
         crate::ops_metrics::encode(&self.ops, &mut encoder)?;
+        crate::ha_metrics::encode(&self.ha, &mut encoder)?;
         encode_relays(&self.relays, &mut encoder)
     }
 }
@@ -548,6 +554,7 @@ mod tests {
             ops: Default::default(),
             health: Health::default(),
             rounds: Default::default(),
+            ha: Default::default(),
         });
         assert!(text.contains("ledger_transfers{state=\"TARGET_PENDING\"} 2"));
         assert!(text.contains("ledger_transfers{state=\"COMMITTED\"} 0"));

@@ -20,6 +20,7 @@ pub fn part() -> utoipa::openapi::OpenApi {
     crate::admin_views::overview,
     crate::admin_views::invariant_history,
     crate::admin_views::invariant_run_report,
+    crate::admin_cells::cells,
     crate::admin_alerts::list_alerts,
     crate::stuck::list_stuck,
     crate::feed::events,

@@ -129,6 +129,18 @@ pub fn transfers_page(rows: Vec<Value>, next: Option<String>, answers: &Answers)
     out
 }
 
+/// `GET /api/v1/admin/cells` across cells: each cell's own entry, in cell order; a cell that
+/// did not answer is in `down_cells` (with `partial`) and has no entry.
+pub fn cells(answers: &Answers) -> Value {
+    let mut cells = Vec::new();
+    for (_, body) in ok_bodies(answers) {
+        cells.extend(body["cells"].as_array().into_iter().flatten().cloned());
+    }
+    let mut out = json!({ "cells": cells });
+    mark(&mut out, answers);
+    out
+}
+
 /// The overview of every cell and their total: counts and the last minute's rate summed, the
 /// oldest open transfer over all cells, halted when a cell is, each cell's own overview under
 /// `cells` (with `cell` and `state`), the lag the largest of any cell's.
@@ -560,5 +572,27 @@ mod tests {
         );
         answers.insert(cell(3), None);
         assert_eq!(invariant(&answers)["ok"], false);
+    }
+
+    #[test]
+    fn the_cells_view_joins_every_cells_entry_and_names_the_down_ones() {
+        let mut answers = Answers::new();
+        let one = CellId::new(1).unwrap();
+        let two = CellId::new(2).unwrap();
+        let three = CellId::new(3).unwrap();
+        answers.insert(
+            one,
+            Some((200, json!({"cells": [{"cell": 1, "ha": true}]}))),
+        );
+        answers.insert(two, None);
+        answers.insert(
+            three,
+            Some((200, json!({"cells": [{"cell": 3, "ha": false}]}))),
+        );
+        let merged = cells(&answers);
+        assert_eq!(merged["cells"][0]["cell"], 1);
+        assert_eq!(merged["cells"][1]["cell"], 3);
+        assert_eq!(merged["partial"], true);
+        assert_eq!(merged["down_cells"], json!([2]));
     }
 }

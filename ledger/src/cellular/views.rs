@@ -26,6 +26,7 @@ const STUCK_PAGE_DEFAULT: usize = 100;
 pub enum View {
     Transfers,
     Overview,
+    Cells,
     Alerts,
     Invariant,
     Stuck,
@@ -38,6 +39,7 @@ impl Front {
         match (method.clone(), path) {
             (Method::GET, "/api/v1/admin/transfers") => Some(View::Transfers),
             (Method::GET, "/api/v1/admin/overview") => Some(View::Overview),
+            (Method::GET, "/api/v1/admin/cells") => Some(View::Cells),
             (Method::GET, "/api/v1/admin/alerts") => Some(View::Alerts),
             (Method::GET, "/api/v1/admin/invariant") => Some(View::Invariant),
             (Method::GET, "/api/v1/admin/transfers/stuck") => Some(View::Stuck),
@@ -136,7 +138,7 @@ impl View {
         match self {
             Self::PutAsset => put_asset(front, req).await,
             Self::Transfers => transfers(front, req).await,
-            Self::Overview | Self::Alerts | Self::Invariant | Self::Stuck => {
+            Self::Overview | Self::Cells | Self::Alerts | Self::Invariant | Self::Stuck => {
                 let (parts, _) = req.into_parts();
                 let answers = front.ask_every(&parts.uri, &parts.headers).await;
                 if let Some(refusal) = first_refusal(&answers) {
@@ -148,6 +150,7 @@ impl View {
                             front.slots.values().map(|s| s.describe()).collect();
                         fanout::overview(&answers, &states)
                     }
+                    Self::Cells => fanout::cells(&answers),
                     Self::Alerts => {
                         let limit = query_usize(&parts.uri, "limit").unwrap_or(ALERTS_PAGE_DEFAULT);
                         fanout::alerts(&answers, limit)

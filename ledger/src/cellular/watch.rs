@@ -92,6 +92,8 @@ pub async fn reach(shared: &Shared, spec: &CellSpec) -> Result<(Served, Reached)
     )
     .map_err(ConnectError::Refused)?;
     assembled.state.reads = assembled.state.reads.with_log_cell(spec.id.get());
+    // The map's members of this cell under HA, for the cells view and the failovers' names.
+    assembled.state.cluster.set_members(spec.members.clone());
     let assets = assembled.pieces.ledger.assets().clone();
     catch_up(shared, spec.id, &assets)
         .await
