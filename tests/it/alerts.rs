@@ -166,7 +166,7 @@ fn mon_rules_point_at_runbook_sections_that_exist() {
         .lines()
         .filter_map(|l| l.trim().strip_prefix("runbook: docs/runbook.md#"))
         .collect();
-    assert_eq!(alerts, 11, "{rules}");
+    assert_eq!(alerts, 15, "{rules}");
     assert_eq!(anchors.len(), alerts, "one runbook per rule");
     assert_eq!(
         rules.matches("summary: ").count(),
@@ -186,6 +186,10 @@ fn mon_rules_point_at_runbook_sections_that_exist() {
         "MON-004",
         "RELAY-LAG",
         "LOG_STALLED",
+        "NO_SYNC_STANDBY",
+        "SPOT_REPLICAS_LOST",
+        "SPOT_NO_SPARE",
+        "FAILOVER_UNFINISHED",
     ] {
         assert!(rules.contains(&format!("code: {code}")), "{code}");
     }
