@@ -4,7 +4,12 @@
 //! ledger-sim --seeds N [--from S] [--transfers T] [--plant BUG] [--tight] [--bulk]
 //! ledger-sim --seed S [--trace] [--transfers T] [--plant BUG] [--tight] [--bulk]
 //! ledger-sim --seeds N --cells C [--from S] [--transfers T] [--plant BUG] [--tight] [--bulk]
+//! ledger-sim --replication --seeds N [--from S] [--plant BUG] [--any-disk-loss] [--fixed|--fenced-rebuild|--fenced-wipe]
+//! ledger-sim --replication --seed S [--trace] [--plant BUG] [--any-disk-loss] [--fixed|--fenced-rebuild|--fenced-wipe]
 //! ```
+//!
+//! `--replication`: spot-core's replication (ADR 0020 §3) instead of the transfer protocol
+//! (`sim::replication`); its planted bugs are `spot_core::replica::rules::plant::Bug`'s.
 //!
 //! `--cells C`: each seed is C cell worlds, the faults and a planted bug in cell 1 only
 //! (`sim::run_cells`); a violation in any other cell fails the run.
@@ -67,6 +72,9 @@ fn usage() -> ExitCode {
 // long: the tool's arguments and its report, read top to bottom; a test tool.
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--replication") {
+        return replication(&args);
+    }
     let mut seeds: Option<u64> = None;
     let mut from = 0u64;
     let mut one: Option<u64> = None;
@@ -228,6 +236,131 @@ fn run_many_cells(from: u64, n: u64, cells: u16, config: &Config) -> ExitCode {
     let others_clean = failing.iter().skip(1).all(|f| *f == 0);
     let first_clean = failing[0] == 0 || config.plant.is_some();
     if others_clean && first_clean {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn replication_usage() -> ExitCode {
+    eprintln!(
+        "usage: ledger-sim --replication --seeds N [--from S] [--plant BUG] [--any-disk-loss] [--fixed|--fenced-rebuild|--fenced-wipe]\n       ledger-sim --replication --seed S [--trace] [--plant BUG] [--any-disk-loss] [--fixed|--fenced-rebuild|--fenced-wipe]\nbugs: {}",
+        sim::replication::Bug::ALL.map(sim::replication::Bug::name).join(", ")
+    );
+    ExitCode::from(2)
+}
+
+/// `--replication`: many seeds (the rate, the faults, each failing seed with its replay command
+/// and the first one's trace), or one seed's whole trace.
+fn replication(args: &[String]) -> ExitCode {
+    use sim::replication::{run as run_replication, Bug as ReplicaBug, Config as ReplicaConfig};
+    let mut config = ReplicaConfig::default();
+    let (mut seeds, mut from, mut one) = (None, 0u64, None);
+    let mut i = 0;
+    while i < args.len() {
+        match args[i].as_str() {
+            "--replication" => {}
+            "--trace" => config.trace = true,
+            "--any-disk-loss" => config.any_disk_loss = true,
+            "--fenced-rebuild" => config.fenced_rebuild = true,
+            "--fenced-wipe" => config.fenced_wipe = true,
+            "--fixed" => (config.fenced_rebuild, config.fenced_wipe) = (true, true),
+            flag => {
+                let value = args.get(i + 1).cloned().unwrap_or_default();
+                let number = value.parse::<u64>().ok();
+                match (flag, number) {
+                    ("--seeds", Some(n)) => seeds = Some(n),
+                    ("--from", Some(n)) => from = n,
+                    ("--seed", Some(n)) => one = Some(n),
+                    ("--plant", _) => match ReplicaBug::parse(&value) {
+                        Some(bug) => config.plant = Some(bug),
+                        None => return replication_usage(),
+                    },
+                    _ => return replication_usage(),
+                }
+                i += 1;
+            }
+        }
+        i += 1;
+    }
+    let mut flags = config
+        .plant
+        .map(|b| format!(" --plant {}", b.name()))
+        .unwrap_or_default();
+    if config.any_disk_loss {
+        flags.push_str(" --any-disk-loss");
+    }
+    if config.fenced_rebuild {
+        flags.push_str(" --fenced-rebuild");
+    }
+    if config.fenced_wipe {
+        flags.push_str(" --fenced-wipe");
+    }
+    if let Some(seed) = one {
+        let report = run_replication(seed, &config);
+        for line in &report.trace {
+            say!("{line}");
+        }
+        for v in &report.violations {
+            say!("seed {seed}: VIOLATION {v}");
+        }
+        say!(
+            "seed {seed}: {} steps, {} writes acknowledged, {} leaderships, faults {:?}",
+            report.steps,
+            report.acknowledged,
+            report.leaderships,
+            report.faults
+        );
+        return if report.violations.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
+    let Some(n) = seeds else {
+        return replication_usage();
+    };
+    let started = Instant::now();
+    let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let (mut failing, mut acknowledged, mut leaderships) = (0u64, 0u64, 0u64);
+    for seed in from..from.saturating_add(n) {
+        let report = run_replication(seed, &config);
+        acknowledged += report.acknowledged;
+        leaderships += report.leaderships;
+        for (k, v) in &report.faults {
+            *faults.entry(k).or_insert(0) += v;
+        }
+        let Some(first) = report.violations.first() else {
+            continue;
+        };
+        failing += 1;
+        say!(
+            "seed {seed}: VIOLATION {first} (replay: ledger-sim --replication --seed {seed} --trace{flags})"
+        );
+        if failing == 1 {
+            let traced = run_replication(
+                seed,
+                &ReplicaConfig {
+                    trace: true,
+                    ..config.clone()
+                },
+            );
+            let skip = traced.trace.len().saturating_sub(40);
+            for line in &traced.trace[skip..] {
+                say!("  | {line}");
+            }
+        }
+    }
+    let secs = started.elapsed().as_secs_f64().max(1e-9);
+    // A rate for people, not for arithmetic that must be exact.
+    #[allow(clippy::float_arithmetic, clippy::cast_precision_loss)]
+    let rate = n as f64 / secs;
+    say!("{rate:.1} seeds/s ({n} seeds in {secs:.1} s): {acknowledged} writes acknowledged, {leaderships} leaderships");
+    for (kind, count) in &faults {
+        say!("fault {kind}: {count}");
+    }
+    say!("{n} seeds, {failing} violations");
+    if failing == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
