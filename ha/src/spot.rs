@@ -38,7 +38,8 @@ pub async fn answers_as_leader(addr: &str, cell: u16, token: &str) -> bool {
     let attempt = async {
         let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
         let mut stream = tokio::io::BufReader::new(stream);
-        let hello = serde_json::json!({"op": "hello", "token": token, "cell": cell}).to_string() + "\n";
+        let hello =
+            serde_json::json!({"op": "hello", "token": token, "cell": cell}).to_string() + "\n";
         stream.get_mut().write_all(hello.as_bytes()).await.ok()?;
         let mut line = String::new();
         stream.read_line(&mut line).await.ok()?;
@@ -74,12 +75,27 @@ impl SpotReplicas {
         env: &[(&str, &str)],
         args: &[String],
     ) -> anyhow::Result<SpotReplicas> {
+        SpotReplicas::start_on(bin, dir, etcd, cell, env, args, ["127.0.0.1"; 3])
+    }
+
+    /// `start_with_args`, replica `i` on the loopback address `hosts[i]` (each its own, e.g.
+    /// 127.0.0.11-13, so that nftables can cut one replica off from the others while a client on
+    /// 127.0.0.1 still reaches it: the replicas connect to each other from their own address).
+    pub fn start_on(
+        bin: &Path,
+        dir: &Path,
+        etcd: &str,
+        cell: u16,
+        env: &[(&str, &str)],
+        args: &[String],
+        hosts: [&str; 3],
+    ) -> anyhow::Result<SpotReplicas> {
         let mut specs = Vec::new();
-        for i in 1..=3 {
+        for (i, host) in hosts.iter().enumerate() {
             specs.push((
-                format!("r{i}"),
-                format!("127.0.0.1:{}", free_port()?),
-                format!("127.0.0.1:{}", free_port()?),
+                format!("r{}", i + 1),
+                format!("{host}:{}", free_port()?),
+                format!("{host}:{}", free_port()?),
             ));
         }
         let mut set = SpotReplicas {

@@ -44,21 +44,29 @@ fn workdir() -> tempfile::TempDir {
         } else {
             std::path::Path::new("/tmp")
         });
-    builder.expect("a working directory")
+    let mut dir = builder.expect("a working directory");
+    eprintln!("the cell's processes work in {}", dir.path().display());
+    dir.disable_cleanup(std::env::var_os("SPOT_HA_KEEP").is_some());
+    dir
 }
 
 struct Cell {
+    /// Kept, with the processes' logs, when SPOT_HA_KEEP is set (to read after a failure).
     _dir: tempfile::TempDir,
     _etcd: EtcdCluster,
     spot: SpotReplicas,
 }
 
 async fn start_cell() -> Cell {
+    start_cell_on(["127.0.0.1"; 3]).await
+}
+
+async fn start_cell_on(hosts: [&str; 3]) -> Cell {
     let dir = workdir();
     let etcd = EtcdCluster::start(&dir.path().join("etcd"), 3)
         .await
         .expect("etcd starts");
-    let spot = SpotReplicas::start(
+    let spot = SpotReplicas::start_on(
         &bin("spot-core"),
         &dir.path().join("spot"),
         &etcd.endpoints(),
@@ -67,6 +75,8 @@ async fn start_cell() -> Cell {
             ("RUST_LOG", "info"),
             ("SPOT_CORE_SNAPSHOT_EVERY_RECORDS", "500"),
         ],
+        &[],
+        hosts,
     )
     .expect("three replicas start");
     Cell {
@@ -120,6 +130,8 @@ struct Load {
     stop: Arc<AtomicBool>,
     acked: Arc<Mutex<BTreeMap<String, (u64, Decimal)>>>,
     last_ack: Arc<Mutex<Instant>>,
+    /// When the deposit acknowledged last was first sent.
+    last_sent: Arc<Mutex<Instant>>,
     longest_gap: Arc<Mutex<Duration>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -129,17 +141,19 @@ fn start_load(addrs: &str, writers: u64) -> Load {
     let acked = Arc::new(Mutex::new(BTreeMap::new()));
     let last_ack = Arc::new(Mutex::new(Instant::now()));
     let longest_gap = Arc::new(Mutex::new(Duration::ZERO));
+    let last_sent = Arc::new(Mutex::new(Instant::now()));
     let next = Arc::new(AtomicU64::new(1));
     let spot = client(addrs);
     let tasks = (0..writers)
         .map(|w| {
-            let (stop, acked, last_ack, longest_gap, next, spot) = (
+            let (stop, acked, last_ack, longest_gap, next, spot, last_sent) = (
                 stop.clone(),
                 acked.clone(),
                 last_ack.clone(),
                 longest_gap.clone(),
                 next.clone(),
                 spot.clone(),
+                last_sent.clone(),
             );
             tokio::spawn(async move {
                 while !stop.load(Ordering::Acquire) {
@@ -147,6 +161,7 @@ fn start_load(addrs: &str, writers: u64) -> Load {
                     let id = req_id(n);
                     let user = 1 + w;
                     let amount = Decimal::from(1 + n % 7);
+                    let sent = Instant::now();
                     loop {
                         match spot
                             .call(&Request::deposit(id.clone(), user, "USDT", amount))
@@ -167,6 +182,8 @@ fn start_load(addrs: &str, writers: u64) -> Load {
                         *last = now;
                     }
                     acked.lock().expect("lock").insert(id, (user, amount));
+                    let mut newest = last_sent.lock().expect("lock");
+                    *newest = (*newest).max(sent);
                 }
             })
         })
@@ -175,6 +192,7 @@ fn start_load(addrs: &str, writers: u64) -> Load {
         stop,
         acked,
         last_ack,
+        last_sent,
         longest_gap,
         tasks,
     }
@@ -195,6 +213,20 @@ impl Load {
                 self.count()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until a deposit first sent after `t` is acknowledged; how long after `t` that was.
+    async fn first_started_after(&self, t: Instant, within: Duration) -> Duration {
+        loop {
+            if *self.last_sent.lock().expect("lock") > t {
+                return t.elapsed();
+            }
+            assert!(
+                t.elapsed() < within,
+                "no deposit sent after the fault acknowledged within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -260,8 +292,9 @@ async fn cra_ha_spot_leader_killed_and_wiped_loses_nothing_acknowledged_and_rejo
     let killed_at = Instant::now();
     cell.spot.kill(first);
     cell.spot.wipe(first).expect("wipe");
-    load.wait_for(1, Duration::from_secs(30)).await;
-    let back = killed_at.elapsed();
+    let back = load
+        .first_started_after(killed_at, Duration::from_secs(30))
+        .await;
     let second = leader(&cell, Duration::from_secs(10)).await;
     assert_ne!(second, first, "another replica leads");
     eprintln!("spot-core leader killed and wiped: commits again after {back:?}");
@@ -323,5 +356,120 @@ async fn cra_ha_spot_one_replica_lost_goes_on_two_lost_stops_acknowledging() {
     load.wait_for(50, Duration::from_secs(60)).await;
     let (acked, _) = load.stop().await;
     assert!(acked.len() > stalled);
+    check_exact(&addrs, &acked).await;
+}
+
+/// An nftables table cutting one loopback address off from others (both ways), deleted on drop.
+struct Cut {
+    table: String,
+}
+
+impl Cut {
+    fn new(from: &str, others: &[&str]) -> Cut {
+        let table = format!("spotha{}", std::process::id());
+        let nft = |args: &str| {
+            let status = std::process::Command::new("nft")
+                .args(args.split(' '))
+                .status()
+                .expect("run nft (scripts/test installs nftables; root is needed)");
+            assert!(status.success(), "nft {args}");
+        };
+        let set = others.join(", ");
+        nft(&format!("add table inet {table}"));
+        let script = format!(
+            "add chain inet {table} out {{ type filter hook output priority 0 ; policy accept ; }}\n\
+             add rule inet {table} out ip saddr {from} ip daddr {{ {set} }} drop\n\
+             add rule inet {table} out ip saddr {{ {set} }} ip daddr {from} drop\n"
+        );
+        let mut child = std::process::Command::new("nft")
+            .args(["-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("run nft -f -");
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(script.as_bytes())
+            .expect("write the rules");
+        assert!(child.wait().expect("nft").success(), "nft -f: {script}");
+        Cut { table }
+    }
+}
+
+impl Drop for Cut {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("nft")
+            .args(["delete", "table", "inet", &self.table])
+            .status();
+    }
+}
+
+/// The leader's view of its followers (`status`), through `addrs`.
+async fn acknowledging(addrs: &str) -> u32 {
+    match client(addrs).call(&Request::Status {}).await {
+        Ok(Response::Ok {
+            core: Some(core), ..
+        }) => core.replication.map_or(0, |r| r.acknowledging),
+        _ => 0,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cra_ha_spot_leader_cut_off_from_its_replicas_stops_acknowledging_and_rejoins() {
+    let _one = SERIAL.lock().await;
+    let hosts = ["127.0.0.11", "127.0.0.12", "127.0.0.13"];
+    let mut cell = start_cell_on(hosts).await;
+    let addrs = cell.spot.client_addrs();
+    let old = leader(&cell, Duration::from_secs(30)).await;
+    let load = start_load(&addrs, 2);
+    load.wait_for(100, Duration::from_secs(60)).await;
+
+    // The leader's machine cut off from the other replicas; the client (127.0.0.1) still
+    // reaches it.
+    let others: Vec<&str> = (0..3).filter(|i| *i != old).map(|i| hosts[i]).collect();
+    let cut = Cut::new(hosts[old], &others);
+    let cut_at = Instant::now();
+    // It must stop acknowledging: with no follower's acknowledgement it steps down (exits)
+    // within its acknowledgement timeout (3 s) plus a batch.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while cell.spot.replicas[old].kid.running() {
+        assert!(
+            Instant::now() < deadline,
+            "the cut-off leader still runs {:?} after the cut",
+            cut_at.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stepped_down = cut_at.elapsed();
+    // It comes back (a supervisor's restart), still cut off: it must not lead.
+    cell.spot.restart(old).expect("restart the old leader");
+    load.wait_for(100, Duration::from_secs(30)).await;
+    let new = leader(&cell, Duration::from_secs(10)).await;
+    assert_ne!(
+        new, old,
+        "a replica that cannot reach the others must not lead"
+    );
+    eprintln!(
+        "leader cut off: stepped down after {stepped_down:?}, serving again after {:?}",
+        cut_at.elapsed()
+    );
+
+    // Healed: the old leader rejoins as a follower and catches up (the leader counts three
+    // replicas acknowledging again).
+    drop(cut);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while acknowledging(&addrs).await < 3 {
+        assert!(Instant::now() < deadline, "the old leader did not rejoin");
+        cell.spot.restart_exited().expect("restart");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    load.wait_for(50, Duration::from_secs(30)).await;
+    let (acked, gap) = load.stop().await;
+    eprintln!(
+        "{} deposits acknowledged; longest pause {gap:?}",
+        acked.len()
+    );
     check_exact(&addrs, &acked).await;
 }

@@ -52,6 +52,7 @@ pub struct Shipper {
     acked: Condvar,
     written: AtomicU64,
     ack_timeout: Duration,
+    ctx: Arc<ReplicaCtx>,
 }
 
 impl Shipper {
@@ -115,6 +116,32 @@ impl Replicate for Shipper {
         self.written.store(last, Ordering::Release);
     }
 
+    fn step_down(&self) {
+        let lease = self.ctx.lease.load(Ordering::Acquire);
+        if lease == 0 {
+            return;
+        }
+        let Ok(etcd) = self.ctx.etcd.fresh() else {
+            return;
+        };
+        // The engine thread is not a runtime's: revoke on a thread of its own, at most 1 s.
+        let revoked = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            runtime
+                .block_on(tokio::time::timeout(
+                    Duration::from_secs(1),
+                    etcd.revoke(lease),
+                ))
+                .ok()
+        })
+        .join();
+        let revoked = revoked.ok().flatten().is_some_and(|r| r.is_ok());
+        eprintln!("spot-core: leadership given back (lease {lease} revoked: {revoked})");
+    }
+
     fn status(&self, last_seq: u64) -> crate::protocol::ReplicationStatus {
         let acks = self.acks.lock().unwrap_or_else(|e| e.into_inner());
         let followers: Vec<crate::protocol::FollowerStatus> = self
@@ -175,6 +202,7 @@ pub fn start_shipping(
         acks: Mutex::new(HashMap::new()),
         acked: Condvar::new(),
         ack_timeout: ctx.ack_timeout,
+        ctx: ctx.clone(),
     });
     *ctx.shipper.lock().unwrap_or_else(|e| e.into_inner()) = Some(shipper.clone());
     for (i, (peer, rx)) in receivers.into_iter().enumerate() {
@@ -208,7 +236,7 @@ async fn follow_peer(
 
 /// Connects to `peer`'s replication address and says hello.
 pub async fn connect(peer: &Peer, ctx: &ReplicaCtx) -> anyhow::Result<TcpStream> {
-    let mut stream = tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(&peer.repl))
+    let mut stream = tokio::time::timeout(Duration::from_secs(1), connect_from(peer, ctx))
         .await
         .context("connect timed out")??;
     stream.set_nodelay(true)?;
@@ -223,6 +251,25 @@ pub async fn connect(peer: &Peer, ctx: &ReplicaCtx) -> anyhow::Result<TcpStream>
     )
     .await?;
     Ok(stream)
+}
+
+/// Connects from this replica's own replication address (its host, any port), so that what
+/// the network sees of a replica is one address: a partition can cut exactly one machine.
+async fn connect_from(peer: &Peer, ctx: &ReplicaCtx) -> anyhow::Result<TcpStream> {
+    let to = tokio::net::lookup_host(&peer.repl)
+        .await?
+        .next()
+        .with_context(|| format!("{} resolves to nothing", peer.repl))?;
+    let local: Option<std::net::SocketAddr> = ctx.info.repl.parse().ok();
+    let socket = if to.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    if let Some(local) = local.filter(|l| !l.ip().is_unspecified() && l.is_ipv4() == to.is_ipv4()) {
+        socket.bind(std::net::SocketAddr::new(local.ip(), 0))?;
+    }
+    Ok(socket.connect(to).await?)
 }
 
 async fn session(
@@ -443,12 +490,38 @@ pub async fn take_over(
     let mine = ask(jobs, |reply| FollowJob::Promise { epoch, reply })
         .await
         .map_err(TakeOver::Failed)?;
+    // Promises come at once from a replica that can answer: one that does not within a second is
+    // gone or cut off, and waiting longer only keeps the others from campaigning. Asked of all
+    // at once, so one that is cut off costs no other's time.
+    let wait = ctx.ack_timeout.min(Duration::from_secs(1));
+    let mut asking: futures_util::stream::FuturesUnordered<_> = ctx
+        .peers
+        .iter()
+        .map(|peer| async move {
+            let answer = tokio::time::timeout(wait, promise_of(peer, ctx, epoch)).await;
+            (peer, answer)
+        })
+        .collect();
+    // One promise makes a quorum; the others are waited for a moment only (a more advanced log
+    // among them spares a rebuild later), never for a cut-off replica's timeout.
     let mut promised = Vec::new();
-    let deadline = Instant::now() + ctx.ack_timeout;
-    for peer in &ctx.peers {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(remaining, promise_of(peer, ctx, epoch)).await {
-            Ok(Ok((stream, position))) => promised.push((stream, position)),
+    let mut until: Option<tokio::time::Instant> = None;
+    loop {
+        let next = match until {
+            None => futures_util::StreamExt::next(&mut asking).await,
+            Some(t) => {
+                match tokio::time::timeout_at(t, futures_util::StreamExt::next(&mut asking)).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                }
+            }
+        };
+        let Some((peer, answer)) = next else { break };
+        match answer {
+            Ok(Ok((stream, position))) => {
+                promised.push((stream, position));
+                until.get_or_insert(tokio::time::Instant::now() + Duration::from_millis(100));
+            }
             Ok(Err(e)) => {
                 tracing::warn!(peer = %peer.name, error = %format!("{e:#}"), "no promise")
             }

@@ -79,6 +79,19 @@ impl Etcd {
         })
     }
 
+    /// The same endpoints and key with an HTTP client of its own: for a runtime other than the
+    /// one this client was made on (a client's connections belong to the runtime that made
+    /// them).
+    pub fn fresh(&self) -> anyhow::Result<Etcd> {
+        Ok(Etcd {
+            endpoints: self.endpoints.clone(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_millis(900))
+                .build()?,
+            key: self.key.clone(),
+        })
+    }
+
     /// POSTs `body` to `path` on the first endpoint that answers.
     async fn post(&self, path: &str, body: serde_json::Value) -> anyhow::Result<serde_json::Value> {
         let mut last = None;

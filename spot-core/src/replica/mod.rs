@@ -139,6 +139,8 @@ pub struct ReplicaCtx {
     pub info: LeaderInfo,
     jobs: Mutex<Option<std::sync::mpsc::SyncSender<FollowJob>>>,
     pub shipper: Mutex<Option<Arc<Shipper>>>,
+    /// The lease this replica leads under (0: none).
+    pub lease: std::sync::atomic::AtomicI64,
 }
 
 impl ReplicaCtx {
@@ -178,6 +180,7 @@ impl ReplicaCtx {
             info,
             jobs: Mutex::new(Some(jobs)),
             shipper: Mutex::new(None),
+            lease: std::sync::atomic::AtomicI64::new(0),
         })
     }
 
@@ -190,7 +193,9 @@ impl ReplicaCtx {
 /// Watches the leader key and campaigns when it is free; returns never (a leader that loses its
 /// lease or its quorum aborts, and starts again as a follower).
 pub async fn run(ctx: Arc<ReplicaCtx>) {
-    let mut rest = Duration::ZERO;
+    // A replica that (re)starts first gives a live leader a lease's time to join it; only then
+    // does it campaign (a fresh cell's first leader waits that long too).
+    let mut rest = Duration::from_secs(ctx.lease_ttl);
     loop {
         tokio::time::sleep(rest).await;
         rest = Duration::from_millis(250);
@@ -229,6 +234,7 @@ async fn campaign(
         return Ok(false);
     };
     tracing::info!(epoch, "won the leader key; taking over");
+    ctx.lease.store(lease, Ordering::Release);
     let keeper = tokio::spawn(keep_lease(ctx.clone(), lease));
     match leader::take_over(ctx, jobs, epoch).await {
         Ok(()) => {}
@@ -237,8 +243,9 @@ async fn campaign(
             let _ = ctx.etcd.revoke(lease).await;
             let rest = match why {
                 TakeOver::NoQuorum => {
+                    // Cut off, or alone: let a replica that can reach the others win next.
                     tracing::warn!(epoch, "no other replica promised: not leading");
-                    Duration::from_secs(1)
+                    Duration::from_secs(2 * ctx.lease_ttl)
                 }
                 TakeOver::Diverged => {
                     tracing::warn!(epoch, "this log has a tail the others lack: not leading");

@@ -34,6 +34,9 @@ pub trait Replicate: Send + Sync {
     fn written(&self, last: u64);
     /// The followers as the leader sees them, at its last seq `last_seq` (for `status`).
     fn status(&self, last_seq: u64) -> crate::protocol::ReplicationStatus;
+    /// Gives leadership back before the process stops (best effort, bounded): the others need
+    /// not wait for the lease to expire.
+    fn step_down(&self);
 }
 
 struct Job {
@@ -144,6 +147,7 @@ pub fn spawn_replica_committer(
             // Nothing is answered until a follower holds this epoch's start: the line in its
             // history that outranks every older log (ADR 0020 §3, step 3).
             if !replicate.wait_acked(led.start - 1) {
+                replicate.step_down();
                 eprintln!(
                     "spot-core: no follower joined epoch {}; aborting",
                     led.epoch
@@ -434,6 +438,7 @@ fn make_durable(engine: &Engine, wal: &mut Wal, batch: &mut Batch, side: &Side, 
                 seq = engine.last_seq(),
                 "no follower acknowledged; stepping down"
             );
+            replicate.step_down();
             eprintln!(
                 "spot-core: no follower acknowledged seq {}; aborting",
                 engine.last_seq()
