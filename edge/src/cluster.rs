@@ -158,8 +158,8 @@ pub struct Leaderless {
 pub struct HaFigures {
     /// `ledger_pg_sync_standbys`: only for a database under Patroni or over several hosts.
     pub pg_sync_standbys: Option<i64>,
-    /// `ledger_spot_core_replicas_acknowledging`: only for a replicated cell (0 when no leader
-    /// answered).
+    /// `ledger_spot_core_replicas_acknowledging`: only for a replicated cell; the leader's
+    /// count, at most the replicas that answer a `hello` now (0 when no leader answered).
     pub spot_acknowledging: Option<u32>,
     /// `ledger_failover_leaderless_seconds{kind}`: each kind this process follows a leader of.
     pub leaderless_seconds: Vec<(&'static str, f64)>,
@@ -371,8 +371,21 @@ impl Cluster {
             }
         });
         let answers = futures_util::future::join_all(asked).await;
+        let answering = answers
+            .iter()
+            .filter(|(_, a)| !matches!(a, ReplicaAnswer::Down { .. }))
+            .count();
         let replication = if spot.replicated() {
-            leader_status(spot).await.and_then(|c| c.replication)
+            // At most the replicas that answer, as `/metrics` reports it (`replicas_answering`).
+            leader_status(spot)
+                .await
+                .and_then(|c| c.replication)
+                .map(|mut r| {
+                    r.acknowledging = r
+                        .acknowledging
+                        .min(u32::try_from(answering).unwrap_or(u32::MAX));
+                    r
+                })
         } else {
             None
         };
@@ -461,11 +474,15 @@ impl Cluster {
         } else {
             None
         };
-        let spot_acknowledging = self.spot_replicated().then(|| {
-            status
-                .and_then(|c| c.replication.as_ref())
-                .map_or(0, |r| r.acknowledging)
-        });
+        let spot_acknowledging = match &self.spot {
+            Some(spot) if spot.replicated() => {
+                let leaders = status
+                    .and_then(|c| c.replication.as_ref())
+                    .map_or(0, |r| r.acknowledging);
+                Some(leaders.min(self.replicas_answering(spot).await))
+            }
+            _ => None,
+        };
         let now = SystemTime::now();
         let leaderless_seconds = self
             .leaderless_since()
@@ -482,6 +499,23 @@ impl Cluster {
             spot_acknowledging,
             leaderless_seconds,
         }
+    }
+
+    /// The replicas that answer their `hello` now (as leader or follower). The leader counts a
+    /// follower by how far its acknowledgements are behind, so an idle cell would go on
+    /// counting a killed follower until a batch's worth of records passed; one that does not
+    /// answer at all is not counted here, whatever the leader says.
+    async fn replicas_answering(&self, spot: &SpotClient) -> u32 {
+        let asked = spot
+            .replicas()
+            .iter()
+            .map(|addr| spot.probe_replica(addr, MEMBER_TIMEOUT));
+        let answers = futures_util::future::join_all(asked).await;
+        let alive = answers
+            .iter()
+            .filter(|a| !matches!(a, ReplicaAnswer::Down { .. }))
+            .count();
+        u32::try_from(alive).unwrap_or(u32::MAX)
     }
 
     /// The synchronous standbys the primary names (`pg_stat_replication`).

@@ -5,8 +5,8 @@
 //!   (`pg_stat_replication`, `sync_state` sync or quorum); only when the database URL names
 //!   Patroni or several hosts;
 //! - `ledger_spot_core_replicas_acknowledging` (gauge): replicas holding everything
-//!   acknowledged, the leader's `status` → `replication.acknowledging` (0 when no leader
-//!   answered); only for a replicated spot-core;
+//!   acknowledged, the leader's `status` → `replication.acknowledging`, at most the replicas
+//!   that answer a `hello` now (0 when no leader answered); only for a replicated spot-core;
 //! - `ledger_failover_leaderless_seconds{kind}` (gauge): how long this process has found no
 //!   leader of `kind` (`postgres`, `spot-core`), 0 while it has one; for each kind it follows.
 
