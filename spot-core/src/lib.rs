@@ -225,7 +225,17 @@ async fn start_replica(
     let repl = TcpListener::bind(repl_listen)
         .await
         .with_context(|| format!("binding {repl_listen}"))?;
-    let epochs = replica::history::Epochs::load(&args.data_dir, engine.last_seq())?;
+    let mut epochs = replica::history::Epochs::load(&args.data_dir, engine.last_seq())?;
+    let etcd = replica::lease::Etcd::new(
+        args.replica
+            .etcd
+            .as_deref()
+            .context("--replica needs --etcd")?,
+        args.cell_id.unwrap_or(0),
+    )?;
+    if engine.last_seq() == 0 {
+        replica::fence_blank(&mut epochs, &etcd).await?;
+    }
     let (jobs_tx, jobs_rx) = std::sync::mpsc::sync_channel(1024);
     let progress = Arc::new(wal::Progress::default());
     let info = replica::lease::LeaderInfo {

@@ -74,6 +74,7 @@ async fn start_cell_on(hosts: [&str; 3]) -> Cell {
         &[
             ("RUST_LOG", "info"),
             ("SPOT_CORE_SNAPSHOT_EVERY_RECORDS", "500"),
+            ("SPOT_CORE_SEGMENT_BYTES", "65536"),
         ],
         &[],
         hosts,
@@ -300,6 +301,9 @@ async fn cra_ha_spot_leader_killed_and_wiped_loses_nothing_acknowledged_and_rejo
     eprintln!("spot-core leader killed and wiped: commits again after {back:?}");
     load.wait_for(200, Duration::from_secs(60)).await;
 
+    // The audit consumed the journal so far: the leader compacts its segments, so the wiped
+    // replica cannot be streamed what it lacks from seq 1 and must be sent the files.
+    retain_all(&addrs).await;
     // The wiped replica comes back empty and rebuilds from a live one, under load.
     cell.spot.restart(first).expect("restart the wiped replica");
     load.wait_for(200, Duration::from_secs(60)).await;
@@ -403,6 +407,30 @@ impl Drop for Cut {
         let _ = std::process::Command::new("nft")
             .args(["delete", "table", "inet", &self.table])
             .status();
+    }
+}
+
+/// Tells the leader the audit consumed every record (`retain`), then waits until its oldest
+/// served seq moved past the first segments (compacted after the next snapshots).
+async fn retain_all(addrs: &str) {
+    let spot = client(addrs);
+    let status = |spot: SpotClient| async move {
+        match spot.call(&Request::Status {}).await {
+            Ok(Response::Ok {
+                core: Some(core), ..
+            }) => core,
+            other => panic!("status: {other:?}"),
+        }
+    };
+    let last = status(spot.clone()).await.last_seq;
+    match spot.call(&Request::Retain { after_seq: last }).await {
+        Ok(Response::Ok { .. }) => {}
+        other => panic!("retain: {other:?}"),
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while status(spot.clone()).await.first_seq <= 1 {
+        assert!(Instant::now() < deadline, "the leader compacted nothing");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

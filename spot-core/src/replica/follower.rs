@@ -124,7 +124,11 @@ async fn read_requests(
                             Vec::new(),
                         ))
                         .await?;
-                        return receive_rebuild(rd, ctx).await;
+                        let Some((Message::Rebuild { epoch, history }, _)) = wire::read(rd).await?
+                        else {
+                            bail!("a rebuild must begin with the leader's Rebuild");
+                        };
+                        return receive_rebuild(rd, ctx, epoch, history).await;
                     }
                     Err(e) => refused(e),
                 }
@@ -154,6 +158,10 @@ async fn read_requests(
                     sent = last;
                 }
                 Reply::Ready(Message::Done, Vec::new())
+            }
+            // A leader whose log no longer reaches this replica's (compacted) sends its files.
+            Message::Rebuild { epoch, history } => {
+                return receive_rebuild(rd, ctx, epoch, history).await;
             }
             other => refused(format!("unexpected {other:?}")),
         };
@@ -209,10 +217,9 @@ pub fn rebuild_dir(data_dir: &Path) -> PathBuf {
 async fn receive_rebuild(
     rd: &mut tokio::net::tcp::OwnedReadHalf,
     ctx: &ReplicaCtx,
+    epoch: u64,
+    history: Vec<EpochStart>,
 ) -> anyhow::Result<()> {
-    let Some((Message::Rebuild { epoch, history }, _)) = wire::read(rd).await? else {
-        bail!("a rebuild must begin with the leader's Rebuild");
-    };
     let dir = rebuild_dir(&ctx.data_dir);
     if dir.exists() {
         std::fs::remove_dir_all(&dir)?;
@@ -270,6 +277,24 @@ pub fn swap_in_rebuild(data_dir: &Path) -> anyhow::Result<()> {
         return Ok(());
     }
     if !dir.join(COMPLETE).exists() {
+        std::fs::remove_dir_all(&dir)?;
+        return Ok(());
+    }
+    // A promise of a newer epoch made while the files came (to a new leader, on another
+    // connection) outranks the leader that sent them: its files are not taken, and the new
+    // leader rebuilds this replica itself (found by ledger-sim --replication, seed 197).
+    let promised = |d: &Path| -> u64 {
+        std::fs::read_to_string(d.join(EPOCH_FILE))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    if promised(data_dir) > promised(&dir) {
+        tracing::warn!(
+            promised = promised(data_dir),
+            sender = promised(&dir),
+            "a rebuild from a leader older than this replica's promise is discarded"
+        );
         std::fs::remove_dir_all(&dir)?;
         return Ok(());
     }

@@ -22,6 +22,10 @@ use serde::{Deserialize, Serialize};
 pub const EPOCH_FILE: &str = "EPOCH";
 /// The epoch history's file.
 pub const EPOCHS_FILE: &str = "EPOCHS";
+/// Present while a replica that lost its data (its directory empty in a cell that already
+/// existed) has not yet caught up with a leader: it neither promises nor campaigns (ADR 0020
+/// §3, "lose any one disk").
+pub const WIPED_FILE: &str = "WIPED";
 
 /// One leadership's first seq in this log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -88,6 +92,8 @@ pub struct Epochs {
     dir: PathBuf,
     pub promised: u64,
     pub history: Vec<EpochStart>,
+    /// `WIPED` is present.
+    pub wiped: bool,
 }
 
 impl Epochs {
@@ -122,6 +128,7 @@ impl Epochs {
             dir: dir.to_path_buf(),
             promised,
             history,
+            wiped: dir.join(WIPED_FILE).exists(),
         };
         if epochs.history.len() != before {
             epochs.write_history()?;
@@ -150,7 +157,31 @@ impl Epochs {
         }
         self.promise(epoch)?;
         self.history.push(EpochStart { epoch, start });
-        self.write_history()
+        self.write_history()?;
+        self.clear_wiped()
+    }
+
+    /// True when nothing was ever recorded here: no promise, no history (a new replica, or one
+    /// whose disk was lost).
+    pub fn blank(&self) -> bool {
+        self.promised == 0 && self.history.is_empty()
+    }
+
+    /// Marks this replica as one that lost its data (`WIPED`), durably.
+    pub fn mark_wiped(&mut self) -> anyhow::Result<()> {
+        write_durably(&self.dir, WIPED_FILE, b"")?;
+        self.wiped = true;
+        Ok(())
+    }
+
+    /// Ends `WIPED`: the log holds every record before the epoch this replica now follows.
+    fn clear_wiped(&mut self) -> anyhow::Result<()> {
+        if self.wiped {
+            std::fs::remove_file(self.dir.join(WIPED_FILE))?;
+            File::open(&self.dir)?.sync_all()?;
+            self.wiped = false;
+        }
+        Ok(())
     }
 
     /// This log's position.

@@ -287,6 +287,13 @@ async fn session(
     };
     wire::write(&mut stream, &join, &[]).await?;
     let mut sent = match wire::read(&mut stream).await? {
+        Some((Message::Joined { last_seq, .. }, _))
+            if crate::journal::lock(&ctx.catalog).first_seq() > last_seq + 1 =>
+        {
+            // What it lacks was compacted here: it rebuilds from this leader's files instead.
+            tracing::info!(peer = %peer.name, last_seq, "follower is behind the compacted log: rebuilding it");
+            return send_rebuild(&mut stream, shipper, ctx).await;
+        }
         Some((Message::Joined { last_seq, epoch }, _)) => {
             shipper.record_ack(&peer.name, last_seq, epoch);
             last_seq

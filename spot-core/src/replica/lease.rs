@@ -128,6 +128,47 @@ impl Etcd {
         }))
     }
 
+    /// The key that says the cell's spot-core has had a leader: written before the first one
+    /// serves, never deleted. A replica that starts with no data in a cell that has it lost its
+    /// disk (ADR 0020 §3).
+    fn initialized_key(&self) -> String {
+        self.key.replace("/leader", "/initialized")
+    }
+
+    /// Whether the cell's spot-core has had a leader.
+    pub async fn initialized(&self) -> anyhow::Result<bool> {
+        let answer = self
+            .post(
+                "/v3/kv/range",
+                json!({ "key": b64(&self.initialized_key()) }),
+            )
+            .await?;
+        Ok(answer["kvs"].as_array().is_some_and(|k| !k.is_empty()))
+    }
+
+    /// Records that the cell's spot-core has a leader.
+    pub async fn mark_initialized(&self) -> anyhow::Result<()> {
+        self.post(
+            "/v3/kv/put",
+            json!({ "key": b64(&self.initialized_key()), "value": b64("1") }),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The epoch a blank replica promises before it answers anything: the current leader's, or
+    /// etcd's revision now when none leads (every later leader's epoch is higher). A deposed
+    /// leader's older frames are then refused (ADR 0020 §3).
+    pub async fn fence_epoch(&self) -> anyhow::Result<u64> {
+        let answer = self
+            .post("/v3/kv/range", json!({ "key": b64(&self.key) }))
+            .await?;
+        if let Some(kv) = answer["kvs"].as_array().and_then(|k| k.first()) {
+            return Ok(int(&kv["create_revision"]));
+        }
+        Ok(int(&answer["header"]["revision"]))
+    }
+
     /// A new lease of `ttl` seconds.
     pub async fn grant(&self, ttl: u64) -> anyhow::Result<i64> {
         let answer = self

@@ -190,6 +190,35 @@ impl ReplicaCtx {
     }
 }
 
+/// Before a replica with no promise and no history answers anything: when the cell has had a
+/// leader, it lost its data (`WIPED`: no promise, no campaign until it has caught up), and
+/// either way it promises the current epoch, so a deposed leader's frames are refused (ADR 0020
+/// §3). Waits for etcd: this cannot be decided without it.
+pub async fn fence_blank(epochs: &mut history::Epochs, etcd: &Etcd) -> anyhow::Result<()> {
+    if !epochs.blank() {
+        return Ok(());
+    }
+    loop {
+        let asked = async {
+            Ok::<_, anyhow::Error>((etcd.initialized().await?, etcd.fence_epoch().await?))
+        };
+        match asked.await {
+            Ok((initialized, epoch)) => {
+                if initialized {
+                    tracing::warn!("this replica's data is gone in a cell that had a leader: it waits to be rebuilt");
+                    epochs.mark_wiped()?;
+                }
+                epochs.promise(epoch)?;
+                return Ok(());
+            }
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "etcd unreachable; a blank replica waits for it");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
 /// Watches the leader key and campaigns when it is free; returns never (a leader that loses its
 /// lease or its quorum aborts, and starts again as a follower).
 pub async fn run(ctx: Arc<ReplicaCtx>) {
@@ -215,6 +244,11 @@ pub async fn run(ctx: Arc<ReplicaCtx>) {
         let Some(jobs) = ctx.follow_jobs() else {
             return;
         };
+        if ctx.progress.wiped.load(Ordering::Acquire) {
+            tracing::warn!("no leader, and this replica lost its data: not campaigning until a leader rebuilds it");
+            rest = Duration::from_secs(1);
+            continue;
+        }
         match campaign(&ctx, &jobs).await {
             Ok(true) => return,
             Ok(false) => {}
@@ -235,6 +269,9 @@ async fn campaign(
     };
     tracing::info!(epoch, "won the leader key; taking over");
     ctx.lease.store(lease, Ordering::Release);
+    // Before anything can be acknowledged: from now on a replica that starts blank knows it lost
+    // its data.
+    ctx.etcd.mark_initialized().await?;
     let keeper = tokio::spawn(keep_lease(ctx.clone(), lease));
     match leader::take_over(ctx, jobs, epoch).await {
         Ok(()) => {}

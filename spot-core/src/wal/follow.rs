@@ -72,6 +72,8 @@ pub(super) struct Led {
 pub struct Progress {
     /// The last seq written to this replica's segments (readable by the journal reader).
     pub written: AtomicU64,
+    /// It lost its data and has not caught up with a leader yet: it must not campaign.
+    pub wiped: std::sync::atomic::AtomicBool,
 }
 
 /// Runs until a `Lead` job, or until every sender is gone (`None`).
@@ -87,6 +89,7 @@ pub(super) fn follow(
     // A join's history line waits until the log holds every record before its start.
     let mut pending: Option<(u64, u64)> = None;
     progress.written.store(engine.last_seq(), Ordering::Release);
+    progress.wiped.store(epochs.wiped, Ordering::Release);
     while let Ok(job) = jobs.recv() {
         match job {
             FollowJob::Append {
@@ -101,6 +104,7 @@ pub(super) fn follow(
                         *since_records += last + 1 - first;
                         progress.written.store(engine.last_seq(), Ordering::Release);
                         adopt_pending(epochs, &mut pending, engine.last_seq())?;
+                        progress.wiped.store(epochs.wiped, Ordering::Release);
                         Ok((engine.last_seq(), epochs.position(0).last_epoch()))
                     });
                 let _ = reply.send(answer);
@@ -110,6 +114,13 @@ pub(super) fn follow(
                     hand_snapshot(engine, wal, side);
                     *since_records = 0;
                 }
+            }
+            FollowJob::Promise { epoch, reply } if epochs.wiped => {
+                // It lost its data: its empty log must not count toward a quorum that could
+                // then elect a log without what it held (ADR 0020 §3).
+                let _ = reply.send(Err(format!(
+                    "epoch {epoch} not promised: this replica lost its data and has not caught up yet"
+                )));
             }
             FollowJob::Promise { epoch, reply } => {
                 let answer = epochs
@@ -131,6 +142,7 @@ pub(super) fn follow(
                     if a != JoinAnswer::Rebuild {
                         pending = Some((epoch, start));
                         adopt_pending(epochs, &mut pending, engine.last_seq())?;
+                        progress.wiped.store(epochs.wiped, Ordering::Release);
                     }
                     Ok((a, epochs.position(0).last_epoch()))
                 });
