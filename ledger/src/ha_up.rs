@@ -75,6 +75,8 @@ pub(crate) async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> 
         .context("starting the cell's processes")?;
     let url = cell.database_url(HA_DATABASE);
     let spot_addrs = cell.spot_addrs();
+    let mut cell = cell;
+    let specs = member_specs(&mut cell).await;
     let cells = Arc::new(tokio::sync::Mutex::new(vec![cell]));
     let members = args.data_dir.join("members.json");
     let supervisor = tokio::spawn(ha::cell::supervise(
@@ -107,6 +109,8 @@ pub(crate) async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> 
         args.relay.config(),
         &url,
     )?;
+    // The cells view and the failover records name members as the cell does (r1, node0, ...).
+    assembled.state.cluster.set_members(specs);
     let metrics = bind_metrics(&settings.http.metrics).await?;
     print_banner(&Banner {
         base: format!("http://{local}"),
@@ -119,11 +123,33 @@ pub(crate) async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> 
         spot: format!("{spot_addrs} (three replicas, the leader by etcd's lease)"),
         secret: &secret,
     });
-    println!("members:      {} (rewritten every second)", members.display());
+    println!(
+        "members:      {} (rewritten every second)",
+        members.display()
+    );
     let served = run_until_stopped(listener, metrics, assembled, serving, None).await;
     supervisor.abort();
     drop(cells);
     served
+}
+
+/// The cell's PostgreSQL nodes and spot-core replicas as the cells view takes them.
+pub(crate) async fn member_specs(cell: &mut ha::cell::HaCell) -> Vec<cells::MemberSpec> {
+    cell.members()
+        .await
+        .into_iter()
+        .filter(|m| m.kind != "etcd")
+        .map(|m| cells::MemberSpec {
+            kind: if m.kind == "postgres" {
+                cells::MemberKind::Postgres
+            } else {
+                cells::MemberKind::SpotCore
+            },
+            name: m.name,
+            address: m.address,
+            control: m.control,
+        })
+        .collect()
 }
 
 /// Waits until a replica leads and answers (a fresh cell elects within a lease's time).
