@@ -34,6 +34,7 @@ mod abab;
 mod cells;
 mod cellstack;
 mod clients;
+mod failover;
 mod growth;
 mod pgstat;
 mod procstat;
@@ -79,6 +80,12 @@ enum Command {
     /// The tamper-evident log: both routes with the log on and off, in alternating runs (the
     /// medians and their ratio), and `ledger verify`'s entries/s over ~1M entries.
     Tlog(tlog::Args),
+    /// HA (issue 47): a cell's PostgreSQL machine and then its spot-core leader killed under
+    /// load, N times each; the time until the cell commits again (median, maximum).
+    Failover(failover::Args),
+    /// HA's price: the single and bulk routes on a plain stack, with three spot-core replicas,
+    /// and with a synchronous PostgreSQL pair, driven in turn; the medians and ratios.
+    HaPrice(failover::PriceArgs),
     /// All three with their defaults, then a summary against the targets.
     All,
 }
@@ -104,6 +111,8 @@ async fn main() -> anyhow::Result<()> {
         Command::Cells(args) => cells::faults(args).await?,
         Command::Traces(args) => traces::run(args).await?,
         Command::Tlog(args) => tlog::run(args).await?,
+        Command::Failover(args) => failover::run(args).await?,
+        Command::HaPrice(args) => failover::price(args).await?,
         Command::All => {
             let mut summary = transfers::run(transfers::Args::for_all()?).await?;
             println!();
