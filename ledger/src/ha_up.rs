@@ -152,6 +152,63 @@ pub(crate) async fn member_specs(cell: &mut ha::cell::HaCell) -> Vec<cells::Memb
         .collect()
 }
 
+/// `ledger up --cells N --ha`: every cell its own etcd, Patroni pair and three spot-core
+/// replicas (under `<data-dir>/ha/cell<i>`), the map naming each cell's nodes (with their
+/// Patroni URLs), replicas and members, then served as `up --cells` serves a map. The replicas
+/// run without a token (loopback only), as the cells' spot-core children do without one.
+pub(crate) async fn up_cells(args: UpArgs, settings: &Settings, count: u16) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (1..=crate::cellular::UP_CELLS_MAX).contains(&count),
+        "--cells must be from 1 to {}, not {count}",
+        crate::cellular::UP_CELLS_MAX
+    );
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("create data dir {}", args.data_dir.display()))?;
+    let n = usize::from(count);
+    let mut cells = Vec::with_capacity(n);
+    let mut specs = Vec::with_capacity(n);
+    for i in 1..=count {
+        println!(
+            "starting cell {i} under HA: etcd x3, PostgreSQL x2 under Patroni, spot-core x3 ..."
+        );
+        let mut options = cell_options(&args, i, "")?;
+        options.spot_env.clear();
+        let mut cell = ha::cell::HaCell::start(&cell_dir(&args, i)?, &options)
+            .await
+            .with_context(|| format!("starting cell {i}'s processes"))?;
+        let members = member_specs(&mut cell).await;
+        let spot = SpotAdapter::with_liveness(
+            cell.spot_addrs(),
+            args.spot_timeout.0,
+            None,
+            settings.spot_liveness,
+        );
+        wait_spot(&spot, &cell.spot_addrs()).await?;
+        let k = usize::from(i) - 1;
+        let (from, to) = (k * 256 / n, (k + 1) * 256 / n - 1);
+        specs.push(serde_json::json!({
+            "id": i,
+            "database_url": cell.database_url(&format!("{HA_DATABASE}_cell{i}")),
+            "spot": cell.spot_addrs(),
+            "partitions": [format!("{from}-{to}")],
+            "members": members,
+        }));
+        cells.push(cell);
+    }
+    let text = serde_json::json!({ "partitions": 256, "cells": specs }).to_string();
+    let map = cells::CellMap::parse(&text, cells::MapFormat::Json).context("the HA cells' map")?;
+    let cells = Arc::new(tokio::sync::Mutex::new(cells));
+    let supervisor = tokio::spawn(ha::cell::supervise(
+        cells.clone(),
+        args.data_dir.join("members.json"),
+        Duration::from_secs(1),
+    ));
+    let served = crate::cellular::up(args, settings, map).await;
+    supervisor.abort();
+    drop(cells);
+    served
+}
+
 /// Waits until a replica leads and answers (a fresh cell elects within a lease's time).
 pub(crate) async fn wait_spot(spot: &SpotAdapter, addrs: &str) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);

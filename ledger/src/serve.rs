@@ -39,7 +39,8 @@ pub struct UpArgs {
     /// Run the cell under HA (docs/adr/0020-high-availability.md): an etcd cluster of three,
     /// PostgreSQL under Patroni (a synchronous pair, failover automatic) and three spot-core
     /// replicas, as child processes under `<data-dir>/ha`; `<data-dir>/members.json` names them.
-    #[arg(long, conflicts_with_all = ["spot_url", "cells"])]
+    /// With `--cells N`, every cell gets all of this.
+    #[arg(long, conflicts_with = "spot_url")]
     pub ha: bool,
     /// Asset configuration (JSON array); the shipped default when absent.
     #[arg(long)]

@@ -114,6 +114,17 @@ impl Conn {
                     conn.protocol = answer.protocol_version();
                     conn.epoch = info.epoch;
                 }
+                // A replica that does not lead (or has not heard of the newest epoch) is not a
+                // misconfiguration: the cell is electing, or the leader is elsewhere.
+                Ok((
+                    Response::Error {
+                        code:
+                            crate::protocol::ErrorCode::NotLeader
+                            | crate::protocol::ErrorCode::StaleEpoch,
+                        message,
+                    },
+                    _,
+                )) => return Err(ClientError::Connect(format!("no leader here: {message}"))),
                 Ok((other, _)) => {
                     return Err(ClientError::Connect(format!("{HELLO_REFUSED}: {other:?}")))
                 }
