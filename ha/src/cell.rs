@@ -206,7 +206,9 @@ pub async fn supervise(
                         tracing::warn!(cell = cell.cell, ?started, "started again what had exited")
                     }
                     Ok(_) => {}
-                    Err(e) => tracing::error!(cell = cell.cell, error = %format!("{e:#}"), "restart failed"),
+                    Err(e) => {
+                        tracing::error!(cell = cell.cell, error = %format!("{e:#}"), "restart failed")
+                    }
                 }
                 all.extend(cell.members().await);
             }

@@ -46,7 +46,12 @@ fn ports(dir: &Path, size: usize) -> anyhow::Result<Vec<(String, u16, u16)>> {
     if let Ok(text) = std::fs::read_to_string(&file) {
         let specs: Vec<(String, u16, u16)> =
             serde_json::from_str(&text).with_context(|| format!("reading {}", file.display()))?;
-        anyhow::ensure!(specs.len() == size, "{} names {} members", file.display(), specs.len());
+        anyhow::ensure!(
+            specs.len() == size,
+            "{} names {} members",
+            file.display(),
+            specs.len()
+        );
         return Ok(specs);
     }
     let mut specs = Vec::new();
