@@ -14,6 +14,7 @@ mod cells;
 mod check;
 mod cluster;
 mod failover;
+pub mod ha;
 pub mod log;
 pub mod netfaults;
 
@@ -93,6 +94,12 @@ pub struct Config {
     /// synchronous pair instead, failed over (and, when a restart comes round to it, its
     /// primary restarted) while the other cells commit.
     pub cells: usize,
+    /// Under HA (`--ha`, `chaos/ha.rs`): each cell an `ha::cell::HaCell` (etcd x3, a Patroni
+    /// pair, three spot-core replicas), and this many of each new fault kind (a PostgreSQL
+    /// machine lost, the spot-core leader's disk wiped, the spot-core leader cut off), spread
+    /// over the transfers and round the cells; spot-core kills hit a random replica and
+    /// `pg_restarts` become SIGKILLs of the Patroni leader's postmaster. `None`: no HA.
+    pub ha: Option<usize>,
 }
 
 impl Config {
@@ -119,6 +126,7 @@ impl Config {
             net_kinds: Vec::new(),
             bulk: 1,
             cells: 1,
+            ha: None,
         }
     }
 }
@@ -191,6 +199,11 @@ pub struct Report {
     /// With several cells: each cell's own end check, by cell id (the figures above are their
     /// sums); empty for one cell.
     pub cells: Vec<(u16, Report)>,
+    /// Under HA: every fault of one machine injected, in order, with its times.
+    pub ha_faults: Vec<ha::Injected>,
+    /// Under HA: what the supervisor's pass started again (a leader that stepped down, a
+    /// machine brought back), by cell and name; expected, so not a finding.
+    pub supervisor_started: Vec<String>,
 }
 
 impl Report {
@@ -240,6 +253,19 @@ impl fmt::Display for Report {
             .map_or_else(String::new, |(c, _)| format!(" (cell {c})"));
         for (i, t) in self.failovers.iter().enumerate() {
             writeln!(f, "  failover {}{of_cell}: {t}", i + 1)?;
+        }
+        if !self.ha_faults.is_empty() || !self.supervisor_started.is_empty() {
+            writeln!(f, "HA faults:            {}", self.ha_faults.len())?;
+            write!(f, "{}", ha::Summary(&self.ha_faults))?;
+            for i in &self.ha_faults {
+                writeln!(f, "    {i}")?;
+            }
+            writeln!(
+                f,
+                "supervisor restarts:  {} ({})",
+                self.supervisor_started.len(),
+                self.supervisor_started.join(", ")
+            )?;
         }
         writeln!(f, "answers lost:         {}", self.answered_lost)?;
         writeln!(f, "network faults:       {}", self.net_faults.len())?;
@@ -354,12 +380,12 @@ impl Planned {
 const ANSWER_WITHIN: Duration = Duration::from_secs(120);
 
 /// Sends one transfer with its cid to a random live ledger until one answers with its req_id:
-/// (req_id, state), or `None` past [`ANSWER_WITHIN`].
+/// (req_id, state, when the answered attempt was sent), or `None` past [`ANSWER_WITHIN`].
 async fn send_one(
     http: &reqwest::Client,
     cluster: &Cluster,
     planned: &Planned,
-) -> Option<(String, String)> {
+) -> Option<(String, String, Instant)> {
     let token = edge::mint(
         SECRET.as_bytes(),
         domain::UserId::new(planned.user).expect("user id"),
@@ -372,6 +398,7 @@ async fn send_one(
         let Some(base) = any_base(cluster).await else {
             continue;
         };
+        let attempt = Instant::now();
         let resp = http
             .post(format!("{base}/api/v1/internal_transfer"))
             .bearer_auth(&token)
@@ -382,7 +409,7 @@ async fn send_one(
             if let Ok(v) = resp.json::<serde_json::Value>().await {
                 if let Some(id) = v["req_id"].as_str() {
                     let state = v["state"].as_str().unwrap_or("").to_owned();
-                    return Some((id.to_owned(), state));
+                    return Some((id.to_owned(), state, attempt));
                 }
             }
         }
@@ -398,14 +425,15 @@ async fn send_batch(
     http: &reqwest::Client,
     cluster: &Cluster,
     planned: &[Planned],
-) -> Vec<Option<(String, String)>> {
+) -> Vec<Option<(String, String, Instant)>> {
     let token = edge::mint(
         SECRET.as_bytes(),
         domain::UserId::new(1).expect("user id"),
         true,
         Duration::from_secs(3600),
     );
-    let mut answers: Vec<Option<(String, String)>> = planned.iter().map(|_| None).collect();
+    let mut answers: Vec<Option<(String, String, Instant)>> =
+        planned.iter().map(|_| None).collect();
     let deadline = Instant::now() + ANSWER_WITHIN;
     while Instant::now() <= deadline {
         let pending: Vec<usize> = (0..planned.len())
@@ -425,6 +453,7 @@ async fn send_batch(
                 item
             })
             .collect();
+        let attempt = Instant::now();
         let resp = http
             .post(format!("{base}/api/v1/internal_transfers"))
             .bearer_auth(&token)
@@ -437,7 +466,7 @@ async fn send_batch(
                 for (&k, r) in pending.iter().zip(&results) {
                     if let Some(id) = r["req_id"].as_str() {
                         let state = r["state"].as_str().unwrap_or("").to_owned();
-                        answers[k] = Some((id.to_owned(), state));
+                        answers[k] = Some((id.to_owned(), state, attempt));
                     }
                 }
             }
@@ -485,6 +514,45 @@ pub async fn run(cfg: Config) -> anyhow::Result<Report> {
 
 async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     let n_cells = cfg.cells.max(1);
+    if cfg.ha.is_some() && (cfg.pg_failovers > 0 || cfg.net_faults > 0) {
+        bail!(
+            "--ha runs its own failovers and network cuts: not with --pg-failovers or --net-faults"
+        );
+    }
+    // Under HA every cell's processes first: its database is on its Patroni pair.
+    let ha_cells = match cfg.ha {
+        Some(_) => {
+            let spot = ha::SpotSettings {
+                bin: cfg.bin_dir.join("spot-core"),
+                snapshots: cfg.snapshots,
+            };
+            Some(Arc::new(ha::Cells::start(n_cells, &spot).await?))
+        }
+        None => None,
+    };
+    let report = run_cells(cfg, dir, ha_cells.clone()).await;
+    if let Some(cells) = &ha_cells {
+        match &report {
+            Ok(r) if r.clean() => {}
+            _ => {
+                if let Some(kept) = cells.keep() {
+                    eprintln!(
+                        "chaos --ha: the cells' processes and logs kept in {}",
+                        kept.display()
+                    );
+                }
+            }
+        }
+    }
+    report
+}
+
+async fn run_cells(
+    cfg: Config,
+    dir: &Path,
+    ha_cells: Option<Arc<ha::Cells>>,
+) -> anyhow::Result<Report> {
+    let n_cells = cfg.cells.max(1);
     // Failovers: a private pair (with cells, the last cell's database); otherwise restarting
     // PostgreSQL: one such run at a time on this machine, held to the end.
     let pair = if cfg.pg_failovers > 0 {
@@ -501,14 +569,14 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     // ADR 0017 §7): more than the machine's server, shared with other tests, should be asked
     // to hold.
     let mut solos = Vec::new();
-    if n_cells > 1 && (cfg.pg_restarts > 0 || cfg.net_faults > 0) {
+    if n_cells > 1 && (cfg.pg_restarts > 0 || cfg.net_faults > 0) && ha_cells.is_none() {
         for _ in 0..n_cells - usize::from(pair.is_some()) {
             solos.push(Arc::new(
                 tokio::task::spawn_blocking(crate::pg_solo::PgSolo::start).await??,
             ));
         }
     }
-    let pg = if cfg.pg_restarts > 0 && pair.is_none() && n_cells == 1 {
+    let pg = if cfg.pg_restarts > 0 && pair.is_none() && n_cells == 1 && ha_cells.is_none() {
         let pg = PgCluster::serving(&cfg.server_url)?;
         let lock = tokio::task::spawn_blocking(crate::pg_ctl::lock).await??;
         pg.settle(&cfg.server_url).await?;
@@ -517,9 +585,15 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
         None
     };
     let database = format!("chaos_{}", ulid::Ulid::new().to_string().to_lowercase());
-    let db_url = match &pair {
-        Some(pair) => pair.url(&database),
-        None => format!("{}/{database}", cfg.server_url),
+    // Under HA a cell's URL names its Patroni nodes and their REST APIs.
+    let ha_url = |index: usize, name: &str| -> Option<String> {
+        let cells = ha_cells.as_ref()?;
+        Some(cells.places[index].cell.try_lock().ok()?.database_url(name))
+    };
+    let db_url = match (&pair, ha_url(0, &database)) {
+        (_, Some(url)) => url,
+        (Some(pair), None) => pair.url(&database),
+        (None, None) => format!("{}/{database}", cfg.server_url),
     };
     // With cells, a database per cell beside the first's name: `<database>_c1`, `_c2`, ...
     let databases: Vec<String> = match n_cells {
@@ -532,6 +606,7 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
             .iter()
             .enumerate()
             .map(|(i, name)| match (&pair, solos.get(i)) {
+                _ if ha_cells.is_some() => ha_url(i, name).unwrap_or_default(),
                 (Some(pair), _) if pair_cell == Some(i) => pair.url(name),
                 (_, Some(solo)) => solo.url(name),
                 _ => format!("{}/{name}", cfg.server_url),
@@ -551,6 +626,7 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
         pools.push(schema::prepare(url, if n_cells == 1 { 8 } else { 4 }).await?);
     }
     let mut settings = Settings::new(&cfg, db_url.clone(), dir)?;
+    settings.ha = ha_cells.clone();
     if n_cells > 1 {
         settings.cell_dbs = urls.clone();
     }
@@ -606,6 +682,20 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     // Clients: each transfer is sent with its own cid until some process answers, so a request
     // lost in a crash is retried without ever creating a second transfer.
     let next = Arc::new(AtomicUsize::new(0));
+    // Under HA the faults of one machine, when each is due (by transfers handed out) and where;
+    // the clients wait at the next one's due point until it is injected (the gate), so each
+    // fault meets the transfers after it however long the cell took to settle before it.
+    let ha_schedule = cfg.ha.map(|n| {
+        let mut counts = vec![(ha::Kind::Postmaster, cfg.pg_restarts)];
+        counts.extend(ha::Kind::NEW.map(|k| (k, n)));
+        ha::schedule(&counts, cfg.transfers, n_cells)
+    });
+    let gate = Arc::new(AtomicUsize::new(
+        ha_schedule
+            .as_ref()
+            .and_then(|s| s.first())
+            .map_or(usize::MAX, |(due, _, _)| *due),
+    ));
     // Each cell's transfers answered so far (a failover's first answer is its cell's), and
     // answered COMMITTED: what the network faults record of the other cells while one cell's
     // path is cut.
@@ -621,6 +711,7 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     let sent: Arc<Mutex<HashMap<String, Sent>>> = Arc::default();
     let mut clients = tokio::task::JoinSet::new();
     for _ in 0..cfg.clients.max(1) {
+        let (ha_cells, gate) = (ha_cells.clone(), gate.clone());
         let (cluster, next, unanswered, sent, cfg, answers, committed) = (
             cluster.clone(),
             next.clone(),
@@ -641,6 +732,9 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
                 if first >= cfg.transfers {
                     return;
                 }
+                while first >= gate.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
                 let planned: Vec<Planned> = (first..(first + batch).min(cfg.transfers))
                     .map(|i| Planned::draw(i, cfg.users))
                     .collect();
@@ -650,10 +744,13 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
                 };
                 for (p, answer) in planned.iter().zip(answered) {
                     match answer {
-                        Some((id, state)) => {
+                        Some((id, state, attempt)) => {
+                            let index = cells::cell_index(p.user, n_cells);
                             if state == "COMMITTED" {
-                                committed[cells::cell_index(p.user, n_cells)]
-                                    .fetch_add(1, Ordering::SeqCst);
+                                committed[index].fetch_add(1, Ordering::SeqCst);
+                            }
+                            if let Some(ha) = &ha_cells {
+                                ha.places[index].answered(attempt, state == "COMMITTED");
                             }
                             sent.lock().unwrap_or_else(|e| e.into_inner()).insert(
                                 id,
@@ -814,8 +911,28 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
             None => Ok(Vec::new()),
         })
     };
+    // Under HA: the faults of one machine, and the supervisor's pass every second.
+    let supervisor_stop = Arc::new(AtomicBool::new(false));
+    let ha_tasks = ha_cells.clone().zip(ha_schedule).map(|(cells, schedule)| {
+        let progress = ha::Progress {
+            next: next.clone(),
+            clients_done: clients_done.clone(),
+            gate: gate.clone(),
+        };
+        let faults = tokio::spawn(ha::run_faults(cells.clone(), progress, schedule));
+        let stop = supervisor_stop.clone();
+        let supervisor =
+            tokio::task::spawn_blocking(move || ha::supervise_every_second(&cells, &stop));
+        (faults, supervisor)
+    });
     while clients.join_next().await.is_some() {}
     clients_done.store(true, Ordering::SeqCst);
+    let (mut ha_faults, mut supervisor_started) = (Vec::new(), Vec::new());
+    if let Some((faults, supervisor)) = ha_tasks {
+        ha_faults = faults.await??;
+        supervisor_stop.store(true, Ordering::SeqCst);
+        supervisor_started = supervisor.await??;
+    }
     let (ledger_crashes, spot_crashes) = killer.await??;
     let mut pg_restarts = restarter.await??;
     let net_faults = faulter.await??;
@@ -835,6 +952,36 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .extend(died);
+    // Under HA: a last supervisor's pass, then every cell whole (a Patroni leader with its
+    // synchronous standby, a spot-core leader with three replicas acknowledging) before the end
+    // check, which reads spot-core through the leader.
+    let mut problems = Vec::new();
+    if let Some(cells) = &ha_cells {
+        let c = cells.clone();
+        let started = tokio::task::spawn_blocking(move || {
+            let mut started = Vec::new();
+            for place in &c.places {
+                started.extend(
+                    place
+                        .supervise()?
+                        .into_iter()
+                        .map(|s| format!("cell {}: {s}", place.id)),
+                );
+            }
+            anyhow::Ok(started)
+        })
+        .await??;
+        supervisor_started.extend(started);
+        for place in &cells.places {
+            if !place.settled(Duration::from_secs(120)).await {
+                problems.push(format!(
+                    "cell {} under HA did not become whole again (a synchronous standby, three \
+                     spot-core replicas acknowledging) within 120 s of the end",
+                    place.id
+                ));
+            }
+        }
+    }
 
     // Settle: every transfer must reach a terminal state on its own (the recovery workers), in
     // every cell. The database may still be coming back from its last restart: an error is
@@ -865,7 +1012,6 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
         .into_iter()
         .next()
         .ok_or_else(|| anyhow::anyhow!("no ledger is up"))?;
-    let mut problems = Vec::new();
     for full in [false, true] {
         problems.extend(check::ledger_invariant(&base, full).await?);
     }
@@ -899,6 +1045,14 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
         );
         r.problems.extend(core_problems(&cfg, r.core.as_ref()));
         r.archived_segments = std::fs::read_dir(cluster.archive(index))?.count();
+        if let Some(cells) = &ha_cells {
+            // The leader answered the end check: say which replica it was.
+            let leader = cells.places[index].cell.lock().await.spot.leader().await;
+            if leader.is_none() {
+                r.problems
+                    .push("no spot-core replica answers as the leader after the end check".into());
+            }
+        }
         r.stuck = stuck[index];
         r.spot_crashes = spot_crashes[index];
         let cell = u16::try_from(index + 1)?;
@@ -934,6 +1088,9 @@ async fn run_in(cfg: Config, dir: &Path) -> anyhow::Result<Report> {
     }
     report.net_faults = net_faults;
     report.unanswered = unanswered.load(Ordering::SeqCst);
+    report.problems.extend(ha::problems(&ha_faults));
+    report.ha_faults = ha_faults;
+    report.supervisor_started = supervisor_started;
     report.exited = exited.lock().unwrap_or_else(|e| e.into_inner()).clone();
     drop(cluster);
     drop(net);

@@ -18,7 +18,12 @@
 //! `--net-faults` too (each cell's database then reached through a forwarder of its own), the
 //! faults going round the cells, each on one cell's spot-core or database path and naming its
 //! cell; with `--pg-failovers` the last cell's database is the private synchronous pair, failed
-//! over while the other cells commit. spot-core snapshots every 300 records in 64 KiB
+//! over while the other cells commit. `--ha` runs each cell under HA (`tests::chaos::ha`:
+//! etcd x3, a Patroni pair, three spot-core replicas on 127.0.0.<10c+1..10c+3>, on /dev/shm
+//! with PostgreSQL's fsync off; root, for nftables) and adds, `--ha-faults N` times each
+//! (default 1), a PostgreSQL machine lost, the spot-core leader killed with its disk wiped and
+//! the spot-core leader cut off from the other replicas; spot-core kills hit a random replica
+//! and `--pg-restarts` kill the Patroni leader's postmaster. spot-core snapshots every 300 records in 64 KiB
 //! segments unless told otherwise. Exits non-zero unless every figure that must be zero
 //! is and the end check found nothing else wrong.
 
@@ -28,7 +33,7 @@ use tests::netns::{Fault, PathTo};
 
 const USAGE: &str = "usage: chaos [TRANSFERS] [CRASHES] [--pg-restarts N] [--pg-failovers N] \
                      [--net-faults N] [--net-paths spot|postgres] [--bulk N] [--cells N] \
-                     [--no-horizon] \
+                     [--ha [--ha-faults N]] [--no-horizon] \
                      [--no-snapshots | --snapshot-every-records N --segment-bytes B]";
 
 #[tokio::main]
@@ -90,6 +95,13 @@ async fn main() -> anyhow::Result<()> {
                     s.every_records = n;
                 }
             }
+            "--ha" => {
+                config.ha.get_or_insert(1);
+            }
+            "--ha-faults" => {
+                let n = args.next().context(USAGE)?;
+                config.ha = Some(n.parse().with_context(|| format!("--ha-faults {n}"))?);
+            }
             "--no-horizon" => config.horizon = false,
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -125,6 +137,15 @@ async fn main() -> anyhow::Result<()> {
             } else {
                 ""
             }
+        );
+    }
+    if let Some(n) = config.ha {
+        println!(
+            "chaos: under HA (each cell: etcd x3, a Patroni pair, three spot-core replicas; \
+             tmpfs, PostgreSQL fsync off); {n} of each: PostgreSQL machine lost, spot-core \
+             leader wiped, spot-core leader cut off; spot-core kills hit a random replica, \
+             PostgreSQL restarts kill the Patroni leader's postmaster; a supervisor's pass \
+             every second"
         );
     }
     if config.bulk > 1 {

@@ -121,6 +121,8 @@ pub(super) struct Settings {
     pub net: Option<NetPlace>,
     /// The tamper-evident log's signing key, the same for every ledger of the run.
     pub log_key: PathBuf,
+    /// Under HA: every cell's processes (its spot-core is three replicas, started there).
+    pub ha: Option<Arc<super::ha::Cells>>,
 }
 
 impl Settings {
@@ -139,7 +141,7 @@ impl Settings {
             // synchronous standby, and a network fault delays them up to the TCP user timeout
             // (10 s), so runs with either keep 30 s (production: 7 days). A creation delayed past
             // the re-key is a known open bug (docs/adr/0010-network-faults.md, chaos end check).
-            retention_secs: if cfg.pg_failovers > 0 || cfg.net_faults > 0 {
+            retention_secs: if cfg.pg_failovers > 0 || cfg.net_faults > 0 || cfg.ha.is_some() {
                 30
             } else {
                 5
@@ -147,6 +149,7 @@ impl Settings {
             audit_interval_secs: cfg.audit_interval_secs,
             net: None,
             log_key: super::log::make_key(dir)?,
+            ha: None,
         };
         std::fs::create_dir_all(&settings.logs)?;
         Ok(settings)
@@ -312,7 +315,23 @@ impl Cluster {
             "127.0.0.1:0"
         };
         let mut spots = Vec::new();
-        for cell in settings.cells() {
+        if let Some(ha) = &settings.ha {
+            // Under HA each cell's spot-core is its three replicas, already running: the ledgers
+            // and the run's checks are given every replica's address (the client finds the
+            // leader).
+            for (cell, place) in settings.cells().into_iter().zip(&ha.places) {
+                let addrs = place.cell.blocking_lock().spot_addrs();
+                spots.push(Spot {
+                    cell,
+                    addr: addrs.clone(),
+                    listen: addrs.clone(),
+                    for_ledgers: addrs,
+                    life: Mutex::new(()),
+                    proc: Mutex::new(None),
+                });
+            }
+        }
+        for cell in settings.cells().into_iter().skip(spots.len()) {
             let (spot, listen) = settings.spawn_spot(cell, any)?;
             let (addr, for_ledgers) = match &settings.net {
                 Some(place) => {
@@ -394,6 +413,10 @@ impl Cluster {
         index: usize,
         meanwhile: impl FnOnce() -> T,
     ) -> anyhow::Result<T> {
+        if let Some(ha) = &self.settings.ha {
+            // Under HA: a random replica of the cell.
+            return ha.places[index].kill_random_replica(meanwhile);
+        }
         let spot = &self.spots[index];
         let _life = spot.life.lock().unwrap_or_else(|e| e.into_inner());
         drop(spot.proc.lock().unwrap_or_else(|e| e.into_inner()).take());
@@ -413,6 +436,9 @@ impl Cluster {
 
     /// Where the spot-core at `index` moves its compacted segments.
     pub fn archive(&self, index: usize) -> PathBuf {
+        if let Some(ha) = &self.settings.ha {
+            return ha.places[index].archive.clone();
+        }
         self.settings.spot_paths(self.spots[index].cell).1
     }
 

@@ -312,3 +312,27 @@ async fn chaos_cells_3_kills_net_faults_and_pg_restarts_each_fault_noticed_money
     assert_eq!(report.pg_restarts, 3);
     assert!(report.clean(), "{report}");
 }
+
+/// Issue 47, `chaos --ha`: the chaos run on one cell under HA (`tests::chaos::ha`: etcd x3, a
+/// Patroni pair, three spot-core replicas on 127.0.0.11-13, on tmpfs with PostgreSQL's fsync
+/// off), the ledgers and random replicas killed again and again, the Patroni leader's
+/// postmaster killed once, and one of each fault of a machine: the Patroni leader's machine
+/// lost (its agent started again later by the supervisor's pass), the spot-core leader killed
+/// with its data dir wiped (it must rebuild), the spot-core leader cut off from the other
+/// replicas by nftables for a few seconds (root). A supervisor's pass runs every second. Every
+/// fault's cell answers again, every member comes back in step, and every money check of the
+/// end check is exact, spot-core read through its leader.
+#[tokio::test]
+async fn chaos_ha_machine_kills_wiped_disk_and_leader_cut_off_lose_and_create_nothing() {
+    let mut c = config(300, 6);
+    c.ha = Some(1);
+    c.pg_restarts = 1;
+    let report = run(c).await.unwrap_or_else(|e| panic!("chaos run: {e:#}"));
+    println!("{report}");
+    assert_eq!(report.transfers, 300);
+    assert_eq!(report.ha_faults.len(), 4, "{report}");
+    for fault in &report.ha_faults {
+        assert!(fault.back.is_some(), "{fault}\n{report}");
+    }
+    assert!(report.clean(), "{report}");
+}
