@@ -328,6 +328,8 @@ pub struct Injected {
     pub cell: u16,
     /// The member hit (`node0`, `r2`).
     pub member: String,
+    /// Until another member answered as the leader (a machine lost, a wipe, a cut).
+    pub other_leads: Option<Duration>,
     /// Transfers handed to the clients when it was injected.
     pub at_transfer: usize,
     /// Until a transfer of the cell whose request was sent after the fault was answered, in
@@ -368,12 +370,13 @@ impl fmt::Display for Injected {
         };
         write!(
             f,
-            "{} (cell {}, {}, at transfer {}): answered again after {}, committed again after {}, \
-             back in step after {}{}",
+            "{} (cell {}, {}, at transfer {}): another leader after {}, answered again after {}, \
+             committed again after {}, back in step after {}{}",
             self.kind.name(),
             self.cell,
             self.member,
             self.at_transfer,
+            secs(self.other_leads),
             secs(self.answered_again),
             secs(self.served_again),
             secs(self.back),
@@ -560,7 +563,9 @@ async fn inject(
     };
     // Held down until another member leads, a few seconds more, then the supervisor's pass
     // starts it again (a machine coming back).
+    // Returns when another member led (`None`: not seen, or not asked).
     let hold = async {
+        let mut other_leads = None;
         match kind {
             Kind::PgMachine => {
                 let deadline = Instant::now() + Duration::from_secs(60);
@@ -568,6 +573,7 @@ async fn inject(
                     let cell = place.cell.lock().await;
                     let leads = cell.pg.leader().await;
                     if leads.is_some_and(|l| cell.pg.nodes[l].name != member) {
+                        other_leads = Some(at.elapsed());
                         break;
                     }
                     drop(cell);
@@ -578,7 +584,13 @@ async fn inject(
             }
             Kind::SpotWipe => {
                 // The wiped replica is down: whoever answers as the leader is another.
-                let _ = place.wait_spot_leader(Duration::from_secs(60)).await;
+                if place
+                    .wait_spot_leader(Duration::from_secs(60))
+                    .await
+                    .is_ok()
+                {
+                    other_leads = Some(at.elapsed());
+                }
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 place
                     .held()
@@ -587,14 +599,24 @@ async fn inject(
             Kind::SpotPartition => {
                 // Longer than the leader's acknowledgement timeout (3 s) and a new leader's
                 // take-over: it must step down, another lead. Then healed.
-                let secs = rand::rng().random_range(6..=9);
-                tokio::time::sleep(Duration::from_secs(secs)).await;
+                let until = Instant::now() + Duration::from_secs(rand::rng().random_range(6..=9));
+                while Instant::now() < until {
+                    if other_leads.is_none() {
+                        let cell = place.cell.lock().await;
+                        let leads = cell.spot.leader().await;
+                        if leads.is_some_and(|l| cell.spot.replicas[l].name != member) {
+                            other_leads = Some(at.elapsed());
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
                 drop(cut);
             }
             Kind::Postmaster => {}
         }
+        other_leads
     };
-    let ((answered_again, served_again), ()) = tokio::join!(measured, hold);
+    let ((answered_again, served_again), other_leads) = tokio::join!(measured, hold);
     let not_served = served_again.is_none()
         && answered_again.is_none_or(|d| d >= SERVED_WITHIN)
         && !progress.clients_done.load(Ordering::SeqCst);
@@ -607,6 +629,7 @@ async fn inject(
         cell: place.id,
         member,
         at_transfer,
+        other_leads,
         answered_again,
         served_again,
         back,
