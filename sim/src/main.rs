@@ -4,12 +4,15 @@
 //! ledger-sim --seeds N [--from S] [--transfers T] [--plant BUG] [--tight] [--bulk]
 //! ledger-sim --seed S [--trace] [--transfers T] [--plant BUG] [--tight] [--bulk]
 //! ledger-sim --seeds N --cells C [--from S] [--transfers T] [--plant BUG] [--tight] [--bulk]
-//! ledger-sim --replication --seeds N [--from S] [--plant BUG] [--any-disk-loss] [--fixed|--fenced-rebuild|--fenced-wipe]
-//! ledger-sim --replication --seed S [--trace] [--plant BUG] [--any-disk-loss] [--fixed|--fenced-rebuild|--fenced-wipe]
+//! ledger-sim --replication --seeds N [--from S] [--plant BUG] [--wiped-until-caught-up]
+//! ledger-sim --replication --seed S [--trace] [--plant BUG] [--wiped-until-caught-up]
 //! ```
 //!
 //! `--replication`: spot-core's replication (ADR 0020 §3) instead of the transfer protocol
-//! (`sim::replication`); its planted bugs are `spot_core::replica::rules::plant::Bug`'s.
+//! (`sim::replication`), any one disk lost at any time among its faults (`--any-disk-loss` is
+//! accepted and changes nothing); its planted bugs are `spot_core::replica::rules::plant::Bug`'s;
+//! `--wiped-until-caught-up` models the fix proposed for what it still finds (ADR 0014,
+//! "Replication").
 //!
 //! `--cells C`: each seed is C cell worlds, the faults and a planted bug in cell 1 only
 //! (`sim::run_cells`); a violation in any other cell fails the run.
@@ -244,7 +247,7 @@ fn run_many_cells(from: u64, n: u64, cells: u16, config: &Config) -> ExitCode {
 
 fn replication_usage() -> ExitCode {
     eprintln!(
-        "usage: ledger-sim --replication --seeds N [--from S] [--plant BUG] [--any-disk-loss] [--fixed|--fenced-rebuild|--fenced-wipe]\n       ledger-sim --replication --seed S [--trace] [--plant BUG] [--any-disk-loss] [--fixed|--fenced-rebuild|--fenced-wipe]\nbugs: {}",
+        "usage: ledger-sim --replication --seeds N [--from S] [--plant BUG] [--wiped-until-caught-up]\n       ledger-sim --replication --seed S [--trace] [--plant BUG] [--wiped-until-caught-up]\nbugs: {}",
         sim::replication::Bug::ALL.map(sim::replication::Bug::name).join(", ")
     );
     ExitCode::from(2)
@@ -261,10 +264,9 @@ fn replication(args: &[String]) -> ExitCode {
         match args[i].as_str() {
             "--replication" => {}
             "--trace" => config.trace = true,
-            "--any-disk-loss" => config.any_disk_loss = true,
-            "--fenced-rebuild" => config.fenced_rebuild = true,
-            "--fenced-wipe" => config.fenced_wipe = true,
-            "--fixed" => (config.fenced_rebuild, config.fenced_wipe) = (true, true),
+            // Any one disk lost at any time is in every run's faults now.
+            "--any-disk-loss" => {}
+            "--wiped-until-caught-up" => config.wiped_until_caught_up = true,
             flag => {
                 let value = args.get(i + 1).cloned().unwrap_or_default();
                 let number = value.parse::<u64>().ok();
@@ -287,14 +289,8 @@ fn replication(args: &[String]) -> ExitCode {
         .plant
         .map(|b| format!(" --plant {}", b.name()))
         .unwrap_or_default();
-    if config.any_disk_loss {
-        flags.push_str(" --any-disk-loss");
-    }
-    if config.fenced_rebuild {
-        flags.push_str(" --fenced-rebuild");
-    }
-    if config.fenced_wipe {
-        flags.push_str(" --fenced-wipe");
+    if config.wiped_until_caught_up {
+        flags.push_str(" --wiped-until-caught-up");
     }
     if let Some(seed) = one {
         let report = run_replication(seed, &config);
@@ -305,11 +301,12 @@ fn replication(args: &[String]) -> ExitCode {
             say!("seed {seed}: VIOLATION {v}");
         }
         say!(
-            "seed {seed}: {} steps, {} writes acknowledged, {} leaderships, faults {:?}",
+            "seed {seed}: {} steps, {} writes acknowledged, {} leaderships, faults {:?}, events {:?}",
             report.steps,
             report.acknowledged,
             report.leaderships,
-            report.faults
+            report.faults,
+            report.events
         );
         return if report.violations.is_empty() {
             ExitCode::SUCCESS
@@ -322,6 +319,7 @@ fn replication(args: &[String]) -> ExitCode {
     };
     let started = Instant::now();
     let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut events: BTreeMap<&'static str, u64> = BTreeMap::new();
     let (mut failing, mut acknowledged, mut leaderships) = (0u64, 0u64, 0u64);
     for seed in from..from.saturating_add(n) {
         let report = run_replication(seed, &config);
@@ -329,6 +327,9 @@ fn replication(args: &[String]) -> ExitCode {
         leaderships += report.leaderships;
         for (k, v) in &report.faults {
             *faults.entry(k).or_insert(0) += v;
+        }
+        for (k, v) in &report.events {
+            *events.entry(k).or_insert(0) += v;
         }
         let Some(first) = report.violations.first() else {
             continue;
@@ -358,6 +359,9 @@ fn replication(args: &[String]) -> ExitCode {
     say!("{rate:.1} seeds/s ({n} seeds in {secs:.1} s): {acknowledged} writes acknowledged, {leaderships} leaderships");
     for (kind, count) in &faults {
         say!("fault {kind}: {count}");
+    }
+    for (kind, count) in &events {
+        say!("event {kind}: {count}");
     }
     say!("{n} seeds, {failing} violations");
     if failing == 0 {

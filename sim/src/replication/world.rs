@@ -2,8 +2,9 @@
 //!
 //! Time is in simulated milliseconds, scaled down tenfold from the product's defaults (lease
 //! TTL 300 ms, renewed every 100 ms, acknowledgement timeout 300 ms, a campaign check every
-//! 25 ms), so a short run sees many leaderships. Each step handles the earliest event; ties go
-//! by the order they were scheduled in.
+//! 25 ms, a promise waited for at most 100 ms and the others 10 ms after the first), so a short
+//! run sees many leaderships. Each step handles the earliest event; ties go by the order they
+//! were scheduled in.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
@@ -19,7 +20,19 @@ const TTL: u64 = 300;
 const RENEW: u64 = TTL / 3;
 const ACK_TIMEOUT: u64 = 300;
 const CAMPAIGN_EVERY: u64 = 25;
+/// A leader's session retries a follower this long after it ended (`follow_peer`, 200 ms).
 const RECONNECT: u64 = 20;
+/// Each peer's promise is waited for at most this long (`take_over`: the acknowledgement
+/// timeout, at most 1 s).
+const PROMISE_WAIT: u64 = if ACK_TIMEOUT < 100 { ACK_TIMEOUT } else { 100 };
+/// After the first promise, the others are waited for this long (100 ms).
+const AFTER_FIRST_PROMISE: u64 = 10;
+/// A take-over that failed otherwise (`TakeOver::Failed`) rests 1 s.
+const FAILED_REST: u64 = 100;
+/// A replica that lost its data checks again this long after it found no leader (1 s).
+const WIPED_REST: u64 = 100;
+/// A blank replica that cannot reach etcd asks again this long after (500 ms).
+const ETCD_RETRY: u64 = 50;
 /// Client writes come for this long; then the faults stop and the cell settles.
 const BUSY: u64 = 4_000;
 const SETTLE: u64 = 3_000;
@@ -41,8 +54,14 @@ struct Disk {
     /// Records up to here are fsynced; a crash loses the rest (only a leader writes before its
     /// fsync).
     synced: usize,
+    /// Records up to here are in a snapshot only, their segments compacted away: they can no
+    /// longer be read as frames (a catch-up or a fetch from them fails).
+    compacted: u64,
     promised: u64,
     history: Vec<EpochStart>,
+    /// `WIPED`: it lost its data in a cell that had a leader, and has not yet adopted a
+    /// leader's epoch line (it neither promises nor campaigns).
+    wiped: bool,
 }
 
 impl Disk {
@@ -73,14 +92,19 @@ impl Disk {
         Ok(())
     }
 
-    /// `Epochs::adopt`.
-    fn adopt(&mut self, epoch: u64, start: u64) -> Result<(), String> {
+    /// `Epochs::adopt`: true when the line was added (spot-core then ends `WIPED`).
+    fn adopt(&mut self, epoch: u64, start: u64) -> Result<bool, String> {
         if self.history.last().is_some_and(|e| e.epoch >= epoch) {
-            return Ok(());
+            return Ok(false);
         }
         self.promise(epoch)?;
         self.history.push(EpochStart { epoch, start });
-        Ok(())
+        Ok(true)
+    }
+
+    /// `Epochs::blank`: no promise, no history.
+    fn blank(&self) -> bool {
+        self.promised == 0 && self.history.is_empty()
     }
 
     /// `Epochs::load` after a restart: lines past the log are dropped.
@@ -122,6 +146,7 @@ enum Msg {
         epoch: u64,
         history: Vec<EpochStart>,
         log: Vec<Rec>,
+        compacted: u64,
     },
     Append {
         epoch: u64,
@@ -186,7 +211,14 @@ enum Ev {
         node: usize,
         inc: u64,
     },
-    TakeOverDeadline {
+    /// A peer's promise not answered within `PROMISE_WAIT`.
+    PromiseTimeout {
+        node: usize,
+        inc: u64,
+        conn: usize,
+    },
+    /// `AFTER_FIRST_PROMISE` after the first promise: the take-over decides with what came.
+    PromiseWindow {
         node: usize,
         inc: u64,
         epoch: u64,
@@ -223,17 +255,18 @@ impl Ord for Scheduled {
     }
 }
 
-/// A replica taking over (`leader::take_over`): it asks its peers one after the other, within
-/// one deadline.
+/// A replica taking over (`leader::take_over`): it asks both peers at once, each for at most
+/// `PROMISE_WAIT`, and decides when both answered or `AFTER_FIRST_PROMISE` after the first
+/// promise.
 #[derive(Debug)]
 struct TakeOver {
     epoch: u64,
     mine: Position,
-    peers: [usize; 2],
-    next: usize,
-    asking: Option<usize>,
-    promised: Vec<(usize, Position)>,
-    deadline: u64,
+    /// The connections whose promise is still awaited.
+    asking: Vec<usize>,
+    /// The promises in the order they came: the peer, its connection, its log's position.
+    promised: Vec<(usize, usize, Position)>,
+    /// The fetch from the most advanced log, on its promise's connection, once decided.
     fetching: Option<usize>,
 }
 
@@ -280,13 +313,17 @@ struct Node {
     inc: u64,
     /// A join's history line waiting until the log reaches its start (`wal/follow.rs`).
     pending: Option<(u64, u64)>,
+    /// With `Config::wiped_until_caught_up`: the epoch a `WIPED` replica joined and the
+    /// leader's last seq then; `WIPED` ends once both are reached.
+    wiped_until: Option<(u64, u64)>,
     /// The lease keeper's epoch, while it runs.
     keeper: Option<u64>,
     renewed: u64,
     /// etcd unreachable from this replica until then (its renewals fail).
     cut_off_until: u64,
-    /// Lost its disk and has not been rebuilt since (for the trace).
-    wiped: bool,
+    /// Lost its disk and has not restarted since (it is `WIPED` from its restart on, when the
+    /// cell had a leader).
+    lost: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -305,6 +342,8 @@ struct Rates {
     wipe: u32,
     expire: u32,
     slow_sync: u32,
+    /// A snapshot and compaction after an fsync.
+    compact: u32,
 }
 
 pub(super) struct World {
@@ -315,13 +354,16 @@ pub(super) struct World {
     nodes: Vec<Node>,
     conns: Vec<Conn>,
     lease: Option<Lease>,
+    /// etcd's revision: every write (a leader key created or deleted, `initialized` put, the
+    /// other writes of the cell's etcd) raises it.
     revision: u64,
+    /// etcd's `initialized` key: written by every leader right after it wins the key.
+    initialized: bool,
+    /// `Config::wiped_until_caught_up`.
+    wiped_until_caught_up: bool,
     next_id: u64,
     rates: Rates,
     faults_on: bool,
-    any_disk_loss: bool,
-    fenced_rebuild: bool,
-    fenced_wipe: bool,
     /// Every acknowledged record: seq → (id, the epoch that acknowledged it).
     acked: BTreeMap<u64, (u64, u64)>,
     logs_changed: bool,
@@ -348,6 +390,7 @@ impl World {
             wipe: pick_rate(&mut rng, 60),
             expire: pick_rate(&mut rng, 120),
             slow_sync: pick_rate(&mut rng, 200),
+            compact: pick_rate(&mut rng, 100),
         };
         let nodes = (0..N)
             .map(|_| Node {
@@ -355,10 +398,11 @@ impl World {
                 role: Role::Follower,
                 inc: 0,
                 pending: None,
+                wiped_until: None,
                 keeper: None,
                 renewed: 0,
                 cut_off_until: 0,
-                wiped: false,
+                lost: false,
             })
             .collect();
         let mut world = World {
@@ -370,19 +414,21 @@ impl World {
             conns: Vec::new(),
             lease: None,
             revision: 1,
+            initialized: false,
+            wiped_until_caught_up: config.wiped_until_caught_up,
             next_id: 1,
             rates,
             faults_on: true,
-            any_disk_loss: config.any_disk_loss,
-            fenced_rebuild: config.fenced_rebuild,
-            fenced_wipe: config.fenced_wipe,
             acked: BTreeMap::new(),
             logs_changed: false,
             report: Report::default(),
             tracing: config.trace,
         };
+        // Each replica starts blank: it promises etcd's revision, then listens a lease's time
+        // before it campaigns (`replica::run`).
         for node in 0..N {
-            let at = world.rng.below(CAMPAIGN_EVERY);
+            world.fence_blank(node);
+            let at = TTL + world.rng.below(CAMPAIGN_EVERY);
             world.at(at, Ev::Campaign { node, inc: 0 });
         }
         world.at(1, Ev::ClientWrite);
@@ -401,6 +447,7 @@ impl World {
                 self.trace("the faults stop; the cell settles".to_owned());
             }
             self.now = s.at;
+            self.expire_lease();
             self.report.steps += 1;
             self.handle(s.ev);
             if self.logs_changed {
@@ -435,6 +482,10 @@ impl World {
 
     fn fault(&mut self, kind: &'static str) {
         *self.report.faults.entry(kind).or_insert(0) += 1;
+    }
+
+    fn event(&mut self, kind: &'static str) {
+        *self.report.events.entry(kind).or_insert(0) += 1;
     }
 
     fn at(&mut self, after: u64, ev: Ev) {
@@ -474,21 +525,33 @@ impl World {
                 let waiting = matches!(&self.nodes[node].role,
                     Role::Leading(l) if l.batch.as_ref().is_some_and(|b| b.last == last));
                 if self.nodes[node].inc == inc && waiting {
+                    self.give_back_lease(node);
                     self.crash(
                         node,
-                        format!("no follower acknowledged seq {last}: steps down"),
+                        format!(
+                            "no follower acknowledged seq {last}: gives its lease back, steps down"
+                        ),
                     );
                 }
             }
             Ev::BarrierDeadline { node, inc } => {
                 let waiting = matches!(&self.nodes[node].role, Role::Leading(l) if !l.serving);
                 if self.nodes[node].inc == inc && waiting {
-                    self.crash(node, "no follower joined its epoch: aborts".to_owned());
+                    self.give_back_lease(node);
+                    self.crash(
+                        node,
+                        "no follower joined its epoch: gives its lease back, aborts".to_owned(),
+                    );
                 }
             }
-            Ev::TakeOverDeadline { node, inc, epoch } => {
+            Ev::PromiseTimeout { node, inc, conn } => {
                 if self.nodes[node].inc == inc {
-                    self.take_over_deadline(node, epoch);
+                    self.promise_timeout(node, conn);
+                }
+            }
+            Ev::PromiseWindow { node, inc, epoch } => {
+                if self.nodes[node].inc == inc {
+                    self.promise_window(node, epoch);
                 }
             }
             Ev::Reconnect { node, inc, peer } => {
@@ -583,6 +646,13 @@ impl World {
     fn listener(&mut self, conn: usize, me: usize, msg: Msg) {
         if let Msg::Fetch { after, upto } = msg {
             // Served from the segments, whatever the engine thread is doing.
+            if after < self.nodes[me].disk.compacted {
+                self.trace(format!(
+                    "r{me} cannot serve fetch({after}, {upto}): compacted"
+                ));
+                self.break_conn(conn);
+                return;
+            }
             let upto = upto.min(self.nodes[me].disk.last());
             let mut sent = after;
             while sent < upto {
@@ -605,9 +675,10 @@ impl World {
             epoch,
             history,
             log,
+            compacted,
         } = msg
         {
-            self.rebuilt(me, epoch, history, log);
+            self.rebuilt(me, epoch, history, log, compacted);
             return;
         }
         if matches!(self.nodes[me].role, Role::Leading(_)) {
@@ -645,9 +716,16 @@ impl World {
         }
     }
 
-    /// `FollowJob::Promise`.
+    /// `FollowJob::Promise`: refused while `WIPED` (an empty log must not count toward a
+    /// quorum).
     fn promise(&mut self, me: usize, epoch: u64) -> Result<Position, String> {
         let node = &mut self.nodes[me];
+        if node.disk.wiped {
+            self.event("promise-refused-wiped");
+            return Err(format!(
+                "epoch {epoch} not promised: this replica lost its data and has not caught up yet"
+            ));
+        }
         node.disk.promise(epoch)?;
         if node.pending.is_some_and(|(e, _)| e < epoch) {
             node.pending = None;
@@ -676,6 +754,9 @@ impl World {
             return Ok(Msg::Rebuild);
         }
         node.pending = Some((epoch, start));
+        if node.disk.wiped && self.wiped_until_caught_up {
+            node.wiped_until = Some((epoch, leader.last_seq));
+        }
         self.adopt_pending(me)?;
         let d = &self.nodes[me].disk;
         let (last_seq, line) = (d.last(), d.last_epoch());
@@ -690,12 +771,29 @@ impl World {
 
     fn adopt_pending(&mut self, me: usize) -> Result<(), String> {
         let node = &mut self.nodes[me];
+        let mut ended = false;
         if let Some((epoch, start)) = node.pending {
             if node.disk.last() + 1 >= start {
-                node.disk.adopt(epoch, start)?;
+                let added = node.disk.adopt(epoch, start)?;
                 node.pending = None;
                 self.logs_changed = true;
+                // spot-core: `Epochs::adopt` ends `WIPED` with the line.
+                ended = added && node.disk.wiped && !self.wiped_until_caught_up;
             }
+        }
+        // The proposed fix: only once the log holds what the leader had when it joined.
+        if let Some((epoch, upto)) = node.wiped_until {
+            if node.disk.last_epoch() == epoch && node.disk.last() >= upto {
+                node.wiped_until = None;
+                ended = node.disk.wiped;
+            }
+        }
+        if ended {
+            node.disk.wiped = false;
+            let (last, line) = (node.disk.last(), node.disk.last_epoch());
+            self.trace(format!(
+                "r{me} is no longer WIPED: {last} records, its history ends in {line}"
+            ));
         }
         Ok(())
     }
@@ -715,26 +813,40 @@ impl World {
         disk.log.extend_from_slice(recs);
         disk.synced = disk.log.len();
         self.logs_changed = true;
+        self.maybe_compact(me);
         self.adopt_pending(me)
     }
 
-    /// The leader's files, received whole: the process restarts on them.
-    fn rebuilt(&mut self, me: usize, epoch: u64, history: Vec<EpochStart>, log: Vec<Rec>) {
+    /// The leader's files, received whole: the process restarts, and `swap_in_rebuild` takes
+    /// them unless this replica promised an epoch above the sender's meanwhile.
+    fn rebuilt(
+        &mut self,
+        me: usize,
+        epoch: u64,
+        history: Vec<EpochStart>,
+        log: Vec<Rec>,
+        compacted: u64,
+    ) {
         let node = &mut self.nodes[me];
-        if self.fenced_rebuild && node.disk.promised > epoch {
+        if node.disk.promised > epoch {
             let promised = node.disk.promised;
             self.trace(format!(
-                "r{me} discards the rebuild from epoch {epoch}: it promised {promised} since"
+                "r{me} discards the rebuild from epoch {epoch}: it promised {promised} since; restarts"
             ));
+            self.event("rebuild-discarded");
+            self.crash_quiet(me);
+            self.restart(me);
             return;
         }
+        // The data directory is replaced: no `WIPED` in the leader's files.
         node.disk = Disk {
             synced: log.len(),
             log,
+            compacted,
             promised: epoch,
             history,
+            wiped: false,
         };
-        node.wiped = false;
         self.logs_changed = true;
         let last = self.nodes[me].disk.last();
         self.trace(format!(
@@ -782,7 +894,7 @@ impl World {
         let mut session = false;
         match &mut self.nodes[me].role {
             Role::TakingOver(t) => {
-                asking = t.asking == Some(conn);
+                asking = t.asking.contains(&conn);
                 fetching = t.fetching == Some(conn);
             }
             Role::Leading(l) if l.sessions[peer].conn == Some(conn) => {
@@ -794,7 +906,7 @@ impl World {
         if asking {
             self.promised(me, conn, None);
         } else if fetching {
-            self.take_over_failed(me, "fetching the most advanced log failed", 10);
+            self.take_over_failed(me, "fetching the most advanced log failed", FAILED_REST);
         } else if session {
             let inc = self.nodes[me].inc;
             self.at(
@@ -814,15 +926,78 @@ impl World {
         self.lease.filter(|l| self.now < l.expires)
     }
 
+    /// etcd deletes the key of a lease that ran out (a write: the revision grows).
+    fn expire_lease(&mut self) {
+        if self.lease.is_some_and(|l| self.now >= l.expires) {
+            self.end_lease();
+        }
+    }
+
+    fn end_lease(&mut self) {
+        if self.lease.take().is_some() {
+            self.revision += 1;
+        }
+    }
+
+    /// `Etcd::revoke` of `me`'s lease, when etcd is within its reach.
+    fn give_back_lease(&mut self, me: usize) {
+        let Some(epoch) = self.nodes[me].keeper else {
+            return;
+        };
+        if self.now >= self.nodes[me].cut_off_until
+            && self.lease.is_some_and(|l| l.node == me && l.epoch == epoch)
+        {
+            self.trace(format!("r{me} revokes its lease (epoch {epoch})"));
+            self.end_lease();
+        }
+    }
+
+    /// `fence_blank` at start: a replica with no records, no promise and no history asks etcd
+    /// whether the cell has had a leader (then it is `WIPED`) and promises the current epoch
+    /// (the leader key's create revision, or etcd's revision when none leads). False while etcd
+    /// is out of its reach (it waits).
+    fn fence_blank(&mut self, me: usize) -> bool {
+        let disk = &self.nodes[me].disk;
+        if disk.last() != 0 || !disk.blank() {
+            return true;
+        }
+        if self.now < self.nodes[me].cut_off_until {
+            return false;
+        }
+        let epoch = self.lease_holder().map_or(self.revision, |l| l.epoch);
+        let initialized = self.initialized;
+        let disk = &mut self.nodes[me].disk;
+        disk.wiped = initialized;
+        disk.promised = epoch;
+        if initialized {
+            self.event("started-wiped");
+        }
+        self.trace(format!(
+            "r{me} starts blank: promises epoch {epoch}{}",
+            if initialized {
+                "; the cell had a leader: WIPED"
+            } else {
+                ""
+            }
+        ));
+        true
+    }
+
     fn campaign_check(&mut self, me: usize) {
         if !matches!(self.nodes[me].role, Role::Follower) {
             return;
         }
         let inc = self.nodes[me].inc;
-        let jitter = self.rng.below(5);
-        self.at(CAMPAIGN_EVERY + jitter, Ev::Campaign { node: me, inc });
         let cut_off = self.now < self.nodes[me].cut_off_until;
         if cut_off || self.lease_holder().is_some() || self.nodes[me].keeper.is_some() {
+            let jitter = self.rng.below(5);
+            self.at(CAMPAIGN_EVERY + jitter, Ev::Campaign { node: me, inc });
+            return;
+        }
+        if self.nodes[me].disk.wiped {
+            // No leader, and this replica lost its data: it waits to be rebuilt.
+            self.event("campaign-skipped-wiped");
+            self.at(WIPED_REST, Ev::Campaign { node: me, inc });
             return;
         }
         // etcd: the key is free; this replica's transaction creates it.
@@ -833,6 +1008,9 @@ impl World {
             epoch,
             expires: self.now + TTL,
         });
+        // `mark_initialized`, before the take-over: a put, the revision grows.
+        self.initialized = true;
+        self.revision += 1;
         let node = &mut self.nodes[me];
         node.keeper = Some(epoch);
         node.renewed = self.now;
@@ -844,80 +1022,98 @@ impl World {
         let mine = match self.promise(me, epoch) {
             Ok(p) => p,
             Err(e) => {
-                self.take_over_failed(me, &e, 10);
+                self.take_over_failed(me, &e, FAILED_REST);
                 return;
             }
-        };
-        let peers = match me {
-            0 => [1, 2],
-            1 => [0, 2],
-            _ => [0, 1],
         };
         self.nodes[me].role = Role::TakingOver(TakeOver {
             epoch,
             mine,
-            peers,
-            next: 0,
-            asking: None,
+            asking: Vec::new(),
             promised: Vec::new(),
-            deadline: self.now + ACK_TIMEOUT,
             fetching: None,
         });
-        self.at(
-            ACK_TIMEOUT,
-            Ev::TakeOverDeadline {
-                node: me,
-                inc,
-                epoch,
-            },
-        );
-        self.ask_next(me);
-    }
-
-    /// Asks the next peer for its promise, or decides when both were asked.
-    fn ask_next(&mut self, me: usize) {
-        let Role::TakingOver(t) = &mut self.nodes[me].role else {
-            return;
-        };
-        if t.next < 2 && self.now < t.deadline {
-            let (peer, epoch) = (t.peers[t.next], t.epoch);
-            t.next += 1;
+        // Both peers asked at once, each answer waited for at most `PROMISE_WAIT`.
+        for peer in (0..N).filter(|&p| p != me) {
             let conn = self.open(me, peer);
             if let Role::TakingOver(t) = &mut self.nodes[me].role {
-                t.asking = Some(conn);
+                t.asking.push(conn);
             }
             self.send(conn, me, Msg::Promise { epoch });
-            return;
+            self.at(
+                PROMISE_WAIT,
+                Ev::PromiseTimeout {
+                    node: me,
+                    inc,
+                    conn,
+                },
+            );
         }
-        t.next = 2;
-        self.decide(me);
     }
 
+    /// A peer's answer to the promise asked on `conn` (`None`: refused, or the connection
+    /// failed).
     fn promised(&mut self, me: usize, conn: usize, position: Option<Position>) {
         let peer = self.conns[conn].to;
         let Role::TakingOver(t) = &mut self.nodes[me].role else {
             return;
         };
-        if t.asking != Some(conn) {
+        if !t.asking.contains(&conn) {
             return;
         }
-        t.asking = None;
+        t.asking.retain(|&c| c != conn);
+        let epoch = t.epoch;
         match position {
-            Some(p) => t.promised.push((peer, p)),
+            Some(p) => {
+                let first = t.promised.is_empty();
+                t.promised.push((peer, conn, p));
+                if first {
+                    let inc = self.nodes[me].inc;
+                    self.at(
+                        AFTER_FIRST_PROMISE,
+                        Ev::PromiseWindow {
+                            node: me,
+                            inc,
+                            epoch,
+                        },
+                    );
+                }
+            }
             None => self.trace(format!("r{me}: no promise from r{peer}")),
         }
-        self.ask_next(me);
+        self.decide_when_answered(me);
     }
 
-    fn take_over_deadline(&mut self, me: usize, epoch: u64) {
+    fn promise_timeout(&mut self, me: usize, conn: usize) {
         let Role::TakingOver(t) = &mut self.nodes[me].role else {
             return;
         };
-        if t.epoch != epoch || t.fetching.is_some() || t.next == 2 && t.asking.is_none() {
+        if !t.asking.contains(&conn) {
             return;
         }
-        t.asking = None;
-        t.next = 2;
+        t.asking.retain(|&c| c != conn);
+        let peer = self.conns[conn].to;
+        self.trace(format!("r{me}: no promise from r{peer} in time"));
+        // The answer's future is dropped: its connection closes.
+        self.break_conn(conn);
+        self.decide_when_answered(me);
+    }
+
+    /// Both peers answered (or failed to): decide now.
+    fn decide_when_answered(&mut self, me: usize) {
+        if matches!(&self.nodes[me].role, Role::TakingOver(t) if t.asking.is_empty()) {
+            self.decide(me);
+        }
+    }
+
+    /// `AFTER_FIRST_PROMISE` after the first promise: decide with the promises that came.
+    fn promise_window(&mut self, me: usize, epoch: u64) {
+        let Role::TakingOver(t) = &mut self.nodes[me].role else {
+            return;
+        };
+        if t.epoch != epoch || t.fetching.is_some() {
+            return;
+        }
         self.decide(me);
     }
 
@@ -929,29 +1125,38 @@ impl World {
         if t.fetching.is_some() {
             return;
         }
+        // The promises still awaited are dropped with their connections.
+        let dropped = std::mem::take(&mut t.asking);
         // `max_by` keeps the last of equals, as the real take-over's does.
-        let Some((best, position)) = t
+        let best = t
             .promised
             .iter()
-            .max_by(|a, b| (a.1.last_epoch(), a.1.last_seq).cmp(&(b.1.last_epoch(), b.1.last_seq)))
-            .cloned()
-        else {
-            self.take_over_failed(me, "no other replica promised", 100);
+            .max_by(|a, b| (a.2.last_epoch(), a.2.last_seq).cmp(&(b.2.last_epoch(), b.2.last_seq)))
+            .cloned();
+        let mine = t.mine.clone();
+        for conn in dropped {
+            self.break_conn(conn);
+        }
+        let Some((best, conn, position)) = best else {
+            // Cut off, or alone: let a replica that can reach the others win next.
+            self.take_over_failed(me, "no other replica promised", 2 * TTL);
             return;
         };
-        match rules::adopt(&t.mine, &position) {
+        match rules::adopt(&mine, &position) {
             Adopt::Lead => self.lead(me),
             Adopt::Diverged => {
                 self.take_over_failed(me, "this log has a tail the others lack", 3 * TTL);
             }
             Adopt::Fetch { after, upto } => {
+                if !self.valid(conn) {
+                    self.take_over_failed(me, "fetching the most advanced log failed", FAILED_REST);
+                    return;
+                }
                 self.trace(format!("r{me} fetches {}..={upto} from r{best}", after + 1));
-                let conn = self.open(me, best);
                 if let Role::TakingOver(t) = &mut self.nodes[me].role {
                     t.fetching = Some(conn);
                 }
-                // The real take-over fetches on the promise's own connection; a new one
-                // behaves the same here (in order, lost with either end).
+                // On the promise's own connection, as the real take-over does.
                 self.send(conn, me, Msg::Fetch { after, upto });
             }
         }
@@ -973,20 +1178,18 @@ impl World {
         }
     }
 
-    /// `TakeOver` errors: the lease is revoked, the replica rests and follows again.
+    /// `TakeOver` errors: the keeper stops, the lease is revoked (when etcd is within reach),
+    /// the replica rests and follows again (the campaign loop's check comes after the rest).
     fn take_over_failed(&mut self, me: usize, why: &str, rest: u64) {
         self.trace(format!("r{me}: take-over failed: {why}; not leading"));
+        self.give_back_lease(me);
         let node = &mut self.nodes[me];
-        if let Some(epoch) = node.keeper.take() {
-            if self.lease.is_some_and(|l| l.node == me && l.epoch == epoch) {
-                self.lease = None;
-            }
-        }
+        node.keeper = None;
         node.role = Role::Follower;
         node.inc += 1;
         let inc = node.inc;
         self.reattach(me);
-        self.at(rest, Ev::Campaign { node: me, inc });
+        self.at(rest + CAMPAIGN_EVERY, Ev::Campaign { node: me, inc });
     }
 
     /// Keeps the connections a role change must not close (the replica did not restart): a
@@ -1026,7 +1229,7 @@ impl World {
             return;
         }
         if let Err(e) = disk.adopt(epoch, start) {
-            self.take_over_failed(me, &e, 100);
+            self.take_over_failed(me, &e, FAILED_REST);
             return;
         }
         self.logs_changed = true;
@@ -1127,6 +1330,18 @@ impl World {
         if l.sessions[peer].conn != Some(conn) {
             return;
         }
+        if self.nodes[me].disk.compacted > last_seq {
+            // What it lacks was compacted here: it rebuilds from this leader's files.
+            self.trace(format!(
+                "r{me}: r{peer} is behind the compacted log ({last_seq}): rebuilding it"
+            ));
+            self.event("rebuild-behind-compaction");
+            self.send_files(me, conn);
+            return;
+        }
+        let Role::Leading(l) = &mut self.nodes[me].role else {
+            return;
+        };
         l.acks[peer] = Some((last_seq, epoch));
         l.sessions[peer].joined = true;
         l.sessions[peer].sent = last_seq;
@@ -1143,6 +1358,15 @@ impl World {
             _ => return,
         };
         let Some(conn) = conn else { return };
+        if sent < self.nodes[me].disk.compacted {
+            // The catch-up cannot read them: the session ends, and the next one's join finds
+            // the follower behind the compacted log.
+            self.trace(format!(
+                "r{me}: the catch-up of r{peer} from {sent} is compacted"
+            ));
+            self.break_conn(conn);
+            return;
+        }
         let written = self.nodes[me].disk.last();
         let mut sent = sent;
         while sent < written {
@@ -1171,6 +1395,7 @@ impl World {
             _ => return,
         };
         let log = self.nodes[me].disk.log.clone();
+        let compacted = self.nodes[me].disk.compacted;
         self.send(
             conn,
             me,
@@ -1178,6 +1403,7 @@ impl World {
                 epoch,
                 history,
                 log,
+                compacted,
             },
         );
     }
@@ -1256,7 +1482,20 @@ impl World {
         );
     }
 
+    /// A snapshot, and the segments below it compacted (on a leader and on a follower alike,
+    /// of fsynced records only).
+    fn maybe_compact(&mut self, me: usize) {
+        if !self.rng.chance(self.rates.compact) {
+            return;
+        }
+        let keep = self.rng.below(3 * PAGE as u64);
+        let disk = &mut self.nodes[me].disk;
+        let upto = (disk.synced as u64).saturating_sub(keep);
+        disk.compacted = disk.compacted.max(upto);
+    }
+
     fn synced(&mut self, me: usize, upto: usize) {
+        self.maybe_compact(me);
         let node = &mut self.nodes[me];
         node.disk.synced = node.disk.synced.max(upto.min(node.disk.log.len()));
         if let Role::Leading(l) = &mut node.role {
@@ -1367,6 +1606,7 @@ impl World {
         node.role = Role::Down;
         node.keeper = None;
         node.pending = None;
+        node.wiped_until = None;
         node.disk.reload();
         self.logs_changed = true;
         for c in 0..self.conns.len() {
@@ -1389,27 +1629,28 @@ impl World {
     }
 
     fn restart(&mut self, me: usize) {
-        // etcd's revision: at least the epoch of every leader key it ever created.
-        let floor = self.revision;
+        self.nodes[me].disk.reload();
+        // A blank replica answers nothing before etcd told it the epoch to promise.
+        if !self.fence_blank(me) {
+            let inc = self.nodes[me].inc;
+            self.at(ETCD_RETRY, Ev::Restart { node: me, inc });
+            return;
+        }
         let node = &mut self.nodes[me];
         node.inc += 1;
         node.role = Role::Follower;
         node.pending = None;
         node.keeper = None;
-        node.disk.reload();
-        if self.fenced_wipe && node.wiped {
-            // The proposed fix: a replica without its EPOCH file promises etcd's revision (the
-            // leader key's create revision, or the store's when there is no key) before it
-            // answers anything, so no deposed leader gets its frames.
-            node.disk.promised = node.disk.promised.max(floor);
-        }
+        node.lost = false;
         let inc = node.inc;
         let (last, promised) = (node.disk.last(), node.disk.promised);
         let history = show_history(&node.disk.history);
+        let wiped = if node.disk.wiped { ", WIPED" } else { "" };
         self.trace(format!(
-            "r{me} restarts: {last} records, promised {promised}, history {history}"
+            "r{me} restarts: {last} records, promised {promised}, history {history}{wiped}"
         ));
-        let after = self.rng.below(CAMPAIGN_EVERY);
+        // It listens a lease's time before it campaigns (`replica::run`).
+        let after = TTL + self.rng.below(CAMPAIGN_EVERY);
         self.at(after, Ev::Campaign { node: me, inc });
     }
 
@@ -1427,18 +1668,16 @@ impl World {
                 self.crash(me, "FAULT crash".to_owned());
             }
         } else if self.rng.chance(r.wipe) {
-            let one_at_a_time = (0..N).all(|i| i == me || !self.nodes[i].wiped);
-            let allowed = if self.any_disk_loss {
-                one_at_a_time
-            } else {
-                self.others_hold_everything_acked(me)
-            };
-            if allowed {
+            // Any one disk, at any time: never while another replica's loss is not yet made
+            // good (it has not restarted, or is still `WIPED`).
+            let one_at_a_time =
+                (0..N).all(|i| i == me || !(self.nodes[i].lost || self.nodes[i].disk.wiped));
+            if one_at_a_time {
                 self.fault("disk-lost");
                 self.trace(format!("FAULT r{me} loses its disk"));
                 self.crash(me, "FAULT crash (disk lost)".to_owned());
                 self.nodes[me].disk = Disk::default();
-                self.nodes[me].wiped = true;
+                self.nodes[me].lost = true;
                 self.logs_changed = true;
             }
         } else if self.rng.chance(r.expire) {
@@ -1449,26 +1688,10 @@ impl World {
                     "FAULT the lease of r{} (epoch {}) ends; it is cut off from etcd for {cut} ms",
                     l.node, l.epoch
                 ));
-                self.lease = None;
+                self.end_lease();
                 self.nodes[l.node].cut_off_until = self.now + cut;
             }
         }
-    }
-
-    /// A disk may be lost (in the default fault model) only while both other replicas hold
-    /// every acknowledged record and every record this one holds, durably: its loss takes no
-    /// copy an acknowledgement counted, or may still count (an acknowledgement in flight).
-    fn others_hold_everything_acked(&self, me: usize) -> bool {
-        let mine = &self.nodes[me].disk.log;
-        (0..N).filter(|&i| i != me).all(|i| {
-            let d = &self.nodes[i].disk;
-            !self.nodes[i].wiped
-                && d.synced >= mine.len()
-                && d.log[..mine.len()] == mine[..]
-                && self.acked.iter().all(|(&seq, &(id, _))| {
-                    d.log[..d.synced].get(seq as usize - 1).map(|r| r.id) == Some(id)
-                })
-        })
     }
 
     // ---- invariants ----
@@ -1570,7 +1793,12 @@ fn brief(msg: &Msg) -> String {
         Msg::Join { epoch, start, .. } => format!("join({epoch}, {start})"),
         Msg::Joined { last_seq, epoch } => format!("joined({last_seq}, {epoch})"),
         Msg::Rebuild => "rebuild".to_owned(),
-        Msg::Files { epoch, log, .. } => format!("files({epoch}, {})", log.len()),
+        Msg::Files {
+            epoch,
+            log,
+            compacted,
+            ..
+        } => format!("files({epoch}, {}, compacted {compacted})", log.len()),
         Msg::Append { epoch, first, recs } => {
             format!(
                 "append({epoch}, {first}..={})",
