@@ -4,14 +4,14 @@
 //! ledger-sim --seeds N [--from S] [--transfers T] [--plant BUG] [--tight] [--bulk]
 //! ledger-sim --seed S [--trace] [--transfers T] [--plant BUG] [--tight] [--bulk]
 //! ledger-sim --seeds N --cells C [--from S] [--transfers T] [--plant BUG] [--tight] [--bulk]
-//! ledger-sim --replication --seeds N [--from S] [--plant BUG] [--wiped-until-caught-up]
-//! ledger-sim --replication --seed S [--trace] [--plant BUG] [--wiped-until-caught-up]
+//! ledger-sim --replication --seeds N [--from S] [--plant BUG] [--wiped-ends-at-adopt]
+//! ledger-sim --replication --seed S [--trace] [--plant BUG] [--wiped-ends-at-adopt]
 //! ```
 //!
 //! `--replication`: spot-core's replication (ADR 0020 §3) instead of the transfer protocol
 //! (`sim::replication`), any one disk lost at any time among its faults (`--any-disk-loss` is
 //! accepted and changes nothing); its planted bugs are `spot_core::replica::rules::plant::Bug`'s;
-//! `--wiped-until-caught-up` models the fix proposed for what it still finds (ADR 0014,
+//! `--wiped-ends-at-adopt` models spot-core as it was before its last fix (ADR 0014,
 //! "Replication").
 //!
 //! `--cells C`: each seed is C cell worlds, the faults and a planted bug in cell 1 only
@@ -247,7 +247,7 @@ fn run_many_cells(from: u64, n: u64, cells: u16, config: &Config) -> ExitCode {
 
 fn replication_usage() -> ExitCode {
     eprintln!(
-        "usage: ledger-sim --replication --seeds N [--from S] [--plant BUG] [--wiped-until-caught-up]\n       ledger-sim --replication --seed S [--trace] [--plant BUG] [--wiped-until-caught-up]\nbugs: {}",
+        "usage: ledger-sim --replication --seeds N [--from S] [--plant BUG] [--wiped-ends-at-adopt]\n       ledger-sim --replication --seed S [--trace] [--plant BUG] [--wiped-ends-at-adopt]\nbugs: {}",
         sim::replication::Bug::ALL.map(sim::replication::Bug::name).join(", ")
     );
     ExitCode::from(2)
@@ -266,7 +266,7 @@ fn replication(args: &[String]) -> ExitCode {
             "--trace" => config.trace = true,
             // Any one disk lost at any time is in every run's faults now.
             "--any-disk-loss" => {}
-            "--wiped-until-caught-up" => config.wiped_until_caught_up = true,
+            "--wiped-ends-at-adopt" => config.wiped_ends_at_adopt = true,
             flag => {
                 let value = args.get(i + 1).cloned().unwrap_or_default();
                 let number = value.parse::<u64>().ok();
@@ -289,8 +289,8 @@ fn replication(args: &[String]) -> ExitCode {
         .plant
         .map(|b| format!(" --plant {}", b.name()))
         .unwrap_or_default();
-    if config.wiped_until_caught_up {
-        flags.push_str(" --wiped-until-caught-up");
+    if config.wiped_ends_at_adopt {
+        flags.push_str(" --wiped-ends-at-adopt");
     }
     if let Some(seed) = one {
         let report = run_replication(seed, &config);

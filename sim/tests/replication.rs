@@ -94,24 +94,27 @@ fn a_lost_disk_no_longer_forgets_its_promise() {
     assert!(report.violations.is_empty(), "{:?}", report.violations);
 }
 
-/// Still in spot-core: a `WIPED` replica that joins a leader whose epoch began at or below its
-/// last seq + 1 adopts the epoch's line at once, and `Epochs::adopt` ends `WIPED` while its log
-/// lacks the epoch's acknowledged records; its next promise then elects a log without them
-/// (seed 14592: one disk lost, write 31 acknowledged in epoch 4 missing from epoch 8's leader).
-/// With the proposed fix (`WIPED` ends once the log holds the joining leader's last seq) it
-/// passes. When spot-core is fixed, model the fix by default and make this a regression test.
+/// Fixed in spot-core (`wal/follow.rs`, `end_wiped`): a `WIPED` replica that joined a leader
+/// whose epoch began at or below its last seq + 1 adopted the epoch's line at once and ended
+/// `WIPED` while its log lacked the epoch's acknowledged records; its next promise then elected
+/// a log without them (seed 14592: one disk lost, write 31 acknowledged in epoch 4 missing from
+/// epoch 8's leader). The old behaviour (`wiped_ends_at_adopt`) still fails there; today's
+/// passes, there and over the first seeds.
 #[test]
-fn a_wiped_replica_ends_wiped_before_it_holds_what_was_acknowledged() {
-    let as_it_is = run(14592, &Config::default());
-    assert!(
-        !as_it_is.violations.is_empty(),
-        "seed 14592 no longer fails"
+fn a_wiped_replica_ends_wiped_only_once_it_holds_what_was_acknowledged() {
+    let as_it_was = run(
+        14592,
+        &Config {
+            wiped_ends_at_adopt: true,
+            ..Config::default()
+        },
     );
-    assert_eq!(as_it_is.faults.get("disk-lost"), Some(&1), "one disk lost");
-    let fixed = Config {
-        wiped_until_caught_up: true,
-        ..Config::default()
-    };
+    assert!(
+        !as_it_was.violations.is_empty(),
+        "seed 14592 no longer fails as the code was"
+    );
+    assert_eq!(as_it_was.faults.get("disk-lost"), Some(&1), "one disk lost");
+    let fixed = Config::default();
     assert!(run(14592, &fixed).violations.is_empty());
     for seed in 0..100 {
         let report = run(seed, &fixed);

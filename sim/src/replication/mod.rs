@@ -28,11 +28,11 @@ pub struct Config {
     pub plant: Option<Bug>,
     /// Keep the whole trace.
     pub trace: bool,
-    /// Model the fix proposed for what the model still finds (see docs/adr/0014-simulation.md,
-    /// "Replication"): a `WIPED` replica ends `WIPED` only once its log holds every record the
-    /// leader it joined had written then (the join's `leader.last_seq`), not as soon as the
-    /// epoch's line is adopted (at once when that epoch began at seq 1).
-    pub wiped_until_caught_up: bool,
+    /// Model spot-core as it was before the fix of seed 14592 (docs/adr/0014-simulation.md,
+    /// "Replication"): a `WIPED` replica ended `WIPED` as soon as the epoch's line was adopted
+    /// (at once when that epoch began at seq 1). Without it (the code today) `WIPED` ends only
+    /// once its log holds every record the leader it joined had written then.
+    pub wiped_ends_at_adopt: bool,
 }
 
 /// What one seed's run did.

@@ -415,7 +415,7 @@ impl World {
             lease: None,
             revision: 1,
             initialized: false,
-            wiped_until_caught_up: config.wiped_until_caught_up,
+            wiped_until_caught_up: !config.wiped_ends_at_adopt,
             next_id: 1,
             rates,
             faults_on: true,

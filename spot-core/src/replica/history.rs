@@ -157,8 +157,7 @@ impl Epochs {
         }
         self.promise(epoch)?;
         self.history.push(EpochStart { epoch, start });
-        self.write_history()?;
-        self.clear_wiped()
+        self.write_history()
     }
 
     /// True when nothing was ever recorded here: no promise, no history (a new replica, or one
@@ -174,8 +173,9 @@ impl Epochs {
         Ok(())
     }
 
-    /// Ends `WIPED`: the log holds every record before the epoch this replica now follows.
-    fn clear_wiped(&mut self) -> anyhow::Result<()> {
+    /// Ends `WIPED`: the log holds every record its leader had when it joined this replica
+    /// (every one acknowledged before then), in the leader's epoch (`wal/follow.rs`).
+    pub fn clear_wiped(&mut self) -> anyhow::Result<()> {
         if self.wiped {
             std::fs::remove_file(self.dir.join(WIPED_FILE))?;
             File::open(&self.dir)?.sync_all()?;

@@ -88,6 +88,11 @@ pub(super) fn follow(
 ) -> Option<Led> {
     // A join's history line waits until the log holds every record before its start.
     let mut pending: Option<(u64, u64)> = None;
+    // A WIPED replica ends WIPED only once it holds everything its leader had when it joined
+    // (epoch, leader's last seq): the epoch's line alone can come with no record at all (an
+    // epoch that began at seq 1), and then its empty log would count toward the next quorum
+    // (ledger-sim --replication, seed 14592).
+    let mut wiped_until: Option<(u64, u64)> = None;
     progress.written.store(engine.last_seq(), Ordering::Release);
     progress.wiped.store(epochs.wiped, Ordering::Release);
     while let Ok(job) = jobs.recv() {
@@ -104,6 +109,7 @@ pub(super) fn follow(
                         *since_records += last + 1 - first;
                         progress.written.store(engine.last_seq(), Ordering::Release);
                         adopt_pending(epochs, &mut pending, engine.last_seq())?;
+                        end_wiped(epochs, &mut wiped_until, engine.last_seq())?;
                         progress.wiped.store(epochs.wiped, Ordering::Release);
                         Ok((engine.last_seq(), epochs.position(0).last_epoch()))
                     });
@@ -141,7 +147,11 @@ pub(super) fn follow(
                 let answer = join(engine, epochs, epoch, start, &leader).and_then(|a| {
                     if a != JoinAnswer::Rebuild {
                         pending = Some((epoch, start));
+                        if epochs.wiped {
+                            wiped_until = Some((epoch, leader.last_seq));
+                        }
                         adopt_pending(epochs, &mut pending, engine.last_seq())?;
+                        end_wiped(epochs, &mut wiped_until, engine.last_seq())?;
                         progress.wiped.store(epochs.wiped, Ordering::Release);
                     }
                     Ok((a, epochs.position(0).last_epoch()))
@@ -171,6 +181,20 @@ pub(super) fn follow(
         }
     }
     None
+}
+
+fn end_wiped(
+    epochs: &mut Epochs,
+    until: &mut Option<(u64, u64)>,
+    last_seq: u64,
+) -> Result<(), String> {
+    if let Some((epoch, target)) = *until {
+        if epochs.position(0).last_epoch() == epoch && last_seq >= target {
+            epochs.clear_wiped().map_err(|e| format!("{e:#}"))?;
+            *until = None;
+        }
+    }
+    Ok(())
 }
 
 fn adopt_pending(
