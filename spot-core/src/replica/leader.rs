@@ -130,11 +130,11 @@ impl Replicate for Shipper {
                 .enable_all()
                 .build()
                 .ok()?;
+            // The timeout is made inside the runtime: its timer needs the runtime's driver.
             runtime
-                .block_on(tokio::time::timeout(
-                    Duration::from_secs(1),
-                    etcd.revoke(lease),
-                ))
+                .block_on(async {
+                    tokio::time::timeout(Duration::from_secs(1), etcd.revoke(lease)).await
+                })
                 .ok()
         })
         .join();
