@@ -180,6 +180,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// `ledger-bench failover`.
+// long: a figures tool read top to bottom: the cell, the load, the kills of each kind and their figures, the end check.
 pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
     let dir = tempfile::Builder::new()
         .prefix("bench-failover-")
@@ -373,6 +374,7 @@ async fn serve(
 }
 
 /// `ledger-bench ha-price`.
+// long: a figures tool read top to bottom: three stacks set up side by side, then the alternating runs and their medians.
 pub async fn price(args: PriceArgs) -> anyhow::Result<Vec<String>> {
     let dir = tempfile::Builder::new()
         .prefix("bench-ha-price-")

@@ -337,6 +337,7 @@ impl Cluster {
         }
     }
 
+    // long: one cell's spot-core members described from their hellos and the leader's status, read top to bottom.
     async fn describe_spot(
         &self,
         members: &[&MemberSpec],

@@ -488,6 +488,7 @@ async fn watch_leader(
 }
 
 /// One node's Patroni configuration.
+// long: one Patroni YAML file, written out key by key.
 fn config(scope: &str, node: &Node, etcd: &str, pg_bin: &Path, o: &Options) -> String {
     let hosts: String = etcd.split(',').map(|h| format!("\n    - {h}")).collect();
     let fsync = if o.fsync { "on" } else { "off" };

@@ -141,10 +141,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 
 async fn run_command(command: Command, settings: Settings) -> anyhow::Result<()> {
     match command {
-        Command::Up(args) if args.ha && args.cells.is_some() => {
-            let count = args.cells.unwrap_or(1);
-            crate::ha_up::up_cells(args, &settings, count).await
-        }
+        Command::Up(args) if args.ha => match args.cells {
+            Some(count) => crate::ha_up::up_cells(args, &settings, count).await,
+            None => crate::ha_up::up(args, &settings).await,
+        },
         Command::Up(args) => match crate::cellular::up_map(args.cells, &settings)? {
             Some(map) => crate::cellular::up(args, &settings, map).await,
             None => crate::serve::up(args, &settings).await,

@@ -163,9 +163,6 @@ pub(crate) async fn serve(args: ServeArgs, settings: &Settings) -> anyhow::Resul
 }
 
 pub(crate) async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> {
-    if args.ha {
-        return crate::ha_up::up(args, settings).await;
-    }
     let assets = config::load_assets(args.assets.as_deref())?;
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("create data dir {}", args.data_dir.display()))?;

@@ -255,6 +255,7 @@ fn replication_usage() -> ExitCode {
 
 /// `--replication`: many seeds (the rate, the faults, each failing seed with its replay command
 /// and the first one's trace), or one seed's whole trace.
+// long: the command line of one mode read top to bottom (flags, one seed or many, the report); no branch is shared with another mode.
 fn replication(args: &[String]) -> ExitCode {
     use sim::replication::{run as run_replication, Bug as ReplicaBug, Config as ReplicaConfig};
     let mut config = ReplicaConfig::default();

@@ -207,6 +207,7 @@ pub async fn bind(args: &Args) -> anyhow::Result<Bound> {
 
 /// A replica's engine thread (following until it leads), its replication listener and its
 /// campaign loop (docs/adr/0020-high-availability.md §3).
+// long: a replica's wiring in start-up order (its listener, epochs, fence, context, engine thread, tasks).
 async fn start_replica(
     args: &Args,
     name: &str,

@@ -20,10 +20,8 @@ mod recovery;
 mod scan;
 mod writer;
 
-pub use commit::{
-    spawn_committer, spawn_replica_committer, EngineHandle, ReplicaParts, Replicate, MAX_BATCH,
-};
-pub use follow::{FollowJob, JoinAnswer, Progress};
+pub use commit::{spawn_committer, EngineHandle, Replicate, MAX_BATCH};
+pub use follow::{spawn_replica_committer, FollowJob, JoinAnswer, Progress, ReplicaParts};
 pub use recovery::{open, ReplayReport};
 pub use scan::{later_valid_frame, scan_frames};
 pub use writer::{StorageOptions, Wal};

@@ -12,7 +12,6 @@ use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use spot_core::replica::history::{divergence, epoch_of, EpochStart, Position};
 use spot_core::replica::rules::{self, Adopt};
 
-use super::{Config, Report};
 use crate::rng::Rng;
 
 const N: usize = 3;
@@ -643,6 +642,7 @@ impl World {
 
     // ---- the replication listener (`follower.rs`, the engine thread's `wal/follow.rs`) ----
 
+    // long: one match over the messages a replica's listener takes, as follower.rs's read_requests, arm for arm.
     fn listener(&mut self, conn: usize, me: usize, msg: Msg) {
         if let Msg::Fetch { after, upto } = msg {
             // Served from the segments, whatever the engine thread is doing.
@@ -1808,4 +1808,36 @@ fn brief(msg: &Msg) -> String {
         Msg::Ack { seq, epoch } => format!("ack({seq}, {epoch})"),
         Msg::Refused { reason } => format!("refused({reason})"),
     }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Config {
+    /// The planted bug to switch on (on this thread, for this run).
+    pub plant: Option<spot_core::replica::rules::plant::Bug>,
+    /// Keep the whole trace.
+    pub trace: bool,
+    /// Model spot-core as it was before the fix of seed 14592 (docs/adr/0014-simulation.md,
+    /// "Replication"): a `WIPED` replica ended `WIPED` as soon as the epoch's line was adopted
+    /// (at once when that epoch began at seq 1). Without it (the code today) `WIPED` ends only
+    /// once its log holds every record the leader it joined had written then.
+    pub wiped_ends_at_adopt: bool,
+}
+
+/// What one seed's run did.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub violations: Vec<String>,
+    pub trace: Vec<String>,
+    /// Events handled.
+    pub steps: u64,
+    /// Client writes acknowledged.
+    pub acknowledged: u64,
+    /// Leaderships that began serving.
+    pub leaderships: u64,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<&'static str, u64>,
+    /// What the fixes of bb72cd88 did, by kind (a rebuild discarded at swap-in, a replica that
+    /// started `WIPED`, a promise it refused, a campaign it skipped, a follower behind the
+    /// compacted log rebuilt): evidence that the runs take those paths.
+    pub events: BTreeMap<&'static str, u64>,
 }

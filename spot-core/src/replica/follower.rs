@@ -13,10 +13,10 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
+use super::ctx::ReplicaCtx;
 use super::history::{write_durably, EpochStart, EPOCHS_FILE, EPOCH_FILE};
 use super::leader::read_frames;
 use super::wire::{self, Message};
-use super::ReplicaCtx;
 use crate::wal::{FollowJob, JoinAnswer};
 
 /// Marks a complete rebuild directory.
@@ -69,6 +69,7 @@ async fn serve(stream: TcpStream, ctx: &ReplicaCtx) -> anyhow::Result<()> {
     result
 }
 
+// long: one match over the replication messages a follower answers, each arm a request and its reply, in the order they arrive.
 async fn read_requests(
     rd: &mut tokio::net::tcp::OwnedReadHalf,
     ctx: &ReplicaCtx,

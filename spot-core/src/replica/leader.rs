@@ -15,10 +15,10 @@ use anyhow::{bail, Context};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
+use super::ctx::{Peer, ReplicaCtx};
 use super::history::Position;
 use super::rules::Adopt;
 use super::wire::{self, Message};
-use super::{Peer, ReplicaCtx};
 use crate::journal::{read_journal, SharedCatalog};
 use crate::protocol::Response;
 use crate::storage::encode_record;
@@ -204,7 +204,6 @@ pub fn start_shipping(
         ack_timeout: ctx.ack_timeout,
         ctx: ctx.clone(),
     });
-    *ctx.shipper.lock().unwrap_or_else(|e| e.into_inner()) = Some(shipper.clone());
     for (i, (peer, rx)) in receivers.into_iter().enumerate() {
         let shipper = shipper.clone();
         let ctx = ctx.clone();
@@ -272,6 +271,7 @@ async fn connect_from(peer: &Peer, ctx: &ReplicaCtx) -> anyhow::Result<TcpStream
     Ok(socket.connect(to).await?)
 }
 
+// long: one follower's session in the order it happens: join, rebuild or stream, the acknowledgements read beside it; splitting it would pass its state around.
 async fn session(
     shipper: &Arc<Shipper>,
     index: usize,
@@ -489,6 +489,7 @@ pub enum TakeOver {
 
 /// Steps 1 and 2 of ADR 0020 §3 for `epoch`: promises from a quorum, the most advanced log
 /// adopted. Step 3 (`FollowJob::Lead`) is the caller's.
+// long: the take-over's steps in order (promise, gather, choose, fetch) as ADR 0020 §3 lists them.
 pub async fn take_over(
     ctx: &Arc<ReplicaCtx>,
     jobs: &std::sync::mpsc::SyncSender<FollowJob>,

@@ -39,7 +39,7 @@ pub trait Replicate: Send + Sync {
     fn step_down(&self);
 }
 
-struct Job {
+pub(super) struct Job {
     request: Request,
     reply: oneshot::Sender<Response>,
     /// The caller's span (its `spot_core.call`) when it sent its trace context and this engine
@@ -86,6 +86,12 @@ impl EngineHandle {
 
 /// Start the single thread that owns `engine` and `wal`, with the journal reader and the
 /// snapshot writer beside it. It exits when every handle is dropped.
+/// The engine thread's queue: the handle the server submits on, and the thread's end.
+pub(super) fn engine_channel() -> (EngineHandle, mpsc::Receiver<Job>) {
+    let (tx, rx) = mpsc::channel(MAX_BATCH * 4);
+    (EngineHandle { tx }, rx)
+}
+
 pub fn spawn_committer(
     engine: Engine,
     wal: Wal,
@@ -99,71 +105,8 @@ pub fn spawn_committer(
     Ok((EngineHandle { tx }, thread))
 }
 
-/// What a replica's engine thread is started with (`replica/`): its epochs, the follow jobs'
-/// queue, the progress it publishes, and how to replicate once it leads.
-pub struct ReplicaParts {
-    pub epochs: crate::replica::history::Epochs,
-    pub jobs: std::sync::mpsc::Receiver<super::follow::FollowJob>,
-    pub progress: Arc<super::follow::Progress>,
-    /// Builds the leader's replication from the epoch, its first seq and the leader's history.
-    pub lead:
-        Box<dyn FnOnce(u64, u64, crate::replica::history::Position) -> Arc<dyn Replicate> + Send>,
-}
-
-/// The engine thread of a replica: it follows (`follow.rs`) until it is told to lead, then runs
-/// the group commit, every batch replicated. Requests queued on the handle meanwhile wait (the
-/// server refuses clients while this replica does not lead).
-pub fn spawn_replica_committer(
-    mut engine: Engine,
-    mut wal: Wal,
-    fail: FailPoints,
-    parts: ReplicaParts,
-) -> io::Result<(EngineHandle, std::thread::JoinHandle<()>)> {
-    let (tx, rx) = mpsc::channel(MAX_BATCH * 4);
-    let mut side = spawn_side(&engine, &wal, fail)?;
-    let thread = std::thread::Builder::new()
-        .name("spot-engine".into())
-        .spawn(move || {
-            let _guard = AbortOnPanic;
-            let ReplicaParts {
-                mut epochs,
-                jobs,
-                progress,
-                lead,
-            } = parts;
-            let mut since = wal.since_snapshot_records;
-            let Some(led) = super::follow::follow(
-                &mut engine,
-                &mut wal,
-                &mut epochs,
-                &jobs,
-                &side,
-                &progress,
-                &mut since,
-            ) else {
-                return;
-            };
-            let replicate = lead(led.epoch, led.start, led.history);
-            // Nothing is answered until a follower holds this epoch's start: the line in its
-            // history that outranks every older log (ADR 0020 §3, step 3).
-            if !replicate.wait_acked(led.start - 1) {
-                replicate.step_down();
-                eprintln!(
-                    "spot-core: no follower joined epoch {}; aborting",
-                    led.epoch
-                );
-                std::process::abort();
-            }
-            tracing::info!(epoch = led.epoch, start = led.start, "leading");
-            side.replicate = Some(replicate);
-            wal.since_snapshot_records = since;
-            commit_loop(engine, wal, rx, side, fail)
-        })?;
-    Ok((EngineHandle { tx }, thread))
-}
-
 /// The journal reader and the snapshot writer beside the engine thread.
-fn spawn_side(engine: &Engine, wal: &Wal, fail: FailPoints) -> io::Result<Side> {
+pub(super) fn spawn_side(engine: &Engine, wal: &Wal, fail: FailPoints) -> io::Result<Side> {
     let journal = journal::spawn_reader(wal.catalog.clone())?;
     let retain = Arc::new(AtomicU64::new(engine.retain_after()));
     let in_flight = Arc::new(AtomicBool::new(false));
@@ -205,12 +148,12 @@ pub(super) struct Side {
     pub(super) in_flight: Arc<AtomicBool>,
     retain: Arc<AtomicU64>,
     /// Set when this engine leads a replicated cell.
-    replicate: Option<Arc<dyn Replicate>>,
+    pub(super) replicate: Option<Arc<dyn Replicate>>,
 }
 
 /// Aborts the process if the engine thread unwinds: memory may then be ahead of the log or
 /// half-updated, and no later answer could be trusted.
-struct AbortOnPanic;
+pub(super) struct AbortOnPanic;
 
 impl Drop for AbortOnPanic {
     fn drop(&mut self) {
@@ -240,7 +183,7 @@ struct Batch {
     since_bytes: u64,
 }
 
-fn commit_loop(
+pub(super) fn commit_loop(
     mut engine: Engine,
     mut wal: Wal,
     mut rx: mpsc::Receiver<Job>,

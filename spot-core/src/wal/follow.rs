@@ -12,11 +12,15 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use super::commit::{hand_snapshot, Side};
+use super::commit::{
+    commit_loop, engine_channel, hand_snapshot, spawn_side, AbortOnPanic, EngineHandle, Replicate,
+    Side,
+};
 use super::writer::Wal;
 use crate::engine::Engine;
 use crate::journal::read_frame;
 use crate::replica::history::{divergence, Epochs, Position};
+use crate::storage::FailPoints;
 
 /// What a follower answers a `Join`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +81,7 @@ pub struct Progress {
 }
 
 /// Runs until a `Lead` job, or until every sender is gone (`None`).
+// long: one match over the follow jobs on the one engine thread, each arm a few lines; the order of the arms is the protocol's, kept in one place.
 pub(super) fn follow(
     engine: &mut Engine,
     wal: &mut Wal,
@@ -288,4 +293,67 @@ fn side_rotate(wal: &mut Wal, engine: &Engine) {
     if let Err(e) = wal.maybe_rotate(engine.last_seq() + 1) {
         tracing::error!(error = %format!("{e:#}"), "starting a new WAL segment failed");
     }
+}
+
+/// What a replica's engine thread is started with (`replica/`): its epochs, the follow jobs'
+/// queue, the progress it publishes, and how to replicate once it leads.
+pub struct ReplicaParts {
+    pub epochs: crate::replica::history::Epochs,
+    pub jobs: std::sync::mpsc::Receiver<FollowJob>,
+    pub progress: Arc<Progress>,
+    /// Builds the leader's replication from the epoch, its first seq and the leader's history.
+    pub lead:
+        Box<dyn FnOnce(u64, u64, crate::replica::history::Position) -> Arc<dyn Replicate> + Send>,
+}
+
+/// The engine thread of a replica: it follows (`follow.rs`) until it is told to lead, then runs
+/// the group commit, every batch replicated. Requests queued on the handle meanwhile wait (the
+/// server refuses clients while this replica does not lead).
+pub fn spawn_replica_committer(
+    mut engine: Engine,
+    mut wal: Wal,
+    fail: FailPoints,
+    parts: ReplicaParts,
+) -> std::io::Result<(EngineHandle, std::thread::JoinHandle<()>)> {
+    let (handle, rx) = engine_channel();
+    let mut side = spawn_side(&engine, &wal, fail)?;
+    let thread = std::thread::Builder::new()
+        .name("spot-engine".into())
+        .spawn(move || {
+            let _guard = AbortOnPanic;
+            let ReplicaParts {
+                mut epochs,
+                jobs,
+                progress,
+                lead,
+            } = parts;
+            let mut since = wal.since_snapshot_records;
+            let Some(led) = follow(
+                &mut engine,
+                &mut wal,
+                &mut epochs,
+                &jobs,
+                &side,
+                &progress,
+                &mut since,
+            ) else {
+                return;
+            };
+            let replicate = lead(led.epoch, led.start, led.history);
+            // Nothing is answered until a follower holds this epoch's start: the line in its
+            // history that outranks every older log (ADR 0020 §3, step 3).
+            if !replicate.wait_acked(led.start - 1) {
+                replicate.step_down();
+                eprintln!(
+                    "spot-core: no follower joined epoch {}; aborting",
+                    led.epoch
+                );
+                std::process::abort();
+            }
+            tracing::info!(epoch = led.epoch, start = led.start, "leading");
+            side.replicate = Some(replicate);
+            wal.since_snapshot_records = since;
+            commit_loop(engine, wal, rx, side, fail)
+        })?;
+    Ok((handle, thread))
 }
