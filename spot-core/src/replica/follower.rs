@@ -143,10 +143,20 @@ async fn read_requests(
                     frames: body,
                     reply,
                 };
-                let jobs = jobs.clone();
-                tokio::task::spawn_blocking(move || jobs.send(job))
-                    .await?
-                    .map_err(|_| anyhow::anyhow!("the engine thread no longer follows"))?;
+                // At once when the queue has room (the usual case: no thread hand-off on the
+                // path every batch takes); from a blocking thread when it is full.
+                match jobs.try_send(job) {
+                    Ok(()) => {}
+                    Err(std::sync::mpsc::TrySendError::Full(job)) => {
+                        let jobs = jobs.clone();
+                        tokio::task::spawn_blocking(move || jobs.send(job))
+                            .await?
+                            .map_err(|_| anyhow::anyhow!("the engine thread no longer follows"))?;
+                    }
+                    Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
+                        anyhow::bail!("the engine thread no longer follows")
+                    }
+                }
                 Reply::Ack(rx)
             }
             Message::Fetch { after, upto } => {

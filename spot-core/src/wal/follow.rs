@@ -109,16 +109,23 @@ pub(super) fn follow(
                 frames,
                 reply,
             } => {
-                let answer =
-                    append(engine, wal, epochs, epoch, first, last, &frames).and_then(|()| {
+                match write(engine, wal, epochs, epoch, first, last, &frames) {
+                    Ok(records) => {
+                        // Durable here: acknowledged before it is applied (applying is for the
+                        // hot standby, off the leader's path).
                         *since_records += last + 1 - first;
-                        progress.written.store(engine.last_seq(), Ordering::Release);
-                        adopt_pending(epochs, &mut pending, engine.last_seq())?;
-                        end_wiped(epochs, &mut wiped_until, engine.last_seq())?;
+                        progress.written.store(last, Ordering::Release);
+                        let answer = adopt_pending(epochs, &mut pending, last)
+                            .and_then(|()| end_wiped(epochs, &mut wiped_until, last))
+                            .map(|()| (last, epochs.position(0).last_epoch()));
                         progress.wiped.store(epochs.wiped, Ordering::Release);
-                        Ok((engine.last_seq(), epochs.position(0).last_epoch()))
-                    });
-                let _ = reply.send(answer);
+                        let _ = reply.send(answer);
+                        apply(engine, wal, records);
+                    }
+                    Err(refused) => {
+                        let _ = reply.send(Err(refused));
+                    }
+                }
                 let due = wal.options.snapshot_every_records > 0
                     && *since_records >= wal.options.snapshot_every_records;
                 if due && !side.in_flight.load(Ordering::Acquire) {
@@ -239,16 +246,16 @@ fn join(
     Ok(JoinAnswer::From(engine.last_seq()))
 }
 
-/// Checks, writes, fsyncs and applies one shipment.
-fn append(
-    engine: &mut Engine,
+/// Checks one shipment, then writes and fsyncs it; its records, to apply.
+fn write(
+    engine: &Engine,
     wal: &mut Wal,
     epochs: &Epochs,
     epoch: u64,
     first: u64,
     last: u64,
     frames: &[u8],
-) -> Result<(), String> {
+) -> Result<Vec<crate::protocol::JournalRecord>, String> {
     if !crate::replica::rules::accepts_frames(epochs.promised, epoch) {
         return Err(format!(
             "frames of epoch {epoch} refused: this replica promised epoch {}",
@@ -278,6 +285,12 @@ fn append(
         eprintln!("spot-core: follower WAL write/sync failed: {e}; aborting");
         std::process::abort();
     }
+    Ok(records)
+}
+
+/// Applies written records to the engine, then starts a new segment when the active one is
+/// full.
+fn apply(engine: &mut Engine, wal: &mut Wal, records: Vec<crate::protocol::JournalRecord>) {
     for record in records {
         if let Err(e) = engine.apply_record(record) {
             // The leader decided these on the same state: a difference means the logs differ.
@@ -286,7 +299,6 @@ fn append(
         }
     }
     side_rotate(wal, engine);
-    Ok(())
 }
 
 fn side_rotate(wal: &mut Wal, engine: &Engine) {
