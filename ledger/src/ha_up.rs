@@ -10,10 +10,9 @@ use std::time::Duration;
 
 use adapters::SpotAdapter;
 use anyhow::Context;
-use tokio::net::TcpListener;
 
 use crate::config;
-use crate::serve::{bind_metrics, configured, print_banner, run_until_stopped, Banner, UpArgs};
+use crate::serve::{serve_up, up_prelude, UpArgs, UpStack};
 use crate::settings::Settings;
 use crate::spot_child::{stored_or_generated_spot_token, SPOT_TOKEN_FILE};
 
@@ -63,25 +62,21 @@ pub(crate) fn cell_dir(args: &UpArgs, cell: u16) -> anyhow::Result<std::path::Pa
 }
 
 pub(crate) async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> {
-    let assets = config::load_assets(args.assets.as_deref())?;
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("create data dir {}", args.data_dir.display()))?;
-    let secret = config::secret_for_data_dir(settings.secrets.jwt.clone(), &args.data_dir)?;
-    let settings = &crate::log_cli::with_data_dir_key(settings, &args.data_dir)?;
+    let (assets, secret, settings) = up_prelude(&args, settings)?;
+    let settings = &settings;
     let token = stored_or_generated_spot_token(&args.data_dir.join(SPOT_TOKEN_FILE))?;
     println!("starting cell 1 under HA: etcd x3, PostgreSQL x2 under Patroni, spot-core x3 ...");
-    let cell = ha::cell::HaCell::start(&cell_dir(&args, 1)?, &cell_options(&args, 1, &token)?)
+    let mut cell = ha::cell::HaCell::start(&cell_dir(&args, 1)?, &cell_options(&args, 1, &token)?)
         .await
         .context("starting the cell's processes")?;
     let url = cell.database_url(HA_DATABASE);
     let spot_addrs = cell.spot_addrs();
-    let mut cell = cell;
-    let specs = member_specs(&mut cell).await;
+    let members = member_specs(&mut cell).await;
     let cells = Arc::new(tokio::sync::Mutex::new(vec![cell]));
-    let members = args.data_dir.join("members.json");
+    let members_file = args.data_dir.join("members.json");
     let supervisor = tokio::spawn(ha::cell::supervise(
         cells.clone(),
-        members.clone(),
+        members_file.clone(),
         Duration::from_secs(1),
     ));
 
@@ -95,61 +90,24 @@ pub(crate) async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> 
         settings.spot_liveness,
     );
     wait_spot(&spot, &spot_addrs).await?;
-
-    let listener = TcpListener::bind(&args.listen)
-        .await
-        .with_context(|| format!("listen on {}", args.listen))?;
-    let local = listener.local_addr()?;
-    let (assembled, serving) = configured(
-        settings,
+    let stack = UpStack {
+        assets,
+        secret,
         pool,
         spot,
-        assets,
-        &secret,
-        args.relay.config(),
-        &url,
-    )?;
-    // The cells view and the failover records name members as the cell does (r1, node0, ...).
-    assembled.state.cluster.set_members(specs);
-    let metrics = bind_metrics(&settings.http.metrics).await?;
-    print_banner(&Banner {
-        base: format!("http://{local}"),
-        metrics: match &metrics {
-            Some(l) => format!("http://{}/metrics", l.local_addr()?),
-            None if serving.metrics_on_api => format!("http://{local}/metrics"),
-            None => "not served (see the warning above)".to_owned(),
-        },
-        database: config::redact_url(&url),
-        spot: format!("{spot_addrs} (three replicas, the leader by etcd's lease)"),
-        secret: &secret,
-    });
-    println!(
-        "members:      {} (rewritten every second)",
-        members.display()
-    );
-    let served = run_until_stopped(listener, metrics, assembled, serving, None).await;
+        url,
+        spot_line: format!("{spot_addrs} (three replicas, the leader by etcd's lease)"),
+        child: None,
+        members,
+        after_banner: Some(format!(
+            "members:      {} (rewritten every second)",
+            members_file.display()
+        )),
+    };
+    let served = serve_up(&args, settings, stack).await;
     supervisor.abort();
     drop(cells);
     served
-}
-
-/// The cell's PostgreSQL nodes and spot-core replicas as the cells view takes them.
-pub(crate) async fn member_specs(cell: &mut ha::cell::HaCell) -> Vec<cells::MemberSpec> {
-    cell.members()
-        .await
-        .into_iter()
-        .filter(|m| m.kind != "etcd")
-        .map(|m| cells::MemberSpec {
-            kind: if m.kind == "postgres" {
-                cells::MemberKind::Postgres
-            } else {
-                cells::MemberKind::SpotCore
-            },
-            name: m.name,
-            address: m.address,
-            control: m.control,
-        })
-        .collect()
 }
 
 /// `ledger up --cells N --ha`: every cell its own etcd, Patroni pair and three spot-core
@@ -207,6 +165,25 @@ pub(crate) async fn up_cells(args: UpArgs, settings: &Settings, count: u16) -> a
     supervisor.abort();
     drop(cells);
     served
+}
+
+/// The cell's PostgreSQL nodes and spot-core replicas as the cells view takes them.
+pub(crate) async fn member_specs(cell: &mut ha::cell::HaCell) -> Vec<cells::MemberSpec> {
+    cell.members()
+        .await
+        .into_iter()
+        .filter(|m| m.kind != "etcd")
+        .map(|m| cells::MemberSpec {
+            kind: if m.kind == "postgres" {
+                cells::MemberKind::Postgres
+            } else {
+                cells::MemberKind::SpotCore
+            },
+            name: m.name,
+            address: m.address,
+            control: m.control,
+        })
+        .collect()
 }
 
 /// Waits until a replica leads and answers (a fresh cell elects within a lease's time).

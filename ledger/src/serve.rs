@@ -162,12 +162,82 @@ pub(crate) async fn serve(args: ServeArgs, settings: &Settings) -> anyhow::Resul
     run_until_stopped(listener, metrics, assembled, serving, None).await
 }
 
-pub(crate) async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> {
+/// What every `up` does first: the assets, the data dir, the JWT secret kept there, and the
+/// settings with the log's key from the data dir.
+pub(crate) fn up_prelude(
+    args: &UpArgs,
+    settings: &Settings,
+) -> anyhow::Result<(domain::AssetRegistry, JwtSecret, Settings)> {
     let assets = config::load_assets(args.assets.as_deref())?;
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("create data dir {}", args.data_dir.display()))?;
     let secret = config::secret_for_data_dir(settings.secrets.jwt.clone(), &args.data_dir)?;
-    let settings = &crate::log_cli::with_data_dir_key(settings, &args.data_dir)?;
+    let settings = crate::log_cli::with_data_dir_key(settings, &args.data_dir)?;
+    Ok((assets, secret, settings))
+}
+
+/// One cell's `up` once its database and spot-core answer: what it serves with and how the
+/// banner names them.
+pub(crate) struct UpStack {
+    pub assets: domain::AssetRegistry,
+    pub secret: JwtSecret,
+    pub pool: sqlx::PgPool,
+    pub spot: SpotAdapter,
+    pub url: String,
+    /// The banner's spot-core line.
+    pub spot_line: String,
+    pub child: Option<SpotChild>,
+    /// The cell's members under HA, for the cells view (empty without HA).
+    pub members: Vec<cells::MemberSpec>,
+    /// A line printed after the banner.
+    pub after_banner: Option<String>,
+}
+
+/// Binds the API and `/metrics`, wires the core, prints the banner and serves until stopped:
+/// the part of `up` every kind of cell shares.
+pub(crate) async fn serve_up(
+    args: &UpArgs,
+    settings: &Settings,
+    stack: UpStack,
+) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("listen on {}", args.listen))?;
+    let local = listener.local_addr()?;
+    let (assembled, serving) = configured(
+        settings,
+        stack.pool,
+        stack.spot,
+        stack.assets,
+        &stack.secret,
+        args.relay.config(),
+        &stack.url,
+    )?;
+    if !stack.members.is_empty() {
+        // The cells view and the failover records name members as the cell does (r1, node0).
+        assembled.state.cluster.set_members(stack.members);
+    }
+    let metrics = bind_metrics(&settings.http.metrics).await?;
+    print_banner(&Banner {
+        base: format!("http://{local}"),
+        metrics: match &metrics {
+            Some(l) => format!("http://{}/metrics", l.local_addr()?),
+            None if serving.metrics_on_api => format!("http://{local}/metrics"),
+            None => "not served (see the warning above)".to_owned(),
+        },
+        database: config::redact_url(&stack.url),
+        spot: stack.spot_line,
+        secret: &stack.secret,
+    });
+    if let Some(line) = stack.after_banner {
+        println!("{line}");
+    }
+    run_until_stopped(listener, metrics, assembled, serving, stack.child).await
+}
+
+pub(crate) async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> {
+    let (assets, secret, settings) = up_prelude(&args, settings)?;
+    let settings = &settings;
     // Kept until `up` returns: dropping it stops a private cluster.
     let database = &settings.database;
     let (url, _private_pg) = crate::private_pg::database_for_up(
@@ -190,40 +260,25 @@ pub(crate) async fn up(args: UpArgs, settings: &Settings) -> anyhow::Result<()> 
     spot.ping()
         .await
         .map_err(|e| anyhow!("spot-core at {spot_addr} does not answer: {e}"))?;
-
-    let listener = TcpListener::bind(&args.listen)
-        .await
-        .with_context(|| format!("listen on {}", args.listen))?;
-    let local = listener.local_addr()?;
-    let (assembled, serving) = configured(
-        settings,
+    let spot_line = match &child {
+        Some(_) => format!(
+            "{spot_addr} (child process, data in {})",
+            args.data_dir.join("spot").display()
+        ),
+        None => format!("{spot_addr} (already running)"),
+    };
+    let stack = UpStack {
+        assets,
+        secret,
         pool,
         spot,
-        assets,
-        &secret,
-        args.relay.config(),
-        &url,
-    )?;
-    let metrics = bind_metrics(&settings.http.metrics).await?;
-
-    print_banner(&Banner {
-        base: format!("http://{local}"),
-        metrics: match &metrics {
-            Some(l) => format!("http://{}/metrics", l.local_addr()?),
-            None if serving.metrics_on_api => format!("http://{local}/metrics"),
-            None => "not served (see the warning above)".to_owned(),
-        },
-        database: config::redact_url(&url),
-        spot: match &child {
-            Some(_) => format!(
-                "{spot_addr} (child process, data in {})",
-                args.data_dir.join("spot").display()
-            ),
-            None => format!("{spot_addr} (already running)"),
-        },
-        secret: &secret,
-    });
-    run_until_stopped(listener, metrics, assembled, serving, child).await
+        url,
+        spot_line,
+        child,
+        members: Vec::new(),
+        after_banner: None,
+    };
+    serve_up(&args, settings, stack).await
 }
 
 /// The spot-core `up` serves with: the one `--spot-url` names (with the configured token), or a
