@@ -70,13 +70,14 @@ impl HaCell {
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
-        let spot = SpotReplicas::start_with_args(
+        let spot = SpotReplicas::start_on(
             &options.spot_bin,
             &dir.join("spot"),
             &etcd.endpoints(),
             options.cell,
             &env,
             &options.spot_args,
+            ["127.0.0.1"; 3],
         )?;
         Ok(HaCell {
             cell: options.cell,

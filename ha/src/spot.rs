@@ -63,23 +63,11 @@ impl SpotReplicas {
         cell: u16,
         env: &[(&str, &str)],
     ) -> anyhow::Result<SpotReplicas> {
-        SpotReplicas::start_with_args(bin, dir, etcd, cell, env, &[])
+        SpotReplicas::start_on(bin, dir, etcd, cell, env, &[], ["127.0.0.1"; 3])
     }
 
-    /// `start`, with `args` added to each replica's command line.
-    pub fn start_with_args(
-        bin: &Path,
-        dir: &Path,
-        etcd: &str,
-        cell: u16,
-        env: &[(&str, &str)],
-        args: &[String],
-    ) -> anyhow::Result<SpotReplicas> {
-        SpotReplicas::start_on(bin, dir, etcd, cell, env, args, ["127.0.0.1"; 3])
-    }
-
-    /// `start_with_args`, replica `i` on the loopback address `hosts[i]` (each its own, e.g.
-    /// 127.0.0.11-13, so that nftables can cut one replica off from the others while a client on
+    /// `start`, with `args` added to each replica's command line and replica `i` on the loopback
+    /// address `hosts[i]` (each its own, e.g. 127.0.0.11-13, so that nftables can cut one replica off from the others while a client on
     /// 127.0.0.1 still reaches it: the replicas connect to each other from their own address).
     pub fn start_on(
         bin: &Path,

@@ -191,18 +191,7 @@ impl Conn {
 
     /// `exchange`, with what a replica adds to its answer to `hello` read from the same line.
     async fn exchange_raw(&mut self, line: &[u8]) -> Result<(Response, HelloInfo), ClientError> {
-        let io = |e: std::io::Error| ClientError::Io(e.to_string());
-        self.stream.get_mut().write_all(line).await.map_err(io)?;
-        let mut answer = Vec::with_capacity(256);
-        self.stream
-            .read_until(b'\n', &mut answer)
-            .await
-            .map_err(io)?;
-        if answer.last() != Some(&b'\n') {
-            return Err(ClientError::Io(
-                "connection closed before a complete answer".into(),
-            ));
-        }
+        let answer = self.exchange_line(line).await?;
         let response =
             serde_json::from_slice(&answer).map_err(|e| ClientError::Protocol(e.to_string()))?;
         let info = serde_json::from_slice(&answer).unwrap_or_default();
@@ -210,6 +199,12 @@ impl Conn {
     }
 
     async fn exchange(&mut self, line: &[u8]) -> Result<Response, ClientError> {
+        let answer = self.exchange_line(line).await?;
+        serde_json::from_slice(&answer).map_err(|e| ClientError::Protocol(e.to_string()))
+    }
+
+    /// Writes one request line and reads its whole answer line.
+    async fn exchange_line(&mut self, line: &[u8]) -> Result<Vec<u8>, ClientError> {
         let io = |e: std::io::Error| ClientError::Io(e.to_string());
         self.stream.get_mut().write_all(line).await.map_err(io)?;
         let mut answer = Vec::with_capacity(256);
@@ -222,7 +217,7 @@ impl Conn {
                 "connection closed before a complete answer".into(),
             ));
         }
-        serde_json::from_slice(&answer).map_err(|e| ClientError::Protocol(e.to_string()))
+        Ok(answer)
     }
 }
 

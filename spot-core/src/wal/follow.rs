@@ -121,6 +121,9 @@ pub(super) fn follow(
                         progress.wiped.store(epochs.wiped, Ordering::Release);
                         let _ = reply.send(answer);
                         apply(engine, wal, records);
+                        // The follower's state is its log's: what it acknowledged as written is
+                        // exactly what it now holds, or a later promise's answer would lie.
+                        assert_eq!(engine.last_seq(), last, "applied exactly the shipment");
                     }
                     Err(refused) => {
                         let _ = reply.send(Err(refused));
