@@ -7,66 +7,7 @@
 //! Rows are handed to a sink one by one as they stream in, so a full check from zero holds no
 //! list of every record (there is no record count past which it refuses to run).
 
-use std::collections::BTreeMap;
-
-use rust_decimal::Decimal;
-
-use crate::applied::AppliedMovement;
-
-/// One row of the funding side read after a position. `consumed` is true when the row's
-/// transaction is below the read's snapshot watermark (it can be stored as read for good); a row above it
-/// is visible in this snapshot, counts in this run, and is read again by the next one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FundingItem {
-    /// External deposits of one asset (summed by the database).
-    Deposits {
-        asset: String,
-        sum: Decimal,
-        rows: u64,
-        consumed: bool,
-    },
-    Applied {
-        movement: AppliedMovement,
-        consumed: bool,
-    },
-}
-
-/// FUNDING's side of one read, from one REPEATABLE READ snapshot.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FundingRead {
-    /// Sum of balances per asset (live, whole: one row per account).
-    pub balances: BTreeMap<String, Decimal>,
-    /// `pg_snapshot_xmin` of the snapshot: every transaction below it has ended.
-    pub watermark: u64,
-    /// Journal rows read (applied movements after the position).
-    pub journal_rows: u64,
-    /// External deposit rows read after the position.
-    pub deposit_rows: u64,
-}
-
-/// SPOT's side of one read: totals per asset and the last journal seq that produced exactly
-/// them.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SpotRead {
-    pub totals: BTreeMap<String, Decimal>,
-    pub last_seq: u64,
-    /// Journal records read after the position (all kinds but the conservation check's own `retain` marks).
-    pub records: u64,
-}
-
-/// Why spot-core's side could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum SpotReadError {
-    #[error(transparent)]
-    Spot(#[from] crate::SpotError),
-    /// spot-core no longer holds the records after the position asked for (compacted and not
-    /// archived): the check cannot be exact from there.
-    #[error(
-        "spot-core's journal is compacted: records after seq {after_seq} are gone ({message}); \
-         a full check needs spot-core's archive dir (--archive-dir)"
-    )]
-    JournalCompacted { after_seq: u64, message: String },
-}
+pub use application::books::{FundingItem, FundingRead, SpotRead, SpotReadError};
 
 /// The snapshot watermark of the calling transaction's snapshot (run it as the first statement of a
 /// REPEATABLE READ transaction, so that it is the transaction's snapshot): a transaction id H

@@ -14,7 +14,7 @@ use cqrs_es::persist::{
     SerializedSnapshot,
 };
 use cqrs_es::Aggregate;
-use domain::{Transfer, TransferEvent, TransferState};
+use domain::{Transfer, TransferEvent};
 use futures_util::TryStreamExt;
 use postgres_es::PostgresEventRepository;
 use serde_json::Value;
@@ -435,16 +435,8 @@ impl PersistedEventRepository for BatchingEventRepository {
     }
 }
 
-/// One event of one transfer as the log holds it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LoggedEvent {
-    pub sequence: i64,
-    pub event_type: String,
-    pub event_version: String,
-    pub event: TransferEvent,
-    /// The raw position in the event table (not commit-ordered; for tracing only).
-    pub global_position: i64,
-}
+/// One event of one transfer as the log holds it (the core's type).
+pub use application::stores::LoggedEvent;
 
 /// Why a read of the log failed.
 #[derive(Debug, thiserror::Error)]
@@ -492,15 +484,8 @@ pub async fn transfer_events(pool: &PgPool, req_id: &str) -> Result<Vec<LoggedEv
         .collect()
 }
 
-/// A transfer as the conservation check sees it: its `TransferCreated` (the details), the
-/// transaction that wrote that event, and its current state (from its last event).
-#[derive(Debug, Clone)]
-pub struct AuditTransfer {
-    pub req_id: String,
-    pub created: TransferEvent,
-    pub created_tx: u64,
-    pub state: TransferState,
-}
+/// A transfer as the conservation check sees it (the core's type).
+pub use application::stores::AuditTransfer;
 
 /// The conservation check's read of the log, in one REPEATABLE READ snapshot: that snapshot's watermark
 /// (`pg_snapshot_xmin`: every event below it is committed or aborted for good), and every

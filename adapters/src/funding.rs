@@ -21,32 +21,7 @@ mod accounts;
 mod audit;
 mod batch;
 
-/// Status of a funding account.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AccountStatus {
-    Active,
-    Frozen,
-    Disabled,
-}
-
-impl AccountStatus {
-    pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "ACTIVE" => Some(Self::Active),
-            "FROZEN" => Some(Self::Frozen),
-            "DISABLED" => Some(Self::Disabled),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Active => "ACTIVE",
-            Self::Frozen => "FROZEN",
-            Self::Disabled => "DISABLED",
-        }
-    }
-}
+pub use application::books::{AccountStatus, DepositReceipt, FundingBalance, JournalEntry};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FundingError {
@@ -59,35 +34,6 @@ pub enum FundingError {
     Overflow,
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
-}
-
-/// What an external deposit came to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DepositReceipt {
-    /// False when the external id had been seen before and nothing changed.
-    pub applied_now: bool,
-    pub balance: Decimal,
-}
-
-/// One funding balance.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FundingBalance {
-    pub asset: String,
-    pub balance: Decimal,
-    pub status: String,
-}
-
-/// The journal's record of one (req_id, operation).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JournalEntry {
-    pub operation: Operation,
-    pub user_id: i64,
-    pub asset: String,
-    pub amount: Decimal,
-    pub applied: bool,
-    pub code: Option<String>,
-    /// When the journal decided it (database time).
-    pub at: chrono::DateTime<chrono::Utc>,
 }
 
 /// The journal's operation read back (`funding_journal.operation`): a name that is none of

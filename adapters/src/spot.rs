@@ -10,7 +10,6 @@ use domain::{
     AccountPort, AccountType, AdapterOutcome, AssetSymbol, Movement, Operation, Recorded, ReqId,
     UserId,
 };
-use rust_decimal::Decimal;
 use spot_core::client::{ClientError, SpotClient, SpotTransport};
 use spot_core::protocol::{self, MovementOp, RefusalCode, Request, Response};
 
@@ -22,35 +21,7 @@ mod audit;
 mod horizon;
 pub mod repair;
 
-/// One SPOT balance as spot-core reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SpotBalance {
-    pub asset: String,
-    pub available: Decimal,
-    pub status: String,
-}
-
-/// Why a call that is not a movement (status, balances, horizon, the conservation check's reads) failed.
-#[derive(Debug, thiserror::Error)]
-pub enum SpotError {
-    /// No answer: the client's error, kept whole, says whether the request may have reached
-    /// spot-core (`SpotError::outcome_unknown`).
-    #[error("spot-core unreachable or failed: {0}")]
-    Transport(#[from] ClientError),
-    #[error("spot-core answered unexpectedly: {0}")]
-    Unexpected(String),
-}
-
-impl SpotError {
-    /// False only when the request provably never reached spot-core (no connection could be
-    /// made): then nothing changed there. An unexpected answer means it was received.
-    pub fn outcome_unknown(&self) -> bool {
-        match self {
-            SpotError::Transport(e) => e.outcome_unknown(),
-            SpotError::Unexpected(_) => true,
-        }
-    }
-}
+pub use application::books::{SpotBalance, SpotError};
 
 /// Adapter over a spot-core transport (the TCP client in production). Cheap to clone.
 #[derive(Clone)]
@@ -409,6 +380,7 @@ fn recorded(found: &protocol::LookupOp, m: &Movement) -> Recorded {
 mod tests {
     use super::*;
     use domain::{Amount, ReqId};
+    use rust_decimal::Decimal;
     use std::error::Error as _;
 
     #[test]

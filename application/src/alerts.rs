@@ -1,4 +1,4 @@
-//! Alerts kept in PostgreSQL for operators to read back (`alerts`, migration 0018), and
+//! Alerts kept for operators to read back (`stores::AlertLog`; `alerts`, migration 0018), and
 //! MON-004: a user whose transfer requests exceed a configured frequency raises a WARNING alert.
 //!
 //! The frequency is watched in this process's memory by [`FrequencyMonitor`] (per user, a
@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::stores::AlertLog;
 use domain::{ErrorCode, UserId};
-use sqlx::PgPool;
 
 use crate::ledger::RateGate;
 
@@ -57,7 +57,7 @@ impl Default for FrequencyConfig {
 }
 
 /// One alert as stored.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredAlert {
     pub id: i64,
     pub code: String,
@@ -65,58 +65,6 @@ pub struct StoredAlert {
     pub user_id: Option<i64>,
     pub at: chrono::DateTime<chrono::Utc>,
     pub detail: String,
-}
-
-/// Stores one alert and counts it, then deletes what lies beyond the newest [`ALERTS_KEPT`].
-pub async fn record(
-    pool: &PgPool,
-    code: &str,
-    severity: &str,
-    user: Option<UserId>,
-    detail: &str,
-) -> Result<(), sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    sqlx::query("INSERT INTO alerts (code, severity, user_id, detail) VALUES ($1, $2, $3, $4)")
-        .bind(code)
-        .bind(severity)
-        .bind(user.map(|u| u.as_i64()))
-        .bind(detail)
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query(
-        "INSERT INTO alert_totals (code, total) VALUES ($1, 1) \
-         ON CONFLICT (code) DO UPDATE SET total = alert_totals.total + 1",
-    )
-    .bind(code)
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query(
-        "DELETE FROM alerts WHERE id <= \
-         (SELECT id FROM alerts ORDER BY id DESC OFFSET $1 LIMIT 1)",
-    )
-    .bind(ALERTS_KEPT)
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await
-}
-
-/// The newest `limit` alerts, newest first.
-pub async fn recent(pool: &PgPool, limit: i64) -> Result<Vec<StoredAlert>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT id, code, severity, user_id, at, detail FROM alerts ORDER BY id DESC LIMIT $1",
-    )
-    .bind(limit)
-    .fetch_all(pool)
-    .await
-}
-
-/// Alerts of `code` ever raised (0 when none).
-pub async fn total(pool: &PgPool, code: &str) -> Result<i64, sqlx::Error> {
-    let total: Option<i64> = sqlx::query_scalar("SELECT total FROM alert_totals WHERE code = $1")
-        .bind(code)
-        .fetch_optional(pool)
-        .await?;
-    Ok(total.unwrap_or(0))
 }
 
 /// One user's counts: the current one-minute bucket and the one before it.
@@ -266,7 +214,7 @@ impl FrequencyMonitor {
 pub struct WatchedGate {
     inner: Arc<dyn RateGate>,
     monitor: FrequencyMonitor,
-    pool: PgPool,
+    alerts: Arc<dyn AlertLog>,
 }
 
 impl std::fmt::Debug for WatchedGate {
@@ -278,11 +226,15 @@ impl std::fmt::Debug for WatchedGate {
 }
 
 impl WatchedGate {
-    pub fn new(inner: Arc<dyn RateGate>, config: FrequencyConfig, pool: PgPool) -> Self {
+    pub fn new(
+        inner: Arc<dyn RateGate>,
+        config: FrequencyConfig,
+        alerts: Arc<dyn AlertLog>,
+    ) -> Self {
         Self {
             inner,
             monitor: FrequencyMonitor::new(config),
-            pool,
+            alerts,
         }
     }
 
@@ -299,10 +251,10 @@ impl WatchedGate {
             tracing::warn!("MON-004 not stored: no runtime");
             return;
         };
-        let pool = self.pool.clone();
+        let alerts = self.alerts.clone();
         let user = episode.user;
         runtime.spawn(async move {
-            if let Err(e) = record(&pool, MON_004, "WARNING", Some(user), &detail).await {
+            if let Err(e) = alerts.record(MON_004, "WARNING", Some(user), &detail).await {
                 tracing::warn!(error = %e, "could not store the MON-004 alert");
             }
         });

@@ -1,26 +1,30 @@
 //! Asset settings: the registry every check reads (the configuration file's defaults), with the
-//! changes admins make at run time stored in PostgreSQL (`assets`) and laid over it at start-up
+//! changes admins make at run time stored (`stores::AssetStore`; PostgreSQL's `assets`) and laid over it at start-up
 //! and on every reload, so every serving process and a restart see them. The registry is the one
 //! the coordinator and the funding ledger validate against.
 
 use std::sync::{Arc, RwLock};
 
 use domain::{AssetConfig, AssetRegistry, AssetStatus, AssetSymbol, ErrorCode};
-use rust_decimal::Decimal;
-use sqlx::PgPool;
+
+use crate::error::StoreError;
+use crate::stores::{AssetStore, StoredAsset};
 
 /// The registry shared by every check, and where admin changes are stored. Cheap to clone.
 #[derive(Clone)]
 pub struct AssetSettings {
-    pool: PgPool,
+    store: Arc<dyn AssetStore>,
     registry: Arc<RwLock<AssetRegistry>>,
 }
 
-type AssetRow = (String, i32, Decimal, Decimal, String, bool);
-
 impl AssetSettings {
-    pub fn new(pool: PgPool, registry: Arc<RwLock<AssetRegistry>>) -> Self {
-        Self { pool, registry }
+    pub fn new(store: Arc<dyn AssetStore>, registry: Arc<RwLock<AssetRegistry>>) -> Self {
+        Self { store, registry }
+    }
+
+    /// Where the settings are stored.
+    pub fn store(&self) -> &Arc<dyn AssetStore> {
+        &self.store
     }
 
     /// The shared registry itself (for the checks that hold it).
@@ -43,27 +47,8 @@ impl AssetSettings {
     }
 
     /// Stores one asset's settings (creates or replaces them) and applies them here at once.
-    pub async fn put(&self, a: &AssetConfig) -> Result<(), sqlx::Error> {
-        sqlx::query(
-            "INSERT INTO assets (symbol, precision, min_transfer_amount, max_transfer_amount, status,
-                                 internal_transfer_enabled, updated_at)
-             VALUES ($1, $2, $3, $4, $5, $6, now())
-             ON CONFLICT (symbol) DO UPDATE SET precision = EXCLUDED.precision,
-                 min_transfer_amount = EXCLUDED.min_transfer_amount,
-                 max_transfer_amount = EXCLUDED.max_transfer_amount, status = EXCLUDED.status,
-                 internal_transfer_enabled = EXCLUDED.internal_transfer_enabled, updated_at = now()",
-        )
-        .bind(a.symbol.as_str())
-        .bind(i32::try_from(a.precision).unwrap_or(i32::MAX))
-        .bind(a.min_transfer_amount)
-        .bind(a.max_transfer_amount)
-        .bind(match a.status {
-            AssetStatus::Active => "ACTIVE",
-            AssetStatus::Suspended => "SUSPENDED",
-        })
-        .bind(a.internal_transfer_enabled)
-        .execute(&self.pool)
-        .await?;
+    pub async fn put(&self, a: &AssetConfig) -> Result<(), StoreError> {
+        self.store.put(a).await?;
         self.registry
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -72,53 +57,26 @@ impl AssetSettings {
     }
 
     /// Makes the stored settings here equal to `home`'s (a cell catching up with the home cell,
-    /// ADR 0017 §4): every row of `home`'s `assets` that is missing or differs here is written
-    /// here as it is there, then the registry is reloaded. Returns how many rows were written.
-    /// Assets are never deleted, so a row only here stays.
-    pub async fn copy_from(&self, home: &PgPool) -> Result<usize, sqlx::Error> {
-        const ROWS: &str = "SELECT symbol, precision, min_transfer_amount, max_transfer_amount, \
-             status, internal_transfer_enabled, updated_at FROM assets ORDER BY symbol";
-        type Stored = (
-            String,
-            i32,
-            Decimal,
-            Decimal,
-            String,
-            bool,
-            chrono::DateTime<chrono::Utc>,
-        );
-        let theirs: Vec<Stored> = sqlx::query_as(ROWS).fetch_all(home).await?;
-        let ours: Vec<Stored> = sqlx::query_as(ROWS).fetch_all(&self.pool).await?;
-        let ours: std::collections::BTreeMap<&str, &Stored> =
-            ours.iter().map(|row| (row.0.as_str(), row)).collect();
+    /// ADR 0017 §4): every row of `home`'s that is missing or differs here is written here as it
+    /// is there, then the registry is reloaded. Returns how many rows were written. Assets are
+    /// never deleted, so a row only here stays.
+    pub async fn copy_from(&self, home: &dyn AssetStore) -> Result<usize, StoreError> {
+        let theirs = home.rows().await?;
+        let ours = self.store.rows().await?;
+        let ours: std::collections::BTreeMap<&str, &StoredAsset> =
+            ours.iter().map(|row| (row.symbol.as_str(), row)).collect();
         let mut written = 0;
         for row in &theirs {
-            let same = ours.get(row.0.as_str()).is_some_and(|mine| {
-                (mine.1, mine.2, mine.3, &mine.4, mine.5) == (row.1, row.2, row.3, &row.4, row.5)
+            let same = ours.get(row.symbol.as_str()).is_some_and(|mine| {
+                StoredAsset {
+                    updated_at: row.updated_at,
+                    ..(*mine).clone()
+                } == *row
             });
             if same {
                 continue;
             }
-            sqlx::query(
-                "INSERT INTO assets (symbol, precision, min_transfer_amount, max_transfer_amount,
-                                     status, internal_transfer_enabled, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7)
-                 ON CONFLICT (symbol) DO UPDATE SET precision = EXCLUDED.precision,
-                     min_transfer_amount = EXCLUDED.min_transfer_amount,
-                     max_transfer_amount = EXCLUDED.max_transfer_amount,
-                     status = EXCLUDED.status,
-                     internal_transfer_enabled = EXCLUDED.internal_transfer_enabled,
-                     updated_at = EXCLUDED.updated_at",
-            )
-            .bind(&row.0)
-            .bind(row.1)
-            .bind(row.2)
-            .bind(row.3)
-            .bind(&row.4)
-            .bind(row.5)
-            .bind(row.6)
-            .execute(&self.pool)
-            .await?;
+            self.store.write(row).await?;
             written += 1;
         }
         self.reload().await?;
@@ -127,15 +85,19 @@ impl AssetSettings {
 
     /// Lays the stored settings over the registry; returns how many were applied. A row that no
     /// longer passes the checks is skipped with a warning rather than stopping the service.
-    pub async fn reload(&self) -> Result<usize, sqlx::Error> {
-        let rows: Vec<AssetRow> = sqlx::query_as(
-            "SELECT symbol, precision, min_transfer_amount, max_transfer_amount, status,
-                    internal_transfer_enabled FROM assets ORDER BY symbol",
-        )
-        .fetch_all(&self.pool)
-        .await?;
+    pub async fn reload(&self) -> Result<usize, StoreError> {
+        let rows = self.store.rows().await?;
         let mut configs = Vec::with_capacity(rows.len());
-        for (symbol, precision, min, max, status, enabled) in rows {
+        for StoredAsset {
+            symbol,
+            precision,
+            min_transfer_amount: min,
+            max_transfer_amount: max,
+            status,
+            internal_transfer_enabled: enabled,
+            ..
+        } in rows
+        {
             let config = AssetSymbol::parse(&symbol).ok().map(|symbol| AssetConfig {
                 symbol,
                 precision: u32::try_from(precision).unwrap_or(u32::MAX),

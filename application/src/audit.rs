@@ -28,10 +28,12 @@ pub mod status;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use adapters::applied::AppliedMovement;
-use adapters::audit::{FundingItem, FundingRead, SpotRead, SpotReadError};
-use adapters::event_store::{self, LogError};
-use adapters::{FundingError, FundingLedger, SpotAdapter, SpotError};
+use crate::books::{
+    AppliedMovement, FundingBook, FundingError, FundingItem, FundingRead, SpotBook, SpotError,
+    SpotRead, SpotReadError,
+};
+use crate::error::StoreError;
+use crate::stores::{AuditRecords, EventReads, LogError};
 use chrono::{DateTime, Utc};
 use domain::{Operation, TransferState};
 use rust_decimal::Decimal;
@@ -123,8 +125,8 @@ pub struct InvariantReport {
 /// Why a check could not decide.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckError {
-    #[error("database")]
-    Database(#[from] sqlx::Error),
+    #[error("store")]
+    Store(#[from] StoreError),
     #[error("funding ledger")]
     Funding(#[from] FundingError),
     #[error("spot-core")]
@@ -146,16 +148,22 @@ impl From<SpotReadError> for CheckError {
     }
 }
 
+/// What one check reads: the event log, both account systems, and its own records (the
+/// checkpoint an incremental run starts from and stores).
+#[derive(Clone, Copy)]
+pub struct Sources<'a> {
+    pub log: &'a dyn EventReads,
+    pub funding: &'a dyn FundingBook,
+    pub spot: &'a dyn SpotBook,
+    pub records: &'a dyn AuditRecords,
+}
+
 /// The incremental check: from the stored checkpoint, storing the next one, then telling
 /// spot-core it may compact its journal up to the stored seq.
-pub async fn check_incremental(
-    funding: &FundingLedger,
-    spot: &SpotAdapter,
-) -> Result<InvariantReport, CheckError> {
-    let pool = funding.pool();
-    let start = checkpoint::load(pool).await?;
-    let (mut report, next) = run(funding, spot, &start, Mode::Incremental).await?;
-    report.stored = checkpoint::store(pool, start.version, &next).await?;
+pub async fn check_incremental(src: Sources<'_>) -> Result<InvariantReport, CheckError> {
+    let start = src.records.load_checkpoint().await?;
+    let (mut report, next) = run(src, &start, Mode::Incremental).await?;
+    report.stored = src.records.store_checkpoint(start.version, &next).await?;
     if !report.stored {
         tracing::debug!("another audit run stored its checkpoint first; this one is not kept");
     } else if report.read.spot_records > 0 {
@@ -165,7 +173,7 @@ pub async fn check_incremental(
         // A refusal costs nothing but disk (spot-core keeps more), so it never fails the check.
         // Whether it may have been taken anyway (`outcome_unknown`) changes nothing: a later
         // retain covers it.
-        if let Err(e) = spot.retain(next.spot_seq).await {
+        if let Err(e) = src.spot.retain(next.spot_seq).await {
             tracing::warn!(seq = next.spot_seq, error = %e, outcome_unknown = e.outcome_unknown(), "spot-core did not take the audit's retain position");
         }
     }
@@ -175,20 +183,14 @@ pub async fn check_incremental(
 /// The full check: every event, journal row and spot-core record from the start of history
 /// (streamed, never held whole), nothing stored. Exact like the incremental one and must agree
 /// with it.
-pub async fn check_full(
-    funding: &FundingLedger,
-    spot: &SpotAdapter,
-) -> Result<InvariantReport, CheckError> {
-    let (report, _) = run(funding, spot, &Checkpoint::default(), Mode::Full).await?;
+pub async fn check_full(src: Sources<'_>) -> Result<InvariantReport, CheckError> {
+    let (report, _) = run(src, &Checkpoint::default(), Mode::Full).await?;
     Ok(report)
 }
 
 /// The full check (tests and tools call it by this name).
-pub async fn check(
-    funding: &FundingLedger,
-    spot: &SpotAdapter,
-) -> Result<InvariantReport, CheckError> {
-    check_full(funding, spot).await
+pub async fn check(src: Sources<'_>) -> Result<InvariantReport, CheckError> {
+    check_full(src).await
 }
 
 /// What came after the checkpoint's positions, split into what is consumed (stored in the next
@@ -240,12 +242,11 @@ fn add_in_flight(sum: &mut Decimal, m: &AppliedMovement) {
 /// One run from `start`: reads the events (before), the funding side, spot-core, the events
 /// again (after); returns the report and the checkpoint to store next.
 async fn run(
-    funding: &FundingLedger,
-    spot: &SpotAdapter,
+    src: Sources<'_>,
     start: &Checkpoint,
     mode: Mode,
 ) -> Result<(InvariantReport, Checkpoint), CheckError> {
-    let reads = read_after(funding, spot, start).await?;
+    let reads = read_after(src, start).await?;
     let mut next = Checkpoint {
         version: 0,
         events_horizon: reads.events_watermark,
@@ -296,27 +297,26 @@ struct Reads {
 
 /// The reads, in the order that keeps a transfer moving on during the run from looking broken:
 /// the events (before), the funding side, spot-core, the events again (after).
-async fn read_after(
-    funding: &FundingLedger,
-    spot: &SpotAdapter,
-    start: &Checkpoint,
-) -> Result<Reads, CheckError> {
-    let pool = funding.pool();
+async fn read_after(src: Sources<'_>, start: &Checkpoint) -> Result<Reads, CheckError> {
     let open_ids: Vec<String> = start.open.keys().cloned().collect();
     // Before: the watermark stored next (every event below it is visible in this snapshot), and
     // the states the requirements are taken from.
-    let (events_watermark, before) =
-        event_store::audit_transfers(pool, start.events_horizon, &open_ids).await?;
+    let (events_watermark, before) = src
+        .log
+        .audit_transfers(start.events_horizon, &open_ids)
+        .await?;
     let before: HashMap<String, TransferState> =
         before.into_iter().map(|t| (t.req_id, t.state)).collect();
 
     let mut new = NewWork::default();
-    let funding_read = funding
+    let funding_read = src
+        .funding
         .audit_read(start.funding_horizon, &mut |item| new.take(item))
         .await?;
     // spot-core's journal is commit-ordered (one seq per applied record, synced before it is
     // served): everything read is consumed.
-    let spot_read = spot
+    let spot_read = src
+        .spot
         .audit_read(start.spot_seq, &mut |m| new.movement(m, true))
         .await?;
 
@@ -328,7 +328,7 @@ async fn read_after(
             .filter(|id| !start.open.contains_key(*id))
             .cloned(),
     );
-    let (_, after) = event_store::audit_transfers(pool, start.events_horizon, &ids).await?;
+    let (_, after) = src.log.audit_transfers(start.events_horizon, &ids).await?;
     let transfers_read = after.len() as u64;
     // Consumed as it is turned into the compact form: the two are never both held whole.
     let known: HashMap<String, Known> = after

@@ -13,16 +13,12 @@ use domain::{
     AccountPort, AccountType, Amount, AssetRegistry, AssetSymbol, ReqId, TransferCommand,
     TransferData, UserId,
 };
-use sqlx::PgPool;
 
 use crate::daily::{Charge, DailyLimits};
 pub use crate::error::{CoordinatorError, StoreCause};
 use crate::failpoint::FailPoints;
-use crate::pg::{PgClientKeys, PgDailyReservations, PgLeases, PgTransferLog};
 pub(crate) use crate::ports::Context;
-use crate::ports::{
-    ClientKeys, Clock, Commit, DailyReservations, Leases, SystemClock, TransferLog,
-};
+use crate::ports::{ClientKeys, Clock, Commit, DailyReservations, Leases, TransferLog};
 use crate::round_queue::Rounds;
 
 /// A request for a new transfer, already parsed into domain types.
@@ -64,19 +60,6 @@ pub struct Ports {
     pub clock: Arc<dyn Clock>,
 }
 
-impl Ports {
-    /// The event log, claims, leases and daily counters in `pool`'s database, the system clock.
-    pub fn postgres(pool: PgPool) -> Self {
-        Self {
-            log: Arc::new(PgTransferLog::new(pool.clone())),
-            claims: Arc::new(PgClientKeys::new(pool.clone())),
-            leases: Arc::new(PgLeases::new(pool.clone())),
-            limits: Arc::new(PgDailyReservations::new(pool)),
-            clock: Arc::new(SystemClock),
-        }
-    }
-}
-
 /// A single request in the round former's queue (`round.rs`), with the trace context of the
 /// request that sent it when tracing is on, so a shared round's span can link to every request
 /// it served.
@@ -90,9 +73,6 @@ pub struct Coordinator {
     pub(crate) leases: Arc<dyn Leases>,
     pub(crate) reservations: Arc<dyn DailyReservations>,
     pub(crate) clock: Arc<dyn Clock>,
-    /// The database behind the ports, when they are PostgreSQL's (the failover repair and the
-    /// recovery worker's own tables use it); none in the simulation.
-    pub(crate) pool: Option<PgPool>,
     funding: Arc<dyn AccountPort>,
     spot: Arc<dyn AccountPort>,
     pub(crate) assets: Arc<RwLock<AssetRegistry>>,
@@ -108,20 +88,6 @@ pub struct Coordinator {
 }
 
 impl Coordinator {
-    /// The coordinator over `pool`'s event store (its group-commit appender is started on the
-    /// current tokio runtime and owned by this value's clones) and the two account systems.
-    pub fn new(
-        pool: PgPool,
-        funding: Arc<dyn AccountPort>,
-        spot: Arc<dyn AccountPort>,
-        assets: Arc<RwLock<AssetRegistry>>,
-    ) -> Self {
-        let mut coordinator =
-            Self::with_ports(Ports::postgres(pool.clone()), funding, spot, assets);
-        coordinator.pool = Some(pool);
-        coordinator
-    }
-
     /// The coordinator over `ports` (the simulation's in-memory ones, or any other) and the two
     /// account systems.
     pub fn with_ports(
@@ -136,7 +102,6 @@ impl Coordinator {
             leases: ports.leases,
             reservations: ports.limits,
             clock: ports.clock,
-            pool: None,
             funding,
             spot,
             assets,
@@ -171,12 +136,6 @@ impl Coordinator {
 
     pub fn assets(&self) -> &Arc<RwLock<AssetRegistry>> {
         &self.assets
-    }
-
-    /// The database the coordinator writes to (the worker keeps its bookkeeping there too);
-    /// `None` when its ports are not PostgreSQL's.
-    pub fn pool(&self) -> Option<&PgPool> {
-        self.pool.as_ref()
     }
 
     /// The transfers' leases the coordinator's manual resolution takes (the recovery worker

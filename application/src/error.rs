@@ -47,15 +47,28 @@ impl CoordinatorError {
     }
 }
 
-/// A storage (PostgreSQL) failure in one of the core's public errors, with its cause kept for
-/// `error_chain`: the driver's own error type stays inside the core.
-#[derive(Debug, thiserror::Error)]
+/// A store's failure (PostgreSQL in production) in one of the core's public errors, with its
+/// cause kept whole for `error_chain`: the driver's own error type stays in the adapter that
+/// made it (`StoreError::new` there), and the core names none.
+#[derive(Debug, Clone, thiserror::Error)]
 #[error(transparent)]
-pub struct StoreError(sqlx::Error);
+pub struct StoreError(StoreCause);
 
-impl From<sqlx::Error> for StoreError {
-    fn from(e: sqlx::Error) -> Self {
-        Self(e)
+impl StoreError {
+    /// A store failure caused by `cause`.
+    pub fn new(cause: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
+        Self(Arc::from(cause.into()))
+    }
+
+    /// A store failure described by `what` alone (a store with no driver error to keep).
+    pub fn msg(what: impl Into<String>) -> Self {
+        Self::new(what.into())
+    }
+}
+
+impl From<StoreError> for CoordinatorError {
+    fn from(e: StoreError) -> Self {
+        Self::OutcomeUnknown(e.0)
     }
 }
 
@@ -80,11 +93,5 @@ impl From<AggregateError<TransferError>> for CoordinatorError {
             AggregateError::AggregateConflict => Self::Conflict,
             other => Self::outcome_unknown(other),
         }
-    }
-}
-
-impl From<sqlx::Error> for CoordinatorError {
-    fn from(e: sqlx::Error) -> Self {
-        Self::outcome_unknown(e)
     }
 }

@@ -31,10 +31,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use adapters::{SpotAdapter, SpotError};
-use sqlx::PgPool;
-
+use crate::books::{SpotBook, SpotError};
 use crate::error::StoreError;
+use crate::stores::OpenTransfers;
 
 /// How long a `req_id` is remembered at least, unless configured otherwise: 7 days.
 pub const RETENTION_DEFAULT: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -73,12 +72,6 @@ pub enum HorizonError {
     NotUlid(String),
     #[error("spot-core")]
     Spot(#[from] SpotError),
-}
-
-impl From<sqlx::Error> for HorizonError {
-    fn from(e: sqlx::Error) -> Self {
-        Self::Store(e.into())
-    }
 }
 
 impl HorizonError {
@@ -130,13 +123,11 @@ pub struct Computed {
 /// The horizon now: the earlier of `now_ms − retention` and the creation time of the oldest
 /// transfer that is not terminal.
 pub async fn compute(
-    pool: &PgPool,
+    open: &dyn OpenTransfers,
     retention: Duration,
     now_ms: u64,
 ) -> Result<Computed, HorizonError> {
-    let oldest: Option<String> = sqlx::query_scalar("SELECT min(req_id) FROM open_transfers")
-        .fetch_one(pool)
-        .await?;
+    let oldest = open.oldest().await?;
     let retention_ms = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
     let by_age = now_ms.saturating_sub(retention_ms);
     match oldest {
@@ -159,8 +150,8 @@ pub async fn compute(
 /// the last value sent.
 #[derive(Clone)]
 pub struct Horizon {
-    pool: PgPool,
-    spot: SpotAdapter,
+    open: Arc<dyn OpenTransfers>,
+    spot: Arc<dyn SpotBook>,
     config: HorizonConfig,
     /// The last horizon spot-core accepted from this process (0: none yet).
     sent: Arc<AtomicU64>,
@@ -179,9 +170,13 @@ pub enum Step {
 }
 
 impl Horizon {
-    pub fn new(pool: PgPool, spot: SpotAdapter, config: HorizonConfig) -> Self {
+    pub fn new(
+        open: Arc<dyn OpenTransfers>,
+        spot: Arc<dyn SpotBook>,
+        config: HorizonConfig,
+    ) -> Self {
         Self {
-            pool,
+            open,
             spot,
             config,
             sent: Arc::default(),
@@ -197,7 +192,7 @@ impl Horizon {
     /// Computes the horizon and sends it when it is later than the last one sent.
     pub async fn step(&self) -> Result<Step, HorizonError> {
         let Computed { before_ms, held_by } =
-            compute(&self.pool, self.config.retention, now_ms()).await?;
+            compute(self.open.as_ref(), self.config.retention, now_ms()).await?;
         self.report_held_by(held_by);
         if before_ms <= self.last_sent() {
             return Ok(Step::Unchanged { before_ms });

@@ -6,25 +6,23 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use adapters::event_store::{self, LogError, LoggedEvent};
-use adapters::funding::DepositReceipt;
-use adapters::{AccountStatus, FundingError, FundingLedger, SpotAdapter, SpotError};
 use domain::{
     AccountPort, AccountType, Amount, AssetRegistry, AssetSymbol, ErrorCode, ReqId, TransferData,
     UserId,
 };
-use sqlx::PgPool;
 use tracing::Instrument;
 
 use crate::assets::AssetSettings;
 use crate::audit::{self, CheckError, InvariantReport, Mode};
+use crate::books::{AccountStatus, DepositReceipt, FundingBook, FundingError, SpotBook, SpotError};
 use crate::bulk::{cid_slots, Slot};
-use crate::coordinator::{Coordinator, CoordinatorError, NewTransfer};
+use crate::coordinator::{Coordinator, CoordinatorError, NewTransfer, Ports};
 use crate::daily::DailyLimits;
 use crate::error::StoreError;
 use crate::failpoint::FailPoints;
-use crate::halt::{self, HaltCache};
+use crate::halt::HaltCache;
 use crate::request::{depends_on_settings, TransferRequest};
+use crate::stores::{LogError, LoggedEvent, Stores};
 
 /// The per-second limit on transfer requests, kept by the edge (in this process's memory).
 pub trait RateGate: Send + Sync {
@@ -91,8 +89,9 @@ fn same_answer(
 #[derive(Clone)]
 pub struct Ledger {
     pub(crate) coordinator: Coordinator,
-    funding: FundingLedger,
-    pub(crate) spot: SpotAdapter,
+    pub(crate) funding: Arc<dyn FundingBook>,
+    pub(crate) spot: Arc<dyn SpotBook>,
+    pub(crate) stores: Stores,
     assets: AssetSettings,
     halt: Arc<HaltCache>,
     rate: Arc<dyn RateGate>,
@@ -101,38 +100,40 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    /// Wires the funding ledger over `pool` (checking the asset list too), the spot adapter and
-    /// the asset list into a coordinator. No limits until [`Ledger::with_limits`].
-    pub fn new(pool: PgPool, spot: SpotAdapter, assets: AssetRegistry) -> Self {
-        let registry = Arc::new(RwLock::new(assets));
-        let funding = FundingLedger::new(pool.clone()).with_assets(registry.clone());
-        let coordinator = Coordinator::new(
-            pool.clone(),
-            Arc::new(funding.clone()) as Arc<dyn AccountPort>,
-            Arc::new(spot.clone()) as Arc<dyn AccountPort>,
+    /// Wires a coordinator over `ports` and the two account systems, with the core's records
+    /// in `stores` and the asset list (every check's registry). No limits until
+    /// [`Ledger::with_limits`]. `adapters::pg::ledger` wires PostgreSQL's.
+    pub fn new(
+        ports: Ports,
+        stores: Stores,
+        funding: Arc<dyn FundingBook>,
+        spot: Arc<dyn SpotBook>,
+        registry: Arc<RwLock<AssetRegistry>>,
+    ) -> Self {
+        let coordinator = Coordinator::with_ports(
+            ports,
+            funding.clone() as Arc<dyn AccountPort>,
+            spot.clone() as Arc<dyn AccountPort>,
             registry.clone(),
         );
-        Self::from_parts(
-            coordinator,
-            funding,
-            spot,
-            AssetSettings::new(pool, registry),
-        )
+        Self::from_parts(coordinator, stores, funding, spot, registry)
     }
 
-    /// Over pieces the caller wired itself (a coordinator over `funding` and `spot`, the asset
-    /// settings sharing its registry), so the start-up's background work runs over the same.
+    /// Over a coordinator the caller wired itself over `funding` and `spot` and `registry`, so
+    /// the start-up's background work runs over the same.
     pub fn from_parts(
         coordinator: Coordinator,
-        funding: FundingLedger,
-        spot: SpotAdapter,
-        assets: AssetSettings,
+        stores: Stores,
+        funding: Arc<dyn FundingBook>,
+        spot: Arc<dyn SpotBook>,
+        registry: Arc<RwLock<AssetRegistry>>,
     ) -> Self {
         Self {
             coordinator,
             funding,
             spot,
-            assets,
+            assets: AssetSettings::new(stores.assets.clone(), registry),
+            stores,
             halt: Arc::new(HaltCache::default()),
             rate: Arc::new(Unlimited),
             bulk_max: crate::bulk::TRANSFERS_PER_REQUEST_MAX_DEFAULT,
@@ -180,8 +181,14 @@ impl Ledger {
         &self.assets
     }
 
-    fn pool(&self) -> &PgPool {
-        self.funding.pool()
+    /// The core's records this ledger was wired with.
+    pub fn stores(&self) -> &Stores {
+        &self.stores
+    }
+
+    /// The coordinator every command runs on.
+    pub fn coordinator(&self) -> &Coordinator {
+        &self.coordinator
     }
 
     /// `POST /internal_transfer`'s command: the values checked in contract §5.5's order (a cid repeat
@@ -398,9 +405,9 @@ impl Ledger {
         // Checked after the request's own checks, so a bad request gets its own code.
         if self
             .halt
-            .is_halted(self.pool())
+            .is_halted(self.stores.halt.as_ref())
             .await
-            .map_err(|e| RequestError::HaltUnknown(e.into()))?
+            .map_err(RequestError::HaltUnknown)?
         {
             return Err(RequestError::Refused(ErrorCode::ServiceHalted));
         }
@@ -441,15 +448,15 @@ impl Ledger {
     }
 
     async fn audit_and_enforce(&self, mode: Mode) -> Result<(InvariantReport, bool), CheckError> {
-        let pool = self.pool();
+        let records = self.stores.audit.as_ref();
         let started = std::time::Instant::now();
         let report = match mode {
-            Mode::Incremental => audit::check_incremental(&self.funding, &self.spot).await?,
-            Mode::Full => audit::check_full(&self.funding, &self.spot).await?,
+            Mode::Incremental => audit::check_incremental(self.audit_sources()).await?,
+            Mode::Full => audit::check_full(self.audit_sources()).await?,
         };
         let took = started.elapsed();
-        let report_id = audit::history::store_report(pool, &report).await?;
-        if let Err(e) = audit::history::record(pool, &report, took, Some(report_id)).await {
+        let report_id = records.store_report(&report).await?;
+        if let Err(e) = records.record_run(&report, took, Some(report_id)).await {
             tracing::warn!(error = %e, "could not record the check in the run history");
         }
         if !report.ok {
@@ -471,10 +478,20 @@ impl Ledger {
                     d.problem
                 );
             }
-            halt::halt(pool, "fund conservation violated").await?;
+            self.stores.halt.halt("fund conservation violated").await?;
         }
-        let halted = halt::is_halted(pool).await?;
+        let halted = self.stores.halt.is_halted().await?;
         Ok((report, halted))
+    }
+
+    /// What the conservation check reads, as this ledger is wired.
+    pub fn audit_sources(&self) -> audit::Sources<'_> {
+        audit::Sources {
+            log: self.stores.events.as_ref(),
+            funding: self.funding.as_ref(),
+            spot: self.spot.as_ref(),
+            records: self.stores.audit.as_ref(),
+        }
     }
 
     /// Runs the incremental check every `interval` forever; the edge's start-up runs this. A
@@ -503,7 +520,7 @@ impl Ledger {
                         tracing::info!("the periodic fund-conservation check runs again");
                         unavailable = false;
                     }
-                    audit::status::record_decided(self.pool(), took).await
+                    self.stores.audit.record_decided(took).await
                 }
                 Err(e) => {
                     let detail = crate::error_chain(e);
@@ -518,7 +535,7 @@ impl Ledger {
                         );
                         unavailable = true;
                     }
-                    audit::status::record_failed(self.pool(), took, &detail).await
+                    self.stores.audit.record_failed(took, &detail).await
                 }
             };
             if let Err(e) = recorded {
@@ -527,14 +544,14 @@ impl Ledger {
         }
     }
 
-    /// Whether new transfers are halted now, and why (read from the database, not cached).
-    pub async fn halt_status(&self) -> Result<(bool, Option<String>), sqlx::Error> {
-        halt::status(self.pool()).await
+    /// Whether new transfers are halted now, and why (read from the store, not cached).
+    pub async fn halt_status(&self) -> Result<(bool, Option<String>), StoreError> {
+        self.stores.halt.status().await
     }
 
     /// An admin lifts the halt (after looking into the cause).
-    pub async fn clear_halt(&self, admin: UserId) -> Result<(), sqlx::Error> {
-        let cleared = halt::clear(self.pool(), admin.as_i64()).await;
+    pub async fn clear_halt(&self, admin: UserId) -> Result<(), StoreError> {
+        let cleared = self.stores.halt.clear(admin).await;
         self.halt.invalidate();
         cleared?;
         tracing::warn!(%admin, "transfer halt cleared by an admin");
@@ -576,6 +593,6 @@ impl Ledger {
 
     /// One transfer's events, in order, from the event log itself.
     pub async fn transfer_events(&self, req_id: &ReqId) -> Result<Vec<LoggedEvent>, LogError> {
-        event_store::transfer_events(self.pool(), &req_id.to_string()).await
+        self.stores.events.transfer_events(req_id).await
     }
 }

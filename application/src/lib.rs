@@ -1,5 +1,6 @@
 //! The application core: every command the edges (HTTP, GraphQL, the recovery worker) call, over
-//! the pure `domain` and the `adapters`. Creating a transfer (`Ledger::request_transfer`,
+//! the pure `domain` and ports (`ports.rs`, `books.rs`, `stores.rs`) that `adapters` implements:
+//! the core names no database and no adapter (`scripts/no-database-in-core` checks it). Creating a transfer (`Ledger::request_transfer`,
 //! `Coordinator::submit`), driving and resuming it (`drive.rs`), resolving it by hand, the daily
 //! limits, the conservation check and the halt flag, the idempotency horizon
 //! (`horizon.rs`), the asset settings, and the fail points of the crash tests. It never reads
@@ -23,6 +24,7 @@ macro_rules! planted {
 pub mod alerts;
 pub mod assets;
 pub mod audit;
+pub mod books;
 pub mod bulk;
 pub mod coordinator;
 pub mod daily;
@@ -31,11 +33,7 @@ pub mod error;
 pub mod failpoint;
 pub mod halt;
 pub mod horizon;
-pub mod lease;
 pub mod ledger;
-pub mod limits;
-pub mod maintenance;
-pub mod pg;
 #[cfg(feature = "plant")]
 pub mod plant;
 pub mod ports;
@@ -45,6 +43,7 @@ pub mod request;
 pub mod resolve;
 pub mod round;
 mod round_queue;
+pub mod stores;
 pub mod submit;
 #[cfg(feature = "testkit")]
 pub mod testkit;
@@ -62,9 +61,10 @@ pub use ports::{
     Rekeyed, SystemClock, TransferLog,
 };
 pub use queries::Queries;
-pub use repair::{RepairError, RepairOutcome};
+pub use repair::{RepairDesk, RepairError, RepairOutcome};
 pub use request::TransferRequest;
 pub use resolve::ManualResolutionError;
+pub use stores::Stores;
 
 /// An error with its causes, `: `-separated: the detail an operator needs in a log line or the
 /// attempt log, never shown to clients.

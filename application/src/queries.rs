@@ -1,42 +1,53 @@
 //! The core's reads an edge may make, in one object: a user's balances in both account systems,
 //! each system's record of one req_id (an operator's timeline), the stored alerts, the
 //! conservation check's health and history, the halt flag and spot-core's status. Built once by
-//! the binary's start-up from the pool and the adapters it made; the edge holds this object and
-//! never the pool or an adapter, so every read it makes is named here.
+//! the binary's start-up from the ports it made; the edge holds this object and never a store
+//! or an adapter, so every read it makes is named here.
 
-use adapters::funding::JournalEntry;
-use adapters::{FundingBalance, FundingError, FundingLedger, SpotAdapter, SpotBalance, SpotError};
+use std::sync::Arc;
+
 use domain::{ReqId, Resolution, TransferData, UserId};
 use spot_core::protocol::{CoreStatus, LookupOp};
-use sqlx::PgPool;
 
-use crate::alerts::{self, StoredAlert};
-use crate::audit::history::{self, Run};
-use crate::audit::status::{self, AuditHealth};
+use crate::alerts::StoredAlert;
+use crate::audit::history::Run;
+use crate::audit::status::AuditHealth;
+use crate::books::{
+    FundingBalance, FundingBook, FundingError, JournalEntry, SpotBalance, SpotBook, SpotError,
+};
 use crate::coordinator::CoordinatorError;
 use crate::drive::Resumed;
 use crate::error::StoreError;
-use crate::halt;
 use crate::ledger::Ledger;
-use crate::repair::{RepairError, RepairOutcome};
+use crate::repair::{RepairDesk, RepairError, RepairOutcome};
 use crate::resolve::ManualResolutionError;
+use crate::stores::Stores;
 
 /// The core's reads. Cheap to clone: every field is a handle.
 #[derive(Clone)]
 pub struct Queries {
-    pool: PgPool,
-    funding: FundingLedger,
-    spot: SpotAdapter,
+    stores: Stores,
+    funding: Arc<dyn FundingBook>,
+    spot: Arc<dyn SpotBook>,
 }
 
 impl Queries {
-    /// Over the database, the funding ledger and the spot adapter the start-up made.
-    pub fn new(pool: PgPool, funding: FundingLedger, spot: SpotAdapter) -> Self {
+    /// Over the records and the two account systems the start-up made.
+    pub fn new(stores: Stores, funding: Arc<dyn FundingBook>, spot: Arc<dyn SpotBook>) -> Self {
         Self {
-            pool,
+            stores,
             funding,
             spot,
         }
+    }
+
+    /// The same reads as `ledger` is wired with.
+    pub fn of(ledger: &Ledger) -> Self {
+        Self::new(
+            ledger.stores.clone(),
+            ledger.funding.clone(),
+            ledger.spot.clone(),
+        )
     }
 
     /// One user's FUNDING accounts: balance and status per asset.
@@ -54,7 +65,7 @@ impl Queries {
 
     /// The funding journal's rows of one req_id.
     pub async fn funding_records(&self, req_id: &ReqId) -> Result<Vec<JournalEntry>, FundingError> {
-        self.funding.journal_for(&req_id.to_string()).await
+        self.funding.journal_for(req_id).await
     }
 
     /// What spot-core recorded under one req_id.
@@ -69,45 +80,37 @@ impl Queries {
 
     /// The newest stored alerts, at most `limit`.
     pub async fn alerts_recent(&self, limit: i64) -> Result<Vec<StoredAlert>, StoreError> {
-        alerts::recent(&self.pool, limit)
-            .await
-            .map_err(StoreError::from)
+        self.stores.alerts.recent(limit).await
     }
 
     /// How many alerts of `code` were ever raised.
     pub async fn alerts_total(&self, code: &str) -> Result<i64, StoreError> {
-        alerts::total(&self.pool, code)
-            .await
-            .map_err(StoreError::from)
+        self.stores.alerts.total(code).await
     }
 
     /// The periodic conservation check's health (`ledger_audit_up` and its counters).
     pub async fn audit_health(&self) -> Result<AuditHealth, StoreError> {
-        status::health(&self.pool).await.map_err(StoreError::from)
+        self.stores.audit.health().await
     }
 
     /// The newest conservation checks that decided, at most `limit`.
     pub async fn check_history(&self, limit: i64) -> Result<Vec<Run>, StoreError> {
-        history::recent(&self.pool, limit)
-            .await
-            .map_err(StoreError::from)
+        self.stores.audit.recent_runs(limit).await
     }
 
     /// Run `run_id`'s full report (`None`: no such run, or its report was pruned).
     pub async fn check_report(&self, run_id: i64) -> Result<Option<serde_json::Value>, StoreError> {
-        history::report(&self.pool, run_id)
-            .await
-            .map_err(StoreError::from)
+        self.stores.audit.report(run_id).await
     }
 
     /// The newest conservation check that decided, if any.
     pub async fn last_check(&self) -> Result<Option<Run>, StoreError> {
-        history::last(&self.pool).await.map_err(StoreError::from)
+        Ok(self.stores.audit.recent_runs(1).await?.into_iter().next())
     }
 
-    /// Whether new transfers are halted now (read from the database, not cached).
+    /// Whether new transfers are halted now (read from the store, not cached).
     pub async fn is_halted(&self) -> Result<bool, StoreError> {
-        halt::is_halted(&self.pool).await.map_err(StoreError::from)
+        self.stores.halt.is_halted().await
     }
 }
 
@@ -140,8 +143,13 @@ impl Ledger {
         operator: &str,
         reason: &str,
     ) -> Result<RepairOutcome, RepairError> {
+        let desk = RepairDesk {
+            records: self.stores.repairs.as_ref(),
+            spot: self.spot.as_ref(),
+            funding: self.funding.as_ref(),
+        };
         self.coordinator
-            .repair_lost(&self.spot, req_id, operator, reason)
+            .repair_lost(desk, req_id, operator, reason)
             .await
     }
 }

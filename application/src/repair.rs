@@ -10,7 +10,7 @@
 //! first. The SPOT movement is found applied (the same details, so its repeat is answered from
 //! spot-core's record and never applied twice) and the FUNDING side is applied now, so the
 //! records agree and conservation is exact again. The request is recorded first in
-//! `failover_repairs` (migration 0019: who, why, from which record, how it ended); a repeat
+//! `stores::RepairRecords` (PostgreSQL's `failover_repairs`, migration 0019: who, why, from which record, how it ended); a repeat
 //! answers from that row and drives the transfer on if it is still open. A transfer the event
 //! log still knows is not repaired here: the recovery worker resumes it with lookups, and
 //! manual resolution covers the rest.
@@ -20,9 +20,10 @@ use domain::{AccountType, Amount, AssetSymbol, Operation, ReqId, TransferData, U
 use rust_decimal::Decimal;
 use serde::Serialize;
 
+use crate::books::{FundingBook, SpotBook};
 use crate::coordinator::{Coordinator, CoordinatorError, NewTransfer};
 use crate::error::StoreError;
-use adapters::SpotAdapter;
+use crate::stores::{RepairRecords, RepairRequest, RepairRow as Row};
 
 /// How many times a re-record's creation is tried when the store's answer is unknown.
 const CREATE_ATTEMPTS: u32 = 5;
@@ -57,12 +58,6 @@ pub enum RepairError {
     Coordinator(#[from] CoordinatorError),
 }
 
-impl From<sqlx::Error> for RepairError {
-    fn from(e: sqlx::Error) -> Self {
-        Self::Database(e.into())
-    }
-}
-
 /// What a repair did (or, repeated, had done).
 #[derive(Debug, Clone, Serialize)]
 pub struct RepairOutcome {
@@ -89,32 +84,20 @@ struct Implied {
     record: serde_json::Value,
 }
 
-/// A stored repair row.
-#[derive(sqlx::FromRow)]
-struct Row {
-    user_id: i64,
-    from_type: String,
-    to_type: String,
-    asset: String,
-    amount: Decimal,
-    operator: String,
-    reason: String,
-    requested_at: DateTime<Utc>,
+/// What a repair reads and records besides the coordinator's log: its own rows, spot-core's
+/// record of the req_id, and the FUNDING balance a re-record would withdraw from.
+#[derive(Clone, Copy)]
+pub struct RepairDesk<'a> {
+    pub records: &'a dyn RepairRecords,
+    pub spot: &'a dyn SpotBook,
+    pub funding: &'a dyn FundingBook,
 }
 
 impl Coordinator {
-    /// The database a repair reads and records in: the repair is PostgreSQL's own (it mends
-    /// what a PostgreSQL failover lost), so a coordinator over other ports has none.
-    fn repair_pool(&self) -> Result<&sqlx::PgPool, sqlx::Error> {
-        self.pool().ok_or_else(|| {
-            sqlx::Error::Configuration("the failover repair needs PostgreSQL".into())
-        })
-    }
-
     /// Repairs one lost transfer (see the module's documentation); idempotent by req_id.
     pub async fn repair_lost(
         &self,
-        spot: &SpotAdapter,
+        desk: RepairDesk<'_>,
         req_id: &ReqId,
         operator: &str,
         reason: &str,
@@ -122,34 +105,30 @@ impl Coordinator {
         if operator.trim().is_empty() || reason.trim().is_empty() {
             return Err(RepairError::MissingReason);
         }
-        if let Some(row) = self.repair_row(req_id).await? {
-            return self.finish_repair(req_id, row, true).await;
+        if let Some(row) = desk.records.find(req_id).await? {
+            return self.finish_repair(desk, req_id, row, true).await;
         }
         if let Some(known) = self.load(req_id).await? {
             return Err(RepairError::Known(known.state.as_str().to_owned()));
         }
-        let implied = implied_transfer(spot, req_id).await?;
-        self.check_funding(&implied.transfer).await?;
-        let inserted = sqlx::query(
-            "INSERT INTO failover_repairs
-                 (req_id, action, user_id, from_type, to_type, asset, amount, spot_record,
-                  operator, reason)
-             VALUES ($1, 'RE_RECORD', $2, $3, $4, $5, $6, $7, $8, $9)
-             ON CONFLICT (req_id) DO NOTHING",
-        )
-        .bind(req_id.to_string())
-        .bind(implied.transfer.user_id.as_i64())
-        .bind(implied.transfer.from.as_str())
-        .bind(implied.transfer.to.as_str())
-        .bind(implied.transfer.asset.as_str())
-        .bind(implied.transfer.amount.value())
-        .bind(&implied.record)
-        .bind(operator)
-        .bind(reason)
-        .execute(self.repair_pool()?)
-        .await?
-        .rows_affected();
-        let repeated = inserted == 0;
+        let implied = implied_transfer(desk.spot, req_id).await?;
+        check_funding(desk.funding, &implied.transfer).await?;
+        let t = &implied.transfer;
+        let inserted = desk
+            .records
+            .insert(&RepairRequest {
+                req_id,
+                user_id: t.user_id.as_i64(),
+                from_type: t.from.as_str(),
+                to_type: t.to.as_str(),
+                asset: t.asset.as_str(),
+                amount: t.amount.value(),
+                spot_record: &implied.record,
+                operator,
+                reason,
+            })
+            .await?;
+        let repeated = !inserted;
         if !repeated {
             tracing::warn!(
                 %req_id, operator, reason,
@@ -160,27 +139,19 @@ impl Coordinator {
             );
             self.create_repaired(req_id, &implied.transfer).await?;
         }
-        let row = self
-            .repair_row(req_id)
+        let row = desk
+            .records
+            .find(req_id)
             .await?
             .ok_or_else(|| CoordinatorError::invariant("repair row vanished"))?;
-        self.finish_repair(req_id, row, repeated).await
-    }
-
-    async fn repair_row(&self, req_id: &ReqId) -> Result<Option<Row>, sqlx::Error> {
-        sqlx::query_as(
-            "SELECT user_id, from_type, to_type, asset, amount, operator, reason, requested_at
-             FROM failover_repairs WHERE req_id = $1",
-        )
-        .bind(req_id.to_string())
-        .fetch_optional(self.repair_pool()?)
-        .await
+        self.finish_repair(desk, req_id, row, repeated).await
     }
 
     /// Creates the transfer if a repair row exists without it (a repair interrupted between
     /// the two), drives it with lookups first, and records where it ended.
     async fn finish_repair(
         &self,
+        desk: RepairDesk<'_>,
         req_id: &ReqId,
         row: Row,
         repeated: bool,
@@ -191,14 +162,7 @@ impl Coordinator {
         }
         let data = self.drive_repaired(req_id).await?;
         if data.state.is_terminal() {
-            sqlx::query(
-                "UPDATE failover_repairs SET final_state = $2, finished_at = now()
-                 WHERE req_id = $1 AND final_state IS NULL",
-            )
-            .bind(req_id.to_string())
-            .bind(data.state.as_str())
-            .execute(self.repair_pool()?)
-            .await?;
+            desk.records.finish(req_id, data.state).await?;
         }
         Ok(RepairOutcome {
             req_id: req_id.to_string(),
@@ -263,29 +227,26 @@ impl Coordinator {
             }
         }
     }
+}
 
-    /// A FUNDING → SPOT re-record withdraws from FUNDING: refused up front when the account
-    /// cannot pay it.
-    async fn check_funding(&self, t: &NewTransfer) -> Result<(), RepairError> {
-        if t.from != AccountType::Funding {
-            return Ok(());
-        }
-        let available: Option<Decimal> = sqlx::query_scalar(
-            "SELECT balance FROM funding_accounts WHERE user_id = $1 AND asset = $2",
-        )
-        .bind(t.user_id.as_i64())
-        .bind(t.asset.as_str())
-        .fetch_optional(self.repair_pool()?)
-        .await?;
-        let available = available.unwrap_or_default();
-        if available < t.amount.value() {
-            return Err(RepairError::InsufficientFunding {
-                available: available.normalize(),
-                amount: t.amount.value(),
-            });
-        }
-        Ok(())
+/// A FUNDING → SPOT re-record withdraws from FUNDING: refused up front when the account cannot
+/// pay it.
+async fn check_funding(funding: &dyn FundingBook, t: &NewTransfer) -> Result<(), RepairError> {
+    if t.from != AccountType::Funding {
+        return Ok(());
     }
+    let available = match funding.balance(t.user_id, &t.asset).await {
+        Ok(balance) => balance.unwrap_or_default(),
+        Err(crate::books::FundingError::Store(e)) => return Err(RepairError::Database(e)),
+        Err(e) => return Err(RepairError::Database(StoreError::new(e.to_string()))),
+    };
+    if available < t.amount.value() {
+        return Err(RepairError::InsufficientFunding {
+            available: available.normalize(),
+            amount: t.amount.value(),
+        });
+    }
+    Ok(())
 }
 
 fn row_transfer(row: &Row) -> Result<NewTransfer, CoordinatorError> {
@@ -304,7 +265,7 @@ fn row_transfer(row: &Row) -> Result<NewTransfer, CoordinatorError> {
 }
 
 /// What spot-core applied under `req_id`, as the transfer that made it.
-async fn implied_transfer(spot: &SpotAdapter, req_id: &ReqId) -> Result<Implied, RepairError> {
+async fn implied_transfer(spot: &dyn SpotBook, req_id: &ReqId) -> Result<Implied, RepairError> {
     let record = spot
         .record_of(&req_id.to_string())
         .await

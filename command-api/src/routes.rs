@@ -2,7 +2,7 @@
 //! set an account's status. Each takes its body apart here (`body.rs`), in the contract's check
 //! order, and calls one command of the core (`application::Ledger`).
 
-use adapters::{AccountStatus, FundingError};
+use application::books::{AccountStatus, FundingError};
 use application::{NewTransfer, RequestError, TransferRequest};
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
@@ -202,7 +202,9 @@ fn funding_error(e: FundingError) -> ApiError {
         FundingError::ExternalIdReused => ApiError::Refused(ErrorCode::IdempotencyKeyReused),
         FundingError::AccountNotFound => ApiError::NotFound,
         FundingError::Overflow => ApiError::Refused(ErrorCode::Overflow),
-        FundingError::Database(e) => ApiError::Internal(format!("funding ledger: {e}")),
+        FundingError::Store(e) => {
+            ApiError::Internal(format!("funding ledger: {}", application::error_chain(&e)))
+        }
     }
 }
 

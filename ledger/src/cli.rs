@@ -181,7 +181,7 @@ async fn audit(args: AuditArgs, settings: &Settings) -> anyhow::Result<bool> {
     };
     let spot = SpotAdapter::with_token(args.spot_url, args.spot_timeout.0, token);
     let pool = settings.database.pool(2).await?;
-    let ledger = application::Ledger::new(pool, spot, domain::AssetRegistry::default_assets());
+    let ledger = adapters::pg::ledger(pool, spot, domain::AssetRegistry::default_assets());
     let mode = if args.full {
         application::audit::Mode::Full
     } else {

@@ -179,8 +179,12 @@ impl Tasks {
         // processes.
         tasks.spawn("projector", Projector::new(pool.clone()).run());
         if let Some(config) = &background.recovery {
-            let worker = RecoveryWorker::with_config(pieces.coordinator.clone(), config.clone())
-                .watching(Arc::new(ProjectorHealth::new(pool.clone())));
+            let worker = RecoveryWorker::with_config(
+                pieces.coordinator.clone(),
+                pool.clone(),
+                config.clone(),
+            )
+            .watching(Arc::new(ProjectorHealth::new(pool.clone())));
             tasks.spawn("recovery worker", worker.run());
         }
         tasks.spawn(
@@ -197,10 +201,14 @@ impl Tasks {
         }
         tasks.spawn(
             "hot-table vacuum",
-            application::maintenance::run(pool.clone(), application::maintenance::INTERVAL),
+            adapters::pg::maintenance::run(pool.clone(), adapters::pg::maintenance::INTERVAL),
         );
         if let Some(config) = background.horizon {
-            let horizon = application::Horizon::new(pool.clone(), pieces.spot.clone(), config);
+            let horizon = application::Horizon::new(
+                ledger.stores().open.clone(),
+                Arc::new(pieces.spot.clone()),
+                config,
+            );
             tasks.spawn("idempotency horizon", horizon.run());
         }
         if let Some(config) = &background.log {

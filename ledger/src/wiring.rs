@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use adapters::{FundingLedger, SpotAdapter};
 use application::alerts::{FrequencyConfig, WatchedGate};
-use application::{AssetSettings, Coordinator, FailPoints, Ledger, Queries};
+use application::{Coordinator, FailPoints, Ledger, Queries};
 use domain::{AccountPort, AssetRegistry};
 use edge::ratelimit::{LimitsConfig, RateLimiter};
 use edge::reads::ReadSide;
@@ -102,11 +102,13 @@ impl Wiring {
     pub fn assemble(self) -> Assembled {
         let pool = self.pool;
         let registry = Arc::new(RwLock::new(self.assets));
-        let funding = FundingLedger::new(pool.clone()).with_assets(registry.clone());
-        let mut coordinator = Coordinator::new(
-            pool.clone(),
-            Arc::new(funding.clone()) as Arc<dyn AccountPort>,
-            Arc::new(self.spot.clone()) as Arc<dyn AccountPort>,
+        let funding = Arc::new(FundingLedger::new(pool.clone()).with_assets(registry.clone()));
+        let spot = Arc::new(self.spot.clone());
+        let stores = adapters::pg::stores(pool.clone());
+        let mut coordinator = Coordinator::with_ports(
+            adapters::pg::ports(pool.clone()),
+            funding.clone() as Arc<dyn AccountPort>,
+            spot.clone() as Arc<dyn AccountPort>,
             registry.clone(),
         );
         if let Some(retention) = self.retention {
@@ -119,22 +121,22 @@ impl Wiring {
             let rate = Arc::new(RateLimiter::new(limits.requests_per_second));
             coordinator = coordinator.clone().with_daily_limits(limits.daily.clone());
             (
-                WatchedGate::new(rate, frequency, pool.clone()),
+                WatchedGate::new(rate, frequency, stores.alerts.clone()),
                 limits.daily,
             )
         });
-        let assets = AssetSettings::new(pool.clone(), registry);
         let mut ledger = Ledger::from_parts(
             coordinator.clone(),
+            stores.clone(),
             funding.clone(),
-            self.spot.clone(),
-            assets,
+            spot.clone(),
+            registry,
         )
         .with_bulk_max(self.bulk_max);
         if let Some((gate, daily)) = gate {
             ledger = ledger.with_limits(Arc::new(gate), daily);
         }
-        let queries = Queries::new(pool.clone(), funding, self.spot.clone());
+        let queries = Queries::new(stores, funding, spot);
         let reads = ReadSide::new(pool.clone());
         let state = AppState::new(ledger.clone(), queries, reads, &self.jwt_secret);
         Assembled {

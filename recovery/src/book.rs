@@ -10,6 +10,11 @@ use async_trait::async_trait;
 use domain::{ReqId, TransferState};
 use sqlx::PgPool;
 
+/// A database error in the book: the outcome is unknown.
+fn unknown(e: sqlx::Error) -> CoordinatorError {
+    CoordinatorError::outcome_unknown(e)
+}
+
 /// How one attempt ended, to be recorded with the lease's release.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttemptRecord<'a> {
@@ -134,7 +139,8 @@ impl RetryBook for PgRetryBook {
         .bind(stale_ms)
         .bind(limit)
         .fetch_all(&self.pool)
-        .await?;
+        .await
+        .map_err(unknown)?;
         Ok(rows.into_iter().filter_map(typed_due).collect())
     }
 
@@ -173,7 +179,8 @@ impl RetryBook for PgRetryBook {
         .bind(worker)
         .bind(state_before.as_str())
         .fetch_one(&self.pool)
-        .await?)
+        .await
+        .map_err(unknown)?)
     }
 
     async fn record_attempt(
@@ -181,7 +188,7 @@ impl RetryBook for PgRetryBook {
         a: &AttemptRecord<'_>,
         policy: &dyn AttemptPolicy,
     ) -> Result<Tally, CoordinatorError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin().await.map_err(unknown)?;
         sqlx::query(
             "UPDATE recovery_attempts SET finished_at = clock_timestamp(), state_after = $2,
                 outcome = $3, error = $4, error_category = $5 WHERE id = $1",
@@ -192,7 +199,8 @@ impl RetryBook for PgRetryBook {
         .bind(a.error)
         .bind(a.category)
         .execute(&mut *tx)
-        .await?;
+        .await
+        .map_err(unknown)?;
         let (attempts, refund_failures, refund_not_alerted): (i32, i32, bool) = sqlx::query_as(
             "UPDATE transfer_retries SET
                 state = COALESCE($2, state),
@@ -211,7 +219,8 @@ impl RetryBook for PgRetryBook {
         .bind(a.error)
         .bind(a.category)
         .fetch_one(&mut *tx)
-        .await?;
+        .await
+        .map_err(unknown)?;
         let tally = Tally {
             attempts,
             refund_failures,
@@ -226,15 +235,17 @@ impl RetryBook for PgRetryBook {
             .bind(a.req_id.to_string())
             .bind(i64::try_from(delay).unwrap_or(i64::MAX))
             .execute(&mut *tx)
-            .await?;
+            .await
+            .map_err(unknown)?;
         }
         if policy.alert_refund(&tally) {
             sqlx::query("UPDATE transfer_retries SET refund_alerted_at = now() WHERE req_id = $1")
                 .bind(a.req_id.to_string())
                 .execute(&mut *tx)
-                .await?;
+                .await
+                .map_err(unknown)?;
         }
-        tx.commit().await?;
+        tx.commit().await.map_err(unknown)?;
         Ok(tally)
     }
 
@@ -259,11 +270,14 @@ impl RetryBook for PgRetryBook {
         )
         .bind(older_than_ms)
         .fetch_all(&self.pool)
-        .await?)
+        .await
+        .map_err(unknown)?)
     }
 
     async fn heartbeat(&self, worker: &str) -> Result<(), CoordinatorError> {
-        Ok(crate::heartbeat::beat(&self.pool, worker).await?)
+        Ok(crate::heartbeat::beat(&self.pool, worker)
+            .await
+            .map_err(unknown)?)
     }
 }
 

@@ -27,7 +27,8 @@ use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
 use tracing::Instrument;
 
-use crate::book::{AttemptPolicy, AttemptRecord, NoRetryBook, PgRetryBook, RetryBook, Tally};
+use crate::book::{AttemptPolicy, AttemptRecord, PgRetryBook, RetryBook, Tally};
+use sqlx::PgPool;
 
 /// The worker's knobs. Every one has a limit; names carry their unit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -320,14 +321,11 @@ pub struct RecoveryWorker {
 }
 
 impl RecoveryWorker {
-    /// A worker driving through `coordinator`'s commands with `config`, its retry book in the
-    /// coordinator's PostgreSQL database. It watches no projector until given one
+    /// A worker driving through `coordinator`'s commands with `config`, its retry book in
+    /// `pool`'s database (the coordinator's). It watches no projector until given one
     /// ([`RecoveryWorker::watching`]).
-    pub fn with_config(coordinator: Coordinator, config: RecoveryConfig) -> Self {
-        let book: Arc<dyn RetryBook> = match coordinator.pool() {
-            Some(pool) => Arc::new(PgRetryBook::new(pool.clone())),
-            None => Arc::new(NoRetryBook),
-        };
+    pub fn with_config(coordinator: Coordinator, pool: PgPool, config: RecoveryConfig) -> Self {
+        let book: Arc<dyn RetryBook> = Arc::new(PgRetryBook::new(pool));
         Self::with_book(coordinator, config, book)
     }
 

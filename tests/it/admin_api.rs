@@ -265,10 +265,14 @@ async fn mon_timeline_of_a_manually_resolved_transfer_shows_who_and_why() {
         stale_after: Duration::ZERO,
         ..RecoveryConfig::default()
     };
-    RecoveryWorker::with_config(api.stack.coordinator.clone(), config)
-        .pass()
-        .await
-        .unwrap();
+    RecoveryWorker::with_config(
+        api.stack.coordinator.clone(),
+        api.stack.db.pool.clone(),
+        config,
+    )
+    .pass()
+    .await
+    .unwrap();
     let body = get(&api, &path).await;
     let attempts = body["attempts"].as_array().unwrap();
     assert_eq!(attempts.len(), 1, "{body}");

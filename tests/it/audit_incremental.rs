@@ -10,7 +10,8 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use application::audit::{check_full, check_incremental, InvariantReport};
+use adapters::pg::{check_full, check_incremental};
+use application::audit::InvariantReport;
 use application::{Coordinator, NewTransfer};
 use domain::AccountType::{Funding, Spot};
 use domain::{
@@ -133,7 +134,7 @@ async fn audit_incremental_agrees_with_full_after_mixed_load_failures_compensati
 
     // A transfer caught mid-step: its withdraw applied, its outcome unknown. Both checks count
     // it in flight, neither raises an alarm, and the incremental one keeps it open.
-    let crashy = Coordinator::new(
+    let crashy = adapters::pg::coordinator(
         s.db.pool.clone(),
         Arc::new(WithdrawThenLoseAnswer(s.funding.clone())),
         Arc::new(s.spot_adapter.clone()),

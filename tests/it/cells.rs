@@ -129,7 +129,7 @@ impl ThreeCells {
     pub(crate) async fn assert_every_cell_exact(&self) {
         for cell in &self.cells {
             let funding = FundingLedger::new(cell.db.pool.clone());
-            let report = application::audit::check(&funding, &cell.spot.adapter())
+            let report = adapters::pg::check_full(&funding, &cell.spot.adapter())
                 .await
                 .expect("the conservation check runs");
             assert!(report.ok, "cell {}: {report:#?}", cell.id);
@@ -665,7 +665,7 @@ async fn cells_006_a_halt_in_one_cell_refuses_only_its_users() {
     }
     for cell in &three.cells[1..] {
         let funding = FundingLedger::new(cell.db.pool.clone());
-        let report = application::audit::check(&funding, &cell.spot.adapter())
+        let report = adapters::pg::check_full(&funding, &cell.spot.adapter())
             .await
             .unwrap();
         assert!(report.ok, "cell {}: {report:#?}", cell.id);

@@ -98,6 +98,7 @@ async fn con_004_many_concurrent_debits_of_one_account_never_double_deduct() {
     }
     let worker = recovery::RecoveryWorker::with_config(
         api.stack.coordinator.clone(),
+        api.stack.db.pool.clone(),
         recovery::RecoveryConfig {
             stale_after: std::time::Duration::ZERO,
             ..recovery::RecoveryConfig::default()

@@ -313,7 +313,7 @@ impl Stack {
         let funding = FundingLedger::new(db.pool.clone());
         let spot_adapter = spot.adapter();
         let assets = Arc::new(RwLock::new(AssetRegistry::default_assets()));
-        let coordinator = Coordinator::new(
+        let coordinator = adapters::pg::coordinator(
             db.pool.clone(),
             Arc::new(funding.clone()),
             Arc::new(spot_adapter.clone()),
@@ -333,7 +333,7 @@ impl Stack {
 
     /// A second coordinator over the same database and spot-core, as another process would have.
     pub fn another_coordinator(&self) -> Coordinator {
-        Coordinator::new(
+        adapters::pg::coordinator(
             self.db.pool.clone(),
             Arc::new(self.funding.clone()),
             Arc::new(self.spot.adapter()),
@@ -412,7 +412,7 @@ impl Stack {
     /// Contract §4, exact: reconciles both account systems' records by req_id with the
     /// events, system-wide, and fails on any difference or disagreeing transfer.
     pub async fn assert_invariant_exact(&self) {
-        let report = application::audit::check(&self.funding, &self.spot_adapter)
+        let report = adapters::pg::check_full(&self.funding, &self.spot_adapter)
             .await
             .expect("the fund-conservation check runs");
         assert!(report.ok, "fund conservation violated: {report:#?}");

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use application::{Coordinator, NewTransfer};
+use application::NewTransfer;
 use domain::AccountType::{Funding, Spot};
 use domain::{Amount, TransferState, UserId};
 use reqwest::Method;
@@ -17,7 +17,7 @@ use crate::helpers::{dec, ApiStack, Stack, WithdrawThenLoseAnswer};
 async fn inv_exact_check_has_no_false_alarm_for_a_transfer_caught_mid_step() {
     let s = Stack::start().await;
     s.deposit(1, "USDT", "100").await;
-    let crashy = Coordinator::new(
+    let crashy = adapters::pg::coordinator(
         s.db.pool.clone(),
         Arc::new(WithdrawThenLoseAnswer(s.funding.clone())),
         Arc::new(s.spot_adapter.clone()),
@@ -37,7 +37,7 @@ async fn inv_exact_check_has_no_false_alarm_for_a_transfer_caught_mid_step() {
     assert_eq!(t.state, TransferState::SourcePending);
     assert_eq!(s.funding_balance(1, "USDT").await, dec("60"));
 
-    let report = application::audit::check(&s.funding, &s.spot_adapter)
+    let report = adapters::pg::check_full(&s.funding, &s.spot_adapter)
         .await
         .unwrap();
     assert!(report.ok, "{report:#?}");
@@ -219,7 +219,7 @@ async fn hot_tables_are_vacuumed_by_the_ledger_whatever_autovacuum_does() {
              WHERE relname = ANY($1) ORDER BY relname",
         )
         .bind(
-            application::maintenance::HOT_TABLES
+            adapters::pg::maintenance::HOT_TABLES
                 .iter()
                 .map(|t| t.to_string())
                 .collect::<Vec<_>>(),
@@ -233,13 +233,13 @@ async fn hot_tables_are_vacuumed_by_the_ledger_whatever_autovacuum_does() {
         vacuumed().await.iter().all(|(_, v)| !*v),
         "nothing vacuumed before the pass"
     );
-    application::maintenance::vacuum_hot_tables(pool)
+    adapters::pg::maintenance::vacuum_hot_tables(pool)
         .await
         .unwrap();
     let after = vacuumed().await;
     assert_eq!(
         after.len(),
-        application::maintenance::HOT_TABLES.len(),
+        adapters::pg::maintenance::HOT_TABLES.len(),
         "every hot table exists: {after:?}"
     );
     assert!(after.iter().all(|(_, v)| *v), "{after:?}");
@@ -282,7 +282,7 @@ async fn grown_tables_are_analyzed_by_the_ledger_whatever_autovacuum_does() {
             std::time::Instant::now() < deadline,
             "the event log was never analyzed"
         );
-        first = application::maintenance::analyze_grown_tables(pool)
+        first = adapters::pg::maintenance::analyze_grown_tables(pool)
             .await
             .unwrap();
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
@@ -294,10 +294,10 @@ async fn grown_tables_are_analyzed_by_the_ledger_whatever_autovacuum_does() {
     if autovacuum == "off" {
         assert!(first.iter().any(|t| t == "events"), "{first:?}");
     }
-    for hot in application::maintenance::HOT_TABLES {
+    for hot in adapters::pg::maintenance::HOT_TABLES {
         assert!(!first.iter().any(|t| t == hot), "{hot} in {first:?}");
     }
-    let again = application::maintenance::analyze_grown_tables(pool)
+    let again = adapters::pg::maintenance::analyze_grown_tables(pool)
         .await
         .unwrap();
     assert!(!again.iter().any(|t| t == "events"), "{again:?}");

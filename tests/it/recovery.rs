@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use application::Coordinator;
 use async_trait::async_trait;
 use domain::AccountType::{Funding, Spot};
 use domain::{
@@ -83,7 +82,8 @@ async fn fsm_005_target_timeout_stays_target_pending_with_capped_backoff_then_co
     s.spot.kill();
     let t = s.transfer(1, Funding, Spot, "USDT", "4").await;
     assert_eq!(t.state, TransferState::TargetPending);
-    let worker = RecoveryWorker::with_config(s.coordinator.clone(), fast(40, 160));
+    let worker =
+        RecoveryWorker::with_config(s.coordinator.clone(), s.db.pool.clone(), fast(40, 160));
 
     let row = pass_until(&worker, &s, &t.req_id, "5 attempts", |r| r.attempts >= 5).await;
     assert_eq!(
@@ -170,7 +170,7 @@ async fn fsm_006_mon_002_failing_refund_stays_compensating_alerts_after_3_then_r
         .await
         .unwrap();
     let failing = Arc::new(AtomicBool::new(true));
-    let coordinator = Coordinator::new(
+    let coordinator = adapters::pg::coordinator(
         s.db.pool.clone(),
         Arc::new(FailingRefunds {
             inner: s.funding.clone(),
@@ -192,7 +192,7 @@ async fn fsm_006_mon_002_failing_refund_stays_compensating_alerts_after_3_then_r
         .unwrap();
     assert_eq!(t.state, TransferState::Compensating);
 
-    let worker = RecoveryWorker::with_config(coordinator.clone(), fast(1, 5));
+    let worker = RecoveryWorker::with_config(coordinator.clone(), s.db.pool.clone(), fast(1, 5));
     let row = pass_until(&worker, &s, &t.req_id, "3 refund failures", |r| {
         r.refund_failures >= 3
     })

@@ -152,7 +152,7 @@ impl Captured {
 async fn recovery_manual_not_applied_cancels_the_pending_call_so_a_late_copy_is_refused() {
     let s = Stack::start().await;
     s.deposit(11, "USDT", "10").await;
-    let coordinator = Coordinator::new(
+    let coordinator = adapters::pg::coordinator(
         s.db.pool.clone(),
         Arc::new(Held::new(
             Arc::new(s.funding.clone()),
@@ -323,7 +323,7 @@ async fn recovery_manual_resolution_refused_when_req_id_recorded_for_another_mov
     s.deposit(13, "USDT", "10").await;
     let funded = s.transfer(13, Funding, Spot, "USDT", "10").await;
     assert_eq!(funded.state, TransferState::Committed);
-    let coordinator = Coordinator::new(
+    let coordinator = adapters::pg::coordinator(
         s.db.pool.clone(),
         Arc::new(Held::new(
             Arc::new(s.funding.clone()),
@@ -369,7 +369,7 @@ async fn recovery_manual_resolution_refused_when_req_id_recorded_for_another_mov
         TransferState::TargetPending
     );
     // The worker leaves it open too, categorised MISMATCH.
-    let worker = RecoveryWorker::with_config(coordinator.clone(), fast());
+    let worker = RecoveryWorker::with_config(coordinator.clone(), s.db.pool.clone(), fast());
     worker.pass().await.unwrap();
     let rows = recovery::stuck_transfers(&s.db.pool, Duration::ZERO, 10)
         .await
@@ -408,6 +408,7 @@ async fn recovery_worker_finds_open_transfers_while_the_projector_is_frozen() {
 
     let worker = RecoveryWorker::with_config(
         s.coordinator.clone(),
+        s.db.pool.clone(),
         RecoveryConfig {
             projector_stalled_alert_after: Duration::ZERO,
             ..fast()
@@ -477,7 +478,7 @@ async fn recovery_refused_refund_is_listed_refund_refused_with_mon_002_at_once()
         )
         .await
         .unwrap();
-    let requesting = Coordinator::new(
+    let requesting = adapters::pg::coordinator(
         s.db.pool.clone(),
         Arc::new(Held::new(
             Arc::new(s.funding.clone()),
@@ -502,7 +503,7 @@ async fn recovery_refused_refund_is_listed_refund_refused_with_mon_002_at_once()
     .await
     .unwrap();
 
-    let worker = RecoveryWorker::with_config(s.coordinator.clone(), fast());
+    let worker = RecoveryWorker::with_config(s.coordinator.clone(), s.db.pool.clone(), fast());
     worker.pass().await.unwrap();
     let log = captured.text();
     let alert = log
@@ -550,7 +551,7 @@ async fn recovery_manual_resolve_is_ok_when_the_follow_up_drive_fails() {
     s.spot.restart();
     let funding = Held::new(Arc::new(s.funding.clone()), Funding, None);
     let _ = funding.after_refund.set(s.another_coordinator());
-    let coordinator = Coordinator::new(
+    let coordinator = adapters::pg::coordinator(
         s.db.pool.clone(),
         Arc::new(funding),
         Arc::new(s.spot.adapter()),
@@ -584,7 +585,7 @@ async fn recovery_worker_renews_its_lease_during_a_slow_drive() {
     s.spot.restart();
     let mut slow = Held::new(Arc::new(s.spot.adapter()), Spot, None);
     slow.delay = Duration::from_millis(2500);
-    let slow_coordinator = Coordinator::new(
+    let slow_coordinator = adapters::pg::coordinator(
         s.db.pool.clone(),
         Arc::new(s.funding.clone()),
         Arc::new(slow),
@@ -594,8 +595,8 @@ async fn recovery_worker_renews_its_lease_during_a_slow_drive() {
         lease: Duration::from_millis(1000),
         ..fast()
     };
-    let a = RecoveryWorker::with_config(slow_coordinator, config.clone());
-    let b = RecoveryWorker::with_config(s.another_coordinator(), config);
+    let a = RecoveryWorker::with_config(slow_coordinator, s.db.pool.clone(), config.clone());
+    let b = RecoveryWorker::with_config(s.another_coordinator(), s.db.pool.clone(), config);
     let first = tokio::spawn(async move { a.pass().await.unwrap() });
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let second = b.pass().await.unwrap();
@@ -632,27 +633,27 @@ async fn recovery_daily_limit_reservation_is_released() {
         amount: Amount::parse("5").unwrap(),
     };
     for _ in 0..2 {
-        application::limits::reserve(&s.db.pool, &limits, &five, day)
+        adapters::pg::limits::reserve(&s.db.pool, &limits, &five, day)
             .await
             .unwrap()
             .unwrap();
     }
     assert!(
-        application::limits::reserve(&s.db.pool, &limits, &five, day)
+        adapters::pg::limits::reserve(&s.db.pool, &limits, &five, day)
             .await
             .unwrap()
             .is_err()
     );
-    application::limits::release(&s.db.pool, &limits, &five, day)
+    adapters::pg::limits::release(&s.db.pool, &limits, &five, day)
         .await
         .unwrap();
     assert_eq!(
-        application::limits::usage(&s.db.pool, user, &usdt, day)
+        adapters::pg::limits::usage(&s.db.pool, user, &usdt, day)
             .await
             .unwrap(),
         (1, dec("5"))
     );
-    application::limits::reserve(&s.db.pool, &limits, &five, day)
+    adapters::pg::limits::reserve(&s.db.pool, &limits, &five, day)
         .await
         .unwrap()
         .unwrap();

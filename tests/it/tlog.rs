@@ -614,7 +614,7 @@ async fn tlog_a_running_follower_never_signs_a_rewritten_log() {
 
 /// The conservation check as the ledger runs it, over the stack's two account systems.
 async fn conserved(s: &Stack) -> bool {
-    application::audit::check(&s.funding, &s.spot_adapter)
+    adapters::pg::check_full(&s.funding, &s.spot_adapter)
         .await
         .expect("the conservation check runs")
         .ok

@@ -8,14 +8,7 @@ use spot_core::protocol::{Outcome, RefusalCode, Request, Response};
 use super::{SpotAdapter, SpotError};
 use crate::applied::AppliedMovement;
 
-/// spot-core's record of a req_id.
-#[derive(Debug, Clone)]
-pub struct SpotRecord {
-    /// The movements applied (refusals left out).
-    pub applied: Vec<AppliedMovement>,
-    /// Every entry of the lookup, refusals included, as spot-core answered.
-    pub raw: serde_json::Value,
-}
+pub use application::books::SpotRecord;
 
 impl SpotAdapter {
     /// What spot-core recorded under `req_id`. An expired req_id (below the idempotency

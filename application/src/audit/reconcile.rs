@@ -3,8 +3,8 @@
 //! records can never disagree again unless a new movement appears under its req_id), so that the
 //! checkpoint may forget it.
 
-use adapters::applied::AppliedMovement;
-use adapters::event_store::AuditTransfer;
+use crate::books::AppliedMovement;
+use crate::stores::AuditTransfer;
 use domain::{AccountType, Operation, TransferEvent, TransferState};
 use rust_decimal::Decimal;
 use serde::Serialize;

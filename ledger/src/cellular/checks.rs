@@ -14,6 +14,7 @@
 //!   runs, so an id names a run in every cell: without `cell` it is refused (400), not searched
 //!   for, since a search would answer with whichever cell's run has that id.
 
+use application::stores::HaltFlag;
 use axum::extract::Request;
 use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -104,12 +105,13 @@ pub(super) fn named_cell(front: &Front, uri: &Uri) -> Result<Option<CellId>, Api
 async fn unnamed_clear(front: &Front) -> Response {
     let reads = front.slots.iter().map(|(cell, slot)| async move {
         let halted = match slot.serving() {
-            Some(served) => {
-                tokio::time::timeout(HALT_READ_MAX, application::halt::is_halted(&served.pool))
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
-            }
+            Some(served) => tokio::time::timeout(
+                HALT_READ_MAX,
+                adapters::pg::halt::PgHalt::new(served.pool.clone()).is_halted(),
+            )
+            .await
+            .ok()
+            .and_then(Result::ok),
             None => None,
         };
         (cell.get(), halted)

@@ -197,7 +197,10 @@ mod tests {
             reads: edge::reads::ReadSide::new(pool.clone()),
             app: Router::new(),
             metrics: Router::new(),
-            assets: application::AssetSettings::new(pool.clone(), registry),
+            assets: application::AssetSettings::new(
+                std::sync::Arc::new(adapters::pg::assets::PgAssets::new(pool.clone())),
+                registry,
+            ),
             pool,
         }
     }

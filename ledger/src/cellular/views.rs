@@ -330,7 +330,7 @@ async fn put_asset(front: &Front, req: Request) -> Response {
     if answer.status() != StatusCode::OK {
         return answer;
     }
-    let Some(home_pool) = home_slot.serving().map(|s| s.pool) else {
+    let Some(home_store) = home_slot.serving().map(|s| s.assets.store().clone()) else {
         return answer;
     };
     for (cell, slot) in front.slots.iter().filter(|(c, _)| **c != home) {
@@ -338,7 +338,7 @@ async fn put_asset(front: &Front, req: Request) -> Response {
             tracing::warn!(%cell, "asset change not applied to a cell that is down; it catches up before it serves again");
             continue;
         };
-        if let Err(e) = served.assets.copy_from(&home_pool).await {
+        if let Err(e) = served.assets.copy_from(home_store.as_ref()).await {
             tracing::warn!(%cell, error = %e, "asset change not applied yet; the cell's watcher retries");
         }
     }

@@ -133,7 +133,7 @@ pub async fn catch_up(
         return Ok(());
     };
     let written = assets
-        .copy_from(&home_served.pool)
+        .copy_from(home_served.assets.store().as_ref())
         .await
         .with_context(|| format!("cell {cell}: catch its assets up with cell {home}'s"))?;
     if written > 0 {

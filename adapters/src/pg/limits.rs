@@ -11,7 +11,7 @@ use domain::{AssetSymbol, ErrorCode, UserId};
 use rust_decimal::Decimal;
 use sqlx::{PgConnection, PgPool};
 
-use crate::daily::{Charge, DailyLimits, DailyUsage};
+use application::daily::{Charge, DailyLimits, DailyUsage};
 
 /// Reserves one transfer of `charge` on `day`, or refuses with DAILY_LIMIT_EXCEEDED /
 /// DAILY_AMOUNT_EXCEEDED and reserves nothing: [`reserve_many`] of one charge.

@@ -1,4 +1,4 @@
-//! The PostgreSQL implementations of the coordinator's ports (`ports.rs`): the event log over
+//! The PostgreSQL implementations of the coordinator's ports (`application::ports`): the event log over
 //! `adapters::event_store` (postgres-es's table, group-committed appends), the client keys'
 //! claims (`transfer_cids`), the leases (`transfer_retries`) and the daily counters
 //! (`daily_transfer_counts`, `daily_transfer_amounts`).
@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use adapters::event_store::{BatchingEventRepository, TransferStore, OWNER_METADATA_KEY};
+use crate::event_store::{BatchingEventRepository, TransferStore, OWNER_METADATA_KEY};
 use async_trait::async_trait;
 use chrono::NaiveDate;
 use cqrs_es::persist::{
@@ -17,10 +17,11 @@ use cqrs_es::{EventEnvelope, EventStore};
 use domain::{ErrorCode, ReqId, Transfer, UserId};
 use sqlx::PgPool;
 
-use crate::daily::{Charge, DailyLimits};
-use crate::error::CoordinatorError;
-use crate::limits;
-use crate::ports::{
+use application::daily::{Charge, DailyLimits};
+use application::CoordinatorError;
+
+use super::{lease, limits, unknown};
+use application::ports::{
     CidClaim, ClientKey, ClientKeys, Commit, Context, DailyReservations, LeaseRequest, Leases,
     Rekeyed, TransferLog,
 };
@@ -67,17 +68,17 @@ fn serialize(commit: &Commit) -> Result<Vec<SerializedEvent>, CoordinatorError> 
                 payload: event.clone(),
                 metadata: metadata.clone(),
             };
-            SerializedEvent::try_from(&envelope).map_err(CoordinatorError::from)
+            SerializedEvent::try_from(&envelope).map_err(persistence)
         })
         .collect()
 }
 
-impl From<PersistenceError> for CoordinatorError {
-    fn from(e: PersistenceError) -> Self {
-        match e {
-            PersistenceError::OptimisticLockError => Self::Conflict,
-            other => Self::outcome_unknown(other),
-        }
+/// A repository's refusal as the log's contract names it: a version check lost is a conflict,
+/// anything else an unknown outcome.
+fn persistence(e: PersistenceError) -> CoordinatorError {
+    match e {
+        PersistenceError::OptimisticLockError => CoordinatorError::Conflict,
+        other => CoordinatorError::outcome_unknown(other),
     }
 }
 
@@ -125,7 +126,7 @@ impl TransferLog for PgTransferLog {
         for answer in &mut answers {
             if answer.is_ok() {
                 if let Some(Err(e)) = appended.next() {
-                    *answer = Err(CoordinatorError::from(e));
+                    *answer = Err(persistence(e));
                 }
             }
         }
@@ -154,7 +155,8 @@ impl ClientKeys for PgClientKeys {
         .bind(user.as_i64())
         .bind(cid)
         .fetch_optional(&self.pool)
-        .await?;
+        .await
+        .map_err(unknown)?;
         let Some((req_id, fingerprint)) = found else {
             return Ok(None);
         };
@@ -182,7 +184,8 @@ impl ClientKeys for PgClientKeys {
         .bind(req_id.to_string())
         .bind(fingerprint)
         .execute(&self.pool)
-        .await?
+        .await
+        .map_err(unknown)?
         .rows_affected();
         Ok(inserted == 1)
     }
@@ -215,7 +218,8 @@ impl ClientKeys for PgClientKeys {
         .bind(&req_ids)
         .bind(&fingerprints)
         .fetch_all(&self.pool)
-        .await?;
+        .await
+        .map_err(unknown)?;
         let inserted: std::collections::HashSet<(i64, String)> = inserted.into_iter().collect();
         Ok(claims
             .iter()
@@ -230,7 +234,7 @@ impl ClientKeys for PgClientKeys {
         old: &ReqId,
         new: &ReqId,
     ) -> Result<Rekeyed, CoordinatorError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin().await.map_err(unknown)?;
         let swapped = sqlx::query(
             "UPDATE transfer_cids SET req_id = $4
              WHERE user_id = $1 AND cid = $2 AND req_id = $3",
@@ -240,7 +244,8 @@ impl ClientKeys for PgClientKeys {
         .bind(old.to_string())
         .bind(new.to_string())
         .execute(&mut *tx)
-        .await?
+        .await
+        .map_err(unknown)?
         .rows_affected();
         let created: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM events
@@ -248,13 +253,14 @@ impl ClientKeys for PgClientKeys {
         )
         .bind(old.to_string())
         .fetch_one(&mut *tx)
-        .await?;
+        .await
+        .map_err(unknown)?;
         if created {
             drop(tx);
             return Ok(Rekeyed::Created);
         }
         if swapped == 1 {
-            tx.commit().await?;
+            tx.commit().await.map_err(unknown)?;
             return Ok(Rekeyed::Swapped);
         }
         drop(tx);
@@ -277,7 +283,7 @@ impl PgLeases {
 #[async_trait]
 impl Leases for PgLeases {
     async fn take(&self, request: &LeaseRequest<'_>) -> Result<Option<i32>, CoordinatorError> {
-        Ok(crate::lease::take(&self.pool, request).await?)
+        Ok(lease::take(&self.pool, request).await.map_err(unknown)?)
     }
 
     async fn renew(
@@ -293,9 +299,10 @@ impl Leases for PgLeases {
         )
         .bind(req_id.to_string())
         .bind(owner)
-        .bind(crate::lease::millis(lease))
+        .bind(lease::millis(lease))
         .execute(&self.pool)
-        .await?;
+        .await
+        .map_err(unknown)?;
         Ok(renewed.rows_affected() == 1)
     }
 
@@ -307,7 +314,8 @@ impl Leases for PgLeases {
         .bind(req_id.to_string())
         .bind(owner)
         .execute(&self.pool)
-        .await?;
+        .await
+        .map_err(unknown)?;
         Ok(())
     }
 }
@@ -333,7 +341,9 @@ impl DailyReservations for PgDailyReservations {
         charge: &Charge,
         day: NaiveDate,
     ) -> Result<Result<(), ErrorCode>, CoordinatorError> {
-        Ok(limits::reserve(&self.pool, limits, charge, day).await?)
+        Ok(limits::reserve(&self.pool, limits, charge, day)
+            .await
+            .map_err(unknown)?)
     }
 
     async fn reserve_many(
@@ -342,7 +352,9 @@ impl DailyReservations for PgDailyReservations {
         charges: &[Charge],
         day: NaiveDate,
     ) -> Result<Vec<Result<(), ErrorCode>>, CoordinatorError> {
-        Ok(limits::reserve_many(&self.pool, limits, charges, day).await?)
+        Ok(limits::reserve_many(&self.pool, limits, charges, day)
+            .await
+            .map_err(unknown)?)
     }
 
     async fn release(
@@ -351,6 +363,8 @@ impl DailyReservations for PgDailyReservations {
         charge: &Charge,
         day: NaiveDate,
     ) -> Result<(), CoordinatorError> {
-        Ok(limits::release(&self.pool, limits, charge, day).await?)
+        Ok(limits::release(&self.pool, limits, charge, day)
+            .await
+            .map_err(unknown)?)
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use crate::ports::LeaseRequest;
+use application::ports::LeaseRequest;
 
 /// A lease's length in whole milliseconds, as the SQL takes it.
 pub(crate) fn millis(lease: Duration) -> i64 {
