@@ -38,6 +38,7 @@ pub mod ledger;
 pub mod plant;
 pub mod ports;
 pub mod queries;
+pub mod reads;
 pub mod repair;
 pub mod request;
 pub mod resolve;
