@@ -9,47 +9,15 @@ use chrono::{DateTime, Utc};
 use domain::TransferState;
 use sqlx::PgPool;
 
-use crate::rows::TransferRow;
+use crate::rows::{transfer_row, TransferRow};
 use crate::transfers::PageCursor;
 
-/// Largest page of the admin listing.
-pub const ADMIN_PAGE_SIZE_MAX: i64 = 500;
-
-/// Which transfers the admin listing shows. `None` means "any".
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct AdminFilter {
-    /// One state, or (`open`) every non-terminal one.
-    pub state: Option<StateFilter>,
-    pub user_id: Option<i64>,
-    pub asset: Option<String>,
-    /// Only transfers whose last change is at least this many milliseconds old.
-    pub older_than_ms: Option<i64>,
-    pub req_id: Option<String>,
-    /// The client's key; scoped to `user_id` when that is given too.
-    pub cid: Option<String>,
-}
-
-/// A state filter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StateFilter {
-    One(TransferState),
-    /// Any state that is not terminal.
-    Open,
-}
+pub use application::reads::{AdminFilter, ProjectorLag, StateFilter, ADMIN_PAGE_SIZE_MAX};
 
 /// The read models' admin reads.
 #[derive(Debug, Clone)]
 pub struct AdminView {
     pool: PgPool,
-}
-
-/// How far the projector is behind the event log.
-#[derive(Debug, Clone, Default, PartialEq, sqlx::FromRow)]
-pub struct ProjectorLag {
-    /// Events appended (feed positions handed out) and not yet applied.
-    pub positions: i64,
-    /// Age of the oldest event not yet applied (0 when none).
-    pub seconds: f64,
 }
 
 impl AdminView {
@@ -70,7 +38,7 @@ impl AdminView {
             Some(StateFilter::One(state)) => (Some(state.id()), false),
             Some(StateFilter::Open) => (None, true),
         };
-        sqlx::query_as(&format!(
+        sqlx::query(&format!(
             "SELECT * FROM transfers_view
              WHERE ($1::smallint IS NULL OR state_id = $1)
                AND (NOT $2 OR state_id NOT IN ({terminal}))
@@ -94,14 +62,16 @@ impl AdminView {
         .bind(after.map(|c| c.created_at))
         .bind(after.map(|c| c.req_id.clone()).unwrap_or_default())
         .bind(limit.clamp(1, ADMIN_PAGE_SIZE_MAX))
+        .try_map(transfer_row)
         .fetch_all(&self.pool)
         .await
     }
 
     /// One transfer's row, if the projector has applied it.
     pub async fn transfer(&self, req_id: &str) -> Result<Option<TransferRow>, sqlx::Error> {
-        sqlx::query_as("SELECT * FROM transfers_view WHERE req_id = $1")
+        sqlx::query("SELECT * FROM transfers_view WHERE req_id = $1")
             .bind(req_id)
+            .try_map(transfer_row)
             .fetch_optional(&self.pool)
             .await
     }
@@ -125,7 +95,7 @@ impl AdminView {
     /// How far the projector lags: feed positions handed out minus events it applied, and the
     /// age of the first event past what it applied.
     pub async fn projector_lag(&self) -> Result<ProjectorLag, sqlx::Error> {
-        sqlx::query_as(
+        sqlx::query_as::<_, (i64, f64)>(
             "SELECT GREATEST(h.head - c.events_applied, 0) AS positions,
                     CASE WHEN h.head > c.events_applied THEN
                         COALESCE((SELECT GREATEST(EXTRACT(EPOCH FROM now() - e.recorded_at), 0)
@@ -138,6 +108,9 @@ impl AdminView {
         )
         .fetch_optional(&self.pool)
         .await
-        .map(Option::unwrap_or_default)
+        .map(|row| {
+            row.map(|(positions, seconds)| ProjectorLag { positions, seconds })
+                .unwrap_or_default()
+        })
     }
 }

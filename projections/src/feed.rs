@@ -4,49 +4,10 @@
 //! feed's advisory lock, which the appending transaction holds until it ends: an appender takes
 //! positions only after every lower one has committed or been given back (migrations 0013, 0015).
 
-use chrono::{DateTime, SecondsFormat, Utc};
-use serde_json::{json, Value};
+use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
-/// The largest page of the feed one read returns.
-pub const FEED_PAGE_SIZE_MAX: i64 = 1000;
-
-/// One event as consumers see it.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-pub struct FeedEvent {
-    /// Dense, gap-free, starting at 1.
-    pub position: i64,
-    /// The de-duplication key: `<aggregate type>:<aggregate id>:<sequence>`.
-    pub event_id: String,
-    /// The raw position in the event table (not commit-ordered; for tracing only).
-    pub global_position: i64,
-    pub aggregate_type: String,
-    pub aggregate_id: String,
-    pub sequence: i64,
-    pub event_type: String,
-    pub event_version: String,
-    pub payload: serde_json::Value,
-    pub user_id: Option<i64>,
-    pub occurred_at: DateTime<Utc>,
-    pub recorded_at: DateTime<Utc>,
-}
-
-/// One event in the wire shape consumers get: the HTTP feed (`GET /api/v1/events`, its SSE twin)
-/// and the JetStream relay send exactly this JSON, so a consumer can switch between them.
-pub fn event_json(e: &FeedEvent) -> Value {
-    json!({
-        "position": e.position,
-        "event_id": e.event_id,
-        "aggregate_type": e.aggregate_type,
-        "aggregate_id": e.aggregate_id,
-        "sequence": e.sequence,
-        "event_type": e.event_type,
-        "event_version": e.event_version,
-        "payload": e.payload,
-        "user_id": e.user_id,
-        "occurred_at": e.occurred_at.to_rfc3339_opts(SecondsFormat::Micros, true),
-    })
-}
+pub use application::reads::{event_json, FeedEvent, FEED_PAGE_SIZE_MAX};
 
 /// Events after `after`, in order, at most `limit` (bounded by [`FEED_PAGE_SIZE_MAX`]); only one
 /// user's when `user_id` is given.
@@ -67,22 +28,24 @@ pub async fn read_after(
     let limit = limit.clamp(0, FEED_PAGE_SIZE_MAX);
     match user_id {
         None => {
-            sqlx::query_as(
+            sqlx::query(
                 "SELECT * FROM feed WHERE position > $1 AND position <= $2 ORDER BY position",
             )
             .bind(after)
             .bind(after.saturating_add(limit))
+            .try_map(crate::rows::feed_event)
             .fetch_all(pool)
             .await
         }
         Some(user) => {
-            sqlx::query_as(
+            sqlx::query(
                 "SELECT * FROM feed WHERE user_id = $1 AND position > $2
                  ORDER BY position LIMIT $3",
             )
             .bind(user)
             .bind(after)
             .bind(limit)
+            .try_map(crate::rows::feed_event)
             .fetch_all(pool)
             .await
         }
@@ -104,7 +67,7 @@ pub async fn aggregate_events(
     upto_position: Option<i64>,
     upto_time: Option<DateTime<Utc>>,
 ) -> Result<Vec<FeedEvent>, sqlx::Error> {
-    sqlx::query_as(
+    sqlx::query(
         "SELECT * FROM feed
          WHERE aggregate_type = $1 AND aggregate_id = $2
            AND ($3::bigint IS NULL OR position <= $3)
@@ -115,6 +78,7 @@ pub async fn aggregate_events(
     .bind(aggregate_id)
     .bind(upto_position)
     .bind(upto_time)
+    .try_map(crate::rows::feed_event)
     .fetch_all(pool)
     .await
 }

@@ -417,7 +417,7 @@ pub async fn balances_as_of(
     as_of: AsOf,
 ) -> Result<Vec<BalanceAsOf>, ProjectionError> {
     let (position, time) = as_of.bounds();
-    let events: Vec<FeedEvent> = sqlx::query_as(
+    let events: Vec<FeedEvent> = sqlx::query(
         "SELECT * FROM feed WHERE user_id = $1
            AND ($2::bigint IS NULL OR position <= $2)
            AND ($3::timestamptz IS NULL OR occurred_at <= $3)
@@ -426,6 +426,7 @@ pub async fn balances_as_of(
     .bind(user_id)
     .bind(position)
     .bind(time)
+    .try_map(crate::rows::feed_event)
     .fetch_all(pool)
     .await?;
     let mut fold = Fold::default();

@@ -1,34 +1,57 @@
 //! The rows of the transfer read models, as the fold produces them, the writers store them and
-//! `TransferView` reads them back. No I/O here.
+//! `TransferView` reads them back: the core's own values (`application::reads`), read from a
+//! row here. No other I/O here.
 
-use chrono::{DateTime, Utc};
-use rust_decimal::Decimal;
+use sqlx::postgres::PgRow;
+use sqlx::Row;
 
-/// One row of `transfers_view`.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-pub struct TransferRow {
-    pub req_id: String,
-    pub user_id: i64,
-    pub from_account: String,
-    pub to_account: String,
-    pub asset: String,
-    pub amount: Decimal,
-    pub cid: Option<String>,
-    pub state: String,
-    pub state_id: i16,
-    pub failure_code: Option<String>,
-    pub failure_message: Option<String>,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-    pub last_sequence: i64,
+pub use application::reads::{BalanceRow, TransferRow};
+
+/// A `transfers_view` row (`SELECT *`) as a [`TransferRow`].
+pub(crate) fn transfer_row(row: PgRow) -> Result<TransferRow, sqlx::Error> {
+    Ok(TransferRow {
+        req_id: row.try_get("req_id")?,
+        user_id: row.try_get("user_id")?,
+        from_account: row.try_get("from_account")?,
+        to_account: row.try_get("to_account")?,
+        asset: row.try_get("asset")?,
+        amount: row.try_get("amount")?,
+        cid: row.try_get("cid")?,
+        state: row.try_get("state")?,
+        state_id: row.try_get("state_id")?,
+        failure_code: row.try_get("failure_code")?,
+        failure_message: row.try_get("failure_message")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        last_sequence: row.try_get("last_sequence")?,
+    })
 }
 
-/// One user's per-asset totals from `transfer_balances`.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-pub struct BalanceRow {
-    pub user_id: i64,
-    pub asset: String,
-    pub funding_net: Decimal,
-    pub spot_net: Decimal,
-    pub in_flight: Decimal,
+/// A `transfer_balances` row as a [`BalanceRow`].
+pub(crate) fn balance_row(row: PgRow) -> Result<BalanceRow, sqlx::Error> {
+    Ok(BalanceRow {
+        user_id: row.try_get("user_id")?,
+        asset: row.try_get("asset")?,
+        funding_net: row.try_get("funding_net")?,
+        spot_net: row.try_get("spot_net")?,
+        in_flight: row.try_get("in_flight")?,
+    })
+}
+
+/// A `feed` row (`SELECT *`) as a [`FeedEvent`](application::reads::FeedEvent).
+pub(crate) fn feed_event(row: PgRow) -> Result<application::reads::FeedEvent, sqlx::Error> {
+    Ok(application::reads::FeedEvent {
+        position: row.try_get("position")?,
+        event_id: row.try_get("event_id")?,
+        global_position: row.try_get("global_position")?,
+        aggregate_type: row.try_get("aggregate_type")?,
+        aggregate_id: row.try_get("aggregate_id")?,
+        sequence: row.try_get("sequence")?,
+        event_type: row.try_get("event_type")?,
+        event_version: row.try_get("event_version")?,
+        payload: row.try_get("payload")?,
+        user_id: row.try_get("user_id")?,
+        occurred_at: row.try_get("occurred_at")?,
+        recorded_at: row.try_get("recorded_at")?,
+    })
 }

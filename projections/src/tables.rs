@@ -16,8 +16,9 @@ pub(crate) async fn load_rows(
     tx: &mut Transaction<'static, Postgres>,
     req_ids: &[&str],
 ) -> Result<Vec<TransferRow>, sqlx::Error> {
-    sqlx::query_as("SELECT * FROM transfers_view WHERE req_id = ANY($1)")
+    sqlx::query("SELECT * FROM transfers_view WHERE req_id = ANY($1)")
         .bind(req_ids)
+        .try_map(crate::rows::transfer_row)
         .fetch_all(&mut **tx)
         .await
 }

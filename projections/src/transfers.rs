@@ -5,41 +5,17 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use domain::TransferState;
 use rust_decimal::Decimal;
 use sqlx::PgPool;
 
 use crate::projector::Projector;
-use crate::rows::{BalanceRow, TransferRow};
+use crate::rows::{balance_row, transfer_row, BalanceRow, TransferRow};
+
+pub use application::reads::{HistoryFilter, MetricFigures, PageCursor, HISTORY_PAGE_SIZE_MAX};
 
 /// How long a read that must see the caller's own writes waits for the projector.
 pub const READ_YOUR_WRITES_WAIT_MAX: Duration = Duration::from_secs(5);
-
-/// The largest page of history one query returns.
-pub const HISTORY_PAGE_SIZE_MAX: i64 = 100;
-
-/// Every field a user filters history by. `None` means "any".
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct HistoryFilter {
-    /// The owner; `None` only for an admin asking about everyone.
-    pub user_id: Option<i64>,
-    pub state_id: Option<i16>,
-    pub asset: Option<String>,
-    pub from_account: Option<String>,
-    pub to_account: Option<String>,
-    /// Created at or after.
-    pub created_from: Option<DateTime<Utc>>,
-    /// Created strictly before.
-    pub created_until: Option<DateTime<Utc>>,
-}
-
-/// Where a history page starts: after this (created_at, req_id) in newest-first order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PageCursor {
-    pub created_at: DateTime<Utc>,
-    pub req_id: String,
-}
 
 /// Reads the transfer read models.
 #[derive(Debug, Clone)]
@@ -92,11 +68,12 @@ impl TransferView {
     /// One user's (or, with `None`, everyone's) transfer-driven balance totals per asset.
     pub async fn balances(&self, user_id: Option<i64>) -> Result<Vec<BalanceRow>, sqlx::Error> {
         self.catch_up(READ_YOUR_WRITES_WAIT_MAX).await;
-        sqlx::query_as(
+        sqlx::query(
             "SELECT user_id, asset, funding_net, spot_net, in_flight FROM transfer_balances
              WHERE $1::bigint IS NULL OR user_id = $1 ORDER BY user_id, asset",
         )
         .bind(user_id)
+        .try_map(balance_row)
         .fetch_all(&self.pool)
         .await
     }
@@ -111,7 +88,7 @@ impl TransferView {
     ) -> Result<Vec<TransferRow>, sqlx::Error> {
         self.catch_up(READ_YOUR_WRITES_WAIT_MAX).await;
         let limit = limit.clamp(0, HISTORY_PAGE_SIZE_MAX);
-        sqlx::query_as(
+        sqlx::query(
             "SELECT * FROM transfers_view
              WHERE ($1::bigint IS NULL OR user_id = $1)
                AND ($2::smallint IS NULL OR state_id = $2)
@@ -134,6 +111,7 @@ impl TransferView {
         .bind(after.map(|c| c.created_at))
         .bind(after.map(|c| c.req_id.clone()).unwrap_or_default())
         .bind(limit)
+        .try_map(transfer_row)
         .fetch_all(&self.pool)
         .await
     }
@@ -161,7 +139,7 @@ impl TransferView {
             sqlx::query_as("SELECT state, count FROM transfer_state_counts")
                 .fetch_all(&self.pool)
                 .await?;
-        let figures: MetricFigures = sqlx::query_as(&format!(
+        let figures = sqlx::query(&format!(
             "SELECT
                 COALESCE((SELECT EXTRACT(EPOCH FROM now() - MIN(updated_at))::bigint
                           FROM transfers_view WHERE state_id NOT IN ({terminal})), 0)
@@ -178,20 +156,23 @@ impl TransferView {
             terminal = TransferState::terminal_ids_sql(),
             target_pending = TransferState::TargetPending.id(),
         ))
+        .try_map(metric_figures)
         .fetch_one(&self.pool)
         .await?;
         Ok((by_state, figures))
     }
 }
 
-/// The `/metrics` figures besides the per-state counts.
-#[derive(Debug, Default, Clone, PartialEq, Eq, sqlx::FromRow)]
-pub struct MetricFigures {
-    pub oldest_open_age_seconds: i64,
-    pub oldest_target_pending_age_seconds: i64,
-    pub retries_total: i64,
-    pub refund_failures_total: i64,
-    pub stuck_alerts_total: i64,
-    pub refund_alerts_total: i64,
-    pub leased: i64,
+/// The `/metrics` figures' row as [`MetricFigures`].
+fn metric_figures(row: sqlx::postgres::PgRow) -> Result<MetricFigures, sqlx::Error> {
+    use sqlx::Row;
+    Ok(MetricFigures {
+        oldest_open_age_seconds: row.try_get("oldest_open_age_seconds")?,
+        oldest_target_pending_age_seconds: row.try_get("oldest_target_pending_age_seconds")?,
+        retries_total: row.try_get("retries_total")?,
+        refund_failures_total: row.try_get("refund_failures_total")?,
+        stuck_alerts_total: row.try_get("stuck_alerts_total")?,
+        refund_alerts_total: row.try_get("refund_alerts_total")?,
+        leased: row.try_get("leased")?,
+    })
 }
