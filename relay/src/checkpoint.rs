@@ -2,8 +2,9 @@
 //! its own), the checkpoint row (`relay_checkpoint`, migration 0009) written through that same
 //! connection, and the status read by `/metrics` and the RELAY-LAG monitor.
 
-use chrono::{DateTime, Utc};
 use sqlx::{Connection, PgConnection, PgPool};
+
+pub use application::reads::RelayStatus;
 
 /// The first half of the advisory lock key of every relay (`'LR'`); the second is
 /// `hashtext(stream)`, so relays of different streams never exclude each other.
@@ -124,28 +125,6 @@ pub async fn record_lag_alert(pool: &PgPool, stream: &str) -> Result<(), sqlx::E
     Ok(())
 }
 
-/// Where one stream's relay stands, as every instance sees it (read from PostgreSQL).
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-pub struct RelayStatus {
-    pub stream: String,
-    /// The last feed position JetStream acknowledged (the events relayed so far).
-    pub position: i64,
-    pub stream_sequence: i64,
-    /// The last feed position handed out.
-    pub head: i64,
-    /// `head - position`, never negative.
-    pub lag_positions: i64,
-    /// Age of the oldest event not relayed yet (0 when none).
-    pub lag_seconds: f64,
-    /// The leader's last checkpoint or heartbeat.
-    pub updated_at: DateTime<Utc>,
-    pub leader: Option<String>,
-    pub leader_since: Option<DateTime<Utc>>,
-    pub last_error: Option<String>,
-    pub last_error_at: Option<DateTime<Utc>>,
-    pub lag_alerts: i64,
-}
-
 const STATUS_SQL: &str = "
     SELECT c.stream, c.position, c.stream_sequence, h.head,
            GREATEST(h.head - c.position, 0) AS lag_positions,
@@ -157,15 +136,17 @@ const STATUS_SQL: &str = "
 
 /// Every stream's relay status (none when no relay ever ran).
 pub async fn status(pool: &PgPool) -> Result<Vec<RelayStatus>, sqlx::Error> {
-    sqlx::query_as(&format!("{STATUS_SQL} ORDER BY c.stream"))
+    sqlx::query(&format!("{STATUS_SQL} ORDER BY c.stream"))
+        .try_map(crate::reads::status_row)
         .fetch_all(pool)
         .await
 }
 
 /// One stream's relay status, if it ever ran.
 pub async fn status_of(pool: &PgPool, stream: &str) -> Result<Option<RelayStatus>, sqlx::Error> {
-    sqlx::query_as(&format!("{STATUS_SQL} WHERE c.stream = $1"))
+    sqlx::query(&format!("{STATUS_SQL} WHERE c.stream = $1"))
         .bind(stream)
+        .try_map(crate::reads::status_row)
         .fetch_optional(pool)
         .await
 }

@@ -16,6 +16,7 @@ pub mod checkpoints;
 pub mod message;
 mod monitor;
 mod publisher;
+mod reads;
 pub mod stats;
 pub mod stream;
 pub mod tail;
@@ -27,6 +28,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 
 pub use checkpoint::{status, status_of, RelayStatus};
+pub use reads::PgRelayReads;
 pub use stats::RelayStats;
 
 /// The stream's name when none is given.

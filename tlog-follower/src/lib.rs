@@ -9,7 +9,7 @@
 //! `verify` (with `deposits`, which holds every external deposit to its entry, and `finding`,
 //! what both name). The follower and `verify` read the log as COPY lines (`copy`: COPY's text
 //! format, an entry's fields borrowed from the line). It reads the event table and `external_deposits`
-//! and writes only its own tables. Depends on `tlog` only among the ledger's crates.
+//! and writes only its own tables. Depends on `tlog` and (for the read port it implements, `ports.rs`) `application` only among the ledger's crates.
 
 mod copy;
 mod deposits;
@@ -17,6 +17,7 @@ pub mod entries;
 mod finding;
 pub mod follower;
 mod leaf_time;
+mod ports;
 pub mod proofs;
 mod reads;
 mod store;
