@@ -1,8 +1,9 @@
 //! PostgreSQL's side of the core's ports: every trait `application` defines for what it asks of
 //! a database (`application::ports`: the event log, client keys, leases, daily counters;
 //! `application::stores`: the halt flag, alerts, asset settings, the conservation check's
-//! records and event-log reads, the open transfers, the failover repairs) is implemented here
-//! over one pool, and [`ports`], [`stores`] and [`ledger`] wire them. The account systems'
+//! records and event-log reads, the open transfers, the failover repairs; of the read side's
+//! `application::reads`: the receipts' batched reader (`receipts`), the first trace (`traces`),
+//! a cell's failovers and its database's role (`failovers`)) is implemented here over one pool, and [`ports`], [`stores`] and [`ledger`] wire them. The account systems'
 //! ports (`application::books`) are `FundingLedger` and `SpotAdapter` themselves.
 //!
 //! The one place the core meets sqlx: a driver error becomes the core's `StoreError` (or an
@@ -12,11 +13,14 @@ pub mod alerts;
 pub mod assets;
 pub mod audit;
 pub mod events;
+pub mod failovers;
 pub mod halt;
 pub mod lease;
 pub mod limits;
 pub mod maintenance;
+pub mod receipts;
 pub mod repairs;
+pub mod traces;
 pub mod transfers;
 
 use std::sync::{Arc, RwLock};

@@ -1,5 +1,6 @@
 //! The feed positions a transfer answer carries (its receipt in the tamper-evident log), read
-//! together for the single route's concurrent answers.
+//! together for the single route's concurrent answers: `application::reads::ReceiptPositions`
+//! over PostgreSQL.
 //!
 //! Every single-transfer answer read its own positions, one statement and one pool acquire
 //! (with its check, a statement of its own) per request: at 32 clients those two were 2.0 of the
@@ -13,17 +14,21 @@
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
-use adapters::group_commit::{Committer, GroupCommit, KeptConnection};
+use application::reads::ReceiptPositions;
+use application::StoreError;
+use async_trait::async_trait;
 use sqlx::PgPool;
 use tokio::sync::oneshot;
+
+use crate::group_commit::{Committer, GroupCommit, KeptConnection};
 
 /// Lookups waiting beyond this make their callers wait to queue (back-pressure).
 const QUEUE_LENGTH_MAX: usize = 4096;
 /// Most lookups one read carries.
 const BATCH_MAX: usize = 512;
 
-/// One transfer's positions, or why they could not be read.
-type Answer = Result<Vec<i64>, String>;
+/// One transfer's positions, or why they could not be read (one failure shared by the batch).
+type Answer = Result<Vec<i64>, StoreError>;
 
 struct Lookup {
     req_id: String,
@@ -60,7 +65,7 @@ impl Committer for Reader {
                 }
             }
             Err(e) => {
-                let error = e.to_string();
+                let error = StoreError::new(e);
                 for lookup in batch.drain(..) {
                     let _ = lookup.reply.send(Err(error.clone()));
                 }
@@ -90,9 +95,11 @@ impl Receipts {
     pub async fn positions_of(
         &self,
         req_ids: &[String],
-    ) -> anyhow::Result<HashMap<String, Vec<i64>>> {
+    ) -> Result<HashMap<String, Vec<i64>>, StoreError> {
         let [req_id] = req_ids else {
-            return Ok(tlog_follower::entries::positions_of(&self.pool, req_ids).await?);
+            return tlog_follower::entries::positions_of(&self.pool, req_ids)
+                .await
+                .map_err(StoreError::new);
         };
         let reader = self.reader.get_or_init(|| {
             GroupCommit::start_untraced(
@@ -109,12 +116,22 @@ impl Receipts {
                 req_id: req_id.clone(),
                 reply,
             })
-            .await?
-            .map_err(anyhow::Error::msg)?;
+            .await
+            .map_err(StoreError::new)??;
         Ok(if positions.is_empty() {
             HashMap::new()
         } else {
             HashMap::from([(req_id, positions)])
         })
+    }
+}
+
+#[async_trait]
+impl ReceiptPositions for Receipts {
+    async fn positions_of(
+        &self,
+        req_ids: &[String],
+    ) -> Result<HashMap<String, Vec<i64>>, StoreError> {
+        Receipts::positions_of(self, req_ids).await
     }
 }
