@@ -4,8 +4,8 @@
 //! (`ledger_pg_sync_standbys`, `ledger_spot_core_replicas_acknowledging`,
 //! `ledger_failover_leaderless_seconds`).
 //!
-//! One [`Cluster`] per cell, built by start-up over the cell's database URL, pool and spot-core
-//! client. Its members are the ones start-up gives ([`Cluster::set_members`]: a cell map's
+//! One [`Cluster`] per cell, built by start-up over the cell's database URL, its failover
+//! records (`application::reads::FailoverRecords`, over the cell's pool) and spot-core client. Its members are the ones start-up gives ([`Cluster::set_members`]: a cell map's
 //! `members`, `ledger up --ha`'s processes), else read from the URL's hosts (with their
 //! `patroni` URLs) and the spot-core addresses. Each is asked its role when the view is read:
 //! a PostgreSQL node its Patroni (`GET /patroni`), a spot-core replica its `hello`; the
@@ -22,6 +22,7 @@
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
+use application::reads::{FailoverRecord, FailoverRecords, StoredFailover};
 use cells::{MemberKind, MemberSpec};
 use chrono::{DateTime, Utc};
 use schema::failover::{self, PatroniUrl, Servers};
@@ -29,7 +30,6 @@ use serde::Serialize;
 use serde_json::Value;
 use spot_core::client::{ReplicaAnswer, SpotClient};
 use spot_core::protocol::{CoreStatus, ReplicationStatus, Request, Response};
-use sqlx::PgPool;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use utoipa::ToSchema;
 
@@ -45,7 +45,7 @@ const PENDING_MAX: usize = 1024;
 /// One cell's HA view and observations. Cheap to share (`Arc`).
 pub struct Cluster {
     database_url: Option<String>,
-    pool: Option<PgPool>,
+    records: Option<Arc<dyn FailoverRecords>>,
     spot: Option<SpotClient>,
     given: RwLock<Vec<MemberSpec>>,
 }
@@ -171,18 +171,22 @@ impl Cluster {
     pub fn none() -> Self {
         Self {
             database_url: None,
-            pool: None,
+            records: None,
             spot: None,
             given: RwLock::new(Vec::new()),
         }
     }
 
-    /// Over the cell's database (its URL, as the pool was made from it, and the pool) and its
-    /// spot-core client (`None`: a transport that is not TCP).
-    pub fn new(database_url: &str, pool: PgPool, spot: Option<SpotClient>) -> Self {
+    /// Over the cell's database (its URL, as the pool was made from it, and its failover
+    /// records over that pool) and its spot-core client (`None`: a transport that is not TCP).
+    pub fn new(
+        database_url: &str,
+        records: Arc<dyn FailoverRecords>,
+        spot: Option<SpotClient>,
+    ) -> Self {
         Self {
             database_url: Some(database_url.to_owned()),
-            pool: Some(pool),
+            records: Some(records),
             spot,
             given: RwLock::new(Vec::new()),
         }
@@ -326,10 +330,10 @@ impl Cluster {
     }
 
     async fn pool_writable(&self) -> Result<bool, String> {
-        let Some(pool) = &self.pool else {
+        let Some(records) = &self.records else {
             return Err("no database".into());
         };
-        let asked = sqlx::query_scalar::<_, bool>(failover::WRITABLE_SQL).fetch_one(pool);
+        let asked = records.writable();
         match tokio::time::timeout(MEMBER_TIMEOUT, asked).await {
             Ok(Ok(w)) => Ok(w),
             Ok(Err(e)) => Err(e.to_string()),
@@ -421,12 +425,7 @@ impl Cluster {
 
     /// The newest row of `failovers`; `None` when there is none or the database did not answer.
     pub async fn last_failover(&self) -> Option<FailoverView> {
-        let pool = self.pool.as_ref()?;
-        let asked = sqlx::query_as::<_, FailoverRow>(
-            "SELECT at, kind, from_member, to_member, epoch, cause, observed_by FROM failovers \
-             ORDER BY at DESC, id DESC LIMIT 1",
-        )
-        .fetch_optional(pool);
+        let asked = self.records.as_ref()?.last();
         match tokio::time::timeout(MEMBER_TIMEOUT, asked).await {
             Ok(Ok(row)) => row.map(FailoverView::from),
             Ok(Err(e)) => {
@@ -521,11 +520,7 @@ impl Cluster {
 
     /// The synchronous standbys the primary names (`pg_stat_replication`).
     async fn sync_standbys(&self) -> Option<i64> {
-        let pool = self.pool.as_ref()?;
-        let asked = sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')",
-        )
-        .fetch_one(pool);
+        let asked = self.records.as_ref()?.sync_standbys();
         tokio::time::timeout(MEMBER_TIMEOUT, asked).await.ok()?.ok()
     }
 
@@ -545,11 +540,11 @@ impl Cluster {
             if pending.is_empty() {
                 continue;
             }
-            let Some(pool) = &self.pool else {
+            let Some(records) = &self.records else {
                 pending.clear();
                 continue;
             };
-            match insert_failovers(pool, &pending, &observed_by).await {
+            match insert_failovers(&**records, &pending, &observed_by).await {
                 Ok(()) => {
                     for f in &pending {
                         tracing::warn!(kind = f.kind, from = ?f.from, to = %f.to, epoch = ?f.epoch,
@@ -607,44 +602,16 @@ impl Cluster {
     }
 }
 
-/// One observation to write.
-#[derive(Debug, Clone)]
-struct FailoverRecord {
-    at: SystemTime,
-    kind: &'static str,
-    from: Option<String>,
-    to: String,
-    epoch: Option<u64>,
-    cause: String,
-}
-
+/// Writes `rows` in one transaction, giving up after 5 s (the database may be failing over).
 async fn insert_failovers(
-    pool: &PgPool,
+    records: &dyn FailoverRecords,
     rows: &[FailoverRecord],
     observed_by: &str,
-) -> Result<(), sqlx::Error> {
-    let write = async {
-        let mut tx = pool.begin().await?;
-        for r in rows {
-            sqlx::query(
-                "INSERT INTO failovers (at, kind, from_member, to_member, epoch, cause, observed_by) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            )
-            .bind(DateTime::<Utc>::from(r.at))
-            .bind(r.kind)
-            .bind(&r.from)
-            .bind(&r.to)
-            .bind(r.epoch.map(|e| i64::try_from(e).unwrap_or(i64::MAX)))
-            .bind(&r.cause)
-            .bind(observed_by)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await
-    };
-    tokio::time::timeout(Duration::from_secs(5), write)
-        .await
-        .map_err(|_| sqlx::Error::PoolTimedOut)?
+) -> Result<(), String> {
+    match tokio::time::timeout(Duration::from_secs(5), records.record(rows, observed_by)).await {
+        Ok(written) => written.map_err(|e| e.to_string()),
+        Err(_) => Err("no answer in time".into()),
+    }
 }
 
 /// `ledger <pid>@<host>`.
@@ -655,19 +622,8 @@ fn observer_name() -> String {
     format!("ledger {}@{host}", std::process::id())
 }
 
-#[derive(sqlx::FromRow)]
-struct FailoverRow {
-    at: DateTime<Utc>,
-    kind: String,
-    from_member: Option<String>,
-    to_member: String,
-    epoch: Option<i64>,
-    cause: String,
-    observed_by: String,
-}
-
-impl From<FailoverRow> for FailoverView {
-    fn from(r: FailoverRow) -> Self {
+impl From<StoredFailover> for FailoverView {
+    fn from(r: StoredFailover) -> Self {
         Self {
             at: r.at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             kind: r.kind,
@@ -922,20 +878,37 @@ mod tests {
         assert!(parse_http_json(b"HTTP/1.0 200 OK\r\n\r\nnot json").is_err());
     }
 
+    /// Failover records whose database never answers (these tests read no records).
+    struct Unreachable;
+
+    #[async_trait::async_trait]
+    impl FailoverRecords for Unreachable {
+        async fn writable(&self) -> Result<bool, application::StoreError> {
+            Err(application::StoreError::msg("no database in this test"))
+        }
+        async fn sync_standbys(&self) -> Result<i64, application::StoreError> {
+            Err(application::StoreError::msg("no database in this test"))
+        }
+        async fn last(&self) -> Result<Option<StoredFailover>, application::StoreError> {
+            Err(application::StoreError::msg("no database in this test"))
+        }
+        async fn record(
+            &self,
+            _rows: &[FailoverRecord],
+            _observed_by: &str,
+        ) -> Result<(), application::StoreError> {
+            Err(application::StoreError::msg("no database in this test"))
+        }
+    }
+
     #[tokio::test]
     async fn members_come_from_the_addresses_unless_given() {
         let url = "postgres://u@127.0.0.1:5433,127.0.0.1:5434/db?patroni=http://127.0.0.1:8008,http://127.0.0.1:8009";
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .connect_lazy(
-                &url.replace(",127.0.0.1:5434", "")
-                    .replace("?patroni=http://127.0.0.1:8008,http://127.0.0.1:8009", ""),
-            )
-            .unwrap();
         let spot = SpotClient::new(
             "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003".into(),
             Duration::from_secs(1),
         );
-        let cluster = Cluster::new(url, pool, Some(spot));
+        let cluster = Cluster::new(url, Arc::new(Unreachable), Some(spot));
         assert!(cluster.pg_ha() && cluster.spot_replicated());
         let members = cluster.members();
         assert_eq!(members.len(), 5);

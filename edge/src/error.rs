@@ -2,7 +2,7 @@
 //! of contract §3, and internal failures become a generic SYSTEM_ERROR whose detail goes to the
 //! log only.
 
-use adapters::SpotError;
+use application::books::SpotError;
 use application::CoordinatorError;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

@@ -17,7 +17,6 @@ pub mod http_server;
 pub mod openapi;
 pub mod ratelimit;
 pub mod reads;
-pub mod receipts;
 pub mod render;
 pub mod routes;
 pub mod state;

@@ -1,18 +1,18 @@
 //! The read side's objects a handler reads through, built once by the binary's start-up over
 //! the database: the transfer read models, the operators' views, the consumer feed, the recovery
-//! worker's listings, the relay's status and the tamper-evident log. The handlers hold this, never the pool.
+//! worker's listings, the relay's status and the tamper-evident log, each a port of the core
+//! (`application::reads`) that the binary wires over PostgreSQL. The handlers hold this, never a
+//! pool.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use application::reads::{
+    AdminReads, Attempt, FeedEvent, FeedReads, Heartbeat, LogReads, ReceiptPositions,
+    RecoveryReads, RelayReads, RelayStatus, Reads, StuckTransfer, TraceReads, TransferReads,
+};
+use application::StoreError;
 use domain::ReqId;
-use projections::admin::AdminView;
-use projections::feed::{self, FeedEvent};
-use projections::TransferView;
-use recovery::heartbeat::{Attempt, Heartbeat};
-use recovery::StuckTransfer;
-use relay::RelayStatus;
-use sqlx::PgPool;
-use tlog_follower::LogReads;
 
 use crate::error::ApiError;
 
@@ -32,44 +32,50 @@ pub fn cell_param(raw: Option<&str>) -> Result<Option<u16>, ApiError> {
 /// The read models and listings. Cheap to clone: every field is a handle.
 #[derive(Clone)]
 pub struct ReadSide {
-    pool: PgPool,
-    view: TransferView,
-    admin: AdminView,
-    log: LogReads,
-    receipts: crate::receipts::Receipts,
+    transfers: Arc<dyn TransferReads>,
+    admin: Arc<dyn AdminReads>,
+    feed: Arc<dyn FeedReads>,
+    log: Arc<dyn LogReads>,
+    receipts: Arc<dyn ReceiptPositions>,
+    recovery: Arc<dyn RecoveryReads>,
+    traces: Arc<dyn TraceReads>,
+    relay: Arc<dyn RelayReads>,
 }
 
 impl ReadSide {
-    /// Over the database the start-up connected.
-    pub fn new(pool: PgPool) -> Self {
+    /// Over the read ports the start-up wired.
+    pub fn new(reads: Reads) -> Self {
         Self {
-            view: TransferView::new(pool.clone()),
-            admin: AdminView::new(pool.clone()),
-            log: LogReads::new(pool.clone()),
-            receipts: crate::receipts::Receipts::new(pool.clone()),
-            pool,
+            transfers: reads.transfers,
+            admin: reads.admin,
+            feed: reads.feed,
+            log: reads.log,
+            receipts: reads.receipts,
+            recovery: reads.recovery,
+            traces: reads.traces,
+            relay: reads.relay,
         }
     }
 
     /// The transfer read models (history, in-flight sums, counts by state, `/metrics` figures).
-    pub fn transfers(&self) -> &TransferView {
-        &self.view
+    pub fn transfers(&self) -> &dyn TransferReads {
+        &*self.transfers
     }
 
     /// The operators' reads of any user's transfers, counts and the projector's lag.
-    pub fn admin(&self) -> &AdminView {
-        &self.admin
+    pub fn admin(&self) -> &dyn AdminReads {
+        &*self.admin
     }
 
     /// The tamper-evident log's entries, proofs and checkpoints.
-    pub fn log(&self) -> &LogReads {
-        &self.log
+    pub fn log(&self) -> &dyn LogReads {
+        &*self.log
     }
 
-    /// The feed positions transfer answers carry, single lookups read together
-    /// (`receipts.rs`).
-    pub fn receipts(&self) -> &crate::receipts::Receipts {
-        &self.receipts
+    /// The feed positions transfer answers carry, single lookups read together (the batched
+    /// reader the binary wires, `adapters::pg::receipts`).
+    pub fn receipts(&self) -> &dyn ReceiptPositions {
+        &*self.receipts
     }
 
     /// The same read side, whose log is cell `cell`'s (under a cell map: every log route and
@@ -108,32 +114,31 @@ impl ReadSide {
         &self,
         older_than: Duration,
         limit: i64,
-    ) -> Result<Vec<StuckTransfer>, sqlx::Error> {
-        recovery::stuck_transfers(&self.pool, older_than, limit).await
+    ) -> Result<Vec<StuckTransfer>, StoreError> {
+        self.recovery.stuck(older_than, limit).await
     }
 
     /// The recovery worker's attempts on one transfer.
-    pub async fn attempts(&self, req_id: &ReqId) -> Result<Vec<Attempt>, sqlx::Error> {
-        recovery::heartbeat::attempts(&self.pool, &req_id.to_string()).await
+    pub async fn attempts(&self, req_id: &ReqId) -> Result<Vec<Attempt>, StoreError> {
+        self.recovery.attempts(&req_id.to_string()).await
     }
 
     /// The transfer's first trace id (32 hex digits, from the traceparent `transfer_traces`
     /// keeps; `docs/adr/0018-traces.md`), when it was created while traces were exported.
-    pub async fn first_trace_id(&self, req_id: &ReqId) -> Result<Option<String>, sqlx::Error> {
-        let traceparent =
-            adapters::event_store::first_trace(&self.pool, &req_id.to_string()).await?;
+    pub async fn first_trace_id(&self, req_id: &ReqId) -> Result<Option<String>, StoreError> {
+        let traceparent = self.traces.first_trace(&req_id.to_string()).await?;
         // version-traceid-parentid-flags
         Ok(traceparent.and_then(|t| t.split('-').nth(1).map(str::to_owned)))
     }
 
     /// The recovery worker's last pass, if any.
-    pub async fn heartbeat(&self) -> Result<Option<Heartbeat>, sqlx::Error> {
-        recovery::heartbeat::last(&self.pool).await
+    pub async fn heartbeat(&self) -> Result<Option<Heartbeat>, StoreError> {
+        self.recovery.heartbeat().await
     }
 
     /// The feed's last position handed out.
-    pub async fn feed_head(&self) -> Result<i64, sqlx::Error> {
-        feed::head(&self.pool).await
+    pub async fn feed_head(&self) -> Result<i64, StoreError> {
+        self.feed.head().await
     }
 
     /// Up to `limit` feed events after `after`, of one user's transfers or of all.
@@ -142,12 +147,12 @@ impl ReadSide {
         after: i64,
         limit: i64,
         user_id: Option<i64>,
-    ) -> Result<Vec<FeedEvent>, sqlx::Error> {
-        feed::read_after(&self.pool, after, limit, user_id).await
+    ) -> Result<Vec<FeedEvent>, StoreError> {
+        self.feed.after(after, limit, user_id).await
     }
 
     /// Each relay stream's checkpoint and lag.
-    pub async fn relay_status(&self) -> Result<Vec<RelayStatus>, sqlx::Error> {
-        relay::status(&self.pool).await
+    pub async fn relay_status(&self) -> Result<Vec<RelayStatus>, StoreError> {
+        self.relay.status().await
     }
 }

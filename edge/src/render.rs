@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use adapters::{FundingBalance, SpotBalance};
+use application::books::{FundingBalance, SpotBalance};
 use chrono::{DateTime, SecondsFormat, Utc};
 use rust_decimal::Decimal;
 
@@ -74,7 +74,7 @@ pub async fn user_balances(
 
 /// The feed positions of each transfer's events (its entries in the tamper-evident log: the
 /// receipt a transfer answer carries), by req_id, in one read; one transfer's lookup is read
-/// together with the other answers' waiting at the same moment (`receipts.rs`). Positions are
+/// together with the other answers' waiting at the same moment (`ReadSide::receipts`). Positions are
 /// handed out when the events are appended, so every committed event has one; if the read fails
 /// the answers go out without them (the transfer happened; `GET /api/v1/log/receipts/{req_id}`
 /// gives them later).
