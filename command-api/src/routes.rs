@@ -2,7 +2,7 @@
 //! set an account's status. Each takes its body apart here (`body.rs`), in the contract's check
 //! order, and calls one command of the core (`application::Ledger`).
 
-use application::books::{AccountStatus, FundingError};
+use application::books::AccountStatus;
 use application::{NewTransfer, RequestError, TransferRequest};
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
@@ -76,7 +76,7 @@ pub(crate) fn request_error(e: RequestError) -> ApiError {
         RequestError::Refused(code) => ApiError::Refused(code),
         // Unknown halt state: refused (fail closed) as unavailable, not as an internal fault.
         RequestError::HaltUnknown(e) => ApiError::Unavailable(format!("halt flag: {e}")),
-        RequestError::Funding(e) => funding_error(e),
+        RequestError::Funding(e) => ApiError::funding(e),
         RequestError::Task(e) => ApiError::Internal(format!("transfer task ended abnormally: {e}")),
         RequestError::Coordinator(e) => coordinator_error(e),
     }
@@ -197,17 +197,6 @@ pub(crate) fn transfer_answer(
     }))
 }
 
-fn funding_error(e: FundingError) -> ApiError {
-    match e {
-        FundingError::ExternalIdReused => ApiError::Refused(ErrorCode::IdempotencyKeyReused),
-        FundingError::AccountNotFound => ApiError::NotFound,
-        FundingError::Overflow => ApiError::Refused(ErrorCode::Overflow),
-        FundingError::Store(e) => {
-            ApiError::Internal(format!("funding ledger: {}", application::error_chain(&e)))
-        }
-    }
-}
-
 fn check_external_id(id: &str) -> Result<(), ApiError> {
     let ok = !id.is_empty()
         && id.len() <= EXTERNAL_ID_CHARS_MAX
@@ -266,7 +255,7 @@ pub(crate) async fn admin_deposit(
         .ledger
         .external_deposit(&external_id, user_id, &config.symbol, amount)
         .await
-        .map_err(funding_error)?;
+        .map_err(ApiError::funding)?;
     tracing::info!(%external_id, %user_id, asset = %config.symbol, %amount, applied = receipt.applied_now, "external deposit");
     Ok(Json(DepositResponse {
         external_id,
@@ -344,7 +333,7 @@ pub(crate) async fn admin_set_status(
             .ledger
             .set_funding_status(user_id, &config.symbol, status)
             .await
-            .map_err(funding_error)?,
+            .map_err(ApiError::funding)?,
         AccountType::Spot => state
             .ledger
             .set_spot_status(user_id, &config.symbol, status)

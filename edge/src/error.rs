@@ -2,7 +2,7 @@
 //! of contract §3, and internal failures become a generic SYSTEM_ERROR whose detail goes to the
 //! log only.
 
-use application::books::SpotError;
+use application::books::{FundingError, SpotError};
 use application::CoordinatorError;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -174,6 +174,20 @@ impl ApiError {
         match e {
             SpotError::Transport(_) => Self::Unavailable(format!("spot {call} ({effect}): {e}")),
             SpotError::Unexpected(_) => Self::Internal(format!("spot {call} ({effect}): {e}")),
+        }
+    }
+
+    /// A funding ledger's refusal or failure: a reused external id and an overflow are the
+    /// contract's codes, a missing account NOT_FOUND, a store failure a 500 whose detail (the
+    /// whole cause chain) goes to the log.
+    pub fn funding(e: FundingError) -> Self {
+        match e {
+            FundingError::ExternalIdReused => Self::Refused(ErrorCode::IdempotencyKeyReused),
+            FundingError::AccountNotFound => Self::NotFound,
+            FundingError::Overflow => Self::Refused(ErrorCode::Overflow),
+            FundingError::Store(e) => {
+                Self::Internal(format!("funding ledger: {}", application::error_chain(&e)))
+            }
         }
     }
 

@@ -47,7 +47,7 @@ fn int_param(params: &HashMap<String, String>, name: &str, default: i64) -> Resu
     }
 }
 
-fn db_error(e: sqlx::Error) -> ApiError {
+fn db_error(e: application::StoreError) -> ApiError {
     ApiError::Internal(format!("feed: {e}"))
 }
 

@@ -17,9 +17,8 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use domain::ErrorCode;
 use serde_json::json;
-use tlog_follower::proofs::ProofError;
-use tlog_follower::LogError;
-use tlog_follower::LogReads;
+use application::reads::{LogEntry, LogReads, ProofError};
+use application::StoreError;
 
 use edge::auth::AuthUser;
 use edge::error::ApiError;
@@ -45,7 +44,7 @@ async fn turn(state: &AppState) -> Result<tokio::sync::SemaphorePermit<'_>, ApiE
         .map_err(|_| ApiError::Refused(ErrorCode::RateLimitExceeded))
 }
 
-fn internal(e: LogError) -> ApiError {
+fn internal(e: StoreError) -> ApiError {
     ApiError::Internal(format!("tamper-evident log: {e}"))
 }
 
@@ -60,7 +59,7 @@ fn proof_error(e: ProofError) -> ApiError {
     match e {
         ProofError::BeyondTree { size } => not_found(format!("the tree has {size} entries so far")),
         ProofError::OutOfRange => ApiError::BadRequest("the range is not inside the tree".into()),
-        ProofError::Log(e) => internal(e),
+        ProofError::Store(e) => internal(e),
     }
 }
 
@@ -88,7 +87,7 @@ fn bounded(params: &HashMap<String, String>, name: &str, min: u64) -> Result<u64
 /// request to cell N, so it must name this log's cell; without a map the one log is cell 1. Absent:
 /// this log (the caller's own cell's, under a map). NOT_FOUND for a cell this is not, BAD_REQUEST
 /// for a malformed one.
-fn check_cell(log: &LogReads, params: &HashMap<String, String>) -> Result<(), ApiError> {
+fn check_cell(log: &dyn LogReads, params: &HashMap<String, String>) -> Result<(), ApiError> {
     let Some(cell) = edge::reads::cell_param(params.get("cell").map(String::as_str))? else {
         return Ok(());
     };
@@ -106,10 +105,10 @@ fn b64(hashes: &[tlog::Hash]) -> Vec<String> {
 /// The entry at `position` if the caller may see it: NOT_FOUND when the tree does not hold it
 /// (yet), FORBIDDEN when it is another user's and the caller is no admin.
 async fn owned_entry(
-    log: &LogReads,
+    log: &dyn LogReads,
     user: AuthUser,
     position: u64,
-) -> Result<tlog_follower::EntryRow, ApiError> {
+) -> Result<LogEntry, ApiError> {
     let size = log.head().await.map_err(internal)?.size;
     let row = if position <= size {
         log.entry_at(position as i64).await.map_err(internal)?
@@ -188,7 +187,7 @@ pub(crate) async fn entry(
         .ok_or_else(|| ApiError::BadRequest("the position must be a positive integer".into()))?;
     let _turn = turn(&state).await?;
     let row = owned_entry(state.reads.log(), user, position).await?;
-    Ok(([(CONTENT_TYPE, "application/json")], row.leaf()).into_response())
+    Ok(([(CONTENT_TYPE, "application/json")], row.leaf).into_response())
 }
 
 /// `GET /api/v1/log/proof/inclusion?position=P&size=N`: the audit path of the entry at `P` in

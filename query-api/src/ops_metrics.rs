@@ -21,12 +21,12 @@ pub struct OpsFigures {
     pub projector_lag_positions: i64,
     pub projector_lag_seconds: f64,
     /// The tamper-evident log's tree against the feed; `None` when no log is kept.
-    pub log: Option<tlog_follower::LogLag>,
+    pub log: Option<application::reads::LogLag>,
 }
 
 /// Reads them: the worker's heartbeat row and the projector's lag (two one-row tables and one
 /// event by its feed position).
-pub async fn gather(reads: &ReadSide) -> Result<OpsFigures, sqlx::Error> {
+pub async fn gather(reads: &ReadSide) -> Result<OpsFigures, application::StoreError> {
     let heartbeat = reads.heartbeat().await?;
     let lag = reads.admin().projector_lag().await?;
     let log = reads.log().lag().await?;
@@ -116,7 +116,7 @@ mod tests {
             recovery_last_pass_epoch_seconds: 1_700_000_000.5,
             projector_lag_positions: 7,
             projector_lag_seconds: 1.25,
-            log: Some(tlog_follower::LogLag {
+            log: Some(application::reads::LogLag {
                 tree_size: 40,
                 positions: 2,
                 seconds: 0.5,

@@ -4,11 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use adapters::event_store::LoggedEvent;
-use adapters::funding::JournalEntry;
-use adapters::SpotError;
 use application::audit::history::{AssetResult, Run};
 use application::audit::Mode;
+use application::books::{JournalEntry, SpotError};
+use application::stores::LoggedEvent;
 use chrono::{DateTime, Utc};
 use domain::{TransferData, TransferEvent, TransferState};
 use projections::TransferRow;
@@ -406,7 +405,7 @@ pub struct Lag {
 
 impl Lag {
     pub async fn read(state: &AppState) -> Result<Self, ApiError> {
-        let internal = |e: sqlx::Error| ApiError::Internal(format!("lags: {e}"));
+        let internal = |e: application::StoreError| ApiError::Internal(format!("lags: {e}"));
         let projector = state
             .reads
             .admin()

@@ -131,7 +131,7 @@ async fn next_updates(
     after: i64,
     user: Option<i64>,
     req_id: Option<&str>,
-) -> Result<Option<Batch>, sqlx::Error> {
+) -> Result<Option<Batch>, application::StoreError> {
     let Ok(_turn) = state.admission.read().await else {
         return Ok(None);
     };
