@@ -137,7 +137,7 @@ impl Wiring {
             ledger = ledger.with_limits(Arc::new(gate), daily);
         }
         let queries = Queries::new(stores, funding, spot);
-        let reads = ReadSide::new(pool.clone());
+        let reads = read_side(&pool);
         let state = AppState::new(ledger.clone(), queries, reads, &self.jwt_secret);
         Assembled {
             pieces: Pieces {
@@ -152,13 +152,30 @@ impl Wiring {
     }
 }
 
+/// The read side over `pool`: each read port (`application::reads`) implemented by the crate
+/// that owns its tables, so the handlers read through ports and hold no pool.
+pub fn read_side(pool: &PgPool) -> ReadSide {
+    ReadSide::new(application::reads::Reads {
+        transfers: Arc::new(projections::TransferView::new(pool.clone())),
+        admin: Arc::new(projections::admin::AdminView::new(pool.clone())),
+        feed: Arc::new(projections::PgFeed::new(pool.clone())),
+        log: Arc::new(tlog_follower::LogReads::new(pool.clone())),
+        receipts: Arc::new(adapters::pg::receipts::Receipts::new(pool.clone())),
+        recovery: Arc::new(recovery::PgRecoveryReads::new(pool.clone())),
+        traces: Arc::new(adapters::pg::traces::PgTraces::new(pool.clone())),
+        relay: Arc::new(relay::PgRelayReads::new(pool.clone())),
+    })
+}
+
 impl Assembled {
     /// The same core with the HA view of the cell at `database_url` (its pool and spot-core
     /// client are the core's), for the handlers and the failover recorder alike.
     pub fn with_cluster(mut self, database_url: &str) -> Self {
         let cluster = Arc::new(edge::cluster::Cluster::new(
             database_url,
-            self.pieces.pool.clone(),
+            Arc::new(adapters::pg::failovers::PgFailovers::new(
+                self.pieces.pool.clone(),
+            )),
             self.pieces.spot.tcp_client().cloned(),
         ));
         self.state.cluster = cluster.clone();

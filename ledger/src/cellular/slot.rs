@@ -194,7 +194,7 @@ mod tests {
             .expect("a lazy pool");
         let registry = Arc::new(RwLock::new(domain::AssetRegistry::default()));
         Served {
-            reads: edge::reads::ReadSide::new(pool.clone()),
+            reads: crate::wiring::read_side(&pool),
             app: Router::new(),
             metrics: Router::new(),
             assets: application::AssetSettings::new(
