@@ -313,8 +313,10 @@ pub trait LogReads: Send + Sync {
 pub trait ReceiptPositions: Send + Sync {
     /// The feed positions of each transfer's events, in sequence order, by req_id (a req_id
     /// without events is absent).
-    async fn positions_of(&self, req_ids: &[String])
-        -> Result<HashMap<String, Vec<i64>>, StoreError>;
+    async fn positions_of(
+        &self,
+        req_ids: &[String],
+    ) -> Result<HashMap<String, Vec<i64>>, StoreError>;
 }
 
 // ---- The recovery worker's listings (`recovery`) and the first trace (`adapters`) ----

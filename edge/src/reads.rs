@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use application::reads::{
-    AdminReads, Attempt, FeedEvent, FeedReads, Heartbeat, LogReads, ReceiptPositions,
-    RecoveryReads, RelayReads, RelayStatus, Reads, StuckTransfer, TraceReads, TransferReads,
+    AdminReads, Attempt, FeedEvent, FeedReads, Heartbeat, LogReads, Reads, ReceiptPositions,
+    RecoveryReads, RelayReads, RelayStatus, StuckTransfer, TraceReads, TransferReads,
 };
 use application::StoreError;
 use domain::ReqId;

@@ -8,6 +8,8 @@
 
 use std::collections::HashMap;
 
+use application::reads::{LogEntry, LogReads, ProofError};
+use application::StoreError;
 use axum::extract::{Path, Query, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::Method;
@@ -17,8 +19,6 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use domain::ErrorCode;
 use serde_json::json;
-use application::reads::{LogEntry, LogReads, ProofError};
-use application::StoreError;
 
 use edge::auth::AuthUser;
 use edge::error::ApiError;

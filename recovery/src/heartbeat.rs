@@ -28,7 +28,7 @@ pub async fn last(pool: &PgPool) -> Result<Option<Heartbeat>, sqlx::Error> {
                 passes
          FROM recovery_heartbeat WHERE id = 1",
     )
-    .try_map(crate::reads::heartbeat_row)
+    .try_map(crate::rows::heartbeat_row)
     .fetch_optional(pool)
     .await
 }
@@ -44,7 +44,7 @@ pub async fn attempts(pool: &PgPool, req_id: &str) -> Result<Vec<Attempt>, sqlx:
     )
     .bind(req_id)
     .bind(ATTEMPTS_READ_MAX)
-    .try_map(crate::reads::attempt_row)
+    .try_map(crate::rows::attempt_row)
     .fetch_all(pool)
     .await
 }

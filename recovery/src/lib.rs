@@ -7,13 +7,14 @@
 pub mod book;
 pub mod heartbeat;
 mod reads;
+mod rows;
 pub mod stuck;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 mod traced;
 pub mod worker;
 
-pub use reads::PgRecoveryReads;
 pub use book::{AttemptPolicy, AttemptRecord, PgRetryBook, RetryBook, Tally};
+pub use reads::PgRecoveryReads;
 pub use stuck::{stuck_transfers, StuckTransfer};
 pub use worker::{ProjectorProbe, RecoveryConfig, RecoveryOverrides, RecoveryWorker};

@@ -41,7 +41,7 @@ pub async fn stuck_transfers(
     )
     .bind(millis(older_than))
     .bind(limit)
-    .try_map(crate::reads::stuck_row)
+    .try_map(crate::rows::stuck_row)
     .fetch_all(pool)
     .await
 }

@@ -2,7 +2,7 @@
 //! its own), the checkpoint row (`relay_checkpoint`, migration 0009) written through that same
 //! connection, and the status read by `/metrics` and the RELAY-LAG monitor.
 
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::{Connection, PgConnection, PgPool, Row};
 
 pub use application::reads::RelayStatus;
 
@@ -137,7 +137,7 @@ const STATUS_SQL: &str = "
 /// Every stream's relay status (none when no relay ever ran).
 pub async fn status(pool: &PgPool) -> Result<Vec<RelayStatus>, sqlx::Error> {
     sqlx::query(&format!("{STATUS_SQL} ORDER BY c.stream"))
-        .try_map(crate::reads::status_row)
+        .try_map(status_row)
         .fetch_all(pool)
         .await
 }
@@ -146,7 +146,25 @@ pub async fn status(pool: &PgPool) -> Result<Vec<RelayStatus>, sqlx::Error> {
 pub async fn status_of(pool: &PgPool, stream: &str) -> Result<Option<RelayStatus>, sqlx::Error> {
     sqlx::query(&format!("{STATUS_SQL} WHERE c.stream = $1"))
         .bind(stream)
-        .try_map(crate::reads::status_row)
+        .try_map(status_row)
         .fetch_optional(pool)
         .await
+}
+
+/// A status row (`checkpoint::STATUS_SQL`) as a [`RelayStatus`].
+fn status_row(row: sqlx::postgres::PgRow) -> Result<RelayStatus, sqlx::Error> {
+    Ok(RelayStatus {
+        stream: row.try_get("stream")?,
+        position: row.try_get("position")?,
+        stream_sequence: row.try_get("stream_sequence")?,
+        head: row.try_get("head")?,
+        lag_positions: row.try_get("lag_positions")?,
+        lag_seconds: row.try_get("lag_seconds")?,
+        updated_at: row.try_get("updated_at")?,
+        leader: row.try_get("leader")?,
+        leader_since: row.try_get("leader_since")?,
+        last_error: row.try_get("last_error")?,
+        last_error_at: row.try_get("last_error_at")?,
+        lag_alerts: row.try_get("lag_alerts")?,
+    })
 }
