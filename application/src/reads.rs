@@ -167,6 +167,9 @@ pub trait AdminReads: Send + Sync {
 
 // ---- The consumer feed (`projections`) ----
 
+/// The aggregate type of transfers in the event table and the feed.
+pub const TRANSFER_AGGREGATE: &str = "Transfer";
+
 /// The largest page of the feed one read returns.
 pub const FEED_PAGE_SIZE_MAX: i64 = 1000;
 

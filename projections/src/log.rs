@@ -5,8 +5,7 @@ use domain::TransferEvent;
 
 use crate::error::ProjectionError;
 
-/// The aggregate type of transfers in the event table.
-pub const TRANSFER_AGGREGATE: &str = "Transfer";
+pub use application::reads::TRANSFER_AGGREGATE;
 
 /// One row of the event table with its position.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]

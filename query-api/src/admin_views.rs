@@ -23,13 +23,13 @@
 mod params;
 mod types;
 
+use application::reads::AdminFilter;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::Method;
 use axum::Json;
 use chrono::Utc;
 use domain::ReqId;
-use projections::admin::AdminFilter;
 
 use edge::auth::AdminUser;
 use edge::error::ApiError;

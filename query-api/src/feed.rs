@@ -6,12 +6,12 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::time::{Duration, SystemTime};
 
+use application::reads::{event_json, FeedEvent, FEED_PAGE_SIZE_MAX};
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, Method};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
-use projections::feed::{event_json, FeedEvent, FEED_PAGE_SIZE_MAX};
 use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
 use utoipa::{IntoParams, ToSchema};

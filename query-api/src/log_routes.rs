@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use application::reads::{LogEntry, LogReads, ProofError};
+use application::reads::{Hash, LogEntry, LogReads, ProofError};
 use application::StoreError;
 use axum::extract::{Path, Query, State};
 use axum::http::header::CONTENT_TYPE;
@@ -98,7 +98,7 @@ fn check_cell(log: &dyn LogReads, params: &HashMap<String, String>) -> Result<()
     }
 }
 
-fn b64(hashes: &[tlog::Hash]) -> Vec<String> {
+fn b64(hashes: &[Hash]) -> Vec<String> {
     hashes.iter().map(|h| STANDARD.encode(h)).collect()
 }
 

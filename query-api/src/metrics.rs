@@ -10,13 +10,13 @@
 
 use std::time::Duration;
 
+use application::reads::{MetricFigures as Figures, RelayStatus};
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use domain::TransferState;
-use projections::transfers::MetricFigures as Figures;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -56,7 +56,7 @@ struct Snapshot {
     by_state: Vec<(String, i64)>,
     figures: Figures,
     /// The JetStream relay of each stream that ever ran (`relay_checkpoint`).
-    relays: Vec<relay::RelayStatus>,
+    relays: Vec<RelayStatus>,
     /// The periodic conservation check (`audit_status`).
     audit: application::audit::status::AuditHealth,
     /// spot-core's idempotency horizon (Unix ms), read from spot-core itself; `None` when it did
@@ -338,7 +338,7 @@ fn encode_rounds(
 }
 
 /// A relay figure: its name, its help, and how to read it from a status row.
-type RelayFigure = (&'static str, &'static str, fn(&relay::RelayStatus) -> i64);
+type RelayFigure = (&'static str, &'static str, fn(&RelayStatus) -> i64);
 
 /// A leader whose heartbeat is older than this counts as gone.
 const RELAY_LEADER_FRESH: chrono::TimeDelta = chrono::TimeDelta::seconds(5);
@@ -346,7 +346,7 @@ const RELAY_LEADER_FRESH: chrono::TimeDelta = chrono::TimeDelta::seconds(5);
 /// The relay's figures, one series per stream: lag (positions, seconds), events relayed, a live
 /// leader, RELAY-LAG alerts, and the last error (its text as a label, its time as the value).
 fn encode_relays(
-    relays: &[relay::RelayStatus],
+    relays: &[RelayStatus],
     encoder: &mut DescriptorEncoder,
 ) -> Result<(), std::fmt::Error> {
     use prometheus_client::metrics::MetricType::{Counter, Gauge};
@@ -400,7 +400,7 @@ fn encode_relays(
 /// Per stream: the age of the oldest event not relayed, and the last error (its text, made safe
 /// for a label, as a label; its time as the value).
 fn encode_relay_lag_and_errors(
-    relays: &[relay::RelayStatus],
+    relays: &[RelayStatus],
     encoder: &mut DescriptorEncoder,
 ) -> Result<(), std::fmt::Error> {
     use prometheus_client::metrics::MetricType::Gauge;
@@ -452,7 +452,7 @@ mod tests {
     fn the_relay_reports_lag_published_leader_alerts_and_its_last_error() {
         let now = chrono::Utc::now();
         let text = render(Snapshot {
-            relays: vec![relay::RelayStatus {
+            relays: vec![RelayStatus {
                 stream: "LEDGER_EVENTS".into(),
                 position: 90,
                 stream_sequence: 90,

@@ -1,10 +1,9 @@
 //! The admin views' query parameters, checked one by one so that every bad value is refused with
 //! the contract's BAD_REQUEST and a message naming it; and the listing's opaque cursor.
 
+use application::reads::{AdminFilter, PageCursor, StateFilter, TransferRow, ADMIN_PAGE_SIZE_MAX};
 use chrono::{DateTime, Utc};
 use domain::{AssetSymbol, ReqId, TransferState};
-use projections::admin::{AdminFilter, StateFilter, ADMIN_PAGE_SIZE_MAX};
-use projections::{PageCursor, TransferRow};
 use serde::Deserialize;
 use utoipa::IntoParams;
 

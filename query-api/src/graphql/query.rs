@@ -2,9 +2,9 @@
 //! counts by state. Each field that does I/O costs [`IO_FIELD_COST`] and
 //! takes a turn from the read admission.
 
+use application::reads::{HistoryFilter, TransferRow, HISTORY_PAGE_SIZE_MAX};
 use async_graphql::{Context, Object};
 use domain::{ErrorCode, ReqId, TransferState, UserId};
-use projections::HistoryFilter;
 
 use super::context::{app, busy, caller, coded, internal, IO_FIELD_COST, PAGE_SIZE_DEFAULT};
 use super::types::{
@@ -36,9 +36,7 @@ impl QueryRoot {
         let me = caller(ctx);
         let filter = filter.unwrap_or_default();
         let first = first.unwrap_or(PAGE_SIZE_DEFAULT);
-        if !(1..=i32::try_from(projections::transfers::HISTORY_PAGE_SIZE_MAX).unwrap_or(100))
-            .contains(&first)
-        {
+        if !(1..=i32::try_from(HISTORY_PAGE_SIZE_MAX).unwrap_or(100)).contains(&first) {
             return Err(coded(ErrorCode::BadRequest));
         }
         let history = history_filter(me, &filter)?;
@@ -174,7 +172,7 @@ fn history_filter(me: &Identity, filter: &TransferFilter) -> async_graphql::Resu
 
 /// A page of `first` transfers from `rows`, read one longer than the page to tell whether there
 /// is a next one.
-fn connection(mut rows: Vec<projections::TransferRow>, first: i32) -> TransferConnection {
+fn connection(mut rows: Vec<TransferRow>, first: i32) -> TransferConnection {
     let has_next_page = rows.len() > usize::try_from(first).unwrap_or(0);
     rows.truncate(usize::try_from(first).unwrap_or(0));
     let nodes: Vec<TransferGql> = rows.into_iter().map(Into::into).collect();

@@ -1,11 +1,10 @@
 //! The subscription root: a caller's transfer state changes from the feed, over websocket.
 
+use application::reads::{FeedEvent, TRANSFER_AGGREGATE};
 use async_graphql::{Context, SimpleObject, Subscription};
 use chrono::{DateTime, Utc};
 use domain::ErrorCode;
 use futures_util::stream::{self, Stream};
-use projections::feed::FeedEvent;
-use projections::TRANSFER_AGGREGATE;
 
 use super::context::{app, busy, caller, coded, internal, SUBSCRIPTION_POLL_INTERVAL};
 use edge::admission::SubscriptionSlot;

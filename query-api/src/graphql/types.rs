@@ -1,10 +1,10 @@
 //! The GraphQL object and input types of the schema (transfers, their events, pages, balances,
 //! counts) and the opaque page cursor, converted from the read models and the core's data.
 
+use application::reads::{PageCursor, TransferRow};
 use async_graphql::{Context, Enum, InputObject, Object, SimpleObject};
 use chrono::{DateTime, Utc};
 use domain::{ReqId, TransferData};
-use projections::{PageCursor, TransferRow};
 use rust_decimal::Decimal;
 
 use super::context::{app, busy, internal, IO_FIELD_COST};
