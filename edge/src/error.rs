@@ -3,7 +3,9 @@
 //! log only.
 
 use application::books::{FundingError, SpotError};
+use application::reads::ProofError;
 use application::CoordinatorError;
+use application::StoreError;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -188,6 +190,25 @@ impl ApiError {
             FundingError::Store(e) => {
                 Self::Internal(format!("funding ledger: {}", application::error_chain(&e)))
             }
+        }
+    }
+
+    /// A read of the read side (`application::reads`) that could not be made: a 500 whose
+    /// detail, what was read and why it failed, goes to the log.
+    pub fn store(what: &str, e: StoreError) -> Self {
+        Self::Internal(format!("{what}: {e}"))
+    }
+
+    /// A tamper-evident log proof that cannot be given: a tree that has not grown to the size
+    /// asked is NOT_FOUND (yet), a range outside it BAD_REQUEST, a failed read a 500.
+    pub fn proof(e: ProofError) -> Self {
+        match e {
+            ProofError::BeyondTree { size } => Self::because(
+                ErrorCode::NotFound,
+                format!("the tree has {size} entries so far"),
+            ),
+            ProofError::OutOfRange => Self::BadRequest("the range is not inside the tree".into()),
+            ProofError::Store(e) => Self::store("tamper-evident log", e),
         }
     }
 
@@ -436,6 +457,29 @@ mod tests {
             let (_, body) = rendered(error).await;
             assert!(!body.to_string().contains("funding_accounts"), "{body}");
         }
+    }
+
+    #[tokio::test]
+    async fn read_port_failures_map_to_the_contracts_codes_and_keep_their_detail_inside() {
+        let secret = "relation \"tlog_state\" does not exist";
+        let cases = [
+            (ProofError::BeyondTree { size: 3 }, StatusCode::NOT_FOUND),
+            (ProofError::OutOfRange, StatusCode::BAD_REQUEST),
+            (
+                ProofError::Store(StoreError::msg(secret)),
+                StatusCode::INTERNAL_SERVER_ERROR,
+            ),
+        ];
+        for (proof, status) in cases {
+            let (got, body) = rendered(ApiError::proof(proof)).await;
+            assert_eq!(got, status);
+            assert!(!body.to_string().contains("tlog_state"), "{body}");
+        }
+        let feed = ApiError::store("feed", StoreError::msg(secret));
+        assert!(matches!(&feed, ApiError::Internal(d) if d == &format!("feed: {secret}")));
+        let (got, body) = rendered(feed).await;
+        assert_eq!(got, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(!body.to_string().contains("tlog_state"), "{body}");
     }
 
     #[tokio::test]

@@ -48,7 +48,7 @@ fn int_param(params: &HashMap<String, String>, name: &str, default: i64) -> Resu
 }
 
 fn db_error(e: application::StoreError) -> ApiError {
-    ApiError::Internal(format!("feed: {e}"))
+    ApiError::store("feed", e)
 }
 
 /// `GET /api/v1/events?after=N&limit=M` (admin): events with `position > N`, in order, at most

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use application::reads::{Hash, LogEntry, LogReads, ProofError};
+use application::reads::{Hash, LogEntry, LogReads};
 use application::StoreError;
 use axum::extract::{Path, Query, State};
 use axum::http::header::CONTENT_TYPE;
@@ -45,21 +45,13 @@ async fn turn(state: &AppState) -> Result<tokio::sync::SemaphorePermit<'_>, ApiE
 }
 
 fn internal(e: StoreError) -> ApiError {
-    ApiError::Internal(format!("tamper-evident log: {e}"))
+    ApiError::store("tamper-evident log", e)
 }
 
 fn not_found(message: impl Into<String>) -> ApiError {
     ApiError::RefusedBecause {
         code: ErrorCode::NotFound,
         message: message.into(),
-    }
-}
-
-fn proof_error(e: ProofError) -> ApiError {
-    match e {
-        ProofError::BeyondTree { size } => not_found(format!("the tree has {size} entries so far")),
-        ProofError::OutOfRange => ApiError::BadRequest("the range is not inside the tree".into()),
-        ProofError::Store(e) => internal(e),
     }
 }
 
@@ -217,7 +209,10 @@ pub(crate) async fn inclusion(
     let _turn = turn(&state).await?;
     let log = state.reads.log();
     owned_entry(log, user, position).await?;
-    let proof = log.inclusion(position, size).await.map_err(proof_error)?;
+    let proof = log
+        .inclusion(position, size)
+        .await
+        .map_err(ApiError::proof)?;
     Ok(Json(json!({
         "position": position,
         "size": size,
@@ -256,7 +251,7 @@ pub(crate) async fn consistency(
         .log()
         .consistency(from, to)
         .await
-        .map_err(proof_error)?;
+        .map_err(ApiError::proof)?;
     Ok(Json(
         json!({ "from": from, "to": to, "hashes": b64(&hashes) }),
     ))

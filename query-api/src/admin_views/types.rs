@@ -404,7 +404,7 @@ pub struct Lag {
 
 impl Lag {
     pub async fn read(state: &AppState) -> Result<Self, ApiError> {
-        let internal = |e: application::StoreError| ApiError::Internal(format!("lags: {e}"));
+        let internal = |e| ApiError::store("lags", e);
         let projector = state
             .reads
             .admin()
