@@ -310,7 +310,7 @@ impl Cluster {
                     view.error = Some(e);
                 }
                 None if single || in_use.as_deref() == Some(m.address.as_str()) => {
-                    match self.pool_writable().await {
+                    match self.db_writable().await {
                         Ok(true) => view.role = "leader".into(),
                         Ok(false) => view.role = "standby".into(),
                         Err(e) => {
@@ -329,7 +329,7 @@ impl Cluster {
         out
     }
 
-    async fn pool_writable(&self) -> Result<bool, String> {
+    async fn db_writable(&self) -> Result<bool, String> {
         let Some(records) = &self.records else {
             return Err("no database".into());
         };
