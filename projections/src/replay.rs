@@ -240,9 +240,7 @@ pub async fn replay(
 ) -> Result<ReplayReport, ProjectionError> {
     let schema = format!("replay_{}", Utc::now().format("%Y%m%d_%H%M%S_%6f"));
     let indexes = create_schema(pool, &schema).await?;
-    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
-        .fetch_one(pool)
-        .await?;
+    let total = eventlog::batches::count(pool).await?;
     let total = u64::try_from(total).unwrap_or(0);
     let projector = Projector::in_schema(pool.clone(), schema.clone(), REPLAY_LOCK_KEY);
     let mut applied: u64 = 0;
