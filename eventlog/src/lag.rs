@@ -1,7 +1,9 @@
-//! How far a reader of the log is behind its head: each reader's position joined with the age
-//! of the first event past it.
+//! How far a reader of the log is behind its head (the projector, the tamper-evident tree, the
+//! relay): each reader's position joined with the feed's head and the age of the first event
+//! past it.
 
-use sqlx::PgPool;
+use sqlx::postgres::PgRow;
+use sqlx::{FromRow, PgPool};
 
 /// The projector's lag: feed positions handed out minus events it applied, and the age in
 /// seconds of the first event past what it applied (0 when none). None before the projector's
@@ -35,4 +37,37 @@ pub async fn tree_lag(pool: &PgPool) -> Result<Option<(i64, i64, f64)>, sqlx::Er
     )
     .fetch_optional(pool)
     .await
+}
+
+/// Every relay stream's status and lag: its checkpoint, the feed's head, and the age of the
+/// first event past what it relayed. Over the `feed` views; the row type is the caller's
+/// (`relay::checkpoint::RelayStatus`, which reads these columns by name).
+const RELAY_STATUS: &str = "
+    SELECT c.stream, c.position, c.stream_sequence, h.head,
+           GREATEST(h.head - c.position, 0) AS lag_positions,
+           COALESCE((SELECT GREATEST(EXTRACT(EPOCH FROM now() - f.recorded_at), 0)::float8
+                     FROM feed f WHERE f.position = c.position + 1), 0)::float8 AS lag_seconds,
+           c.updated_at, c.leader, c.leader_since, c.last_error, c.last_error_at, c.lag_alerts
+    FROM relay_checkpoint c
+    CROSS JOIN (SELECT COALESCE((SELECT position FROM feed_head), 0) AS head) h";
+
+/// [`RELAY_STATUS`] of every stream, by stream.
+pub async fn relay_status<R>(pool: &PgPool) -> Result<Vec<R>, sqlx::Error>
+where
+    R: for<'r> FromRow<'r, PgRow> + Send + Unpin,
+{
+    sqlx::query_as(&format!("{RELAY_STATUS} ORDER BY c.stream"))
+        .fetch_all(pool)
+        .await
+}
+
+/// [`RELAY_STATUS`] of one stream, if it ever ran.
+pub async fn relay_status_of<R>(pool: &PgPool, stream: &str) -> Result<Option<R>, sqlx::Error>
+where
+    R: for<'r> FromRow<'r, PgRow> + Send + Unpin,
+{
+    sqlx::query_as(&format!("{RELAY_STATUS} WHERE c.stream = $1"))
+        .bind(stream)
+        .fetch_optional(pool)
+        .await
 }

@@ -2,8 +2,8 @@
 //! that reads or writes `events` is here, named for its job; everyone else (the event store's
 //! appender and reads in `adapters`, the projector and the replay in `projections`, the
 //! tamper-evident log's follower, routes and `verify` in `tlog-follower`, recovery's stuck
-//! listing and first trace) calls these functions and never names the table
-//! (`scripts/one-event-reader` checks it).
+//! listing and first trace, the feed and the relay's status) calls these functions and never
+//! names the table (`scripts/one-event-reader` checks it).
 //!
 //! The stored form: one row per event, keyed by (`aggregate_type`, `aggregate_id`, `sequence`),
 //! with `event_type`, `event_version`, the domain event's JSON `payload` (decoded through
@@ -14,15 +14,21 @@
 //! appending transaction's `tx_id` (an `xid8`, read as text and cast: commit order is
 //! `(tx_id, global_position)` below the commit watermark) and `recorded_at`.
 //!
+//! The views `feed` and `feed_head` (migrations 0013, 0015) are the same rows at their dense
+//! feed positions; their reads are here too, so the feed, the relay and GraphQL's subscription
+//! (through `projections::feed`) read the log through this crate as well.
+//!
 //! By job: `append` (the group commit's one INSERT) → `transfers` (one transfer's events, its
 //! first trace, the audit's and the stuck listing's reads), `batches` (the projector's reads in
-//! commit order), `entries` (reads by feed position for the tamper-evident log) and `lag` (how
-//! far a reader of the log is behind). No module imports another but through this root.
+//! commit order), `entries` (reads by feed position for the tamper-evident log), `feed` (the
+//! consumer feed) and `lag` (how far a reader of the log is behind). No module imports another
+//! but through this root.
 //! The statements' text is what it was where it came from: plans were measured on it.
 
 pub mod append;
 pub mod batches;
 pub mod entries;
+pub mod feed;
 pub mod lag;
 pub mod transfers;
 
