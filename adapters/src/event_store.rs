@@ -223,9 +223,9 @@ async fn append_batch(
     }
 }
 
-/// One multi-row INSERT for every event of every job (`eventlog::append`), as one statement in its own implicit
-/// transaction: atomic, and durable when it returns (the server answers after the commit is
-/// flushed), in one round trip instead of three (BEGIN, INSERT, COMMIT).
+/// One multi-row INSERT for every event of every job (`eventlog::append`), as one statement in
+/// its own implicit transaction: atomic, and durable when it returns (the server answers after
+/// the commit is flushed), in one round trip instead of three (BEGIN, INSERT, COMMIT).
 ///
 /// The same statement takes the events' feed positions (migrations 0013 and 0015): `feed_take()`
 /// holds the feed's advisory lock until the commit and reads the last position handed out, so the
