@@ -145,17 +145,9 @@ impl RetryBook for PgRetryBook {
     }
 
     async fn first_trace(&self, req_id: &ReqId) -> Option<String> {
-        // As `adapters::event_store::first_trace` reads it: the creation's metadata, or the
-        // table earlier versions kept it in.
-        let read = sqlx::query_scalar(
-            "SELECT COALESCE(
-                 (SELECT metadata->>'traceparent' FROM events
-                  WHERE aggregate_type = 'Transfer' AND aggregate_id = $1 AND sequence = 1),
-                 (SELECT traceparent FROM transfer_traces WHERE req_id = $1))",
-        )
-        .bind(req_id.to_string())
-        .fetch_one(&self.pool)
-        .await;
+        // The one read `adapters::event_store::first_trace` makes too: the creation's metadata,
+        // or the table earlier versions kept it in.
+        let read = eventlog::transfers::first_trace(&self.pool, &req_id.to_string()).await;
         match read {
             Ok(found) => found,
             Err(e) => {

@@ -146,26 +146,12 @@ pub struct RelayStatus {
     pub lag_alerts: i64,
 }
 
-const STATUS_SQL: &str = "
-    SELECT c.stream, c.position, c.stream_sequence, h.head,
-           GREATEST(h.head - c.position, 0) AS lag_positions,
-           COALESCE((SELECT GREATEST(EXTRACT(EPOCH FROM now() - f.recorded_at), 0)::float8
-                     FROM feed f WHERE f.position = c.position + 1), 0)::float8 AS lag_seconds,
-           c.updated_at, c.leader, c.leader_since, c.last_error, c.last_error_at, c.lag_alerts
-    FROM relay_checkpoint c
-    CROSS JOIN (SELECT COALESCE((SELECT position FROM feed_head), 0) AS head) h";
-
 /// Every stream's relay status (none when no relay ever ran).
 pub async fn status(pool: &PgPool) -> Result<Vec<RelayStatus>, sqlx::Error> {
-    sqlx::query_as(&format!("{STATUS_SQL} ORDER BY c.stream"))
-        .fetch_all(pool)
-        .await
+    eventlog::lag::relay_status(pool).await
 }
 
 /// One stream's relay status, if it ever ran.
 pub async fn status_of(pool: &PgPool, stream: &str) -> Result<Option<RelayStatus>, sqlx::Error> {
-    sqlx::query_as(&format!("{STATUS_SQL} WHERE c.stream = $1"))
-        .bind(stream)
-        .fetch_optional(pool)
-        .await
+    eventlog::lag::relay_status_of(pool, stream).await
 }
