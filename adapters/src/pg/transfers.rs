@@ -20,7 +20,8 @@ use sqlx::PgPool;
 use application::daily::{Charge, DailyLimits};
 use application::CoordinatorError;
 
-use super::{lease, limits, unknown};
+use super::driver::unknown;
+use super::{lease, limits};
 use application::ports::{
     CidClaim, ClientKey, ClientKeys, Commit, Context, DailyReservations, LeaseRequest, Leases,
     Rekeyed, TransferLog,

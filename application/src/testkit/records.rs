@@ -17,14 +17,14 @@ use chrono::Utc;
 use cqrs_es::DomainEvent;
 use domain::{AssetConfig, AssetStatus, ReqId, TransferEvent, TransferState, UserId};
 
-use crate::alerts::StoredAlert;
-use crate::audit::history::{AssetResult, Run, RUNS_KEPT, RUNS_READ_MAX};
+use crate::audit::history::{AssetResult, AuditHistory, Run, RUNS_KEPT, RUNS_READ_MAX};
 use crate::audit::status::AuditHealth;
-use crate::audit::{Checkpoint, CheckpointError, InvariantReport};
+use crate::audit::{Checkpoint, CheckpointError, Checkpoints, InvariantReport};
 use crate::error::StoreError;
+use crate::ledger::Stores;
 use crate::stores::{
-    AlertLog, AssetStore, AuditRecords, AuditTransfer, EventReads, HaltFlag, LogError, LoggedEvent,
-    OpenTransfers, RepairRecords, RepairRequest, RepairRow, StoredAsset, Stores,
+    AlertLog, AssetStore, AuditTransfer, EventReads, HaltFlag, LogError, LoggedEvent,
+    OpenTransfers, RepairRecords, RepairRequest, RepairRow, StoredAlert, StoredAsset,
 };
 use crate::testkit::rows::Rows;
 
@@ -82,7 +82,8 @@ impl MemRecords {
             alerts: me.clone(),
             assets: me.clone(),
             events: me.clone(),
-            audit: me.clone(),
+            checkpoints: me.clone(),
+            history: me.clone(),
             open: me.clone(),
             repairs: me,
         }
@@ -232,7 +233,7 @@ impl EventReads for MemRecords {
 }
 
 #[async_trait]
-impl AuditRecords for MemRecords {
+impl Checkpoints for MemRecords {
     async fn load_checkpoint(&self) -> Result<Checkpoint, CheckpointError> {
         Ok(self.kept().checkpoint.clone())
     }
@@ -252,7 +253,10 @@ impl AuditRecords for MemRecords {
         };
         Ok(true)
     }
+}
 
+#[async_trait]
+impl AuditHistory for MemRecords {
     async fn store_report(&self, report: &InvariantReport) -> Result<i64, StoreError> {
         let json = serde_json::to_value(report).map_err(StoreError::new)?;
         let mut kept = self.kept();
