@@ -117,6 +117,20 @@ pub fn spot_read(
     }
 }
 
+/// One user's FUNDING balances in `books`, as the funding ledger lists them.
+pub fn funding_balances(books: &Books, user: UserId) -> Vec<FundingBalance> {
+    books
+        .accounts
+        .iter()
+        .filter(|((u, _), _)| *u == user)
+        .map(|((_, asset), a)| FundingBalance {
+            asset: asset.as_str().to_owned(),
+            balance: a.balance,
+            status: status_name(a.status).to_owned(),
+        })
+        .collect()
+}
+
 fn lookup(books: &Books, req_id: &ReqId) -> Vec<LookupOp> {
     Operation::ALL
         .into_iter()
@@ -146,17 +160,7 @@ fn lookup(books: &Books, req_id: &ReqId) -> Vec<LookupOp> {
 #[async_trait]
 impl FundingBook for MemAccount {
     async fn balances(&self, user: UserId) -> Result<Vec<FundingBalance>, FundingError> {
-        Ok(self
-            .books()
-            .accounts
-            .iter()
-            .filter(|((u, _), _)| *u == user)
-            .map(|((_, asset), a)| FundingBalance {
-                asset: asset.as_str().to_owned(),
-                balance: a.balance,
-                status: status_name(a.status).to_owned(),
-            })
-            .collect())
+        Ok(funding_balances(&self.books(), user))
     }
 
     async fn balance(

@@ -196,17 +196,7 @@ impl AccountPort for SimFunding {
 #[async_trait]
 impl FundingBook for SimFunding {
     async fn balances(&self, user: UserId) -> Result<Vec<FundingBalance>, FundingError> {
-        let w = self.sim.world();
-        Ok(w.funding
-            .accounts
-            .iter()
-            .filter(|((u, _), _)| *u == user)
-            .map(|((_, asset), a)| FundingBalance {
-                asset: asset.as_str().to_owned(),
-                balance: a.balance,
-                status: format!("{:?}", a.status).to_uppercase(),
-            })
-            .collect())
+        Ok(books::funding_balances(&self.sim.world().funding, user))
     }
 
     async fn balance(
