@@ -24,10 +24,9 @@ use tracing::Instrument;
 
 use crate::group_commit::{Committer, GroupCommit, KeptConnection};
 
-mod statements;
 mod traces;
 
-use statements::INSERT_EVENTS;
+use eventlog::append::{append, is_conflict, Columns};
 pub use traces::first_trace;
 
 /// The event store in plain event-store mode (postgres-es's snapshot modes double-apply events),
@@ -224,9 +223,9 @@ async fn append_batch(
     }
 }
 
-/// One multi-row INSERT for every event of every job, as one statement in its own implicit
-/// transaction: atomic, and durable when it returns (the server answers after the commit is
-/// flushed), in one round trip instead of three (BEGIN, INSERT, COMMIT).
+/// One multi-row INSERT for every event of every job (`eventlog::append`), as one statement in
+/// its own implicit transaction: atomic, and durable when it returns (the server answers after
+/// the commit is flushed), in one round trip instead of three (BEGIN, INSERT, COMMIT).
 ///
 /// The same statement takes the events' feed positions (migrations 0013 and 0015): `feed_take()`
 /// holds the feed's advisory lock until the commit and reads the last position handed out, so the
@@ -262,27 +261,29 @@ async fn insert(conn: &mut PgConnection, commits: &[Pending<'_>]) -> Result<(), 
                     .get(&(e.aggregate_id.as_str(), e.sequence))
                     .unwrap_or(&e.metadata),
             );
-            owners.push(owner(e));
-            times.push(occurred_at(&e.payload));
+            owners.push(eventlog::owner(&e.metadata));
+            times.push(eventlog::occurred_at(&e.payload));
         }
     }
     let guards = ClaimGuards::of(commits);
-    sqlx::query(INSERT_EVENTS)
-        .bind(&types)
-        .bind(&ids)
-        .bind(&seqs)
-        .bind(&event_types)
-        .bind(&versions)
-        .bind(&payloads)
-        .bind(&metadata)
-        .bind(&owners)
-        .bind(&times)
-        .bind(&guards.users)
-        .bind(&guards.cids)
-        .bind(&guards.req_ids)
-        .execute(conn)
-        .await?;
-    Ok(())
+    append(
+        conn,
+        &Columns {
+            aggregate_types: &types,
+            aggregate_ids: &ids,
+            sequences: &seqs,
+            event_types: &event_types,
+            event_versions: &versions,
+            payloads: &payloads,
+            metadata: &metadata,
+            owners: &owners,
+            occurred_at: &times,
+            claim_users: &guards.users,
+            claim_cids: &guards.cids,
+            claim_req_ids: &guards.req_ids,
+        },
+    )
+    .await
 }
 
 /// The client-key claims the creations in a batch were made under: each must still name its
@@ -320,37 +321,9 @@ impl<'a> ClaimGuards<'a> {
     }
 }
 
-/// The SQLSTATE `cid_claims_hold` raises when a creation's client-key claim was re-keyed.
-const CLAIM_MOVED: &str = "LC001";
-
-/// The metadata key under which a commit names its transfer's owner.
-pub const OWNER_METADATA_KEY: &str = "user_id";
-
-/// The user whose event this is, from the commit's owner metadata (the coordinator, the only
-/// committer through this repository, always sets it); none for an event of no user.
-fn owner(e: &SerializedEvent) -> Option<i64> {
-    e.metadata
-        .get(OWNER_METADATA_KEY)
-        .and_then(Value::as_str)
-        .and_then(|t| t.parse().ok())
-}
-
-/// The domain time an event carries (`at` in its one variant's fields), if any.
-fn occurred_at(payload: &Value) -> Option<chrono::DateTime<chrono::Utc>> {
-    let fields = payload.as_object()?.values().next()?;
-    let at = fields.get("at")?.as_str()?;
-    chrono::DateTime::parse_from_rfc3339(at)
-        .ok()
-        .map(|t| t.with_timezone(&chrono::Utc))
-}
-
-/// A commit refused for what it wrote (a sequence already taken, or a creation whose client-key
-/// claim moved): nothing of it was applied, and the rest of its batch can be retried alone.
-fn is_conflict(e: &sqlx::Error) -> bool {
-    e.as_database_error()
-        .and_then(|d| d.code())
-        .is_some_and(|c| c == "23505" || c == CLAIM_MOVED)
-}
+/// The metadata key under which a commit names its transfer's owner (the event log's stored
+/// form: `eventlog` copies it to the event's `user_id`).
+pub use eventlog::OWNER_METADATA_KEY;
 
 fn to_persistence(e: sqlx::Error) -> PersistenceError {
     if is_conflict(&e) {
@@ -451,7 +424,7 @@ pub enum LogError {
 
 /// A stored payload through the log's one decoder (`domain::stored`, with the version check).
 fn decode(req_id: &str, event_version: &str, payload: Value) -> Result<TransferEvent, LogError> {
-    domain::stored::decode_value(event_version, payload).map_err(|e| LogError::Undecodable {
+    eventlog::decode_transfer(event_version, payload).map_err(|e| LogError::Undecodable {
         req_id: req_id.to_owned(),
         problem: e.to_string(),
     })
@@ -460,27 +433,18 @@ fn decode(req_id: &str, event_version: &str, payload: Value) -> Result<TransferE
 /// One transfer's events, in order, from the event log itself (not the feed: events above the
 /// projector's commit watermark are included).
 pub async fn transfer_events(pool: &PgPool, req_id: &str) -> Result<Vec<LoggedEvent>, LogError> {
-    let rows: Vec<(i64, String, String, Value, i64)> = sqlx::query_as(
-        "SELECT sequence, event_type, event_version, payload::jsonb, global_position
-         FROM events WHERE aggregate_type = 'Transfer' AND aggregate_id = $1
-         ORDER BY sequence",
-    )
-    .bind(req_id)
-    .fetch_all(pool)
-    .await?;
+    let rows = eventlog::transfers::transfer_events(pool, req_id).await?;
     rows.into_iter()
-        .map(
-            |(sequence, event_type, event_version, payload, global_position)| {
-                let event = decode(req_id, &event_version, payload)?;
-                Ok(LoggedEvent {
-                    sequence,
-                    event_type,
-                    event_version,
-                    event,
-                    global_position,
-                })
-            },
-        )
+        .map(|row| {
+            let event = decode(req_id, &row.event_version, row.payload)?;
+            Ok(LoggedEvent {
+                sequence: row.sequence,
+                event_type: row.event_type,
+                event_version: row.event_version,
+                event,
+                global_position: row.global_position,
+            })
+        })
         .collect()
 }
 
@@ -498,41 +462,19 @@ pub async fn audit_transfers(
     ids: &[String],
 ) -> Result<(u64, Vec<AuditTransfer>), LogError> {
     let (mut tx, watermark) = crate::audit::begin_snapshot(pool, since).await?;
-    // The ids come from the (tx_id, global_position) index (no condition on the aggregate type
-    // there: the primary key's would tempt the planner into reading every transfer's events);
-    // each transfer's first and last events are then read by key, which drops other aggregates.
-    // Both lookups are LATERAL with a LIMIT, which the planner cannot turn into a join against
-    // every transfer's first event (a hash join over the whole log, as a plain join was planned
-    // at 100k transfers).
     // Streamed and decoded row by row: the JSON trees of every transfer's two payloads, held
     // whole, were most of a full check's memory (about 4 KB per transfer, measured by
     // `ledger-bench growth`).
     let mut transfers = Vec::new();
-    let mut rows = sqlx::query_as::<_, (String, Value, String, i64, Value, String)>(
-        "WITH ids AS (
-             SELECT aggregate_id FROM events WHERE tx_id >= $1::text::xid8
-             UNION
-             SELECT unnest($2::text[])
-         )
-         SELECT ids.aggregate_id, c.payload::jsonb, c.event_version, c.tx_id::text::bigint,
-                l.payload::jsonb, l.event_version
-         FROM ids
-         CROSS JOIN LATERAL (
-             SELECT e.payload, e.event_version, e.tx_id FROM events e
-             WHERE e.aggregate_type = 'Transfer' AND e.aggregate_id = ids.aggregate_id
-             ORDER BY e.sequence LIMIT 1
-         ) c
-         CROSS JOIN LATERAL (
-             SELECT e.payload, e.event_version FROM events e
-             WHERE e.aggregate_type = 'Transfer' AND e.aggregate_id = ids.aggregate_id
-             ORDER BY e.sequence DESC LIMIT 1
-         ) l",
-    )
-    .bind(since.to_string())
-    .bind(ids)
-    .fetch(&mut *tx);
-    while let Some((req_id, created, created_version, created_tx, last, last_version)) =
-        rows.try_next().await?
+    let mut rows = eventlog::transfers::audit_transfers(&mut tx, since, ids);
+    while let Some(eventlog::transfers::AuditRow {
+        req_id,
+        created,
+        created_version,
+        created_tx,
+        last,
+        last_version,
+    }) = rows.try_next().await?
     {
         let created = decode(&req_id, &created_version, created)?;
         if !matches!(created, TransferEvent::TransferCreated { .. }) {

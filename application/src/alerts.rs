@@ -56,16 +56,7 @@ impl Default for FrequencyConfig {
     }
 }
 
-/// One alert as stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredAlert {
-    pub id: i64,
-    pub code: String,
-    pub severity: String,
-    pub user_id: Option<i64>,
-    pub at: chrono::DateTime<chrono::Utc>,
-    pub detail: String,
-}
+pub use crate::stores::StoredAlert;
 
 /// One user's counts: the current one-minute bucket and the one before it.
 #[derive(Debug, Clone, Copy)]

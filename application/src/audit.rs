@@ -33,13 +33,13 @@ use crate::books::{
     SpotRead, SpotReadError,
 };
 use crate::error::StoreError;
-use crate::stores::{AuditRecords, EventReads, LogError};
+use crate::stores::{EventReads, LogError};
 use chrono::{DateTime, Utc};
 use domain::{Operation, TransferState};
 use rust_decimal::Decimal;
 use serde::Serialize;
 
-pub use checkpoint::{Checkpoint, CheckpointError};
+pub use checkpoint::{Checkpoint, CheckpointError, Checkpoints};
 pub use reconcile::Disagreement;
 use reconcile::Known;
 
@@ -155,15 +155,18 @@ pub struct Sources<'a> {
     pub log: &'a dyn EventReads,
     pub funding: &'a dyn FundingBook,
     pub spot: &'a dyn SpotBook,
-    pub records: &'a dyn AuditRecords,
+    pub checkpoints: &'a dyn Checkpoints,
 }
 
 /// The incremental check: from the stored checkpoint, storing the next one, then telling
 /// spot-core it may compact its journal up to the stored seq.
 pub async fn check_incremental(src: Sources<'_>) -> Result<InvariantReport, CheckError> {
-    let start = src.records.load_checkpoint().await?;
+    let start = src.checkpoints.load_checkpoint().await?;
     let (mut report, next) = run(src, &start, Mode::Incremental).await?;
-    report.stored = src.records.store_checkpoint(start.version, &next).await?;
+    report.stored = src
+        .checkpoints
+        .store_checkpoint(start.version, &next)
+        .await?;
     if !report.stored {
         tracing::debug!("another audit run stored its checkpoint first; this one is not kept");
     } else if report.read.spot_records > 0 {

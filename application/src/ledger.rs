@@ -13,6 +13,7 @@ use domain::{
 use tracing::Instrument;
 
 use crate::assets::AssetSettings;
+use crate::audit::history::AuditHistory;
 use crate::audit::{self, CheckError, InvariantReport, Mode};
 use crate::books::{AccountStatus, DepositReceipt, FundingBook, FundingError, SpotBook, SpotError};
 use crate::bulk::{cid_slots, Slot};
@@ -22,7 +23,9 @@ use crate::error::StoreError;
 use crate::failpoint::FailPoints;
 use crate::halt::HaltCache;
 use crate::request::{depends_on_settings, TransferRequest};
-use crate::stores::{LogError, LoggedEvent, Stores};
+use crate::stores::{
+    AlertLog, AssetStore, EventReads, HaltFlag, LogError, LoggedEvent, OpenTransfers, RepairRecords,
+};
 
 /// The per-second limit on transfer requests, kept by the edge (in this process's memory).
 pub trait RateGate: Send + Sync {
@@ -83,6 +86,21 @@ fn same_answer(
             "bulk answer missing",
         ))),
     }
+}
+
+/// One of each record port (`stores.rs`, and the conservation check's own): what `Ledger` and
+/// `Queries` are wired with. `adapters::pg::stores(pool)` makes PostgreSQL's,
+/// `testkit::MemRecords::stores` the in-memory ones.
+#[derive(Clone)]
+pub struct Stores {
+    pub halt: Arc<dyn HaltFlag>,
+    pub alerts: Arc<dyn AlertLog>,
+    pub assets: Arc<dyn AssetStore>,
+    pub events: Arc<dyn EventReads>,
+    pub checkpoints: Arc<dyn audit::Checkpoints>,
+    pub history: Arc<dyn AuditHistory>,
+    pub open: Arc<dyn OpenTransfers>,
+    pub repairs: Arc<dyn RepairRecords>,
 }
 
 /// The application. Cheap to clone: every field is a handle.
@@ -448,7 +466,7 @@ impl Ledger {
     }
 
     async fn audit_and_enforce(&self, mode: Mode) -> Result<(InvariantReport, bool), CheckError> {
-        let records = self.stores.audit.as_ref();
+        let records = self.stores.history.as_ref();
         let started = std::time::Instant::now();
         let report = match mode {
             Mode::Incremental => audit::check_incremental(self.audit_sources()).await?,
@@ -490,7 +508,7 @@ impl Ledger {
             log: self.stores.events.as_ref(),
             funding: self.funding.as_ref(),
             spot: self.spot.as_ref(),
-            records: self.stores.audit.as_ref(),
+            checkpoints: self.stores.checkpoints.as_ref(),
         }
     }
 
@@ -520,7 +538,7 @@ impl Ledger {
                         tracing::info!("the periodic fund-conservation check runs again");
                         unavailable = false;
                     }
-                    self.stores.audit.record_decided(took).await
+                    self.stores.history.record_decided(took).await
                 }
                 Err(e) => {
                     let detail = crate::error_chain(e);
@@ -535,7 +553,7 @@ impl Ledger {
                         );
                         unavailable = true;
                     }
-                    self.stores.audit.record_failed(took, &detail).await
+                    self.stores.history.record_failed(took, &detail).await
                 }
             };
             if let Err(e) = recorded {

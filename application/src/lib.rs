@@ -56,7 +56,7 @@ pub use drive::{Resumed, StillOpen};
 pub use error::StoreError;
 pub use failpoint::{FailPoint, FailPoints, UnknownFailPoint};
 pub use horizon::{Horizon, HorizonConfig};
-pub use ledger::{Ledger, RateGate, RequestError, Unlimited};
+pub use ledger::{Ledger, RateGate, RequestError, Stores, Unlimited};
 pub use ports::{
     CidClaim, ClientKey, ClientKeys, Clock, Commit, DailyReservations, LeaseRequest, Leases,
     Rekeyed, SystemClock, TransferLog,
@@ -65,7 +65,6 @@ pub use queries::Queries;
 pub use repair::{RepairDesk, RepairError, RepairOutcome};
 pub use request::TransferRequest;
 pub use resolve::ManualResolutionError;
-pub use stores::Stores;
 
 /// An error with its causes, `: `-separated: the detail an operator needs in a log line or the
 /// attempt log, never shown to clients.

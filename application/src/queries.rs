@@ -19,9 +19,9 @@ use crate::coordinator::CoordinatorError;
 use crate::drive::Resumed;
 use crate::error::StoreError;
 use crate::ledger::Ledger;
+use crate::ledger::Stores;
 use crate::repair::{RepairDesk, RepairError, RepairOutcome};
 use crate::resolve::ManualResolutionError;
-use crate::stores::Stores;
 
 /// The core's reads. Cheap to clone: every field is a handle.
 #[derive(Clone)]
@@ -90,22 +90,22 @@ impl Queries {
 
     /// The periodic conservation check's health (`ledger_audit_up` and its counters).
     pub async fn audit_health(&self) -> Result<AuditHealth, StoreError> {
-        self.stores.audit.health().await
+        self.stores.history.health().await
     }
 
     /// The newest conservation checks that decided, at most `limit`.
     pub async fn check_history(&self, limit: i64) -> Result<Vec<Run>, StoreError> {
-        self.stores.audit.recent_runs(limit).await
+        self.stores.history.recent_runs(limit).await
     }
 
     /// Run `run_id`'s full report (`None`: no such run, or its report was pruned).
     pub async fn check_report(&self, run_id: i64) -> Result<Option<serde_json::Value>, StoreError> {
-        self.stores.audit.report(run_id).await
+        self.stores.history.report(run_id).await
     }
 
     /// The newest conservation check that decided, if any.
     pub async fn last_check(&self) -> Result<Option<Run>, StoreError> {
-        Ok(self.stores.audit.recent_runs(1).await?.into_iter().next())
+        Ok(self.stores.history.recent_runs(1).await?.into_iter().next())
     }
 
     /// Whether new transfers are halted now (read from the store, not cached).

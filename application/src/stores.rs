@@ -8,18 +8,11 @@
 //! Every error is a [`StoreError`]: the outcome of a write that fails is unknown, and the caller
 //! reads again before acting on it.
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use domain::{AssetConfig, ReqId, TransferEvent, TransferState, UserId};
 use rust_decimal::Decimal;
 
-use crate::alerts::StoredAlert;
-use crate::audit::history::Run;
-use crate::audit::status::AuditHealth;
-use crate::audit::{Checkpoint, CheckpointError, InvariantReport};
 use crate::error::StoreError;
 
 /// The halt flag (MON-003), shared by every serving process.
@@ -33,6 +26,17 @@ pub trait HaltFlag: Send + Sync {
     async fn status(&self) -> Result<(bool, Option<String>), StoreError>;
     /// Lifts the halt; `admin` is recorded as who lifted it.
     async fn clear(&self, admin: UserId) -> Result<(), StoreError>;
+}
+
+/// One stored alert.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredAlert {
+    pub id: i64,
+    pub code: String,
+    pub severity: String,
+    pub user_id: Option<i64>,
+    pub at: chrono::DateTime<chrono::Utc>,
+    pub detail: String,
 }
 
 /// The stored alerts, bounded, with a total per code that is never pruned.
@@ -127,38 +131,6 @@ pub trait EventReads: Send + Sync {
     ) -> Result<(u64, Vec<AuditTransfer>), LogError>;
 }
 
-/// The conservation check's own records: its checkpoint, its history of runs (each with its
-/// full report) and the periodic check's health.
-#[async_trait]
-pub trait AuditRecords: Send + Sync {
-    /// The stored checkpoint, or the start of history when none is stored; read in one
-    /// snapshot.
-    async fn load_checkpoint(&self) -> Result<Checkpoint, CheckpointError>;
-    /// Stores `next` in place of the checkpoint loaded at version `read`; `false` (nothing
-    /// written) when another run stored one since.
-    async fn store_checkpoint(&self, read: i64, next: &Checkpoint)
-        -> Result<bool, CheckpointError>;
-    /// Stores a check's full report (bounded); its id.
-    async fn store_report(&self, report: &InvariantReport) -> Result<i64, StoreError>;
-    /// Records one run that decided, naming its full report (bounded).
-    async fn record_run(
-        &self,
-        report: &InvariantReport,
-        took: Duration,
-        report_id: Option<i64>,
-    ) -> Result<(), StoreError>;
-    /// The newest runs first, at most `limit`.
-    async fn recent_runs(&self, limit: i64) -> Result<Vec<Run>, StoreError>;
-    /// The full report of run `run_id` (`None`: no such run, or its report was pruned).
-    async fn report(&self, run_id: i64) -> Result<Option<serde_json::Value>, StoreError>;
-    /// The periodic check's health.
-    async fn health(&self) -> Result<AuditHealth, StoreError>;
-    /// Records a periodic run that decided.
-    async fn record_decided(&self, took: Duration) -> Result<(), StoreError>;
-    /// Records a periodic run that could not decide.
-    async fn record_failed(&self, took: Duration, error: &str) -> Result<(), StoreError>;
-}
-
 /// The transfers not yet terminal, as the idempotency horizon asks of them.
 #[async_trait]
 pub trait OpenTransfers: Send + Sync {
@@ -203,16 +175,4 @@ pub trait RepairRecords: Send + Sync {
     async fn insert(&self, request: &RepairRequest<'_>) -> Result<bool, StoreError>;
     /// Records the state the repaired transfer ended in (once).
     async fn finish(&self, req_id: &ReqId, state: TransferState) -> Result<(), StoreError>;
-}
-
-/// One of each record port: what `Ledger` and `Queries` are wired with.
-#[derive(Clone)]
-pub struct Stores {
-    pub halt: Arc<dyn HaltFlag>,
-    pub alerts: Arc<dyn AlertLog>,
-    pub assets: Arc<dyn AssetStore>,
-    pub events: Arc<dyn EventReads>,
-    pub audit: Arc<dyn AuditRecords>,
-    pub open: Arc<dyn OpenTransfers>,
-    pub repairs: Arc<dyn RepairRecords>,
 }

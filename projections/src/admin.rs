@@ -95,22 +95,9 @@ impl AdminView {
     /// How far the projector lags: feed positions handed out minus events it applied, and the
     /// age of the first event past what it applied.
     pub async fn projector_lag(&self) -> Result<ProjectorLag, sqlx::Error> {
-        sqlx::query_as::<_, (i64, f64)>(
-            "SELECT GREATEST(h.head - c.events_applied, 0) AS positions,
-                    CASE WHEN h.head > c.events_applied THEN
-                        COALESCE((SELECT GREATEST(EXTRACT(EPOCH FROM now() - e.recorded_at), 0)
-                                  FROM events e WHERE e.feed_position = c.events_applied + 1),
-                                 0)::float8
-                    ELSE 0::float8 END AS seconds
-             FROM projector_cursor c
-             CROSS JOIN (SELECT COALESCE((SELECT position FROM feed_head), 0) AS head) h
-             WHERE c.projector = 'main'",
-        )
-        .fetch_optional(&self.pool)
-        .await
-        .map(|row| {
-            row.map(|(positions, seconds)| ProjectorLag { positions, seconds })
-                .unwrap_or_default()
-        })
+        let lag = eventlog::lag::projector_lag(&self.pool).await?;
+        Ok(lag
+            .map(|(positions, seconds)| ProjectorLag { positions, seconds })
+            .unwrap_or_default())
     }
 }

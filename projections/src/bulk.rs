@@ -2,13 +2,14 @@
 //! the same order, but read, folded and written the way a bulk load is cheapest, in three stages
 //! that run at once (a COPY reader, the fold, a COPY writer).
 
+use eventlog::batches::Bounds;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio::sync::mpsc::{Receiver, Sender};
 
 use crate::copy::{event_from_copy_line, CopyText, COPY_TRANSFERS};
 use crate::error::ProjectionError;
 use crate::fold::Fold;
-use crate::log::{event_id, BatchEvent, SELECT_EVENTS};
+use crate::log::{event_id, BatchEvent};
 use crate::projector::{commit_watermark, Projector};
 use crate::rows::TransferRow;
 use crate::tables::{self, Cursor};
@@ -53,7 +54,11 @@ impl Projector {
         let (send, mut recv) = tokio::sync::mpsc::channel::<EventBatch>(2);
         let reader = tokio::spawn(copy_events(
             self.pool().clone(),
-            [watermark, 0, 0, upto.0, upto.1],
+            Bounds {
+                watermark,
+                from: (0, 0),
+                upto,
+            },
             batch_max,
             send,
         ));
@@ -196,29 +201,10 @@ impl BulkFold {
     }
 }
 
-/// [`SELECT_EVENTS`] with its bounds (watermark, from, upto) inlined: COPY takes no parameters, and
-/// they are integers.
-fn copy_query(bounds: [i64; 5]) -> Result<String, ProjectionError> {
-    let [watermark, from_tx, from_pos, upto_tx, upto_pos] = bounds;
-    let query = SELECT_EVENTS
-        .replace("$1::text::xid8", &format!("'{watermark}'::xid8"))
-        .replace("$2::text::xid8", &format!("'{from_tx}'::xid8"))
-        .replace("$3", &from_pos.to_string())
-        .replace("$4::text::xid8", &format!("'{upto_tx}'::xid8"))
-        .replace("$5", &upto_pos.to_string());
-    if query.contains('$') {
-        // SELECT_EVENTS gained a parameter this substitution does not know.
-        return Err(ProjectionError::Bulk(format!(
-            "a parameter is left in the COPY query: {query}"
-        )));
-    }
-    Ok(query)
-}
-
-/// Streams [`SELECT_EVENTS`] (bounds inlined: COPY takes no parameters, and they are integers)
-/// with `COPY ... TO STDOUT`, decoding each row, in batches of `batch_max` sent to `send`. Much
+/// Streams the log's events within `bounds` with `COPY ... TO STDOUT`
+/// (`eventlog::batches::copy_events`), decoding each row, in batches of `batch_max` sent to `send`. Much
 /// cheaper per row than a row-by-row fetch. Ends at the first error, which it sends.
-async fn copy_events(pool: PgPool, bounds: [i64; 5], batch_max: usize, send: Sender<EventBatch>) {
+async fn copy_events(pool: PgPool, bounds: Bounds, batch_max: usize, send: Sender<EventBatch>) {
     use futures_util::StreamExt;
     let fail = |e: ProjectionError| {
         let send = send.clone();
@@ -226,18 +212,15 @@ async fn copy_events(pool: PgPool, bounds: [i64; 5], batch_max: usize, send: Sen
             send.send(Err(e)).await.ok();
         }
     };
-    let query = match copy_query(bounds) {
+    let query = match eventlog::batches::copy_events(bounds) {
         Ok(query) => query,
-        Err(e) => return fail(e).await,
+        Err(e) => return fail(ProjectionError::Bulk(e)).await,
     };
     let mut conn = match pool.acquire().await {
         Ok(conn) => conn,
         Err(e) => return fail(e.into()).await,
     };
-    let mut stream = match conn
-        .copy_out_raw(&format!("COPY ({query}) TO STDOUT"))
-        .await
-    {
+    let mut stream = match conn.copy_out_raw(&query).await {
         Ok(stream) => stream,
         Err(e) => return fail(e.into()).await,
     };

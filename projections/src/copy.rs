@@ -10,8 +10,8 @@ use crate::error::ProjectionError;
 use crate::log::BatchEvent;
 use crate::rows::TransferRow;
 
-/// Decodes one line of `COPY (SELECT_EVENTS) TO STDOUT`: [`crate::log::SELECT_EVENTS`]'s columns
-/// in COPY's text format.
+/// Decodes one line of `eventlog::batches::copy_events`'s stream: `eventlog::batches::EventRow`'s
+/// columns in COPY's text format.
 pub(crate) fn event_from_copy_line(line: &[u8]) -> Result<BatchEvent, ProjectionError> {
     let bad = |column: &str| {
         ProjectionError::Bulk(format!("unreadable {column} in an event row from COPY"))

@@ -1,11 +1,13 @@
-//! The event log as the projector reads it: a stored event, its id, the one query both passes
-//! read the log with, and decoding a row's payload into a [`TransferEvent`]. No I/O here.
+//! The event log as the projector reads it: a stored event, its id, and decoding a row's
+//! payload into a [`TransferEvent`]. The query both passes read the log with, and its row, are
+//! `eventlog::batches`'s. No I/O here.
 
 use domain::TransferEvent;
+use eventlog::batches::EventRow;
 
 use crate::error::ProjectionError;
 
-pub use application::reads::TRANSFER_AGGREGATE;
+pub use eventlog::TRANSFER_AGGREGATE;
 
 /// One row of the event table with its position.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
@@ -63,32 +65,6 @@ pub(crate) fn decode_transfer_event(
             event_id: event_id(aggregate_type, aggregate_id, sequence),
             detail: e.to_string(),
         })
-}
-
-/// The event query of both passes: events below the commit watermark ($1), after the stored pair ($2,
-/// $3), at or before a bound ($4, $5), in the one fixed order. The ORDER BY names the table's
-/// columns (`e.`), not the text-cast output column of the same name, so the
-/// (tx_id, global_position) index serves it; ordering by the alias made every pass sort the whole
-/// log. The payload is read as its stored JSON text and decoded once in Rust.
-pub(crate) const SELECT_EVENTS: &str = "SELECT e.tx_id::text::bigint AS tx_id, e.global_position,
-        e.aggregate_type, e.aggregate_id, e.sequence, e.event_version,
-        e.payload::text AS payload
-     FROM events e
-     WHERE e.tx_id < $1::text::xid8
-       AND (e.tx_id, e.global_position) > ($2::text::xid8, $3)
-       AND (e.tx_id, e.global_position) <= ($4::text::xid8, $5)
-     ORDER BY e.tx_id, e.global_position";
-
-/// One row as the event query returns it.
-#[derive(sqlx::FromRow)]
-pub(crate) struct EventRow {
-    pub tx_id: i64,
-    pub global_position: i64,
-    pub aggregate_type: String,
-    pub aggregate_id: String,
-    pub sequence: i64,
-    pub event_version: String,
-    pub payload: String,
 }
 
 /// One event of a batch: where it stands in the log, whose it is, and the transfer event decoded

@@ -22,9 +22,10 @@ use sqlx::{PgPool, Postgres, Transaction};
 
 use crate::error::ProjectionError;
 use crate::fold::Fold;
+use crate::log::BatchEvent;
 use crate::log::TRANSFER_AGGREGATE;
-use crate::log::{BatchEvent, EventRow, SELECT_EVENTS};
 use crate::tables::{self, Cursor};
+use eventlog::batches::{events_page, Bounds};
 
 /// The advisory lock the live projector holds while it writes (an arbitrary, fixed key).
 pub const LIVE_LOCK_KEY: i64 = 0x4c45_4447_4552_0001;
@@ -126,15 +127,12 @@ impl Projector {
         .await?;
         let watermark = commit_watermark(&mut tx).await?;
         let (up_tx, up_pos) = upto.unwrap_or((i64::MAX, i64::MAX));
-        let rows: Vec<EventRow> = sqlx::query_as(&format!("{SELECT_EVENTS} LIMIT $6"))
-            .bind(watermark.to_string())
-            .bind(cur_tx.to_string())
-            .bind(cur_pos)
-            .bind(up_tx.to_string())
-            .bind(up_pos)
-            .bind(BATCH_EVENTS_MAX)
-            .fetch_all(&mut *tx)
-            .await?;
+        let bounds = Bounds {
+            watermark,
+            from: (cur_tx, cur_pos),
+            upto: (up_tx, up_pos),
+        };
+        let rows = events_page(&mut tx, bounds, BATCH_EVENTS_MAX).await?;
         let exhausted = i64::try_from(rows.len()).unwrap_or(i64::MAX) < BATCH_EVENTS_MAX;
         if rows.is_empty() {
             tx.commit().await?;

@@ -240,9 +240,7 @@ pub async fn replay(
 ) -> Result<ReplayReport, ProjectionError> {
     let schema = format!("replay_{}", Utc::now().format("%Y%m%d_%H%M%S_%6f"));
     let indexes = create_schema(pool, &schema).await?;
-    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
-        .fetch_one(pool)
-        .await?;
+    let total = eventlog::batches::count(pool).await?;
     let total = u64::try_from(total).unwrap_or(0);
     let projector = Projector::in_schema(pool.clone(), schema.clone(), REPLAY_LOCK_KEY);
     let mut applied: u64 = 0;
@@ -417,18 +415,7 @@ pub async fn balances_as_of(
     as_of: AsOf,
 ) -> Result<Vec<BalanceAsOf>, ProjectionError> {
     let (position, time) = as_of.bounds();
-    let events: Vec<FeedEvent> = sqlx::query(
-        "SELECT * FROM feed WHERE user_id = $1
-           AND ($2::bigint IS NULL OR position <= $2)
-           AND ($3::timestamptz IS NULL OR occurred_at <= $3)
-         ORDER BY position",
-    )
-    .bind(user_id)
-    .bind(position)
-    .bind(time)
-    .try_map(crate::rows::feed_event)
-    .fetch_all(pool)
-    .await?;
+    let events = eventlog::feed::user_events_upto(pool, user_id, position, time).await?;
     let mut fold = Fold::default();
     for e in &events {
         fold.apply(&stored(e))?;
@@ -436,13 +423,9 @@ pub async fn balances_as_of(
     let deposits_until: Option<DateTime<Utc>> = match as_of {
         AsOf::Now => None,
         AsOf::Time(t) => Some(t),
-        AsOf::Position(p) => sqlx::query_scalar::<_, Option<DateTime<Utc>>>(
-            "SELECT max(occurred_at) FROM feed WHERE position <= $1",
-        )
-        .bind(p)
-        .fetch_one(pool)
-        .await?
-        .or(Some(DateTime::<Utc>::MIN_UTC)),
+        AsOf::Position(p) => eventlog::feed::time_upto(pool, p)
+            .await?
+            .or(Some(DateTime::<Utc>::MIN_UTC)),
     };
     let deposits: Vec<(String, Decimal)> = sqlx::query_as(
         "SELECT asset, SUM(amount) FROM external_deposits

@@ -37,21 +37,3 @@ pub(crate) fn balance_row(row: PgRow) -> Result<BalanceRow, sqlx::Error> {
         in_flight: row.try_get("in_flight")?,
     })
 }
-
-/// A `feed` row (`SELECT *`) as a [`FeedEvent`](application::reads::FeedEvent).
-pub(crate) fn feed_event(row: PgRow) -> Result<application::reads::FeedEvent, sqlx::Error> {
-    Ok(application::reads::FeedEvent {
-        position: row.try_get("position")?,
-        event_id: row.try_get("event_id")?,
-        global_position: row.try_get("global_position")?,
-        aggregate_type: row.try_get("aggregate_type")?,
-        aggregate_id: row.try_get("aggregate_id")?,
-        sequence: row.try_get("sequence")?,
-        event_type: row.try_get("event_type")?,
-        event_version: row.try_get("event_version")?,
-        payload: row.try_get("payload")?,
-        user_id: row.try_get("user_id")?,
-        occurred_at: row.try_get("occurred_at")?,
-        recorded_at: row.try_get("recorded_at")?,
-    })
-}

@@ -145,17 +145,9 @@ impl RetryBook for PgRetryBook {
     }
 
     async fn first_trace(&self, req_id: &ReqId) -> Option<String> {
-        // As `adapters::event_store::first_trace` reads it: the creation's metadata, or the
-        // table earlier versions kept it in.
-        let read = sqlx::query_scalar(
-            "SELECT COALESCE(
-                 (SELECT metadata->>'traceparent' FROM events
-                  WHERE aggregate_type = 'Transfer' AND aggregate_id = $1 AND sequence = 1),
-                 (SELECT traceparent FROM transfer_traces WHERE req_id = $1))",
-        )
-        .bind(req_id.to_string())
-        .fetch_one(&self.pool)
-        .await;
+        // The one read `adapters::event_store::first_trace` makes too: the creation's metadata,
+        // or the table earlier versions kept it in.
+        let read = eventlog::transfers::first_trace(&self.pool, &req_id.to_string()).await;
         match read {
             Ok(found) => found,
             Err(e) => {
@@ -278,45 +270,5 @@ impl RetryBook for PgRetryBook {
         Ok(crate::heartbeat::beat(&self.pool, worker)
             .await
             .map_err(unknown)?)
-    }
-}
-
-/// The book of a worker whose coordinator has no PostgreSQL and that was given no other: every
-/// call fails, so such a worker recovers nothing and says why.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoRetryBook;
-
-fn no_book() -> CoordinatorError {
-    CoordinatorError::invariant("the recovery worker has no retry book (RecoveryWorker::with_book)")
-}
-
-#[async_trait]
-impl RetryBook for NoRetryBook {
-    async fn due(&self, _: i64, _: i64) -> Result<Vec<(ReqId, TransferState)>, CoordinatorError> {
-        Err(no_book())
-    }
-    async fn begin_attempt(
-        &self,
-        _: &ReqId,
-        _: &str,
-        _: TransferState,
-    ) -> Result<i64, CoordinatorError> {
-        Err(no_book())
-    }
-    async fn record_attempt(
-        &self,
-        _: &AttemptRecord<'_>,
-        _: &dyn AttemptPolicy,
-    ) -> Result<Tally, CoordinatorError> {
-        Err(no_book())
-    }
-    async fn mark_stuck_target_pending(
-        &self,
-        _: i64,
-    ) -> Result<Vec<(String, i64)>, CoordinatorError> {
-        Err(no_book())
-    }
-    async fn heartbeat(&self, _: &str) -> Result<(), CoordinatorError> {
-        Err(no_book())
     }
 }

@@ -5,27 +5,31 @@ use application::reads::{Attempt, Heartbeat, StuckTransfer};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
-/// A stuck listing's row as a [`StuckTransfer`].
-pub(crate) fn stuck_row(row: PgRow) -> Result<StuckTransfer, sqlx::Error> {
-    Ok(StuckTransfer {
-        req_id: row.try_get("req_id")?,
-        user_id: row.try_get("user_id")?,
-        from_account: row.try_get("from_account")?,
-        to_account: row.try_get("to_account")?,
-        asset: row.try_get("asset")?,
-        amount: row.try_get("amount")?,
-        state: row.try_get("state")?,
-        status: row.try_get("status")?,
-        updated_at: row.try_get("updated_at")?,
-        age_ms: row.try_get("age_ms")?,
-        attempts: row.try_get("attempts")?,
-        refund_failures: row.try_get("refund_failures")?,
-        last_error_category: row.try_get("last_error_category")?,
-        last_attempt_at: row.try_get("last_attempt_at")?,
-        next_retry_at: row.try_get("next_retry_at")?,
-        lease_owner: row.try_get("lease_owner")?,
-        lease_until: row.try_get("lease_until")?,
-    })
+/// A stuck listing's row (`eventlog::transfers::stuck_transfers`) as a [`StuckTransfer`].
+pub(crate) struct StuckRow(pub StuckTransfer);
+
+impl<'r> sqlx::FromRow<'r, PgRow> for StuckRow {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self(StuckTransfer {
+            req_id: row.try_get("req_id")?,
+            user_id: row.try_get("user_id")?,
+            from_account: row.try_get("from_account")?,
+            to_account: row.try_get("to_account")?,
+            asset: row.try_get("asset")?,
+            amount: row.try_get("amount")?,
+            state: row.try_get("state")?,
+            status: row.try_get("status")?,
+            updated_at: row.try_get("updated_at")?,
+            age_ms: row.try_get("age_ms")?,
+            attempts: row.try_get("attempts")?,
+            refund_failures: row.try_get("refund_failures")?,
+            last_error_category: row.try_get("last_error_category")?,
+            last_attempt_at: row.try_get("last_attempt_at")?,
+            next_retry_at: row.try_get("next_retry_at")?,
+            lease_owner: row.try_get("lease_owner")?,
+            lease_until: row.try_get("lease_until")?,
+        }))
+    }
 }
 
 /// The heartbeat's row as a [`Heartbeat`].

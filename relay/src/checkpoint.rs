@@ -125,46 +125,37 @@ pub async fn record_lag_alert(pool: &PgPool, stream: &str) -> Result<(), sqlx::E
     Ok(())
 }
 
-const STATUS_SQL: &str = "
-    SELECT c.stream, c.position, c.stream_sequence, h.head,
-           GREATEST(h.head - c.position, 0) AS lag_positions,
-           COALESCE((SELECT GREATEST(EXTRACT(EPOCH FROM now() - f.recorded_at), 0)::float8
-                     FROM feed f WHERE f.position = c.position + 1), 0)::float8 AS lag_seconds,
-           c.updated_at, c.leader, c.leader_since, c.last_error, c.last_error_at, c.lag_alerts
-    FROM relay_checkpoint c
-    CROSS JOIN (SELECT COALESCE((SELECT position FROM feed_head), 0) AS head) h";
-
 /// Every stream's relay status (none when no relay ever ran).
 pub async fn status(pool: &PgPool) -> Result<Vec<RelayStatus>, sqlx::Error> {
-    sqlx::query(&format!("{STATUS_SQL} ORDER BY c.stream"))
-        .try_map(status_row)
-        .fetch_all(pool)
-        .await
+    let rows: Vec<StatusRow> = eventlog::lag::relay_status(pool).await?;
+    Ok(rows.into_iter().map(|r| r.0).collect())
 }
 
 /// One stream's relay status, if it ever ran.
 pub async fn status_of(pool: &PgPool, stream: &str) -> Result<Option<RelayStatus>, sqlx::Error> {
-    sqlx::query(&format!("{STATUS_SQL} WHERE c.stream = $1"))
-        .bind(stream)
-        .try_map(status_row)
-        .fetch_optional(pool)
-        .await
+    let row: Option<StatusRow> = eventlog::lag::relay_status_of(pool, stream).await?;
+    Ok(row.map(|r| r.0))
 }
 
-/// A status row (`checkpoint::STATUS_SQL`) as a [`RelayStatus`].
-fn status_row(row: sqlx::postgres::PgRow) -> Result<RelayStatus, sqlx::Error> {
-    Ok(RelayStatus {
-        stream: row.try_get("stream")?,
-        position: row.try_get("position")?,
-        stream_sequence: row.try_get("stream_sequence")?,
-        head: row.try_get("head")?,
-        lag_positions: row.try_get("lag_positions")?,
-        lag_seconds: row.try_get("lag_seconds")?,
-        updated_at: row.try_get("updated_at")?,
-        leader: row.try_get("leader")?,
-        leader_since: row.try_get("leader_since")?,
-        last_error: row.try_get("last_error")?,
-        last_error_at: row.try_get("last_error_at")?,
-        lag_alerts: row.try_get("lag_alerts")?,
-    })
+/// A status row (`eventlog::lag::relay_status`) read by hand into the core's [`RelayStatus`],
+/// which names no driver.
+struct StatusRow(RelayStatus);
+
+impl<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> for StatusRow {
+    fn from_row(row: &'r sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self(RelayStatus {
+            stream: row.try_get("stream")?,
+            position: row.try_get("position")?,
+            stream_sequence: row.try_get("stream_sequence")?,
+            head: row.try_get("head")?,
+            lag_positions: row.try_get("lag_positions")?,
+            lag_seconds: row.try_get("lag_seconds")?,
+            updated_at: row.try_get("updated_at")?,
+            leader: row.try_get("leader")?,
+            leader_since: row.try_get("leader_since")?,
+            last_error: row.try_get("last_error")?,
+            last_error_at: row.try_get("last_error_at")?,
+            lag_alerts: row.try_get("lag_alerts")?,
+        }))
+    }
 }

@@ -211,7 +211,6 @@ pub(crate) fn spawn_admin(sim: &Sim, registry: &Arc<RwLock<AssetRegistry>>) {
                 )
             });
             let mut w = s.world();
-            let now = w.now_ms;
             match what {
                 0 | 1 => {
                     let (status, name) = if what == 0 {
@@ -230,14 +229,11 @@ pub(crate) fn spawn_admin(sim: &Sim, registry: &Arc<RwLock<AssetRegistry>>) {
                     } else {
                         AccountStatus::Disabled
                     };
-                    w.engine.apply_at(
-                        &Request::SetStatus {
-                            user_id: user,
-                            asset: asset.to_owned(),
-                            status,
-                        },
-                        now,
-                    );
+                    w.engine_apply(&Request::SetStatus {
+                        user_id: user,
+                        asset: asset.to_owned(),
+                        status,
+                    });
                     w.fault("admin-spot-status", asset);
                 }
                 4 => {
@@ -253,14 +249,11 @@ pub(crate) fn spawn_admin(sim: &Sim, registry: &Arc<RwLock<AssetRegistry>>) {
                     if let Some(a) = w.funding_account(user, asset) {
                         a.status = Status::Active;
                     }
-                    w.engine.apply_at(
-                        &Request::SetStatus {
-                            user_id: user,
-                            asset: asset.to_owned(),
-                            status: AccountStatus::Active,
-                        },
-                        now,
-                    );
+                    w.engine_apply(&Request::SetStatus {
+                        user_id: user,
+                        asset: asset.to_owned(),
+                        status: AccountStatus::Active,
+                    });
                     let mut reg = registry.write().unwrap_or_else(|e| e.into_inner());
                     if let Ok(mut config) = reg.get(asset).cloned() {
                         config.status = AssetStatus::Active;

@@ -1,9 +1,9 @@
 //! `ledger-sim`: runs the deterministic simulation over many seeds, or replays one with a trace.
 //!
 //! ```text
-//! ledger-sim --seeds N [--from S] [--transfers T] [--plant BUG] [--tight] [--bulk]
-//! ledger-sim --seed S [--trace] [--transfers T] [--plant BUG] [--tight] [--bulk]
-//! ledger-sim --seeds N --cells C [--from S] [--transfers T] [--plant BUG] [--tight] [--bulk]
+//! ledger-sim --seeds N [--from S] [--transfers T] [--plant BUG] [--tight] [--bulk] [--tamper]
+//! ledger-sim --seed S [--trace] [--transfers T] [--plant BUG] [--tight] [--bulk] [--tamper]
+//! ledger-sim --seeds N --cells C [--from S] [--transfers T] [--plant BUG] [--tight] [--bulk] [--tamper]
 //! ledger-sim --replication --seeds N [--from S] [--plant BUG] [--wiped-ends-at-adopt]
 //! ledger-sim --replication --seed S [--trace] [--plant BUG] [--wiped-ends-at-adopt]
 //! ```
@@ -19,6 +19,8 @@
 //!
 //! `--tight`: the tightest recovery settings an operator can configure (see `Config::tight`).
 //! `--bulk`: the users also send batches through the bulk path (see `Config::bulk`).
+//! `--tamper`: a planted mismatch (money appears in a FUNDING account) that the product's
+//! conservation check must find and halt on (see `Config::tamper`, `audit.rs`).
 //!
 //! Many seeds: the rate, the faults injected by kind, each failing seed with its replay command
 //! (the first one's own trace lines too), and last `N seeds, M violations`. One seed: its whole
@@ -66,7 +68,7 @@ fn focused_trace(trace: &[String], violation: &str) -> Vec<String> {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: ledger-sim --seeds N [--from S] [--cells C] [--transfers T] [--plant BUG] [--tight] [--bulk]\n       ledger-sim --seed S [--trace] [--transfers T] [--plant BUG] [--tight] [--bulk]\nbugs: {}",
+        "usage: ledger-sim --seeds N [--from S] [--cells C] [--transfers T] [--plant BUG] [--tight] [--bulk] [--tamper]\n       ledger-sim --seed S [--trace] [--transfers T] [--plant BUG] [--tight] [--bulk] [--tamper]\nbugs: {}",
         Bug::ALL.map(Bug::name).join(", ")
     );
     ExitCode::from(2)
@@ -88,14 +90,19 @@ fn main() -> ExitCode {
         tight: false,
         bulk: false,
         calm: false,
+        tamper: false,
     };
     let mut cells: Option<u16> = None;
     let mut i = 0;
     while i < args.len() {
-        if matches!(args[i].as_str(), "--trace" | "--tight" | "--bulk") {
+        if matches!(
+            args[i].as_str(),
+            "--trace" | "--tight" | "--bulk" | "--tamper"
+        ) {
             config.trace |= args[i] == "--trace";
             config.tight |= args[i] == "--tight";
             config.bulk |= args[i] == "--bulk";
+            config.tamper |= args[i] == "--tamper";
             i += 1;
             continue;
         }

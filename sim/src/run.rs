@@ -57,6 +57,10 @@ pub struct Config {
     pub bulk: bool,
     /// No faults at all (and no planted bug): a calm cell beside a faulted one (`cells`).
     pub calm: bool,
+    /// A planted mismatch: halfway through the fault phase one unit appears in a FUNDING
+    /// account with no movement behind it. The conservation check must find it and halt
+    /// (`audit.rs`).
+    pub tamper: bool,
 }
 
 /// What a run came to.
@@ -185,6 +189,10 @@ pub fn run(seed: u64, config: &Config) -> Report {
     for (i, proc) in LEDGERS.iter().enumerate() {
         start_worker(&sim, &ledgers[i], *proc, 0);
     }
+    let auditor = crate::audit::auditor(&sim, ledgers[0].coordinator.clone(), registry.clone());
+    crate::audit::spawn_periodic(&sim, &auditor);
+    let tamper_at = config.tamper.then_some(START_MS + FAULT_PHASE_MS / 2);
+    let mut tampered = false;
     spawn_users(&sim, &ledgers, config.transfers, config.bulk);
     spawn_operator(&sim, &ledgers);
     spawn_admin(&sim, &registry);
@@ -204,6 +212,10 @@ pub fn run(seed: u64, config: &Config) -> Report {
         let users_done = exec.alive(Role::Client) == 0 && exec.alive(Role::Request) == 0;
         if users_done && now >= START_MS + FAULT_PHASE_MS {
             break;
+        }
+        if tamper_at.is_some_and(|at| now >= at) && !tampered {
+            tamper(&sim);
+            tampered = true;
         }
         // Restarts of crashed ledger processes that are due.
         let due: Vec<usize> = restart_at
@@ -272,17 +284,13 @@ pub fn run(seed: u64, config: &Config) -> Report {
         for account in w.funding.accounts.values_mut() {
             account.status = Status::Active;
         }
-        let now = w.now_ms;
         for user in 1..=USERS {
             for asset in ASSETS {
-                w.engine.apply_at(
-                    &Request::SetStatus {
-                        user_id: user,
-                        asset: asset.to_owned(),
-                        status: AccountStatus::Active,
-                    },
-                    now,
-                );
+                w.engine_apply(&Request::SetStatus {
+                    user_id: user,
+                    asset: asset.to_owned(),
+                    status: AccountStatus::Active,
+                });
             }
         }
     }
@@ -323,9 +331,11 @@ pub fn run(seed: u64, config: &Config) -> Report {
         }
     }
 
+    let last = crate::audit::final_check(&mut exec, &sim, &auditor);
     let transfers = sim.store.rows().streams.len();
     let mut w = sim.world();
     crate::check::at_quiescence(&mut w);
+    crate::audit::judge(&mut w, &auditor, last, tampered);
     Report {
         seed,
         violations: w.violations.clone(),
@@ -338,6 +348,18 @@ pub fn run(seed: u64, config: &Config) -> Report {
             .map(|l| l.coordinator.round_stats().shared)
             .sum(),
     }
+}
+
+/// The planted mismatch: one USDT appears in user 1's FUNDING account, no movement behind it.
+fn tamper(sim: &Sim) {
+    let mut w = sim.world();
+    let (Ok(user), Ok(usdt)) = (UserId::new(1), AssetSymbol::parse("USDT")) else {
+        return;
+    };
+    if let Some(account) = w.funding.accounts.get_mut(&(user, usdt)) {
+        account.balance += Decimal::ONE;
+    }
+    w.fault("tamper", "one USDT appears in user 1's FUNDING account");
 }
 
 /// Every user starts with 1,000 of each asset in FUNDING and in SPOT.

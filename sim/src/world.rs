@@ -13,8 +13,9 @@ use domain::{
     TransferState, UserId,
 };
 use rust_decimal::Decimal;
+use spot_core::engine::Effect;
 use spot_core::engine::Engine;
-use spot_core::protocol::{Outcome, Request, Response};
+use spot_core::protocol::{JournalRecord, Outcome, Request, Response};
 
 use crate::exec::{Role, TaskId};
 
@@ -116,6 +117,8 @@ pub struct World {
     /// The funding ledger's accounts and journal (the testkit's books).
     pub funding: Books,
     pub engine: Engine,
+    /// Every record spot-core's engine made, in seq order: its WAL, which serves `journal`.
+    pub spot_journal: Vec<JournalRecord>,
     pub applied: BTreeMap<(System, String, Operation), u32>,
     pub deposits: BTreeMap<(u64, String), Decimal>,
     pub calls: BTreeMap<(System, String, Operation), CallTrack>,
@@ -171,11 +174,43 @@ fn legal(state: Option<TransferState>, event: &TransferEvent) -> bool {
 }
 
 impl World {
+    /// Applies `req` to spot-core's engine now, keeping the record it makes in the journal, as
+    /// spot-core's server writes its WAL; `journal` itself is served from that journal, as the
+    /// server serves it from its WAL.
+    pub fn engine_apply(&mut self, req: &Request) -> Effect {
+        if let Request::Journal { after_seq, limit } = req {
+            let records: Vec<JournalRecord> = self
+                .spot_journal
+                .iter()
+                .filter(|r| r.seq() > *after_seq)
+                .take(usize::try_from(*limit).unwrap_or(usize::MAX))
+                .cloned()
+                .collect();
+            return Effect {
+                response: Response::Ok {
+                    ops: None,
+                    balances: None,
+                    totals: None,
+                    records: Some(records),
+                    core: None,
+                    protocol: None,
+                },
+                record: None,
+            };
+        }
+        let effect = self.engine.apply_at(req, self.now_ms);
+        if let Some(record) = &effect.record {
+            self.spot_journal.push(record.clone());
+        }
+        effect
+    }
+
     pub fn new(engine: Engine, start_ms: u64) -> Self {
         Self {
             rows: Rows::default(),
             funding: Books::default(),
             engine,
+            spot_journal: Vec::new(),
             applied: BTreeMap::new(),
             deposits: BTreeMap::new(),
             calls: BTreeMap::new(),

@@ -13,6 +13,7 @@ fn config(plant: Option<Bug>, trace: bool) -> Config {
         tight: false,
         bulk: false,
         calm: false,
+        tamper: false,
     }
 }
 
@@ -36,6 +37,35 @@ fn the_real_code_passes_a_bounded_run_of_seeds() {
 
 /// Concurrent single requests go through shared rounds (`application/src/round.rs`): the seeds
 /// above put several single requests in one round, under the faults.
+/// The planted mismatch (money that appears in a FUNDING account) is found by the product's
+/// conservation check in every seed, which halts new transfers: the run's violations are the
+/// simulation's own conservation finding, never the check's miss.
+#[test]
+fn the_conservation_check_finds_a_planted_mismatch_and_halts() {
+    let tampered = Config {
+        tamper: true,
+        ..config(None, false)
+    };
+    for seed in 0..100 {
+        let report = run(seed, &tampered);
+        assert!(
+            report.violations.iter().any(|v| v.contains("conservation")),
+            "seed {seed}: the simulation's own check sees the mismatch: {:?}",
+            report.violations
+        );
+        assert!(
+            !report
+                .violations
+                .iter()
+                .any(|v| v.contains("missed the planted")
+                    || v.contains("SERVICE_HALTED")
+                    || v.contains("could not decide")),
+            "seed {seed}: {:?} (replay: ledger-sim --seed {seed} --trace --tamper)",
+            report.violations
+        );
+    }
+}
+
 #[test]
 fn single_requests_share_rounds_in_the_simulation() {
     let config = config(None, false);

@@ -6,6 +6,7 @@
 //! the ledger's back, even with a matching balance, which keeps the conservation check's equation
 //! true) and an entry without its row or with another user, asset or amount are each named.
 
+use eventlog::entries::UnmatchedDeposit;
 use sqlx::PgConnection;
 
 use crate::finding::{finding, Finding};
@@ -36,47 +37,10 @@ pub(crate) fn check_shape(row: &tlog::Entry<'_>) -> Result<(), String> {
     ))
 }
 
-/// The first deposit row and entry that do not match, in feed position order (rows without an
-/// entry after every entry, by external_id). The payload is read with `json`'s operators, which
-/// never fail on a payload of another shape (they answer null); an amount that is not a plain
-/// decimal compares as null, so it differs from every row's.
-const FIRST_UNMATCHED: &str = r#"
-SELECT e.feed_position, COALESCE(e.aggregate_id, d.external_id),
-       e.user_id, e.body ->> 'external_id', e.body ->> 'asset', e.body ->> 'amount',
-       d.external_id IS NOT NULL, d.user_id, d.asset, trim_scale(d.amount)::text
-FROM (SELECT feed_position, aggregate_id, user_id, payload -> 'ExternalDeposited' AS body
-      FROM events WHERE aggregate_type = 'Deposit') e
-     FULL JOIN external_deposits d ON d.external_id = e.aggregate_id
-WHERE e.aggregate_id IS NULL OR d.external_id IS NULL
-   OR e.user_id IS DISTINCT FROM d.user_id
-   OR e.body ->> 'external_id' IS DISTINCT FROM d.external_id
-   OR e.body ->> 'asset' IS DISTINCT FROM d.asset
-   OR CASE WHEN e.body ->> 'amount' ~ '^[0-9]{1,20}(\.[0-9]{1,18})?$'
-           THEN (e.body ->> 'amount')::numeric END IS DISTINCT FROM d.amount
-ORDER BY e.feed_position NULLS LAST, d.external_id COLLATE "C"
-LIMIT 1"#;
-
-/// One unmatched pair: the entry's side (position, user, external_id, asset and amount as its
-/// payload says) and the row's.
-type Unmatched = (
-    Option<i64>,
-    String,
-    Option<i64>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    bool,
-    Option<i64>,
-    Option<String>,
-    Option<String>,
-);
-
 /// Holds every deposit row to its entry, in the caller's snapshot: the number of deposits, each
 /// with its entry, or the first difference.
 pub(crate) async fn check(conn: &mut PgConnection) -> Result<Result<u64, Finding>, LogError> {
-    let unmatched: Option<Unmatched> = sqlx::query_as(FIRST_UNMATCHED)
-        .fetch_optional(&mut *conn)
-        .await?;
+    let unmatched = eventlog::entries::first_unmatched_deposit(&mut *conn).await?;
     if let Some(u) = unmatched {
         return Ok(Err(describe(u)));
     }
@@ -87,7 +51,7 @@ pub(crate) async fn check(conn: &mut PgConnection) -> Result<Result<u64, Finding
 }
 
 /// The finding an unmatched pair makes.
-fn describe(u: Unmatched) -> Finding {
+fn describe(u: UnmatchedDeposit) -> Finding {
     let (
         position,
         external_id,

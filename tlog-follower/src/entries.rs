@@ -1,18 +1,14 @@
 //! An entry's fields as the leaf needs them, read from the event table by one expression list
-//! (the follower's reads, the routes' `entries`, `verify`'s COPY): the domain time is the
-//! database's text of it in UTC, put in the leaf's form here (`leaf_time`), the payload is the
-//! stored JSON text.
+//! (`eventlog::entries`: the follower's reads, the routes' `entries`, `verify`'s COPY): the
+//! domain time is the database's text of it in UTC, put in the leaf's form here (`leaf_time`),
+//! the payload is the stored JSON text.
 
 use sqlx::PgPool;
 use tlog::Entry;
 
-use crate::leaf_time::LeafTime;
+pub use eventlog::entries::ReceiptEntry;
 
-/// The columns of an entry, in [`EntryRow`]'s order, over `events e`.
-pub(crate) const ENTRY_COLUMNS: &str = "e.feed_position AS position, e.aggregate_type, \
-     e.aggregate_id, e.sequence, e.event_type, e.event_version, \
-     (e.occurred_at AT TIME ZONE 'UTC')::text AS occurred_at, \
-     e.user_id, e.payload::text AS payload";
+use crate::leaf_time::LeafTime;
 
 /// One entry of the log, owned.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -53,41 +49,30 @@ impl EntryRow {
 
 /// The entry at feed `position`, if the log has one.
 pub async fn at(pool: &PgPool, position: i64) -> Result<Option<EntryRow>, sqlx::Error> {
-    let row: Option<EntryRow> = sqlx::query_as(&format!(
-        "SELECT {ENTRY_COLUMNS} FROM events e WHERE e.feed_position = $1"
-    ))
-    .bind(position)
-    .fetch_optional(pool)
-    .await?;
-    row.map(|mut row| {
-        row.occurred_at = LeafTime::from_db(&row.occurred_at)
-            .map_err(|why| sqlx::Error::Decode(why.into()))?
-            .as_str()
-            .to_owned();
-        Ok(row)
-    })
-    .transpose()
-}
-
-/// One event of a transfer as a receipt names it.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
-pub struct ReceiptEntry {
-    pub position: i64,
-    pub sequence: i64,
-    pub event_type: String,
-    pub user_id: Option<i64>,
+    let Some(row) = eventlog::entries::entry_at(pool, position).await? else {
+        return Ok(None);
+    };
+    let occurred_at = LeafTime::from_db(&row.occurred_at)
+        .map_err(|why| sqlx::Error::Decode(why.into()))?
+        .as_str()
+        .to_owned();
+    Ok(Some(EntryRow {
+        position: row.position,
+        aggregate_type: row.aggregate_type,
+        aggregate_id: row.aggregate_id,
+        sequence: row.sequence,
+        event_type: row.event_type,
+        event_version: row.event_version,
+        occurred_at,
+        user_id: row.user_id,
+        payload: row.payload,
+    }))
 }
 
 /// A transfer's events with their feed positions, in sequence order (empty for an unknown
 /// req_id).
 pub async fn of_transfer(pool: &PgPool, req_id: &str) -> Result<Vec<ReceiptEntry>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT feed_position AS position, sequence, event_type, user_id FROM events
-         WHERE aggregate_type = 'Transfer' AND aggregate_id = $1 ORDER BY sequence",
-    )
-    .bind(req_id)
-    .fetch_all(pool)
-    .await
+    eventlog::entries::transfer_entries(pool, req_id).await
 }
 
 /// The feed positions of the events of each transfer in `req_ids`, in sequence order, by req_id
@@ -96,13 +81,5 @@ pub async fn positions_of<'c>(
     db: impl sqlx::PgExecutor<'c>,
     req_ids: &[String],
 ) -> Result<std::collections::HashMap<String, Vec<i64>>, sqlx::Error> {
-    let rows: Vec<(String, Vec<i64>)> = sqlx::query_as(
-        "SELECT aggregate_id, array_agg(feed_position ORDER BY sequence) FROM events
-         WHERE aggregate_type = 'Transfer' AND aggregate_id = ANY($1)
-         GROUP BY aggregate_id",
-    )
-    .bind(req_ids)
-    .fetch_all(db)
-    .await?;
-    Ok(rows.into_iter().collect())
+    eventlog::entries::transfer_positions(db, req_ids).await
 }

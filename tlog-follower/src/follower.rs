@@ -21,7 +21,6 @@ use tlog::{
 };
 
 use crate::copy::{fields, for_each_line, CopyEntry};
-use crate::entries::ENTRY_COLUMNS;
 use crate::store::{self, Head};
 use crate::LogError;
 
@@ -250,13 +249,7 @@ async fn extend_with_settled(
     // sent: one not yet settled is absent, so the first gap in positions ends the pass there,
     // and a long-open transaction holding the watermark back does not have every pass read and
     // drop the whole batch behind it.
-    let query = format!(
-        "COPY (SELECT {ENTRY_COLUMNS}
-               FROM events e
-               WHERE e.feed_position > {after} AND e.feed_position <= {after} + {BATCH_EVENTS_MAX}
-                 AND e.tx_id < pg_snapshot_xmin(pg_current_snapshot())
-               ORDER BY e.feed_position) TO STDOUT"
-    );
+    let query = eventlog::entries::copy_settled_after(after, BATCH_EVENTS_MAX);
     let stream = conn.copy_out_raw(&query).await?;
     let mut leaf = Vec::new();
     let mut added = 0u64;

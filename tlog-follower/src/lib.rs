@@ -8,8 +8,10 @@
 //! tables) → `follower` (the writer), `proofs` (the routes' reads, behind `reads::LogReads`) and
 //! `verify` (with `deposits`, which holds every external deposit to its entry, and `finding`,
 //! what both name). The follower and `verify` read the log as COPY lines (`copy`: COPY's text
-//! format, an entry's fields borrowed from the line). It reads the event table and `external_deposits`
-//! and writes only its own tables. Depends on `tlog` and (for the read port it implements, `ports.rs`) `application` only among the ledger's crates.
+//! format, an entry's fields borrowed from the line). It reads the event table (and
+//! `external_deposits` beside it) through `eventlog`, which holds that SQL, and writes only its
+//! own tables. Depends on `tlog`, `eventlog` and (for the read port it implements, `ports.rs`)
+//! `application` only among the ledger's crates.
 
 mod copy;
 mod deposits;

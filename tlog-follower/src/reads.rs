@@ -53,15 +53,7 @@ impl LogReads {
     /// How far the tree is behind the feed, once a follower has ever signed it (`None` for a
     /// log never kept: a ledger without a signing key).
     pub async fn lag(&self) -> Result<Option<LogLag>, sqlx::Error> {
-        let row: Option<(i64, i64, f64)> = sqlx::query_as(
-            "SELECT s.size, h.position,
-                    COALESCE((SELECT EXTRACT(EPOCH FROM now() - e.recorded_at)::float8
-                              FROM events e WHERE e.feed_position = s.size + 1), 0)
-             FROM tlog_state s, feed_head h
-             WHERE s.origin IS NOT NULL",
-        )
-        .fetch_optional(&self.pool)
-        .await?;
+        let row = eventlog::lag::tree_lag(&self.pool).await?;
         Ok(row.map(|(size, head, seconds)| LogLag {
             tree_size: size,
             positions: (head - size).max(0),

@@ -14,7 +14,6 @@ use sqlx::PgPool;
 use tlog::{leaf_hash, Checkpoint, Hash, RightEdge, Subtree, Verifier, TILE_WIDTH};
 
 use crate::copy::{fields, for_each_line, next_field, CopyEntry};
-use crate::entries::ENTRY_COLUMNS;
 use crate::finding::finding;
 pub use crate::finding::Finding;
 use crate::{deposits, store, LogError};
@@ -319,15 +318,13 @@ async fn stream_entries(
             )
         })
         .collect();
-    let query = format!(
-        "COPY (SELECT {ENTRY_COLUMNS},
-                      CASE WHEN (e.feed_position - 1) % {TILE_WIDTH} = 0 THEN
+    let query = eventlog::entries::copy_all_with(&format!(
+        "CASE WHEN (e.feed_position - 1) % {TILE_WIDTH} = 0 THEN
                           (SELECT coalesce(string_agg(l || ':' || encode(h, 'hex'), ','), '')
                            FROM ({}) u)
-                      END
-               FROM events e ORDER BY e.feed_position) TO STDOUT",
+                      END",
         per_level.join(" UNION ALL ")
-    );
+    ));
     let stream = conn.copy_out_raw(&query).await?;
     let outcome = for_each_line(stream, |line| {
         checker.line(line)?;

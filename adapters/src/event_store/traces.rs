@@ -48,7 +48,7 @@ pub(super) fn creation_trace<'a>(
 }
 
 /// The metadata key of a traced creation's first trace (a W3C traceparent).
-pub const TRACE_METADATA_KEY: &str = "traceparent";
+use eventlog::TRACE_METADATA_KEY;
 
 /// The metadata of each traced creation in a batch, keyed by (req_id, sequence): its commit's
 /// metadata with the job's first trace added under [`TRACE_METADATA_KEY`]. Empty (and nothing
@@ -75,15 +75,7 @@ pub(super) fn traced_metadata<'a>(
 
 /// The transfer's first trace (a W3C traceparent), if any: for the admin timeline and the
 /// recovery worker's link. Kept in its creation's metadata; transfers created by earlier versions
-/// kept it in `transfer_traces`.
+/// kept it in `transfer_traces` (`eventlog::transfers::first_trace` reads both).
 pub async fn first_trace(pool: &sqlx::PgPool, req_id: &str) -> Result<Option<String>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT COALESCE(
-             (SELECT metadata->>'traceparent' FROM events
-              WHERE aggregate_type = 'Transfer' AND aggregate_id = $1 AND sequence = 1),
-             (SELECT traceparent FROM transfer_traces WHERE req_id = $1))",
-    )
-    .bind(req_id)
-    .fetch_one(pool)
-    .await
+    eventlog::transfers::first_trace(pool, req_id).await
 }

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use domain::UserId;
 use sqlx::PgPool;
 
-use super::store;
+use super::driver::store;
 
 /// The alerts in PostgreSQL.
 #[derive(Clone)]

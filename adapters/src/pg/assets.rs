@@ -7,7 +7,7 @@ use domain::{AssetConfig, AssetStatus};
 use rust_decimal::Decimal;
 use sqlx::PgPool;
 
-use super::store;
+use super::driver::store;
 
 /// The asset settings in PostgreSQL.
 #[derive(Clone)]

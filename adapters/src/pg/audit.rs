@@ -1,4 +1,5 @@
-//! The conservation check's records in PostgreSQL: `application::stores::AuditRecords`.
+//! The conservation check's records in PostgreSQL: `application::audit::Checkpoints` and
+//! `application::audit::history::AuditHistory`.
 //!
 //! - the incremental audit's checkpoint (`audit_checkpoint`, `audit_checkpoint_assets`,
 //!   `audit_checkpoint_open`; migration 0010), stored in one transaction under a version;
@@ -10,11 +11,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use application::audit::history::{AssetResult, Run, RUNS_KEPT, RUNS_READ_MAX};
+use application::audit::history::{AssetResult, AuditHistory, Run, RUNS_KEPT, RUNS_READ_MAX};
 use application::audit::status::AuditHealth;
-use application::audit::{Checkpoint, CheckpointError, InvariantReport, Mode};
+use application::audit::{Checkpoint, CheckpointError, Checkpoints, InvariantReport, Mode};
 use application::books::AppliedMovement;
-use application::stores::AuditRecords;
 use application::StoreError;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -23,7 +23,7 @@ use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
-use super::store;
+use super::driver::store;
 
 /// The conservation check's records in PostgreSQL.
 #[derive(Clone)]
@@ -38,7 +38,7 @@ impl PgAudit {
 }
 
 #[async_trait]
-impl AuditRecords for PgAudit {
+impl Checkpoints for PgAudit {
     async fn load_checkpoint(&self) -> Result<Checkpoint, CheckpointError> {
         load(&self.pool).await
     }
@@ -50,7 +50,10 @@ impl AuditRecords for PgAudit {
     ) -> Result<bool, CheckpointError> {
         store_checkpoint(&self.pool, read, next).await
     }
+}
 
+#[async_trait]
+impl AuditHistory for PgAudit {
     async fn store_report(&self, report: &InvariantReport) -> Result<i64, StoreError> {
         store_report(&self.pool, report).await.map_err(store)
     }

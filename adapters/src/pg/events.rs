@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use domain::ReqId;
 use sqlx::PgPool;
 
-use super::store;
+use super::driver::store;
 use crate::event_store;
 
 /// The event log's reads in PostgreSQL.

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use domain::UserId;
 use sqlx::PgPool;
 
-use super::store;
+use super::driver::store;
 
 /// The halt flag in PostgreSQL.
 #[derive(Clone)]

@@ -12,6 +12,7 @@
 pub mod alerts;
 pub mod assets;
 pub mod audit;
+mod driver;
 pub mod events;
 pub mod failovers;
 pub mod halt;
@@ -26,24 +27,15 @@ pub mod transfers;
 use std::sync::{Arc, RwLock};
 
 use application::audit::{CheckError, InvariantReport, Sources};
-use application::{Coordinator, CoordinatorError, Ledger, Ports, StoreError, Stores, SystemClock};
+use application::{Coordinator, Ledger, Ports, StoreError, Stores, SystemClock};
 use async_trait::async_trait;
 use domain::{AccountPort, AssetRegistry};
 use sqlx::PgPool;
 
 use crate::{FundingLedger, SpotAdapter};
 
+pub use driver::{store, unknown};
 pub use transfers::{PgClientKeys, PgDailyReservations, PgLeases, PgTransferLog};
-
-/// A driver error as the core's store error.
-pub fn store(e: sqlx::Error) -> StoreError {
-    StoreError::new(e)
-}
-
-/// A driver error on a coordinator's port: the outcome is unknown.
-pub fn unknown(e: sqlx::Error) -> CoordinatorError {
-    CoordinatorError::outcome_unknown(e)
-}
 
 /// The coordinator's ports in `pool`'s database, and the system clock. The event log's
 /// group-commit appender starts on the current tokio runtime.
@@ -64,7 +56,8 @@ pub fn stores(pool: PgPool) -> Stores {
         alerts: Arc::new(alerts::PgAlerts::new(pool.clone())),
         assets: Arc::new(assets::PgAssets::new(pool.clone())),
         events: Arc::new(events::PgEventReads::new(pool.clone())),
-        audit: Arc::new(audit::PgAudit::new(pool.clone())),
+        checkpoints: Arc::new(audit::PgAudit::new(pool.clone())),
+        history: Arc::new(audit::PgAudit::new(pool.clone())),
         open: Arc::new(OpenInPg { pool: pool.clone() }),
         repairs: Arc::new(repairs::PgRepairs::new(pool)),
     }
@@ -128,7 +121,7 @@ pub async fn check_full(
         log: &log,
         funding,
         spot,
-        records: &records,
+        checkpoints: &records,
     })
     .await
 }
@@ -144,7 +137,7 @@ pub async fn check_incremental(
         log: &log,
         funding,
         spot,
-        records: &records,
+        checkpoints: &records,
     })
     .await
 }

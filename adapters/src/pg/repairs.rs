@@ -9,7 +9,7 @@ use domain::{ReqId, TransferState};
 use rust_decimal::Decimal;
 use sqlx::PgPool;
 
-use super::store;
+use super::driver::store;
 
 /// The failover repairs in PostgreSQL.
 #[derive(Clone)]

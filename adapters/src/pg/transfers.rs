@@ -20,7 +20,8 @@ use sqlx::PgPool;
 use application::daily::{Charge, DailyLimits};
 use application::CoordinatorError;
 
-use super::{lease, limits, unknown};
+use super::driver::unknown;
+use super::{lease, limits};
 use application::ports::{
     CidClaim, ClientKey, ClientKeys, Commit, Context, DailyReservations, LeaseRequest, Leases,
     Rekeyed, TransferLog,
@@ -247,14 +248,9 @@ impl ClientKeys for PgClientKeys {
         .await
         .map_err(unknown)?
         .rows_affected();
-        let created: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM events
-                            WHERE aggregate_type = 'Transfer' AND aggregate_id = $1)",
-        )
-        .bind(old.to_string())
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(unknown)?;
+        let created = eventlog::transfers::transfer_has_events(&mut tx, &old.to_string())
+            .await
+            .map_err(unknown)?;
         if created {
             drop(tx);
             return Ok(Rekeyed::Created);

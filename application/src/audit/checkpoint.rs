@@ -2,11 +2,12 @@
 //! everything was consumed, the per-asset sums of what was consumed, and the consumed applied
 //! movements of every req_id not yet settled. Stored in one transaction, guarded by a version so
 //! that of two runs started from the same checkpoint only one stores its result (the other's
-//! report is still exact; it is simply not kept). Kept by `stores::AuditRecords`
+//! report is still exact; it is simply not kept). Kept by a [`Checkpoints`] port
 //! (`adapters::pg::audit` in production).
 
 use std::collections::BTreeMap;
 
+use async_trait::async_trait;
 use rust_decimal::Decimal;
 
 use crate::books::AppliedMovement;
@@ -39,4 +40,17 @@ pub enum CheckpointError {
     Store(#[from] StoreError),
     #[error("the stored audit checkpoint is unreadable: {0}")]
     Unreadable(String),
+}
+
+/// Where the checkpoint is kept (`adapters::pg::audit` in production, `testkit::MemRecords` in
+/// memory).
+#[async_trait]
+pub trait Checkpoints: Send + Sync {
+    /// The stored checkpoint, or the start of history when none is stored; read in one
+    /// snapshot.
+    async fn load_checkpoint(&self) -> Result<Checkpoint, CheckpointError>;
+    /// Stores `next` in place of the checkpoint loaded at version `read`; `false` (nothing
+    /// written) when another run stored one since.
+    async fn store_checkpoint(&self, read: i64, next: &Checkpoint)
+        -> Result<bool, CheckpointError>;
 }

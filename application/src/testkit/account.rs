@@ -43,6 +43,8 @@ pub struct Account {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     pub movement: Movement,
+    /// The transaction (FUNDING) or journal seq (SPOT) that recorded it (`Books::take_tx`).
+    pub tx: u64,
     /// Applied; otherwise refused with `code`.
     pub applied: bool,
     pub code: Option<String>,
@@ -55,6 +57,18 @@ pub struct Books {
     pub journal: BTreeMap<(ReqId, Operation), Entry>,
     /// Every call that reached the port, in order.
     pub calls: Vec<(Call, ReqId)>,
+    /// External deposits: (transaction, external id, user, asset, amount).
+    pub deposits: Vec<(u64, String, UserId, AssetSymbol, Decimal)>,
+    /// The last transaction number (FUNDING) or journal seq (SPOT) given.
+    pub last_tx: u64,
+}
+
+impl Books {
+    /// A new record's transaction number (or seq).
+    pub fn take_tx(&mut self) -> u64 {
+        self.last_tx += 1;
+        self.last_tx
+    }
 }
 
 /// An account system in memory. Cheap to clone; clones share the books and the faults.
@@ -188,8 +202,13 @@ impl MemAccount {
 /// decided one keeps its decision.
 pub fn cancel(books: &mut Books, operation: Operation, movement: &Movement) {
     let key = (movement.req_id, operation);
+    if books.journal.contains_key(&key) {
+        return;
+    }
+    let tx = books.take_tx();
     books.journal.entry(key).or_insert_with(|| Entry {
         movement: movement.clone(),
+        tx,
         applied: false,
         code: Some("CANCELLED".to_owned()),
     });
@@ -231,10 +250,12 @@ pub fn decide(
     }
     let key = (movement.user_id, movement.asset.clone());
     let refusal = refuse.or_else(|| refusal(books, account_type, operation, movement));
+    let tx = books.take_tx();
     books.journal.insert(
         (movement.req_id, operation),
         Entry {
             movement: movement.clone(),
+            tx,
             applied: refusal.is_none(),
             code: refusal.clone(),
         },

@@ -9,6 +9,10 @@
 //!   test armed (fail or crash before or after the effect); the simulation plugs in its own.
 //! - `account.rs`: `MemAccount`, a FUNDING-like `AccountPort` (journal by (req_id, operation),
 //!   lookup, cancel, call log) with `Call` faults (refused, unavailable, answer lost, crash).
+//! - `books.rs`: `MemAccount` as the books ports (`FundingBook`, `SpotBook`) too, and the
+//!   conservation check's reads of `Books` (`funding_read`, `spot_read`).
+//! - `records.rs`: `MemRecords`, the core's other records (halt flag, alerts, assets, the
+//!   audit's checkpoint and history, its event reads, open transfers, repairs) over the same rows.
 //! - `clock.rs`: manual time and deterministic req_ids.
 //! - `world.rs`: `World`, all of the above together; `coordinator()` is a new process over it.
 //! - `exec.rs`: `run`, which polls one "process" to its answer or drops it at a crash;
@@ -17,10 +21,12 @@
 //!   (events appended, calls made to each account system, the answer).
 
 pub mod account;
+pub mod books;
 pub mod clock;
 pub mod exec;
 pub mod faults;
 pub mod hook;
+pub mod records;
 pub mod rows;
 pub mod scenario;
 pub mod store;
@@ -31,6 +37,7 @@ pub use clock::TestClock;
 pub use exec::{run, run_together};
 pub use faults::{AccountFault, Call, StoreCall, StoreFault};
 pub use hook::{Seen, StoreHook};
+pub use records::MemRecords;
 pub use rows::{Durable, RetryRow, Rows, Stream};
 pub use scenario::{Scenario, Then};
 pub use store::{MemClientKeys, MemDailyReservations, MemLeases, MemLog, Store};

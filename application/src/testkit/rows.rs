@@ -15,6 +15,8 @@ use crate::ports::ClientKey;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Stream {
     pub events: Vec<TransferEvent>,
+    /// The transaction each event was committed in (`Durable::next_tx`), as the log's `tx_id`.
+    pub txs: Vec<u64>,
     pub owner: Option<UserId>,
     /// When its last commit was made (`open_transfers.recorded_at`).
     pub recorded_at_ms: u64,
@@ -66,6 +68,17 @@ pub struct Durable {
     pub retries: BTreeMap<ReqId, RetryRow>,
     /// The daily limits' counters, per UTC day, kept and decided by the product's one rule.
     pub daily: BTreeMap<NaiveDate, DailyUsage>,
+    /// The next commit's transaction number (the log's `tx_id`; every commit is visible at
+    /// once, so everything below it is settled for good).
+    pub next_tx: u64,
+}
+
+impl Durable {
+    /// A new commit's transaction number.
+    pub fn take_tx(&mut self) -> u64 {
+        self.next_tx += 1;
+        self.next_tx
+    }
 }
 
 /// The durable rows, shared by the stores and whoever reads them beside (a test, the

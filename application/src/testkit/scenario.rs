@@ -161,12 +161,16 @@ impl Scenario {
     pub fn given_events(self, req_id: ReqId, events: Vec<TransferEvent>) -> Self {
         let now = self.world.clock().now_ms();
         let owner = Some(user());
+        let mut rows = self.world.store.rows();
+        let tx = rows.take_tx();
         let stream = Stream {
+            txs: vec![tx; events.len()],
             events,
             owner,
             recorded_at_ms: now,
         };
-        self.world.store.rows().streams.insert(req_id, stream);
+        rows.streams.insert(req_id, stream);
+        drop(rows);
         self
     }
 

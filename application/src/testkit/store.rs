@@ -175,12 +175,15 @@ fn append(
     }
     let events = &commit.events;
     store.seen(rows, Seen::Appending { req_id, events });
+    let tx = rows.take_tx();
     let stream = rows.streams.entry(req_id).or_insert_with(|| Stream {
         events: Vec::new(),
+        txs: Vec::new(),
         owner: commit.owner,
         recorded_at_ms: now_ms,
     });
     stream.events.extend(commit.events.iter().cloned());
+    stream.txs.resize(stream.events.len(), tx);
     stream.recorded_at_ms = now_ms;
     let len = stream.events.len();
     store.seen(rows, Seen::Appended { req_id, events });

@@ -7,9 +7,11 @@ use domain::{AccountType, AssetRegistry, ReqId, TransferEvent, TransferState};
 
 use crate::coordinator::{Coordinator, Ports};
 use crate::daily::DailyLimits;
+use crate::ledger::Ledger;
 use crate::testkit::account::MemAccount;
 use crate::testkit::clock::TestClock;
 use crate::testkit::faults::{Script, StoreCall, StoreFault};
+use crate::testkit::records::MemRecords;
 use crate::testkit::rows::{Rows, Stream};
 use crate::testkit::store::{MemClientKeys, MemDailyReservations, MemLeases, MemLog, Store};
 
@@ -25,6 +27,8 @@ pub struct World {
     pub spot: MemAccount,
     pub assets: Arc<RwLock<AssetRegistry>>,
     pub daily: DailyLimits,
+    /// The core's other records (halt flag, the audit's checkpoint, repairs, ...).
+    pub records: MemRecords,
 }
 
 impl Default for World {
@@ -32,8 +36,10 @@ impl Default for World {
         let faults = Script::default();
         let clock = TestClock::default();
         let hook = Arc::new(faults.clone());
+        let rows = Rows::default();
         Self {
-            store: Store::new(Rows::default(), hook, Arc::new(clock.clone())),
+            records: MemRecords::new(rows.clone()),
+            store: Store::new(rows, hook, Arc::new(clock.clone())),
             faults,
             clock,
             funding: MemAccount::new(AccountType::Funding),
@@ -65,6 +71,39 @@ impl World {
             Arc::clone(&self.assets),
         )
         .with_daily_limits(self.daily.clone())
+    }
+
+    /// A new ledger process over this world: the coordinator of [`World::coordinator`], the
+    /// records, and both account systems as its books.
+    pub fn ledger(&self) -> Ledger {
+        Ledger::from_parts(
+            self.coordinator(),
+            self.records.stores(),
+            Arc::new(self.funding.clone()),
+            Arc::new(self.spot.clone()),
+            Arc::clone(&self.assets),
+        )
+    }
+
+    /// Records every FUNDING balance as it stands as an external deposit (what a user's money
+    /// came in as), so the conservation check, full or incremental, starts from books that hold.
+    /// SPOT starts empty in every scenario; money reaches it by transfers.
+    pub fn open_books(&self) {
+        let mut books = self.funding.books();
+        let opened: Vec<_> = books
+            .accounts
+            .iter()
+            .map(|((user, asset), a)| (*user, asset.clone(), a.balance))
+            .collect();
+        for (user, asset, balance) in opened {
+            let tx = books.take_tx();
+            let id = format!("opening-{user}-{asset}");
+            books.deposits.push((tx, id, user, asset, balance));
+        }
+        assert!(
+            self.spot.books().accounts.is_empty(),
+            "a scenario's SPOT opens empty"
+        );
     }
 
     /// The account system serving `account`.

@@ -10,8 +10,10 @@
 //!   unknown; a new process finishes.
 //! - `cid.rs`: client-key repeats; `limits.rs`: the daily limits.
 //! - `manual.rs`: manual resolution, the table's ManuallyResolve rows.
+//! - `audit.rs`: the conservation check, the halt and the failover repair over the in-memory records.
 //! - `race.rs`: two processes at once on one transfer.
 
+mod audit;
 mod cid;
 mod crash;
 mod limits;

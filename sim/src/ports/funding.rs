@@ -4,9 +4,18 @@
 
 use std::time::Duration;
 
-use application::testkit::account;
+use application::books::{
+    AccountStatus, DepositReceipt, FundingBalance, FundingBook, FundingError, FundingItem,
+    FundingRead, JournalEntry,
+};
+use application::testkit::{account, books};
+use application::StoreError;
 use async_trait::async_trait;
-use domain::{AccountPort, AccountType, AdapterOutcome, Movement, Operation, Recorded};
+use domain::{
+    AccountPort, AccountType, AdapterOutcome, Amount, AssetSymbol, Movement, Operation, Recorded,
+    ReqId, UserId,
+};
+use rust_decimal::Decimal;
 
 use crate::exec::Role;
 use crate::world::{short, System, World};
@@ -178,4 +187,71 @@ impl AccountPort for SimFunding {
     async fn cancel(&self, m: &Movement, operation: Operation) -> Recorded {
         self.read(operation, m, true).await
     }
+}
+
+/// The funding ledger's books as the conservation check reads them: one consistent read of the
+/// world's books (a snapshot: nothing else runs while the world is locked), by the testkit's
+/// own read (`application::testkit::books::funding_read`). The calls the simulation's processes
+/// never make answer that they are not simulated.
+#[async_trait]
+impl FundingBook for SimFunding {
+    async fn balances(&self, user: UserId) -> Result<Vec<FundingBalance>, FundingError> {
+        Ok(books::funding_balances(&self.sim.world().funding, user))
+    }
+
+    async fn balance(
+        &self,
+        user: UserId,
+        asset: &AssetSymbol,
+    ) -> Result<Option<Decimal>, FundingError> {
+        let w = self.sim.world();
+        Ok(w.funding
+            .accounts
+            .get(&(user, asset.clone()))
+            .map(|a| a.balance))
+    }
+
+    async fn account_exists(
+        &self,
+        user: UserId,
+        asset: &AssetSymbol,
+    ) -> Result<bool, FundingError> {
+        Ok(FundingBook::balance(self, user, asset).await?.is_some())
+    }
+
+    async fn journal_for(&self, _req_id: &ReqId) -> Result<Vec<JournalEntry>, FundingError> {
+        Err(not_simulated("journal_for"))
+    }
+
+    async fn external_deposit(
+        &self,
+        _external_id: &str,
+        _user: UserId,
+        _asset: &AssetSymbol,
+        _amount: Amount,
+    ) -> Result<DepositReceipt, FundingError> {
+        Err(not_simulated("external_deposit"))
+    }
+
+    async fn set_status(
+        &self,
+        _user: UserId,
+        _asset: &AssetSymbol,
+        _status: AccountStatus,
+    ) -> Result<(), FundingError> {
+        Err(not_simulated("set_status"))
+    }
+
+    async fn audit_read(
+        &self,
+        since: u64,
+        sink: &mut (dyn FnMut(FundingItem) + Send),
+    ) -> Result<FundingRead, FundingError> {
+        let w = self.sim.world();
+        Ok(books::funding_read(&w.funding, since, sink))
+    }
+}
+
+fn not_simulated(call: &str) -> FundingError {
+    FundingError::Store(StoreError::msg(format!("sim: {call} is not simulated")))
 }

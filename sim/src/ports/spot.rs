@@ -26,8 +26,7 @@ pub fn spot_apply(w: &mut World, req: &Request) -> Response {
     if let Some((op, m)) = req.as_movement() {
         w.check_arrival(System::Spot, &m.req_id, operation_of(op));
     }
-    let now = w.now_ms;
-    let effect = w.engine.apply_at(req, now);
+    let effect = w.engine_apply(req);
     if let Some(
         JournalRecord::Withdraw(record)
         | JournalRecord::Deposit(record)

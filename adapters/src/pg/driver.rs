@@ -1,0 +1,14 @@
+//! The one place a driver error becomes the core's: a `StoreError` for the records, an unknown
+//! outcome for the coordinator's ports.
+
+use application::{CoordinatorError, StoreError};
+
+/// A driver error as the core's store error.
+pub fn store(e: sqlx::Error) -> StoreError {
+    StoreError::new(e)
+}
+
+/// A driver error on a coordinator's port: the outcome is unknown.
+pub fn unknown(e: sqlx::Error) -> CoordinatorError {
+    CoordinatorError::outcome_unknown(e)
+}
