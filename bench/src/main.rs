@@ -36,6 +36,7 @@ mod cellstack;
 mod clients;
 mod failover;
 mod growth;
+mod pgledger;
 mod pgstat;
 mod procstat;
 mod relay;

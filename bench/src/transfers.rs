@@ -51,10 +51,19 @@ pub struct Args {
     /// client count.
     #[arg(long, value_delimiter = ',', default_value = "1")]
     pub(crate) bulk: Vec<usize>,
-    /// Every transfer carries its own client id (`cid`), as a careful client sends one, so the
-    /// runs also pay the cid's claim and the append's claim guard; without it none does.
+    /// The configurations to run, each at every client count and batch size, alternating:
+    /// `users` as users run the ledger (every transfer with its own `cid`, the default limits on,
+    /// `--users` users so that no limit refuses), `bare` as the benchmark ran before issue 49 (no
+    /// cid, daily and rate limits off, one user per client).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "users,bare")]
+    pub(crate) setups: Vec<Setup>,
+    /// Users of the `users` configuration, shared out among a run's clients: enough that the
+    /// default limits (10 requests/s and 100 transfers a day per user) refuse nothing.
+    #[arg(long, default_value_t = 8000)]
+    pub(crate) users: usize,
+    /// Skip the pgledger runs even when a `pgledger_anchor` database is loaded.
     #[arg(long)]
-    pub(crate) cid: bool,
+    pub(crate) no_pgledger: bool,
     /// Reset `pg_stat_statements` before each transfer run and print its statements per
     /// transfer after it (the server must preload the extension).
     #[arg(long)]
@@ -99,9 +108,27 @@ impl Args {
     }
 }
 
-/// A run's name: its clients, its batch size in a bulk run, and whether each transfer has a cid.
-fn label(clients: usize, bulk: usize, cid: bool) -> String {
-    let cid = if cid { ", cid" } else { "" };
+/// How a run's ledger and clients are configured (`--setups`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Setup {
+    /// As users run it: a cid on every transfer, the default limits on, many users.
+    Users,
+    /// No cid, no limits, one user per client: the figures before issue 49.
+    Bare,
+}
+
+impl Setup {
+    fn cid(self) -> bool {
+        self == Setup::Users
+    }
+}
+
+/// A run's name: its clients, its batch size in a bulk run, and its configuration.
+fn label(clients: usize, bulk: usize, setup: Setup) -> String {
+    let cid = match setup {
+        Setup::Users => ", cid, limits",
+        Setup::Bare => "",
+    };
     match bulk {
         1 => format!("{clients} clients{cid}"),
         _ => format!("{clients} clients, bulk {bulk}{cid}"),
@@ -226,55 +253,28 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
         .args(["--listen", "127.0.0.1:0", "--data-dir"])
         .arg(data.join("spot"));
     let (spot, spot_addr) = spawn_ready(spot_cmd, "spot-core listening on ")?;
-    let mut ledger_cmd = serve_command(&url, &spot_addr)?;
     let nats = match args.relay {
         true => Some(crate::relay::start_nats(&PathBuf::from("/usr/sbin/nats-server")).await?),
         false => None,
     };
-    if let Some(nats) = &nats {
-        ledger_cmd.args(["--nats", &nats.url]);
-    }
-    let (ledger, serving) = spawn_ready(ledger_cmd, "ledger serving on ")?;
-    let base = serving
-        .split_whitespace()
-        .next()
-        .context("address")?
-        .to_owned();
-    println!(
-        "ledger serve: {base} (pid {}), spot-core: {spot_addr} (pid {})",
-        ledger.child.id(),
-        spot.child.id()
-    );
+    let nats_url = nats.as_ref().map(|n| n.url.clone());
+    let setups: Vec<Setup> = match args.setups.is_empty() {
+        true => vec![Setup::Users],
+        false => args.setups.clone(),
+    };
+    let mut serving = Ledger::start(&url, &spot_addr, nats_url.as_deref(), setups[0])?;
 
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(clients_max * 2)
         .build()?;
-    let admin_token = edge::mint(
-        SECRET.as_bytes(),
-        UserId::new(1).unwrap(),
-        true,
-        Duration::from_secs(3600),
-    );
-    let seed_amount = "1000000";
-    for c in 0..clients_max {
-        let user = 1000 + c as u64;
-        let r = http
-            .post(format!("{base}/api/v1/admin/deposits"))
-            .bearer_auth(&admin_token)
-            .json(&json!({"user_id": user, "asset": "USDT", "amount": seed_amount, "external_id": format!("bench-seed-{user}")}))
-            .send()
-            .await?;
-        if !r.status().is_success() {
-            bail!("seed deposit failed: {}", r.text().await?);
-        }
-    }
-    println!("seeded {clients_max} users with {seed_amount} USDT each");
-
-    // Transfers: one run per client count, against the same processes.
-    let pids = Pids {
-        ledger: Some(ledger.child.id()),
-        spot: Some(spot.child.id()),
+    // The users: one per client for the bare runs, `--users` shared out among the clients for
+    // the runs as users run it.
+    let seeded = match setups.contains(&Setup::Users) {
+        true => clients_max.max(args.users),
+        false => clients_max,
     };
+    seed(&http, &serving.base, seeded).await?;
+
     let (stop_lag, stop_rx) = tokio::sync::watch::channel(false);
     let lag = nats
         .is_some()
@@ -292,59 +292,82 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
     } else {
         None
     };
+    let pgledger_on = !args.no_pgledger && crate::pgledger::loaded(&pool).await;
+    if !args.no_pgledger && !pgledger_on {
+        println!(
+            "pgledger: no `{}` database on this server, so no pgledger runs; load it as ../shared/anchors/pgledger/README.md says to compare side by side",
+            crate::pgledger::DATABASE
+        );
+    }
+    let pg_server = url
+        .parse::<sqlx::postgres::PgConnectOptions>()
+        .context("parse server URL")?;
     let mut runs = Vec::new();
+    let mut pgledgers = Vec::new();
+    let mut meta = Vec::new();
+    let mut peaks = (0, 0);
     let sizes: Vec<usize> = args.bulk.iter().map(|&b| b.max(1)).collect();
     for &bulk in &sizes {
         for &n in &args.clients {
-            let users: Vec<Vec<String>> = (0..n)
-                .map(|c| {
-                    let user = UserId::new(1000 + c as u64).expect("valid user id");
-                    vec![edge::mint(
-                        SECRET.as_bytes(),
-                        user,
-                        false,
-                        Duration::from_secs(3600),
-                    )]
-                })
-                .collect();
-            let profiled = args.statements && crate::pgstat::reset(&pool).await;
-            let rounds_before = rounds(&http, &base).await;
-            let run = drive_batches(
-                &http,
-                &base,
-                users,
-                Duration::from_secs(args.seconds),
-                pids,
-                bulk,
-                args.cid.then(crate::clients::Cids::new),
-            )
-            .await?;
-            if profiled {
-                crate::pgstat::print(&pool, &label(n, bulk, args.cid), run.committed).await?;
-            }
-            if let (Some(a), Some(b)) = (rounds_before, rounds(&http, &base).await) {
-                let (made, carried, shared) = (b.0 - a.0, b.1 - a.1, b.2 - a.2);
-                if made > 0 {
-                    println!(
-                        "rounds ({}): {made} rounds carried {carried} single requests, {:.1} a round; {:.0}% shared theirs",
-                        label(n, bulk, args.cid),
-                        carried as f64 / made as f64,
-                        100.0 * shared as f64 / carried.max(1) as f64
-                    );
+            for &setup in &setups {
+                if serving.setup != setup {
+                    peaks.0 = peaks.0.max(procstat::peak_rss(serving.proc.child.id()));
+                    drop(serving);
+                    serving = Ledger::start(&url, &spot_addr, nats_url.as_deref(), setup)?;
                 }
+                let users = tokens(n, setup, seeded);
+                let pids = Pids {
+                    ledger: Some(serving.proc.child.id()),
+                    spot: Some(spot.child.id()),
+                };
+                let name = label(n, bulk, setup);
+                let profiled = args.statements && crate::pgstat::reset(&pool).await;
+                let rounds_before = rounds(&http, &serving.base).await;
+                let run = drive_batches(
+                    &http,
+                    &serving.base,
+                    users,
+                    Duration::from_secs(args.seconds),
+                    pids,
+                    bulk,
+                    setup.cid().then(crate::clients::Cids::new),
+                )
+                .await?;
+                if profiled {
+                    crate::pgstat::print(&pool, &name, run.committed).await?;
+                }
+                if let (Some(a), Some(b)) = (rounds_before, rounds(&http, &serving.base).await) {
+                    let (made, carried, shared) = (b.0 - a.0, b.1 - a.1, b.2 - a.2);
+                    if made > 0 {
+                        println!(
+                            "rounds ({name}): {made} rounds carried {carried} single requests, {:.1} a round; {:.0}% shared theirs",
+                            carried as f64 / made as f64,
+                            100.0 * shared as f64 / carried.max(1) as f64
+                        );
+                    }
+                }
+                println!(
+                    "run ({name}): {:.0}/s, p50 {:.1} ms, p99 {:.1} ms, machine CPU {:.3} ms a transfer",
+                    run.tps(),
+                    run.pct(0.5),
+                    run.pct(0.99),
+                    run.per_transfer_ms(run.cpu.machine)
+                );
+                meta.push((setup, n));
+                runs.push((name, run));
             }
-            runs.push((label(n, bulk, args.cid), run));
+            if pgledger_on && bulk == 1 {
+                let pg = crate::pgledger::run(&pg_server, n, args.seconds)?;
+                println!(
+                    "run (pgledger, {n} clients): {:.0}/s, machine CPU {:.3} ms a transfer",
+                    pg.tps, pg.machine_cpu_per_transfer_ms
+                );
+                pgledgers.push(pg);
+            }
         }
     }
-    if let Some(tx) = old_snapshot {
-        tx.rollback().await?;
-    }
-    let _ = stop_lag.send(true);
-    let lag = match lag {
-        Some(task) => Some(task.await??),
-        None => None,
-    };
-    let ledger_peak = procstat::peak_rss(ledger.child.id());
+    let ledger = serving.proc;
+    let ledger_peak = procstat::peak_rss(ledger.child.id()).max(peaks.0);
     let spot_peak = procstat::peak_rss(spot.child.id());
 
     // Conservation, system-wide for the asset: deposits = funding + spot + in-flight.
@@ -468,6 +491,7 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
             lag.summary()
         ));
     }
+    summary.extend(comparisons(&runs, &meta, &pgledgers));
     if args.wrk {
         println!();
         summary.extend(crate::wrk::run(&args, &url).await?);
@@ -483,6 +507,127 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
         ),
     ]);
     Ok(summary)
+}
+
+/// The issue 49 comparisons a run makes possible: each single-route run against pgledger at the
+/// same client count, and each single-route run against each bulk run of the same
+/// configuration (rate and machine CPU per transfer).
+fn comparisons(
+    runs: &[(String, crate::clients::Run)],
+    meta: &[(Setup, usize)],
+    pgledgers: &[crate::pgledger::Pgledger],
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    for pg in pgledgers {
+        lines.push(format!(
+            "pgledger ({} clients): {:.0}/s, machine CPU {:.3} ms a transfer",
+            pg.clients, pg.tps, pg.machine_cpu_per_transfer_ms
+        ));
+    }
+    let measured: Vec<_> = runs.iter().zip(meta).collect();
+    for ((name, run), (setup, clients)) in measured.iter().filter(|((_, r), _)| r.bulk == 1) {
+        let clients = *clients;
+        if let Some(pg) = pgledgers.iter().find(|p| p.clients == clients) {
+            lines.push(format!(
+                "{name} against pgledger at {clients} clients: {:.2}x the rate",
+                run.tps() / pg.tps.max(1e-9)
+            ));
+        }
+        let bulks = measured
+            .iter()
+            .filter(|((_, r), (s, _))| r.bulk > 1 && s == setup);
+        for ((bulk_name, bulk), _) in bulks {
+            lines.push(format!(
+                "{name} against {bulk_name}: {:.2}x the rate, {:.2}x the machine CPU a transfer",
+                run.tps() / bulk.tps().max(1e-9),
+                run.per_transfer_ms(run.cpu.machine) / bulk.per_transfer_ms(bulk.cpu.machine).max(1e-9)
+            ));
+        }
+    }
+    lines
+}
+
+/// One `ledger serve` of the benchmark, in one configuration.
+struct Ledger {
+    proc: Proc,
+    base: String,
+    setup: Setup,
+}
+
+impl Ledger {
+    /// `ledger serve` on `url` against `spot_addr` (relaying to `nats` if any), with the
+    /// benchmark's settings (`serve_command`) and, as users run it, the default limits.
+    fn start(url: &str, spot_addr: &str, nats: Option<&str>, setup: Setup) -> anyhow::Result<Self> {
+        let mut cmd = serve_command(url, spot_addr)?;
+        if setup == Setup::Users {
+            // The defaults of `ledger serve` (contract §5.4): 10 requests/s, 100 transfers a day.
+            cmd.env_remove("LEDGER_RATE_PER_SECOND")
+                .env_remove("LEDGER_DAILY_COUNT_MAX");
+        }
+        if let Some(nats) = nats {
+            cmd.args(["--nats", nats]);
+        }
+        let (proc, serving) = spawn_ready(cmd, "ledger serving on ")?;
+        let base = serving
+            .split_whitespace()
+            .next()
+            .context("address")?
+            .to_owned();
+        println!(
+            "ledger serve ({setup:?}): {base} (pid {}), spot-core: {spot_addr}",
+            proc.child.id()
+        );
+        Ok(Self { proc, base, setup })
+    }
+}
+
+/// Users 1000 to 1000 + `users` - 1 get 1,000,000 USDT each (32 deposits at a time).
+async fn seed(http: &reqwest::Client, base: &str, users: usize) -> anyhow::Result<()> {
+    use futures_util::StreamExt;
+    let admin_token = edge::mint(
+        SECRET.as_bytes(),
+        UserId::new(1).expect("valid user id"),
+        true,
+        Duration::from_secs(3600),
+    );
+    let admin_token = &admin_token;
+    let seed_amount = "1000000";
+    let mut answers = futures_util::stream::iter(0..users)
+        .map(|c| async move {
+            let user = 1000 + c as u64;
+            let r = http
+                .post(format!("{base}/api/v1/admin/deposits"))
+                .bearer_auth(admin_token)
+                .json(&json!({"user_id": user, "asset": "USDT", "amount": seed_amount, "external_id": format!("bench-seed-{user}")}))
+                .send()
+                .await?;
+            match r.status().is_success() {
+                true => Ok(()),
+                false => bail!("seed deposit failed: {}", r.text().await?),
+            }
+        })
+        .buffer_unordered(32);
+    while let Some(answer) = answers.next().await {
+        answer?;
+    }
+    println!("seeded {users} users with {seed_amount} USDT each");
+    Ok(())
+}
+
+/// Each client's tokens: its own user in a bare run; as users run it, every `clients`-th of the
+/// `seeded` users, so that no user passes the default limits.
+fn tokens(clients: usize, setup: Setup, seeded: usize) -> Vec<Vec<String>> {
+    let users = match setup {
+        Setup::Bare => clients,
+        Setup::Users => seeded.max(clients),
+    };
+    let mint = |k: usize| {
+        let user = UserId::new(1000 + k as u64).expect("valid user id");
+        edge::mint(SECRET.as_bytes(), user, false, Duration::from_secs(3600))
+    };
+    (0..clients)
+        .map(|c| (c..users).step_by(clients).map(mint).collect())
+        .collect()
 }
 
 /// Exact, system-wide: the sum of external deposits equals FUNDING + SPOT + in-flight, per asset.
