@@ -366,6 +366,15 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
             }
         }
     }
+    if let Some(tx) = old_snapshot {
+        tx.rollback().await?;
+    }
+    let _ = stop_lag.send(true);
+    let lag = match lag {
+        Some(task) => Some(task.await??),
+        None => None,
+    };
+    let base = serving.base.clone();
     let ledger = serving.proc;
     let ledger_peak = procstat::peak_rss(ledger.child.id()).max(peaks.0);
     let spot_peak = procstat::peak_rss(spot.child.id());
