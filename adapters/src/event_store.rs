@@ -24,9 +24,11 @@ use tracing::Instrument;
 
 use crate::group_commit::{Committer, GroupCommit, KeptConnection};
 
+mod together;
 mod traces;
 
 use eventlog::append::{append, is_conflict, Columns};
+pub use together::{Extras, Written};
 pub use traces::first_trace;
 
 /// The event store in plain event-store mode (postgres-es's snapshot modes double-apply events),
@@ -50,7 +52,22 @@ struct Job {
     /// The appending span's traceparent when these commits create a transfer and traces are
     /// exported (`traces.rs`): the transfer's first trace, stored beside its creation.
     trace: Option<String>,
-    reply: oneshot::Sender<Vec<Result<(), PersistenceError>>>,
+    /// The claims and charges its creations write with them (ADR 0022), if any.
+    extras: Option<Extras>,
+    reply: oneshot::Sender<Vec<Answer>>,
+}
+
+/// What one commit came to.
+type Answer = Result<Written, PersistenceError>;
+
+/// A plain append's answer: only `Appended` is written without extras.
+fn appended(answer: Answer) -> Result<(), PersistenceError> {
+    match answer? {
+        Written::Appended => Ok(()),
+        other => Err(PersistenceError::UnknownError(
+            format!("a plain append answered {other:?}").into(),
+        )),
+    }
 }
 
 /// One commit as the appender writes it, with its job's first trace if any.
@@ -89,6 +106,29 @@ impl BatchingEventRepository {
         &self,
         commits: Vec<Vec<SerializedEvent>>,
     ) -> Vec<Result<(), PersistenceError>> {
+        self.write::<A>(commits, None)
+            .await
+            .into_iter()
+            .map(appended)
+            .collect()
+    }
+
+    /// `append_many` of creations, each written in the same transaction as its claim and its
+    /// charge in `extras` (one entry per commit; ADR 0022): `KeyTaken` or `Refused` leave
+    /// nothing of that creation behind.
+    pub async fn create_many<A: Aggregate>(
+        &self,
+        commits: Vec<Vec<SerializedEvent>>,
+        extras: Extras,
+    ) -> Vec<Answer> {
+        self.write::<A>(commits, Some(extras)).await
+    }
+
+    async fn write<A: Aggregate>(
+        &self,
+        commits: Vec<Vec<SerializedEvent>>,
+        extras: Option<Extras>,
+    ) -> Vec<Answer> {
         let count = commits.len();
         let span = traces::append_span(commits.iter().flatten());
         let asked = async {
@@ -98,6 +138,7 @@ impl BatchingEventRepository {
                     aggregate_type: A::TYPE,
                     commits,
                     trace,
+                    extras,
                     reply,
                 })
                 .await
@@ -132,7 +173,7 @@ impl Committer for Appender {
     async fn commit(&mut self, jobs: &mut Vec<Job>) {
         // Transactions of at most BATCH_COMMITS_MAX commits, a job never split (a bulk
         // request's commits larger than that go alone, in one transaction).
-        let mut answers: Vec<Vec<Result<(), PersistenceError>>> = Vec::with_capacity(jobs.len());
+        let mut answers: Vec<Vec<Answer>> = Vec::with_capacity(jobs.len());
         let mut start = 0;
         while start < jobs.len() {
             let mut end = start + 1;
@@ -141,15 +182,26 @@ impl Committer for Appender {
                 commits += jobs[end].commits.len();
                 end += 1;
             }
-            let group: Vec<Pending<'_>> = jobs[start..end]
-                .iter()
-                .flat_map(|j| {
-                    j.commits
+            let together = jobs[start..end].iter().any(|j| j.extras.is_some());
+            let mut results = match together {
+                false => {
+                    let group: Vec<Pending<'_>> = jobs[start..end]
                         .iter()
-                        .map(|c| (j.aggregate_type, c.as_slice(), j.trace.as_deref()))
-                })
-                .collect();
-            let mut results = self.append_group(&group).await.into_iter();
+                        .flat_map(|j| {
+                            j.commits
+                                .iter()
+                                .map(|c| (j.aggregate_type, c.as_slice(), j.trace.as_deref()))
+                        })
+                        .collect();
+                    self.append_group(&group)
+                        .await
+                        .into_iter()
+                        .map(|a| a.map(|()| Written::Appended))
+                        .collect::<Vec<_>>()
+                }
+                true => self.write_together(&jobs[start..end]).await,
+            }
+            .into_iter();
             for job in &jobs[start..end] {
                 answers.push(results.by_ref().take(job.commits.len()).collect());
             }
@@ -180,6 +232,75 @@ impl Appender {
                     .collect()
             }
         }
+    }
+}
+
+impl Appender {
+    /// Writes one transaction's jobs when some carry creations' claims and charges
+    /// (`together.rs`): one answer per commit, in order. A conflict (a sequence taken, a claim
+    /// moved) is found out as `append_batch` does, one commit per transaction.
+    async fn write_together(&mut self, jobs: &[Job]) -> Vec<Answer> {
+        let items: Vec<together::Item<'_>> = jobs
+            .iter()
+            .flat_map(|j| {
+                j.commits.iter().enumerate().map(move |(k, c)| {
+                    let extras = j.extras.as_ref();
+                    together::Item {
+                        pending: (j.aggregate_type, c.as_slice(), j.trace.as_deref()),
+                        claim: extras.and_then(|x| x.claims.get(k)?.as_ref()),
+                        charge: extras.and_then(|x| {
+                            Some((x.charges.get(k)?.as_ref()?, x.limits.as_ref(), x.day))
+                        }),
+                    }
+                })
+            })
+            .collect();
+        let mut held = match self.conn.take().await {
+            Ok(held) => held,
+            Err(e) => {
+                let message = e.to_string();
+                return items
+                    .iter()
+                    .map(|_| Err(PersistenceError::UnknownError(message.clone().into())))
+                    .collect();
+            }
+        };
+        let (answers, healthy) = match together::write(&mut held, &items).await {
+            Ok(written) => (written.into_iter().map(Ok).collect(), true),
+            Err(e) if items.len() > 1 && is_conflict(&e) => {
+                let mut healthy = true;
+                let mut answers = Vec::with_capacity(items.len());
+                for item in &items {
+                    let alone = together::write(&mut held, std::slice::from_ref(item)).await;
+                    healthy &= alone.as_ref().map_or_else(is_conflict, |_| true);
+                    answers.push(match alone {
+                        Ok(mut written) => written
+                            .pop()
+                            .ok_or_else(|| PersistenceError::UnknownError("no answer".into())),
+                        Err(e) => Err(to_persistence(e)),
+                    });
+                }
+                (answers, healthy)
+            }
+            Err(e) => {
+                let conflict = is_conflict(&e);
+                let message = e.to_string();
+                let answers = items
+                    .iter()
+                    .map(|_| {
+                        Err(match conflict {
+                            true => PersistenceError::OptimisticLockError,
+                            false => PersistenceError::UnknownError(message.clone().into()),
+                        })
+                    })
+                    .collect();
+                (answers, conflict)
+            }
+        };
+        if healthy {
+            self.conn.keep(held);
+        }
+        answers
     }
 }
 
@@ -384,6 +505,7 @@ impl PersistedEventRepository for BatchingEventRepository {
                     aggregate_type: A::TYPE,
                     commits: vec![events.to_vec()],
                     trace,
+                    extras: None,
                     reply,
                 })
                 .await
@@ -393,7 +515,7 @@ impl PersistedEventRepository for BatchingEventRepository {
         .map_err(|e| PersistenceError::UnknownError(Box::new(e)))?;
         answers
             .pop()
-            .unwrap_or_else(|| Err(PersistenceError::UnknownError("no answer".into())))
+            .map_or_else(|| Err(PersistenceError::UnknownError("no answer".into())), appended)
     }
 
     async fn stream_events<A: Aggregate>(

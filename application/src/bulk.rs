@@ -48,6 +48,7 @@ use domain::{
 use crate::coordinator::{Context, Coordinator, CoordinatorError, NewTransfer};
 use crate::drive::definite;
 use crate::failpoint::FailPoint;
+use crate::ports::{CidClaim, Creation, CreationOutcome};
 use crate::submit::{CidKey, Created};
 
 /// Where an item of a batch stands before its creation.
@@ -180,8 +181,14 @@ impl Coordinator {
                 )));
             }
         }
-        let creations = self.claim_and_charge(&requests, &slots, &mut answers).await;
-        let lanes = self.create_many(&requests, creations, &mut answers).await;
+        let lanes = match self.create_together(&requests, &slots, &mut answers).await {
+            Some(lanes) => lanes,
+            // A log without claims and counters of its own: the separate steps.
+            None => {
+                let creations = self.claim_and_charge(&requests, &slots, &mut answers).await;
+                self.create_many(&requests, creations, &mut answers).await
+            }
+        };
         if !lanes.is_empty() {
             // The batch's TransferCreated and SourceWithdrawStarted are durable: every withdraw
             // is announced before it is called.
@@ -199,6 +206,87 @@ impl Coordinator {
             .into_iter()
             .map(|a| a.unwrap_or_else(|| Err(CoordinatorError::invariant("bulk answer missing"))))
             .collect()
+    }
+
+    /// Creates the own items of a batch, each in the same durable write as its cid's claim and
+    /// its daily charge (`TransferLog::create_many`, ADR 0022): the created ones as lanes, the
+    /// others answered in `answers`. An item whose key someone claimed first takes the separate
+    /// steps alone (the claim found: a repeat, a reused key or an orphan claim). `None` when
+    /// the log cannot create that way; nothing was written then.
+    async fn create_together(
+        &self,
+        requests: &[NewTransfer],
+        slots: &[Slot],
+        answers: &mut [Option<Result<TransferData, CoordinatorError>>],
+    ) -> Option<Vec<Lane>> {
+        let charged = !self.daily.is_unlimited();
+        let day = crate::daily::day_of(self.clock.now());
+        let mut staged = Vec::new();
+        let mut creations = Vec::new();
+        for i in (0..requests.len()).filter(|&i| slots[i] == Slot::Own) {
+            let request = &requests[i];
+            // Generated as late as possible (`horizon.rs`): just before the write.
+            let req_id = self.clock.req_id();
+            let (ctx, command) = self.creation(req_id, request);
+            match self.stage_steps(ctx, command, true).await {
+                Ok((ctx, commit)) => {
+                    let claim = request.cid.clone().map(|cid| CidClaim {
+                        user: request.user_id,
+                        cid,
+                        req_id,
+                        fingerprint: request.fingerprint(),
+                    });
+                    let charge = charged.then(|| request.charge());
+                    creations.push(Creation {
+                        commit,
+                        claim,
+                        charge,
+                    });
+                    staged.push((i, req_id, ctx));
+                }
+                Err(e) => answers[i] = Some(Err(e)),
+            }
+        }
+        let outcomes = match creations.is_empty() {
+            true => Vec::new(),
+            false => self.log.create_many(creations, &self.daily, day).await?,
+        };
+        if outcomes.len() != staged.len() {
+            for (i, _, _) in &staged {
+                answers[*i] = Some(Err(CoordinatorError::invariant("the log lost an answer")));
+            }
+            return Some(Vec::new());
+        }
+        let mut lanes = Vec::with_capacity(staged.len());
+        let mut alone = Vec::new();
+        for ((i, req_id, ctx), outcome) in staged.into_iter().zip(outcomes) {
+            let created = match outcome {
+                Ok(CreationOutcome::Appended(current_sequence)) => Ok(Context {
+                    current_sequence,
+                    ..ctx
+                }),
+                Ok(CreationOutcome::KeyTaken) => {
+                    alone.push(i);
+                    continue;
+                }
+                Ok(CreationOutcome::Refused(code)) => {
+                    answers[i] = Some(Err(CoordinatorError::Refused(code)));
+                    continue;
+                }
+                Err(e) => Err(e),
+            };
+            // Nothing was charged apart from the creation, so there is no charge to give back.
+            match self.settle_creation(&requests[i], req_id, None, created).await {
+                Ok(Created::New(ctx)) => lanes.push(Lane { index: i, ctx }),
+                Ok(Created::Answered(existing)) => answers[i] = Some(Ok(existing)),
+                Ok(Created::ClaimMoved) => alone.push(i),
+                Err(e) => answers[i] = Some(Err(e)),
+            }
+        }
+        for i in alone {
+            answers[i] = Some(self.create_and_drive_alone(requests[i].clone()).await);
+        }
+        Some(lanes)
     }
 
     /// Claims each own item's cid and charges its daily limits: the creations to make (index,

@@ -242,7 +242,7 @@ impl Coordinator {
     /// Handles `command` (and, with `through`, the call-free step it leads to) on the in-memory
     /// aggregate: the context advanced past its events (its sequence still the one they were
     /// decided on) and the commit that makes them durable.
-    async fn stage_steps(
+    pub(crate) async fn stage_steps(
         &self,
         mut ctx: Context,
         command: TransferCommand,

@@ -58,8 +58,8 @@ pub use failpoint::{FailPoint, FailPoints, UnknownFailPoint};
 pub use horizon::{Horizon, HorizonConfig};
 pub use ledger::{Ledger, RateGate, RequestError, Stores, Unlimited};
 pub use ports::{
-    CidClaim, ClientKey, ClientKeys, Clock, Commit, DailyReservations, LeaseRequest, Leases,
-    Rekeyed, SystemClock, TransferLog,
+    CidClaim, ClientKey, ClientKeys, Clock, Commit, Creation, CreationOutcome, DailyReservations,
+    LeaseRequest, Leases, Rekeyed, SystemClock, TransferLog,
 };
 pub use queries::Queries;
 pub use repair::{RepairDesk, RepairError, RepairOutcome};

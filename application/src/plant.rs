@@ -22,16 +22,24 @@ pub enum Bug {
     NoCas,
     /// Recovery reads a lookup's `NOT_SEEN` as a refusal.
     NotSeenAsRefusal,
+    /// A creation written together with its claim and charge (ADR 0022) is answered as
+    /// created while its events are not written (the simulation's log): all or nothing broken.
+    EventsApart,
+    /// A creation written together with its daily charge (ADR 0022) leaves the charge out (the
+    /// simulation's log).
+    ChargeApart,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 6] = [
+    pub const ALL: [Bug; 8] = [
         Bug::CompensateOnUnknown,
         Bug::RefundNotIdempotent,
         Bug::PersistAfterCall,
         Bug::ResumeWithoutLookup,
         Bug::NoCas,
         Bug::NotSeenAsRefusal,
+        Bug::EventsApart,
+        Bug::ChargeApart,
     ];
 
     /// The name `--plant` takes.
@@ -43,6 +51,8 @@ impl Bug {
             Bug::ResumeWithoutLookup => "resume-without-lookup",
             Bug::NoCas => "no-cas",
             Bug::NotSeenAsRefusal => "not-seen-as-refusal",
+            Bug::EventsApart => "events-apart",
+            Bug::ChargeApart => "charge-apart",
         }
     }
 

@@ -58,6 +58,49 @@ pub trait TransferLog: Send + Sync {
         }
         answers
     }
+
+    /// Creates each of `creations` together with its claim and its charge, all or nothing per
+    /// creation, in one durable write (ADR 0022): a creation whose key is claimed by then is
+    /// `KeyTaken`, one a daily limit refuses is `Refused`, and neither leaves anything behind.
+    /// The charges are decided in order with `daily::DailyUsage::charge_all`'s answers, on
+    /// counters nobody else changes until the write is durable. One answer per creation, in
+    /// order; an error has `append`'s meaning (none of that creation, or all of it, may be
+    /// durable).
+    ///
+    /// `None`: this log keeps no claims or counters of its own, and the coordinator claims,
+    /// charges and appends in separate steps (`ClientKeys`, `DailyReservations`). That is the
+    /// default.
+    async fn create_many(
+        &self,
+        creations: Vec<Creation>,
+        limits: &DailyLimits,
+        day: NaiveDate,
+    ) -> Option<Vec<Result<CreationOutcome, CoordinatorError>>> {
+        let _ = (creations, limits, day);
+        None
+    }
+}
+
+/// A transfer's creation with what becomes durable together with it (ADR 0022): its commit
+/// (`TransferCreated` and `SourceWithdrawStarted`, at sequence 0), the claim of its client key
+/// when it has one, and its charge against the daily limits when they are on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Creation {
+    pub commit: Commit,
+    /// A key found unclaimed, to claim under the creation's req_id.
+    pub claim: Option<CidClaim>,
+    pub charge: Option<Charge>,
+}
+
+/// What one creation of `TransferLog::create_many` came to: all of it durable, or none of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CreationOutcome {
+    /// Created, claimed and charged: the sequence of the creation's last event.
+    Appended(usize),
+    /// Its client key was claimed by someone else first: nothing was written for it.
+    KeyTaken,
+    /// A daily limit refused its charge: nothing was written for it.
+    Refused(ErrorCode),
 }
 
 /// A client key's claim: the req_id it fixed and the body it is bound to.

@@ -1,7 +1,8 @@
 //! The checks at quiescence (faults off, recovery run): every transfer terminal or held for an
 //! operator with an alert; exact conservation per user and asset (FUNDING + SPOT + in flight =
 //! deposits); each transfer's records in both systems agreeing with its final state; one
-//! transfer per client key, and every answer to a key naming it. The checks after every event
+//! transfer per client key, and every answer to a key naming it; every transfer charged to its
+//! user's daily limits. The checks after every event
 //! are in `world.rs` (`check_append`, `check_arrival`, `count_applied`, `track_call`).
 
 use std::collections::BTreeMap;
@@ -80,6 +81,31 @@ pub fn at_quiescence(w: &mut World) {
         if funding + spot + flying != deposits {
             w.violation(format!(
                 "conservation: user {user} {asset}: FUNDING {funding} + SPOT {spot} + in flight {flying} != deposits {deposits}"
+            ));
+        }
+    }
+    // Daily charges (ADR 0022): every created transfer was charged (a count of each user's
+    // charges at least their transfers; more only where a creation's outcome was unknown and
+    // the charge was kept, the safe side).
+    let mut created: BTreeMap<u64, u64> = BTreeMap::new();
+    for (_, t, _, _) in &transfers {
+        *created.entry(t.user).or_default() += 1;
+    }
+    let charged: BTreeMap<u64, u64> = {
+        let rows = w.rows.lock();
+        let mut charged = BTreeMap::new();
+        for usage in rows.daily.values() {
+            for (user, n) in &usage.counts {
+                *charged.entry(user.get()).or_default() += n;
+            }
+        }
+        charged
+    };
+    for (user, made) in created {
+        let counted = charged.get(&user).copied().unwrap_or(0);
+        if counted < made {
+            w.violation(format!(
+                "daily limits: user {user} created {made} transfers but was charged for {counted}"
             ));
         }
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use adapters::SpotAdapter;
 use application::plant::Bug;
 use application::testkit::{
-    Account, MemClientKeys, MemDailyReservations, MemLeases, MemLog, Status,
+    Account, MemClientKeys, MemDailyReservations, MemLeases, MemLog, MemLogApart, Status,
 };
 use application::{Coordinator, DailyLimits, Ports};
 use domain::{AccountPort, AssetRegistry, AssetSymbol, ReqId, TransferState, UserId};
@@ -155,7 +155,12 @@ pub fn run(seed: u64, config: &Config) -> Report {
     seed_balances(&sim);
 
     let ports = Ports {
-        log: Arc::new(MemLog(sim.store.clone())),
+        // Half the seeds write each creation with its claim and its charge (ADR 0022), half
+        // claim, charge and create in separate steps (a log without claims of its own).
+        log: match seed % 2 {
+            0 => Arc::new(MemLog(sim.store.clone())),
+            _ => Arc::new(MemLogApart(sim.store.clone())),
+        },
         claims: Arc::new(MemClientKeys(sim.store.clone())),
         leases: Arc::new(MemLeases(sim.store.clone())),
         limits: Arc::new(MemDailyReservations(sim.store.clone())),

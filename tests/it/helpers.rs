@@ -341,6 +341,22 @@ impl Stack {
         )
     }
 
+    /// `another_coordinator` whose log claims, charges and creates in separate steps (a log
+    /// without claims of its own, ADR 0022).
+    pub fn another_coordinator_apart(&self) -> Coordinator {
+        let pool = self.db.pool.clone();
+        let ports = application::Ports {
+            log: Arc::new(adapters::pg::transfers::PgTransferLog::new(pool.clone()).apart()),
+            ..adapters::pg::ports(pool)
+        };
+        Coordinator::with_ports(
+            ports,
+            Arc::new(self.funding.clone()),
+            Arc::new(self.spot.adapter()),
+            self.assets.clone(),
+        )
+    }
+
     /// Money from outside into FUNDING.
     pub async fn deposit(&self, user: u64, asset: &str, amount: &str) {
         self.funding

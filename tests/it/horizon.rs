@@ -494,8 +494,9 @@ async fn an_orphan_client_key_claim_too_old_for_the_horizon_is_rekeyed() {
 async fn idp_a_creation_delayed_past_a_rekey_of_its_claim_is_refused_not_doubled() {
     let s = Stack::start().await;
     s.deposit(42, "USDT", "100").await;
+    // The separate steps (ADR 0022): only there is a claim durable before its creation.
     let coordinator = s
-        .another_coordinator()
+        .another_coordinator_apart()
         .with_idempotency_retention(Duration::from_secs(2));
     let request = application::NewTransfer {
         user_id: UserId::new(42).unwrap(),
@@ -539,7 +540,7 @@ async fn idp_a_creation_delayed_past_a_rekey_of_its_claim_is_refused_not_doubled
     // The retry reaches another ledger process (another coordinator): in this one it would wait
     // for the stalled request's round to end (`application/src/round.rs`, one round in flight).
     let retrying = s
-        .another_coordinator()
+        .another_coordinator_apart()
         .with_idempotency_retention(Duration::from_secs(2));
     let b = tokio::spawn({
         let (c, r) = (retrying, request.clone());

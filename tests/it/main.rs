@@ -50,4 +50,5 @@ mod tlog_deposits;
 mod tlog_receipts;
 mod tlog_stream;
 mod tlog_tiles;
+mod together;
 mod traces;

@@ -41,10 +41,27 @@ pub async fn reserve_many(
         return Ok(charges.iter().map(|_| Ok(())).collect());
     }
     let mut tx = pool.begin().await?;
+    let answers = reserve_in(&mut tx, limits, charges, day).await?;
+    tx.commit().await?;
+    Ok(answers)
+}
+
+/// [`reserve_many`]'s work inside a transaction the caller holds and commits: the counters
+/// locked, decided and written back, the answers in order. The event store's creations write
+/// their charges this way in their own transaction (ADR 0022).
+pub async fn reserve_in(
+    tx: &mut PgConnection,
+    limits: &DailyLimits,
+    charges: &[Charge],
+    day: NaiveDate,
+) -> Result<Vec<Result<(), ErrorCode>>, sqlx::Error> {
+    if limits.is_unlimited() || charges.is_empty() {
+        return Ok(charges.iter().map(|_| Ok(())).collect());
+    }
     let mut usage = DailyUsage::default();
     if limits.count_max.is_some() {
         let users: BTreeSet<UserId> = charges.iter().map(|c| c.user).collect();
-        usage.counts = lock_counts(&mut tx, &users, day).await?;
+        usage.counts = lock_counts(&mut *tx, &users, day).await?;
     }
     let keys: BTreeSet<(UserId, AssetSymbol)> = charges
         .iter()
@@ -52,14 +69,13 @@ pub async fn reserve_many(
         .map(|c| (c.user, c.asset.clone()))
         .collect();
     if !keys.is_empty() {
-        usage.amounts = lock_amounts(&mut tx, &keys, day).await?;
+        usage.amounts = lock_amounts(&mut *tx, &keys, day).await?;
     }
     let before = usage.clone();
     let answers = usage.charge_all(limits, charges);
     if usage != before {
-        store_usage(&mut tx, &before, &usage, day).await?;
+        store_usage(&mut *tx, &before, &usage, day).await?;
     }
-    tx.commit().await?;
     Ok(answers)
 }
 

@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::event_store::{BatchingEventRepository, TransferStore, OWNER_METADATA_KEY};
+use crate::event_store::{
+    BatchingEventRepository, Extras, TransferStore, Written, OWNER_METADATA_KEY,
+};
 use async_trait::async_trait;
 use chrono::NaiveDate;
 use cqrs_es::persist::{
@@ -23,8 +25,8 @@ use application::CoordinatorError;
 use super::driver::unknown;
 use super::{lease, limits};
 use application::ports::{
-    CidClaim, ClientKey, ClientKeys, Commit, Context, DailyReservations, LeaseRequest, Leases,
-    Rekeyed, TransferLog,
+    CidClaim, ClientKey, ClientKeys, Commit, Context, Creation, CreationOutcome,
+    DailyReservations, LeaseRequest, Leases, Rekeyed, TransferLog,
 };
 
 /// The event log in PostgreSQL.
@@ -33,6 +35,9 @@ pub struct PgTransferLog {
     store: Arc<TransferStore>,
     /// The store's own repository (the same appender), for `append_many`.
     repo: BatchingEventRepository,
+    /// Whether `create_many` writes a creation with its claim and charge (ADR 0022); without,
+    /// the coordinator takes the separate steps.
+    together: bool,
 }
 
 impl PgTransferLog {
@@ -43,7 +48,15 @@ impl PgTransferLog {
         Self {
             store: Arc::new(PersistedEventStore::new_event_store(repo.clone())),
             repo,
+            together: true,
         }
+    }
+
+    /// This log with `create_many` answering `None`: the coordinator claims, charges and
+    /// creates in separate steps, as before ADR 0022 (the tests of that path use it).
+    pub fn apart(mut self) -> Self {
+        self.together = false;
+        self
     }
 }
 
@@ -133,6 +146,137 @@ impl TransferLog for PgTransferLog {
         }
         answers
     }
+
+    async fn create_many(
+        &self,
+        creations: Vec<Creation>,
+        limits: &DailyLimits,
+        day: NaiveDate,
+    ) -> Option<Vec<Result<CreationOutcome, CoordinatorError>>> {
+        match self.together {
+            true => Some(self.create_together(creations, limits, day).await),
+            false => None,
+        }
+    }
+}
+
+impl PgTransferLog {
+    /// `create_many` of the log: every creation goes to the group-commit appender with its
+    /// claim and its charge (`event_store::Extras`), written in its one transaction.
+    async fn create_together(
+        &self,
+        creations: Vec<Creation>,
+        limits: &DailyLimits,
+        day: NaiveDate,
+    ) -> Vec<Result<CreationOutcome, CoordinatorError>> {
+        let mut answers: Vec<Result<usize, CoordinatorError>> = Vec::with_capacity(creations.len());
+        let mut serialized = Vec::with_capacity(creations.len());
+        let mut claims = Vec::with_capacity(creations.len());
+        let mut charges = Vec::with_capacity(creations.len());
+        for creation in creations {
+            match serialize(&creation.commit) {
+                Ok(events) => {
+                    let commit = &creation.commit;
+                    answers.push(Ok(commit.expected_sequence + commit.events.len()));
+                    serialized.push(events);
+                    claims.push(creation.claim);
+                    charges.push(creation.charge);
+                }
+                Err(e) => answers.push(Err(e)),
+            }
+        }
+        let extras = Extras {
+            claims,
+            charges,
+            limits: Arc::new(limits.clone()),
+            day,
+        };
+        let mut written = self
+            .repo
+            .create_many::<Transfer>(serialized, extras)
+            .await
+            .into_iter();
+        answers
+            .into_iter()
+            .map(|answer| {
+                let sequence = answer?;
+                match written.next() {
+                    Some(Ok(Written::Appended)) => Ok(CreationOutcome::Appended(sequence)),
+                    Some(Ok(Written::KeyTaken)) => Ok(CreationOutcome::KeyTaken),
+                    Some(Ok(Written::Refused(code))) => Ok(CreationOutcome::Refused(code)),
+                    Some(Err(e)) => Err(persistence(e)),
+                    None => Err(CoordinatorError::invariant("the appender lost an answer")),
+                }
+            })
+            .collect()
+    }
+}
+
+/// Claims each of `claims` (no `(user, cid)` twice) unless its key is claimed already, on
+/// `conn` (in its transaction, if it is in one): whether each was claimed now, in order. The
+/// event store's creations claim their keys this way in their own transaction (ADR 0022).
+pub(crate) async fn claim_in(
+    conn: &mut sqlx::PgConnection,
+    claims: &[CidClaim],
+) -> Result<Vec<bool>, sqlx::Error> {
+    if claims.is_empty() {
+        return Ok(Vec::new());
+    }
+    // In key order, so two statements claiming overlapping keys wait on each other in the
+    // same order and never deadlock.
+    let mut sorted: Vec<&CidClaim> = claims.iter().collect();
+    sorted.sort_by(|a, b| (a.user, &a.cid).cmp(&(b.user, &b.cid)));
+    let users: Vec<i64> = sorted.iter().map(|c| c.user.as_i64()).collect();
+    let cids: Vec<&str> = sorted.iter().map(|c| c.cid.as_str()).collect();
+    let req_ids: Vec<String> = sorted.iter().map(|c| c.req_id.to_string()).collect();
+    let fingerprints: Vec<&str> = sorted.iter().map(|c| c.fingerprint.as_str()).collect();
+    // Each row inserted unless its key is claimed already (a concurrent claim of the same key
+    // is waited for, as one INSERT waits).
+    let inserted: Vec<(i64, String)> = sqlx::query_as(
+        "INSERT INTO transfer_cids (user_id, cid, req_id, fingerprint)
+         SELECT u, c, r, f
+           FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[])
+                WITH ORDINALITY AS t (u, c, r, f, n)
+          ORDER BY n
+         ON CONFLICT (user_id, cid) DO NOTHING
+         RETURNING user_id, cid",
+    )
+    .bind(&users)
+    .bind(&cids)
+    .bind(&req_ids)
+    .bind(&fingerprints)
+    .fetch_all(conn)
+    .await?;
+    let inserted: std::collections::HashSet<(i64, String)> = inserted.into_iter().collect();
+    Ok(claims
+        .iter()
+        .map(|c| inserted.contains(&(c.user.as_i64(), c.cid.clone())))
+        .collect())
+}
+
+/// Takes back claims made by [`claim_in`] in the same transaction, for creations that were
+/// not written after all (a daily limit refused them).
+pub(crate) async fn unclaim_in(
+    conn: &mut sqlx::PgConnection,
+    claims: &[&CidClaim],
+) -> Result<(), sqlx::Error> {
+    if claims.is_empty() {
+        return Ok(());
+    }
+    let users: Vec<i64> = claims.iter().map(|c| c.user.as_i64()).collect();
+    let cids: Vec<&str> = claims.iter().map(|c| c.cid.as_str()).collect();
+    let req_ids: Vec<String> = claims.iter().map(|c| c.req_id.to_string()).collect();
+    sqlx::query(
+        "DELETE FROM transfer_cids c
+          USING unnest($1::bigint[], $2::text[], $3::text[]) AS t (u, k, r)
+          WHERE c.user_id = t.u AND c.cid = t.k AND c.req_id = t.r",
+    )
+    .bind(&users)
+    .bind(&cids)
+    .bind(&req_ids)
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 /// The client keys' claims in PostgreSQL (`transfer_cids`).
@@ -195,37 +339,9 @@ impl ClientKeys for PgClientKeys {
         if claims.is_empty() {
             return Ok(Vec::new());
         }
-        // In key order, so two statements claiming overlapping keys wait on each other in the
-        // same order and never deadlock.
-        let mut sorted: Vec<&CidClaim> = claims.iter().collect();
-        sorted.sort_by(|a, b| (a.user, &a.cid).cmp(&(b.user, &b.cid)));
-        let users: Vec<i64> = sorted.iter().map(|c| c.user.as_i64()).collect();
-        let cids: Vec<&str> = sorted.iter().map(|c| c.cid.as_str()).collect();
-        let req_ids: Vec<String> = sorted.iter().map(|c| c.req_id.to_string()).collect();
-        let fingerprints: Vec<&str> = sorted.iter().map(|c| c.fingerprint.as_str()).collect();
-        // One statement, one commit: each row inserted unless its key is claimed already (a
-        // concurrent claim of the same key is waited for, as one INSERT waits).
-        let inserted: Vec<(i64, String)> = sqlx::query_as(
-            "INSERT INTO transfer_cids (user_id, cid, req_id, fingerprint)
-             SELECT u, c, r, f
-               FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[])
-                    WITH ORDINALITY AS t (u, c, r, f, n)
-              ORDER BY n
-             ON CONFLICT (user_id, cid) DO NOTHING
-             RETURNING user_id, cid",
-        )
-        .bind(&users)
-        .bind(&cids)
-        .bind(&req_ids)
-        .bind(&fingerprints)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(unknown)?;
-        let inserted: std::collections::HashSet<(i64, String)> = inserted.into_iter().collect();
-        Ok(claims
-            .iter()
-            .map(|c| inserted.contains(&(c.user.as_i64(), c.cid.clone())))
-            .collect())
+        // One statement, one commit.
+        let mut conn = self.pool.acquire().await.map_err(unknown)?;
+        claim_in(&mut conn, claims).await.map_err(unknown)
     }
 
     async fn rekey(

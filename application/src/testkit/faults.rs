@@ -12,7 +12,8 @@ use domain::{Operation, TransferState};
 pub enum StoreCall {
     /// `TransferLog::load`.
     Load,
-    /// `TransferLog::append` of a commit whose last event leads to this state.
+    /// `TransferLog::append` of a commit whose last event leads to this state; a creation's
+    /// (`SourcePending`) also when it is written with its claim and charge (`create_many`).
     Append(TransferState),
     /// `ClientKeys::find`.
     FindClaim,

@@ -40,5 +40,5 @@ pub use hook::{Seen, StoreHook};
 pub use records::MemRecords;
 pub use rows::{Durable, RetryRow, Rows, Stream};
 pub use scenario::{Scenario, Then};
-pub use store::{MemClientKeys, MemDailyReservations, MemLeases, MemLog, Store};
+pub use store::{MemClientKeys, MemDailyReservations, MemLeases, MemLog, MemLogApart, Store};
 pub use world::World;

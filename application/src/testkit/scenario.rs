@@ -114,6 +114,13 @@ impl Scenario {
         self
     }
 
+    /// The log claims, charges and creates in separate steps, as a log without claims and
+    /// counters of its own does (ADR 0022).
+    pub fn given_log_apart(mut self) -> Self {
+        self.world.apart = true;
+        self
+    }
+
     /// The next call at `site` meets `fault`.
     pub fn given_store_fault(self, site: StoreCall, fault: StoreFault) -> Self {
         self.world.faults.arm(site, fault);
@@ -424,6 +431,32 @@ impl<T: std::fmt::Debug> Then<'_, T> {
     /// The given transfer is durably in `state`.
     pub fn state(&self, state: TransferState) -> &Self {
         self.state_of(given_req_id(), state)
+    }
+
+    /// Whether the standard user's client key `cid` is claimed (durably).
+    pub fn claimed(&self, cid: &str, claimed: bool) -> &Self {
+        let held = self
+            .world
+            .store
+            .rows()
+            .claims
+            .contains_key(&(user(), cid.to_owned()));
+        assert_eq!(held, claimed, "the claim of {cid}");
+        self
+    }
+
+    /// The standard user's transfers charged to the daily limits, over every day.
+    pub fn charged(&self, count: u64) -> &Self {
+        let counted: u64 = self
+            .world
+            .store
+            .rows()
+            .daily
+            .values()
+            .filter_map(|usage| usage.counts.get(&user()))
+            .sum();
+        assert_eq!(counted, count, "transfers charged");
+        self
     }
 
     /// The standard user's balances: FUNDING, and SPOT (`None`: no account).

@@ -15,8 +15,8 @@ use domain::{ErrorCode, ReqId, TransferEvent, TransferState, UserId};
 use crate::daily::{Charge, DailyLimits};
 use crate::error::CoordinatorError;
 use crate::ports::{
-    ClientKey, ClientKeys, Clock, Commit, Context, DailyReservations, LeaseRequest, Leases,
-    Rekeyed, TransferLog,
+    ClientKey, ClientKeys, Clock, Commit, Context, Creation, CreationOutcome, DailyReservations,
+    LeaseRequest, Leases, Rekeyed, TransferLog,
 };
 use crate::testkit::exec::YieldOnce;
 use crate::testkit::faults::{crash, StoreCall, StoreFault};
@@ -130,6 +130,109 @@ impl TransferLog for MemLog {
                 append(store, rows, now, commit)
             })
             .await
+    }
+
+    async fn create_many(
+        &self,
+        creations: Vec<Creation>,
+        limits: &DailyLimits,
+        day: NaiveDate,
+    ) -> Option<Vec<Result<CreationOutcome, CoordinatorError>>> {
+        let store = &self.0;
+        let count = creations.len();
+        let created = store
+            .call(StoreCall::Append(TransferState::SourcePending), |rows, now| {
+                Ok(Self::create_together(
+                    store, rows, now, creations, limits, day,
+                ))
+            })
+            .await;
+        // A failed call (before or after its effect) answers every creation with its error.
+        Some(created.unwrap_or_else(|e| (0..count).map(|_| Err(e.clone())).collect()))
+    }
+}
+
+impl MemLog {
+    /// `TransferLog::create_many`'s contract on the rows (ADR 0022): per creation, all or
+    /// nothing, its key's claim, its charge (decided by the product's one rule, in order) and
+    /// its events; a claimed key or a refused charge leaves nothing behind.
+    fn create_together(
+        store: &Store,
+        rows: &mut Durable,
+        now_ms: u64,
+        creations: Vec<Creation>,
+        limits: &DailyLimits,
+        day: NaiveDate,
+    ) -> Vec<Result<CreationOutcome, CoordinatorError>> {
+        let mut answers = Vec::with_capacity(creations.len());
+        for Creation {
+            commit,
+            claim,
+            charge,
+        } in creations
+        {
+            if let Some(c) = &claim {
+                if rows.claims.contains_key(&(c.user, c.cid.clone())) {
+                    answers.push(Ok(CreationOutcome::KeyTaken));
+                    continue;
+                }
+            }
+            let usage_before = rows.daily.get(&day).cloned();
+            if let Some(charge) = &charge {
+                if planted!(ChargeApart) {
+                    // Planted: the creation is written without its charge.
+                } else if let Err(code) = rows.daily.entry(day).or_default().charge(limits, charge)
+                {
+                    answers.push(Ok(CreationOutcome::Refused(code)));
+                    continue;
+                }
+            }
+            if let Some(c) = &claim {
+                let key = ClientKey {
+                    req_id: c.req_id,
+                    fingerprint: c.fingerprint.clone(),
+                };
+                rows.claims.insert((c.user, c.cid.clone()), key);
+                let (cid, req_id) = (c.cid.as_str(), c.req_id);
+                store.seen(rows, Seen::Claimed { cid, req_id });
+            }
+            if planted!(EventsApart) {
+                // Planted: answered as created, its events never written.
+                let created = commit.expected_sequence + commit.events.len();
+                answers.push(Ok(CreationOutcome::Appended(created)));
+                continue;
+            }
+            let appended = append(store, rows, now_ms, commit);
+            if appended.is_err() {
+                // All or nothing: the claim and the charge go with the refused creation.
+                if let Some(c) = &claim {
+                    rows.claims.remove(&(c.user, c.cid.clone()));
+                }
+                match usage_before {
+                    Some(usage) => rows.daily.insert(day, usage),
+                    None => rows.daily.remove(&day),
+                };
+            }
+            answers.push(appended.map(CreationOutcome::Appended));
+        }
+        answers
+    }
+}
+
+/// The event log in memory without claims and counters of its own (`create_many` is `None`):
+/// the coordinator claims, charges and creates in separate steps, as with a log that cannot
+/// write them together.
+#[derive(Debug, Clone)]
+pub struct MemLogApart(pub Store);
+
+#[async_trait]
+impl TransferLog for MemLogApart {
+    async fn load(&self, req_id: &ReqId) -> Result<Context, CoordinatorError> {
+        MemLog(self.0.clone()).load(req_id).await
+    }
+
+    async fn append(&self, commit: Commit) -> Result<usize, CoordinatorError> {
+        MemLog(self.0.clone()).append(commit).await
     }
 }
 

@@ -13,7 +13,9 @@ use crate::testkit::clock::TestClock;
 use crate::testkit::faults::{Script, StoreCall, StoreFault};
 use crate::testkit::records::MemRecords;
 use crate::testkit::rows::{Rows, Stream};
-use crate::testkit::store::{MemClientKeys, MemDailyReservations, MemLeases, MemLog, Store};
+use crate::testkit::store::{
+    MemClientKeys, MemDailyReservations, MemLeases, MemLog, MemLogApart, Store,
+};
 
 /// Everything that outlives a process: the stores' rows, both account systems, the clock, the
 /// asset settings and the daily limits. Each `coordinator()` is a new process over it.
@@ -29,6 +31,9 @@ pub struct World {
     pub daily: DailyLimits,
     /// The core's other records (halt flag, the audit's checkpoint, repairs, ...).
     pub records: MemRecords,
+    /// The log claims, charges and creates in separate steps (`MemLogApart`) rather than in
+    /// one write (ADR 0022).
+    pub apart: bool,
 }
 
 impl Default for World {
@@ -46,6 +51,7 @@ impl Default for World {
             spot: MemAccount::new(AccountType::Spot),
             assets: Arc::new(RwLock::new(AssetRegistry::default_assets())),
             daily: DailyLimits::default(),
+            apart: false,
         }
     }
 }
@@ -54,7 +60,10 @@ impl World {
     /// The coordinator's ports over this world's rows and clock.
     pub fn ports(&self) -> Ports {
         Ports {
-            log: Arc::new(MemLog(self.store.clone())),
+            log: match self.apart {
+                false => Arc::new(MemLog(self.store.clone())),
+                true => Arc::new(MemLogApart(self.store.clone())),
+            },
             claims: Arc::new(MemClientKeys(self.store.clone())),
             leases: Arc::new(MemLeases(self.store.clone())),
             limits: Arc::new(MemDailyReservations(self.store.clone())),

@@ -134,9 +134,13 @@ fn crash_before_the_creation_commit_leaves_nothing() {
         .spot_calls(&[]);
 }
 
+/// The separate steps (a log without claims of its own, ADR 0022): the claim is durable before
+/// the creation, so a crash between them leaves an orphan claim. (Written together, a crash
+/// before the write leaves nothing: `together.rs`.)
 #[test]
 fn a_repeat_after_a_crash_before_creation_creates_under_the_claimed_req_id() {
     let given = Scenario::new()
+        .given_log_apart()
         .given_store_fault(StoreCall::Append(S::SourcePending), StoreFault::CrashBefore);
     given.when_submit(request(Some("c1"))).crashed();
     let claimed = given.world.store.rows().claims.values().next().cloned();

@@ -8,7 +8,8 @@
 //! - `resume.rs`: resuming from every open state, with the lookup before any retry.
 //! - `crash.rs`: a process dropped between two durable steps, and store writes whose outcome is
 //!   unknown; a new process finishes.
-//! - `cid.rs`: client-key repeats; `limits.rs`: the daily limits.
+//! - `cid.rs`: client-key repeats; `limits.rs`: the daily limits; `together.rs`: a creation
+//!   written with its claim and its charge (ADR 0022), and the separate steps.
 //! - `manual.rs`: manual resolution, the table's ManuallyResolve rows.
 //! - `audit.rs`: the conservation check, the halt and the failover repair over the in-memory records.
 //! - `race.rs`: two processes at once on one transfer.
@@ -21,6 +22,7 @@ mod manual;
 mod race;
 mod resume;
 mod submit;
+mod together;
 
 /// Names used by every module.
 mod prelude {
