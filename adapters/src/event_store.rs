@@ -513,9 +513,10 @@ impl PersistedEventRepository for BatchingEventRepository {
         .instrument(span)
         .await
         .map_err(|e| PersistenceError::UnknownError(Box::new(e)))?;
-        answers
-            .pop()
-            .map_or_else(|| Err(PersistenceError::UnknownError("no answer".into())), appended)
+        answers.pop().map_or_else(
+            || Err(PersistenceError::UnknownError("no answer".into())),
+            appended,
+        )
     }
 
     async fn stream_events<A: Aggregate>(

@@ -276,7 +276,10 @@ impl Coordinator {
                 Err(e) => Err(e),
             };
             // Nothing was charged apart from the creation, so there is no charge to give back.
-            match self.settle_creation(&requests[i], req_id, None, created).await {
+            match self
+                .settle_creation(&requests[i], req_id, None, created)
+                .await
+            {
                 Ok(Created::New(ctx)) => lanes.push(Lane { index: i, ctx }),
                 Ok(Created::Answered(existing)) => answers[i] = Some(Ok(existing)),
                 Ok(Created::ClaimMoved) => alone.push(i),

@@ -31,13 +31,12 @@ pub struct Pgledger {
 /// Whether the anchor is loaded on the server `pool` talks to: the database exists and holds
 /// pgledger's function and the accounts of every client (256 clients at most).
 pub async fn loaded(pool: &PgPool) -> bool {
-    let exists: Option<i32> =
-        sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
-            .bind(DATABASE)
-            .fetch_optional(pool)
-            .await
-            .ok()
-            .flatten();
+    let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
+        .bind(DATABASE)
+        .fetch_optional(pool)
+        .await
+        .ok()
+        .flatten();
     exists.is_some()
 }
 
@@ -53,7 +52,11 @@ fn pgbench() -> String {
 
 /// Runs pgledger's transfer at `clients` for `seconds` on `server` (host and port of the URL's
 /// libpq form are taken from `url`): what pgbench reports, with the machine's CPU over the run.
-pub fn run(url: &sqlx::postgres::PgConnectOptions, clients: usize, seconds: u64) -> anyhow::Result<Pgledger> {
+pub fn run(
+    url: &sqlx::postgres::PgConnectOptions,
+    clients: usize,
+    seconds: u64,
+) -> anyhow::Result<Pgledger> {
     let script = std::env::temp_dir().join(format!("pgledger-transfer-{}.sql", std::process::id()));
     std::fs::write(&script, TRANSFER_SQL)?;
     let before = procstat::machine_busy();
@@ -61,7 +64,14 @@ pub fn run(url: &sqlx::postgres::PgConnectOptions, clients: usize, seconds: u64)
     let output = Command::new(pgbench())
         .args(["-h", url.get_host(), "-p", &url.get_port().to_string()])
         .args(["-U", url.get_username(), "-n", "-M", "prepared"])
-        .args(["-c", &clients.to_string(), "-j", "2", "-T", &seconds.to_string()])
+        .args([
+            "-c",
+            &clients.to_string(),
+            "-j",
+            "2",
+            "-T",
+            &seconds.to_string(),
+        ])
         .arg("-f")
         .arg(&script)
         .arg(DATABASE)

@@ -549,7 +549,8 @@ fn comparisons(
             lines.push(format!(
                 "{name} against {bulk_name}: {:.2}x the rate, {:.2}x the machine CPU a transfer",
                 run.tps() / bulk.tps().max(1e-9),
-                run.per_transfer_ms(run.cpu.machine) / bulk.per_transfer_ms(bulk.cpu.machine).max(1e-9)
+                run.per_transfer_ms(run.cpu.machine)
+                    / bulk.per_transfer_ms(bulk.cpu.machine).max(1e-9)
             ));
         }
     }

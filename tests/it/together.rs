@@ -44,11 +44,13 @@ async fn claims(pool: &PgPool, user: i64, cid: &str) -> i64 {
 }
 
 async fn charged(pool: &PgPool, user: i64) -> i64 {
-    sqlx::query_scalar("SELECT COALESCE(sum(count), 0)::bigint FROM daily_transfer_counts WHERE user_id = $1")
-        .bind(user)
-        .fetch_one(pool)
-        .await
-        .unwrap()
+    sqlx::query_scalar(
+        "SELECT COALESCE(sum(count), 0)::bigint FROM daily_transfer_counts WHERE user_id = $1",
+    )
+    .bind(user)
+    .fetch_one(pool)
+    .await
+    .unwrap()
 }
 
 async fn created(pool: &PgPool, cid: &str) -> i64 {
@@ -76,7 +78,10 @@ async fn waiting_writer(pool: &PgPool) -> i32 {
         if let Some(pid) = pid {
             return pid;
         }
-        assert!(Instant::now() < deadline, "the creation never reached its INSERT");
+        assert!(
+            Instant::now() < deadline,
+            "the creation never reached its INSERT"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -86,17 +91,27 @@ async fn a_charge_a_limit_refuses_leaves_no_claim_and_no_count() {
     let s = Stack::start().await;
     s.deposit(51, "USDT", "100").await;
     let c = s.another_coordinator().with_daily_limits(count_max(1));
-    let first = c.submit(request(51, "one")).await.expect("the first is created");
+    let first = c
+        .submit(request(51, "one"))
+        .await
+        .expect("the first is created");
     assert_eq!(
         c.submit(request(51, "two")).await,
         Err(CoordinatorError::Refused(ErrorCode::DailyLimitExceeded))
     );
     assert_eq!(claims(&s.db.pool, 51, "one").await, 1);
-    assert_eq!(claims(&s.db.pool, 51, "two").await, 0, "no claim left behind");
+    assert_eq!(
+        claims(&s.db.pool, 51, "two").await,
+        0,
+        "no claim left behind"
+    );
     assert_eq!(charged(&s.db.pool, 51).await, 1);
     assert_eq!(created(&s.db.pool, "two").await, 0);
     // A repeat of the first is answered with it, whatever the limit says now.
-    let again = c.submit(request(51, "one")).await.expect("the repeat answers");
+    let again = c
+        .submit(request(51, "one"))
+        .await
+        .expect("the repeat answers");
     assert_eq!(again.req_id, first.req_id);
     assert_eq!(charged(&s.db.pool, 51).await, 1);
     wait_terminal(&s, &first.req_id, Duration::from_secs(10)).await;
@@ -171,7 +186,10 @@ async fn a_write_cut_mid_transaction_leaves_no_claim_no_charge_no_transfer() {
     assert_eq!(claims(&s.db.pool, 53, "cut").await, 0);
     assert_eq!(charged(&s.db.pool, 53).await, 0);
     assert_eq!(created(&s.db.pool, "cut").await, 0);
-    let retried = c.submit(request(53, "cut")).await.expect("the retry creates");
+    let retried = c
+        .submit(request(53, "cut"))
+        .await
+        .expect("the retry creates");
     let done = wait_terminal(&s, &retried.req_id, Duration::from_secs(10)).await;
     assert_eq!(done.state, TransferState::Committed);
     assert_eq!(created(&s.db.pool, "cut").await, 1);

@@ -78,7 +78,10 @@ pub(super) async fn write(
         if written[i] != Written::Appended {
             continue;
         }
-        match groups.iter_mut().find(|((l, d), _)| *l == limits && *d == day) {
+        match groups
+            .iter_mut()
+            .find(|((l, d), _)| *l == limits && *d == day)
+        {
             Some((_, members)) => members.push(i),
             None => groups.push(((limits, day), vec![i])),
         }

@@ -12,6 +12,7 @@
 pub mod alerts;
 pub mod assets;
 pub mod audit;
+mod claims_reader;
 mod driver;
 pub mod events;
 pub mod failovers;

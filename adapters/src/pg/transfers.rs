@@ -22,11 +22,13 @@ use sqlx::PgPool;
 use application::daily::{Charge, DailyLimits};
 use application::CoordinatorError;
 
+use super::claims_reader;
 use super::driver::unknown;
 use super::{lease, limits};
+use crate::group_commit::GroupCommit;
 use application::ports::{
-    CidClaim, ClientKey, ClientKeys, Commit, Context, Creation, CreationOutcome,
-    DailyReservations, LeaseRequest, Leases, Rekeyed, TransferLog,
+    CidClaim, ClientKey, ClientKeys, Commit, Context, Creation, CreationOutcome, DailyReservations,
+    LeaseRequest, Leases, Rekeyed, TransferLog,
 };
 
 /// The event log in PostgreSQL.
@@ -283,25 +285,27 @@ pub(crate) async fn unclaim_in(
 #[derive(Clone)]
 pub struct PgClientKeys {
     pool: PgPool,
+    /// The finds' reader (`claims_reader.rs`), started at the first find on the runtime
+    /// serving it, stopped when the last clone is dropped.
+    reader: Arc<std::sync::OnceLock<GroupCommit<claims_reader::Ask>>>,
 }
 
 impl PgClientKeys {
     pub fn new(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            reader: Arc::default(),
+        }
     }
 }
 
 #[async_trait]
 impl ClientKeys for PgClientKeys {
     async fn find(&self, user: UserId, cid: &str) -> Result<Option<ClientKey>, CoordinatorError> {
-        let found: Option<(String, String)> = sqlx::query_as(
-            "SELECT req_id, fingerprint FROM transfer_cids WHERE user_id = $1 AND cid = $2",
-        )
-        .bind(user.as_i64())
-        .bind(cid)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(unknown)?;
+        let reader = self.reader.get_or_init(|| claims_reader::start(&self.pool));
+        let found = claims_reader::find(reader, user.as_i64(), cid)
+            .await
+            .map_err(CoordinatorError::outcome_unknown)?;
         let Some((req_id, fingerprint)) = found else {
             return Ok(None);
         };

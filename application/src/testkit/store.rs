@@ -141,11 +141,14 @@ impl TransferLog for MemLog {
         let store = &self.0;
         let count = creations.len();
         let created = store
-            .call(StoreCall::Append(TransferState::SourcePending), |rows, now| {
-                Ok(Self::create_together(
-                    store, rows, now, creations, limits, day,
-                ))
-            })
+            .call(
+                StoreCall::Append(TransferState::SourcePending),
+                |rows, now| {
+                    Ok(Self::create_together(
+                        store, rows, now, creations, limits, day,
+                    ))
+                },
+            )
             .await;
         // A failed call (before or after its effect) answers every creation with its error.
         Some(created.unwrap_or_else(|e| (0..count).map(|_| Err(e.clone())).collect()))
