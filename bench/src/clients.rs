@@ -158,6 +158,24 @@ pub(crate) async fn drive_batches(
     bulk: usize,
     cids: Option<Arc<Cids>>,
 ) -> anyhow::Result<Run> {
+    drive_as(http, base, users, duration, pids, bulk, cids, None).await
+}
+
+/// `drive_batches`, and with `admin` (an admin's token) and `bulk` above 1, every client's
+/// batches sent by the admin for many users, one per item (`users` then holds each client's
+/// user ids, in decimal): a back office's bulk requests, which no per-user limit refuses for
+/// their size (the per-second limit counts each user's transfers, contract §5.4).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn drive_as(
+    http: &reqwest::Client,
+    base: &str,
+    users: Vec<Vec<String>>,
+    duration: Duration,
+    pids: Pids,
+    bulk: usize,
+    cids: Option<Arc<Cids>>,
+    admin: Option<String>,
+) -> anyhow::Result<Run> {
     let bulk = bulk.max(1);
     let not_committed = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let before = Cpu::read(pids);
@@ -172,6 +190,7 @@ pub(crate) async fn drive_batches(
         deadline: started + duration,
         cids,
         not_committed: not_committed.clone(),
+        admin: admin.filter(|_| bulk > 1),
     };
     let tasks: Vec<_> = users
         .into_iter()
@@ -209,6 +228,8 @@ struct Client {
     cids: Option<Arc<Cids>>,
     /// Transfers answered but not committed, across clients.
     not_committed: Arc<std::sync::atomic::AtomicU64>,
+    /// An admin's token: batches name a user per item (`drive_as`).
+    admin: Option<String>,
 }
 
 impl Client {
@@ -216,6 +237,9 @@ impl Client {
     /// transfers all committed, and how many transfers committed. A user's direction flips only
     /// after a request that committed whole, so balances never run out.
     async fn run(self, tokens: Vec<String>) -> (Vec<Duration>, u64) {
+        if let Some(admin) = self.admin.clone() {
+            return self.run_for_users(&admin, tokens).await;
+        }
         let mut mine = Vec::new();
         let mut committed = 0u64;
         let mut to_spot = vec![true; tokens.len()];
@@ -232,6 +256,50 @@ impl Client {
             } else {
                 self.not_committed
                     .fetch_add(missed, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        (mine, committed)
+    }
+
+    /// One client sending batches as `admin`, each item for the next of `users` (user ids) in
+    /// turn: a user's direction flips when its transfer committed. The latency of each batch
+    /// whose every transfer committed, and how many transfers committed.
+    async fn run_for_users(self, admin: &str, users: Vec<String>) -> (Vec<Duration>, u64) {
+        let users: Vec<u64> = users.iter().filter_map(|u| u.parse().ok()).collect();
+        let mut mine = Vec::new();
+        let mut committed = 0u64;
+        let mut to_spot = vec![true; users.len()];
+        let mut turn = 0;
+        while Instant::now() < self.deadline && !users.is_empty() {
+            let picked: Vec<usize> = (0..self.bulk).map(|k| (turn + k) % users.len()).collect();
+            turn = (turn + self.bulk) % users.len();
+            let items = picked
+                .iter()
+                .map(|&i| {
+                    let mut body = transfer_body(to_spot[i], self.cids.as_ref().map(|c| c.take()));
+                    body["user_id"] = json!(users[i]);
+                    body
+                })
+                .collect::<Vec<_>>();
+            let t0 = Instant::now();
+            let done = transfer_items(&self.http, &self.url, admin, items).await;
+            let mut all = done.len() == picked.len();
+            for (&i, ok) in picked.iter().zip(&done) {
+                match ok {
+                    true => {
+                        committed += 1;
+                        to_spot[i] = !to_spot[i];
+                    }
+                    false => all = false,
+                }
+            }
+            let missed = self.bulk as u64 - done.iter().filter(|ok| **ok).count() as u64;
+            match all {
+                true => mine.push(t0.elapsed()),
+                false => {
+                    self.not_committed
+                        .fetch_add(missed, std::sync::atomic::Ordering::Relaxed);
+                }
             }
         }
         (mine, committed)
@@ -287,6 +355,28 @@ pub(crate) async fn transfer_one(
             .unwrap_or(false),
         Err(_) => false,
     }
+}
+
+/// One batch of `items` (each a transfer's body naming its `user_id`) sent with an admin's
+/// token: whether each was answered COMMITTED, in order (none when the request failed).
+async fn transfer_items(
+    http: &reqwest::Client,
+    url: &str,
+    admin: &str,
+    items: Vec<serde_json::Value>,
+) -> Vec<bool> {
+    let body = json!({ "transfers": items });
+    let Ok(r) = http.post(url).bearer_auth(admin).json(&body).send().await else {
+        return Vec::new();
+    };
+    let Ok(answer) = r.json::<serde_json::Value>().await else {
+        return Vec::new();
+    };
+    answer["results"]
+        .as_array()
+        .map_or_else(Vec::new, |results| {
+            results.iter().map(|r| r["state"] == "COMMITTED").collect()
+        })
 }
 
 /// One batch of transfers of 1 USDT as `token`'s user (one per entry of `cids`, each with its

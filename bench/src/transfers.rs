@@ -12,7 +12,7 @@ use serde_json::json;
 use spot_core::protocol::{Request, Response};
 use spot_core::SpotClient;
 
-use crate::clients::{drive_batches, Pids};
+use crate::clients::Pids;
 use crate::procstat;
 
 #[derive(clap::Args, Debug)]
@@ -315,7 +315,13 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
                     drop(serving);
                     serving = Ledger::start(&url, &spot_addr, nats_url.as_deref(), setup)?;
                 }
-                let users = tokens(n, setup, seeded);
+                // As users run it, a batch is a back office's: an admin's token, a user per
+                // item (one user's 32 transfers at once would pass its 10 a second).
+                let by_admin = setup == Setup::Users && bulk > 1;
+                let users = match by_admin {
+                    true => user_ids(n, seeded),
+                    false => tokens(n, setup, seeded),
+                };
                 let pids = Pids {
                     ledger: Some(serving.proc.child.id()),
                     spot: Some(spot.child.id()),
@@ -323,7 +329,7 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
                 let name = label(n, bulk, setup);
                 let profiled = args.statements && crate::pgstat::reset(&pool).await;
                 let rounds_before = rounds(&http, &serving.base).await;
-                let run = drive_batches(
+                let run = crate::clients::drive_as(
                     &http,
                     &serving.base,
                     users,
@@ -331,6 +337,7 @@ pub async fn run(args: Args) -> anyhow::Result<Vec<String>> {
                     pids,
                     bulk,
                     setup.cid().then(crate::clients::Cids::new),
+                    by_admin.then(admin_token),
                 )
                 .await?;
                 if profiled {
@@ -622,6 +629,29 @@ async fn seed(http: &reqwest::Client, base: &str, users: usize) -> anyhow::Resul
     }
     println!("seeded {users} users with {seed_amount} USDT each");
     Ok(())
+}
+
+/// The admin's token the benchmark signs in with.
+fn admin_token() -> String {
+    edge::mint(
+        SECRET.as_bytes(),
+        UserId::new(1).expect("valid user id"),
+        true,
+        Duration::from_secs(3600),
+    )
+}
+
+/// Each client's user ids (decimal) for batches an admin sends for them: every `clients`-th of
+/// the `seeded` users.
+fn user_ids(clients: usize, seeded: usize) -> Vec<Vec<String>> {
+    (0..clients)
+        .map(|c| {
+            (c..seeded.max(clients))
+                .step_by(clients)
+                .map(|k| (1000 + k as u64).to_string())
+                .collect()
+        })
+        .collect()
 }
 
 /// Each client's tokens: its own user in a bare run; as users run it, every `clients`-th of the
