@@ -219,34 +219,8 @@ impl Coordinator {
         slots: &[Slot],
         answers: &mut [Option<Result<TransferData, CoordinatorError>>],
     ) -> Option<Vec<Lane>> {
-        let charged = !self.daily.is_unlimited();
         let day = crate::daily::day_of(self.clock.now());
-        let mut staged = Vec::new();
-        let mut creations = Vec::new();
-        for i in (0..requests.len()).filter(|&i| slots[i] == Slot::Own) {
-            let request = &requests[i];
-            // Generated as late as possible (`horizon.rs`): just before the write.
-            let req_id = self.clock.req_id();
-            let (ctx, command) = self.creation(req_id, request);
-            match self.stage_steps(ctx, command, true).await {
-                Ok((ctx, commit)) => {
-                    let claim = request.cid.clone().map(|cid| CidClaim {
-                        user: request.user_id,
-                        cid,
-                        req_id,
-                        fingerprint: request.fingerprint(),
-                    });
-                    let charge = charged.then(|| request.charge());
-                    creations.push(Creation {
-                        commit,
-                        claim,
-                        charge,
-                    });
-                    staged.push((i, req_id, ctx));
-                }
-                Err(e) => answers[i] = Some(Err(e)),
-            }
-        }
+        let (staged, creations) = self.stage_creations(requests, slots, answers).await;
         let outcomes = match creations.is_empty() {
             true => Vec::new(),
             false => self.log.create_many(creations, &self.daily, day).await?,
@@ -290,6 +264,45 @@ impl Coordinator {
             answers[i] = Some(self.create_and_drive_alone(requests[i].clone()).await);
         }
         Some(lanes)
+    }
+
+    /// Each own item's creation staged on the empty aggregate, with its claim and its charge:
+    /// (index, req_id, context) and the creations to write, in the same order; an item the
+    /// aggregate refuses is answered in `answers`.
+    async fn stage_creations(
+        &self,
+        requests: &[NewTransfer],
+        slots: &[Slot],
+        answers: &mut [Option<Result<TransferData, CoordinatorError>>],
+    ) -> (Vec<(usize, domain::ReqId, Context)>, Vec<Creation>) {
+        let charged = !self.daily.is_unlimited();
+        let mut staged = Vec::new();
+        let mut creations = Vec::new();
+        for i in (0..requests.len()).filter(|&i| slots[i] == Slot::Own) {
+            let request = &requests[i];
+            // Generated as late as possible (`horizon.rs`): just before the write.
+            let req_id = self.clock.req_id();
+            let (ctx, command) = self.creation(req_id, request);
+            match self.stage_steps(ctx, command, true).await {
+                Ok((ctx, commit)) => {
+                    let claim = request.cid.clone().map(|cid| CidClaim {
+                        user: request.user_id,
+                        cid,
+                        req_id,
+                        fingerprint: request.fingerprint(),
+                    });
+                    let charge = charged.then(|| request.charge());
+                    creations.push(Creation {
+                        commit,
+                        claim,
+                        charge,
+                    });
+                    staged.push((i, req_id, ctx));
+                }
+                Err(e) => answers[i] = Some(Err(e)),
+            }
+        }
+        (staged, creations)
     }
 
     /// Claims each own item's cid and charges its daily limits: the creations to make (index,

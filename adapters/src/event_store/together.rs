@@ -18,9 +18,9 @@ use chrono::NaiveDate;
 use domain::ErrorCode;
 use sqlx::{Connection, PgConnection};
 
-use super::{insert, Pending};
+use super::insert::{insert, Pending};
+use crate::pg::claims::{claim_in, unclaim_in};
 use crate::pg::limits::reserve_in;
-use crate::pg::transfers::{claim_in, unclaim_in};
 
 /// What a job's creations write with them: one entry per commit of the job.
 #[derive(Debug)]

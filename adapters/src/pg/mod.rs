@@ -12,6 +12,7 @@
 pub mod alerts;
 pub mod assets;
 pub mod audit;
+pub(crate) mod claims;
 mod claims_reader;
 mod driver;
 pub mod events;
