@@ -63,7 +63,7 @@ pub(super) async fn write(
         .enumerate()
         .filter_map(|(i, item)| Some((i, item.claim?.clone())))
         .unzip();
-    let claimed = claim_in(&mut *tx, &claims).await?;
+    let claimed = claim_in(&mut tx, &claims).await?;
     for (&i, claimed) in at.iter().zip(claimed) {
         if !claimed {
             written[i] = Written::KeyTaken;
@@ -92,7 +92,7 @@ pub(super) async fn write(
             .iter()
             .filter_map(|&i| Some(items[i].charge?.0.clone()))
             .collect();
-        let answers = reserve_in(&mut *tx, limits, &charges, day).await?;
+        let answers = reserve_in(&mut tx, limits, &charges, day).await?;
         for (&i, answer) in members.iter().zip(answers) {
             if let Err(code) = answer {
                 written[i] = Written::Refused(code);
@@ -100,7 +100,7 @@ pub(super) async fn write(
             }
         }
     }
-    unclaim_in(&mut *tx, &unclaim).await?;
+    unclaim_in(&mut tx, &unclaim).await?;
     let appended: Vec<Pending<'_>> = items
         .iter()
         .zip(&written)
@@ -108,7 +108,7 @@ pub(super) async fn write(
         .map(|(item, _)| item.pending)
         .collect();
     if !appended.is_empty() {
-        insert(&mut *tx, &appended).await?;
+        insert(&mut tx, &appended).await?;
     }
     tx.commit().await?;
     Ok(written)
