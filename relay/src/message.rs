@@ -1,9 +1,11 @@
 //! One feed event as a JetStream message: its subject, its headers and its body. Pure; the body
 //! is exactly the HTTP feed's JSON of the event (`projections::feed::event_json`).
 
-use async_nats::HeaderMap;
+use async_nats::{HeaderMap, HeaderName, Subject};
 use bytes::Bytes;
-use projections::feed::{event_json, FeedEvent};
+use chrono::SecondsFormat;
+use projections::feed::FeedEvent;
+use serde::Serialize;
 
 /// Every subject the relay publishes on starts with this; the stream captures `ledger.events.>`.
 pub const SUBJECT_PREFIX: &str = "ledger.events";
@@ -57,29 +59,44 @@ pub fn subject(e: &FeedEvent) -> String {
 }
 
 /// [`subject`] under a cell's prefix ([`subject_prefix`]):
-/// `ledger.cells.<cell>.events.<event_type>.<user_id>`.
+/// `ledger.cells.<cell>.events.<event_type>.<user_id>`. Made in one allocation (one per message
+/// the relay publishes).
 pub fn subject_for(e: &FeedEvent, cell: Option<u16>) -> String {
-    let prefix = subject_prefix(cell);
-    let event_type: String = e
-        .event_type
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(48 + e.event_type.len());
+    match cell {
+        None => s.push_str(SUBJECT_PREFIX),
+        Some(cell) => {
+            let _ = write!(s, "ledger.cells.{cell}.events");
+        }
+    }
+    s.push('.');
+    if e.event_type.is_empty() {
+        s.push('_');
+    } else if e.event_type.bytes().all(subject_safe) {
+        s.push_str(&e.event_type);
+    } else {
+        s.extend(e.event_type.chars().map(|c| {
+            if c.is_ascii() && subject_safe(c as u8) {
                 c
             } else {
                 '_'
             }
-        })
-        .collect();
-    let event_type = if event_type.is_empty() {
-        "_".to_owned()
-    } else {
-        event_type
-    };
-    match e.user_id {
-        Some(user) => format!("{prefix}.{event_type}.{user}"),
-        None => format!("{prefix}.{event_type}.{NO_USER_TOKEN}"),
+        }));
     }
+    s.push('.');
+    match e.user_id {
+        Some(user) => {
+            let _ = write!(s, "{user}");
+        }
+        None => s.push_str(NO_USER_TOKEN),
+    }
+    s
+}
+
+/// A byte an event type keeps in a subject token.
+fn subject_safe(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_' || b == b'-'
 }
 
 /// The headers of one event's message. `expected_last_sequence` is the stream sequence the
@@ -90,23 +107,84 @@ pub fn headers(e: &FeedEvent, expected_last_sequence: u64) -> HeaderMap {
 
 /// [`headers`], with [`HEADER_CELL`] when the event is a cell's.
 pub fn headers_for(e: &FeedEvent, expected_last_sequence: u64, cell: Option<u16>) -> HeaderMap {
+    header_map(
+        HeaderFields {
+            event_id: e.event_id.clone(),
+            position: e.position,
+            aggregate_id: e.aggregate_id.clone(),
+            user_id: e.user_id,
+            event_type: e.event_type.clone(),
+            event_version: e.event_version.clone(),
+        },
+        expected_last_sequence,
+        cell,
+    )
+}
+
+/// One event's message as the relay publishes it.
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub subject: Subject,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+/// The message of `e`: [`subject_for`], [`headers_for`] and [`body_for`], made from the event
+/// itself, whose strings move into the headers rather than being copied (what the relay does
+/// with each event it publishes).
+pub fn message_for(e: FeedEvent, expected_last_sequence: u64, cell: Option<u16>) -> Message {
+    let subject = Subject::from(subject_for(&e, cell));
+    let body = body_for(&e, cell);
+    let fields = HeaderFields {
+        event_id: e.event_id,
+        position: e.position,
+        aggregate_id: e.aggregate_id,
+        user_id: e.user_id,
+        event_type: e.event_type,
+        event_version: e.event_version,
+    };
+    Message {
+        subject,
+        headers: header_map(fields, expected_last_sequence, cell),
+        body,
+    }
+}
+
+/// What the headers carry of an event.
+struct HeaderFields {
+    event_id: String,
+    position: i64,
+    aggregate_id: String,
+    user_id: Option<i64>,
+    event_type: String,
+    event_version: String,
+}
+
+/// The headers of one message. The names are static (no allocation, no check per message); each
+/// value is one string, the event's own where it has one.
+fn header_map(f: HeaderFields, expected_last_sequence: u64, cell: Option<u16>) -> HeaderMap {
+    const CELL: HeaderName = HeaderName::from_static(HEADER_CELL);
+    const MSG_ID: HeaderName = HeaderName::from_static(HEADER_MSG_ID);
+    const POSITION: HeaderName = HeaderName::from_static(HEADER_POSITION);
+    const REQ_ID: HeaderName = HeaderName::from_static(HEADER_REQ_ID);
+    const USER_ID: HeaderName = HeaderName::from_static(HEADER_USER_ID);
+    const EVENT_TYPE: HeaderName = HeaderName::from_static(HEADER_EVENT_TYPE);
+    const EVENT_VERSION: HeaderName = HeaderName::from_static(HEADER_EVENT_VERSION);
+    const EXPECTED: HeaderName = HeaderName::from_static(HEADER_EXPECTED_LAST_SEQUENCE);
     let mut h = HeaderMap::new();
     if let Some(cell) = cell {
-        h.insert(HEADER_CELL, cell.to_string().as_str());
+        h.insert(CELL, cell.to_string());
     }
-    h.insert(HEADER_MSG_ID, e.event_id.as_str());
-    h.insert(HEADER_POSITION, e.position.to_string().as_str());
-    h.insert(HEADER_REQ_ID, e.aggregate_id.as_str());
-    if let Some(user) = e.user_id {
-        h.insert(HEADER_USER_ID, user.to_string().as_str());
+    h.insert(MSG_ID, f.event_id);
+    h.insert(POSITION, f.position.to_string());
+    h.insert(REQ_ID, f.aggregate_id);
+    if let Some(user) = f.user_id {
+        h.insert(USER_ID, user.to_string());
     }
-    h.insert(HEADER_EVENT_TYPE, e.event_type.as_str());
-    h.insert(HEADER_EVENT_VERSION, e.event_version.as_str());
+    h.insert(EVENT_TYPE, f.event_type);
+    h.insert(EVENT_VERSION, f.event_version);
     if expected_last_sequence > 0 {
-        h.insert(
-            HEADER_EXPECTED_LAST_SEQUENCE,
-            expected_last_sequence.to_string().as_str(),
-        );
+        h.insert(EXPECTED, expected_last_sequence.to_string());
     }
     h
 }
@@ -117,13 +195,48 @@ pub fn body(e: &FeedEvent) -> Bytes {
 }
 
 /// [`body`]; a cell's event also names its `cell`, as the merged HTTP feed of a cell map shows
-/// it.
+/// it. Written straight from the event (no `serde_json::Value` built, the payload not copied),
+/// byte for byte what `event_json(e)` (with `cell` added) prints: the same keys, in the order a
+/// `serde_json::Map` keeps them (sorted; the test `the_body_is_the_http_feeds_json_byte_for_byte`
+/// holds it to that).
 pub fn body_for(e: &FeedEvent, cell: Option<u16>) -> Bytes {
-    let mut v = event_json(e);
-    if let Some(cell) = cell {
-        v["cell"] = serde_json::json!(cell);
-    }
-    Bytes::from(v.to_string())
+    let body = Body {
+        aggregate_id: &e.aggregate_id,
+        aggregate_type: &e.aggregate_type,
+        cell,
+        event_id: &e.event_id,
+        event_type: &e.event_type,
+        event_version: &e.event_version,
+        occurred_at: e.occurred_at.to_rfc3339_opts(SecondsFormat::Micros, true),
+        payload: &e.payload,
+        position: e.position,
+        sequence: e.sequence,
+        user_id: e.user_id,
+    };
+    let mut out = Vec::with_capacity(BODY_CAPACITY);
+    // Writing into a Vec fails only if a serializer does, and these cannot.
+    serde_json::to_writer(&mut out, &body).expect("a feed event serializes");
+    Bytes::from(out)
+}
+
+/// Room for a typical body at once (they are a few hundred bytes).
+const BODY_CAPACITY: usize = 512;
+
+/// The fields of `event_json`, in `serde_json::Map`'s (sorted) order, with the cell's.
+#[derive(Serialize)]
+struct Body<'a> {
+    aggregate_id: &'a str,
+    aggregate_type: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cell: Option<u16>,
+    event_id: &'a str,
+    event_type: &'a str,
+    event_version: &'a str,
+    occurred_at: String,
+    payload: &'a serde_json::Value,
+    position: i64,
+    sequence: i64,
+    user_id: Option<i64>,
 }
 
 /// The feed position a stored message carries in its `Ledger-Position` header, if any.
@@ -138,6 +251,7 @@ pub fn position_of(headers: &HeaderMap) -> Option<i64> {
 mod tests {
     use super::*;
     use chrono::{TimeZone, Utc};
+    use projections::feed::event_json;
 
     fn event(event_type: &str, user_id: Option<i64>) -> FeedEvent {
         let at = Utc.with_ymd_and_hms(2026, 1, 2, 3, 4, 5).unwrap();
@@ -193,6 +307,51 @@ mod tests {
         assert!(h.get("Ledger-User-Id").is_none());
         assert!(h.get("Nats-Expected-Last-Sequence").is_none());
         assert_eq!(position_of(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn the_body_is_the_http_feeds_json_byte_for_byte() {
+        let mut e = event("SourceWithdrawn", Some(7));
+        e.payload = serde_json::json!({
+            "TransferCreated": {"z": [1, 2.5, null, true], "a": "quote \" é \\ \n \u{1}",
+                "m": {"y": {}, "b": []}, "amount": "100.50000000"}
+        });
+        let printed = |e: &FeedEvent, cell: Option<u16>| {
+            let mut v = event_json(e);
+            if let Some(cell) = cell {
+                v["cell"] = serde_json::json!(cell);
+            }
+            v.to_string()
+        };
+        for cell in [None, Some(0), Some(3)] {
+            assert_eq!(body_for(&e, cell), printed(&e, cell).as_bytes());
+            e.user_id = None;
+            assert_eq!(body_for(&e, cell), printed(&e, cell).as_bytes());
+            e.user_id = Some(i64::MAX);
+        }
+    }
+
+    #[test]
+    fn a_whole_message_is_its_parts() {
+        let e = event("SourceWithdrawn", Some(7));
+        for cell in [None, Some(2)] {
+            let m = message_for(e.clone(), 41, cell);
+            assert_eq!(m.subject.as_str(), subject_for(&e, cell));
+            assert_eq!(m.headers, headers_for(&e, 41, cell));
+            assert_eq!(m.body, body_for(&e, cell));
+        }
+    }
+
+    #[test]
+    fn subjects_under_a_cell_and_unsafe_types() {
+        let mut e = event("TransferCommitted", Some(12));
+        assert_eq!(
+            subject_for(&e, Some(4)),
+            "ledger.cells.4.events.TransferCommitted.12"
+        );
+        e.event_type = "é.x".into();
+        e.user_id = None;
+        assert_eq!(subject_for(&e, Some(0)), "ledger.cells.0.events.__x.system");
     }
 
     #[test]

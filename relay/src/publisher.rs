@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, context::PublishError, publish::PublishAck};
-use projections::feed::{self, FeedEvent, FEED_PAGE_SIZE_MAX};
+use projections::feed::{self, FEED_PAGE_SIZE_MAX};
 use sqlx::PgPool;
 use tokio::sync::mpsc::{self, error::TryRecvError};
 
@@ -201,19 +201,48 @@ async fn session(
     }
 }
 
-/// Reads the feed after `after` page by page, ahead of the publisher.
+/// One feed event made into its message ahead of the publisher: the position it carries and the
+/// stream sequence its `Nats-Expected-Last-Sequence` names, which the publisher checks before
+/// sending it, then the message itself.
+struct Prepared {
+    position: i64,
+    expected: u64,
+    message: message::Message,
+}
+
+/// A page of the feed made into messages, or why the reader stopped.
+type Page = Result<Vec<Prepared>, sqlx::Error>;
+
+/// Reads the feed after `after` page by page, ahead of the publisher, and makes each event its
+/// message on the way (a page at a time, beside the publisher, whose loop is then a bare
+/// publisher's: publish, await acks in order, plus its checks). The message of the event at
+/// `after + k` names the stream sequence `expected + k - 1`, as the publisher expects it to.
 async fn read_feed(
     pool: PgPool,
     mut after: i64,
+    mut expected: u64,
     poll: Duration,
-    tx: mpsc::Sender<Result<Vec<FeedEvent>, sqlx::Error>>,
+    cell: Option<u16>,
+    tx: mpsc::Sender<Page>,
 ) {
     loop {
         match feed::read_after(&pool, after, FEED_PAGE_SIZE_MAX, None).await {
             Ok(page) if page.is_empty() => tokio::time::sleep(poll).await,
             Ok(page) => {
                 after = page.last().map_or(after, |e| e.position);
-                if tx.send(Ok(page)).await.is_err() {
+                let prepared = page
+                    .into_iter()
+                    .map(|e| {
+                        let p = Prepared {
+                            position: e.position,
+                            expected,
+                            message: message::message_for(e, expected, cell),
+                        };
+                        expected += 1;
+                        p
+                    })
+                    .collect();
+                if tx.send(Ok(prepared)).await.is_err() {
                     return;
                 }
             }
@@ -240,7 +269,9 @@ async fn pump(
     let _reader = AbortOnDrop(tokio::spawn(read_feed(
         pool.clone(),
         start,
+        last_sequence,
         config.poll_interval,
+        config.cell,
         tx,
     )));
     let mut window = Window {
@@ -249,7 +280,6 @@ async fn pump(
         inflight: VecDeque::with_capacity(config.window.max(1)),
         next_position: start + 1,
         expected: last_sequence,
-        cell: config.cell,
     };
     let (mut acked, mut acked_sequence) = (start, last_sequence);
     let mut checkpointed = start;
@@ -291,31 +321,29 @@ async fn pump(
     }
 }
 
-/// The publishes in flight and the feed events read but not yet sent.
+/// The publishes in flight and the messages made but not yet sent.
 struct Window {
     /// At most this many publishes in flight.
     size: usize,
-    pending: VecDeque<FeedEvent>,
+    pending: VecDeque<Prepared>,
     /// (feed position, stream sequence it must get, its ack), in publish order.
     inflight: VecDeque<(i64, u64, AckFuture)>,
     /// The feed position the next message carries...
     next_position: i64,
     /// ... and the stream sequence it must follow.
     expected: u64,
-    /// The cell whose feed this is (its subjects, its `Ledger-Cell` header); `None` without a map.
-    cell: Option<u16>,
 }
 
 impl Window {
-    /// Publish what the feed has ready until the window is full; a gap in the feed's positions
-    /// or a stopped reader ends the pipeline.
+    /// Publish what the reader has ready until the window is full; a gap in the feed's positions,
+    /// a message made for another place in the stream or a stopped reader ends the pipeline.
     async fn fill(
         &mut self,
         js: &jetstream::Context,
-        rx: &mut mpsc::Receiver<Result<Vec<FeedEvent>, sqlx::Error>>,
+        rx: &mut mpsc::Receiver<Page>,
     ) -> Result<(), Ended> {
         while self.inflight.len() < self.size {
-            let Some(e) = self.pending.pop_front() else {
+            let Some(m) = self.pending.pop_front() else {
                 match rx.try_recv() {
                     Ok(page) => {
                         self.pending = page?.into();
@@ -327,27 +355,35 @@ impl Window {
                     }
                 }
             };
-            if e.position != self.next_position {
+            if m.position != self.next_position {
                 return Err(RelayError::Feed(format!(
                     "expected position {}, the feed gave {}",
-                    self.next_position, e.position
+                    self.next_position, m.position
                 ))
                 .into());
             }
+            if m.expected != self.expected {
+                return Err(RelayError::Feed(format!(
+                    "position {} was made to follow sequence {}, not {}",
+                    m.position, m.expected, self.expected
+                ))
+                .into());
+            }
+            let message::Message {
+                subject,
+                headers,
+                body,
+            } = m.message;
             let ack = js
-                .publish_with_headers(
-                    message::subject_for(&e, self.cell),
-                    message::headers_for(&e, self.expected, self.cell),
-                    message::body_for(&e, self.cell),
-                )
+                .publish_with_headers(subject, headers, body)
                 .await
                 .map_err(|err| {
-                    RelayError::Nats(format!("publish position {}: {err}", e.position))
+                    RelayError::Nats(format!("publish position {}: {err}", m.position))
                 })?;
             self.expected += 1;
             self.next_position += 1;
             self.inflight
-                .push_back((e.position, self.expected, ack.into_future()));
+                .push_back((m.position, self.expected, ack.into_future()));
         }
         Ok(())
     }
