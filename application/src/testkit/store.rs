@@ -180,7 +180,6 @@ impl MemLog {
                     continue;
                 }
             }
-            let usage_before = rows.daily.get(&day).cloned();
             if let Some(charge) = &charge {
                 if planted!(ChargeApart) {
                     // Planted: the creation is written without its charge.
@@ -211,10 +210,9 @@ impl MemLog {
                 if let Some(c) = &claim {
                     rows.claims.remove(&(c.user, c.cid.clone()));
                 }
-                match usage_before {
-                    Some(usage) => rows.daily.insert(day, usage),
-                    None => rows.daily.remove(&day),
-                };
+                if let Some(charge) = &charge {
+                    rows.daily.entry(day).or_default().release(limits, charge);
+                }
             }
             answers.push(appended.map(CreationOutcome::Appended));
         }
