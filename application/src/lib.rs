@@ -30,6 +30,7 @@ pub mod coordinator;
 pub mod daily;
 pub mod drive;
 pub mod error;
+pub mod external_ids;
 pub mod failpoint;
 pub mod halt;
 pub mod horizon;

@@ -334,6 +334,17 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// A handler panic still answers in the error shape; the panic text goes to the log only (the
+/// catch-panic layer of every router: each cell's, and the merged feed's under a cell map).
+pub fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let detail = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("non-text panic");
+    ApiError::Internal(format!("handler panicked: {detail}")).into_response()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

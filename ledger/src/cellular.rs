@@ -1,27 +1,24 @@
-//! Serving several cells from one process (ADR 0017): `ledger serve --cell-map FILE` and
-//! `ledger up --cells N` (or `up --cell-map FILE` with `spot = "start"` cells). Start-up
-//! reaches every cell it can (`connect.rs`; a cell refused for its identity stops start-up, one
-//! that does not answer is served later) and each reached cell gets the whole of today's core
-//! and router over its own pool and spot-core, and its own background tasks (the projector, the
-//! recovery worker, the conservation check and its halt, the asset reloader, the vacuum, the
-//! idempotency horizon, the tamper-evident log's follower signing as the cell). A watcher per cell (`watch.rs`) keeps retrying a cell not reached,
-//! probes a reached one and marks it down or up (`slot.rs`), and keeps its assets equal to the
-//! home cell's. The front router sends each request to its user's cell (`front.rs`) and fans
-//! the admin views out (`views.rs`, `fanout.rs`). An admin's feed reads every cell's feed, merged,
-//! with a cursor naming each cell's position (`feed.rs`); `--nats` relays each cell's feed to a
-//! stream of its own (`<stream>_<cell>`, its checkpoint and leader lock in that cell's
-//! database). Deposits claim their external_id across cells first (`claims.rs`).
+//! Starting a process that serves several cells (ADR 0017): `ledger serve --cell-map FILE` and
+//! `ledger up --cells N` (or `up --cell-map FILE` with `spot = "start"` cells). This is start-up
+//! and wiring only; what routes each request to its cell and merges what spans cells is the
+//! `front` crate.
+//!
+//! - `connect.rs`: reaching a cell (its pool and spot-core, its identity checked); a cell
+//!   refused for what it is stops start-up, one that does not answer is served later.
+//! - `watch.rs`: per cell, the whole of today's core and router over its own pool and
+//!   spot-core with its own background tasks (the projector, the recovery worker, the
+//!   conservation check and its halt, the asset reloader, the vacuum, the idempotency horizon,
+//!   the tamper-evident log's follower signing as the cell), installed in the cell's
+//!   `front::slot`; then a watcher that keeps retrying a cell not reached, probes a reached one
+//!   and marks it down or up, and keeps its assets equal to the home cell's.
+//! - here: the map `up --cells N` runs, the cells reached at start-up, the front
+//!   (`front::Front`, with the merged feed `front::feed` and the external_id claims
+//!   `front::claims`) served until a signal, and the banners. `--nats` relays each cell's feed
+//!   to a stream of its own (`<stream>_<cell>`, its checkpoint and leader lock in that cell's
+//!   database).
 
-pub mod checks;
-pub mod claims;
 pub mod connect;
-pub mod fanout;
-pub mod feed;
-pub mod front;
-pub mod slot;
-pub mod views;
 pub mod watch;
-pub mod ws;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -38,8 +35,8 @@ use crate::settings::{MetricsListen, Settings};
 use crate::spot_child::{child_exit, stored_or_generated_spot_token, SpotChild};
 use crate::startup::shutdown_signal;
 use connect::{ConnectError, Reach};
-use front::Front;
-use slot::{CellSlot, Slots};
+use front::slot::{CellSlot, Slots};
+use front::{claims, feed, Front};
 use watch::{Reached, Shared};
 
 /// The most cells `ledger up --cells` starts on one machine.
@@ -350,13 +347,7 @@ fn serve_metrics(
     front: Front,
     http: edge::http_server::HttpLimits,
 ) -> tokio::task::JoinHandle<std::io::Result<()>> {
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let f = front.clone();
-            async move { f.metrics().await }
-        }),
-    );
+    let app = front.metrics_router();
     tokio::spawn(edge::http_server::serve(
         listener,
         app,
@@ -418,6 +409,50 @@ pub fn placement_report(map: &CellMap) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use front::slot::{Refusal, Served};
+
+    /// A reached cell's parts as `watch.rs` installs them, never connected: the slot only
+    /// hands them out.
+    fn served() -> Served {
+        // Never connected: the slot only hands it out.
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+            .expect("a lazy pool");
+        let registry = Arc::new(std::sync::RwLock::new(domain::AssetRegistry::default()));
+        Served {
+            reads: crate::wiring::read_side(&pool),
+            app: axum::Router::new(),
+            metrics: axum::Router::new(),
+            assets: application::AssetSettings::new(
+                std::sync::Arc::new(adapters::pg::assets::PgAssets::new(pool.clone())),
+                registry,
+            ),
+            halt: Arc::new(adapters::pg::halt::PgHalt::new(pool.clone())),
+            claims: Arc::new(adapters::pg::external_claims::PgExternalClaims::new(pool)),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cell_takes_nothing_while_down_and_at_most_its_share_while_up() {
+        let slot = CellSlot::new(CellId::new(2).unwrap(), 2);
+        assert!(matches!(slot.admit(), Err(Refusal::Down)));
+        assert_eq!(slot.describe()["state"], "down");
+        slot.install(served());
+        let first = slot.admit().ok().expect("up");
+        let second = slot.admit().ok().expect("its second slot");
+        assert!(matches!(slot.admit(), Err(Refusal::Saturated)));
+        drop(first);
+        let third = slot.admit().ok().expect("a slot freed");
+        drop((second, third));
+        assert!(slot.set_down(), "it was up");
+        assert!(matches!(slot.admit(), Err(Refusal::Down)));
+        assert!(slot.describe()["down_since"].is_string());
+        slot.set_up();
+        assert!(slot.admit().is_ok());
+        let answer = front::slot::refused(slot.id, &Refusal::Down);
+        assert_eq!(answer.status(), axum::http::StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(answer.headers()[axum::http::header::RETRY_AFTER], "1");
+    }
 
     #[test]
     fn up_cells_names_a_database_per_cell_and_splits_the_partitions() {

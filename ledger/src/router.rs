@@ -4,15 +4,12 @@
 //! it (used by the `ledger` binary and by in-process integration tests). How a server is started
 //! (`Serving`) is `startup.rs`.
 
-use std::any::Any;
 use std::future::Future;
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::Method;
-use axum::response::{IntoResponse, Response};
 use axum::Router;
 use edge::config::BODY_BYTES_MAX;
-use edge::error::ApiError;
 use edge::health;
 use edge::routes::Routes;
 use edge::state::AppState;
@@ -55,20 +52,10 @@ pub fn build_app(state: AppState, serving: &Serving) -> Router {
             serving.http,
             edge::http_server::request_limits,
         ))
-        .layer(CatchPanicLayer::custom(panic_response))
+        .layer(CatchPanicLayer::custom(edge::error::panic_response))
         .layer(TraceLayer::new_for_http())
         .layer(axum::middleware::from_fn(crate::http_traces::request_span))
         .with_state(state)
-}
-
-/// A handler panic still answers in the error shape; the panic text goes to the log only.
-pub(crate) fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response {
-    let detail = panic
-        .downcast_ref::<String>()
-        .map(String::as_str)
-        .or_else(|| panic.downcast_ref::<&str>().copied())
-        .unwrap_or("non-text panic");
-    ApiError::Internal(format!("handler panicked: {detail}")).into_response()
 }
 
 /// Serves the API on `listener` until the process ends, as an in-process server does: the

@@ -4,31 +4,24 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::time::{Duration, SystemTime};
 
-use application::reads::{event_json, FeedEvent, FEED_PAGE_SIZE_MAX};
+use application::reads::event_json;
+use async_trait::async_trait;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, Method};
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::{Event, Sse};
 use axum::Json;
-use futures_util::stream::{self, Stream, StreamExt};
+use futures_util::stream::Stream;
 use serde_json::{json, Value};
-use tokio::sync::OwnedSemaphorePermit;
 use utoipa::{IntoParams, ToSchema};
 
 use edge::auth::AdminUser;
 use edge::error::ApiError;
+use edge::reads::ReadSide;
 use edge::routes::Routes;
 use edge::state::AppState;
 
-/// Page size when `limit` is not given.
-pub const FEED_PAGE_SIZE_DEFAULT: i64 = 100;
-
-/// How often a stream with nothing new looks at the feed again.
-pub const STREAM_POLL_INTERVAL: Duration = Duration::from_millis(100);
-
-/// Events sent per look by a stream.
-const STREAM_BATCH_MAX: i64 = 500;
+use crate::feed_stream::{self, page_limit, Sent, StreamSource, STREAM_BATCH_MAX};
 
 /// The feed's routes; merged into the application router.
 pub fn routes() -> Routes {
@@ -64,12 +57,7 @@ async fn events(
     Query(params): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
     let after = int_param(&params, "after", 0)?;
-    let limit = int_param(&params, "limit", FEED_PAGE_SIZE_DEFAULT)?;
-    if limit == 0 || limit > FEED_PAGE_SIZE_MAX {
-        return Err(ApiError::BadRequest(format!(
-            "`limit` must be between 1 and {FEED_PAGE_SIZE_MAX}"
-        )));
-    }
+    let limit = page_limit(&params)?;
     let rows = state
         .reads
         .feed_after(after, limit, None)
@@ -103,65 +91,47 @@ async fn stream_events(
     headers: HeaderMap,
     Query(params): Query<HashMap<String, String>>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let resume = headers
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
+    let resume = feed_stream::last_event_id(&headers)
         .and_then(|v| v.trim().parse::<i64>().ok())
         .filter(|n| *n >= 0);
     let after = match resume {
         Some(n) => n,
         None => int_param(&params, "after", 0)?,
     };
-    let slot = state
-        .admission
-        .event_stream()
-        .map_err(|_| ApiError::Refused(domain::ErrorCode::RateLimitExceeded))?;
-    // The stream ends when the token that opened it expires; the client reconnects with a
-    // fresh token and `Last-Event-ID`.
-    let left = admin
-        .expires_at
-        .duration_since(SystemTime::now())
-        .unwrap_or_default();
-    let stream = feed_stream(state, after, None, slot).take_until(tokio::time::sleep(left));
-    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+    let source = Positions {
+        reads: state.reads.clone(),
+        after,
+    };
+    feed_stream::serve(source, state.admission.clone(), &admin)
 }
 
-/// Feed events after `after` as SSE events, forever; waits [`STREAM_POLL_INTERVAL`] whenever
-/// it has sent everything there is, or the read side is busy. A database error ends the stream
-/// (the client reconnects with `Last-Event-ID`). `slot` is held as long as the stream lives.
-fn feed_stream(
-    app: AppState,
+/// One database's feed for a stream: its dense positions after `after`, each event's id its
+/// position.
+struct Positions {
+    reads: ReadSide,
     after: i64,
-    user_id: Option<i64>,
-    slot: OwnedSemaphorePermit,
-) -> impl Stream<Item = Result<Event, Infallible>> {
-    let state = (app, after, Vec::<FeedEvent>::new().into_iter(), slot);
-    stream::unfold(Some(state), move |state| async move {
-        let (app, mut after, mut pending, slot) = state?;
-        loop {
-            if let Some(e) = pending.next() {
-                after = e.position;
-                let event = Event::default()
-                    .id(e.position.to_string())
-                    .event(e.event_type.clone())
-                    .data(event_json(&e).to_string());
-                return Some((Ok(event), Some((app, after, pending, slot))));
-            }
-            let Ok(_turn) = app.admission.read().await else {
-                tokio::time::sleep(STREAM_POLL_INTERVAL).await;
-                continue;
-            };
-            let read = app.reads.feed_after(after, STREAM_BATCH_MAX, user_id);
-            match read.await {
-                Ok(rows) if rows.is_empty() => tokio::time::sleep(STREAM_POLL_INTERVAL).await,
-                Ok(rows) => pending = rows.into_iter(),
-                Err(e) => {
-                    tracing::warn!(error = %e, "event stream ends: feed unreadable");
-                    return None;
-                }
-            }
+}
+
+#[async_trait]
+impl StreamSource for Positions {
+    async fn next_batch(&mut self) -> Result<Vec<Sent>, String> {
+        let rows = self
+            .reads
+            .feed_after(self.after, STREAM_BATCH_MAX, None)
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Some(last) = rows.last() {
+            self.after = last.position;
         }
-    })
+        Ok(rows
+            .iter()
+            .map(|e| Sent {
+                id: e.position.to_string(),
+                event: e.event_type.clone(),
+                data: event_json(e),
+            })
+            .collect())
+    }
 }
 
 // ---- the schema-only types of the OpenAPI document (`crate::openapi`): utoipa reads their

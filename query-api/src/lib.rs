@@ -1,6 +1,6 @@
 //! The query side of the HTTP edge: every route that only reads. One transfer and the caller's
 //! balances (`rest.rs`), GraphQL (`/graphql`, `/graphql/ws`, with its cost guard), the consumer
-//! feed and its SSE stream, the operators' read views, the stuck listing and the stored alerts,
+//! feed and its SSE stream (what any feed's routes share: `feed_stream.rs`), the operators' read views, the stuck listing and the stored alerts,
 //! `/metrics`, and the operators' console with the GraphiQL page, served from files compiled in.
 //! Every read goes through the core's queries (`application::Queries`) or the read side's
 //! objects (`edge::reads::ReadSide`), with a turn from `edge::admission`; what the handlers share
@@ -11,6 +11,7 @@ pub(crate) mod admin_cells;
 pub(crate) mod admin_views;
 pub mod console;
 pub(crate) mod feed;
+pub mod feed_stream;
 pub(crate) mod gauges;
 pub mod graphql;
 pub(crate) mod ha_metrics;
@@ -22,8 +23,8 @@ pub(crate) mod rest;
 pub(crate) mod stuck;
 
 /// The feed's page size and a stream's poll interval, which the merged feed of a cell map
-/// (`ledger::cellular::feed`) keeps the same.
-pub use feed::{FEED_PAGE_SIZE_DEFAULT, STREAM_POLL_INTERVAL};
+/// (`front::feed`) shares with the rest of `feed_stream`.
+pub use feed_stream::{FEED_PAGE_SIZE_DEFAULT, STREAM_POLL_INTERVAL};
 
 use axum::http::Method;
 use edge::routes::Routes;

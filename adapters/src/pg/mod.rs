@@ -1,7 +1,8 @@
 //! PostgreSQL's side of the core's ports: every trait `application` defines for what it asks of
 //! a database (`application::ports`: the event log, client keys, leases, daily counters;
 //! `application::stores`: the halt flag, alerts, asset settings, the conservation check's
-//! records and event-log reads, the open transfers, the failover repairs; of the read side's
+//! records and event-log reads, the open transfers, the failover repairs; of
+//! `application::external_ids`: a claim cell's external_id claims (`external_claims`); of the read side's
 //! `application::reads`: the receipts' batched reader (`receipts`), the first trace (`traces`),
 //! a cell's failovers and its database's role (`failovers`)) is implemented here over one pool, and [`ports`], [`stores`] and [`ledger`] wire them. The account systems'
 //! ports (`application::books`) are `FundingLedger` and `SpotAdapter` themselves.
@@ -16,6 +17,7 @@ pub(crate) mod claims;
 mod claims_reader;
 mod driver;
 pub mod events;
+pub mod external_claims;
 pub mod failovers;
 pub mod halt;
 pub mod lease;

@@ -13,6 +13,7 @@
 //!   conservation check's reads of `Books` (`funding_read`, `spot_read`).
 //! - `records.rs`: `MemRecords`, the core's other records (halt flag, alerts, assets, the
 //!   audit's checkpoint and history, its event reads, open transfers, repairs) over the same rows.
+//! - `claims.rs`: `MemClaims`, the external_id claims a claim cell keeps (`external_ids.rs`).
 //! - `clock.rs`: manual time and deterministic req_ids.
 //! - `world.rs`: `World`, all of the above together; `coordinator()` is a new process over it.
 //! - `exec.rs`: `run`, which polls one "process" to its answer or drops it at a crash;
@@ -22,6 +23,7 @@
 
 pub mod account;
 pub mod books;
+pub mod claims;
 pub mod clock;
 pub mod exec;
 pub mod faults;
@@ -33,6 +35,7 @@ pub mod store;
 pub mod world;
 
 pub use account::{Account, Books, Entry, MemAccount, Status};
+pub use claims::MemClaims;
 pub use clock::TestClock;
 pub use exec::{run, run_together};
 pub use faults::{AccountFault, Call, StoreCall, StoreFault};

@@ -10,6 +10,7 @@
 //!   unknown; a new process finishes.
 //! - `cid.rs`: client-key repeats; `limits.rs`: the daily limits; `together.rs`: a creation
 //!   written with its claim and its charge (ADR 0022), and the separate steps.
+//! - `external_ids.rs`: the claim on a deposit's external_id across cells.
 //! - `manual.rs`: manual resolution, the table's ManuallyResolve rows.
 //! - `audit.rs`: the conservation check, the halt and the failover repair over the in-memory records.
 //! - `race.rs`: two processes at once on one transfer.
@@ -17,6 +18,7 @@
 mod audit;
 mod cid;
 mod crash;
+mod external_ids;
 mod limits;
 mod manual;
 mod race;

@@ -21,11 +21,11 @@ use cells::{CellId, CellSpec};
 use tokio::sync::{mpsc, watch};
 
 use super::connect::{ConnectError, Reach};
-use super::slot::{CellSlot, Served, Slots};
 use crate::config::JwtSecret;
 use crate::router::build_app;
 use crate::serve::configured;
 use crate::startup::Tasks;
+use front::slot::{CellSlot, Served, Slots};
 
 /// Time between two attempts to reach a cell not reached yet.
 pub const RETRY_INTERVAL: Duration = Duration::from_secs(2);
@@ -61,6 +61,8 @@ pub struct Reached {
     tasks: Tasks,
     /// One connection of its own to the cell's database, for the probe.
     probe: sqlx::PgPool,
+    /// The pool its requests use (sifted before the cell serves again).
+    pool: sqlx::PgPool,
 }
 
 /// Reaches `spec`'s cell: connected and checked, its assets caught up with the home cell's,
@@ -109,10 +111,14 @@ pub async fn reach(shared: &Shared, spec: &CellSpec) -> Result<(Served, Reached)
         reads: assembled.state.reads.clone(),
         app: build_app(assembled.state.clone(), &serving),
         metrics: query_api::metrics::app(assembled.state, serving.target_pending_alert_after()),
-        pool: link.pool,
+        halt: Arc::new(adapters::pg::halt::PgHalt::new(link.pool.clone())),
+        claims: Arc::new(adapters::pg::external_claims::PgExternalClaims::new(
+            link.pool.clone(),
+        )),
         assets,
     };
-    Ok((served, Reached { tasks, probe }))
+    let pool = link.pool;
+    Ok((served, Reached { tasks, probe, pool }))
 }
 
 /// Lays the home cell's stored assets over `cell`'s, when `cell` is not the home cell and the
@@ -190,7 +196,7 @@ pub async fn run(
             }
             Some(parts) => {
                 probes = probes.wrapping_add(1);
-                watch_reached(&shared, &slot, &parts.probe, probes).await;
+                watch_reached(&shared, &slot, parts, probes).await;
             }
         }
     }
@@ -200,8 +206,9 @@ pub async fn run(
 }
 
 /// One probe of a reached cell, and what follows from it.
-async fn watch_reached(shared: &Shared, slot: &CellSlot, probe: &sqlx::PgPool, probes: u32) {
-    let answered = tokio::time::timeout(PROBE_TIMEOUT, sqlx::query("SELECT 1").execute(probe))
+async fn watch_reached(shared: &Shared, slot: &CellSlot, parts: &Reached, probes: u32) {
+    let probe = sqlx::query("SELECT 1").execute(&parts.probe);
+    let answered = tokio::time::timeout(PROBE_TIMEOUT, probe)
         .await
         .is_ok_and(|r| r.is_ok());
     if !answered {
@@ -219,7 +226,7 @@ async fn watch_reached(shared: &Shared, slot: &CellSlot, probe: &sqlx::PgPool, p
     };
     match catch_up(shared, slot.id, &served.assets).await {
         Ok(()) if !slot.is_up() => {
-            sift(&served.pool).await;
+            sift(&parts.pool).await;
             slot.set_up();
             tracing::warn!(cell = %slot.id, "cell's database answers again: it serves again");
         }

@@ -12,9 +12,9 @@ use edge::error::ApiError;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
-use super::fanout::{self, Answers, Position};
-use super::front::Front;
-use super::slot::{self, Refusal};
+use crate::fanout::{self, Answers, Position};
+use crate::route::Front;
+use crate::slot::{self, Refusal};
 
 /// The default and largest page of the admin transfers list (`query-api`'s).
 const TRANSFERS_PAGE_DEFAULT: usize = 50;
@@ -35,7 +35,7 @@ pub enum View {
 
 impl Front {
     /// The fan-out route `method` and `path` name, if any.
-    pub(super) fn admin_view(&self, method: &Method, path: &str) -> Option<View> {
+    pub(crate) fn admin_view(&self, method: &Method, path: &str) -> Option<View> {
         match (method.clone(), path) {
             (Method::GET, "/api/v1/admin/transfers") => Some(View::Transfers),
             (Method::GET, "/api/v1/admin/overview") => Some(View::Overview),
@@ -49,7 +49,7 @@ impl Front {
     }
 
     /// One cell's answer to a GET of `uri`: `None` when the cell is down or saturated.
-    pub(super) async fn ask(
+    pub(crate) async fn ask(
         &self,
         cell: CellId,
         uri: &Uri,
@@ -80,7 +80,7 @@ impl Front {
     }
 
     /// The same GET asked of each of `cells` at once.
-    pub(super) async fn ask_cells(
+    pub(crate) async fn ask_cells(
         &self,
         cells: &[CellId],
         uri: &Uri,
@@ -92,7 +92,7 @@ impl Front {
     }
 
     /// `GET /metrics`: every cell's figures with its `cell` label, and `ledger_cell_up`.
-    pub(super) async fn metrics(&self) -> Response {
+    pub(crate) async fn metrics(&self) -> Response {
         let mut families = Vec::new();
         let mut up = Vec::new();
         for (cell, slot) in self.slots.iter() {
@@ -169,7 +169,7 @@ impl View {
 
 /// A request every cell refused alike (4xx: a bad query, a token refused) is answered with the
 /// first cell's refusal, as one cell would answer it.
-pub(super) fn first_refusal(answers: &Answers) -> Option<Response> {
+pub(crate) fn first_refusal(answers: &Answers) -> Option<Response> {
     answers.values().flatten().find_map(|(status, body)| {
         let status = StatusCode::from_u16(*status).ok()?;
         status
@@ -179,14 +179,14 @@ pub(super) fn first_refusal(answers: &Answers) -> Option<Response> {
 }
 
 /// `name`'s value in `uri`'s query, parsed.
-pub(super) fn query_usize(uri: &Uri, name: &str) -> Option<usize> {
+pub(crate) fn query_usize(uri: &Uri, name: &str) -> Option<usize> {
     query_pairs(uri)
         .into_iter()
         .find(|(k, _)| k == name)
         .and_then(|(_, v)| v.parse().ok())
 }
 
-pub(super) fn query_pairs(uri: &Uri) -> Vec<(String, String)> {
+pub(crate) fn query_pairs(uri: &Uri) -> Vec<(String, String)> {
     Query::<Vec<(String, String)>>::try_from_uri(uri)
         .map(|q| q.0)
         .unwrap_or_default()

@@ -10,18 +10,20 @@
 //! position where it was (so nothing of it is ever skipped) and the page says `partial` and
 //! names it in `cells_down`; the stream goes on with the other cells and asks that one again.
 //!
-//! The front router (`front.rs`) sends an admin's GET of these two paths here; a user's token
+//! The front router (`route.rs`) sends an admin's GET of these two paths here; a user's token
 //! still goes to its own cell, which refuses the feed as today (403). Without a map none of
-//! this runs: `query_api::feed` serves today's bare positions.
+//! this runs: `query_api`'s feed serves today's bare positions. The page size rule and the whole
+//! of the stream but its reads are `query_api::feed_stream`'s, shared with that feed.
 
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::SystemTime;
 
+use application::reads::{event_json, FeedEvent};
+use async_trait::async_trait;
 use axum::extract::{FromRef, Query, State};
 use axum::http::HeaderMap;
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::{Event, Sse};
 use axum::routing::get;
 use axum::{Json, Router};
 use cells::{CellId, FeedCursor};
@@ -29,22 +31,17 @@ use edge::admission::Admission;
 use edge::auth::{AdminUser, JwtKeys};
 use edge::error::ApiError;
 use edge::reads::ReadSide;
-use futures_util::stream::{self, Stream, StreamExt};
-use projections::feed::{event_json, FeedEvent, FEED_PAGE_SIZE_MAX};
-use query_api::{FEED_PAGE_SIZE_DEFAULT, STREAM_POLL_INTERVAL};
+use futures_util::stream::Stream;
+use query_api::feed_stream::{self, page_limit, Sent, StreamSource, STREAM_BATCH_MAX};
 use serde_json::{json, Value};
-use tokio::sync::OwnedSemaphorePermit;
 use tower_http::trace::TraceLayer;
 
-use super::slot::Slots;
+use crate::slot::Slots;
 
 /// The HTTP feed's path.
 pub const EVENTS_PATH: &str = "/api/v1/events";
 /// The SSE feed's path.
 pub const STREAM_PATH: &str = "/api/v1/events/stream";
-
-/// Events each cell is asked for per look by a stream.
-const STREAM_BATCH_MAX: i64 = 500;
 
 /// Every cell's slot (its read side while it serves), the keys that verify an admin's token
 /// and the merged feed's own admission (its stream slots and read turns, shared by every
@@ -141,7 +138,7 @@ pub fn router(feeds: CellFeeds, http: edge::http_server::HttpLimits) -> Router {
             edge::http_server::request_limits,
         ))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
-            crate::router::panic_response,
+            edge::error::panic_response,
         ))
         .layer(TraceLayer::new_for_http())
         .with_state(feeds)
@@ -179,25 +176,6 @@ pub fn cell_event_json(cell: CellId, e: &FeedEvent) -> Value {
     v
 }
 
-fn limit_param(params: &HashMap<String, String>) -> Result<i64, ApiError> {
-    let limit = match params.get("limit") {
-        None => FEED_PAGE_SIZE_DEFAULT,
-        Some(text) => text
-            .parse::<i64>()
-            .ok()
-            .filter(|n| *n >= 0)
-            .ok_or_else(|| {
-                ApiError::BadRequest("`limit` must be a non-negative integer".to_owned())
-            })?,
-    };
-    if limit == 0 || limit > FEED_PAGE_SIZE_MAX {
-        return Err(ApiError::BadRequest(format!(
-            "`limit` must be between 1 and {FEED_PAGE_SIZE_MAX}"
-        )));
-    }
-    Ok(limit)
-}
-
 /// `GET /api/v1/events?after=CURSOR&limit=M` (admin) under a map.
 async fn events(
     State(feeds): State<CellFeeds>,
@@ -205,7 +183,7 @@ async fn events(
     Query(params): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
     let after = feeds.cursor(params.get("after"))?;
-    let limit = limit_param(&params)?;
+    let limit = page_limit(&params)?;
     let (pages, heads) = tokio::join!(feeds.pages(&after, limit), feeds.heads());
     let mut down = Vec::new();
     let mut read = Vec::new();
@@ -252,76 +230,54 @@ async fn stream_events(
     headers: HeaderMap,
     Query(params): Query<HashMap<String, String>>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let resume = headers
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| FeedCursor::parse(v, &feeds.ids()).ok());
+    let resume =
+        feed_stream::last_event_id(&headers).and_then(|v| FeedCursor::parse(v, &feeds.ids()).ok());
     let after = match resume {
         Some(cursor) => cursor,
         None => feeds.cursor(params.get("after"))?,
     };
-    let slot = feeds
-        .admission
-        .event_stream()
-        .map_err(|_| ApiError::Refused(domain::ErrorCode::RateLimitExceeded))?;
-    let left = admin
-        .expires_at
-        .duration_since(SystemTime::now())
-        .unwrap_or_default();
-    let stream = merged_stream(feeds, after, slot).take_until(tokio::time::sleep(left));
-    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+    let admission = Arc::clone(&feeds.admission);
+    feed_stream::serve(
+        Merged {
+            feeds,
+            cursor: after,
+        },
+        admission,
+        &admin,
+    )
 }
 
-/// What a merged stream holds between events.
-struct StreamState {
+/// Every cell's feed for a stream, merged after `cursor`; each event's id is the whole cursor
+/// after it. A cell that cannot be read is asked again at the next look (its position stays,
+/// so nothing of it is skipped), and the stream goes on with the others.
+struct Merged {
     feeds: CellFeeds,
     cursor: FeedCursor,
-    pending: VecDeque<(CellId, FeedEvent)>,
-    _slot: OwnedSemaphorePermit,
 }
 
-/// Every cell's feed after `after`, merged, forever; a cell that cannot be read is asked again
-/// at the next look (its position stays, so nothing of it is skipped).
-fn merged_stream(
-    feeds: CellFeeds,
-    after: FeedCursor,
-    slot: OwnedSemaphorePermit,
-) -> impl Stream<Item = Result<Event, Infallible>> {
-    let state = StreamState {
-        feeds,
-        cursor: after,
-        pending: VecDeque::new(),
-        _slot: slot,
-    };
-    stream::unfold(state, |mut st| async move {
-        loop {
-            if let Some((cell, e)) = st.pending.pop_front() {
-                st.cursor.set(cell, e.position);
-                let event = Event::default()
-                    .id(st.cursor.to_string())
-                    .event(e.event_type.clone())
-                    .data(cell_event_json(cell, &e).to_string());
-                return Some((Ok(event), st));
-            }
-            let admission = Arc::clone(&st.feeds.admission);
-            let Ok(_turn) = admission.read().await else {
-                tokio::time::sleep(STREAM_POLL_INTERVAL).await;
-                continue;
-            };
-            let mut read = Vec::new();
-            for page in st.feeds.pages(&st.cursor, STREAM_BATCH_MAX).await {
-                match page.events {
-                    Ok(events) => read.push((page.cell, events)),
-                    Err(e) => tracing::warn!(cell = %page.cell, error = %e,
-                        "event stream: a cell cannot be read; asked again at the next look"),
-                }
-            }
-            st.pending = merge(read, usize::MAX).into();
-            if st.pending.is_empty() {
-                tokio::time::sleep(STREAM_POLL_INTERVAL).await;
+#[async_trait]
+impl StreamSource for Merged {
+    async fn next_batch(&mut self) -> Result<Vec<Sent>, String> {
+        let mut read = Vec::new();
+        for page in self.feeds.pages(&self.cursor, STREAM_BATCH_MAX).await {
+            match page.events {
+                Ok(events) => read.push((page.cell, events)),
+                Err(e) => tracing::warn!(cell = %page.cell, error = %e,
+                    "event stream: a cell cannot be read; asked again at the next look"),
             }
         }
-    })
+        Ok(merge(read, usize::MAX)
+            .into_iter()
+            .map(|(cell, e)| {
+                self.cursor.set(cell, e.position);
+                Sent {
+                    id: self.cursor.to_string(),
+                    event: e.event_type.clone(),
+                    data: cell_event_json(cell, &e),
+                }
+            })
+            .collect())
+    }
 }
 
 #[cfg(test)]

@@ -49,8 +49,8 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::{self, protocol::frame::coding::CloseCode};
 use tokio_tungstenite::WebSocketStream;
 
-use super::front::Front;
-use super::slot::Refusal;
+use crate::route::Front;
+use crate::slot::Refusal;
 
 /// GraphQL's websocket route.
 pub const WS_PATH: &str = "/graphql/ws";
@@ -66,12 +66,12 @@ type Inner = WebSocketStream<DuplexStream>;
 impl Front {
     /// Whether `path` is GraphQL's websocket route (methods here, so the front router needs no
     /// path into this module: no import circle).
-    pub(super) fn is_ws(path: &str) -> bool {
+    pub(crate) fn is_ws(path: &str) -> bool {
         path == WS_PATH
     }
 
     /// The websocket route's answer (`upgrade`).
-    pub(super) async fn ws_upgrade(&self, req: Request) -> Response {
+    pub(crate) async fn ws_upgrade(&self, req: Request) -> Response {
         upgrade(self, req).await
     }
 }
@@ -80,9 +80,9 @@ impl Front {
 /// cell(s) once its first message names the caller. A request that is not a websocket
 /// handshake of a protocol GraphQL speaks goes to the home cell, which refuses it as one cell
 /// does.
-pub(super) async fn upgrade(front: &Front, req: Request) -> Response {
+pub(crate) async fn upgrade(front: &Front, req: Request) -> Response {
     // `?cell=N`: an admin's socket to cell N alone.
-    let only = match super::checks::named_cell(front, req.uri()) {
+    let only = match crate::checks::named_cell(front, req.uri()) {
         Ok(only) => only,
         Err(refused) => return refused.into_response(),
     };

@@ -7,13 +7,14 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
+use application::external_ids::ExternalClaims;
+use application::stores::HaltFlag;
 use axum::http::header::RETRY_AFTER;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use cells::CellId;
 use serde_json::{json, Value};
-use sqlx::PgPool;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// What a reached cell serves with.
@@ -25,8 +26,10 @@ pub struct Served {
     pub app: Router,
     /// The cell's `/metrics` (its figures, before the `cell` label is added).
     pub metrics: Router,
-    /// The cell's pool (the asset catch-up reads and writes through it).
-    pub pool: PgPool,
+    /// The cell's halt flag (a clear that names no cell reads every cell's).
+    pub halt: Arc<dyn HaltFlag>,
+    /// The external_id claims the cell keeps (`claims.rs`).
+    pub claims: Arc<dyn ExternalClaims>,
     /// The cell's asset settings (reloaded after a catch-up).
     pub assets: application::AssetSettings,
 }
@@ -181,49 +184,4 @@ pub fn healthz(slots: &Slots) -> Response {
     let all_up = slots.values().all(|s| s.is_up());
     let status = if all_up { "ok" } else { "degraded" };
     Json(json!({ "status": status, "cells": cells })).into_response()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn served() -> Served {
-        // Never connected: the slot only hands it out.
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
-            .expect("a lazy pool");
-        let registry = Arc::new(RwLock::new(domain::AssetRegistry::default()));
-        Served {
-            reads: crate::wiring::read_side(&pool),
-            app: Router::new(),
-            metrics: Router::new(),
-            assets: application::AssetSettings::new(
-                std::sync::Arc::new(adapters::pg::assets::PgAssets::new(pool.clone())),
-                registry,
-            ),
-            pool,
-        }
-    }
-
-    #[tokio::test]
-    async fn a_cell_takes_nothing_while_down_and_at_most_its_share_while_up() {
-        let slot = CellSlot::new(CellId::new(2).unwrap(), 2);
-        assert!(matches!(slot.admit(), Err(Refusal::Down)));
-        assert_eq!(slot.describe()["state"], "down");
-        slot.install(served());
-        let first = slot.admit().ok().expect("up");
-        let second = slot.admit().ok().expect("its second slot");
-        assert!(matches!(slot.admit(), Err(Refusal::Saturated)));
-        drop(first);
-        let third = slot.admit().ok().expect("a slot freed");
-        drop((second, third));
-        assert!(slot.set_down(), "it was up");
-        assert!(matches!(slot.admit(), Err(Refusal::Down)));
-        assert!(slot.describe()["down_since"].is_string());
-        slot.set_up();
-        assert!(slot.admit().is_ok());
-        let answer = refused(slot.id, &Refusal::Down);
-        assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(answer.headers()[RETRY_AFTER], "1");
-    }
 }

@@ -14,7 +14,6 @@
 //!   runs, so an id names a run in every cell: without `cell` it is refused (400), not searched
 //!   for, since a search would answer with whichever cell's run has that id.
 
-use application::stores::HaltFlag;
 use axum::extract::Request;
 use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -24,9 +23,9 @@ use domain::ErrorCode;
 use edge::error::ApiError;
 use serde_json::json;
 
-use super::fanout;
-use super::front::Front;
-use super::views::{first_refusal, query_pairs, query_usize};
+use crate::fanout;
+use crate::route::Front;
+use crate::views::{first_refusal, query_pairs, query_usize};
 
 /// The history's page when `limit` is absent (`query_api`'s own default).
 const HISTORY_PAGE_DEFAULT: usize = 50;
@@ -44,7 +43,7 @@ pub enum CheckRoute {
 impl Front {
     /// The check route `method` and `path` name, if any (a method here, so the front router
     /// needs no path into this module: no import circle).
-    pub(super) fn check_route(&self, method: &Method, path: &str) -> Option<CheckRoute> {
+    pub(crate) fn check_route(&self, method: &Method, path: &str) -> Option<CheckRoute> {
         CheckRoute::of(method, path)
     }
 }
@@ -83,7 +82,7 @@ impl CheckRoute {
 
 /// The cell `uri`'s `?cell=N` names: `None` when absent, 400 when malformed, 404 for a cell the
 /// map does not have.
-pub(super) fn named_cell(front: &Front, uri: &Uri) -> Result<Option<CellId>, ApiError> {
+pub(crate) fn named_cell(front: &Front, uri: &Uri) -> Result<Option<CellId>, ApiError> {
     let raw = query_pairs(uri)
         .into_iter()
         .find(|(k, _)| k == "cell")
@@ -105,13 +104,10 @@ pub(super) fn named_cell(front: &Front, uri: &Uri) -> Result<Option<CellId>, Api
 async fn unnamed_clear(front: &Front) -> Response {
     let reads = front.slots.iter().map(|(cell, slot)| async move {
         let halted = match slot.serving() {
-            Some(served) => tokio::time::timeout(
-                HALT_READ_MAX,
-                adapters::pg::halt::PgHalt::new(served.pool.clone()).is_halted(),
-            )
-            .await
-            .ok()
-            .and_then(Result::ok),
+            Some(served) => tokio::time::timeout(HALT_READ_MAX, served.halt.is_halted())
+                .await
+                .ok()
+                .and_then(Result::ok),
             None => None,
         };
         (cell.get(), halted)

@@ -29,6 +29,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use application::external_ids::Claim;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH};
@@ -36,7 +37,7 @@ use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use cells::{CellId, Placement};
-use domain::{ErrorCode, UserId};
+use domain::UserId;
 use edge::auth::{bearer_token, Identity, JwtKeys};
 use edge::config::BODY_BYTES_MAX;
 use edge::error::ApiError;
@@ -44,8 +45,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
-use super::claims::{Claim, Claims};
-use super::slot::{self, Refusal, Slots};
+use crate::claims::Claims;
+use crate::slot::{self, Refusal, Slots};
 
 /// The bulk route (`command_api`'s), which an admin's token may fill with users of many cells.
 const BULK_PATH: &str = "/api/v1/internal_transfers";
@@ -54,9 +55,9 @@ const BULK_PATH: &str = "/api/v1/internal_transfers";
 #[derive(Clone)]
 pub struct Front {
     placement: Placement,
-    pub(super) slots: Slots,
+    pub(crate) slots: Slots,
     home: CellId,
-    pub(super) keys: Arc<JwtKeys>,
+    pub(crate) keys: Arc<JwtKeys>,
     bulk_max: usize,
     claims: Claims,
     /// Whether `/metrics` is served on the API's address (`LEDGER_METRICS_LISTEN=api`).
@@ -110,14 +111,25 @@ impl Front {
         Router::new().fallback(route).with_state(self)
     }
 
+    /// `GET /metrics` of every cell (`views.rs`), for a listener of its own.
+    pub fn metrics_router(self) -> Router {
+        Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let front = self.clone();
+                async move { front.metrics().await }
+            }),
+        )
+    }
+
     /// The cell of `user`.
-    pub(super) fn cell_of(&self, user: UserId) -> CellId {
+    pub(crate) fn cell_of(&self, user: UserId) -> CellId {
         self.placement.cell_of(user)
     }
 
     /// Hands `req` to `cell`'s router and returns its answer; a cell that is down or saturated
     /// is answered here at once (503 naming it), so its requests never wait on its pool.
-    pub(super) async fn forward(&self, cell: CellId, req: Request) -> Response {
+    pub(crate) async fn forward(&self, cell: CellId, req: Request) -> Response {
         let Some(slot) = self.slots.get(&cell) else {
             return ApiError::Internal(format!("no router for cell {cell}")).into_response();
         };
@@ -134,13 +146,13 @@ impl Front {
     }
 
     /// The cells, ascending.
-    pub(super) fn cells(&self) -> impl Iterator<Item = CellId> + '_ {
+    pub(crate) fn cells(&self) -> impl Iterator<Item = CellId> + '_ {
         self.slots.keys().copied()
     }
 
     /// The home cell, or the first cell up while it is down (for the routes any cell answers
     /// alike: the public ones, the asset list).
-    pub(super) fn any_cell(&self) -> CellId {
+    pub(crate) fn any_cell(&self) -> CellId {
         if self.slots[&self.home].is_up() {
             return self.home;
         }
@@ -151,7 +163,7 @@ impl Front {
     }
 
     /// The home cell, where assets are authoritative.
-    pub(super) fn home(&self) -> CellId {
+    pub(crate) fn home(&self) -> CellId {
         self.home
     }
 
@@ -164,7 +176,7 @@ impl Front {
         if let Some(feed) = self
             .feed
             .as_ref()
-            .filter(|_| req.method() == Method::GET && super::feed::is_feed(&path))
+            .filter(|_| req.method() == Method::GET && crate::feed::is_feed(&path))
         {
             return match feed.clone().oneshot(req).await {
                 Ok(response) => response,
@@ -218,17 +230,18 @@ impl Front {
         let (user, external_id) = named(&bytes, admin);
         if let Some(external_id) = external_id {
             match self.claims.claim(&external_id, user).await {
-                Ok(Claim::Held) => {}
-                Ok(Claim::OtherUser(holder)) => {
-                    tracing::warn!(
-                        external_id,
-                        user = user.get(),
-                        holder = holder.get(),
-                        "external_id held by another user; deposit refused"
-                    );
-                    return ApiError::Refused(ErrorCode::IdempotencyKeyReused).into_response();
+                Ok(claim) => {
+                    if let (Some(code), Claim::OtherUser(holder)) = (claim.refusal(), claim) {
+                        tracing::warn!(
+                            external_id,
+                            user = user.get(),
+                            holder = holder.get(),
+                            "external_id held by another user; deposit refused"
+                        );
+                        return ApiError::Refused(code).into_response();
+                    }
                 }
-                Err(super::claims::ClaimError::Down(cell)) => {
+                Err(crate::claims::ClaimError::Down(cell)) => {
                     return slot::refused(cell, &Refusal::Down);
                 }
                 Err(e) => {
