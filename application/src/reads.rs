@@ -339,7 +339,7 @@ pub struct StuckTransfer {
     pub amount: Option<Decimal>,
     pub state: String,
     /// RETRYING, or REFUND_REFUSED: COMPENSATING with a refund the source refused for good,
-    /// which no retry can finish (see ARCHITECTURE.md, "Recovery and manual resolution").
+    /// which no retry can finish (see docs/reference.md, "Recovery and manual resolution").
     pub status: String,
     pub updated_at: DateTime<Utc>,
     pub age_ms: i64,
