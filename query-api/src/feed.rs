@@ -21,6 +21,8 @@ use edge::error::ApiError;
 use edge::routes::Routes;
 use edge::state::AppState;
 
+use crate::feed_events::FeedStreamEvent;
+
 /// Page size when `limit` is not given.
 pub const FEED_PAGE_SIZE_DEFAULT: i64 = 100;
 
@@ -84,18 +86,22 @@ async fn events(
     })))
 }
 
-/// `GET /api/v1/events/stream?after=N` (admin): server-sent events from `position > N` (or after
-/// the `Last-Event-ID` a reconnecting client sends), each with `id` = its position and `event` =
-/// its type, then new events as they are projected.
+/// `GET /api/v1/events/stream?after=N&follow=B` (admin): server-sent events from `position > N`
+/// (or after the `Last-Event-ID` a reconnecting client sends), each with `id` = its position and
+/// `event` = its type, then new events as they are projected; with `follow=false`, the events up
+/// to the feed's head as the request found it, and then the stream ends.
 #[utoipa::path(get, path = "/api/v1/events/stream",
     params(StreamParams,
         ("Last-Event-ID" = Option<String>, Header,
             description = "the last position a reconnecting client received (wins over `after`); \
             under a cell map the cursor it received")),
-    responses((status = 200, description = "server-sent events, endless: each event's `id` is \
-        its position, its `event` its type and its `data` the event as `GET /api/v1/events` \
-        lists it; comments keep the connection alive; the stream ends when the token expires",
-        content_type = "text/event-stream", body = String),
+    responses((status = 200, description = "server-sent events (`text/event-stream`), endless \
+        unless `follow=false`: each event's `id` is its position, its `event` its type (one of \
+        `FeedStreamEvent`'s `event` values) and its `data` the event as `GET /api/v1/events` \
+        lists it, as JSON text (`FeedStreamEvent` gives each event's fields, one schema per \
+        event type); comments keep the connection alive; the stream ends when the token \
+        expires",
+        content_type = "text/event-stream", body = FeedStreamEvent),
         edge::openapi::StreamRefusals))]
 async fn stream_events(
     State(state): State<AppState>,
@@ -112,6 +118,15 @@ async fn stream_events(
         Some(n) => n,
         None => int_param(&params, "after", 0)?,
     };
+    let follow = match params.get("follow").map(String::as_str) {
+        None | Some("true") => true,
+        Some("false") => false,
+        Some(_) => {
+            return Err(ApiError::BadRequest(
+                "`follow` must be true or false".into(),
+            ))
+        }
+    };
     let slot = state
         .admission
         .event_stream()
@@ -122,17 +137,23 @@ async fn stream_events(
         .expires_at
         .duration_since(SystemTime::now())
         .unwrap_or_default();
-    let stream = feed_stream(state, after, None, slot).take_until(tokio::time::sleep(left));
+    // Not following: the events there are now, up to the head as read here.
+    let until = match follow {
+        true => None,
+        false => Some(state.reads.feed_head().await.map_err(db_error)?),
+    };
+    let stream = feed_stream(state, after, until, slot).take_until(tokio::time::sleep(left));
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
 
-/// Feed events after `after` as SSE events, forever; waits [`STREAM_POLL_INTERVAL`] whenever
-/// it has sent everything there is, or the read side is busy. A database error ends the stream
-/// (the client reconnects with `Last-Event-ID`). `slot` is held as long as the stream lives.
+/// Feed events after `after` as SSE events, forever, or up to position `until` when given;
+/// waits [`STREAM_POLL_INTERVAL`] whenever it has sent everything there is, or the read side is
+/// busy. A database error ends the stream (the client reconnects with `Last-Event-ID`). `slot`
+/// is held as long as the stream lives.
 fn feed_stream(
     app: AppState,
     after: i64,
-    user_id: Option<i64>,
+    until: Option<i64>,
     slot: OwnedSemaphorePermit,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let state = (app, after, Vec::<FeedEvent>::new().into_iter(), slot);
@@ -140,6 +161,9 @@ fn feed_stream(
         let (app, mut after, mut pending, slot) = state?;
         loop {
             if let Some(e) = pending.next() {
+                if until.is_some_and(|u| e.position > u) {
+                    return None;
+                }
                 after = e.position;
                 let event = Event::default()
                     .id(e.position.to_string())
@@ -147,11 +171,14 @@ fn feed_stream(
                     .data(event_json(&e).to_string());
                 return Some((Ok(event), Some((app, after, pending, slot))));
             }
+            if until.is_some_and(|u| after >= u) {
+                return None;
+            }
             let Ok(_turn) = app.admission.read().await else {
                 tokio::time::sleep(STREAM_POLL_INTERVAL).await;
                 continue;
             };
-            let read = app.reads.feed_after(after, STREAM_BATCH_MAX, user_id);
+            let read = app.reads.feed_after(after, STREAM_BATCH_MAX, None);
             match read.await {
                 Ok(rows) if rows.is_empty() => tokio::time::sleep(STREAM_POLL_INTERVAL).await,
                 Ok(rows) => pending = rows.into_iter(),
@@ -181,15 +208,18 @@ pub struct FeedParams {
     pub limit: Option<i64>,
 }
 
-/// `GET /api/v1/events/stream`' query and headers.
+/// `GET /api/v1/events/stream`' query.
 #[allow(dead_code)]
 #[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct StreamParams {
     /// Events with a position above this one (0 when absent; `Last-Event-ID` wins). Under a cell
     /// map a cursor of one position per cell, `1:5120,2:4987,3:5011` (contract §8.1).
     #[param(minimum = 0)]
-    #[into_params(parameter_in = Query)]
     pub after: Option<i64>,
+    /// `true` (the default): after the events there are, wait for new ones, endlessly. `false`:
+    /// the events up to the feed's head as the request finds it, then the stream ends.
+    pub follow: Option<bool>,
 }
 
 /// A page of the feed.
