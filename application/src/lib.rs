@@ -57,7 +57,9 @@ pub use drive::{Resumed, StillOpen};
 pub use error::StoreError;
 pub use failpoint::{FailPoint, FailPoints, UnknownFailPoint};
 pub use horizon::{Horizon, HorizonConfig};
-pub use ledger::{Ledger, RateGate, RequestError, Stores, Unlimited};
+pub use ledger::accounts::{AccountError, DepositRequest, Deposited, StatusSet};
+pub use ledger::requests::RequestError;
+pub use ledger::{Ledger, RateGate, Stores, Unlimited};
 pub use ports::{
     CidClaim, ClientKey, ClientKeys, Clock, Commit, Creation, CreationOutcome, DailyReservations,
     LeaseRequest, Leases, Rekeyed, SystemClock, TransferLog,

@@ -47,7 +47,15 @@ pub enum RepairError {
     /// transfer. Nothing is recorded; credit the account first.
     #[error("the FUNDING account holds {available}, the repair must withdraw {amount}")]
     InsufficientFunding { available: Decimal, amount: Decimal },
-    /// spot-core could not answer (down, or the req_id is past its idempotency horizon).
+    /// The req_id is older than spot-core's idempotency horizon: spot-core has forgotten its
+    /// records and refuses it for good, so no repair of it can ever read what moved. Not
+    /// worth a retry; left to an engineer, from the audit's report and spot-core's archived WAL.
+    #[error(
+        "the req_id is older than spot-core's idempotency horizon ({horizon_ms} ms): spot-core \
+         has forgotten its records, so no repair can ever re-record it"
+    )]
+    PastHorizon { horizon_ms: u64 },
+    /// spot-core could not answer (down, or an unexpected answer); a retry may succeed.
     #[error("spot-core could not answer: {0}")]
     SpotUnavailable(String),
     #[error("the operator and the reason must not be empty")]
@@ -76,6 +84,25 @@ pub struct RepairOutcome {
     pub operator: String,
     pub reason: String,
     pub requested_at: DateTime<Utc>,
+}
+
+/// Why spot-core's record of `req_id` could not be read: the req_id is past spot-core's
+/// idempotency horizon (as spot-core's status says it now; a repair that can never succeed), or
+/// spot-core could not answer (one that may, later).
+async fn lookup_failed(
+    spot: &dyn SpotBook,
+    req_id: &str,
+    e: crate::books::SpotError,
+) -> RepairError {
+    let created_ms = crate::horizon::ulid_time_ms(req_id);
+    match spot.core_status().await {
+        Ok(status) if created_ms.is_some_and(|ms| ms < status.horizon_ms) => {
+            RepairError::PastHorizon {
+                horizon_ms: status.horizon_ms,
+            }
+        }
+        _ => RepairError::SpotUnavailable(e.to_string()),
+    }
 }
 
 /// The transfer spot-core's applied movement implies.
@@ -266,10 +293,11 @@ fn row_transfer(row: &Row) -> Result<NewTransfer, CoordinatorError> {
 
 /// What spot-core applied under `req_id`, as the transfer that made it.
 async fn implied_transfer(spot: &dyn SpotBook, req_id: &ReqId) -> Result<Implied, RepairError> {
-    let record = spot
-        .record_of(&req_id.to_string())
-        .await
-        .map_err(|e| RepairError::SpotUnavailable(e.to_string()))?;
+    let text = req_id.to_string();
+    let record = match spot.record_of(&text).await {
+        Ok(record) => record,
+        Err(e) => return Err(lookup_failed(spot, &text, e).await),
+    };
     let (op, (from, to)) = match record.applied.as_slice() {
         [] => return Err(RepairError::NothingApplied),
         [one] => match one.operation {

@@ -27,7 +27,9 @@ pub fn routes() -> Routes {
     Routes::new().api(Method::POST, "/api/v1/admin/repairs/{req_id}", repair)
 }
 
-/// `POST /api/v1/admin/repairs/{req_id}`: re-records a transfer a failover lost.
+/// `POST /api/v1/admin/repairs/{req_id}`: re-records a transfer a failover lost. A req_id past
+/// spot-core's idempotency horizon is 409 NOT_REPAIRABLE (no retry can read its record); 503
+/// only when spot-core could not answer.
 #[utoipa::path(post, path = "/api/v1/admin/repairs/{req_id}",
     params(edge::openapi::TransferPath),
     request_body = RepairBody,
@@ -67,7 +69,9 @@ fn repair_refusal(e: RepairError) -> ApiError {
             format!("{message}: the recovery worker resumes it, or resolve it by hand"),
         ),
         RepairError::NothingApplied => ApiError::because(ErrorCode::NothingToRepair, message),
-        RepairError::NotRepairable(_) => ApiError::because(ErrorCode::NotRepairable, message),
+        RepairError::NotRepairable(_) | RepairError::PastHorizon { .. } => {
+            ApiError::because(ErrorCode::NotRepairable, message)
+        }
         RepairError::InsufficientFunding { .. } => {
             ApiError::because(ErrorCode::InsufficientFunding, message)
         }

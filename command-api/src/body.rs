@@ -7,7 +7,7 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, StatusCode};
-use domain::{Amount, ErrorCode, UserId};
+use domain::{ErrorCode, UserId};
 use edge::config::BODY_BYTES_MAX;
 use edge::error::ApiError;
 use serde_json::{Map, Value};
@@ -96,15 +96,6 @@ impl Fields {
             Some(Value::String(s)) => Ok(Some(s)),
             Some(_) => Err(ApiError::BadRequest(format!("`{name}` must be a string"))),
         }
-    }
-}
-
-/// An amount must arrive as a JSON string: a JSON number has already passed through a float in
-/// many clients, so it is refused rather than guessed at.
-pub(crate) fn parse_amount(value: &Value) -> Result<Amount, ApiError> {
-    match value {
-        Value::String(text) => Ok(Amount::parse(text)?),
-        _ => Err(ApiError::Refused(ErrorCode::InvalidAmount)),
     }
 }
 

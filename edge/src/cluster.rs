@@ -18,29 +18,36 @@
 //! replica answers as leader"). [`Cluster::record_failovers`] takes them every second and writes
 //! them into the cell's `failovers`, keeping them while the database does not answer (it is
 //! failing over when they happen).
+//!
+//! The parts: `views.rs` (the shapes answered), `describe.rs` (the view read now),
+//! `patroni.rs` (a PostgreSQL member's Patroni), `record.rs` (the observations written into
+//! `failovers`); this file holds `Cluster`, its members and the figures.
+
+mod describe;
+mod patroni;
+mod record;
+mod views;
 
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
-use application::reads::{FailoverRecord, FailoverRecords, StoredFailover};
+use application::reads::FailoverRecords;
 use cells::{MemberKind, MemberSpec};
-use chrono::{DateTime, Utc};
-use schema::failover::{self, PatroniUrl, Servers};
-use serde::Serialize;
-use serde_json::Value;
+use schema::failover::{self, Servers};
 use spot_core::client::{ReplicaAnswer, SpotClient};
-use spot_core::protocol::{CoreStatus, ReplicationStatus, Request, Response};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use utoipa::ToSchema;
+use spot_core::protocol::CoreStatus;
+
+use views::rfc3339;
+pub use views::{
+    CellHa, CellsView, FailoverView, HaFigures, Leaderless, MemberView, SpotFollower,
+    SpotReplication,
+};
 
 /// How long one member may take to say its role.
 pub const MEMBER_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How often the observations are written into `failovers`.
 pub const RECORD_INTERVAL: Duration = Duration::from_secs(1);
-
-/// Most observations kept unwritten while the database does not answer.
-const PENDING_MAX: usize = 1024;
 
 /// One cell's HA view and observations. Cheap to share (`Arc`).
 pub struct Cluster {
@@ -57,112 +64,6 @@ impl std::fmt::Debug for Cluster {
             .field("spot", &self.spot.as_ref().map(SpotClient::addr))
             .finish_non_exhaustive()
     }
-}
-
-/// `GET /api/v1/admin/cells`: every cell's members and roles, replication and last failover.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct CellsView {
-    pub cells: Vec<CellHa>,
-    /// Under a cell map: whether a cell did not answer (it is then in `down_cells`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub partial: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub down_cells: Option<Vec<u16>>,
-}
-
-/// One cell.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct CellHa {
-    pub cell: u16,
-    /// Whether the cell runs under HA: its database URL names several hosts or Patroni, or its
-    /// spot-core several replicas.
-    pub ha: bool,
-    pub members: Vec<MemberView>,
-    /// The spot-core leader's view of its followers (a replicated cell whose leader answered).
-    pub spot_replication: Option<SpotReplication>,
-    /// The newest row of the cell's `failovers`.
-    pub last_failover: Option<FailoverView>,
-    /// What this process has no leader of now, and since when.
-    pub leaderless: Vec<Leaderless>,
-}
-
-/// One member and its role now.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct MemberView {
-    /// `postgres` or `spot-core`.
-    pub kind: String,
-    pub name: String,
-    pub address: String,
-    /// `leader`, `standby` (PostgreSQL), `follower` (spot-core), `down`, or `unknown` (a
-    /// PostgreSQL node without a Patroni URL that the pool does not use).
-    pub role: String,
-    /// PostgreSQL: Patroni's `state` (`running`, `starting`, ...).
-    pub state: Option<String>,
-    /// PostgreSQL standby: whether Patroni names it the synchronous standby.
-    pub sync: Option<bool>,
-    /// spot-core leader: its epoch.
-    pub epoch: Option<u64>,
-    /// PostgreSQL standby: bytes of WAL it has not received from the leader.
-    pub lag_bytes: Option<i64>,
-    /// PostgreSQL standby: seconds since it last replayed, while it is behind (0 caught up).
-    pub lag_seconds: Option<f64>,
-    /// spot-core follower: records behind the leader.
-    pub lag_records: Option<u64>,
-    /// Why the role is `down` or `unknown`.
-    pub error: Option<String>,
-}
-
-/// A replicated spot-core leader's `status` → `replication`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct SpotReplication {
-    pub epoch: u64,
-    /// Replicas holding everything acknowledged (the leader included): 3 whole, 2 with no
-    /// spare, below 2 no movement is acknowledged.
-    pub acknowledging: u32,
-    pub followers: Vec<SpotFollower>,
-}
-
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct SpotFollower {
-    pub name: String,
-    pub acked_seq: u64,
-    /// Records behind the leader's last seq.
-    pub lag: u64,
-}
-
-/// A row of `failovers`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct FailoverView {
-    /// RFC 3339, UTC.
-    pub at: String,
-    /// `postgres` or `spot-core`.
-    pub kind: String,
-    pub from_member: Option<String>,
-    pub to_member: String,
-    pub epoch: Option<i64>,
-    pub cause: String,
-    pub observed_by: String,
-}
-
-/// This process has found no leader of `kind` since `since`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Leaderless {
-    pub kind: String,
-    /// RFC 3339, UTC.
-    pub since: String,
-    pub seconds: f64,
-}
-
-/// What `/metrics` reports of HA.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct HaFigures {
-    /// `ledger_pg_sync_standbys`: only for a database under Patroni or over several hosts.
-    pub pg_sync_standbys: Option<i64>,
-    /// `ledger_spot_core_replicas_acknowledging`: only for a replicated cell; the leader's
-    /// count, at most the replicas that answer a `hello` now (0 when no leader answered).
-    pub spot_acknowledging: Option<u32>,
-    /// `ledger_failover_leaderless_seconds{kind}`: each kind this process follows a leader of.
-    pub leaderless_seconds: Vec<(&'static str, f64)>,
 }
 
 impl Cluster {
@@ -253,174 +154,6 @@ impl Cluster {
             .into_iter()
             .find(|m| m.kind == kind && m.address == address)
             .map_or_else(|| address.to_owned(), |m| m.name)
-    }
-
-    /// The cell's view now: every member asked its role at once (each within
-    /// [`MEMBER_TIMEOUT`]), the spot-core leader's replication, the last failover.
-    pub async fn describe(&self, cell: u16) -> CellHa {
-        let members = self.members();
-        let pg: Vec<&MemberSpec> = members
-            .iter()
-            .filter(|m| m.kind == MemberKind::Postgres)
-            .collect();
-        let spot: Vec<&MemberSpec> = members
-            .iter()
-            .filter(|m| m.kind == MemberKind::SpotCore)
-            .collect();
-        let (pg_views, (spot_views, replication), last_failover) = tokio::join!(
-            self.describe_postgres(&pg),
-            self.describe_spot(&spot),
-            self.last_failover()
-        );
-        CellHa {
-            cell,
-            ha: self.pg_ha() || self.spot_replicated(),
-            members: pg_views.into_iter().chain(spot_views).collect(),
-            spot_replication: replication,
-            last_failover,
-            leaderless: self.leaderless(),
-        }
-    }
-
-    async fn describe_postgres(&self, members: &[&MemberSpec]) -> Vec<MemberView> {
-        let asked = members.iter().map(|m| async move {
-            match patroni_of(m, self.servers().as_deref()) {
-                Some(url) => (*m, Some(get_patroni(&url).await)),
-                None => (*m, None),
-            }
-        });
-        let answers = futures_util::future::join_all(asked).await;
-        // The leader's WAL position and its replication rows, for the standbys' lag and sync.
-        let leader = answers.iter().find_map(|(_, a)| match a {
-            Some(Ok(v)) if is_primary(v) => Some(v.clone()),
-            _ => None,
-        });
-        let in_use = self
-            .database_url
-            .as_deref()
-            .and_then(failover::primary_in_use);
-        let single = members.len() == 1;
-        let mut out = Vec::with_capacity(answers.len());
-        for (m, answer) in answers {
-            let mut view = MemberView::new(m);
-            match answer {
-                Some(Ok(v)) => patroni_view(&mut view, &v, leader.as_ref(), SystemTime::now()),
-                Some(Err(e)) => {
-                    view.role = "down".into();
-                    view.error = Some(e);
-                }
-                None if single || in_use.as_deref() == Some(m.address.as_str()) => {
-                    match self.db_writable().await {
-                        Ok(true) => view.role = "leader".into(),
-                        Ok(false) => view.role = "standby".into(),
-                        Err(e) => {
-                            view.role = "down".into();
-                            view.error = Some(e);
-                        }
-                    }
-                }
-                None => {
-                    view.role = "unknown".into();
-                    view.error = Some("no Patroni URL for this node".into());
-                }
-            }
-            out.push(view);
-        }
-        out
-    }
-
-    async fn db_writable(&self) -> Result<bool, String> {
-        let Some(records) = &self.records else {
-            return Err("no database".into());
-        };
-        let asked = records.writable();
-        match tokio::time::timeout(MEMBER_TIMEOUT, asked).await {
-            Ok(Ok(w)) => Ok(w),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("no answer in time".into()),
-        }
-    }
-
-    // long: one cell's spot-core members described from their hellos and the leader's status, read top to bottom.
-    async fn describe_spot(
-        &self,
-        members: &[&MemberSpec],
-    ) -> (Vec<MemberView>, Option<SpotReplication>) {
-        let Some(spot) = &self.spot else {
-            let views = members
-                .iter()
-                .map(|m| {
-                    let mut v = MemberView::new(m);
-                    v.role = "unknown".into();
-                    v
-                })
-                .collect();
-            return (views, None);
-        };
-        let asked = members.iter().map(|m| async move {
-            if spot.replicated() {
-                (*m, spot.probe_replica(&m.address, MEMBER_TIMEOUT).await)
-            } else {
-                // A single engine: its `ping` (through the client, with its token).
-                let pinged = tokio::time::timeout(MEMBER_TIMEOUT, spot.call(&Request::Ping {}));
-                let answer = match pinged.await {
-                    Ok(Ok(_)) => ReplicaAnswer::Leader { epoch: 0 },
-                    Ok(Err(e)) => ReplicaAnswer::Down {
-                        error: e.to_string(),
-                    },
-                    Err(_) => ReplicaAnswer::Down {
-                        error: "no answer in time".into(),
-                    },
-                };
-                (*m, answer)
-            }
-        });
-        let answers = futures_util::future::join_all(asked).await;
-        let answering = answers
-            .iter()
-            .filter(|(_, a)| !matches!(a, ReplicaAnswer::Down { .. }))
-            .count();
-        let replication = if spot.replicated() {
-            // At most the replicas that answer, as `/metrics` reports it (`replicas_answering`).
-            leader_status(spot)
-                .await
-                .and_then(|c| c.replication)
-                .map(|mut r| {
-                    r.acknowledging = r
-                        .acknowledging
-                        .min(u32::try_from(answering).unwrap_or(u32::MAX));
-                    r
-                })
-        } else {
-            None
-        };
-        let views = answers
-            .into_iter()
-            .map(|(m, answer)| {
-                let mut view = MemberView::new(m);
-                match answer {
-                    ReplicaAnswer::Leader { epoch } => {
-                        view.role = "leader".into();
-                        view.epoch = (epoch > 0).then_some(epoch);
-                    }
-                    ReplicaAnswer::Follower { .. } => {
-                        view.role = "follower".into();
-                        view.lag_records = replication.as_ref().and_then(|r| {
-                            r.followers
-                                .iter()
-                                .find(|f| f.name == m.name || f.name == m.address)
-                                .map(|f| f.lag)
-                        });
-                    }
-                    ReplicaAnswer::Down { error } => {
-                        view.role = "down".into();
-                        view.error = Some(error);
-                    }
-                }
-                view
-            })
-            .collect();
-        (views, replication.map(SpotReplication::from))
     }
 
     /// The newest row of `failovers`; `None` when there is none or the database did not answer.
@@ -523,292 +256,14 @@ impl Cluster {
         let asked = self.records.as_ref()?.sync_standbys();
         tokio::time::timeout(MEMBER_TIMEOUT, asked).await.ok()?.ok()
     }
-
-    /// Writes every leader change this process observes into the cell's `failovers`, every
-    /// [`RECORD_INTERVAL`], keeping what could not be written for the next time. Runs until
-    /// dropped.
-    pub async fn record_failovers(self: Arc<Self>) {
-        let observed_by = observer_name();
-        let mut pending: Vec<FailoverRecord> = Vec::new();
-        loop {
-            tokio::time::sleep(RECORD_INTERVAL).await;
-            pending.extend(self.take_observations());
-            if pending.len() > PENDING_MAX {
-                let excess = pending.len() - PENDING_MAX;
-                pending.drain(..excess);
-            }
-            if pending.is_empty() {
-                continue;
-            }
-            let Some(records) = &self.records else {
-                pending.clear();
-                continue;
-            };
-            match insert_failovers(&**records, &pending, &observed_by).await {
-                Ok(()) => {
-                    for f in &pending {
-                        tracing::warn!(kind = f.kind, from = ?f.from, to = %f.to, epoch = ?f.epoch,
-                            cause = %f.cause, "failover recorded");
-                    }
-                    pending.clear();
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, pending = pending.len(),
-                        "failovers not recorded yet (the database does not answer); kept for the next try")
-                }
-            }
-        }
-    }
-
-    fn take_observations(&self) -> Vec<FailoverRecord> {
-        let mut out = Vec::new();
-        if let Some(url) = &self.database_url {
-            for m in failover::take_moves(url) {
-                out.push(FailoverRecord {
-                    at: m.at,
-                    kind: MemberKind::Postgres.as_str(),
-                    from: m.from.map(|f| self.name_of(MemberKind::Postgres, &f)),
-                    to: self.name_of(MemberKind::Postgres, &m.to),
-                    epoch: None,
-                    cause: m.cause,
-                });
-            }
-        }
-        if let Some(spot) = &self.spot {
-            for c in spot.take_leader_changes() {
-                let from = c.from.map(|f| self.name_of(MemberKind::SpotCore, &f));
-                let to = self.name_of(MemberKind::SpotCore, &c.to);
-                let cause = match &from {
-                    Some(f) if *f == to => {
-                        format!("{to} leads again, at a higher epoch {}", c.epoch)
-                    }
-                    Some(f) => format!(
-                        "{f} no longer answered as the leader; {to} answered as the leader of epoch {}",
-                        c.epoch
-                    ),
-                    None => format!("{to} answered as the leader of epoch {}", c.epoch),
-                };
-                out.push(FailoverRecord {
-                    at: c.at,
-                    kind: MemberKind::SpotCore.as_str(),
-                    from,
-                    to,
-                    epoch: Some(c.epoch),
-                    cause,
-                });
-            }
-        }
-        out
-    }
-}
-
-/// Writes `rows` in one transaction, giving up after 5 s (the database may be failing over).
-async fn insert_failovers(
-    records: &dyn FailoverRecords,
-    rows: &[FailoverRecord],
-    observed_by: &str,
-) -> Result<(), String> {
-    match tokio::time::timeout(Duration::from_secs(5), records.record(rows, observed_by)).await {
-        Ok(written) => written.map_err(|e| e.to_string()),
-        Err(_) => Err("no answer in time".into()),
-    }
-}
-
-/// `ledger <pid>@<host>`.
-fn observer_name() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "unknown-host".into());
-    format!("ledger {}@{host}", std::process::id())
-}
-
-impl From<StoredFailover> for FailoverView {
-    fn from(r: StoredFailover) -> Self {
-        Self {
-            at: r.at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-            kind: r.kind,
-            from_member: r.from_member,
-            to_member: r.to_member,
-            epoch: r.epoch,
-            cause: r.cause,
-            observed_by: r.observed_by,
-        }
-    }
-}
-
-impl From<ReplicationStatus> for SpotReplication {
-    fn from(r: ReplicationStatus) -> Self {
-        Self {
-            epoch: r.epoch,
-            acknowledging: r.acknowledging,
-            followers: r
-                .followers
-                .into_iter()
-                .map(|f| SpotFollower {
-                    name: f.name,
-                    acked_seq: f.acked_seq,
-                    lag: f.lag,
-                })
-                .collect(),
-        }
-    }
-}
-
-impl MemberView {
-    fn new(m: &MemberSpec) -> Self {
-        Self {
-            kind: m.kind.as_str().to_owned(),
-            name: m.name.clone(),
-            address: m.address.clone(),
-            role: "unknown".into(),
-            state: None,
-            sync: None,
-            epoch: None,
-            lag_bytes: None,
-            lag_seconds: None,
-            lag_records: None,
-            error: None,
-        }
-    }
-}
-
-fn rfc3339(at: SystemTime) -> String {
-    DateTime::<Utc>::from(at).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
-
-/// The spot-core leader's `status` through the client (it goes to the leader).
-async fn leader_status(spot: &SpotClient) -> Option<CoreStatus> {
-    let asked = tokio::time::timeout(MEMBER_TIMEOUT, spot.call(&Request::Status {}));
-    match asked.await {
-        Ok(Ok(Response::Ok { core, .. })) => core,
-        _ => None,
-    }
-}
-
-/// A PostgreSQL member's Patroni: its `control`, else the URL's `patroni` for its host.
-fn patroni_of(m: &MemberSpec, servers: Option<&Servers>) -> Option<PatroniUrl> {
-    if let Some(control) = &m.control {
-        return PatroniUrl::parse(control).ok();
-    }
-    let servers = servers?;
-    let list = servers.patroni.as_ref()?;
-    (0..servers.options.len())
-        .find(|i| servers.host(*i) == m.address)
-        .map(|i| list[i].clone())
-}
-
-/// Whether Patroni's `GET /patroni` answer is a running primary's.
-fn is_primary(v: &Value) -> bool {
-    matches!(v["role"].as_str(), Some("master" | "primary"))
-}
-
-/// Fills `view` from its Patroni's answer `v`, with the leader's answer for the lag.
-fn patroni_view(view: &mut MemberView, v: &Value, leader: Option<&Value>, now: SystemTime) {
-    view.state = v["state"].as_str().map(str::to_owned);
-    if is_primary(v) {
-        view.role = "leader".into();
-        return;
-    }
-    view.role = match v["role"].as_str() {
-        Some("replica" | "standby_leader") => "standby",
-        Some("uninitialized") | None => "down",
-        Some(_) => "standby",
-    }
-    .into();
-    if view.state.as_deref() != Some("running") {
-        view.error = view.state.clone().map(|s| format!("PostgreSQL is {s}"));
-    }
-    view.sync = Some(v["sync_standby"].as_bool().unwrap_or(false));
-    if let Some(leader) = leader {
-        // A standby the leader names as synchronous in its replication rows.
-        let named_sync = leader["replication"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|r| {
-                r["application_name"].as_str() == Some(view.name.as_str())
-                    && matches!(r["sync_state"].as_str(), Some("sync" | "quorum"))
-            });
-        if named_sync {
-            view.sync = Some(true);
-        }
-        let at = leader["xlog"]["location"].as_i64();
-        let got = v["xlog"]["received_location"]
-            .as_i64()
-            .or_else(|| v["xlog"]["replayed_location"].as_i64());
-        if let (Some(at), Some(got)) = (at, got) {
-            let behind = (at - got).max(0);
-            view.lag_bytes = Some(behind);
-            let replayed = v["xlog"]["replayed_location"].as_i64().unwrap_or(got);
-            view.lag_seconds = Some(if replayed >= at {
-                0.0
-            } else {
-                v["xlog"]["replayed_timestamp"]
-                    .as_str()
-                    .and_then(parse_patroni_time)
-                    .map_or(0.0, |t| {
-                        now.duration_since(t).unwrap_or_default().as_secs_f64()
-                    })
-            });
-        }
-    }
-}
-
-/// Patroni's timestamps: `2024-05-01 10:00:00.123456+00:00` (PostgreSQL's text form).
-fn parse_patroni_time(text: &str) -> Option<SystemTime> {
-    let parsed = DateTime::parse_from_rfc3339(text)
-        .or_else(|_| DateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f%:z"))
-        .or_else(|_| DateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f%#z"))
-        .ok()?;
-    Some(SystemTime::from(parsed.with_timezone(&Utc)))
-}
-
-/// `GET /patroni` of `url` as JSON, within [`MEMBER_TIMEOUT`]: HTTP/1.0 on a fresh connection,
-/// read to its end (Patroni answers and closes).
-async fn get_patroni(url: &PatroniUrl) -> Result<Value, String> {
-    let asked = async {
-        let mut stream = tokio::net::TcpStream::connect((url.host.as_str(), url.port))
-            .await
-            .map_err(|e| format!("Patroni at {}:{}: {e}", url.host, url.port))?;
-        let request = format!(
-            "GET /patroni HTTP/1.0\r\nHost: {}:{}\r\nUser-Agent: ledger\r\nAccept: application/json\r\n\r\n",
-            url.host, url.port
-        );
-        stream
-            .write_all(request.as_bytes())
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut answer = Vec::with_capacity(2048);
-        (&mut stream)
-            .take(256 * 1024)
-            .read_to_end(&mut answer)
-            .await
-            .map_err(|e| e.to_string())?;
-        parse_http_json(&answer)
-    };
-    tokio::time::timeout(MEMBER_TIMEOUT, asked)
-        .await
-        .map_err(|_| {
-            format!(
-                "Patroni at {}:{} did not answer in time",
-                url.host, url.port
-            )
-        })?
-}
-
-/// The JSON body of an HTTP answer (any status: Patroni answers `/patroni` with 503 on a node
-/// whose PostgreSQL is not running, with the same body).
-fn parse_http_json(answer: &[u8]) -> Result<Value, String> {
-    let split = answer
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or("an HTTP answer without a body")?;
-    serde_json::from_slice(&answer[split + 4..]).map_err(|e| format!("Patroni's answer: {e}"))
 }
 
 #[cfg(test)]
 mod tests {
+    use super::patroni::{parse_http_json, parse_patroni_time, patroni_of, patroni_view};
     use super::*;
+    use application::reads::{FailoverRecord, StoredFailover};
+    use chrono::{DateTime, Utc};
     use serde_json::json;
 
     fn spec(kind: MemberKind, name: &str) -> MemberSpec {

@@ -222,8 +222,9 @@ async fn events(
     Ok(Json(body))
 }
 
-/// `GET /api/v1/events/stream?after=CURSOR` (admin) under a map: the merged feed as server-sent
-/// events, each `id` the whole cursor after that event (what `Last-Event-ID` resumes from).
+/// `GET /api/v1/events/stream?after=CURSOR&follow=B` (admin) under a map: the merged feed as
+/// server-sent events, each `id` the whole cursor after that event (what `Last-Event-ID` resumes
+/// from); with `follow=false`, every cell's events up to its head when the stream was opened.
 async fn stream_events(
     State(feeds): State<CellFeeds>,
     admin: AdminUser,
@@ -236,15 +237,27 @@ async fn stream_events(
         Some(cursor) => cursor,
         None => feeds.cursor(params.get("after"))?,
     };
+    // Not following: every cell's events up to its head as read here (a cell that cannot be
+    // read now has nothing more to send).
+    let until = match feed_stream::follow(&params)? {
+        true => None,
+        false => {
+            let mut until = after.clone();
+            for (cell, head) in feeds.heads().await {
+                if let Ok(head) = head {
+                    until.set(cell, head.max(after.get(cell)));
+                }
+            }
+            Some(until)
+        }
+    };
     let admission = Arc::clone(&feeds.admission);
-    feed_stream::serve(
-        Merged {
-            feeds,
-            cursor: after,
-        },
-        admission,
-        &admin,
-    )
+    let merged = Merged {
+        feeds,
+        cursor: after,
+        until,
+    };
+    feed_stream::serve(merged, admission, &admin)
 }
 
 /// Every cell's feed for a stream, merged after `cursor`; each event's id is the whole cursor
@@ -253,20 +266,33 @@ async fn stream_events(
 struct Merged {
     feeds: CellFeeds,
     cursor: FeedCursor,
+    /// Each cell's head when a stream that does not follow was opened.
+    until: Option<FeedCursor>,
 }
 
 #[async_trait]
 impl StreamSource for Merged {
-    async fn next_batch(&mut self) -> Result<Vec<Sent>, String> {
+    async fn next_batch(&mut self) -> Result<Option<Vec<Sent>>, String> {
+        if let Some(until) = &self.until {
+            let ids = self.feeds.ids();
+            if ids.iter().all(|&c| self.cursor.get(c) >= until.get(c)) {
+                return Ok(None);
+            }
+        }
         let mut read = Vec::new();
         for page in self.feeds.pages(&self.cursor, STREAM_BATCH_MAX).await {
             match page.events {
-                Ok(events) => read.push((page.cell, events)),
+                Ok(mut events) => {
+                    if let Some(until) = &self.until {
+                        events.retain(|e| e.position <= until.get(page.cell));
+                    }
+                    read.push((page.cell, events));
+                }
                 Err(e) => tracing::warn!(cell = %page.cell, error = %e,
                     "event stream: a cell cannot be read; asked again at the next look"),
             }
         }
-        Ok(merge(read, usize::MAX)
+        let sent = merge(read, usize::MAX)
             .into_iter()
             .map(|(cell, e)| {
                 self.cursor.set(cell, e.position);
@@ -276,7 +302,8 @@ impl StreamSource for Merged {
                     data: cell_event_json(cell, &e),
                 }
             })
-            .collect())
+            .collect();
+        Ok(Some(sent))
     }
 }
 

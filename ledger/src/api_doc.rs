@@ -188,6 +188,39 @@ mod tests {
     }
 
     #[test]
+    fn the_feed_streams_events_are_documented_as_events() {
+        let doc = document();
+        let get = &doc["paths"]["/api/v1/events/stream"]["get"];
+        let content = &get["responses"]["200"]["content"]["text/event-stream"]["schema"];
+        assert_eq!(
+            content["$ref"], "#/components/schemas/FeedStreamEvent",
+            "{content}"
+        );
+        let events = doc["components"]["schemas"]["FeedStreamEvent"]["oneOf"]
+            .as_array()
+            .unwrap();
+        let names: Vec<_> = events
+            .iter()
+            .map(|e| e["properties"]["event"]["enum"][0].as_str().unwrap())
+            .collect();
+        assert!(names.contains(&"TransferCommitted") && names.contains(&"ExternalDeposited"));
+        for event in events {
+            let data = &event["properties"]["data"]["contentSchema"]["allOf"][0]["$ref"];
+            let name = data.as_str().unwrap().rsplit('/').next().unwrap();
+            assert!(doc["components"]["schemas"][name].is_object(), "{name}");
+        }
+        // The stream ends when asked not to follow: what a schema-driven client (and
+        // scripts/schemathesis) reads to the end.
+        let follow = get["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "follow")
+            .unwrap();
+        assert_eq!(follow["in"], "query");
+    }
+
+    #[test]
     fn the_schema_says_what_the_server_checks() {
         let doc = document();
         let schemas = &doc["components"]["schemas"];

@@ -15,7 +15,9 @@ use domain::UserId;
 use edge::auth::mint;
 
 use crate::settings::options::{spot_address, Millis};
-use crate::settings::{DatabaseSettings, Flags, SecretSettings, Settings};
+use crate::settings::{
+    DatabaseFlags, DatabaseSettings, Flags, OtelFlags, SecretFlags, SecretSettings, Settings,
+};
 use crate::spot_child::SPOT_TOKEN_FILE;
 
 #[derive(Debug, Parser)]
@@ -25,10 +27,12 @@ use crate::spot_child::SPOT_TOKEN_FILE;
     about = "Event-sourced internal-transfer ledger"
 )]
 pub struct Cli {
-    /// Everything configurable, from flags or the environment (see `settings.rs`), read once
+    /// The `OTEL_*` settings, which every command reads (global). The other settings are the
+    /// groups each command declares for itself (`settings/flags.rs`), so each `--help` lists
+    /// only what that command reads; [`Command::flags`] gathers them, and they are read once
     /// into `Settings` before the command runs.
     #[command(flatten)]
-    pub flags: Flags,
+    pub otel: OtelFlags,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -44,7 +48,7 @@ pub enum Command {
     /// Print a token minted with LEDGER_JWT_SECRET or the data dir's stored secret.
     Token(TokenArgs),
     /// Apply the database migrations and exit.
-    Migrate,
+    Migrate(MigrateArgs),
     /// Rebuild every projection from the event log into fresh tables and report whether they
     /// equal the live ones; or show one transfer / one user's balances as of a position or time.
     Replay(crate::replay::ReplayArgs),
@@ -64,6 +68,58 @@ pub enum Command {
     SpotCore(Box<spot_core::Args>),
 }
 
+impl Command {
+    /// The settings this command declared (the groups it does not take at their defaults),
+    /// with the global `OTEL_*` ones.
+    pub fn flags(&self, otel: &OtelFlags) -> Flags {
+        let flags = Flags {
+            otel: otel.clone(),
+            ..Flags::default()
+        };
+        match self {
+            Command::Up(args) => Flags {
+                pg_search: args.pg_search.clone(),
+                ..Flags::serving(&args.settings, otel)
+            },
+            Command::Serve(args) => Flags::serving(&args.settings, otel),
+            Command::Token(args) => Flags {
+                secrets: args.secrets.clone(),
+                ..flags
+            },
+            Command::Migrate(args) => Flags {
+                database: args.database.clone(),
+                ..flags
+            },
+            Command::Replay(args) => Flags {
+                database: args.database.clone(),
+                ..flags
+            },
+            Command::Relay(args) => Flags {
+                cells: args.cell_map.clone(),
+                database: args.database.clone(),
+                ..flags
+            },
+            Command::Tail(args) => Flags {
+                cells: args.cell_map.clone(),
+                ..flags
+            },
+            Command::Audit(args) => Flags {
+                database: args.database.clone(),
+                secrets: args.secrets.clone(),
+                ..flags
+            },
+            Command::Log(command) => command.flags(otel),
+            Command::SpotCore(_) => flags,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    #[command(flatten)]
+    pub database: DatabaseFlags,
+}
+
 #[derive(Debug, Args)]
 pub struct AuditArgs {
     /// Check from the start of history instead of the stored checkpoint (stores nothing).
@@ -78,6 +134,10 @@ pub struct AuditArgs {
     /// How long one spot-core call may take.
     #[arg(long = "spot-timeout-ms", default_value_t = Millis(config::SPOT_TIMEOUT_DEFAULT))]
     pub spot_timeout: Millis,
+    #[command(flatten)]
+    pub database: DatabaseFlags,
+    #[command(flatten)]
+    pub secrets: SecretFlags,
 }
 
 /// `ledger audit`'s exit status when the check cannot run.
@@ -98,6 +158,8 @@ pub struct TokenArgs {
     /// The data dir whose stored secret to use when LEDGER_JWT_SECRET is unset.
     #[arg(long, default_value = "./.ledger")]
     pub data_dir: PathBuf,
+    #[command(flatten)]
+    pub secrets: SecretFlags,
 }
 
 /// Logs go to stderr, filtered by RUST_LOG (default `info`), so stdout carries only what a
@@ -113,7 +175,7 @@ pub fn init_tracing(
 /// parse stops every command (`ledger audit` with its "cannot run" status). The engine run
 /// in-process (`ledger spot-core`) reports its own spans, as `spot-core`.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    let settings = Settings::from_flags(&cli.flags);
+    let settings = Settings::from_flags(&cli.command.flags(&cli.otel));
     let _traces = match (&cli.command, &settings) {
         (Command::SpotCore(args), _) => spot_core::init_tracing_with(args)?,
         (_, Ok(settings)) => init_tracing(settings.traces.as_ref())?,
@@ -154,7 +216,7 @@ async fn run_command(command: Command, settings: Settings) -> anyhow::Result<()>
             None => crate::serve::serve(args, &settings).await,
         },
         Command::Token(args) => token(args, &settings.secrets),
-        Command::Migrate => migrate(&settings.database).await,
+        Command::Migrate(_) => migrate(&settings.database).await,
         Command::Replay(args) => crate::replay::run(args, &settings.database).await,
         Command::Relay(args) => crate::relay_cli::relay(args, &settings).await,
         Command::Tail(args) => crate::relay_cli::tail(args, settings.cells.as_ref()).await,
@@ -297,9 +359,8 @@ mod tests {
     fn serve_requires_a_spot_url() {
         assert!(Cli::try_parse_from(["ledger", "serve"]).is_err());
         assert!(Cli::try_parse_from(["ledger", "serve", "--spot-url", "127.0.0.1:7001"]).is_ok());
-        // Under a cell map each cell's spot-core is in the map. (clap checks the requirement
-        // before it carries a global flag given ahead of the subcommand into it, so the map is
-        // named after `serve` or in LEDGER_CELL_MAP.)
+        // Under a cell map each cell's spot-core is in the map (`--cell-map` after `serve`, or
+        // LEDGER_CELL_MAP).
         assert!(Cli::try_parse_from(["ledger", "serve", "--cell-map", "c.toml"]).is_ok());
     }
 
@@ -331,5 +392,81 @@ mod tests {
             panic!("not token");
         };
         assert_eq!((args.user, args.admin, args.ttl_secs), (5, true, 60));
+    }
+
+    /// The long help of subcommand `path` (`["log", "export-checkpoints"]`).
+    fn help_of(path: &[&str]) -> String {
+        let mut command = Cli::command();
+        command.build();
+        let mut sub = &mut command;
+        for name in path {
+            sub = sub.find_subcommand_mut(name).expect("a subcommand");
+        }
+        sub.render_long_help().to_string()
+    }
+
+    #[test]
+    fn each_subcommand_shows_only_the_settings_it_reads() {
+        let server_only = [
+            "--rate-per-second",
+            "--recovery-stale-ms",
+            "--http-connections-max",
+            "--metrics-listen",
+        ];
+        for path in [
+            &["verify"][..],
+            &["token"],
+            &["migrate"],
+            &["replay"],
+            &["relay"],
+            &["tail"],
+            &["audit"],
+            &["log-key"],
+            &["log", "export-checkpoints"],
+        ] {
+            let help = help_of(path);
+            for flag in server_only {
+                assert!(!help.contains(flag), "{path:?} shows {flag}:\n{help}");
+            }
+            // Every command reports traces.
+            assert!(help.contains("--otel-exporter-otlp-endpoint"), "{path:?}");
+        }
+        for path in [["serve"], ["up"]] {
+            let help = help_of(&path);
+            for flag in server_only {
+                assert!(help.contains(flag), "{path:?} lacks {flag}");
+            }
+        }
+        assert!(help_of(&["up"]).contains("--pg-default-addr"));
+        assert!(!help_of(&["serve"]).contains("--pg-default-addr"));
+        assert!(!help_of(&["tail"]).contains("--database-url"));
+        assert!(help_of(&["tail"]).contains("--cell-map"));
+        assert!(help_of(&["migrate"]).contains("--database-url"));
+        assert!(!help_of(&["migrate"]).contains("--cell-map"));
+        assert!(help_of(&["log-key"]).contains("--log-signing-key-file"));
+        assert!(!help_of(&["log-key"]).contains("--database-url"));
+    }
+
+    #[test]
+    fn a_subcommands_settings_reach_its_flags() {
+        let cli = Cli::try_parse_from([
+            "ledger",
+            "serve",
+            "--spot-url",
+            "127.0.0.1:7001",
+            "--rate-per-second",
+            "3",
+            "--database-url",
+            "postgres://h/d",
+        ])
+        .unwrap();
+        let flags = cli.command.flags(&cli.otel);
+        assert_eq!(flags.server.rate_per_second.as_deref(), Some("3"));
+        assert_eq!(
+            flags.database.database_url.as_deref(),
+            Some("postgres://h/d")
+        );
+        // A setting of another command's is no flag of this one.
+        assert!(Cli::try_parse_from(["ledger", "tail", "--rate-per-second", "3"]).is_err());
     }
 }

@@ -18,7 +18,8 @@ use tlog::{Signer, Verifier};
 use tlog_follower::verify::{verify, OutsideNote};
 use tlog_follower::FollowerConfig;
 
-use crate::settings::Settings;
+use crate::settings::options::{CheckpointStream, NatsServer};
+use crate::settings::{CellFlags, DatabaseFlags, Flags, LogFlags, OtelFlags, Settings};
 
 /// `ledger verify`'s exit status when it cannot run (no key, no database): neither "holds" (0)
 /// nor "differs" (1), as `ledger audit`'s.
@@ -45,7 +46,11 @@ pub enum LogCommand {
 #[derive(Debug, Subcommand)]
 pub enum LogSubcommand {
     /// Write every signed checkpoint to FILE, one JSON object `{"size", "note"}` a line.
-    ExportCheckpoints { file: PathBuf },
+    ExportCheckpoints {
+        file: PathBuf,
+        #[command(flatten)]
+        database: DatabaseFlags,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -61,17 +66,21 @@ pub struct VerifyArgs {
     /// `up` with --nats), read back from the NATS server of --nats.
     #[arg(long)]
     pub from_stream: bool,
-    /// The NATS server of --from-stream.
-    #[arg(long = "nats", env = "LEDGER_NATS_URL", requires = "from_stream")]
-    pub nats: Option<String>,
-    /// The checkpoint stream of --from-stream.
-    #[arg(long = "checkpoint-stream", env = "LEDGER_LOG_CHECKPOINT_STREAM",
-          default_value = relay::checkpoints::CHECKPOINT_STREAM_DEFAULT)]
-    pub checkpoint_stream: String,
+    // The NATS server and the checkpoint stream of --from-stream.
+    #[command(flatten)]
+    pub nats: NatsServer,
+    #[command(flatten)]
+    pub checkpoint_stream: CheckpointStream,
     /// Under a cell map: the cell whose log to verify (its database from the map, the key of
     /// LEDGER_LOG_SIGNING_KEY_FILE's identity for that cell, its subject on the stream).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     pub cell: Option<u16>,
+    #[command(flatten)]
+    pub cell_map: CellFlags,
+    #[command(flatten)]
+    pub database: DatabaseFlags,
+    #[command(flatten)]
+    pub log: LogFlags,
 }
 
 #[derive(Debug, Args)]
@@ -83,6 +92,34 @@ pub struct LogKeyArgs {
     /// The new key's name: the log's origin (with --generate).
     #[arg(long, requires = "generate")]
     pub origin: Option<String>,
+    #[command(flatten)]
+    pub log: LogFlags,
+}
+
+impl LogCommand {
+    /// The settings this command declared, with the global `OTEL_*` ones.
+    pub fn flags(&self, otel: &OtelFlags) -> Flags {
+        let flags = Flags {
+            otel: otel.clone(),
+            ..Flags::default()
+        };
+        match self {
+            LogCommand::Verify(args) => Flags {
+                cells: args.cell_map.clone(),
+                database: args.database.clone(),
+                log: args.log.clone(),
+                ..flags
+            },
+            LogCommand::Log(LogSubcommand::ExportCheckpoints { database, .. }) => Flags {
+                database: database.clone(),
+                ..flags
+            },
+            LogCommand::LogKey(args) => Flags {
+                log: args.log.clone(),
+                ..flags
+            },
+        }
+    }
 }
 
 /// Runs one of the log's commands.
@@ -99,7 +136,9 @@ pub async fn run(command: LogCommand, settings: &Settings) -> anyhow::Result<()>
             };
             std::process::exit(code)
         }
-        LogCommand::Log(LogSubcommand::ExportCheckpoints { file }) => export(&file, settings).await,
+        LogCommand::Log(LogSubcommand::ExportCheckpoints { file, .. }) => {
+            export(&file, settings).await
+        }
         LogCommand::LogKey(args) => log_key(args, settings),
     }
 }
@@ -163,16 +202,24 @@ pub(crate) fn checkpoint_target(
 async fn read_stream(args: &VerifyArgs, cell: Option<u16>) -> anyhow::Result<Vec<OutsideNote>> {
     let url = args
         .nats
-        .as_deref()
+        .url()
         .context("--from-stream needs --nats URL or LEDGER_NATS_URL")?;
     let subject = relay::checkpoints::subject(cell);
-    let notes = relay::checkpoints::read_back(url, &args.checkpoint_stream, &subject)
+    let notes = relay::checkpoints::read_back(url, &args.checkpoint_stream.name, &subject)
         .await
-        .with_context(|| format!("read the checkpoints of stream {}", args.checkpoint_stream))?;
+        .with_context(|| {
+            format!(
+                "read the checkpoints of stream {}",
+                args.checkpoint_stream.name
+            )
+        })?;
     Ok(notes
         .into_iter()
         .map(|n| OutsideNote {
-            source: format!("stream {} sequence {}", args.checkpoint_stream, n.sequence),
+            source: format!(
+                "stream {} sequence {}",
+                args.checkpoint_stream.name, n.sequence
+            ),
             note: n.note,
         })
         .collect())
@@ -328,7 +375,7 @@ async fn verify_command(args: VerifyArgs, settings: &Settings) -> anyhow::Result
         println!(
             "{} checkpoints read back from stream {}",
             outside.len() - from_files,
-            args.checkpoint_stream
+            args.checkpoint_stream.name
         );
     }
     let pool = log_database(settings, args.cell).await?;

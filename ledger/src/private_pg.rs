@@ -28,11 +28,11 @@ pub const INSTALL_HINT: &str = "apt-get install -y postgresql";
 pub struct PgSearch {
     /// The PostgreSQL `ledger up` uses when DATABASE_URL is unset, if it answers (HOST:PORT;
     /// default 127.0.0.1:5432); otherwise `up` runs a private cluster under its data dir.
-    #[arg(long, global = true, env = "LEDGER_PG_DEFAULT_ADDR")]
+    #[arg(long, env = "LEDGER_PG_DEFAULT_ADDR")]
     pub pg_default_addr: Option<String>,
     /// Directories (`:`-separated) searched for PostgreSQL's `initdb`, `pg_ctl` and `postgres`
     /// for that private cluster, instead of `pg_config --bindir` and /usr/lib/postgresql/*/bin.
-    #[arg(long, global = true, env = "LEDGER_PG_BINDIR_SEARCH")]
+    #[arg(long, env = "LEDGER_PG_BINDIR_SEARCH")]
     pub pg_bindir_search: Option<String>,
 }
 

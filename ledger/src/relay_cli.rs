@@ -10,27 +10,30 @@ use clap::Args;
 
 use cells::{CellId, CellMap, FeedCursor, Placement};
 
-use crate::settings::options::RelayOptions;
-use crate::settings::Settings;
+use crate::settings::options::{EventStream, NatsServer, RelayOptions};
+use crate::settings::{CellFlags, DatabaseFlags, Settings};
 
 #[derive(Debug, Args)]
 pub struct RelayArgs {
     #[command(flatten)]
     pub relay: RelayOptions,
+    #[command(flatten)]
+    pub cell_map: CellFlags,
+    #[command(flatten)]
+    pub database: DatabaseFlags,
 }
 
+/// The NATS server `ledger tail` reads when none is given: a local one.
+pub const NATS_URL_LOCAL: &str = "nats://127.0.0.1:4222";
+
+/// `ledger tail`'s arguments. The NATS server is nats://127.0.0.1:4222 unless `--nats` or
+/// LEDGER_NATS_URL says otherwise.
 #[derive(Debug, Args)]
 pub struct TailArgs {
-    /// NATS server.
-    #[arg(
-        long = "nats",
-        env = "LEDGER_NATS_URL",
-        default_value = "nats://127.0.0.1:4222"
-    )]
-    pub nats: String,
-    /// The stream to read.
-    #[arg(long = "stream", env = "LEDGER_RELAY_STREAM", default_value = relay::STREAM_DEFAULT)]
-    pub stream: String,
+    #[command(flatten)]
+    pub nats: NatsServer,
+    #[command(flatten)]
+    pub stream: EventStream,
     /// A durable consumer: JetStream remembers what was acknowledged and resumes after it.
     /// Ephemeral when absent.
     #[arg(long)]
@@ -53,6 +56,8 @@ pub struct TailArgs {
     /// Exit after printing this many events.
     #[arg(long)]
     pub limit: Option<u64>,
+    #[command(flatten)]
+    pub cell_map: CellFlags,
 }
 
 /// `ledger relay`: one relay (standby until it holds the stream's lock) until ctrl-c / SIGTERM;
@@ -144,8 +149,8 @@ pub async fn tail(args: TailArgs, map: Option<&CellMap>) -> anyhow::Result<()> {
         bail!("--after-cursor is for a cell map; without one use --after-position");
     }
     let config = relay::tail::TailConfig {
-        nats_url: args.nats,
-        stream: args.stream,
+        nats_url: args.nats.url().unwrap_or(NATS_URL_LOCAL).to_owned(),
+        stream: args.stream.name,
         durable: args.durable,
         from_sequence: args.from_sequence,
         after_position: args.after_position,
@@ -173,8 +178,8 @@ async fn tail_cells(args: TailArgs, map: &CellMap) -> anyhow::Result<()> {
     let configs = ids
         .iter()
         .map(|&cell| relay::tail::TailConfig {
-            nats_url: args.nats.clone(),
-            stream: relay::cell_stream(&args.stream, cell.get()),
+            nats_url: args.nats.url().unwrap_or(NATS_URL_LOCAL).to_owned(),
+            stream: relay::cell_stream(&args.stream.name, cell.get()),
             durable: args.durable.clone(),
             from_sequence: args.from_sequence,
             after_position: Some(after.get(cell)).filter(|p| *p > 0),

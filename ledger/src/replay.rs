@@ -26,6 +26,8 @@ pub struct ReplayArgs {
     /// Keep the rebuilt tables (schema `replay_<timestamp>`) for inspection.
     #[arg(long)]
     pub keep: bool,
+    #[command(flatten)]
+    pub database: crate::settings::DatabaseFlags,
 }
 
 /// Runs the command; a full replay that finds a difference fails.

@@ -14,9 +14,10 @@ use domain::UserId;
 use edge::auth::mint;
 use tokio::net::TcpListener;
 
+use crate::private_pg::PgSearch;
 use crate::router::serve_with_shutdown;
 use crate::settings::options::{spot_address, Millis, RelayOptions, SpotStorage};
-use crate::settings::{MetricsListen, Settings};
+use crate::settings::{MetricsListen, ServingFlags, Settings};
 use crate::spot_child::{child_exit, stored_or_generated_spot_token, SpotChild, SPOT_TOKEN_FILE};
 use crate::startup::{shutdown_signal, Background, LogDatabase, Serving};
 use crate::wiring::{Assembled, Wiring};
@@ -54,6 +55,10 @@ pub struct UpArgs {
     /// Passed to the spot-core child: its snapshot and WAL settings.
     #[command(flatten)]
     pub spot_storage: SpotStorage,
+    #[command(flatten)]
+    pub pg_search: PgSearch,
+    #[command(flatten)]
+    pub settings: ServingFlags,
 }
 
 #[derive(Debug, Args)]
@@ -74,6 +79,8 @@ pub struct ServeArgs {
     /// The event relay to NATS JetStream, run in-process when `--nats` is given.
     #[command(flatten)]
     pub relay: RelayOptions,
+    #[command(flatten)]
+    pub settings: ServingFlags,
 }
 
 /// The core wired with everything the settings configure (limits, the fail point, the

@@ -23,7 +23,8 @@ use liveness::TcpLiveness;
 use recovery::RecoveryConfig;
 
 pub use flags::{
-    Flags, CELL_IN_FLIGHT_MAX_ENV, CELL_MAP_ENV, DAILY_AMOUNT_MAX_ENV, DAILY_COUNT_MAX_ENV,
+    CellFlags, DatabaseFlags, Flags, LogFlags, OtelFlags, SecretFlags, ServerFlags, ServingFlags,
+    CELL_IN_FLIGHT_MAX_ENV, CELL_MAP_ENV, DAILY_AMOUNT_MAX_ENV, DAILY_COUNT_MAX_ENV,
     RATE_PER_SECOND_ENV,
 };
 
@@ -158,7 +159,8 @@ impl Settings {
             cells: flags.cell_map()?,
             database: DatabaseSettings {
                 url: flags.database_url(),
-                url_given: (flags.database_url.as_deref()).is_some_and(|u| !u.trim().is_empty()),
+                url_given: (flags.database.database_url.as_deref())
+                    .is_some_and(|u| !u.trim().is_empty()),
                 pg_search: flags.pg_search.clone(),
                 liveness: flags.db_liveness(),
             },
@@ -170,6 +172,7 @@ impl Settings {
                 limits: flags.limits()?,
                 frequency: flags.frequency()?,
                 bulk_max: flags
+                    .server
                     .bulk_transfers_max
                     .unwrap_or(application::bulk::TRANSFERS_PER_REQUEST_MAX_DEFAULT),
             },
@@ -186,13 +189,16 @@ impl Settings {
             spot_liveness: flags.spot_liveness(),
             log: LogSettings {
                 signing_key_file: flags
+                    .log
                     .log_signing_key_file
                     .clone()
                     .filter(|p| !p.as_os_str().is_empty()),
                 checkpoint_events: flags
+                    .server
                     .log_checkpoint_events
                     .unwrap_or(tlog_follower::follower::CHECKPOINT_EVENTS_DEFAULT),
                 checkpoint_interval: flags
+                    .server
                     .log_checkpoint_ms
                     .map(Duration::from_millis)
                     .unwrap_or(tlog_follower::follower::CHECKPOINT_INTERVAL_DEFAULT),
@@ -276,7 +282,9 @@ mod tests {
         )
         .unwrap();
         let flags = Flags {
-            cell_map: Some(good),
+            cells: CellFlags {
+                cell_map: Some(good),
+            },
             ..Flags::default()
         };
         let map = Settings::from_flags(&flags).unwrap().cells.unwrap();
@@ -290,7 +298,9 @@ mod tests {
         )
         .unwrap();
         let flags = Flags {
-            cell_map: Some(gap),
+            cells: CellFlags {
+                cell_map: Some(gap),
+            },
             ..Flags::default()
         };
         let refused = format!("{:#}", Settings::from_flags(&flags).unwrap_err());
@@ -303,10 +313,14 @@ mod tests {
 
     #[test]
     fn each_cells_bulkhead_is_a_setting_with_todays_share_as_default() {
-        let shared = Settings::from_flags(&Flags {
-            http_connections_max: Some(300),
+        let server = |server: ServerFlags| Flags {
+            server,
             ..Flags::default()
-        })
+        };
+        let shared = Settings::from_flags(&server(ServerFlags {
+            http_connections_max: Some(300),
+            ..ServerFlags::default()
+        }))
         .unwrap();
         assert_eq!(shared.http.cell_in_flight_max(3), 100);
         assert_eq!(
@@ -316,17 +330,17 @@ mod tests {
                 .cell_in_flight_max(3),
             HttpLimits::default().connections_max / 3
         );
-        let set = Settings::from_flags(&Flags {
+        let set = Settings::from_flags(&server(ServerFlags {
             http_connections_max: Some(300),
             cell_in_flight_max: Some(7),
-            ..Flags::default()
-        })
+            ..ServerFlags::default()
+        }))
         .unwrap();
         assert_eq!(set.http.cell_in_flight_max(3), 7);
-        let refused = Settings::from_flags(&Flags {
+        let refused = Settings::from_flags(&server(ServerFlags {
             cell_in_flight_max: Some(0),
-            ..Flags::default()
-        })
+            ..ServerFlags::default()
+        }))
         .unwrap_err()
         .to_string();
         assert!(refused.contains(CELL_IN_FLIGHT_MAX_ENV), "{refused}");
@@ -335,7 +349,10 @@ mod tests {
     #[test]
     fn a_value_that_does_not_parse_names_its_variable() {
         let flags = Flags {
-            rate_per_second: Some("ten".into()),
+            server: ServerFlags {
+                rate_per_second: Some("ten".into()),
+                ..ServerFlags::default()
+            },
             ..Flags::default()
         };
         let refused = Settings::from_flags(&flags).unwrap_err().to_string();

@@ -21,6 +21,7 @@ use edge::reads::ReadSide;
 use edge::routes::Routes;
 use edge::state::AppState;
 
+use crate::feed_events::FeedStreamEvent;
 use crate::feed_stream::{self, page_limit, Sent, StreamSource, STREAM_BATCH_MAX};
 
 /// The feed's routes; merged into the application router.
@@ -72,18 +73,22 @@ async fn events(
     })))
 }
 
-/// `GET /api/v1/events/stream?after=N` (admin): server-sent events from `position > N` (or after
-/// the `Last-Event-ID` a reconnecting client sends), each with `id` = its position and `event` =
-/// its type, then new events as they are projected.
+/// `GET /api/v1/events/stream?after=N&follow=B` (admin): server-sent events from `position > N`
+/// (or after the `Last-Event-ID` a reconnecting client sends), each with `id` = its position and
+/// `event` = its type, then new events as they are projected; with `follow=false`, the events up
+/// to the feed's head as the request found it, and then the stream ends.
 #[utoipa::path(get, path = "/api/v1/events/stream",
     params(StreamParams,
         ("Last-Event-ID" = Option<String>, Header,
             description = "the last position a reconnecting client received (wins over `after`); \
             under a cell map the cursor it received")),
-    responses((status = 200, description = "server-sent events, endless: each event's `id` is \
-        its position, its `event` its type and its `data` the event as `GET /api/v1/events` \
-        lists it; comments keep the connection alive; the stream ends when the token expires",
-        content_type = "text/event-stream", body = String),
+    responses((status = 200, description = "server-sent events (`text/event-stream`), endless \
+        unless `follow=false`: each event's `id` is its position, its `event` its type (one of \
+        `FeedStreamEvent`'s `event` values) and its `data` the event as `GET /api/v1/events` \
+        lists it, as JSON text (`FeedStreamEvent` gives each event's fields, one schema per \
+        event type); comments keep the connection alive; the stream ends when the token \
+        expires",
+        content_type = "text/event-stream", body = FeedStreamEvent),
         edge::openapi::StreamRefusals))]
 async fn stream_events(
     State(state): State<AppState>,
@@ -98,39 +103,53 @@ async fn stream_events(
         Some(n) => n,
         None => int_param(&params, "after", 0)?,
     };
+    // Not following: the events there are now, up to the head as read here.
+    let until = match feed_stream::follow(&params)? {
+        true => None,
+        false => Some(state.reads.feed_head().await.map_err(db_error)?),
+    };
     let source = Positions {
         reads: state.reads.clone(),
         after,
+        until,
     };
     feed_stream::serve(source, state.admission.clone(), &admin)
 }
 
-/// One database's feed for a stream: its dense positions after `after`, each event's id its
-/// position.
+/// One database's feed for a stream: its dense positions after `after` (up to `until` when the
+/// stream does not follow), each event's id its position.
 struct Positions {
     reads: ReadSide,
     after: i64,
+    until: Option<i64>,
 }
 
 #[async_trait]
 impl StreamSource for Positions {
-    async fn next_batch(&mut self) -> Result<Vec<Sent>, String> {
-        let rows = self
+    async fn next_batch(&mut self) -> Result<Option<Vec<Sent>>, String> {
+        if self.until.is_some_and(|u| self.after >= u) {
+            return Ok(None);
+        }
+        let mut rows = self
             .reads
             .feed_after(self.after, STREAM_BATCH_MAX, None)
             .await
             .map_err(|e| e.to_string())?;
+        if let Some(until) = self.until {
+            rows.retain(|e| e.position <= until);
+        }
         if let Some(last) = rows.last() {
             self.after = last.position;
         }
-        Ok(rows
-            .iter()
-            .map(|e| Sent {
-                id: e.position.to_string(),
-                event: e.event_type.clone(),
-                data: event_json(e),
-            })
-            .collect())
+        Ok(Some(
+            rows.iter()
+                .map(|e| Sent {
+                    id: e.position.to_string(),
+                    event: e.event_type.clone(),
+                    data: event_json(e),
+                })
+                .collect(),
+        ))
     }
 }
 

@@ -2,8 +2,8 @@
 //! (`feed.rs`), or under a cell map every cell's feed merged behind a cursor (`front::feed`).
 //! The page size rule of `GET /api/v1/events`, and the whole of `GET /api/v1/events/stream`
 //! but its reads: where a reconnecting client resumes (`Last-Event-ID` wins over `after`), the
-//! stream's slot, its read turns, its polling when there is nothing new, and its end when the
-//! token that opened it expires (the client reconnects with a fresh one). A feed gives only its
+//! stream's slot, its read turns, its polling when there is nothing new, `follow=false`'s end at
+//! the head, and its end when the token that opened it expires (the client reconnects with a fresh one). A feed gives only its
 //! cursor and its next batch ([`StreamSource`]).
 
 use std::collections::HashMap;
@@ -67,9 +67,22 @@ pub struct Sent {
 #[async_trait]
 pub trait StreamSource: Send + 'static {
     /// The next events after the position, at most [`STREAM_BATCH_MAX`] (of each cell), in
-    /// feed order; empty when there is nothing new. An error ends the stream (the client
-    /// reconnects with `Last-Event-ID`, so nothing is skipped).
-    async fn next_batch(&mut self) -> Result<Vec<Sent>, String>;
+    /// feed order; empty when there is nothing new yet; `None` when a stream that does not
+    /// follow has sent everything up to the head it was opened at. An error ends the stream (the
+    /// client reconnects with `Last-Event-ID`, so nothing is skipped).
+    async fn next_batch(&mut self) -> Result<Option<Vec<Sent>>, String>;
+}
+
+/// The stream's `follow`: `true` (the default) keeps it open for new events; `false` ends it
+/// at the head it found when it was opened. Anything else is BAD_REQUEST.
+pub fn follow(params: &HashMap<String, String>) -> Result<bool, ApiError> {
+    match params.get("follow").map(String::as_str) {
+        None | Some("true") => Ok(true),
+        Some("false") => Ok(false),
+        Some(_) => Err(ApiError::BadRequest(
+            "`follow` must be true or false".into(),
+        )),
+    }
 }
 
 /// The `Last-Event-ID` a reconnecting client sent, if any.
@@ -132,8 +145,11 @@ fn events<S: StreamSource>(
                 continue;
             };
             match st.source.next_batch().await {
-                Ok(batch) if batch.is_empty() => tokio::time::sleep(STREAM_POLL_INTERVAL).await,
-                Ok(batch) => st.pending = batch.into_iter(),
+                Ok(None) => return None,
+                Ok(Some(batch)) if batch.is_empty() => {
+                    tokio::time::sleep(STREAM_POLL_INTERVAL).await;
+                }
+                Ok(Some(batch)) => st.pending = batch.into_iter(),
                 Err(e) => {
                     tracing::warn!(error = %e, "event stream ends: feed unreadable");
                     return None;

@@ -11,6 +11,7 @@ pub(crate) mod admin_cells;
 pub(crate) mod admin_views;
 pub mod console;
 pub(crate) mod feed;
+pub mod feed_events;
 pub mod feed_stream;
 pub(crate) mod gauges;
 pub mod graphql;

@@ -58,16 +58,13 @@ pub(crate) async fn get_transfer(
         return Err(ApiError::NotFound);
     };
     let req_id = ReqId::parse(&raw).map_err(|_| ApiError::NotFound)?;
+    // Another user's transfer is indistinguishable from a missing one (the core's decision).
     let data = state
         .ledger
-        .transfer(&req_id)
+        .users_transfer(user.user_id, &req_id)
         .await
         .map_err(coordinator_error)?
         .ok_or(ApiError::NotFound)?;
-    // Another user's transfer is indistinguishable from a missing one.
-    if data.user_id != user.user_id {
-        return Err(ApiError::NotFound);
-    }
     let (failure_code, failure_message) = match &data.failure {
         Some((code, _)) => {
             let code = refusal_code(code);

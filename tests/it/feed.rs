@@ -364,3 +364,43 @@ async fn event_stream_sends_each_event_with_its_position_as_id() {
         assert!(text.contains(&format!("event: {kind}")), "{text}");
     }
 }
+
+/// `follow=false`: the events up to the head the request found, then the stream ends (what a
+/// schema-driven client, `scripts/schemathesis` among them, reads to its end); a bad value is
+/// BAD_REQUEST.
+#[tokio::test]
+async fn an_event_stream_not_following_ends_at_the_head() {
+    let api = ApiStack::start().await;
+    let admin = api.token(1, true);
+    api.stack.deposit(4, "USDT", "10").await;
+    api.stack
+        .transfer(4, AccountType::Funding, AccountType::Spot, "USDT", "1")
+        .await;
+    let stream = |query: &'static str| {
+        api.http
+            .get(format!("{}/api/v1/events/stream?{query}", api.base))
+            .bearer_auth(&admin)
+            .send()
+    };
+    let resp = stream("after=2&follow=false").await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = tokio::time::timeout(Duration::from_secs(20), resp.text())
+        .await
+        .expect("the stream ends")
+        .unwrap();
+    let ids: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("id: "))
+        .collect();
+    assert_eq!(ids, ["3", "4", "5", "6"], "{text}");
+    assert!(text.contains("event: TransferCommitted"), "{text}");
+    // Past the head: nothing, and the end at once.
+    let resp = stream("after=6&follow=false").await.unwrap();
+    let text = tokio::time::timeout(Duration::from_secs(20), resp.text())
+        .await
+        .expect("the stream ends")
+        .unwrap();
+    assert!(!text.contains("id: "), "{text}");
+    let resp = stream("follow=maybe").await.unwrap();
+    assert_eq!(resp.status(), 400);
+}

@@ -3,7 +3,9 @@
 //! still commits; a req_id just older than the horizon is refused for good (nothing applied, not
 //! even after a restart), and read as an unknown outcome by the adapter, never as a refusal or
 //! "not seen"; horizon requests repeated and out of order change nothing; an orphan client-key
-//! claim too old for the horizon is re-keyed. Each ends with the exact conservation check.
+//! claim too old for the horizon is re-keyed; a failover repair of a req_id past the horizon is
+//! refused for good (409), not answered as unavailable. Each ends with the exact conservation
+//! check.
 
 use std::time::{Duration, Instant};
 
@@ -399,6 +401,48 @@ async fn a_req_id_just_older_than_the_horizon_is_refused_and_nothing_is_applied(
     );
     s.assert_invariant_exact().await;
     assert_eq!(s.spot_balance(31, "USDT").await, dec("30"));
+}
+
+/// A failover repair of a req_id older than spot-core's horizon can never read spot-core's
+/// record of it, so no retry can succeed: 409 NOT_REPAIRABLE saying why, never 503 (which tells
+/// the caller to retry), and nothing recorded. One at the horizon is looked up as ever.
+#[tokio::test]
+async fn a_repair_past_the_horizon_is_refused_for_good_not_unavailable() {
+    let api = crate::helpers::ApiStack::start().await;
+    let spot = api.stack.spot.adapter();
+    let horizon = now_ms() - 1000;
+    spot.advance_horizon(horizon).await.unwrap();
+    let admin = api.token(1, true);
+    let repair = |req_id: ReqId| {
+        let path = format!("/api/v1/admin/repairs/{req_id}");
+        let (api, admin) = (&api, admin.clone());
+        async move {
+            api.call(
+                reqwest::Method::POST,
+                &path,
+                Some(&admin),
+                Some(json!({"reason": "PG failover"})),
+            )
+            .await
+        }
+    };
+    let (status, body) = repair(req_id_at(horizon - 1)).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["code"], "NOT_REPAIRABLE", "{body}");
+    let said = body["message"].as_str().unwrap();
+    assert!(said.contains("idempotency horizon"), "{said}");
+    let (status, body) = repair(req_id_at(horizon)).await;
+    assert_eq!(
+        (status, &body["code"]),
+        (409, &json!("NOTHING_TO_REPAIR")),
+        "{body}"
+    );
+    let repairs: i64 = sqlx::query_scalar("SELECT count(*) FROM failover_repairs")
+        .fetch_one(&api.stack.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(repairs, 0, "nothing recorded");
+    api.stack.assert_invariant_exact().await;
 }
 
 fn spot_port(spot: &SpotAdapter) -> &dyn domain::AccountPort {

@@ -61,6 +61,9 @@ pub struct Books {
     pub deposits: Vec<(u64, String, UserId, AssetSymbol, Decimal)>,
     /// The last transaction number (FUNDING) or journal seq (SPOT) given.
     pub last_tx: u64,
+    /// SPOT's idempotency horizon (Unix ms; 0: none): the records of older req_ids are
+    /// forgotten, and `record_of` refuses them as spot-core does (REQ_ID_EXPIRED).
+    pub horizon_ms: u64,
 }
 
 impl Books {

@@ -285,6 +285,11 @@ impl SpotBook for MemAccount {
         let id = ReqId::parse(req_id)
             .map_err(|_| SpotError::Unexpected(format!("not a req_id: {req_id}")))?;
         let books = self.books();
+        if crate::horizon::ulid_time_ms(req_id).is_some_and(|ms| ms < books.horizon_ms) {
+            return Err(SpotError::Unexpected(
+                "REQ_ID_EXPIRED: req_id is older than the idempotency horizon".into(),
+            ));
+        }
         let applied = Operation::ALL
             .into_iter()
             .filter_map(|op| {
@@ -301,6 +306,7 @@ impl SpotBook for MemAccount {
         Ok(CoreStatus {
             last_seq: books.last_tx,
             accounts: books.accounts.len() as u64,
+            horizon_ms: books.horizon_ms,
             ..CoreStatus::default()
         })
     }
@@ -316,9 +322,11 @@ impl SpotBook for MemAccount {
     }
 
     async fn advance_horizon(&self, before_ms: u64) -> Result<CoreStatus, SpotError> {
-        let mut status = SpotBook::core_status(self).await?;
-        status.horizon_ms = before_ms;
-        Ok(status)
+        {
+            let mut books = self.books();
+            books.horizon_ms = books.horizon_ms.max(before_ms);
+        }
+        SpotBook::core_status(self).await
     }
 
     async fn audit_read(

@@ -18,6 +18,7 @@
 //! - `world.rs`: `World`, all of the above together; `coordinator()` is a new process over it.
 //! - `exec.rs`: `run`, which polls one "process" to its answer or drops it at a crash;
 //!   `run_together`, which interleaves several at their `Pause` faults.
+//! - `kinds.rs`: `EventKind`, an event's kind without its payload, for `Then::appended`.
 //! - `scenario.rs`: `Scenario` (given) → `when_*` (one command of a fresh process) → `Then`
 //!   (events appended, calls made to each account system, the answer).
 
@@ -28,6 +29,7 @@ pub mod clock;
 pub mod exec;
 pub mod faults;
 pub mod hook;
+pub mod kinds;
 pub mod records;
 pub mod rows;
 pub mod scenario;
@@ -40,6 +42,7 @@ pub use clock::TestClock;
 pub use exec::{run, run_together};
 pub use faults::{AccountFault, Call, StoreCall, StoreFault};
 pub use hook::{Seen, StoreHook};
+pub use kinds::EventKind;
 pub use records::MemRecords;
 pub use rows::{Durable, RetryRow, Rows, Stream};
 pub use scenario::{Scenario, Then};

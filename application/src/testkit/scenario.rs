@@ -11,7 +11,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::str::FromStr;
 
-use cqrs_es::DomainEvent;
 use domain::{
     AccountType, Amount, AssetSymbol, Movement, Operation, ReqId, TransferData, TransferEvent,
     TransferState, UserId,
@@ -21,9 +20,12 @@ use rust_decimal::Decimal;
 use crate::coordinator::{Coordinator, CoordinatorError, NewTransfer};
 use crate::daily::DailyLimits;
 use crate::drive::{Resumed, StillOpen};
+use crate::ledger::Ledger;
 use crate::ports::Clock;
+use crate::testkit::account::Status;
 use crate::testkit::exec::{run, run_together};
 use crate::testkit::faults::{AccountFault, Call, StoreCall, StoreFault};
+use crate::testkit::kinds::EventKind;
 use crate::testkit::rows::Stream;
 use crate::testkit::world::World;
 
@@ -214,6 +216,22 @@ impl Scenario {
         }
     }
 
+    /// Runs `command` on a fresh ledger process (`World::ledger`: the coordinator, the records
+    /// and both account systems), as the one command under test: the admin's commands and the
+    /// requests go through here.
+    pub fn when_ledger<T, F>(&self, command: impl FnOnce(Ledger) -> F) -> Then<'_, T>
+    where
+        F: Future<Output = T>,
+    {
+        let mark = Mark::of(&self.world);
+        let answer = run(command(self.world.ledger()));
+        Then {
+            world: &self.world,
+            mark,
+            answer,
+        }
+    }
+
     /// Runs `count` fresh processes interleaved (`run_together`): process `i` runs
     /// `process(i, its coordinator)`. The answer is each one's, `None` for one that crashed.
     pub fn when_together<T, F>(
@@ -380,14 +398,10 @@ impl<T: std::fmt::Debug> Then<'_, T> {
             .collect()
     }
 
-    /// The command appended exactly these events (by type, in order).
-    pub fn appended(&self, expected: &[&str]) -> &Self {
-        let names: Vec<String> = self
-            .appended_events()
-            .iter()
-            .map(DomainEvent::event_type)
-            .collect();
-        assert_eq!(names, expected, "events appended");
+    /// The command appended exactly these events (by kind, in order).
+    pub fn appended(&self, expected: &[EventKind]) -> &Self {
+        let kinds: Vec<EventKind> = self.appended_events().iter().map(EventKind::of).collect();
+        assert_eq!(kinds, expected, "events appended");
         self
     }
 
@@ -456,6 +470,15 @@ impl<T: std::fmt::Debug> Then<'_, T> {
             .filter_map(|usage| usage.counts.get(&user()))
             .sum();
         assert_eq!(counted, count, "transfers charged");
+        self
+    }
+
+    /// The status of the standard user's account in `account`'s system (`None`: no account).
+    pub fn account_status(&self, account: AccountType, status: Option<Status>) -> &Self {
+        let held = (self.world.account(account).books().accounts)
+            .get(&(user(), asset()))
+            .map(|a| a.status);
+        assert_eq!(held, status, "{account} account status");
         self
     }
 

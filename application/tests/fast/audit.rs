@@ -201,3 +201,33 @@ fn a_repair_that_cannot_pay_its_funding_withdraw_records_nothing() {
     assert!(given.world.records.kept().repairs.is_empty());
     assert!(given.world.state(lost).is_none());
 }
+
+#[test]
+fn a_repair_past_spot_cores_horizon_is_refused_for_good_and_records_nothing() {
+    use application::books::SpotBook;
+    use application::testkit::clock::START_MS;
+    let given = opened();
+    // spot-core applied the deposit of a lost transfer, then forgot it: its horizon passed it.
+    let lost = given_req_id();
+    given
+        .world
+        .spot
+        .decide(Operation::Deposit, &movement(lost), None);
+    run(given.world.spot.advance_horizon(START_MS + 1))
+        .unwrap()
+        .unwrap();
+    let ledger = given.world.ledger();
+    let refused = run(ledger.repair_lost(&lost, "ops", "why")).unwrap();
+    assert!(
+        matches!(refused, Err(RepairError::PastHorizon { horizon_ms }) if horizon_ms == START_MS + 1),
+        "{refused:?}"
+    );
+    // Its message says why no retry can succeed.
+    let said = refused.unwrap_err().to_string();
+    assert!(
+        said.contains("idempotency horizon") && said.contains("no repair can ever"),
+        "{said}"
+    );
+    assert!(given.world.records.kept().repairs.is_empty());
+    assert!(given.world.state(lost).is_none());
+}

@@ -74,7 +74,7 @@ fn crash_after_the_withdrawn_commit_leaves_the_deposit_announced_and_never_calle
     given
         .when_resume_of(req_id)
         .finished(S::Committed)
-        .appended(&["TransferCommitted"])
+        .appended(&[TransferCommitted])
         .funding_calls(&[])
         .spot_calls(&[Call::Lookup(Operation::Deposit), Call::Deposit])
         .balances("90", Some("10"));
@@ -102,7 +102,7 @@ fn crash_after_the_compensation_commit_refunds_in_the_next_process() {
     given
         .when_resume_of(req_id)
         .finished(S::RolledBack)
-        .appended(&["TransferRolledBack"])
+        .appended(&[TransferRolledBack])
         .funding_calls(&[Call::Lookup(Operation::Refund), Call::Refund])
         .spot_calls(&[])
         .balances("100", None);

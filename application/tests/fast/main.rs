@@ -14,7 +14,10 @@
 //! - `manual.rs`: manual resolution, the table's ManuallyResolve rows.
 //! - `audit.rs`: the conservation check, the halt and the failover repair over the in-memory records.
 //! - `race.rs`: two processes at once on one transfer.
+//! - `accounts.rs`: the admin's account commands (a status, an external deposit) and a user's own
+//!   transfer, over `Ledger` (`Scenario::when_ledger`).
 
+mod accounts;
 mod audit;
 mod cid;
 mod crash;
@@ -29,6 +32,7 @@ mod together;
 /// Names used by every module.
 mod prelude {
     pub use application::testkit::scenario::{given_req_id, movement, request, user};
+    pub use application::testkit::EventKind::{self, *};
     pub use application::testkit::{AccountFault, Call, Scenario, StoreCall, StoreFault};
     pub use domain::{AccountType, ErrorCode, Operation, TransferState};
 
@@ -36,12 +40,12 @@ mod prelude {
     pub const SPOT: AccountType = AccountType::Spot;
 
     /// The events of a transfer that went all the way, in order.
-    pub const HAPPY: [&str; 5] = [
-        "TransferCreated",
-        "SourceWithdrawStarted",
-        "SourceWithdrawn",
-        "TargetDepositStarted",
-        "TransferCommitted",
+    pub const HAPPY: [EventKind; 5] = [
+        TransferCreated,
+        SourceWithdrawStarted,
+        SourceWithdrawn,
+        TargetDepositStarted,
+        TransferCommitted,
     ];
 
     /// A refusal `code`, as the account system sends it.

@@ -28,9 +28,9 @@ fn source_pending_applied_goes_to_source_done_and_on_to_the_deposit() {
     let then = resolve(&given, Resolution::Applied);
     assert_eq!(ended(then.answer()), Some(S::Committed));
     then.appended(&[
-        "TransferManuallyResolved",
-        "TargetDepositStarted",
-        "TransferCommitted",
+        TransferManuallyResolved,
+        TargetDepositStarted,
+        TransferCommitted,
     ])
     .funding_calls(&[Call::Lookup(Operation::Withdraw)])
     .spot_calls(&[Call::Lookup(Operation::Deposit), Call::Deposit])
@@ -42,7 +42,7 @@ fn source_pending_not_applied_cancels_the_withdraw_and_fails() {
     let given = Scenario::new().given_transfer_in(S::SourcePending);
     let then = resolve(&given, Resolution::NotApplied);
     assert_eq!(ended(then.answer()), Some(S::Failed));
-    then.appended(&["TransferManuallyResolved"])
+    then.appended(&[TransferManuallyResolved])
         .funding_calls(&[Call::Cancel(Operation::Withdraw)])
         .balances("100", None);
 }
@@ -54,7 +54,7 @@ fn target_pending_applied_commits() {
         .given_applied(SPOT, Operation::Deposit);
     let then = resolve(&given, Resolution::Applied);
     assert_eq!(ended(then.answer()), Some(S::Committed));
-    then.appended(&["TransferManuallyResolved"])
+    then.appended(&[TransferManuallyResolved])
         .spot_calls(&[Call::Lookup(Operation::Deposit)]);
 }
 
@@ -63,7 +63,7 @@ fn target_pending_not_applied_compensates_and_refunds() {
     let given = Scenario::new().given_transfer_in(S::TargetPending);
     let then = resolve(&given, Resolution::NotApplied);
     assert_eq!(ended(then.answer()), Some(S::RolledBack));
-    then.appended(&["TransferManuallyResolved", "TransferRolledBack"])
+    then.appended(&[TransferManuallyResolved, TransferRolledBack])
         .spot_calls(&[Call::Cancel(Operation::Deposit)])
         .funding_calls(&[Call::Lookup(Operation::Refund), Call::Refund])
         .balances("100", None);
@@ -76,7 +76,7 @@ fn compensating_applied_rolls_back() {
         .given_applied(FUNDING, Operation::Refund);
     let then = resolve(&given, Resolution::Applied);
     assert_eq!(ended(then.answer()), Some(S::RolledBack));
-    then.appended(&["TransferManuallyResolved"]);
+    then.appended(&[TransferManuallyResolved]);
 }
 
 #[test]

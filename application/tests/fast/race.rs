@@ -34,18 +34,14 @@ fn two_resumes_at_once_apply_the_withdraw_once_and_one_stops_on_a_conflict() {
             Some(Ok(S::Committed))
         ]
     );
-    then.appended(&[
-        "SourceWithdrawn",
-        "TargetDepositStarted",
-        "TransferCommitted",
-    ])
-    .funding_calls(&[
-        Call::Lookup(Operation::Withdraw),
-        Call::Withdraw,
-        Call::Lookup(Operation::Withdraw),
-        Call::Withdraw,
-    ])
-    .balances("90", Some("10"));
+    then.appended(&[SourceWithdrawn, TargetDepositStarted, TransferCommitted])
+        .funding_calls(&[
+            Call::Lookup(Operation::Withdraw),
+            Call::Withdraw,
+            Call::Lookup(Operation::Withdraw),
+            Call::Withdraw,
+        ])
+        .balances("90", Some("10"));
 }
 
 #[test]

@@ -50,7 +50,7 @@ fn from_source_pending_refused_fails_without_a_second_call() {
         .given_decided(FUNDING, Operation::Withdraw, Some("INSUFFICIENT_BALANCE"))
         .when_resume()
         .finished(S::Failed)
-        .appended(&["TransferFailed"])
+        .appended(&[TransferFailed])
         .funding_calls(&[Call::Lookup(Operation::Withdraw)])
         .spot_calls(&[])
         .balances("100", None);
@@ -110,7 +110,7 @@ fn from_target_pending_never_called_looks_up_then_deposits() {
         .given_transfer_in(S::TargetPending)
         .when_resume()
         .finished(S::Committed)
-        .appended(&["TransferCommitted"])
+        .appended(&[TransferCommitted])
         .funding_calls(&[])
         .spot_calls(&[Call::Lookup(Operation::Deposit), Call::Deposit])
         .balances("90", Some("10"));
@@ -123,7 +123,7 @@ fn from_target_pending_applied_commits_without_a_second_deposit() {
         .given_applied(SPOT, Operation::Deposit)
         .when_resume()
         .finished(S::Committed)
-        .appended(&["TransferCommitted"])
+        .appended(&[TransferCommitted])
         .spot_calls(&[Call::Lookup(Operation::Deposit)])
         .balances("90", Some("10"));
 }
@@ -135,7 +135,7 @@ fn from_target_pending_refused_compensates_and_refunds() {
         .given_decided(SPOT, Operation::Deposit, Some("ACCOUNT_DISABLED"))
         .when_resume()
         .finished(S::RolledBack)
-        .appended(&["CompensationStarted", "TransferRolledBack"])
+        .appended(&[CompensationStarted, TransferRolledBack])
         .spot_calls(&[Call::Lookup(Operation::Deposit)])
         .funding_calls(&[Call::Lookup(Operation::Refund), Call::Refund])
         .balances("100", None);
@@ -163,7 +163,7 @@ fn from_compensating_never_refunded_looks_up_then_refunds() {
         .given_transfer_in(S::Compensating)
         .when_resume()
         .finished(S::RolledBack)
-        .appended(&["TransferRolledBack"])
+        .appended(&[TransferRolledBack])
         .funding_calls(&[Call::Lookup(Operation::Refund), Call::Refund])
         .spot_calls(&[])
         .balances("100", None);
@@ -176,7 +176,7 @@ fn from_compensating_refunded_rolls_back_without_a_second_refund() {
         .given_applied(FUNDING, Operation::Refund)
         .when_resume()
         .finished(S::RolledBack)
-        .appended(&["TransferRolledBack"])
+        .appended(&[TransferRolledBack])
         .funding_calls(&[Call::Lookup(Operation::Refund)])
         .balances("100", None);
 }
@@ -218,7 +218,7 @@ fn drive_without_lookup_repeats_the_idempotent_call() {
         .given_applied(SPOT, Operation::Deposit)
         .when_drive()
         .answered(S::Committed)
-        .appended(&["TransferCommitted"])
+        .appended(&[TransferCommitted])
         .spot_calls(&[Call::Deposit])
         .balances("90", Some("10"));
 }

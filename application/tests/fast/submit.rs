@@ -23,7 +23,7 @@ fn the_first_commit_holds_the_creation_and_the_withdraws_announcement() {
     let given = Scenario::new().given_fault(FUNDING, Call::Withdraw, AccountFault::CrashBefore);
     let then = given.when_submit(request(None));
     then.crashed()
-        .appended(&["TransferCreated", "SourceWithdrawStarted"]);
+        .appended(&[TransferCreated, SourceWithdrawStarted]);
 }
 
 #[test]
@@ -32,7 +32,7 @@ fn refusal_at_source_fails_the_transfer_and_calls_no_target() {
         .given_funding_balance("5")
         .when_submit(request(None))
         .answered(TransferState::Failed)
-        .appended(&["TransferCreated", "SourceWithdrawStarted", "TransferFailed"])
+        .appended(&[TransferCreated, SourceWithdrawStarted, TransferFailed])
         .funding_calls(&[Call::Withdraw])
         .spot_calls(&[])
         .balances("5", None);
@@ -64,12 +64,12 @@ fn refusal_at_target_compensates_refunds_and_rolls_back() {
         .when_submit(request(None))
         .answered(TransferState::RolledBack)
         .appended(&[
-            "TransferCreated",
-            "SourceWithdrawStarted",
-            "SourceWithdrawn",
-            "TargetDepositStarted",
-            "CompensationStarted",
-            "TransferRolledBack",
+            TransferCreated,
+            SourceWithdrawStarted,
+            SourceWithdrawn,
+            TargetDepositStarted,
+            CompensationStarted,
+            TransferRolledBack,
         ])
         .funding_calls(&[Call::Withdraw, Call::Refund])
         .spot_calls(&[Call::Deposit])
@@ -82,7 +82,7 @@ fn unknown_withdraw_outcome_records_nothing_and_the_transfer_stays_source_pendin
         .given_fault(FUNDING, Call::Withdraw, AccountFault::Unavailable)
         .when_submit(request(None))
         .answered(TransferState::SourcePending)
-        .appended(&["TransferCreated", "SourceWithdrawStarted"])
+        .appended(&[TransferCreated, SourceWithdrawStarted])
         .funding_calls(&[Call::Withdraw])
         .spot_calls(&[])
         .balances("100", None);
@@ -94,7 +94,7 @@ fn a_lost_withdraw_answer_is_unknown_too_though_the_money_left() {
         .given_fault(FUNDING, Call::Withdraw, AccountFault::AnswerLost)
         .when_submit(request(None))
         .answered(TransferState::SourcePending)
-        .appended(&["TransferCreated", "SourceWithdrawStarted"])
+        .appended(&[TransferCreated, SourceWithdrawStarted])
         .spot_calls(&[])
         .balances("90", None);
 }
@@ -133,11 +133,11 @@ fn unknown_refund_outcome_stays_compensating() {
         .when_submit(request(None))
         .answered(TransferState::Compensating)
         .appended(&[
-            "TransferCreated",
-            "SourceWithdrawStarted",
-            "SourceWithdrawn",
-            "TargetDepositStarted",
-            "CompensationStarted",
+            TransferCreated,
+            SourceWithdrawStarted,
+            SourceWithdrawn,
+            TargetDepositStarted,
+            CompensationStarted,
         ])
         .funding_calls(&[Call::Withdraw, Call::Refund])
         .balances("90", None);

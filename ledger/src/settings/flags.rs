@@ -1,7 +1,9 @@
 //! The `ledger` settings as the command line and the environment give them (clap's `env`
 //! attributes: the variable names are the contract the README, the operations guide and the
 //! tests use), before they are read into typed values (`settings.rs`). The one place the
-//! `ledger` binary names an environment variable of its global settings.
+//! `ledger` binary names an environment variable of its settings. Each command flattens only
+//! the groups it reads (`cli.rs`), so its `--help` shows only those; the `OTEL_*` group is
+//! global (every command reports traces).
 
 use crate::config;
 use application::{FailPoint, FailPoints};
@@ -17,140 +19,201 @@ pub const DAILY_COUNT_MAX_ENV: &str = "LEDGER_DAILY_COUNT_MAX";
 /// Amount per user, asset and UTC day, as a JSON object `{"USDT": "1000000", ...}`.
 pub const DAILY_AMOUNT_MAX_ENV: &str = "LEDGER_DAILY_AMOUNT_MAX";
 
-/// The settings as the command line and the environment give them, shared by every `ledger`
-/// command: each may be given as a flag or in its environment variable; an empty variable
-/// counts as unset. [`super::Settings::from_flags`] reads them once into typed values.
-#[derive(Debug, Clone, Default, clap::Args)]
+/// Every setting, as the command line and the environment give them, in groups: each command
+/// declares (flattens) the groups it reads, so its `--help` lists only those, and each setting
+/// is declared once, in its group. A group the command does not take stays at its default
+/// (unset). [`super::Settings::from_flags`] reads them once into typed values; an empty
+/// variable counts as unset.
+#[derive(Debug, Clone, Default)]
 pub struct Flags {
+    pub cells: CellFlags,
+    pub database: DatabaseFlags,
+    /// Where `ledger up` finds PostgreSQL when `DATABASE_URL` is unset (`private_pg.rs`).
+    pub pg_search: crate::private_pg::PgSearch,
+    pub secrets: SecretFlags,
+    pub server: ServerFlags,
+    pub log: LogFlags,
+    /// Traces over OTLP: the standard `OTEL_*` variables (`docs/adr/0018-traces.md`), which
+    /// every command reads.
+    pub otel: OtelFlags,
+}
+
+/// What `up` and `serve` read besides their own options: every group but `ledger up`'s
+/// PostgreSQL search.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServingFlags {
+    #[command(flatten)]
+    pub cell_map: CellFlags,
+    #[command(flatten)]
+    pub database: DatabaseFlags,
+    #[command(flatten)]
+    pub secrets: SecretFlags,
+    #[command(flatten)]
+    pub server: ServerFlags,
+    #[command(flatten)]
+    pub log: LogFlags,
+}
+
+impl Flags {
+    /// A serving command's settings, with the global `OTEL_*` ones.
+    pub fn serving(serving: &ServingFlags, otel: &OtelFlags) -> Self {
+        Self {
+            cells: serving.cell_map.clone(),
+            database: serving.database.clone(),
+            secrets: serving.secrets.clone(),
+            server: serving.server.clone(),
+            log: serving.log.clone(),
+            otel: otel.clone(),
+            ..Self::default()
+        }
+    }
+}
+
+/// The cell map, for every command that reaches a cell's database, stream or log.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct CellFlags {
     /// The cell map (ADR 0017), a `.toml` or `.json` file naming each cell's database and
     /// spot-core and each partition's cell; without one the ledger is one cell, as ever.
-    #[arg(long, global = true, env = CELL_MAP_ENV)]
+    #[arg(long, env = CELL_MAP_ENV)]
     pub cell_map: Option<std::path::PathBuf>,
+}
+
+/// The database, and how connections (to PostgreSQL, and to spot-core where a command reaches it) are kept alive.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct DatabaseFlags {
     /// PostgreSQL URL; the local default when unset.
-    #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true)]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
-    /// Where `ledger up` finds PostgreSQL when `DATABASE_URL` is unset (`private_pg.rs`).
-    #[command(flatten)]
-    pub pg_search: crate::private_pg::PgSearch,
+    /// Idle time (ms) before a spot-core or PostgreSQL connection is probed by TCP keepalive
+    /// (default 4000; unanswered probes end it once `TCP_USER_TIMEOUT` passed).
+    #[arg(long, env = "LEDGER_TCP_KEEPALIVE_MS")]
+    pub tcp_keepalive_ms: Option<u64>,
+    /// How long (ms) sent data may stay unacknowledged before the connection is given up
+    /// (`TCP_USER_TIMEOUT`, default 10000).
+    #[arg(long, env = "LEDGER_TCP_USER_TIMEOUT_MS")]
+    pub tcp_user_timeout_ms: Option<u64>,
+    /// PostgreSQL ends a session idle inside a transaction this long (ms, default 60000).
+    #[arg(long, env = "LEDGER_DB_IDLE_IN_TRANSACTION_MS")]
+    pub db_idle_in_transaction_ms: Option<u64>,
+}
+
+/// The secrets given in the environment (hidden from --help: a secret belongs in the environment, not on a command line).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct SecretFlags {
     /// The HS256 secret tokens are signed with (at least 32 bytes).
-    #[arg(long, global = true, env = config::JWT_SECRET_ENV, hide = true, hide_env_values = true)]
+    #[arg(long, env = config::JWT_SECRET_ENV, hide = true, hide_env_values = true)]
     pub jwt_secret: Option<String>,
     /// The token a spot-core client presents (`hello`).
-    #[arg(long, global = true, env = spot_core::TOKEN_ENV, hide = true, hide_env_values = true)]
+    #[arg(long, env = spot_core::TOKEN_ENV, hide = true, hide_env_values = true)]
     pub spot_core_token: Option<String>,
+}
+
+/// What only a serving process (`up`, `serve`) reads: the limits, the background work's timing, the HTTP server, `/metrics` and the crash tests' fail point.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServerFlags {
     /// Transfer requests per second per user; `0` or `off` turns the limit off.
-    #[arg(long, global = true, env = RATE_PER_SECOND_ENV)]
+    #[arg(long, env = RATE_PER_SECOND_ENV)]
     pub rate_per_second: Option<String>,
     /// Transfers per user and UTC day; `0` or `off` turns the limit off.
-    #[arg(long, global = true, env = DAILY_COUNT_MAX_ENV)]
+    #[arg(long, env = DAILY_COUNT_MAX_ENV)]
     pub daily_count_max: Option<String>,
     /// Amount per user, asset and UTC day, as a JSON object `{"USDT": "1000000", ...}`.
-    #[arg(long, global = true, env = DAILY_AMOUNT_MAX_ENV)]
+    #[arg(long, env = DAILY_AMOUNT_MAX_ENV)]
     pub daily_amount_max: Option<String>,
     /// The most transfers one `POST /api/v1/internal_transfers` may carry (1,000 by default; see
     /// `application::bulk::TRANSFERS_PER_REQUEST_MAX_DEFAULT` for why); a larger batch is
     /// refused whole.
-    #[arg(long, global = true, env = "LEDGER_BULK_TRANSFERS_MAX", value_parser = bulk_max)]
+    #[arg(long, env = "LEDGER_BULK_TRANSFERS_MAX", value_parser = bulk_max)]
     pub bulk_transfers_max: Option<usize>,
     /// How long (ms) a transfer sits unchanged before the recovery worker touches it.
-    #[arg(long, global = true, env = "LEDGER_RECOVERY_STALE_MS")]
+    #[arg(long, env = "LEDGER_RECOVERY_STALE_MS")]
     pub recovery_stale_ms: Option<String>,
     /// Time (ms) between recovery passes.
-    #[arg(long, global = true, env = "LEDGER_RECOVERY_INTERVAL_MS")]
+    #[arg(long, env = "LEDGER_RECOVERY_INTERVAL_MS")]
     pub recovery_interval_ms: Option<String>,
     /// How long (ms) a recovery claim holds without renewal.
-    #[arg(long, global = true, env = "LEDGER_RECOVERY_LEASE_MS")]
+    #[arg(long, env = "LEDGER_RECOVERY_LEASE_MS")]
     pub recovery_lease_ms: Option<String>,
     /// Most transfers claimed in one recovery pass.
-    #[arg(long, global = true, env = "LEDGER_RECOVERY_BATCH_MAX")]
+    #[arg(long, env = "LEDGER_RECOVERY_BATCH_MAX")]
     pub recovery_batch_max: Option<String>,
     /// First retry delay (ms) after an unknown outcome.
-    #[arg(long, global = true, env = "LEDGER_RETRY_BACKOFF_MS_BASE")]
+    #[arg(long, env = "LEDGER_RETRY_BACKOFF_MS_BASE")]
     pub retry_backoff_ms_base: Option<String>,
     /// Longest retry delay (ms).
-    #[arg(long, global = true, env = "LEDGER_RETRY_BACKOFF_MS_MAX")]
+    #[arg(long, env = "LEDGER_RETRY_BACKOFF_MS_MAX")]
     pub retry_backoff_ms_max: Option<String>,
     /// MON-001: a transfer in TARGET_PENDING longer than this (ms) raises a CRITICAL alert.
-    #[arg(long, global = true, env = "LEDGER_ALERT_TARGET_PENDING_MS")]
+    #[arg(long, env = "LEDGER_ALERT_TARGET_PENDING_MS")]
     pub alert_target_pending_ms: Option<String>,
     /// Seconds between periodic conservation checks (default 60).
-    #[arg(long, global = true, env = "LEDGER_INVARIANT_INTERVAL_SECS")]
+    #[arg(long, env = "LEDGER_INVARIANT_INTERVAL_SECS")]
     pub invariant_interval_secs: Option<String>,
     /// How long (s) spot-core remembers a req_id at least (the idempotency horizon's retention;
     /// default 604800, at least 1).
-    #[arg(long, global = true, env = "LEDGER_IDEMPOTENCY_RETENTION_SECS")]
+    #[arg(long, env = "LEDGER_IDEMPOTENCY_RETENTION_SECS")]
     pub idempotency_retention_secs: Option<String>,
     /// Time (ms) between two advances of spot-core's idempotency horizon (default 60000).
-    #[arg(long, global = true, env = "LEDGER_HORIZON_INTERVAL_MS")]
+    #[arg(long, env = "LEDGER_HORIZON_INTERVAL_MS")]
     pub horizon_interval_ms: Option<String>,
     /// Longest wait (ms) for a request's headers, new or idle connection alike (default 10000).
-    #[arg(long, global = true, env = "LEDGER_HTTP_HEADER_TIMEOUT_MS")]
+    #[arg(long, env = "LEDGER_HTTP_HEADER_TIMEOUT_MS")]
     pub http_header_timeout_ms: Option<u64>,
     /// Longest a request may take to be received and answered, body included (ms, default
     /// 30000).
-    #[arg(long, global = true, env = "LEDGER_HTTP_REQUEST_TIMEOUT_MS")]
+    #[arg(long, env = "LEDGER_HTTP_REQUEST_TIMEOUT_MS")]
     pub http_request_timeout_ms: Option<u64>,
     /// Connections open at once (default 4096).
-    #[arg(long, global = true, env = "LEDGER_HTTP_CONNECTIONS_MAX")]
+    #[arg(long, env = "LEDGER_HTTP_CONNECTIONS_MAX")]
     pub http_connections_max: Option<usize>,
     /// Connections open at once from one IP address (default 256).
-    #[arg(long, global = true, env = "LEDGER_HTTP_CONNECTIONS_PER_ADDRESS_MAX")]
+    #[arg(long, env = "LEDGER_HTTP_CONNECTIONS_PER_ADDRESS_MAX")]
     pub http_connections_per_address_max: Option<usize>,
     /// Under a cell map, requests one cell may have in flight in this process before its next
     /// ones are refused (503 naming the cell), its bulkhead (default: the connections cap
     /// divided by the number of cells).
-    #[arg(long, global = true, env = CELL_IN_FLIGHT_MAX_ENV)]
+    #[arg(long, env = CELL_IN_FLIGHT_MAX_ENV)]
     pub cell_in_flight_max: Option<usize>,
     /// Where `/metrics` is served: HOST:PORT (not on the API's address then), or `api` for the
     /// API's address (default 127.0.0.1:9464).
-    #[arg(long, global = true, env = "LEDGER_METRICS_LISTEN")]
+    #[arg(long, env = "LEDGER_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
     /// MON-004: transfer requests per user in a sliding minute above which a WARNING alert is
     /// raised (default 300; `0` or `off`: none).
-    #[arg(long, global = true, env = "LEDGER_ALERT_REQUESTS_PER_MINUTE")]
+    #[arg(long, env = "LEDGER_ALERT_REQUESTS_PER_MINUTE")]
     pub alert_requests_per_minute: Option<String>,
     /// MON-004: rate-limit refusals per user in a sliding minute above which a WARNING alert is
     /// raised (default 30; `0` or `off`: none).
-    #[arg(long, global = true, env = "LEDGER_ALERT_REFUSALS_PER_MINUTE")]
+    #[arg(long, env = "LEDGER_ALERT_REFUSALS_PER_MINUTE")]
     pub alert_refusals_per_minute: Option<String>,
-    /// Idle time (ms) before a spot-core or PostgreSQL connection is probed by TCP keepalive
-    /// (default 4000; unanswered probes end it once `TCP_USER_TIMEOUT` passed).
-    #[arg(long, global = true, env = "LEDGER_TCP_KEEPALIVE_MS")]
-    pub tcp_keepalive_ms: Option<u64>,
-    /// How long (ms) sent data may stay unacknowledged before the connection is given up
-    /// (`TCP_USER_TIMEOUT`, default 10000).
-    #[arg(long, global = true, env = "LEDGER_TCP_USER_TIMEOUT_MS")]
-    pub tcp_user_timeout_ms: Option<u64>,
-    /// PostgreSQL ends a session idle inside a transaction this long (ms, default 60000).
-    #[arg(long, global = true, env = "LEDGER_DB_IDLE_IN_TRANSACTION_MS")]
-    pub db_idle_in_transaction_ms: Option<u64>,
-    /// The tamper-evident log's signing key file (`ledger log-key --generate`; `ledger up`
-    /// keeps one in its data dir). Unset: the log is not kept.
-    #[arg(long, global = true, env = "LEDGER_LOG_SIGNING_KEY_FILE")]
-    pub log_signing_key_file: Option<std::path::PathBuf>,
-    /// A signed checkpoint of the log at least every this many events (10,000 by default)...
-    #[arg(long, global = true, env = "LEDGER_LOG_CHECKPOINT_EVENTS")]
-    pub log_checkpoint_events: Option<u64>,
-    /// ... or every this many milliseconds when the log grew (10,000 by default).
-    #[arg(long, global = true, env = "LEDGER_LOG_CHECKPOINT_MS")]
-    pub log_checkpoint_ms: Option<u64>,
-    /// Traces over OTLP: the standard `OTEL_*` variables (`docs/adr/0018-traces.md`).
-    #[command(flatten)]
-    pub otel: OtelFlags,
     /// The crash tests' fail point to arm (CRA-001..006): the process aborts there on purpose.
     /// Honoured only with `--allow-failpoints`; an unknown name refuses start-up.
-    #[arg(long, global = true, env = "LEDGER_FAILPOINT", hide = true)]
+    #[arg(long, env = "LEDGER_FAILPOINT", hide = true)]
     pub failpoint: Option<String>,
     /// The explicit opt-in a set `LEDGER_FAILPOINT` needs (crash tests only); without it the
     /// process refuses to start.
     #[arg(
         long,
-        global = true,
         env = "LEDGER_ALLOW_FAILPOINTS",
         hide = true,
         value_parser = clap::builder::FalseyValueParser::new()
     )]
     pub allow_failpoints: bool,
+    /// A signed checkpoint of the log at least every this many events (10,000 by default)...
+    #[arg(long, env = "LEDGER_LOG_CHECKPOINT_EVENTS")]
+    pub log_checkpoint_events: Option<u64>,
+    /// ... or every this many milliseconds when the log grew (10,000 by default).
+    #[arg(long, env = "LEDGER_LOG_CHECKPOINT_MS")]
+    pub log_checkpoint_ms: Option<u64>,
+}
+
+/// The tamper-evident log's signing key (its checkpoint cadence is a serving process's).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct LogFlags {
+    /// The tamper-evident log's signing key file (`ledger log-key --generate`; `ledger up`
+    /// keeps one in its data dir). Unset: the log is not kept.
+    #[arg(long, env = "LEDGER_LOG_SIGNING_KEY_FILE")]
+    pub log_signing_key_file: Option<std::path::PathBuf>,
 }
 
 impl Flags {
@@ -158,14 +221,19 @@ impl Flags {
     /// opt-in (`--allow-failpoints`, `LEDGER_ALLOW_FAILPOINTS=1`), refuses start-up; an armed
     /// one is logged loudly (`FailPoints::armed`).
     pub fn failpoints(&self) -> anyhow::Result<FailPoints> {
-        let Some(name) = self.failpoint.as_deref().filter(|n| !n.trim().is_empty()) else {
+        let Some(name) = self
+            .server
+            .failpoint
+            .as_deref()
+            .filter(|n| !n.trim().is_empty())
+        else {
             return Ok(FailPoints::default());
         };
         let point: FailPoint = name
             .parse()
             .map_err(|e| anyhow::anyhow!("LEDGER_FAILPOINT: {e}"))?;
         anyhow::ensure!(
-            self.allow_failpoints,
+            self.server.allow_failpoints,
             "LEDGER_FAILPOINT={point} would abort this process on purpose; fail points are for \
              crash tests only and need --allow-failpoints (LEDGER_ALLOW_FAILPOINTS=1)"
         );

@@ -34,22 +34,58 @@ pub fn spot_address(text: &str) -> Result<String, String> {
     crate::config::spot_addr(text).map_err(|e| format!("{e:#}"))
 }
 
-/// The relay's options, shared by `ledger relay` and by `up` / `serve`.
+/// `LEDGER_NATS_URL`: the NATS server, for every command that reaches one.
+pub const NATS_URL_ENV: &str = "LEDGER_NATS_URL";
+
+/// The NATS server, declared once for every command that reaches one (`relay`, `tail`,
+/// `verify --from-stream`, and `up` / `serve` relaying in-process).
+#[derive(Debug, Clone, Default, Args)]
+pub struct NatsServer {
+    /// NATS server (e.g. nats://127.0.0.1:4222).
+    #[arg(id = "nats", long = "nats", value_name = "URL", env = NATS_URL_ENV)]
+    pub url: Option<String>,
+}
+
+impl NatsServer {
+    /// The server's URL, if one is given (blank counts as unset).
+    pub fn url(&self) -> Option<&str> {
+        self.url.as_deref().map(str::trim).filter(|u| !u.is_empty())
+    }
+}
+
+/// The JetStream stream of the feed's events, declared once (`relay`, `tail`, `up`, `serve`).
 #[derive(Debug, Clone, Args)]
-pub struct RelayOptions {
-    /// NATS server for the event relay (e.g. nats://127.0.0.1:4222). `up` and `serve` relay
-    /// the feed to JetStream in-process when it is set.
-    #[arg(long = "nats", env = "LEDGER_NATS_URL")]
-    pub nats: Option<String>,
-    /// The JetStream stream events are published to (created with file storage if missing).
-    #[arg(long = "stream", env = "LEDGER_RELAY_STREAM", default_value = relay::STREAM_DEFAULT)]
-    pub stream: String,
+pub struct EventStream {
+    /// The JetStream stream events are published to (created with file storage if missing) and
+    /// read from.
+    #[arg(id = "stream", long = "stream", value_name = "STREAM", env = "LEDGER_RELAY_STREAM",
+          default_value = relay::STREAM_DEFAULT)]
+    pub name: String,
+}
+
+/// The JetStream stream of the tamper-evident log's signed checkpoints, declared once (`relay`,
+/// `up`, `serve` publish to it; `verify --from-stream` reads it back).
+#[derive(Debug, Clone, Args)]
+pub struct CheckpointStream {
     /// The JetStream stream the tamper-evident log's signed checkpoints are published to (with a
     /// signing key; created with file storage, no deletes and no purges, if missing). Never the
     /// event stream.
-    #[arg(long = "checkpoint-stream", env = "LEDGER_LOG_CHECKPOINT_STREAM",
+    #[arg(id = "checkpoint_stream", long = "checkpoint-stream", value_name = "STREAM",
+          env = "LEDGER_LOG_CHECKPOINT_STREAM",
           default_value = relay::checkpoints::CHECKPOINT_STREAM_DEFAULT)]
-    pub checkpoint_stream: String,
+    pub name: String,
+}
+
+/// The relay's options, shared by `ledger relay` and by `up` / `serve` (which relay the feed to
+/// JetStream in-process when a NATS server is given).
+#[derive(Debug, Clone, Args)]
+pub struct RelayOptions {
+    #[command(flatten)]
+    pub nats: NatsServer,
+    #[command(flatten)]
+    pub stream: EventStream,
+    #[command(flatten)]
+    pub checkpoint_stream: CheckpointStream,
     /// Publishes in flight at once (acks are awaited in order).
     #[arg(long = "relay-window", env = "LEDGER_RELAY_WINDOW", default_value_t = 512,
           value_parser = clap::value_parser!(u64).range(1..=4096))]
@@ -73,13 +109,9 @@ pub struct RelayOptions {
 impl RelayOptions {
     /// The relay's configuration, if a NATS server is given.
     pub fn config(&self) -> Option<relay::RelayConfig> {
-        let url = self
-            .nats
-            .as_deref()
-            .map(str::trim)
-            .filter(|u| !u.is_empty())?;
-        let mut c = relay::RelayConfig::new(url, self.stream.clone());
-        c.checkpoint_stream = self.checkpoint_stream.clone();
+        let url = self.nats.url()?;
+        let mut c = relay::RelayConfig::new(url, self.stream.name.clone());
+        c.checkpoint_stream = self.checkpoint_stream.name.clone();
         c.window = usize::try_from(self.window).unwrap_or(512);
         c.duplicate_window = Duration::from_millis(self.duplicate_window_ms);
         c.lag_alert = Duration::from_millis(self.lag_alert_ms);
@@ -137,7 +169,7 @@ mod tests {
     #[test]
     fn no_nats_url_means_no_relay() {
         let cmd = Cmd::try_parse_from(["x"]).unwrap();
-        if std::env::var("LEDGER_NATS_URL").is_err() {
+        if std::env::var(NATS_URL_ENV).is_err() {
             assert!(cmd.relay.config().is_none());
         }
         let cmd = Cmd::try_parse_from([

@@ -26,13 +26,14 @@ fn given(value: &Option<String>) -> Option<&str> {
 impl Flags {
     /// `DATABASE_URL`, or the local default when unset.
     pub(super) fn database_url(&self) -> String {
-        given(&self.database_url)
+        given(&self.database.database_url)
             .map_or_else(|| schema::DEFAULT_DATABASE_URL.to_owned(), str::to_owned)
     }
 
     /// The cell map `LEDGER_CELL_MAP` names, read and validated; `None` when unset (one cell).
     pub(super) fn cell_map(&self) -> anyhow::Result<Option<cells::CellMap>> {
         let Some(path) = self
+            .cells
             .cell_map
             .as_deref()
             .filter(|p| !p.as_os_str().is_empty())
@@ -49,7 +50,7 @@ impl Flags {
 
     /// `LEDGER_JWT_SECRET`, if set.
     pub(super) fn jwt_secret(&self) -> anyhow::Result<Option<JwtSecret>> {
-        given(&self.jwt_secret)
+        given(&self.secrets.jwt_secret)
             .map(|value| {
                 Ok(JwtSecret {
                     bytes: config::checked_secret(value, config::JWT_SECRET_ENV)?,
@@ -62,7 +63,8 @@ impl Flags {
     /// `SPOT_CORE_TOKEN`, if set. Set but empty is an error: it would silently turn
     /// authentication off.
     pub(super) fn spot_core_token(&self) -> anyhow::Result<Option<String>> {
-        self.spot_core_token
+        self.secrets
+            .spot_core_token
             .as_deref()
             .map(|v| spot_core::checked_token(v, spot_core::TOKEN_ENV))
             .transpose()
@@ -72,13 +74,13 @@ impl Flags {
     /// settings.
     pub(super) fn limits(&self) -> anyhow::Result<LimitsConfig> {
         let mut limits = LimitsConfig::seed_defaults();
-        if let Some(v) = given(&self.rate_per_second) {
+        if let Some(v) = given(&self.server.rate_per_second) {
             limits.requests_per_second = parse_limit(v, RATE_PER_SECOND_ENV)?;
         }
-        if let Some(v) = given(&self.daily_count_max) {
+        if let Some(v) = given(&self.server.daily_count_max) {
             limits.daily.count_max = parse_limit::<u64>(v, DAILY_COUNT_MAX_ENV)?;
         }
-        if let Some(v) = given(&self.daily_amount_max) {
+        if let Some(v) = given(&self.server.daily_amount_max) {
             limits.daily.amount_max = parse_amounts(v)?;
         }
         Ok(limits)
@@ -100,15 +102,24 @@ impl Flags {
                 .transpose()
         };
         Ok(RecoveryConfig::with_overrides(&RecoveryOverrides {
-            stale_ms: ms("LEDGER_RECOVERY_STALE_MS", &self.recovery_stale_ms)?,
-            interval_ms: ms("LEDGER_RECOVERY_INTERVAL_MS", &self.recovery_interval_ms)?,
-            lease_ms: ms("LEDGER_RECOVERY_LEASE_MS", &self.recovery_lease_ms)?,
-            batch_max: ms("LEDGER_RECOVERY_BATCH_MAX", &self.recovery_batch_max)?,
-            backoff_ms_base: ms("LEDGER_RETRY_BACKOFF_MS_BASE", &self.retry_backoff_ms_base)?,
-            backoff_ms_max: ms("LEDGER_RETRY_BACKOFF_MS_MAX", &self.retry_backoff_ms_max)?,
+            stale_ms: ms("LEDGER_RECOVERY_STALE_MS", &self.server.recovery_stale_ms)?,
+            interval_ms: ms(
+                "LEDGER_RECOVERY_INTERVAL_MS",
+                &self.server.recovery_interval_ms,
+            )?,
+            lease_ms: ms("LEDGER_RECOVERY_LEASE_MS", &self.server.recovery_lease_ms)?,
+            batch_max: ms("LEDGER_RECOVERY_BATCH_MAX", &self.server.recovery_batch_max)?,
+            backoff_ms_base: ms(
+                "LEDGER_RETRY_BACKOFF_MS_BASE",
+                &self.server.retry_backoff_ms_base,
+            )?,
+            backoff_ms_max: ms(
+                "LEDGER_RETRY_BACKOFF_MS_MAX",
+                &self.server.retry_backoff_ms_max,
+            )?,
             alert_target_pending_ms: ms(
                 "LEDGER_ALERT_TARGET_PENDING_MS",
-                &self.alert_target_pending_ms,
+                &self.server.alert_target_pending_ms,
             )?,
         }))
     }
@@ -116,7 +127,7 @@ impl Flags {
     /// Time between periodic conservation checks: the setting's whole seconds, the default
     /// when unset or `0`; anything else is an error.
     pub(super) fn audit_interval(&self) -> anyhow::Result<Duration> {
-        let Some(text) = given(&self.invariant_interval_secs) else {
+        let Some(text) = given(&self.server.invariant_interval_secs) else {
             return Ok(AUDIT_INTERVAL_DEFAULT);
         };
         let secs = text.trim().parse::<u64>().map_err(|_| {
@@ -144,7 +155,7 @@ impl Flags {
         let mut config = HorizonConfig::default();
         if let Some(secs) = number(
             "LEDGER_IDEMPOTENCY_RETENTION_SECS",
-            &self.idempotency_retention_secs,
+            &self.server.idempotency_retention_secs,
         )? {
             config.retention = Duration::from_secs(secs);
             anyhow::ensure!(
@@ -154,7 +165,10 @@ impl Flags {
                 horizon::RETENTION_MIN.as_secs()
             );
         }
-        if let Some(ms) = number("LEDGER_HORIZON_INTERVAL_MS", &self.horizon_interval_ms)? {
+        if let Some(ms) = number(
+            "LEDGER_HORIZON_INTERVAL_MS",
+            &self.server.horizon_interval_ms,
+        )? {
             anyhow::ensure!(ms > 0, "LEDGER_HORIZON_INTERVAL_MS must be positive");
             config.interval = Duration::from_millis(ms);
         }
@@ -170,23 +184,26 @@ impl Flags {
             }
         };
         let mut limits = edge::http_server::HttpLimits::default();
-        if let Some(ms) = positive("LEDGER_HTTP_HEADER_TIMEOUT_MS", self.http_header_timeout_ms)? {
+        if let Some(ms) = positive(
+            "LEDGER_HTTP_HEADER_TIMEOUT_MS",
+            self.server.http_header_timeout_ms,
+        )? {
             limits.header_read_timeout = Duration::from_millis(ms);
         }
         if let Some(ms) = positive(
             "LEDGER_HTTP_REQUEST_TIMEOUT_MS",
-            self.http_request_timeout_ms,
+            self.server.http_request_timeout_ms,
         )? {
             limits.request_timeout = Duration::from_millis(ms);
         }
         let count = |v: Option<usize>| v.map(|n| n as u64);
         if let Some(n) = positive(
             "LEDGER_HTTP_CONNECTIONS_MAX",
-            count(self.http_connections_max),
+            count(self.server.http_connections_max),
         )? {
             limits.connections_max = usize::try_from(n)?;
         }
-        let per_address = count(self.http_connections_per_address_max);
+        let per_address = count(self.server.http_connections_per_address_max);
         if let Some(n) = positive("LEDGER_HTTP_CONNECTIONS_PER_ADDRESS_MAX", per_address)? {
             limits.connections_per_address_max = usize::try_from(n)?;
         }
@@ -196,7 +213,7 @@ impl Flags {
     /// Each cell's bulkhead under a cell map, when given (`None`: the connections cap shared
     /// evenly, `HttpSettings::cell_in_flight_max`); 0 is refused.
     pub(super) fn cell_in_flight_max(&self) -> anyhow::Result<Option<usize>> {
-        match self.cell_in_flight_max {
+        match self.server.cell_in_flight_max {
             Some(0) => anyhow::bail!("{CELL_IN_FLIGHT_MAX_ENV} must be a positive integer"),
             other => Ok(other),
         }
@@ -204,7 +221,7 @@ impl Flags {
 
     /// Where `/metrics` is served (`METRICS_LISTEN_DEFAULT` when unset).
     pub(super) fn metrics_listen(&self) -> MetricsListen {
-        match given(&self.metrics_listen).map(str::trim) {
+        match given(&self.server.metrics_listen).map(str::trim) {
             Some(v) if v.eq_ignore_ascii_case("api") => MetricsListen::Api,
             Some(v) => MetricsListen::Address {
                 addr: v.to_owned(),
@@ -239,12 +256,12 @@ impl Flags {
         Ok(application::alerts::FrequencyConfig {
             requests_per_minute: threshold(
                 "LEDGER_ALERT_REQUESTS_PER_MINUTE",
-                &self.alert_requests_per_minute,
+                &self.server.alert_requests_per_minute,
                 defaults.requests_per_minute,
             )?,
             refusals_per_minute: threshold(
                 "LEDGER_ALERT_REFUSALS_PER_MINUTE",
-                &self.alert_refusals_per_minute,
+                &self.server.alert_refusals_per_minute,
                 defaults.refusals_per_minute,
             )?,
         })
@@ -255,9 +272,10 @@ impl Flags {
         let default = liveness::TcpLiveness::DEFAULT;
         liveness::TcpLiveness {
             keepalive: self
+                .database
                 .tcp_keepalive_ms
                 .map_or(default.keepalive, Duration::from_millis),
-            user_timeout: (self.tcp_user_timeout_ms)
+            user_timeout: (self.database.tcp_user_timeout_ms)
                 .map_or(default.user_timeout, Duration::from_millis),
         }
     }
@@ -266,7 +284,7 @@ impl Flags {
     pub(super) fn db_liveness(&self) -> schema::DbLiveness {
         schema::DbLiveness {
             tcp: self.spot_liveness(),
-            idle_in_transaction: (self.db_idle_in_transaction_ms).map_or(
+            idle_in_transaction: (self.database.db_idle_in_transaction_ms).map_or(
                 schema::DbLiveness::DEFAULT.idle_in_transaction,
                 Duration::from_millis,
             ),
@@ -308,13 +326,20 @@ fn parse_amounts(text: &str) -> anyhow::Result<BTreeMap<AssetSymbol, rust_decima
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::settings::flags::{DatabaseFlags, ServerFlags};
     use application::FailPoints;
 
     #[test]
     fn blank_values_count_as_unset() {
         let settings = Flags {
-            database_url: Some("  ".into()),
-            invariant_interval_secs: Some("0".into()),
+            database: DatabaseFlags {
+                database_url: Some("  ".into()),
+                ..DatabaseFlags::default()
+            },
+            server: ServerFlags {
+                invariant_interval_secs: Some("0".into()),
+                ..ServerFlags::default()
+            },
             ..Flags::default()
         };
         assert_eq!(settings.database_url(), schema::DEFAULT_DATABASE_URL);
@@ -329,8 +354,11 @@ mod tests {
             HorizonConfig::default()
         );
         let settings = Flags {
-            idempotency_retention_secs: Some("5".into()),
-            horizon_interval_ms: Some(" 500 ".into()),
+            server: ServerFlags {
+                idempotency_retention_secs: Some("5".into()),
+                horizon_interval_ms: Some(" 500 ".into()),
+                ..ServerFlags::default()
+            },
             ..Flags::default()
         };
         assert_eq!(
@@ -342,8 +370,11 @@ mod tests {
         );
         for (retention, interval) in [("0", "1"), ("x", "1"), ("5", "0"), ("5", "-1")] {
             let settings = Flags {
-                idempotency_retention_secs: Some(retention.into()),
-                horizon_interval_ms: Some(interval.into()),
+                server: ServerFlags {
+                    idempotency_retention_secs: Some(retention.into()),
+                    horizon_interval_ms: Some(interval.into()),
+                    ..ServerFlags::default()
+                },
                 ..Flags::default()
             };
             assert!(settings.horizon().is_err(), "{retention} {interval}");
@@ -360,7 +391,10 @@ mod tests {
             }
         );
         let with = |v: &str| Flags {
-            metrics_listen: Some(v.into()),
+            server: ServerFlags {
+                metrics_listen: Some(v.into()),
+                ..ServerFlags::default()
+            },
             ..Flags::default()
         };
         assert_eq!(with(" API ").metrics_listen(), MetricsListen::Api);
@@ -378,15 +412,21 @@ mod tests {
         let defaults = Flags::default().frequency().unwrap();
         assert_eq!(defaults, application::alerts::FrequencyConfig::default());
         let settings = Flags {
-            alert_requests_per_minute: Some("5".into()),
-            alert_refusals_per_minute: Some("off".into()),
+            server: ServerFlags {
+                alert_requests_per_minute: Some("5".into()),
+                alert_refusals_per_minute: Some("off".into()),
+                ..ServerFlags::default()
+            },
             ..Flags::default()
         };
         let config = settings.frequency().unwrap();
         assert_eq!(config.requests_per_minute, Some(5));
         assert_eq!(config.refusals_per_minute, None);
         let bad = Flags {
-            alert_requests_per_minute: Some("-1".into()),
+            server: ServerFlags {
+                alert_requests_per_minute: Some("-1".into()),
+                ..ServerFlags::default()
+            },
             ..Flags::default()
         };
         assert!(bad.frequency().is_err());
@@ -395,7 +435,10 @@ mod tests {
     #[test]
     fn recovery_settings_override_clamp_and_refuse_nonsense() {
         let settings = Flags {
-            recovery_interval_ms: Some("1".into()),
+            server: ServerFlags {
+                recovery_interval_ms: Some("1".into()),
+                ..ServerFlags::default()
+            },
             ..Flags::default()
         };
         let config = settings.recovery().unwrap();
@@ -405,7 +448,10 @@ mod tests {
             RecoveryConfig::default().backoff_ms_base
         );
         let nonsense = Flags {
-            retry_backoff_ms_base: Some("nonsense".into()),
+            server: ServerFlags {
+                retry_backoff_ms_base: Some("nonsense".into()),
+                ..ServerFlags::default()
+            },
             ..Flags::default()
         };
         let refused = nonsense.recovery().unwrap_err().to_string();
@@ -418,7 +464,10 @@ mod tests {
     #[test]
     fn the_audit_interval_takes_seconds_and_refuses_nonsense() {
         let with = |v: &str| Flags {
-            invariant_interval_secs: Some(v.into()),
+            server: ServerFlags {
+                invariant_interval_secs: Some(v.into()),
+                ..ServerFlags::default()
+            },
             ..Flags::default()
         };
         assert_eq!(with("5").audit_interval().unwrap(), Duration::from_secs(5));
@@ -441,8 +490,11 @@ mod tests {
     fn a_fail_point_needs_a_known_name_and_the_opt_in() {
         use application::FailPoint;
         let armed = |name: &str, allow: bool| Flags {
-            failpoint: Some(name.into()),
-            allow_failpoints: allow,
+            server: ServerFlags {
+                failpoint: Some(name.into()),
+                allow_failpoints: allow,
+                ..ServerFlags::default()
+            },
             ..Flags::default()
         };
         let unknown = armed("after_int", true).failpoints().unwrap_err();
@@ -465,7 +517,7 @@ mod tests {
         #[derive(Parser)]
         struct Cli {
             #[command(flatten)]
-            flags: Flags,
+            flags: ServerFlags,
         }
         let parsed = Cli::try_parse_from(["ledger", "--allow-failpoints"]).unwrap();
         assert!(parsed.flags.allow_failpoints);

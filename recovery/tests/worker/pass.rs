@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use application::testkit::scenario::request;
-use application::testkit::{AccountFault, Call, Scenario, StoreCall, StoreFault};
+use application::testkit::{AccountFault, Call, EventKind, Scenario, StoreCall, StoreFault};
 use application::Clock;
 use domain::{AccountType, Operation, TransferState as S};
 use recovery::worker::PassReport;
@@ -56,9 +56,9 @@ fn a_pass_looks_up_before_it_retries_and_never_repeats_an_applied_call() {
     let then = w.when_pass();
     assert_eq!(report(&then), finished_one());
     then.appended(&[
-        "SourceWithdrawn",
-        "TargetDepositStarted",
-        "TransferCommitted",
+        EventKind::SourceWithdrawn,
+        EventKind::TargetDepositStarted,
+        EventKind::TransferCommitted,
     ])
     .funding_calls(&[Call::Lookup(Operation::Withdraw)])
     .spot_calls(&[Call::Lookup(Operation::Deposit), Call::Deposit])
@@ -118,7 +118,7 @@ fn an_unknown_outcome_is_recorded_and_retried_after_its_backoff() {
     w.wait(Duration::from_millis(config().backoff_ms(1)));
     let then = w.when_pass();
     assert_eq!(report(&then), finished_one());
-    then.appended(&["TransferCommitted"])
+    then.appended(&[EventKind::TransferCommitted])
         .spot_calls(&[Call::Lookup(Operation::Deposit), Call::Deposit])
         .balances("90", Some("10"));
     assert_eq!(w.retry_row().attempts, 2);
@@ -199,7 +199,7 @@ fn a_worker_that_dies_mid_drive_keeps_the_lease_until_it_ends_then_another_finis
             ..finished_one()
         }
     );
-    then.appended(&["TransferCommitted"])
+    then.appended(&[EventKind::TransferCommitted])
         .spot_calls(&[Call::Lookup(Operation::Deposit)])
         .balances("90", Some("10"));
 }
