@@ -187,7 +187,40 @@ async fn cells_011_each_cells_feed_is_dense_and_the_merged_feed_gives_every_even
     assert_eq!(status, 200, "{body}");
     let want = format!("id: 1:{},2:{n2},3:{}", feeds[&1].len(), feeds[&3].len() + 1);
     read_sse_until(&mut resp, &mut text, &want).await;
+    drop(resp);
+
+    // Not following: from the same cursor, every cell's events up to its head as the stream
+    // found it (cell 2's last two, cell 3's new transfer), then the stream ends by itself.
     three.assert_every_cell_exact().await;
+    let (status, page) = call(base, Method::GET, "/api/v1/events?limit=1", &admin, None).await;
+    assert_eq!(status, 200, "{page}");
+    let heads = page["head"].as_str().unwrap().to_owned();
+    let n3 = i64::try_from(feeds[&3].len()).unwrap();
+    let new_in_3: i64 = heads
+        .split(',')
+        .find_map(|part| part.strip_prefix("3:"))
+        .and_then(|p| p.parse::<i64>().ok())
+        .map(|head| head - n3)
+        .expect("cell 3's head");
+    let resp = reqwest::Client::new()
+        .get(format!(
+            "{base}/api/v1/events/stream?after={start}&follow=false"
+        ))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = tokio::time::timeout(Duration::from_secs(20), resp.text())
+        .await
+        .expect("a stream that does not follow ends at the heads")
+        .unwrap();
+    let ids: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("id: "))
+        .collect();
+    assert_eq!(ids.len(), usize::try_from(2 + new_in_3).unwrap(), "{text}");
+    assert_eq!(ids.last().copied(), Some(heads.as_str()), "{text}");
 }
 
 /// Reads the SSE body until `text` holds `needle` (bounded).
