@@ -170,15 +170,18 @@ pub struct FeedParams {
     pub limit: Option<i64>,
 }
 
-/// `GET /api/v1/events/stream`' query and headers.
+/// `GET /api/v1/events/stream`' query.
 #[allow(dead_code)]
 #[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct StreamParams {
     /// Events with a position above this one (0 when absent; `Last-Event-ID` wins). Under a cell
     /// map a cursor of one position per cell, `1:5120,2:4987,3:5011` (contract §8.1).
     #[param(minimum = 0)]
-    #[into_params(parameter_in = Query)]
     pub after: Option<i64>,
+    /// `true` (the default): after the events there are, wait for new ones, endlessly. `false`:
+    /// the events up to the feed's head as the request finds it, then the stream ends.
+    pub follow: Option<bool>,
 }
 
 /// A page of the feed.
