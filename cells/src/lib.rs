@@ -1,13 +1,15 @@
 //! Cells (ADR 0017): users are placed by a stable hash onto a fixed number of partitions, and a
 //! cell map names each partition's cell, a full stack of its own (a PostgreSQL, a spot-core).
 //! This crate is the pure part: the map's file format and its validation (`map.rs`), the
-//! partition function (`partition.rs`) and the placement of a user in a cell. It does no I/O:
+//! partition function (`partition.rs`), the placement of a user in a cell, and the moves that
+//! would even out the cells (`plan.rs`, ADR 0023). It does no I/O:
 //! the binary reads the file, the `schema` crate stores the map in each cell's database.
 
 pub mod cursor;
 pub mod map;
 pub mod partition;
 mod placement;
+pub mod plan;
 
 use std::num::NonZeroU16;
 
@@ -15,6 +17,7 @@ pub use cursor::{CursorError, FeedCursor};
 pub use map::{CellMap, CellSpec, MapError, MapFormat, MemberKind, MemberSpec, SpotAddress};
 pub use partition::{partition_of, partition_of_bytes, Partition, PARTITIONS};
 pub use placement::{PartitionMismatch, Placement};
+pub use plan::{plan, Plan, PlannedMove};
 
 /// A cell's id: 1 to 65,535, never reused for another stack. Without a cell map the one cell is
 /// [`CellId::ONE`].

@@ -63,6 +63,10 @@ pub enum Command {
     Audit(AuditArgs),
     #[command(flatten)]
     Log(crate::log_cli::LogCommand),
+    /// The operator's commands over a cell map (ADR 0023): `plan` prints the partition moves
+    /// that would even the cells out.
+    #[command(subcommand)]
+    Cells(crate::cells_cli::CellsCommand),
     /// Run the spot-core engine in this process.
     #[command(name = "spot-core", hide = true)]
     SpotCore(Box<spot_core::Args>),
@@ -109,6 +113,14 @@ impl Command {
                 ..flags
             },
             Command::Log(command) => command.flags(otel),
+            Command::Cells(command) => {
+                let (cells, database) = command.cell_flags();
+                Flags {
+                    cells: cells.clone(),
+                    database: database.clone(),
+                    ..flags
+                }
+            }
             Command::SpotCore(_) => flags,
         }
     }
@@ -223,6 +235,7 @@ async fn run_command(command: Command, settings: Settings) -> anyhow::Result<()>
         Command::Audit(_) => unreachable!("`run` answers `ledger audit` itself"),
         Command::SpotCore(args) => spot_core::run(*args).await,
         Command::Log(command) => crate::log_cli::run(command, &settings).await,
+        Command::Cells(command) => crate::cells_cli::run(command, &settings).await,
     }
 }
 

@@ -7,6 +7,7 @@
 //! (`edge`). The integration tests serve the same router in process ([`serve_with`]).
 
 pub(crate) mod api_doc;
+pub(crate) mod cells_cli;
 pub mod cellular;
 pub mod cli;
 pub mod config;
