@@ -30,16 +30,6 @@ pub struct Plan {
     pub after: BTreeMap<CellId, u64>,
 }
 
-impl Plan {
-    /// The heaviest cell's weight over the lightest's, before and after (1.0 when even; `None`
-    /// when the lightest weighs nothing).
-    pub fn spread(loads: &BTreeMap<CellId, u64>) -> Option<f64> {
-        let max = loads.values().copied().max()?;
-        let min = loads.values().copied().min()?;
-        (min > 0).then(|| max as f64 / min as f64)
-    }
-}
-
 /// The plan for `map` under `weights` (a partition absent weighs 0), at most `max_moves` moves.
 pub fn plan(map: &CellMap, weights: &BTreeMap<Partition, u64>, max_moves: usize) -> Plan {
     let mut owner: BTreeMap<Partition, CellId> = map.assignments().collect();
@@ -144,8 +134,6 @@ mod tests {
             .moves
             .iter()
             .all(|m| m.from == cell(1) && m.to == cell(2)));
-        assert_eq!(Plan::spread(&plan.after), Some(1.0));
-        assert_eq!(Plan::spread(&plan.before), None);
     }
 
     #[test]
