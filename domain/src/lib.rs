@@ -3,6 +3,7 @@
 
 pub mod assets;
 pub mod codes;
+pub mod invariant;
 pub mod movements;
 pub mod port;
 pub mod stored;
