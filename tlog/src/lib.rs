@@ -11,6 +11,7 @@
 
 pub mod checkpoint;
 pub mod hash;
+pub mod invariant;
 pub mod leaf;
 pub mod note;
 pub mod proof;
