@@ -22,37 +22,8 @@ impl Coordinator {
         operation: Operation,
         route: Route,
     ) -> Vec<Moved> {
-        let (before, after) = match operation {
-            Operation::Withdraw => (
-                FailPoint::SourcePendingBeforeCall,
-                FailPoint::SourceAfterCall,
-            ),
-            Operation::Deposit => (
-                FailPoint::TargetPendingBeforeCall,
-                FailPoint::TargetAfterCall,
-            ),
-            Operation::Refund => (
-                FailPoint::CompensatingBeforeRefund,
-                FailPoint::CompensatingAfterRefund,
-            ),
-        };
-        let datas: Vec<TransferData> = group
-            .iter()
-            .filter_map(|lane| lane.ctx.aggregate.data.clone())
-            .collect();
-        // Precondition: every lane holds a created transfer in the state this call serves
-        // (`drive_many` groups them by it); a lane dropped here would never be answered.
-        let serves = match operation {
-            Operation::Withdraw => TransferState::SourcePending,
-            Operation::Deposit => TransferState::TargetPending,
-            Operation::Refund => TransferState::Compensating,
-        };
-        invariant!(
-            datas.len() == group.len() && datas.iter().all(|d| d.state == serves),
-            "a {operation:?} round over {} lanes, {} of them created and in {serves}",
-            group.len(),
-            datas.iter().filter(|d| d.state == serves).count()
-        );
+        let (before, after) = call_points(operation);
+        let datas = lanes_data(&group, operation);
         self.failpoints.hit(before);
         let outcomes = self.calls(operation, &datas, route).await;
         self.failpoints.hit(after);
@@ -205,6 +176,46 @@ impl Coordinator {
         }
         port.movements(operation, movements).await
     }
+}
+
+/// The fail points before and after a round's `operation` calls (the crash tests').
+fn call_points(operation: Operation) -> (FailPoint, FailPoint) {
+    match operation {
+        Operation::Withdraw => (
+            FailPoint::SourcePendingBeforeCall,
+            FailPoint::SourceAfterCall,
+        ),
+        Operation::Deposit => (
+            FailPoint::TargetPendingBeforeCall,
+            FailPoint::TargetAfterCall,
+        ),
+        Operation::Refund => (
+            FailPoint::CompensatingBeforeRefund,
+            FailPoint::CompensatingAfterRefund,
+        ),
+    }
+}
+
+/// The transfers of a round's lanes, in order. Precondition: every lane holds a created
+/// transfer in the state this call serves (`drive_many` groups them by it); a lane dropped
+/// here would never be answered.
+fn lanes_data(group: &[Lane], operation: Operation) -> Vec<TransferData> {
+    let datas: Vec<TransferData> = group
+        .iter()
+        .filter_map(|lane| lane.ctx.aggregate.data.clone())
+        .collect();
+    let serves = match operation {
+        Operation::Withdraw => TransferState::SourcePending,
+        Operation::Deposit => TransferState::TargetPending,
+        Operation::Refund => TransferState::Compensating,
+    };
+    invariant!(
+        datas.len() == group.len() && datas.iter().all(|d| d.state == serves),
+        "a {operation:?} round over {} lanes, {} of them created and in {serves}",
+        group.len(),
+        datas.iter().filter(|d| d.state == serves).count()
+    );
+    datas
 }
 
 /// The account system `operation` of this transfer is made in.

@@ -247,8 +247,23 @@ impl Engine {
         let before = self.account_of(m.user_id, &m.asset).map(|a| a.available);
         let record = JournalRecord::from_movement(op, rec);
         self.apply_own(record.clone());
-        // Postconditions of a decided movement: an applied one moved its account by exactly its
-        // amount, to the balance it records, never below zero; a refused one moved nothing.
+        self.check_moved(op, m, amount, before, balance);
+        Effect {
+            response,
+            record: Some(record),
+        }
+    }
+
+    /// Postconditions of a decided movement: an applied one moved its account by exactly its
+    /// amount, to the balance it records, never below zero; a refused one moved nothing.
+    fn check_moved(
+        &self,
+        op: MovementOp,
+        m: &MovementRequest,
+        amount: Decimal,
+        before: Option<Decimal>,
+        balance: Option<Decimal>,
+    ) {
         let after = self.account_of(m.user_id, &m.asset).map(|a| a.available);
         let moved = match (op, before) {
             (MovementOp::Withdraw, Some(b)) => Some((b - amount).normalize()),
@@ -267,10 +282,6 @@ impl Engine {
             amount,
             m.asset
         );
-        Effect {
-            response,
-            record: Some(record),
-        }
     }
 
     /// Business rules: the new available balance, or the refusal to record.
