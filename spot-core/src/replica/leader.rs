@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 use super::ctx::{Peer, ReplicaCtx};
 use super::history::Position;
 use super::wire::{self, Message};
+use crate::invariant;
 use crate::journal::{read_journal, SharedCatalog};
 use crate::protocol::Response;
 use crate::storage::encode_record;
@@ -80,6 +81,18 @@ impl Shipper {
 
 impl Replicate for Shipper {
     fn ship(&self, first: u64, last: u64, frames: &[u8]) {
+        // A batch is shipped whole, after the leader's write of it (`written`) and before its
+        // sync: seqs `first..=last` of at least one frame, the last the one written. A follower
+        // refuses anything else (`wal/follow.rs`), and would stop following.
+        invariant!(
+            first >= 1
+                && first <= last
+                && !frames.is_empty()
+                && self.written.load(Ordering::Acquire) == last,
+            "shipping {first}..={last} ({} bytes) with {} written",
+            frames.len(),
+            self.written.load(Ordering::Acquire)
+        );
         let shipment = Arc::new(Shipment {
             first,
             last,
