@@ -72,6 +72,33 @@ fn appended(answer: Answer) -> Result<(), PersistenceError> {
     }
 }
 
+/// The read-back check of one aggregate's stored events (every load folds them): sequences
+/// `after + 1`, `after + 2`, ... in order, no gap and no repeat, each of `aggregate_id`. A gap
+/// would fold a transfer past a step of the transition table it never took (and the next
+/// append, decided on the short sequence, would conflict forever). Persisted input: refused
+/// with an error (the transfer is not driven from it; the worker keeps reporting it), never an
+/// abort, which would only crash-loop on the same rows.
+fn dense(
+    aggregate_id: &str,
+    after: usize,
+    events: &[SerializedEvent],
+) -> Result<(), PersistenceError> {
+    for (i, e) in events.iter().enumerate() {
+        let want = after + i + 1;
+        if e.sequence != want || e.aggregate_id != aggregate_id {
+            tracing::error!(%aggregate_id, want, found = e.sequence, of = %e.aggregate_id, "event log read back out of order; refused");
+            return Err(PersistenceError::UnknownError(
+                format!(
+                    "event log: {aggregate_id}: expected sequence {want}, read {} of {}",
+                    e.sequence, e.aggregate_id
+                )
+                .into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Reads through postgres-es; appends through the batching appender.
 #[derive(Clone)]
 pub struct BatchingEventRepository {
@@ -364,7 +391,9 @@ impl PersistedEventRepository for BatchingEventRepository {
         &self,
         aggregate_id: &str,
     ) -> Result<Vec<SerializedEvent>, PersistenceError> {
-        self.reads.get_events::<A>(aggregate_id).await
+        let events = self.reads.get_events::<A>(aggregate_id).await?;
+        dense(aggregate_id, 0, &events)?;
+        Ok(events)
     }
 
     async fn get_last_events<A: Aggregate>(
@@ -372,9 +401,12 @@ impl PersistedEventRepository for BatchingEventRepository {
         aggregate_id: &str,
         last_sequence: usize,
     ) -> Result<Vec<SerializedEvent>, PersistenceError> {
-        self.reads
+        let events = self
+            .reads
             .get_last_events::<A>(aggregate_id, last_sequence)
-            .await
+            .await?;
+        dense(aggregate_id, last_sequence, &events)?;
+        Ok(events)
     }
 
     async fn get_snapshot<A: Aggregate>(
@@ -459,7 +491,15 @@ fn decode(req_id: &str, event_version: &str, payload: Value) -> Result<TransferE
 pub async fn transfer_events(pool: &PgPool, req_id: &str) -> Result<Vec<LoggedEvent>, LogError> {
     let rows = eventlog::transfers::transfer_events(pool, req_id).await?;
     rows.into_iter()
-        .map(|row| {
+        .enumerate()
+        .map(|(i, row)| {
+            // Read back dense: sequences 1, 2, ... (see `dense`).
+            if usize::try_from(row.sequence).ok() != Some(i + 1) {
+                return Err(LogError::Undecodable {
+                    req_id: req_id.to_owned(),
+                    problem: format!("expected sequence {}, read {}", i + 1, row.sequence),
+                });
+            }
             let event = decode(req_id, &row.event_version, row.payload)?;
             Ok(LoggedEvent {
                 sequence: row.sequence,

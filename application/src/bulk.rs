@@ -14,6 +14,9 @@
 //! stays where it is and the recovery worker resumes it, looking it up first), and only an
 //! explicit refusal moves money back.
 
+mod calls;
+mod create;
+
 use std::collections::HashMap;
 
 /// The default most transfers one bulk request may carry (`LEDGER_BULK_TRANSFERS_MAX`).
@@ -39,17 +42,10 @@ pub fn body_bytes_max(transfers_max: usize) -> usize {
         .saturating_mul(ITEM_BYTES_MAX)
         .saturating_add(1024)
 }
-
-use domain::{
-    AccountPort, AccountType, AdapterOutcome, ErrorCode, Movement, Operation, TransferCommand,
-    TransferData, TransferState, UserId,
-};
+use domain::{invariant, ErrorCode, Operation, TransferData, TransferState, UserId};
 
 use crate::coordinator::{Context, Coordinator, CoordinatorError, NewTransfer};
-use crate::drive::definite;
 use crate::failpoint::FailPoint;
-use crate::ports::{CidClaim, Creation, CreationOutcome};
-use crate::submit::{CidKey, Created};
 
 /// Where an item of a batch stands before its creation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,7 +144,14 @@ impl Coordinator {
                 Err(answer) => answers[i] = Some(answer),
             }
         }
+        let sent = fresh.len();
         let driven = self.create_and_drive_many(fresh, Route::Batch).await;
+        // `create_and_drive_many`'s postcondition: one answer per request, in order.
+        invariant!(
+            driven.len() == sent,
+            "a batch of {sent} came back with {} answers",
+            driven.len()
+        );
         for (i, answer) in positions.into_iter().zip(driven) {
             answers[i] = Some(answer);
         }
@@ -194,7 +197,21 @@ impl Coordinator {
             // is announced before it is called.
             self.failpoints.hit(FailPoint::AfterCreatedWithdrawStarted);
         }
-        for (index, data) in self.drive_many(lanes, route).await {
+        let lanes_in = lanes.len();
+        let driven = self.drive_many(lanes, route).await;
+        // Every lane comes back once: none lost (its request would go unanswered though its
+        // transfer exists), none twice.
+        invariant!(
+            driven.len() == lanes_in,
+            "{lanes_in} lanes driven, {} came back",
+            driven.len()
+        );
+        for (index, data) in driven {
+            invariant!(
+                answers[index].is_none(),
+                "item {index} of the batch answered twice ({})",
+                data.req_id
+            );
             answers[index] = Some(Ok(data));
         }
         for (i, slot) in slots.iter().enumerate() {
@@ -208,178 +225,6 @@ impl Coordinator {
             .collect()
     }
 
-    /// Creates the own items of a batch, each in the same durable write as its cid's claim and
-    /// its daily charge (`TransferLog::create_many`, ADR 0022): the created ones as lanes, the
-    /// others answered in `answers`. An item whose key someone claimed first takes the separate
-    /// steps alone (the claim found: a repeat, a reused key or an orphan claim). `None` when
-    /// the log cannot create that way; nothing was written then.
-    async fn create_together(
-        &self,
-        requests: &[NewTransfer],
-        slots: &[Slot],
-        answers: &mut [Option<Result<TransferData, CoordinatorError>>],
-    ) -> Option<Vec<Lane>> {
-        let day = crate::daily::day_of(self.clock.now());
-        let (staged, creations) = self.stage_creations(requests, slots, answers).await;
-        let outcomes = match creations.is_empty() {
-            true => Vec::new(),
-            false => self.log.create_many(creations, &self.daily, day).await?,
-        };
-        if outcomes.len() != staged.len() {
-            for (i, _, _) in &staged {
-                answers[*i] = Some(Err(CoordinatorError::invariant("the log lost an answer")));
-            }
-            return Some(Vec::new());
-        }
-        let mut lanes = Vec::with_capacity(staged.len());
-        let mut alone = Vec::new();
-        for ((i, req_id, ctx), outcome) in staged.into_iter().zip(outcomes) {
-            let created = match outcome {
-                Ok(CreationOutcome::Appended(current_sequence)) => Ok(Context {
-                    current_sequence,
-                    ..ctx
-                }),
-                Ok(CreationOutcome::KeyTaken) => {
-                    alone.push(i);
-                    continue;
-                }
-                Ok(CreationOutcome::Refused(code)) => {
-                    answers[i] = Some(Err(CoordinatorError::Refused(code)));
-                    continue;
-                }
-                Err(e) => Err(e),
-            };
-            // Nothing was charged apart from the creation, so there is no charge to give back.
-            match self
-                .settle_creation(&requests[i], req_id, None, created)
-                .await
-            {
-                Ok(Created::New(ctx)) => lanes.push(Lane { index: i, ctx }),
-                Ok(Created::Answered(existing)) => answers[i] = Some(Ok(existing)),
-                Ok(Created::ClaimMoved) => alone.push(i),
-                Err(e) => answers[i] = Some(Err(e)),
-            }
-        }
-        for i in alone {
-            answers[i] = Some(self.create_and_drive_alone(requests[i].clone()).await);
-        }
-        Some(lanes)
-    }
-
-    /// Each own item's creation staged on the empty aggregate, with its claim and its charge:
-    /// (index, req_id, context) and the creations to write, in the same order; an item the
-    /// aggregate refuses is answered in `answers`.
-    async fn stage_creations(
-        &self,
-        requests: &[NewTransfer],
-        slots: &[Slot],
-        answers: &mut [Option<Result<TransferData, CoordinatorError>>],
-    ) -> (Vec<(usize, domain::ReqId, Context)>, Vec<Creation>) {
-        let charged = !self.daily.is_unlimited();
-        let mut staged = Vec::new();
-        let mut creations = Vec::new();
-        for i in (0..requests.len()).filter(|&i| slots[i] == Slot::Own) {
-            let request = &requests[i];
-            // Generated as late as possible (`horizon.rs`): just before the write.
-            let req_id = self.clock.req_id();
-            let (ctx, command) = self.creation(req_id, request);
-            match self.stage_steps(ctx, command, true).await {
-                Ok((ctx, commit)) => {
-                    let claim = request.cid.clone().map(|cid| CidClaim {
-                        user: request.user_id,
-                        cid,
-                        req_id,
-                        fingerprint: request.fingerprint(),
-                    });
-                    let charge = charged.then(|| request.charge());
-                    creations.push(Creation {
-                        commit,
-                        claim,
-                        charge,
-                    });
-                    staged.push((i, req_id, ctx));
-                }
-                Err(e) => answers[i] = Some(Err(e)),
-            }
-        }
-        (staged, creations)
-    }
-
-    /// Claims each own item's cid and charges its daily limits: the creations to make (index,
-    /// req_id, day charged); the others answered (a repeat found, a refusal) in `answers`.
-    async fn claim_and_charge(
-        &self,
-        requests: &[NewTransfer],
-        slots: &[Slot],
-        answers: &mut [Option<Result<TransferData, CoordinatorError>>],
-    ) -> Vec<(usize, domain::ReqId, Option<chrono::NaiveDate>)> {
-        // The cid claims together, in one statement: each key is its own (a key used twice in
-        // the batch is one slot).
-        let own: Vec<usize> = (0..requests.len())
-            .filter(|&i| slots[i] == Slot::Own)
-            .collect();
-        let keyed = own.iter().copied().zip(self.cid_keys(requests, &own).await);
-        // Then the charges, all at once and in request order, so a daily limit running out
-        // refuses the batch's last items, as the same requests one after another would be.
-        let mut claimed = Vec::new();
-        for (i, keyed) in keyed {
-            match keyed {
-                Ok(CidKey::Answered(existing)) => answers[i] = Some(Ok(existing)),
-                Ok(CidKey::Key(key)) => claimed.push((i, key)),
-                Err(e) => answers[i] = Some(Err(e)),
-            }
-        }
-        let indices: Vec<usize> = claimed.iter().map(|&(i, _)| i).collect();
-        let charged = self.reserve_daily_many(requests, &indices).await;
-        let mut creations = Vec::new();
-        for ((i, key), charge) in claimed.into_iter().zip(charged) {
-            match charge {
-                // Generated as late as possible (`horizon.rs`): after the claims and charges.
-                Ok(reservation) => {
-                    let req_id = key.unwrap_or_else(|| self.clock.req_id());
-                    creations.push((i, req_id, reservation));
-                }
-                Err(e) => answers[i] = Some(Err(e)),
-            }
-        }
-        creations
-    }
-
-    /// Creates the prepared transfers in one append; the created ones are returned as lanes, the
-    /// others answered (a repeat found, a refusal) in `answers`. A creation whose cid claim was
-    /// re-keyed meanwhile (rare: it took half a retention) takes the single path alone.
-    async fn create_many(
-        &self,
-        requests: &[NewTransfer],
-        creations: Vec<(usize, domain::ReqId, Option<chrono::NaiveDate>)>,
-        answers: &mut [Option<Result<TransferData, CoordinatorError>>],
-    ) -> Vec<Lane> {
-        let steps = creations
-            .iter()
-            .map(|&(i, req_id, _)| {
-                let (ctx, command) = self.creation(req_id, &requests[i]);
-                (ctx, command, true)
-            })
-            .collect();
-        let created = self.commit_many(steps).await;
-        let mut lanes = Vec::with_capacity(created.len());
-        for ((i, req_id, reservation), created) in creations.into_iter().zip(created) {
-            let request = &requests[i];
-            match self
-                .settle_creation(request, req_id, reservation, created)
-                .await
-            {
-                Ok(Created::New(ctx)) => lanes.push(Lane { index: i, ctx }),
-                Ok(Created::Answered(existing)) => answers[i] = Some(Ok(existing)),
-                Ok(Created::ClaimMoved) => {
-                    answers[i] = Some(self.create_and_drive_alone(request.clone()).await);
-                }
-                Err(e) => answers[i] = Some(Err(e)),
-            }
-        }
-        lanes
-    }
-
     /// Drives the batch's transfers together, a round per step: every lane waiting on the same
     /// call is called in one `AccountPort::movements` and its outcomes committed in one append.
     /// Returns each lane's last known state.
@@ -388,7 +233,10 @@ impl Coordinator {
         while !lanes.is_empty() {
             let mut by_state: HashMap<TransferState, Vec<Lane>> = HashMap::new();
             for lane in lanes.drain(..) {
+                // A lane is made from a created transfer only; one without data would be
+                // dropped from the answers.
                 let Some(data) = lane.ctx.aggregate.data.clone() else {
+                    invariant!(false, "lane {} holds no transfer", lane.index);
                     continue;
                 };
                 if data.state.is_terminal() {
@@ -450,179 +298,6 @@ impl Coordinator {
             }
         }
         moved
-    }
-
-    /// One step for every lane waiting on `operation`: the calls (one per account system), then
-    /// the definite outcomes committed in one append. An unknown outcome (and a refund not
-    /// applied, which is never given up) records nothing: that lane stops where it is.
-    async fn call_round(&self, group: Vec<Lane>, operation: Operation, route: Route) -> Vec<Moved> {
-        let (before, after) = match operation {
-            Operation::Withdraw => (
-                FailPoint::SourcePendingBeforeCall,
-                FailPoint::SourceAfterCall,
-            ),
-            Operation::Deposit => (
-                FailPoint::TargetPendingBeforeCall,
-                FailPoint::TargetAfterCall,
-            ),
-            Operation::Refund => (
-                FailPoint::CompensatingBeforeRefund,
-                FailPoint::CompensatingAfterRefund,
-            ),
-        };
-        let datas: Vec<TransferData> = group
-            .iter()
-            .filter_map(|lane| lane.ctx.aggregate.data.clone())
-            .collect();
-        if datas.len() != group.len() {
-            return Vec::new();
-        }
-        self.failpoints.hit(before);
-        let outcomes = self.calls(operation, &datas, route).await;
-        self.failpoints.hit(after);
-        if operation == Operation::Withdraw && planted!(PersistAfterCall) {
-            for (data, outcome) in datas.iter().zip(&outcomes) {
-                if *outcome == AdapterOutcome::Success {
-                    // Planted: the deposit is called before its announcement is durable.
-                    let _ = self.port(data.to).deposit(&movement_of(data)).await;
-                }
-            }
-        }
-        let mut moved = Vec::with_capacity(group.len());
-        let mut steps = Vec::new();
-        let mut stepping = Vec::new();
-        for ((lane, data), outcome) in group.into_iter().zip(datas).zip(outcomes) {
-            match self.record_command(&data, operation, outcome) {
-                Some((command, through)) => {
-                    steps.push((lane.ctx, command, through));
-                    stepping.push((lane.index, data));
-                }
-                None => moved.push(Moved::Stop(lane.index, data)),
-            }
-        }
-        let committed = self.commit_many(steps).await;
-        let mut deposit_announced = false;
-        for ((index, data), ctx) in stepping.into_iter().zip(committed) {
-            match ctx {
-                Ok(ctx) => {
-                    deposit_announced |=
-                        ctx.aggregate.state() == Some(TransferState::TargetPending);
-                    moved.push(Moved::Next(Lane { index, ctx }));
-                }
-                Err(e) => moved.push(Moved::Broke(index, data, e)),
-            }
-        }
-        if deposit_announced {
-            self.failpoints.hit(FailPoint::AfterWithdrawnDepositStarted);
-        }
-        moved
-    }
-
-    /// The command recording `outcome`, and whether it goes through to the next call-free step
-    /// (a withdraw's outcome takes the deposit's announcement into the same commit); `None` when
-    /// the outcome records nothing.
-    fn record_command(
-        &self,
-        data: &TransferData,
-        operation: Operation,
-        outcome: AdapterOutcome,
-    ) -> Option<(TransferCommand, bool)> {
-        let at = self.clock.now();
-        match operation {
-            Operation::Withdraw => {
-                let outcome = definite(data, operation, outcome).ok()?;
-                Some((TransferCommand::RecordSourceOutcome { outcome, at }, true))
-            }
-            Operation::Deposit => {
-                let outcome = definite(data, operation, outcome).ok()?;
-                Some((TransferCommand::RecordTargetOutcome { outcome, at }, false))
-            }
-            // A refund is never given up: it stays COMPENSATING until it succeeds.
-            Operation::Refund => match outcome {
-                AdapterOutcome::Success => Some((TransferCommand::RecordRefund { at }, false)),
-                other => {
-                    tracing::error!(req_id = %data.req_id, outcome = ?other, "refund not applied; transfer stays COMPENSATING");
-                    None
-                }
-            },
-        }
-    }
-
-    /// Makes `operation` for every transfer, one `movements` call per account system (the two
-    /// systems' calls at the same time), and answers in the transfers' order.
-    async fn calls(
-        &self,
-        operation: Operation,
-        datas: &[TransferData],
-        route: Route,
-    ) -> Vec<AdapterOutcome> {
-        let mut outcomes: Vec<Option<AdapterOutcome>> = datas.iter().map(|_| None).collect();
-        let per_system = [AccountType::Funding, AccountType::Spot].map(|account| {
-            let (positions, movements): (Vec<usize>, Vec<Movement>) = datas
-                .iter()
-                .enumerate()
-                .filter(|(_, d)| port_account(d, operation) == account)
-                .map(|(i, d)| (i, movement_of(d)))
-                .unzip();
-            async move {
-                if movements.is_empty() {
-                    return (positions, Vec::new());
-                }
-                let port = self.port(account);
-                let made = self
-                    .movements_of_port(port, operation, &movements, route)
-                    .await;
-                (positions, made)
-            }
-        });
-        for (positions, made) in futures_util::future::join_all(per_system).await {
-            for (i, outcome) in positions.into_iter().zip(made) {
-                outcomes[i] = Some(outcome);
-            }
-        }
-        outcomes
-            .into_iter()
-            .map(|o| o.unwrap_or_else(|| AdapterOutcome::Unknown("no answer".to_owned())))
-            .collect()
-    }
-
-    /// One `movements` call, or, with a half-batch fail point armed, the first half's call and
-    /// the abort before the second half's (crash tests).
-    async fn movements_of_port(
-        &self,
-        port: &dyn AccountPort,
-        operation: Operation,
-        movements: &[Movement],
-        route: Route,
-    ) -> Vec<AdapterOutcome> {
-        let Some(half) = route.half(operation) else {
-            return port.movements(operation, movements).await;
-        };
-        if self.failpoints.is_armed(half) && movements.len() > 1 {
-            let first = port
-                .movements(operation, &movements[..movements.len() / 2])
-                .await;
-            tracing::info!(made = first.len(), "half of the batch's calls made");
-            self.failpoints.hit(half);
-        }
-        port.movements(operation, movements).await
-    }
-}
-
-/// The account system `operation` of this transfer is made in.
-fn port_account(data: &TransferData, operation: Operation) -> AccountType {
-    match operation {
-        Operation::Withdraw | Operation::Refund => data.from,
-        Operation::Deposit => data.to,
-    }
-}
-
-fn movement_of(data: &TransferData) -> Movement {
-    Movement {
-        req_id: data.req_id,
-        user_id: data.user_id,
-        asset: data.asset.clone(),
-        amount: data.amount,
     }
 }
 

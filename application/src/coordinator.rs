@@ -10,8 +10,8 @@ use std::time::Duration;
 use cqrs_es::event_sink::EventSink;
 use cqrs_es::Aggregate;
 use domain::{
-    AccountPort, AccountType, Amount, AssetRegistry, AssetSymbol, ReqId, TransferCommand,
-    TransferData, UserId,
+    invariant, AccountPort, AccountType, Amount, AssetRegistry, AssetSymbol, ReqId,
+    TransferCommand, TransferData, UserId,
 };
 
 use crate::daily::{Charge, DailyLimits};
@@ -195,7 +195,9 @@ impl Coordinator {
         through: bool,
     ) -> Result<Context, CoordinatorError> {
         let (ctx, commit) = self.stage_steps(ctx, command, through).await?;
+        let expected = commit.expected_sequence + commit.events.len();
         let current_sequence = self.log.append(commit).await?;
+        appended_where_decided(&ctx, expected, current_sequence);
         // No read-model write here: the projector (projections::Projector) applies every
         // committed event exactly once, in a commit-safe order, from the log itself.
         Ok(Context {
@@ -217,20 +219,31 @@ impl Coordinator {
         for (ctx, command, through) in steps {
             match self.stage_steps(ctx, command, through).await {
                 Ok((ctx, commit)) => {
+                    let expected = commit.expected_sequence + commit.events.len();
                     commits.push(commit);
-                    staged.push(Ok(ctx));
+                    staged.push(Ok((ctx, expected)));
                 }
                 Err(e) => staged.push(Err(e)),
             }
         }
-        let mut appended = self.log.append_many(commits).await.into_iter();
+        let sent = commits.len();
+        let appended = self.log.append_many(commits).await;
+        // `append_many`'s contract: one answer per commit, in order. A missing one would pair
+        // every later step with another transfer's sequence.
+        invariant!(
+            appended.len() == sent,
+            "the log answered {} of {sent} commits",
+            appended.len()
+        );
+        let mut appended = appended.into_iter();
         staged
             .into_iter()
-            .map(|ctx| {
-                let ctx = ctx?;
+            .map(|staged| {
+                let (ctx, expected) = staged?;
                 let current_sequence = appended.next().unwrap_or_else(|| {
                     Err(CoordinatorError::invariant("the log lost an answer"))
                 })?;
+                appended_where_decided(&ctx, expected, current_sequence);
                 Ok(Context {
                     current_sequence,
                     ..ctx
@@ -268,6 +281,18 @@ impl Coordinator {
             }
         }
         let events = sink.collect().await;
+        // Postconditions of a step: it says something, and the in-memory aggregate is where its
+        // last event leads (the sink folded every event), so the next step is decided on the
+        // state the log will hold.
+        invariant!(
+            !events.is_empty()
+                && ctx.aggregate.state() == events.last().map(|e| e.resulting_state()),
+            "{} staged {} events leading to {:?}, the aggregate is at {:?}",
+            ctx.aggregate_id,
+            events.len(),
+            events.last().map(|e| e.resulting_state()),
+            ctx.aggregate.state()
+        );
         let aggregate = ctx.aggregate.clone();
         let aggregate_id = ctx.aggregate_id.clone();
         let commit = Commit {
@@ -295,4 +320,15 @@ impl Coordinator {
             }
         }
     }
+}
+
+/// Postcondition of an append: the log put the commit right after the sequence it was decided
+/// on (`expected`: that sequence plus its events). Any other answer means the version check did
+/// not hold, and a second writer's events are interleaved with this one's.
+fn appended_where_decided(ctx: &Context, expected: usize, current_sequence: usize) {
+    invariant!(
+        current_sequence == expected,
+        "{}: appended up to sequence {current_sequence}, decided for {expected}",
+        ctx.aggregate_id
+    );
 }

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, NaiveDate, Utc};
-use domain::{Amount, AssetSymbol, ErrorCode, UserId};
+use domain::{invariant, Amount, AssetSymbol, ErrorCode, UserId};
 use rust_decimal::Decimal;
 
 /// How many transfers and how much of each asset one user may move per UTC day. `None` (or an
@@ -81,16 +81,52 @@ impl DailyUsage {
 
     /// Reserves `charge` if [`decide`] allows it; a refused charge changes nothing.
     pub fn charge(&mut self, limits: &DailyLimits, charge: &Charge) -> Result<(), ErrorCode> {
-        decide(limits, self.used(charge), charge)?;
-        if limits.count_max.is_some() {
-            *self.counts.entry(charge.user).or_insert(0) += 1;
-        }
-        if limits.amount_max.contains_key(&charge.asset) {
-            *self
-                .amounts
-                .entry((charge.user, charge.asset.clone()))
-                .or_default() += charge.amount.value();
-        }
+        let before = self.used(charge);
+        decide(limits, before, charge)?;
+        let count = match limits.count_max {
+            Some(_) => {
+                let n = self.counts.entry(charge.user).or_insert(0);
+                *n += 1;
+                *n
+            }
+            None => before.count,
+        };
+        let amount = match limits.amount_max.get(&charge.asset) {
+            Some(_) => {
+                let a = self
+                    .amounts
+                    .entry((charge.user, charge.asset.clone()))
+                    .or_default();
+                *a += charge.amount.value();
+                *a
+            }
+            None => before.amount,
+        };
+        // Postconditions of an accepted charge: the counters it keeps grew by exactly this
+        // transfer, and neither is past its limit (whatever they held before: a lowered limit
+        // may leave a counter above it, and then `decide` refuses).
+        invariant!(
+            limits
+                .count_max
+                .is_none_or(|max| count == before.count + 1 && count <= max),
+            "{}: a charge took the day's transfers from {} to {count} (limit {:?})",
+            charge.user,
+            before.count,
+            limits.count_max
+        );
+        invariant!(
+            limits
+                .amount_max
+                .get(&charge.asset)
+                .is_none_or(|max| amount == before.amount + charge.amount.value()
+                    && amount <= *max),
+            "{}: a charge of {} {} took the day's amount from {} to {amount} (limit {:?})",
+            charge.user,
+            charge.amount,
+            charge.asset,
+            before.amount,
+            limits.amount_max.get(&charge.asset)
+        );
         Ok(())
     }
 

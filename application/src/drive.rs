@@ -6,7 +6,7 @@
 use std::fmt;
 
 use domain::{
-    AccountPort, AdapterOutcome, Movement, Operation, Recorded, ReqId, StepOutcome,
+    invariant, AccountPort, AdapterOutcome, Movement, Operation, Recorded, ReqId, StepOutcome,
     TransferCommand, TransferData, TransferState,
 };
 
@@ -94,8 +94,22 @@ impl Coordinator {
                     unknown: None,
                 });
             }
+            let before = ctx.current_sequence;
             match self.step(ctx, &data, lookup_first).await? {
-                Stepped::Next(next) => ctx = next,
+                Stepped::Next(next) => {
+                    // Each step commits at least one event, past the sequence it was decided
+                    // on: the loop makes progress and ends (the table has no cycle).
+                    invariant!(
+                        next.current_sequence > before
+                            && next.aggregate.state() != Some(data.state),
+                        "{}: a step from {} at sequence {before} left it at {:?}, sequence {}",
+                        data.req_id,
+                        data.state,
+                        next.aggregate.state(),
+                        next.current_sequence
+                    );
+                    ctx = next
+                }
                 // The state stays (the in-memory aggregate is current); the transfer waits for
                 // a retry.
                 Stepped::Open(why) => {
@@ -226,6 +240,28 @@ pub(crate) fn definite(
         Operation::Deposit => "target deposit",
         Operation::Refund => "source refund",
     };
+    let explicit = matches!(
+        outcome,
+        AdapterOutcome::Success | AdapterOutcome::ExplicitFail { .. }
+    );
+    let decided = decide_outcome(data, operation, what, outcome);
+    // Postcondition: only the account system's own answer is recorded. A refusal recorded for
+    // an unknown outcome fails or compensates a transfer whose movement may be applied.
+    invariant!(
+        decided.is_err() || explicit,
+        "{}: {what} recorded as {:?} without the account system's answer",
+        data.req_id,
+        decided
+    );
+    decided
+}
+
+fn decide_outcome(
+    data: &TransferData,
+    operation: Operation,
+    what: &str,
+    outcome: AdapterOutcome,
+) -> Result<StepOutcome, StillOpen> {
     match outcome {
         AdapterOutcome::Success => Ok(StepOutcome::Succeeded),
         AdapterOutcome::ExplicitFail { code, message } => {

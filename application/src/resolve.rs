@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use domain::{
-    manual_resolution_target, Movement, Operation, Recorded, ReqId, Resolution, TransferCommand,
-    TransferData, TransferError, TransferState,
+    invariant, manual_resolution_target, Movement, Operation, Recorded, ReqId, Resolution,
+    TransferCommand, TransferData, TransferError, TransferState,
 };
 
 use crate::coordinator::{Context, Coordinator, CoordinatorError};
@@ -168,6 +168,15 @@ impl Coordinator {
         let Some(now) = ctx.aggregate.data.clone() else {
             return Err(ManualResolutionError::NotFound);
         };
+        // Postcondition: the operator's word took the transfer exactly where the confirmed fact
+        // proves, never further (`manual_resolution_target`).
+        invariant!(
+            Some(now.state) == manual_resolution_target(data.state, resolution),
+            "{req_id}: resolved {} from {} to {}",
+            resolution.as_str(),
+            data.state,
+            now.state
+        );
         if now.state.is_terminal() {
             return Ok(Resumed {
                 data: now,

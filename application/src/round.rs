@@ -21,7 +21,7 @@
 
 use std::sync::atomic::Ordering;
 
-use domain::TransferData;
+use domain::{invariant, TransferData};
 use tracing::Instrument;
 
 use crate::bulk::Route;
@@ -82,7 +82,13 @@ impl Coordinator {
             .chain(seats.into_iter().map(|s| (s.request, Some(s.tell))))
             .unzip();
         let (requests, traces): (Vec<NewTransfer>, Vec<_>) = queued.into_iter().unzip();
+        invariant!(
+            (1..=ROUND_MAX).contains(&requests.len()),
+            "a round of {} requests (at most {ROUND_MAX}, its leader's included)",
+            requests.len()
+        );
         self.rounds.count(requests.len());
+        let seated = tells.len();
         let round = self.create_and_drive_many(requests, Route::Round);
         let answers = if traces.len() > 1 && traces.iter().any(Option::is_some) {
             // A shared round is a step of its own, linked to each request it served (as the
@@ -98,6 +104,13 @@ impl Coordinator {
         } else {
             round.await
         };
+        // One answer per seat, in order: a short answer would leave a waiter unanswered, a
+        // shifted one tell a waiter another's transfer.
+        invariant!(
+            answers.len() == seated,
+            "a round of {seated} answered {}",
+            answers.len()
+        );
         let mut own_answer = None;
         for (tell, answer) in tells.into_iter().zip(answers) {
             match tell {

@@ -5,7 +5,10 @@
 use std::time::Duration;
 
 use chrono::NaiveDate;
-use domain::{ErrorCode, ReqId, Transfer, TransferCommand, TransferData, TransferError};
+use domain::{
+    invariant, ErrorCode, ReqId, Transfer, TransferCommand, TransferData, TransferError,
+    TransferState,
+};
 
 use crate::coordinator::{Context, Coordinator, CoordinatorError, NewTransfer};
 use crate::daily::{self, Charge};
@@ -159,6 +162,24 @@ impl Coordinator {
     ) -> Result<Created, CoordinatorError> {
         match created {
             Ok(ctx) => {
+                // Postcondition of a creation: the transfer is this request's, under the req_id
+                // it was claimed and charged for, and its withdraw is announced (the create's
+                // commit carries `SourceWithdrawStarted`) before anything calls it.
+                let created = ctx.aggregate.data.as_ref();
+                invariant!(
+                    created.is_some_and(|d| d.req_id == req_id
+                        && d.user_id == request.user_id
+                        && d.asset == request.asset
+                        && d.amount == request.amount
+                        && d.from == request.from
+                        && d.to == request.to
+                        && d.state == TransferState::SourcePending),
+                    "created {req_id} for {} {} {}: {:?}",
+                    request.user_id,
+                    request.amount,
+                    request.asset,
+                    created.map(|d| (d.req_id, d.user_id, d.amount, d.state))
+                );
                 log_created(req_id, request);
                 Ok(Created::New(ctx))
             }
@@ -340,10 +361,18 @@ impl Coordinator {
             .reserve_many(&self.daily, &charges, day)
             .await
         {
-            Ok(answers) => answers
-                .into_iter()
-                .map(|a| a.map(|()| Some(day)).map_err(CoordinatorError::Refused))
-                .collect(),
+            Ok(answers) => {
+                invariant!(
+                    answers.len() == charges.len(),
+                    "{} charges reserved, {} answered",
+                    charges.len(),
+                    answers.len()
+                );
+                answers
+                    .into_iter()
+                    .map(|a| a.map(|()| Some(day)).map_err(CoordinatorError::Refused))
+                    .collect()
+            }
             Err(e) => indices.iter().map(|_| Err(e.clone())).collect(),
         }
     }

@@ -1,8 +1,10 @@
 //! The ledger's core: value types, the Transfer aggregate and its state machine, error codes and
-//! the adapter port. It does no I/O, so nothing in here can fail for an outside reason.
+//! the adapter port. It does no I/O, so nothing in here can fail for an outside reason (the one
+//! write is a broken invariant's last word on stderr, `invariant`, on its way to abort).
 
 pub mod assets;
 pub mod codes;
+pub mod invariant;
 pub mod movements;
 pub mod port;
 pub mod stored;

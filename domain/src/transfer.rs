@@ -75,6 +75,21 @@ impl TransferState {
         Self::ALL.into_iter().find(|s| s.as_str() == text)
     }
 
+    /// Whether one event may take a transfer from `self` to `next`: the transition table by
+    /// states alone (a manual resolution moves along the same edges, `manual_resolution_target`).
+    /// Said independently of `Transfer::decide`, which it checks.
+    pub fn may_step_to(self, next: TransferState) -> bool {
+        use TransferState as S;
+        matches!(
+            (self, next),
+            (S::Init, S::SourcePending)
+                | (S::SourcePending, S::SourceDone | S::Failed)
+                | (S::SourceDone, S::TargetPending)
+                | (S::TargetPending, S::Committed | S::Compensating)
+                | (S::Compensating, S::RolledBack)
+        )
+    }
+
     pub fn is_terminal(self) -> bool {
         matches!(self, Self::Committed | Self::Failed | Self::RolledBack)
     }
@@ -500,6 +515,13 @@ impl Aggregate for Transfer {
                 },
             ) => {
                 Self::validate_create(from, to)?;
+                // Precondition of every later step: an amount is positive (`Amount`'s own
+                // constructors) and the two sides differ (just checked).
+                crate::invariant!(
+                    amount.value() > rust_decimal::Decimal::ZERO && from != to,
+                    "a transfer is created for a positive amount between two accounts: \
+                     {req_id} {amount} {from}->{to}"
+                );
                 vec![TransferEvent::TransferCreated {
                     req_id,
                     user_id,
@@ -512,7 +534,22 @@ impl Aggregate for Transfer {
                 }]
             }
             (None, _) => return Err(TransferError::NotCreated),
-            (Some(data), command) => Self::decide(data.state, command)?,
+            (Some(data), command) => {
+                let events = Self::decide(data.state, command)?;
+                // Postcondition of the table: one event per accepted command, along an edge of
+                // the table, never out of a terminal state.
+                crate::invariant!(
+                    events.len() == 1 && data.state.may_step_to(events[0].resulting_state()),
+                    "the transition table moved {} {} -> {:?}",
+                    data.req_id,
+                    data.state,
+                    events
+                        .iter()
+                        .map(TransferEvent::resulting_state)
+                        .collect::<Vec<_>>()
+                );
+                events
+            }
         };
         for event in events {
             sink.write(event, self).await;

@@ -22,6 +22,10 @@
 //! `--tamper`: a planted mismatch (money appears in a FUNDING account) that the product's
 //! conservation check must find and halt on (see `Config::tamper`, `audit.rs`).
 //!
+//! A product invariant broken in a seed (`domain::invariant!`, spot-core's) ends that seed at its
+//! cause: its violation reads `INVARIANT invariant violated: <reason>` (`sim::run`), and the
+//! panic's own line on stderr says where.
+//!
 //! Many seeds: the rate, the faults injected by kind, each failing seed with its replay command
 //! (the first one's own trace lines too), and last `N seeds, M violations`. One seed: its whole
 //! trace with `--trace`; the same seed prints the same trace, byte for byte.

@@ -133,9 +133,42 @@ fn start_worker(sim: &Sim, ledger: &Ledger, proc: ProcId, incarnation: u32) {
     sim.rt.spawn(proc, Role::Worker, worker.run());
 }
 
-/// Runs one seed.
-// long: one seed read top to bottom (wiring, fault phase, quiescence, checks): the simulation's script, a test tool.
+/// Runs one seed. The product's invariants (`domain::invariant!`, spot-core's and the
+/// application's) panic here instead of aborting the process: a broken one ends the seed at
+/// its cause and is its violation, `INVARIANT ...` (the panic's own line on stderr says where).
+/// Any other panic is the simulation's own bug and is passed on.
 pub fn run(seed: u64, config: &Config) -> Report {
+    domain::invariant::panic_instead();
+    spot_core::invariant::panic_instead();
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_seed(seed, config)));
+    match ran {
+        Ok(report) => report,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("");
+            if !message.starts_with("invariant violated") {
+                std::panic::resume_unwind(panic);
+            }
+            application::plant::set(None);
+            Report {
+                seed,
+                violations: vec![format!("INVARIANT {message}")],
+                faults: BTreeMap::new(),
+                transfers: 0,
+                steps: 0,
+                trace: vec![format!("VIOLATION INVARIANT {message}")],
+                shared_in_rounds: 0,
+            }
+        }
+    }
+}
+
+/// One seed's run (see `run`).
+// long: one seed read top to bottom (wiring, fault phase, quiescence, checks): the simulation's script, a test tool.
+fn run_seed(seed: u64, config: &Config) -> Report {
     application::plant::set(if config.calm { None } else { config.plant });
     let rt = Rt::new(seed, START_MS);
     let drawn = draw_faults(&rt);

@@ -202,6 +202,14 @@ impl Engine {
         out
     }
 
+    /// Every asset's total added up: a batch's money before and after it (`wal/commit.rs`'s
+    /// check). O(assets). `None` past `Decimal`'s range (then there is nothing to compare).
+    pub(crate) fn money(&self) -> Option<Decimal> {
+        self.totals
+            .values()
+            .try_fold(Decimal::ZERO, |sum, t| sum.checked_add(*t))
+    }
+
     /// Per-asset sum of balances, listing every configured asset even at zero.
     pub fn totals(&self) -> Vec<TotalEntry> {
         let mut all: BTreeMap<&str, Decimal> =

@@ -5,6 +5,7 @@
 pub mod assets;
 pub mod client;
 pub mod engine;
+pub mod invariant;
 pub mod journal;
 pub mod protocol;
 pub mod replica;

@@ -1,6 +1,6 @@
 //! The `spot-core` binary: the SPOT account engine as its own process.
 
-/// The same allocator as the ledger (see command-api's main.rs): per-request allocations are
+/// The same allocator as the ledger (see `ledger/src/main.rs`): per-request allocations are
 /// cheaper than with glibc's malloc.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

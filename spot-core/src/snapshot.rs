@@ -30,6 +30,7 @@ use rust_decimal::Decimal;
 
 use crate::assets::Assets;
 use crate::engine::{max_amount, try_decode_outcome, Account, Engine, Key, Remembered};
+use crate::invariant;
 use crate::protocol::{AccountStatus, MovementOp};
 use crate::storage::{parse_seq_name, sync_dir, FailPoints};
 
@@ -79,12 +80,26 @@ pub fn encode_into(engine: &Engine, pos: WalPosition, out: &mut Vec<u8>) {
         out.extend_from_slice(name.as_bytes());
     }
     put64(out, engine.accounts.len() as u64);
+    // The balances added up per asset as they are written: the engine's invariant that no
+    // balance is below zero and every total is the sum of its balances, checked once per
+    // snapshot (its cost is the write's own walk). `decode` refuses a body that breaks it, so a
+    // snapshot written from a broken state would be set aside at the next start.
+    let mut sums: Vec<Option<Decimal>> = vec![Some(Decimal::ZERO); engine.asset_names.len()];
     for ((user, asset), a) in &engine.accounts {
         put64(out, *user);
         out.extend_from_slice(&asset.to_le_bytes());
         out.push(status_byte(a.status));
         out.extend_from_slice(&a.available.serialize());
+        invariant!(
+            a.available >= Decimal::ZERO,
+            "account {user} holds {} of asset {asset}",
+            a.available
+        );
+        if let Some(sum) = sums.get_mut(usize::from(*asset)) {
+            *sum = sum.and_then(|s| s.checked_add(a.available));
+        }
     }
+    check_totals(engine, &sums);
     out.extend_from_slice(&(engine.totals.len() as u32).to_le_bytes());
     for (asset, sum) in &engine.totals {
         out.extend_from_slice(&asset.to_le_bytes());
@@ -109,6 +124,30 @@ pub fn encode_into(engine: &Engine, pos: WalPosition, out: &mut Vec<u8>) {
     out[12..16].copy_from_slice(&crc.to_le_bytes());
     out[16..24].copy_from_slice(&engine.last_seq.to_le_bytes());
     out[24..32].copy_from_slice(&body_len.to_le_bytes());
+}
+
+/// Every asset's total is the sum of its balances (`sums`, per asset index; `None` past
+/// `Decimal`'s range), and an asset without a total holds nothing.
+fn check_totals(engine: &Engine, sums: &[Option<Decimal>]) {
+    for (asset, sum) in sums.iter().enumerate() {
+        let total = u16::try_from(asset)
+            .ok()
+            .and_then(|a| engine.totals.get(&a))
+            .copied()
+            .unwrap_or(Decimal::ZERO);
+        invariant!(
+            *sum == Some(total),
+            "asset {} totals {total}, its balances add up to {sum:?}",
+            engine.asset_names[asset]
+        );
+    }
+    invariant!(
+        engine
+            .totals
+            .keys()
+            .all(|a| usize::from(*a) < engine.asset_names.len()),
+        "a total for an asset the engine never named"
+    );
 }
 
 /// The seq a file's header claims, if the header is readable (no body check).

@@ -12,6 +12,7 @@ use std::path::Path;
 
 use anyhow::Context;
 
+use crate::invariant;
 use crate::protocol::JournalRecord;
 
 /// Held with `flock` while a process uses the data directory.
@@ -27,6 +28,15 @@ pub fn encode_record(record: &JournalRecord, out: &mut Vec<u8>) {
     out.extend_from_slice(&[0u8; HEADER_BYTES]);
     serde_json::to_writer(&mut *out, record).expect("serializing a record to memory cannot fail");
     let payload = &out[start + HEADER_BYTES..];
+    // A frame the readers would refuse (`wal/scan.rs` takes it for a torn tail and cuts it at
+    // start-up, `journal::read_frame` reports damage) must never be written: an acknowledged
+    // movement would be lost at the next start.
+    invariant!(
+        !payload.is_empty() && payload.len() <= MAX_RECORD_BYTES as usize,
+        "record seq {} frames {} bytes, readers take 1..={MAX_RECORD_BYTES}",
+        record.seq(),
+        payload.len()
+    );
     let len = u32::try_from(payload.len()).expect("record fits u32");
     let crc = crc32fast::hash(payload);
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());

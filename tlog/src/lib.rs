@@ -6,11 +6,15 @@
 //! → `proof` (which subtrees an inclusion or consistency proof needs, and the RFC 9162
 //! verifications) → `tile` (where a subtree's hash is stored: tiles of 256 hashes every 8 levels);
 //! apart: `note` (C2SP signed notes with Ed25519, signer and verifier keys) and
-//! `checkpoint` (C2SP tlog-checkpoint bodies). The storage and the follower that feeds it live in
-//! `tlog-follower`; the routes and the CLI in `command-api`.
+//! `checkpoint` (C2SP tlog-checkpoint bodies); `invariant` (what a broken invariant of the tree's
+//! own state does). The storage and the follower that feeds it live in `tlog-follower`; the HTTP
+//! routes (`/api/v1/log/...`: checkpoint, key, entries, proofs, receipts) in
+//! `query-api/src/log_routes.rs`; the CLI (`ledger verify`, `ledger log ...`, `ledger log-key`)
+//! in `ledger/src/log_cli.rs`.
 
 pub mod checkpoint;
 pub mod hash;
+pub mod invariant;
 pub mod leaf;
 pub mod note;
 pub mod proof;

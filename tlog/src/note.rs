@@ -9,6 +9,8 @@
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use ed25519_dalek::{Signature, Signer as _, SigningKey, Verifier as _, VerifyingKey};
+
+use crate::invariant;
 use sha2::{Digest, Sha256};
 
 /// The algorithm byte of Ed25519 keys.
@@ -184,11 +186,21 @@ impl Signer {
         let mut blob = Vec::with_capacity(68);
         blob.extend_from_slice(&self.id.to_be_bytes());
         blob.extend_from_slice(&signature.to_bytes());
-        Ok(format!(
+        let note = format!(
             "{text}\n{SIG_PREFIX}{} {}\n",
             self.name,
             STANDARD.encode(blob)
-        ))
+        );
+        // Postcondition: the note opens with this signer's own verifier, to exactly `text`. A
+        // checkpoint nobody can verify must never be published (one verification per signed
+        // checkpoint, not per entry).
+        let opened = self.verifier().open(&note);
+        invariant!(
+            opened == Ok(text),
+            "a note signed by {} does not open with its own key: {opened:?}",
+            self.name
+        );
+        Ok(note)
     }
 }
 

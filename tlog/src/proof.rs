@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 
 use crate::hash::{node_hash, Hash};
+use crate::invariant;
 use crate::tree::{fold_right, range_subtrees, Subtree};
 
 /// What a proof is made of: for each of its hashes in order, the perfect subtrees that fold
@@ -62,6 +63,17 @@ pub fn inclusion_plan(index: u64, size: u64) -> Result<ProofPlan, PlanError> {
     }
     let mut items = Vec::new();
     path(index, 0, size, &mut items);
+    // RFC 9162's length of an inclusion proof: the inner nodes below the point where the leaf's
+    // and the last leaf's paths part, plus one per perfect subtree of the border. Every item is
+    // a non-empty range inside the tree.
+    let inner = 64 - (index ^ (size - 1)).leading_zeros();
+    let border = (index >> inner).count_ones();
+    invariant!(
+        items.len() == (inner + border) as usize && plan_inside(&items, size),
+        "inclusion of {index} in {size}: a plan of {} items, RFC 9162 says {}",
+        items.len(),
+        inner + border
+    );
     Ok(ProofPlan { items })
 }
 
@@ -90,7 +102,37 @@ pub fn consistency_plan(from: u64, to: u64) -> Result<ProofPlan, PlanError> {
     if from > 0 && from < to {
         subproof(from, 0, to, true, &mut items);
     }
+    invariant!(
+        items.len() == consistency_len(from, to) && plan_inside(&items, to),
+        "consistency of {from} with {to}: a plan of {} items, RFC 9162 says {}",
+        items.len(),
+        consistency_len(from, to)
+    );
     Ok(ProofPlan { items })
+}
+
+/// RFC 9162's length of the consistency proof from `from` to `to` leaves (0 when there is
+/// nothing to prove): the inclusion proof of leaf `from - 1` in `to`, less the levels of the
+/// perfect subtree `from` ends on, plus that subtree's own hash unless it is the whole old tree.
+fn consistency_len(from: u64, to: u64) -> usize {
+    if from == 0 || from >= to {
+        return 0;
+    }
+    let shift = from.trailing_zeros();
+    let inner = 64 - ((from - 1) ^ (to - 1)).leading_zeros();
+    let border = ((from - 1) >> inner).count_ones();
+    let seed = u32::from(from != 1u64 << shift);
+    (seed + inner - shift + border) as usize
+}
+
+/// Whether every item of a plan is a non-empty range of subtrees inside a tree of `size`.
+fn plan_inside(items: &[Vec<Subtree>], size: u64) -> bool {
+    items.iter().all(|item| {
+        !item.is_empty()
+            && item
+                .iter()
+                .all(|s| s.level < 64 && s.index < size >> s.level)
+    })
 }
 
 /// RFC 6962's SUBPROOF(m, D[start:start+n], b), appended to `out`.

@@ -10,6 +10,7 @@
 //! leaf, no event is ever read or hashed again.
 
 use crate::hash::{node_hash, Hash};
+use crate::invariant;
 use crate::tree::Subtree;
 
 /// The tree levels a tile spans.
@@ -88,6 +89,7 @@ pub fn tile_appends(completed: &[(Subtree, Hash)]) -> Vec<(Tile, u64, Vec<u8>)> 
         .filter(|(s, _)| is_stored(*s))
         .collect();
     stored.sort_by_key(|(s, _)| (s.level, s.index));
+    let stored_count = stored.len();
     let mut out: Vec<(Tile, u64, Vec<u8>)> = Vec::new();
     for (s, h) in stored {
         let slice = s.tile_slice();
@@ -100,6 +102,18 @@ pub fn tile_appends(completed: &[(Subtree, Hash)]) -> Vec<(Tile, u64, Vec<u8>)> 
             _ => out.push((slice.tile, slice.offset, h.to_vec())),
         }
     }
+    // Every stored subtree lands once, in a run that fits its tile: a hash past a tile's end
+    // would be written where a reader looks for another subtree's.
+    invariant!(
+        out.iter().map(|(_, _, b)| b.len() / 32).sum::<usize>() == stored_count
+            && out
+                .iter()
+                .all(|(_, offset, b)| *offset + (b.len() / 32) as u64 <= TILE_WIDTH),
+        "{stored_count} stored subtrees went into tiles as {:?}",
+        out.iter()
+            .map(|(t, o, b)| (*t, *o, b.len() / 32))
+            .collect::<Vec<_>>()
+    );
     out
 }
 

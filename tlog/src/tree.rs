@@ -7,6 +7,7 @@
 //! store keeps each one by (level, index) and answers any proof from them alone.
 
 use crate::hash::{node_hash, Hash, EMPTY_ROOT};
+use crate::invariant;
 
 /// The perfect subtree of `2^level` leaves starting at leaf `index << level`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -99,6 +100,14 @@ impl RightEdge {
     /// Appends a leaf by its hash; calls `completed` with every perfect subtree it completes,
     /// the leaf itself (level 0) first, then each larger one.
     pub fn push(&mut self, leaf: Hash, mut completed: impl FnMut(Subtree, Hash)) {
+        // The edge holds one perfect subtree per one bit of its size (`from_parts` refuses any
+        // other), before and after: a wrong edge would sign a wrong root from here on.
+        invariant!(
+            self.hashes.len() == self.size.count_ones() as usize && self.size < u64::MAX,
+            "a right edge of {} hashes for size {}",
+            self.hashes.len(),
+            self.size
+        );
         let index = self.size;
         let mut hash = leaf;
         let mut level = 0u8;
@@ -120,6 +129,14 @@ impl RightEdge {
         }
         self.hashes.push(hash);
         self.size += 1;
+        invariant!(
+            self.hashes.len() == self.size.count_ones() as usize
+                && level as u32 == index.trailing_ones(),
+            "leaf {index} left a right edge of {} hashes for size {}, completing {} levels",
+            self.hashes.len(),
+            self.size,
+            level
+        );
     }
 
     /// The tree's root (RFC 6962's MTH).

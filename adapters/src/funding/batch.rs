@@ -207,6 +207,14 @@ async fn decide(
             .and_then(|i| i.checked_sub(1))
             .and_then(|i| answers.get_mut(i))
             .ok_or_else(|| sqlx::Error::Protocol(format!("movement index {idx} out of range")))?;
+        // Received input: one decision per movement. A second row for one index would answer
+        // a movement with whichever came last; refused as the call's error (each movement is
+        // then decided alone, `decide_part`).
+        if slot.is_some() {
+            return Err(sqlx::Error::Protocol(format!(
+                "movement index {idx} decided twice"
+            )));
+        }
         *slot = Some(Decided {
             outcome,
             code,

@@ -8,6 +8,7 @@ use super::outcome::{decode_outcome, APPLIED};
 use super::values::{credit, parse_amount, valid_user_id, MAX_REQ_ID_FUTURE_MS};
 use super::{Effect, Engine, Remembered};
 use crate::assets::MAX_PRECISION;
+use crate::invariant;
 use crate::protocol::{
     AccountStatus, HorizonRecord, JournalRecord, LookupOp, MovementOp, MovementRecord,
     MovementRequest, Outcome, RefusalCode, Request, Response, RetainRecord, StatusRecord,
@@ -15,6 +16,18 @@ use crate::protocol::{
 use crate::ulid;
 
 impl Engine {
+    /// Applies a record this engine just made from its own state. Its replay cannot refuse it:
+    /// a refusal means the decision and the replay disagree, and the state is not to be trusted.
+    fn apply_own(&mut self, record: JournalRecord) {
+        let seq = record.seq();
+        let applied = self.apply_record(record);
+        invariant!(
+            applied.is_ok() && self.last_seq == seq,
+            "the engine's own record {seq} does not follow from its state: {:?}",
+            applied.err()
+        );
+    }
+
     /// Decide a request with spot-core's clock.
     pub fn apply(&mut self, req: &Request) -> Effect {
         self.apply_at(req, ulid::now_ms())
@@ -106,8 +119,7 @@ impl Engine {
             seq: self.last_seq + 1,
             before_ms,
         });
-        self.apply_record(record.clone())
-            .expect("a record produced by the engine is consistent with its state");
+        self.apply_own(record.clone());
         Effect {
             response: self.core_response(),
             record: Some(record),
@@ -128,8 +140,7 @@ impl Engine {
             seq: self.last_seq + 1,
             after_seq,
         });
-        self.apply_record(record.clone())
-            .expect("a record produced by the engine is consistent with its state");
+        self.apply_own(record.clone());
         Effect {
             response: self.core_response(),
             record: Some(record),
@@ -181,8 +192,7 @@ impl Engine {
             seq: rec.seq,
         }]);
         let record = JournalRecord::from_movement(op, rec);
-        self.apply_record(record.clone())
-            .expect("a record produced by the engine is consistent with its state");
+        self.apply_own(record.clone());
         Effect {
             response,
             record: Some(record),
@@ -234,13 +244,44 @@ impl Engine {
             balance,
         };
         let response = movement_response(&rec, false);
+        let before = self.account_of(m.user_id, &m.asset).map(|a| a.available);
         let record = JournalRecord::from_movement(op, rec);
-        self.apply_record(record.clone())
-            .expect("a record produced by the engine is consistent with its state");
+        self.apply_own(record.clone());
+        self.check_moved(op, m, amount, before, balance);
         Effect {
             response,
             record: Some(record),
         }
+    }
+
+    /// Postconditions of a decided movement: an applied one moved its account by exactly its
+    /// amount, to the balance it records, never below zero; a refused one moved nothing.
+    fn check_moved(
+        &self,
+        op: MovementOp,
+        m: &MovementRequest,
+        amount: Decimal,
+        before: Option<Decimal>,
+        balance: Option<Decimal>,
+    ) {
+        let after = self.account_of(m.user_id, &m.asset).map(|a| a.available);
+        let moved = match (op, before) {
+            (MovementOp::Withdraw, Some(b)) => Some((b - amount).normalize()),
+            (MovementOp::Withdraw, None) => None,
+            (_, b) => Some((b.unwrap_or(Decimal::ZERO) + amount).normalize()),
+        };
+        invariant!(
+            match balance {
+                Some(recorded) =>
+                    after == Some(recorded) && moved == Some(recorded) && recorded >= Decimal::ZERO,
+                None => after == before,
+            },
+            "{} {} of {} {}: balance {before:?} -> {after:?}, recorded {balance:?}",
+            op.as_str(),
+            m.req_id,
+            amount,
+            m.asset
+        );
     }
 
     /// Business rules: the new available balance, or the refusal to record.
@@ -303,8 +344,7 @@ impl Engine {
             asset: asset.to_string(),
             status,
         });
-        self.apply_record(record.clone())
-            .expect("a record produced by the engine is consistent with its state");
+        self.apply_own(record.clone());
         Effect {
             response: Response::ok(),
             record: Some(record),

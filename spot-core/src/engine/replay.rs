@@ -7,6 +7,7 @@ use rust_decimal::Decimal;
 use super::outcome::{encode_outcome, APPLIED};
 use super::values::{credit, max_amount};
 use super::{Engine, Remembered, ReplayError};
+use crate::invariant;
 use crate::protocol::{JournalRecord, MovementOp, MovementRecord, Outcome};
 use crate::ulid;
 
@@ -103,7 +104,17 @@ impl Engine {
             } else {
                 *total + m.amount
             };
+            let total = *total;
             self.account_mut(m.user_id, asset).available = new.normalize();
+            // Checked above (`replayed_balance`, a withdraw within the balance): so no balance,
+            // and no asset's total, is ever below zero, whatever the record said.
+            invariant!(
+                new >= Decimal::ZERO && total >= Decimal::ZERO,
+                "seq {seq}: {} left {} {} at {new}, the asset's total at {total}",
+                op.as_str(),
+                m.user_id,
+                m.asset
+            );
         }
         let remembered = Remembered {
             user_id: m.user_id,

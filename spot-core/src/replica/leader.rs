@@ -1,9 +1,9 @@
-//! A replica that leads (docs/adr/0020-high-availability.md §3): taking over (promises from a
-//! quorum, the most advanced log adopted, the epoch's line written), then shipping every batch to
+//! A replica that leads (docs/adr/0020-high-availability.md §3), once it took over: shipping every batch to
 //! both followers and counting their acknowledgements (`Shipper`, the group commit's
 //! `Replicate`). A follower that connects from behind is streamed what it lacks from the
 //! leader's segments, then the live batches; one whose log is not a prefix, or whose missing
-//! records were compacted, is sent the leader's files to rebuild from.
+//! records were compacted, is sent the leader's files to rebuild from. The take-over itself
+//! (promises, the most advanced log adopted) is `takeover.rs`.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -17,8 +17,8 @@ use tokio::sync::mpsc;
 
 use super::ctx::{Peer, ReplicaCtx};
 use super::history::Position;
-use super::rules::Adopt;
 use super::wire::{self, Message};
+use crate::invariant;
 use crate::journal::{read_journal, SharedCatalog};
 use crate::protocol::Response;
 use crate::storage::encode_record;
@@ -81,6 +81,18 @@ impl Shipper {
 
 impl Replicate for Shipper {
     fn ship(&self, first: u64, last: u64, frames: &[u8]) {
+        // A batch is shipped whole, after the leader's write of it (`written`) and before its
+        // sync: seqs `first..=last` of at least one frame, the last the one written. A follower
+        // refuses anything else (`wal/follow.rs`), and would stop following.
+        invariant!(
+            first >= 1
+                && first <= last
+                && !frames.is_empty()
+                && self.written.load(Ordering::Acquire) == last,
+            "shipping {first}..={last} ({} bytes) with {} written",
+            frames.len(),
+            self.written.load(Ordering::Acquire)
+        );
         let shipment = Arc::new(Shipment {
             first,
             last,
@@ -475,118 +487,6 @@ fn files_to_copy(dir: &std::path::Path) -> anyhow::Result<Vec<PathBuf>> {
     let mut out: Vec<PathBuf> = snapshots.pop().map(|(_, p)| p).into_iter().collect();
     out.extend(segments);
     Ok(out)
-}
-
-/// Why a take-over did not end in leading.
-#[derive(Debug)]
-pub enum TakeOver {
-    /// Fewer than two replicas (this one included) promised.
-    NoQuorum,
-    /// This replica's log has a tail the most advanced one lacks: it must not lead.
-    Diverged,
-    Failed(anyhow::Error),
-}
-
-/// Steps 1 and 2 of ADR 0020 §3 for `epoch`: promises from a quorum, the most advanced log
-/// adopted. Step 3 (`FollowJob::Lead`) is the caller's.
-// long: the take-over's steps in order (promise, gather, choose, fetch) as ADR 0020 §3 lists them.
-pub async fn take_over(
-    ctx: &Arc<ReplicaCtx>,
-    jobs: &std::sync::mpsc::SyncSender<FollowJob>,
-    epoch: u64,
-) -> Result<(), TakeOver> {
-    let mine = ask(jobs, |reply| FollowJob::Promise { epoch, reply })
-        .await
-        .map_err(TakeOver::Failed)?;
-    // Promises come at once from a replica that can answer: one that does not within a second is
-    // gone or cut off, and waiting longer only keeps the others from campaigning. Asked of all
-    // at once, so one that is cut off costs no other's time.
-    let wait = ctx.ack_timeout.min(Duration::from_secs(1));
-    let mut asking: futures_util::stream::FuturesUnordered<_> = ctx
-        .peers
-        .iter()
-        .map(|peer| async move {
-            let answer = tokio::time::timeout(wait, promise_of(peer, ctx, epoch)).await;
-            (peer, answer)
-        })
-        .collect();
-    // One promise makes a quorum; the others are waited for a moment only (a more advanced log
-    // among them spares a rebuild later), never for a cut-off replica's timeout.
-    let mut promised = Vec::new();
-    let mut until: Option<tokio::time::Instant> = None;
-    loop {
-        let next = match until {
-            None => futures_util::StreamExt::next(&mut asking).await,
-            Some(t) => {
-                match tokio::time::timeout_at(t, futures_util::StreamExt::next(&mut asking)).await {
-                    Ok(next) => next,
-                    Err(_) => break,
-                }
-            }
-        };
-        let Some((peer, answer)) = next else { break };
-        match answer {
-            Ok(Ok((stream, position))) => {
-                promised.push((stream, position));
-                until.get_or_insert(tokio::time::Instant::now() + Duration::from_millis(100));
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(peer = %peer.name, error = %format!("{e:#}"), "no promise")
-            }
-            Err(_) => tracing::warn!(peer = %peer.name, "no promise in time"),
-        }
-    }
-    if promised.is_empty() {
-        return Err(TakeOver::NoQuorum);
-    }
-    let best = promised
-        .iter_mut()
-        .max_by(|a, b| (a.1.last_epoch(), a.1.last_seq).cmp(&(b.1.last_epoch(), b.1.last_seq)))
-        .expect("one promise at least");
-    let (after, upto) = match super::rules::adopt(&mine, &best.1) {
-        Adopt::Lead => return Ok(()),
-        Adopt::Diverged => return Err(TakeOver::Diverged),
-        Adopt::Fetch { after, upto } => (after, upto),
-    };
-    let stream = &mut best.0;
-    let fetch = Message::Fetch { after, upto };
-    wire::write(stream, &fetch, &[])
-        .await
-        .map_err(|e| TakeOver::Failed(e.into()))?;
-    loop {
-        match wire::read(stream).await {
-            Ok(Some((Message::Frames { first, last }, frames))) => {
-                ask(jobs, |reply| FollowJob::Append {
-                    epoch,
-                    first,
-                    last,
-                    frames,
-                    reply,
-                })
-                .await
-                .map_err(TakeOver::Failed)?;
-            }
-            Ok(Some((Message::Done, _))) => return Ok(()),
-            other => {
-                return Err(TakeOver::Failed(anyhow::anyhow!(
-                    "fetching the most advanced log answered {other:?}"
-                )))
-            }
-        }
-    }
-}
-
-async fn promise_of(
-    peer: &Peer,
-    ctx: &ReplicaCtx,
-    epoch: u64,
-) -> anyhow::Result<(TcpStream, Position)> {
-    let mut stream = connect(peer, ctx).await?;
-    wire::write(&mut stream, &Message::Promise { epoch }, &[]).await?;
-    match wire::read(&mut stream).await? {
-        Some((Message::Position { position }, _)) => Ok((stream, position)),
-        other => bail!("promise answered {other:?}"),
-    }
 }
 
 /// Sends a job to the engine thread and waits for its answer.

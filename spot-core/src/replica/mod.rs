@@ -17,6 +17,7 @@ pub mod history;
 pub mod leader;
 pub mod lease;
 pub mod rules;
+pub mod takeover;
 pub mod wire;
 
 use std::sync::atomic::Ordering;
@@ -26,8 +27,8 @@ use std::time::{Duration, Instant};
 pub use ctx::{parse_peers, Peer, ReplicaArgs, ReplicaCtx, Role};
 
 use crate::wal::FollowJob;
-use leader::TakeOver;
 use lease::Etcd;
+use takeover::TakeOver;
 
 /// Before a replica with no promise and no history answers anything: when the cell has had a
 /// leader, it lost its data (`WIPED`: no promise, no campaign until it has caught up), and
@@ -112,7 +113,7 @@ async fn campaign(
     // its data.
     ctx.etcd.mark_initialized().await?;
     let keeper = tokio::spawn(keep_lease(ctx.clone(), lease));
-    match leader::take_over(ctx, jobs, epoch).await {
+    match takeover::take_over(ctx, jobs, epoch).await {
         Ok(()) => {}
         Err(why) => {
             keeper.abort();

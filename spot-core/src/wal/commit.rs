@@ -8,13 +8,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use rust_decimal::Decimal;
 use tokio::sync::{mpsc, oneshot};
 
 use super::compact::{write_snapshot, SnapshotJob};
 use super::writer::Wal;
 use crate::engine::Engine;
+use crate::invariant;
 use crate::journal::{self, JournalJob};
-use crate::protocol::{Request, Response};
+use crate::protocol::{JournalRecord, MovementOp, Outcome, Request, Response};
 use crate::snapshot::{self, WalPosition};
 use crate::storage::{encode_record, FailPoints};
 
@@ -235,6 +237,7 @@ fn decide(engine: &mut Engine, batch: &mut Batch) {
     batch.has_movement = false;
     batch.wants_storage = false;
     let mut appending = Appending::default();
+    let mut sums = BatchSums::before(engine, batch.first_seq);
     for job in batch.jobs.drain(..) {
         if let Request::Journal { after_seq, limit } = job.request {
             // Served by the reader thread once this batch is synced, up to what the engine
@@ -260,6 +263,7 @@ fn decide(engine: &mut Engine, batch: &mut Batch) {
         let entered = append.enter();
         let effect = engine.apply(&job.request);
         if let Some(record) = &effect.record {
+            sums.add(record);
             batch.has_movement |= record.as_movement().is_some();
             encode_record(record, &mut batch.framed);
             batch.since_records += 1;
@@ -274,6 +278,67 @@ fn decide(engine: &mut Engine, batch: &mut Batch) {
         drop(entered);
         batch.wants_storage |= matches!(&effect.response, Response::Ok { core: Some(_), .. });
         batch.answers.push((job.reply, effect.response));
+    }
+    sums.after(engine);
+}
+
+/// The checks of one batch's decisions: its records' seqs dense from the batch's first, and the
+/// engine's money (the sum of every asset's total) moved by exactly the batch's applied
+/// movements, before anything of it is written. O(assets) per batch, O(1) per record.
+struct BatchSums {
+    next_seq: u64,
+    money: Option<Decimal>,
+    moved: Option<Decimal>,
+}
+
+impl BatchSums {
+    fn before(engine: &Engine, first_seq: u64) -> Self {
+        invariant!(
+            first_seq == engine.last_seq() + 1,
+            "a batch starts at seq {first_seq} after {}",
+            engine.last_seq()
+        );
+        Self {
+            next_seq: first_seq,
+            money: engine.money(),
+            moved: Some(Decimal::ZERO),
+        }
+    }
+
+    fn add(&mut self, record: &JournalRecord) {
+        invariant!(
+            record.seq() == self.next_seq,
+            "the batch's record seq {} where {} is next",
+            record.seq(),
+            self.next_seq
+        );
+        self.next_seq += 1;
+        if let Some((op, m)) = record.as_movement() {
+            if m.outcome == Outcome::Applied {
+                self.moved = self.moved.and_then(|moved| match op {
+                    MovementOp::Withdraw => moved.checked_sub(m.amount),
+                    MovementOp::Deposit | MovementOp::Refund => moved.checked_add(m.amount),
+                });
+            }
+        }
+    }
+
+    fn after(&self, engine: &Engine) {
+        let money = engine.money();
+        let expected = self
+            .money
+            .zip(self.moved)
+            .and_then(|(money, moved)| money.checked_add(moved));
+        invariant!(
+            engine.last_seq() + 1 == self.next_seq
+                && (money.is_none() || expected.is_none() || money == expected),
+            "a batch took the engine to seq {} (records up to {}) and its money from {:?} to \
+             {money:?}, its movements moved {:?}",
+            engine.last_seq(),
+            self.next_seq - 1,
+            self.money,
+            self.moved
+        );
     }
 }
 
@@ -516,6 +581,8 @@ mod tests {
             job(fresh(101), Some(caller.clone())),
             job(fresh(102), Some(other.clone())),
         ]);
+        // As `commit_loop` does before each batch: its records follow the engine's last.
+        batch.first_seq = engine.last_seq() + 1;
         decide(&mut engine, &mut batch);
         assert_eq!(batch.since_records, 4);
         assert_eq!(batch.traced, vec![caller.clone(), other]);
@@ -523,6 +590,7 @@ mod tests {
         batch.traced.clear();
         batch.framed.clear();
         batch.jobs.push(job(deposit(), Some(caller)));
+        batch.first_seq = engine.last_seq() + 1;
         decide(&mut engine, &mut batch);
         assert!(batch.framed.is_empty(), "a replay alone frames nothing");
         assert!(batch.traced.is_empty(), "{:?}", batch.traced);

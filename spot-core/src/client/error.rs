@@ -1,0 +1,28 @@
+//! The client's errors: "never sent" apart from "sent, outcome unknown".
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientError {
+    /// The deadline passed after the request may have been sent; outcome unknown.
+    #[error("spot-core did not answer before the deadline; outcome unknown")]
+    Timeout,
+    /// No connection could be made; the request was never sent.
+    #[error("could not connect to spot-core: {0}")]
+    Connect(String),
+    /// The connection broke after the request may have been sent; outcome unknown.
+    #[error("connection to spot-core failed: {0}; outcome unknown")]
+    Io(String),
+    /// The answer could not be understood; outcome unknown.
+    #[error("unintelligible answer from spot-core: {0}")]
+    Protocol(String),
+}
+
+impl ClientError {
+    /// True unless the request provably never reached spot-core.
+    pub fn outcome_unknown(&self) -> bool {
+        !matches!(self, ClientError::Connect(_))
+    }
+}
+
+/// How a `Connect` error says the engine answered the `hello` with a refusal (a wrong token,
+/// another cell): a misconfiguration rather than an engine that is not up yet.
+pub const HELLO_REFUSED: &str = "spot-core refused the hello";

@@ -1,0 +1,191 @@
+//! The answer lines of the protocol: the response, and what `status`, `lookup`, `balances`
+//! and `totals` carry.
+
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+
+use super::kinds::{AccountStatus, ErrorCode, MovementOp, Outcome, RefusalCode};
+use super::record::JournalRecord;
+use super::request::PROTOCOL_VERSION;
+
+/// What a replicated engine adds to its answer to `hello` (protocol version 3): the epoch it
+/// leads, and its role. Read from the same line as the `Response`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloInfo {
+    #[serde(default)]
+    pub epoch: Option<u64>,
+    #[serde(default)]
+    pub role: Option<String>,
+}
+
+/// One response line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Response {
+    /// A movement took effect (now, or earlier when `duplicate` is true).
+    Applied {
+        balance: Decimal,
+        duplicate: bool,
+        seq: u64,
+    },
+    /// Nothing changed. `seq` is present when the refusal is recorded in the WAL.
+    Refused {
+        code: RefusalCode,
+        message: String,
+        duplicate: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seq: Option<u64>,
+    },
+    /// The request could not be understood; nothing changed.
+    Error { code: ErrorCode, message: String },
+    /// Successful non-movement request; exactly the field belonging to the op is set.
+    Ok {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ops: Option<Vec<LookupOp>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        balances: Option<Vec<BalanceEntry>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        totals: Option<Vec<TotalEntry>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        records: Option<Vec<JournalRecord>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        core: Option<CoreStatus>,
+        /// In the answer to `hello` only: the engine's protocol version (`PROTOCOL_VERSION`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        protocol: Option<u32>,
+    },
+}
+
+impl Response {
+    /// `{"status":"ok"}` with no payload.
+    pub fn ok() -> Response {
+        Response::Ok {
+            ops: None,
+            balances: None,
+            totals: None,
+            records: None,
+            core: None,
+            protocol: None,
+        }
+    }
+
+    /// The answer to an accepted `hello`: `ok` with this engine's protocol version.
+    pub fn hello() -> Response {
+        Response::Ok {
+            ops: None,
+            balances: None,
+            totals: None,
+            records: None,
+            core: None,
+            protocol: Some(PROTOCOL_VERSION),
+        }
+    }
+
+    /// The protocol version an answer to `hello` announces: 1 when it names none.
+    pub fn protocol_version(&self) -> u32 {
+        match self {
+            Response::Ok {
+                protocol: Some(v), ..
+            } => *v,
+            _ => 1,
+        }
+    }
+
+    pub fn refused(code: RefusalCode, duplicate: bool, seq: Option<u64>) -> Response {
+        Response::Refused {
+            code,
+            message: code.message().to_string(),
+            duplicate,
+            seq,
+        }
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> Response {
+        Response::Error {
+            code: ErrorCode::Unauthorized,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Response {
+        Response::Error {
+            code: ErrorCode::BadRequest,
+            message: message.into(),
+        }
+    }
+}
+
+/// What `status` (and `advance_horizon`, `retain`) answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoreStatus {
+    /// Seq of the newest record (0 when empty).
+    pub last_seq: u64,
+    /// The idempotency horizon, Unix milliseconds (0: none yet).
+    pub horizon_ms: u64,
+    /// The audit's consumed position (`retain`).
+    pub retain_after: u64,
+    /// The oldest seq `journal` can still serve (from the live WAL or the archive).
+    pub first_seq: u64,
+    /// Seq covered by the newest durable snapshot (0: none).
+    pub snapshot_seq: u64,
+    /// Size of the newest durable snapshot file.
+    pub snapshot_bytes: u64,
+    /// Bytes of WAL segments in the data directory.
+    pub wal_bytes: u64,
+    /// WAL segments in the data directory.
+    pub wal_segments: u64,
+    /// `(req_id, op)` records remembered in RAM.
+    pub remembered: u64,
+    /// Accounts in RAM.
+    pub accounts: u64,
+    /// On the leader of a replicated cell (ADR 0020): its epoch and each follower's
+    /// acknowledged seq; absent on a single engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<ReplicationStatus>,
+}
+
+/// A replicated leader's view of its followers (`status`), for `/metrics` and the admin's
+/// cells view.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicationStatus {
+    pub epoch: u64,
+    /// Replicas holding everything acknowledged: the leader and each follower of this epoch
+    /// within one batch of it (2 or 3 while the cell acknowledges).
+    pub acknowledging: u32,
+    pub followers: Vec<FollowerStatus>,
+}
+
+/// One follower as the leader sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FollowerStatus {
+    pub name: String,
+    /// The last seq it acknowledged as fsynced (0: none this epoch).
+    pub acked_seq: u64,
+    /// Records it is behind the leader's last seq.
+    pub lag: u64,
+}
+
+/// One entry of a `lookup` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LookupOp {
+    pub op: MovementOp,
+    pub user_id: u64,
+    pub asset: String,
+    pub amount: Decimal,
+    pub outcome: Outcome,
+    pub code: Option<RefusalCode>,
+    pub seq: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BalanceEntry {
+    pub asset: String,
+    pub available: Decimal,
+    pub status: AccountStatus,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TotalEntry {
+    pub asset: String,
+    pub sum: Decimal,
+}
