@@ -7,6 +7,7 @@ pub mod codes;
 pub mod invariant;
 pub mod movements;
 pub mod port;
+pub mod state;
 pub mod stored;
 pub mod transfer;
 pub mod values;
