@@ -1,5 +1,6 @@
-//! The Transfer aggregate: its states (contract §1), commands, versioned past-tense
-//! events, and the transition table. All business rules live in `handle`; `apply` only folds.
+//! The Transfer aggregate: its commands, versioned past-tense events and the transition table
+//! (its states and the steps each may take are `state.rs`). All business rules live in `handle`;
+//! `apply` only folds.
 
 use chrono::{DateTime, Utc};
 use cqrs_es::event_sink::EventSink;

@@ -254,7 +254,7 @@ impl Ord for Scheduled {
     }
 }
 
-/// A replica taking over (`leader::take_over`): it asks both peers at once, each for at most
+/// A replica taking over (`takeover::take_over`): it asks both peers at once, each for at most
 /// `PROMISE_WAIT`, and decides when both answered or `AFTER_FIRST_PROMISE` after the first
 /// promise.
 #[derive(Debug)]
