@@ -21,6 +21,7 @@ macro_rules! planted {
     };
 }
 
+pub mod access;
 pub mod alerts;
 pub mod assets;
 pub mod audit;

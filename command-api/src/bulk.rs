@@ -169,8 +169,8 @@ fn item_request(item: Value, caller: &AuthUser) -> Result<TransferRequest, ApiEr
     };
     let owner = match fields.remove("user_id").filter(|v| !v.is_null()) {
         None => caller.user_id,
-        // A user's token moves only its own money, and names no user.
-        Some(_) if !caller.admin => return Err(ApiError::Forbidden),
+        // A user's token moves only its own money, and names no user (`application::access`).
+        Some(_) if !caller.access().may_name_users() => return Err(ApiError::Forbidden),
         Some(named) => parse_user_id(&named)?,
     };
     routes::transfer_request(fields, owner)

@@ -45,6 +45,16 @@ pub struct Identity {
     pub admin: bool,
 }
 
+impl Identity {
+    /// The caller as the core's access rule takes it (`application::access`).
+    pub fn access(&self) -> application::access::Caller {
+        application::access::Caller {
+            user: self.user_id,
+            admin: self.admin,
+        }
+    }
+}
+
 /// A verified token: who it speaks for, and until when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Session {
@@ -187,6 +197,16 @@ fn identify(parts: &Parts, keys: &JwtKeys) -> Result<Session, ApiError> {
 pub struct AuthUser {
     pub user_id: UserId,
     pub admin: bool,
+}
+
+impl AuthUser {
+    /// The caller as the core's access rule takes it (`application::access`).
+    pub fn access(&self) -> application::access::Caller {
+        application::access::Caller {
+            user: self.user_id,
+            admin: self.admin,
+        }
+    }
 }
 
 /// From any state that holds the keys (`AppState` does).

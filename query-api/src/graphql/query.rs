@@ -70,7 +70,7 @@ impl QueryRoot {
         let _turn = app(ctx).admission.read().await.map_err(busy)?;
         let data = app(ctx).ledger.transfer(&req_id).await.map_err(internal)?;
         Ok(data
-            .filter(|d| me.admin || d.user_id == me.user_id)
+            .filter(|d| me.access().may_see(d.user_id))
             .map(Into::into))
     }
 
@@ -83,11 +83,8 @@ impl QueryRoot {
         user_id: Option<u64>,
     ) -> async_graphql::Result<Vec<BalanceGql>> {
         let me = caller(ctx);
-        let user = match user_id {
-            None => me.user_id,
-            Some(u) if me.admin || u == me.user_id.get() => UserId::new(u).map_err(coded)?,
-            Some(_) => return Err(coded(ErrorCode::Forbidden)),
-        };
+        let named = user_id.map(UserId::new).transpose().map_err(coded)?;
+        let user = me.access().one_user(named).map_err(coded)?;
         let state = app(ctx);
         // Three calls at once: two queries and one spot-core call.
         let _turns = state.admission.reads_at_once(3).await.map_err(busy)?;
@@ -137,15 +134,13 @@ impl QueryRoot {
 /// The read models' filter for `filter`, as `me` may ask it: an admin names any user (or none),
 /// a user only themself (FORBIDDEN for another); an unknown state is BAD_REQUEST.
 fn history_filter(me: &Identity, filter: &TransferFilter) -> async_graphql::Result<HistoryFilter> {
-    let user_id = match (me.admin, filter.user_id) {
-        (true, requested) => requested
-            .map(|u| UserId::new(u).map(UserId::as_i64))
-            .transpose()
-            .map_err(coded)?,
-        // A user asking for someone else's history is refused outright.
-        (false, Some(u)) if u != me.user_id.get() => return Err(coded(ErrorCode::Forbidden)),
-        (false, _) => Some(me.user_id.as_i64()),
-    };
+    // A user asking for someone else's history is refused outright (`access`).
+    let named = filter.user_id.map(UserId::new).transpose().map_err(coded)?;
+    let user_id = me
+        .access()
+        .listing(named)
+        .map_err(coded)?
+        .map(UserId::as_i64);
     let state_id = match &filter.state {
         None => None,
         Some(name) => Some(

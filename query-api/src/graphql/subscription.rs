@@ -61,7 +61,12 @@ impl SubscriptionRoot {
         let follow = Follow {
             state,
             after: start,
-            user: (!me.admin).then(|| me.user_id.as_i64()),
+            user: me
+                .access()
+                .listing(None)
+                .ok()
+                .flatten()
+                .map(domain::UserId::as_i64),
             req_id,
             pending: Vec::new().into_iter(),
             end: None,
