@@ -124,11 +124,19 @@ fn unit(by: Weight) -> &'static str {
     }
 }
 
+/// `n` of `unit`, singular for one.
+fn count(n: u64, unit: &str) -> String {
+    match n {
+        1 => format!("1 {}", unit.trim_end_matches('s')),
+        n => format!("{n} {unit}"),
+    }
+}
+
 fn describe(plan: &Plan, by: Weight) -> String {
     let unit = unit(by);
     let mut out = String::from("cells now:\n");
     for (cell, load) in &plan.before {
-        out.push_str(&format!("  cell {cell}: {load} {unit}\n"));
+        out.push_str(&format!("  cell {cell}: {}\n", count(*load, unit)));
     }
     if plan.moves.is_empty() {
         out.push_str("no move would even the cells out further\n");
@@ -140,13 +148,16 @@ fn describe(plan: &Plan, by: Weight) -> String {
     ));
     for m in &plan.moves {
         out.push_str(&format!(
-            "  partition {} from cell {} to cell {} ({} {unit})\n",
-            m.partition, m.from, m.to, m.weight
+            "  partition {} from cell {} to cell {} ({})\n",
+            m.partition,
+            m.from,
+            m.to,
+            count(m.weight, unit)
         ));
     }
     out.push_str("cells after:\n");
     for (cell, load) in &plan.after {
-        out.push_str(&format!("  cell {cell}: {load} {unit}\n"));
+        out.push_str(&format!("  cell {cell}: {}\n", count(*load, unit)));
     }
     out
 }
