@@ -21,34 +21,7 @@
 //!
 //! The check itself costs its condition only; the message is formatted on failure alone.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
-static PANIC_INSTEAD: AtomicBool = AtomicBool::new(false);
-
-/// Makes every later violation in this process panic instead of aborting. For the simulator
-/// and test harnesses only, which catch the panic and report it; never called by a product
-/// binary.
-pub fn panic_instead() {
-    PANIC_INSTEAD.store(true, Ordering::SeqCst);
-}
-
-/// Whether a violation panics instead of aborting (see [`panic_instead`]).
-pub fn panics() -> bool {
-    PANIC_INSTEAD.load(Ordering::Relaxed)
-}
-
-/// A broken invariant: logs `reason` (stderr and an ERROR event) and aborts the process, or
-/// panics with it when `panic` is set or [`panic_instead`] was called.
-#[cold]
-#[inline(never)]
-pub fn violated(reason: std::fmt::Arguments<'_>, panic: bool) -> ! {
-    if panic || panics() {
-        panic!("invariant violated: {reason}");
-    }
-    eprintln!("invariant violated: {reason}; aborting");
-    tracing::error!(target: "invariant", "invariant violated: {reason}; aborting");
-    std::process::abort()
-}
+pub use ::invariant::{panic_instead, panics, violated};
 
 /// Asserts an invariant of in-memory state: `invariant!(cond, "why it must hold {}", x)`. When
 /// `cond` is false the process aborts with the reason (see the module: the policy, and when it

@@ -138,8 +138,8 @@ fn start_worker(sim: &Sim, ledger: &Ledger, proc: ProcId, incarnation: u32) {
 /// its cause and is its violation, `INVARIANT ...` (the panic's own line on stderr says where).
 /// Any other panic is the simulation's own bug and is passed on.
 pub fn run(seed: u64, config: &Config) -> Report {
+    // One switch for every crate's `invariant!` (the `invariant` crate's, behind each).
     domain::invariant::panic_instead();
-    spot_core::invariant::panic_instead();
     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_seed(seed, config)));
     match ran {
         Ok(report) => report,

@@ -1,6 +1,6 @@
 //! What a broken invariant of the engine's in-memory state does: [`invariant!`](crate::invariant)
-//! and [`violated`]. The same policy as the ledger's `domain::invariant` (spot-core shares no
-//! crate with the ledger but its leaves, so it keeps its own copy of these few lines):
+//! and [`violated`]. The policy and its one implementation are the `invariant` crate's, shared with the ledger's
+//! `domain` and `tlog`:
 //!
 //! - A broken invariant of **in-memory state** (a record the engine made that its own state
 //!   refuses, a balance below zero, a batch whose sums disagree before and after, a seq that
@@ -14,28 +14,7 @@
 //!   caller's), and in any process that called [`panic_instead`] (the simulator, which runs the
 //!   engine in-process and reports a violation as its seed's finding).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
-static PANIC_INSTEAD: AtomicBool = AtomicBool::new(false);
-
-/// Makes every later violation in this process panic instead of aborting (the simulator and
-/// test harnesses only; never called by the spot-core binary).
-pub fn panic_instead() {
-    PANIC_INSTEAD.store(true, Ordering::SeqCst);
-}
-
-/// A broken invariant: logs `reason` (stderr and an ERROR event) and aborts, or panics with it
-/// under test (see the module).
-#[cold]
-#[inline(never)]
-pub fn violated(reason: std::fmt::Arguments<'_>, panic: bool) -> ! {
-    if panic || PANIC_INSTEAD.load(Ordering::Relaxed) {
-        panic!("invariant violated: {reason}");
-    }
-    eprintln!("spot-core: invariant violated: {reason}; aborting");
-    tracing::error!(target: "invariant", "invariant violated: {reason}; aborting");
-    std::process::abort()
-}
+pub use ::invariant::{panic_instead, violated};
 
 /// Asserts an invariant of in-memory state with its reason:
 /// `invariant!(cond, "why it must hold {}", x)`; see the module for what a violation does.
