@@ -1,5 +1,6 @@
 //! Which cell a database is (ADR 0017 §3): its id and the partition map as it last accepted it,
-//! in `cell_identity` and `cell_partitions` (migration 0022). Start-up under a cell map writes
+//! in `cell_identity` and `cell_partitions` (migration 0022), with the map's version (migration
+//! 0028, ADR 0023). Start-up under a cell map writes
 //! them into a fresh cell database and afterwards refuses a database whose stored identity or map
 //! disagrees with the file's; start-up without a map refuses a database that is a cell of one.
 
@@ -49,6 +50,21 @@ pub async fn stored(pool: &PgPool) -> Result<Option<CellId>, IdentityError> {
             .ok()
             .and_then(CellId::new)
             .ok_or_else(|| IdentityError::Corrupt(format!("cell_id {raw}")))
+    })
+    .transpose()
+}
+
+/// The version of the cell map this database last accepted (ADR 0023 §1; migration 0028): 1
+/// until a move or a cell's addition writes the next; `None` for a database that is no cell.
+pub async fn map_version(pool: &PgPool) -> Result<Option<u64>, IdentityError> {
+    let raw: Option<i64> = sqlx::query_scalar("SELECT map_version FROM cell_identity")
+        .fetch_optional(pool)
+        .await?;
+    raw.map(|raw| {
+        u64::try_from(raw)
+            .ok()
+            .filter(|v| *v >= 1)
+            .ok_or_else(|| IdentityError::Corrupt(format!("map_version {raw}")))
     })
     .transpose()
 }
