@@ -155,11 +155,13 @@ async fn handle_connection(stream: TcpStream, engine: EngineHandle, access: Acce
 }
 
 /// Read the first non-blank line and check it is a `hello` with the right token (and, when it
-/// names one, this engine's cell). On failure the UNAUTHORIZED answer is queued and false
-/// returned: the caller closes the connection.
+/// names one, this engine's cell, and a map version not older than the engine's). On failure the
+/// UNAUTHORIZED (or STALE_MAP) answer is queued and false returned: the caller closes the
+/// connection.
 async fn authenticate<R: AsyncRead + Unpin>(
     lines: &mut RequestLines<R>,
     access: &Access,
+    engine: &EngineHandle,
     queue: &mpsc::Sender<Pending>,
 ) -> bool {
     let first = async {
@@ -179,11 +181,18 @@ async fn authenticate<R: AsyncRead + Unpin>(
                 token: offered,
                 cell,
                 epoch,
-                ..
+                map_version,
             }) => match access.refusal(&offered, cell) {
                 None => {
                     let answer = match access.replica_check(epoch) {
-                        Ok(info) => Pending::Hello(info),
+                        Ok(info) => match map_check(engine, map_version).await {
+                            MapCheck::Accepted => Pending::Hello(info),
+                            MapCheck::Refused(refused) => {
+                                let _ = queue.send(Pending::Ready(refused)).await;
+                                return false;
+                            }
+                            MapCheck::Gone => return false,
+                        },
                         Err(refused) => Pending::Ready(*refused),
                     };
                     return queue.send(answer).await.is_ok();
@@ -208,7 +217,7 @@ async fn read_loop(
     queue: mpsc::Sender<Pending>,
 ) {
     let mut lines = request_lines(rd, MAX_LINE_BYTES);
-    if access.token.is_some() && !authenticate(&mut lines, &access, &queue).await {
+    if access.token.is_some() && !authenticate(&mut lines, &access, &engine, &queue).await {
         drop(queue);
         linger(lines.get_mut()).await;
         return;
@@ -234,21 +243,35 @@ async fn read_loop(
                 token: offered,
                 cell,
                 epoch,
-                ..
+                map_version,
             }) => {
-                if let Some(refusal) = access.refusal(&offered, cell) {
-                    tracing::warn!(reason = %refusal, "connection refused: unauthorized");
-                    let _ = queue
-                        .send(Pending::Ready(Response::unauthorized(refusal)))
-                        .await;
+                let refused = match access.refusal(&offered, cell) {
+                    Some(refusal) => {
+                        tracing::warn!(reason = %refusal, "connection refused: unauthorized");
+                        Some(Response::unauthorized(refusal))
+                    }
+                    None => None,
+                };
+                let (answer, close) = match refused {
+                    Some(refused) => (Some(Pending::Ready(refused)), true),
+                    None => match access.replica_check(epoch) {
+                        Err(refused) => (Some(Pending::Ready(*refused)), false),
+                        Ok(info) => match map_check(&engine, map_version).await {
+                            MapCheck::Accepted => (Some(Pending::Hello(info)), false),
+                            MapCheck::Refused(refused) => (Some(Pending::Ready(refused)), true),
+                            MapCheck::Gone => (None, true),
+                        },
+                    },
+                };
+                if close {
+                    if let Some(answer) = answer {
+                        let _ = queue.send(answer).await;
+                    }
                     drop(queue);
                     linger(lines.get_mut()).await;
                     return;
                 }
-                match access.replica_check(epoch) {
-                    Ok(info) => Pending::Hello(info),
-                    Err(refused) => Pending::Ready(*refused),
-                }
+                answer.expect("an answer unless closing")
             }
             // A replica that does not lead answers nothing but `hello` (ADR 0020 §3: every
             // answer comes from state two replicas hold).
@@ -267,6 +290,41 @@ async fn read_loop(
         if queue.send(pending).await.is_err() {
             return;
         }
+    }
+}
+
+/// What the engine said of a `hello`'s map version.
+enum MapCheck {
+    /// None named, or one not older than the engine's (a higher one is now durable).
+    Accepted,
+    /// `STALE_MAP`: the answer to send before closing the connection.
+    Refused(Response),
+    /// The engine thread is gone (shutting down): close without an answer.
+    Gone,
+}
+
+/// A `hello`'s map version, checked by the engine, which records a higher one than it knew
+/// (durable, and on a replica shipped and acknowledged, like every record) before this returns
+/// (ADR 0023 §1). Awaited before the connection's next line is read: nothing a client pipelines
+/// after a refused hello reaches the engine. A hello without a map version costs nothing here.
+async fn map_check(engine: &EngineHandle, map_version: Option<u64>) -> MapCheck {
+    let Some(version) = map_version else {
+        return MapCheck::Accepted;
+    };
+    // Only the map version is the engine's to check: no token travels to the engine thread.
+    let hello = Request::Hello {
+        token: String::new(),
+        cell: None,
+        epoch: None,
+        map_version: Some(version),
+    };
+    match engine.call(hello).await {
+        Some(Response::Ok { .. }) => MapCheck::Accepted,
+        Some(refused) => {
+            tracing::warn!(map_version = version, answer = ?refused, "hello refused: stale map");
+            MapCheck::Refused(refused)
+        }
+        None => MapCheck::Gone,
     }
 }
 
@@ -451,5 +509,98 @@ mod tests {
         // An engine without a cell id accepts any.
         let any = Access::default();
         assert_eq!(any.refusal("", Some(7)), None);
+    }
+
+    /// One connection: `lines` written at once, every answer read until the server closes it
+    /// or `answers` came.
+    async fn session(addr: &str, lines: &str, answers: usize) -> Vec<serde_json::Value> {
+        use tokio::io::{AsyncBufReadExt, BufReader};
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(lines.as_bytes()).await.unwrap();
+        let mut reader = BufReader::new(stream).lines();
+        let mut out = Vec::new();
+        while out.len() < answers {
+            match tokio::time::timeout(Duration::from_secs(10), reader.next_line()).await {
+                Ok(Ok(Some(line))) => out.push(serde_json::from_str(&line).unwrap()),
+                Ok(_) => break,
+                Err(_) => panic!("no answer in time after {out:?}"),
+            }
+        }
+        out
+    }
+
+    /// A hello's map version (ADR 0023 §1), with and without a token: a higher one than the
+    /// engine knew is recorded (the journal has it) before the `ok`; an equal one and none are
+    /// `ok`; a lower one is refused `STALE_MAP` and the connection closed, so a movement
+    /// pipelined after it never reaches the engine.
+    #[tokio::test]
+    async fn a_hello_naming_an_older_map_is_refused_stale_map() {
+        let dir = tempfile::tempdir().unwrap();
+        let (engine, wal, _) = crate::wal::open(
+            crate::assets::Assets::builtin(),
+            dir.path(),
+            &crate::wal::StorageOptions::default(),
+        )
+        .unwrap();
+        let (handle, _thread) =
+            crate::wal::spawn_committer(engine, wal, crate::storage::FailPoints::default())
+                .unwrap();
+        for token in [None, Some(Token::new("t"))] {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap().to_string();
+            let access = Access {
+                token,
+                ..Access::default()
+            };
+            tokio::spawn(serve(listener, handle.clone(), access));
+            let hello = |v: Option<u64>| {
+                let v = v.map_or(String::new(), |v| format!(r#","map_version":{v}"#));
+                format!("{{\"op\":\"hello\",\"token\":\"t\"{v}}}\n")
+            };
+            let status = "{\"op\":\"status\"}\n";
+            let ok =
+                serde_json::json!({"status": "ok", "protocol": crate::protocol::PROTOCOL_VERSION});
+            let got = session(&addr, &format!("{}{status}", hello(Some(2))), 2).await;
+            assert_eq!(got[0], ok);
+            assert_eq!(got[1]["core"]["map_version"], 2);
+            for v in [Some(2), None] {
+                let got = session(&addr, &format!("{}{status}", hello(v)), 2).await;
+                assert_eq!(got[0], ok, "{v:?}");
+                assert_eq!(got[1]["core"]["map_version"], 2);
+                assert_eq!(got[1]["core"]["last_seq"], 1, "nothing more recorded");
+            }
+            let deposit = format!(
+                r#"{{"op":"deposit","req_id":"{}","user_id":1,"asset":"USDT","amount":"1"}}"#,
+                crate::ulid::for_label("after a stale hello")
+            );
+            let got = session(&addr, &format!("{}{deposit}\n", hello(Some(1))), 2).await;
+            assert_eq!(got.len(), 1, "closed after the refusal: {got:?}");
+            assert_eq!(got[0]["code"], "STALE_MAP");
+            assert_eq!(
+                got[0]["message"],
+                "this client routes by map version 1; this spot-core has seen version 2: \
+                 reload the map"
+            );
+        }
+        let records = handle
+            .call(Request::Journal {
+                after_seq: 0,
+                limit: 10,
+            })
+            .await
+            .unwrap();
+        let Response::Ok {
+            records: Some(records),
+            ..
+        } = records
+        else {
+            panic!("{records:?}");
+        };
+        assert_eq!(
+            records,
+            vec![crate::protocol::JournalRecord::MapVersion(
+                crate::protocol::MapVersionRecord { seq: 1, version: 2 }
+            )]
+        );
     }
 }
