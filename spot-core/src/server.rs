@@ -244,26 +244,9 @@ async fn read_loop(
                 cell,
                 epoch,
                 map_version,
-            }) => {
-                let refused = match access.refusal(&offered, cell) {
-                    Some(refusal) => {
-                        tracing::warn!(reason = %refusal, "connection refused: unauthorized");
-                        Some(Response::unauthorized(refusal))
-                    }
-                    None => None,
-                };
-                let (answer, close) = match refused {
-                    Some(refused) => (Some(Pending::Ready(refused)), true),
-                    None => match access.replica_check(epoch) {
-                        Err(refused) => (Some(Pending::Ready(*refused)), false),
-                        Ok(info) => match map_check(&engine, map_version).await {
-                            MapCheck::Accepted => (Some(Pending::Hello(info)), false),
-                            MapCheck::Refused(refused) => (Some(Pending::Ready(refused)), true),
-                            MapCheck::Gone => (None, true),
-                        },
-                    },
-                };
-                if close {
+            }) => match answer_hello(&access, &engine, &offered, cell, epoch, map_version).await {
+                HelloAnswer::Open(answer) => answer,
+                HelloAnswer::Close(answer) => {
                     if let Some(answer) = answer {
                         let _ = queue.send(answer).await;
                     }
@@ -271,8 +254,7 @@ async fn read_loop(
                     linger(lines.get_mut()).await;
                     return;
                 }
-                answer.expect("an answer unless closing")
-            }
+            },
             // A replica that does not lead answers nothing but `hello` (ADR 0020 §3: every
             // answer comes from state two replicas hold).
             Ok(_) if access.role.as_ref().is_some_and(|r| !r.leading()) => {
@@ -290,6 +272,39 @@ async fn read_loop(
         if queue.send(pending).await.is_err() {
             return;
         }
+    }
+}
+
+/// The answer to a `hello` on a connection already reading requests.
+enum HelloAnswer {
+    /// Answered (accepted, or refused `NOT_LEADER` / `STALE_EPOCH`); the connection goes on.
+    Open(Pending),
+    /// Refused for its token or cell (`UNAUTHORIZED`) or its map version (`STALE_MAP`): the
+    /// answer, if any, is the connection's last.
+    Close(Option<Pending>),
+}
+
+/// A repeated `hello` (or one sent to a server without a token): its token and cell, then on a
+/// replica its epoch, then its map version.
+async fn answer_hello(
+    access: &Access,
+    engine: &EngineHandle,
+    offered: &str,
+    cell: Option<u16>,
+    epoch: Option<u64>,
+    map_version: Option<u64>,
+) -> HelloAnswer {
+    if let Some(refusal) = access.refusal(offered, cell) {
+        tracing::warn!(reason = %refusal, "connection refused: unauthorized");
+        return HelloAnswer::Close(Some(Pending::Ready(Response::unauthorized(refusal))));
+    }
+    match access.replica_check(epoch) {
+        Err(refused) => HelloAnswer::Open(Pending::Ready(*refused)),
+        Ok(info) => match map_check(engine, map_version).await {
+            MapCheck::Accepted => HelloAnswer::Open(Pending::Hello(info)),
+            MapCheck::Refused(refused) => HelloAnswer::Close(Some(Pending::Ready(refused))),
+            MapCheck::Gone => HelloAnswer::Close(None),
+        },
     }
 }
 
