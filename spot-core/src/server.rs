@@ -47,7 +47,8 @@ impl std::fmt::Debug for Token {
 }
 
 enum Pending {
-    Ready(Response),
+    /// Boxed: most requests wait (`Waiting`), and a queue of them stays small.
+    Ready(Box<Response>),
     Waiting(oneshot::Receiver<Response>),
     /// The answer to an accepted `hello`: a `Response::hello()` line with, on a replica, its
     /// epoch and role (ADR 0020 §4).
@@ -193,7 +194,7 @@ async fn authenticate<R: AsyncRead + Unpin>(
                             }
                             MapCheck::Gone => return false,
                         },
-                        Err(refused) => Pending::Ready(*refused),
+                        Err(refused) => Pending::Ready(refused),
                     };
                     return queue.send(answer).await.is_ok();
                 }
@@ -205,7 +206,7 @@ async fn authenticate<R: AsyncRead + Unpin>(
     };
     tracing::warn!(reason = %answer, "connection refused: unauthorized");
     let _ = queue
-        .send(Pending::Ready(Response::unauthorized(answer)))
+        .send(Pending::Ready(Box::new(Response::unauthorized(answer))))
         .await;
     false
 }
@@ -229,7 +230,9 @@ async fn read_loop(
             LineRead::TooLong => {
                 let msg =
                     format!("request line longer than {MAX_LINE_BYTES} bytes; closing connection");
-                let _ = queue.send(Pending::Ready(Response::bad_request(msg))).await;
+                let _ = queue
+                    .send(Pending::Ready(Box::new(Response::bad_request(msg))))
+                    .await;
                 return;
             }
         };
@@ -257,9 +260,9 @@ async fn read_loop(
             },
             // A replica that does not lead answers nothing but `hello` (ADR 0020 §3: every
             // answer comes from state two replicas hold).
-            Ok(_) if access.role.as_ref().is_some_and(|r| !r.leading()) => {
-                Pending::Ready(not_leader(access.role.as_deref().expect("checked above")))
-            }
+            Ok(_) if access.role.as_ref().is_some_and(|r| !r.leading()) => Pending::Ready(
+                Box::new(not_leader(access.role.as_deref().expect("checked above"))),
+            ),
             Ok(request) => {
                 let trace = caller_trace(&request);
                 match engine.submit_traced(request, trace).await {
@@ -267,7 +270,9 @@ async fn read_loop(
                     None => return,
                 }
             }
-            Err(e) => Pending::Ready(Response::bad_request(format!("invalid request: {e}"))),
+            Err(e) => Pending::Ready(Box::new(Response::bad_request(format!(
+                "invalid request: {e}"
+            )))),
         };
         if queue.send(pending).await.is_err() {
             return;
@@ -296,10 +301,12 @@ async fn answer_hello(
 ) -> HelloAnswer {
     if let Some(refusal) = access.refusal(offered, cell) {
         tracing::warn!(reason = %refusal, "connection refused: unauthorized");
-        return HelloAnswer::Close(Some(Pending::Ready(Response::unauthorized(refusal))));
+        return HelloAnswer::Close(Some(Pending::Ready(Box::new(Response::unauthorized(
+            refusal,
+        )))));
     }
     match access.replica_check(epoch) {
-        Err(refused) => HelloAnswer::Open(Pending::Ready(*refused)),
+        Err(refused) => HelloAnswer::Open(Pending::Ready(refused)),
         Ok(info) => match map_check(engine, map_version).await {
             MapCheck::Accepted => HelloAnswer::Open(Pending::Hello(info)),
             MapCheck::Refused(refused) => HelloAnswer::Close(Some(Pending::Ready(refused))),
@@ -313,7 +320,7 @@ enum MapCheck {
     /// None named, or one not older than the engine's (a higher one is now durable).
     Accepted,
     /// `STALE_MAP`: the answer to send before closing the connection.
-    Refused(Response),
+    Refused(Box<Response>),
     /// The engine thread is gone (shutting down): close without an answer.
     Gone,
 }
@@ -337,7 +344,7 @@ async fn map_check(engine: &EngineHandle, map_version: Option<u64>) -> MapCheck 
         Some(Response::Ok { .. }) => MapCheck::Accepted,
         Some(refused) => {
             tracing::warn!(map_version = version, answer = ?refused, "hello refused: stale map");
-            MapCheck::Refused(refused)
+            MapCheck::Refused(Box::new(refused))
         }
         None => MapCheck::Gone,
     }
@@ -374,7 +381,7 @@ async fn write_loop(wr: OwnedWriteHalf, mut queue: mpsc::Receiver<Pending>) {
     let mut buf = Vec::with_capacity(1024);
     while let Some(pending) = queue.recv().await {
         let response = match pending {
-            Pending::Ready(r) => r,
+            Pending::Ready(r) => *r,
             Pending::Hello(info) => {
                 buf.clear();
                 serde_json::to_writer(&mut buf, &Response::hello()).expect("responses serialize");
