@@ -256,6 +256,8 @@ fn movement_outcome(
         Err(ClientError::Timeout) => AdapterOutcome::Timeout,
         Err(ClientError::Connect(e)) | Err(ClientError::Io(e)) => AdapterOutcome::NetworkError(e),
         Err(ClientError::Protocol(e)) => AdapterOutcome::Unknown(e),
+        // Never sent (spot-core has seen a newer cell map): not a refusal of the movement.
+        Err(e @ ClientError::StaleMap(_)) => AdapterOutcome::Unknown(e.to_string()),
     }
 }
 

@@ -3,13 +3,14 @@
 //! exactly its own bytes (one state, one file: nothing in it was ignored), and holds a state
 //! the engine can reach (no negative balance or total); decoding never panics.
 //!
-//! Input: byte 0 the mode. Mode 0: the rest is the whole file. Mode 1: the rest is the body,
-//! given a correct header (magic, version, checksum, seq, length) so the fuzzer reaches the
-//! body decoder past the checksum.
+//! Input: byte 0 the mode. Bit 0 clear: the rest is the whole file. Bit 0 set: the rest is the
+//! body, given a correct header (magic, version, checksum, seq, length) so the fuzzer reaches
+//! the body decoder past the checksum; bit 1 picks the header's format (set: 2, with a map
+//! version; clear: 1).
 
 use rust_decimal::Decimal;
 use spot_core::engine::Engine;
-use spot_core::snapshot::{self, FORMAT_VERSION, HEADER_BYTES, MAGIC};
+use spot_core::snapshot::{self, FORMAT_VERSION, FORMAT_VERSION_NO_MAP, HEADER_BYTES, MAGIC};
 
 use crate::assets::assets;
 
@@ -20,7 +21,12 @@ pub fn check(data: &[u8]) {
     let bytes = if mode & 1 == 0 {
         rest.to_vec()
     } else {
-        with_header(rest)
+        let format = if mode & 2 == 0 {
+            FORMAT_VERSION_NO_MAP
+        } else {
+            FORMAT_VERSION
+        };
+        with_header(rest, format)
     };
     let Ok((engine, pos)) = snapshot::decode(&bytes, assets()) else {
         return;
@@ -37,13 +43,13 @@ pub fn check(data: &[u8]) {
 }
 
 /// The header a writer would give `body`.
-fn with_header(body: &[u8]) -> Vec<u8> {
+fn with_header(body: &[u8], format: u32) -> Vec<u8> {
     let seq = body
         .get(..8)
         .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8")));
     let mut out = Vec::with_capacity(HEADER_BYTES + body.len());
     out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&format.to_le_bytes());
     out.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
     out.extend_from_slice(&seq.to_le_bytes());
     out.extend_from_slice(&(body.len() as u64).to_le_bytes());

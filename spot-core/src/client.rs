@@ -88,4 +88,44 @@ mod tests {
         let err = client.call(&Request::Ping {}).await.unwrap_err();
         assert!(matches!(err, ClientError::Io(_)), "{err:?}");
     }
+
+    /// A client with a map version names it in its `hello`, even without a token or a cell, and
+    /// an engine's `STALE_MAP` refusal is `ClientError::StaleMap`: never sent, worded like any
+    /// refused hello.
+    #[tokio::test]
+    async fn a_hello_refused_stale_map_is_a_stale_map_error() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (hello_tx, mut hello_rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let (s, _) = listener.accept().await.unwrap();
+            let mut s = BufReader::new(s);
+            let mut hello = Vec::new();
+            s.read_until(b'\n', &mut hello).await.unwrap();
+            hello_tx.send(hello).unwrap();
+            let refusal = br#"{"status":"error","code":"STALE_MAP","message":"this client routes by map version 1; this spot-core has seen version 2: reload the map"}"#;
+            s.get_mut().write_all(refusal).await.unwrap();
+            s.get_mut().write_all(b"\n").await.unwrap();
+        });
+        let client = SpotClient::new(addr, Duration::from_secs(5)).with_map_version(Some(1));
+        assert_eq!(client.map_version(), Some(1));
+        let err = client.call(&Request::Ping {}).await.unwrap_err();
+        assert!(
+            matches!(&err, ClientError::StaleMap(m) if m.contains("seen version 2")),
+            "{err:?}"
+        );
+        assert!(!err.outcome_unknown());
+        assert!(err.to_string().starts_with(HELLO_REFUSED), "{err}");
+        let hello: serde_json::Value =
+            serde_json::from_slice(&hello_rx.recv().await.unwrap()).unwrap();
+        assert_eq!(
+            hello,
+            serde_json::json!({"op": "hello", "token": "", "map_version": 1})
+        );
+        // No version: nothing changes (no hello without a token, a cell or traces).
+        assert_eq!(
+            SpotClient::new("127.0.0.1:1".into(), Duration::from_secs(1)).map_version(),
+            None
+        );
+    }
 }

@@ -103,6 +103,9 @@ pub struct Engine {
     pub(crate) horizon_ms: u64,
     /// The conservation check's consumed position (`retain`).
     pub(crate) retain_after: u64,
+    /// The highest cell map version a `hello` has named (0: none seen): a `hello` naming a
+    /// lower one is refused `STALE_MAP` (ADR 0023 §1).
+    pub(crate) map_version: u64,
     pub(crate) remembered: BTreeMap<Key, Remembered>,
 }
 
@@ -117,6 +120,7 @@ impl Engine {
             last_seq: 0,
             horizon_ms: 0,
             retain_after: 0,
+            map_version: 0,
             remembered: BTreeMap::new(),
         }
     }
@@ -132,6 +136,11 @@ impl Engine {
 
     pub fn retain_after(&self) -> u64 {
         self.retain_after
+    }
+
+    /// The highest cell map version a `hello` has named (0: none).
+    pub fn map_version(&self) -> u64 {
+        self.map_version
     }
 
     /// `(req_id, op)` records remembered in RAM.
@@ -155,6 +164,7 @@ impl Engine {
             retain_after: self.retain_after,
             remembered: self.remembered.len() as u64,
             accounts: self.accounts.len() as u64,
+            map_version: self.map_version,
             ..CoreStatus::default()
         }
     }

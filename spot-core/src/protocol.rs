@@ -13,7 +13,9 @@ mod request;
 mod response;
 
 pub use kinds::{AccountStatus, ErrorCode, MovementOp, Outcome, RefusalCode, UnknownMovementOp};
-pub use record::{HorizonRecord, JournalRecord, MovementRecord, RetainRecord, StatusRecord};
+pub use record::{
+    HorizonRecord, JournalRecord, MapVersionRecord, MovementRecord, RetainRecord, StatusRecord,
+};
 pub use request::{
     canonical_amount, MovementRequest, Request, DEFAULT_JOURNAL_LIMIT, EPOCH_SINCE_VERSION,
     MAX_JOURNAL_LIMIT, MAX_LINE_BYTES, PROTOCOL_VERSION, TRACE_SINCE_VERSION,

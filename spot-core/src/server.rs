@@ -47,7 +47,8 @@ impl std::fmt::Debug for Token {
 }
 
 enum Pending {
-    Ready(Response),
+    /// Boxed: most requests wait (`Waiting`), and a queue of them stays small.
+    Ready(Box<Response>),
     Waiting(oneshot::Receiver<Response>),
     /// The answer to an accepted `hello`: a `Response::hello()` line with, on a replica, its
     /// epoch and role (ADR 0020 §4).
@@ -155,11 +156,13 @@ async fn handle_connection(stream: TcpStream, engine: EngineHandle, access: Acce
 }
 
 /// Read the first non-blank line and check it is a `hello` with the right token (and, when it
-/// names one, this engine's cell). On failure the UNAUTHORIZED answer is queued and false
-/// returned: the caller closes the connection.
+/// names one, this engine's cell, and a map version not older than the engine's). On failure the
+/// UNAUTHORIZED (or STALE_MAP) answer is queued and false returned: the caller closes the
+/// connection.
 async fn authenticate<R: AsyncRead + Unpin>(
     lines: &mut RequestLines<R>,
     access: &Access,
+    engine: &EngineHandle,
     queue: &mpsc::Sender<Pending>,
 ) -> bool {
     let first = async {
@@ -179,12 +182,19 @@ async fn authenticate<R: AsyncRead + Unpin>(
                 token: offered,
                 cell,
                 epoch,
-                ..
+                map_version,
             }) => match access.refusal(&offered, cell) {
                 None => {
                     let answer = match access.replica_check(epoch) {
-                        Ok(info) => Pending::Hello(info),
-                        Err(refused) => Pending::Ready(*refused),
+                        Ok(info) => match map_check(engine, map_version).await {
+                            MapCheck::Accepted => Pending::Hello(info),
+                            MapCheck::Refused(refused) => {
+                                let _ = queue.send(Pending::Ready(refused)).await;
+                                return false;
+                            }
+                            MapCheck::Gone => return false,
+                        },
+                        Err(refused) => Pending::Ready(refused),
                     };
                     return queue.send(answer).await.is_ok();
                 }
@@ -196,7 +206,7 @@ async fn authenticate<R: AsyncRead + Unpin>(
     };
     tracing::warn!(reason = %answer, "connection refused: unauthorized");
     let _ = queue
-        .send(Pending::Ready(Response::unauthorized(answer)))
+        .send(Pending::Ready(Box::new(Response::unauthorized(answer))))
         .await;
     false
 }
@@ -208,7 +218,7 @@ async fn read_loop(
     queue: mpsc::Sender<Pending>,
 ) {
     let mut lines = request_lines(rd, MAX_LINE_BYTES);
-    if access.token.is_some() && !authenticate(&mut lines, &access, &queue).await {
+    if access.token.is_some() && !authenticate(&mut lines, &access, &engine, &queue).await {
         drop(queue);
         linger(lines.get_mut()).await;
         return;
@@ -220,7 +230,9 @@ async fn read_loop(
             LineRead::TooLong => {
                 let msg =
                     format!("request line longer than {MAX_LINE_BYTES} bytes; closing connection");
-                let _ = queue.send(Pending::Ready(Response::bad_request(msg))).await;
+                let _ = queue
+                    .send(Pending::Ready(Box::new(Response::bad_request(msg))))
+                    .await;
                 return;
             }
         };
@@ -234,27 +246,23 @@ async fn read_loop(
                 token: offered,
                 cell,
                 epoch,
-                ..
-            }) => {
-                if let Some(refusal) = access.refusal(&offered, cell) {
-                    tracing::warn!(reason = %refusal, "connection refused: unauthorized");
-                    let _ = queue
-                        .send(Pending::Ready(Response::unauthorized(refusal)))
-                        .await;
+                map_version,
+            }) => match answer_hello(&access, &engine, &offered, cell, epoch, map_version).await {
+                HelloAnswer::Open(answer) => answer,
+                HelloAnswer::Close(answer) => {
+                    if let Some(answer) = answer {
+                        let _ = queue.send(answer).await;
+                    }
                     drop(queue);
                     linger(lines.get_mut()).await;
                     return;
                 }
-                match access.replica_check(epoch) {
-                    Ok(info) => Pending::Hello(info),
-                    Err(refused) => Pending::Ready(*refused),
-                }
-            }
+            },
             // A replica that does not lead answers nothing but `hello` (ADR 0020 §3: every
             // answer comes from state two replicas hold).
-            Ok(_) if access.role.as_ref().is_some_and(|r| !r.leading()) => {
-                Pending::Ready(not_leader(access.role.as_deref().expect("checked above")))
-            }
+            Ok(_) if access.role.as_ref().is_some_and(|r| !r.leading()) => Pending::Ready(
+                Box::new(not_leader(access.role.as_deref().expect("checked above"))),
+            ),
             Ok(request) => {
                 let trace = caller_trace(&request);
                 match engine.submit_traced(request, trace).await {
@@ -262,11 +270,83 @@ async fn read_loop(
                     None => return,
                 }
             }
-            Err(e) => Pending::Ready(Response::bad_request(format!("invalid request: {e}"))),
+            Err(e) => Pending::Ready(Box::new(Response::bad_request(format!(
+                "invalid request: {e}"
+            )))),
         };
         if queue.send(pending).await.is_err() {
             return;
         }
+    }
+}
+
+/// The answer to a `hello` on a connection already reading requests.
+enum HelloAnswer {
+    /// Answered (accepted, or refused `NOT_LEADER` / `STALE_EPOCH`); the connection goes on.
+    Open(Pending),
+    /// Refused for its token or cell (`UNAUTHORIZED`) or its map version (`STALE_MAP`): the
+    /// answer, if any, is the connection's last.
+    Close(Option<Pending>),
+}
+
+/// A repeated `hello` (or one sent to a server without a token): its token and cell, then on a
+/// replica its epoch, then its map version.
+async fn answer_hello(
+    access: &Access,
+    engine: &EngineHandle,
+    offered: &str,
+    cell: Option<u16>,
+    epoch: Option<u64>,
+    map_version: Option<u64>,
+) -> HelloAnswer {
+    if let Some(refusal) = access.refusal(offered, cell) {
+        tracing::warn!(reason = %refusal, "connection refused: unauthorized");
+        return HelloAnswer::Close(Some(Pending::Ready(Box::new(Response::unauthorized(
+            refusal,
+        )))));
+    }
+    match access.replica_check(epoch) {
+        Err(refused) => HelloAnswer::Open(Pending::Ready(refused)),
+        Ok(info) => match map_check(engine, map_version).await {
+            MapCheck::Accepted => HelloAnswer::Open(Pending::Hello(info)),
+            MapCheck::Refused(refused) => HelloAnswer::Close(Some(Pending::Ready(refused))),
+            MapCheck::Gone => HelloAnswer::Close(None),
+        },
+    }
+}
+
+/// What the engine said of a `hello`'s map version.
+enum MapCheck {
+    /// None named, or one not older than the engine's (a higher one is now durable).
+    Accepted,
+    /// `STALE_MAP`: the answer to send before closing the connection.
+    Refused(Box<Response>),
+    /// The engine thread is gone (shutting down): close without an answer.
+    Gone,
+}
+
+/// A `hello`'s map version, checked by the engine, which records a higher one than it knew
+/// (durable, and on a replica shipped and acknowledged, like every record) before this returns
+/// (ADR 0023 §1). Awaited before the connection's next line is read: nothing a client pipelines
+/// after a refused hello reaches the engine. A hello without a map version costs nothing here.
+async fn map_check(engine: &EngineHandle, map_version: Option<u64>) -> MapCheck {
+    let Some(version) = map_version else {
+        return MapCheck::Accepted;
+    };
+    // Only the map version is the engine's to check: no token travels to the engine thread.
+    let hello = Request::Hello {
+        token: String::new(),
+        cell: None,
+        epoch: None,
+        map_version: Some(version),
+    };
+    match engine.call(hello).await {
+        Some(Response::Ok { .. }) => MapCheck::Accepted,
+        Some(refused) => {
+            tracing::warn!(map_version = version, answer = ?refused, "hello refused: stale map");
+            MapCheck::Refused(Box::new(refused))
+        }
+        None => MapCheck::Gone,
     }
 }
 
@@ -301,7 +381,7 @@ async fn write_loop(wr: OwnedWriteHalf, mut queue: mpsc::Receiver<Pending>) {
     let mut buf = Vec::with_capacity(1024);
     while let Some(pending) = queue.recv().await {
         let response = match pending {
-            Pending::Ready(r) => r,
+            Pending::Ready(r) => *r,
             Pending::Hello(info) => {
                 buf.clear();
                 serde_json::to_writer(&mut buf, &Response::hello()).expect("responses serialize");
@@ -451,5 +531,98 @@ mod tests {
         // An engine without a cell id accepts any.
         let any = Access::default();
         assert_eq!(any.refusal("", Some(7)), None);
+    }
+
+    /// One connection: `lines` written at once, every answer read until the server closes it
+    /// or `answers` came.
+    async fn session(addr: &str, lines: &str, answers: usize) -> Vec<serde_json::Value> {
+        use tokio::io::{AsyncBufReadExt, BufReader};
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(lines.as_bytes()).await.unwrap();
+        let mut reader = BufReader::new(stream).lines();
+        let mut out = Vec::new();
+        while out.len() < answers {
+            match tokio::time::timeout(Duration::from_secs(10), reader.next_line()).await {
+                Ok(Ok(Some(line))) => out.push(serde_json::from_str(&line).unwrap()),
+                Ok(_) => break,
+                Err(_) => panic!("no answer in time after {out:?}"),
+            }
+        }
+        out
+    }
+
+    /// A hello's map version (ADR 0023 §1), with and without a token: a higher one than the
+    /// engine knew is recorded (the journal has it) before the `ok`; an equal one and none are
+    /// `ok`; a lower one is refused `STALE_MAP` and the connection closed, so a movement
+    /// pipelined after it never reaches the engine.
+    #[tokio::test]
+    async fn a_hello_naming_an_older_map_is_refused_stale_map() {
+        let dir = tempfile::tempdir().unwrap();
+        let (engine, wal, _) = crate::wal::open(
+            crate::assets::Assets::builtin(),
+            dir.path(),
+            &crate::wal::StorageOptions::default(),
+        )
+        .unwrap();
+        let (handle, _thread) =
+            crate::wal::spawn_committer(engine, wal, crate::storage::FailPoints::default())
+                .unwrap();
+        for token in [None, Some(Token::new("t"))] {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap().to_string();
+            let access = Access {
+                token,
+                ..Access::default()
+            };
+            tokio::spawn(serve(listener, handle.clone(), access));
+            let hello = |v: Option<u64>| {
+                let v = v.map_or(String::new(), |v| format!(r#","map_version":{v}"#));
+                format!("{{\"op\":\"hello\",\"token\":\"t\"{v}}}\n")
+            };
+            let status = "{\"op\":\"status\"}\n";
+            let ok =
+                serde_json::json!({"status": "ok", "protocol": crate::protocol::PROTOCOL_VERSION});
+            let got = session(&addr, &format!("{}{status}", hello(Some(2))), 2).await;
+            assert_eq!(got[0], ok);
+            assert_eq!(got[1]["core"]["map_version"], 2);
+            for v in [Some(2), None] {
+                let got = session(&addr, &format!("{}{status}", hello(v)), 2).await;
+                assert_eq!(got[0], ok, "{v:?}");
+                assert_eq!(got[1]["core"]["map_version"], 2);
+                assert_eq!(got[1]["core"]["last_seq"], 1, "nothing more recorded");
+            }
+            let deposit = format!(
+                r#"{{"op":"deposit","req_id":"{}","user_id":1,"asset":"USDT","amount":"1"}}"#,
+                crate::ulid::for_label("after a stale hello")
+            );
+            let got = session(&addr, &format!("{}{deposit}\n", hello(Some(1))), 2).await;
+            assert_eq!(got.len(), 1, "closed after the refusal: {got:?}");
+            assert_eq!(got[0]["code"], "STALE_MAP");
+            assert_eq!(
+                got[0]["message"],
+                "this client routes by map version 1; this spot-core has seen version 2: \
+                 reload the map"
+            );
+        }
+        let records = handle
+            .call(Request::Journal {
+                after_seq: 0,
+                limit: 10,
+            })
+            .await
+            .unwrap();
+        let Response::Ok {
+            records: Some(records),
+            ..
+        } = records
+        else {
+            panic!("{records:?}");
+        };
+        assert_eq!(
+            records,
+            vec![crate::protocol::JournalRecord::MapVersion(
+                crate::protocol::MapVersionRecord { seq: 1, version: 2 }
+            )]
+        );
     }
 }

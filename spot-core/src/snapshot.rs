@@ -4,7 +4,7 @@
 //! File `snapshot-<seq, 20 digits>.snap`, little endian:
 //!
 //! ```text
-//! header (32 bytes): magic "SPOTSNAP" | u32 format version (1) | u32 crc32 of the body
+//! header (32 bytes): magic "SPOTSNAP" | u32 format version (1 or 2) | u32 crc32 of the body
 //!                    | u64 seq | u64 body length
 //! body:  u64 last_seq | u64 horizon_ms | u64 retain_after
 //!        | u64 first seq of the WAL segment holding seq + 1 | u64 its byte offset
@@ -13,7 +13,13 @@
 //!        | u32 n, n × (u16 asset, [16] sum)                                  totals, sorted
 //!        | u64 n, n × ([16] req_id ULID, u8 op, u64 user, u16 asset, u8 outcome, u64 seq,
 //!                      [16] amount, u8 has balance, [16] balance)            remembered, sorted
+//!        | format 2 only: u64 map version (never 0)
 //! ```
+//!
+//! Format 2 adds the highest cell map version a `hello` named (ADR 0023 §1). It is written only
+//! when the engine has seen one; an engine that has not writes format 1, byte for byte what an
+//! older spot-core writes and reads, and a format 1 file reads as map version 0. One state, one
+//! file: a format 2 file with map version 0 is invalid.
 //!
 //! Decimals are `rust_decimal`'s 16-byte serialization. A file that is short, long, has another
 //! magic or version, a seq that disagrees with its name, a checksum that does not match, or a
@@ -35,7 +41,10 @@ use crate::protocol::{AccountStatus, MovementOp};
 use crate::storage::{parse_seq_name, sync_dir, FailPoints};
 
 pub const MAGIC: &[u8; 8] = b"SPOTSNAP";
-pub const FORMAT_VERSION: u32 = 1;
+/// The newest format, written when the engine has seen a map version.
+pub const FORMAT_VERSION: u32 = 2;
+/// The format without a map version: written when the engine has seen none, and still read.
+pub const FORMAT_VERSION_NO_MAP: u32 = 1;
 pub const HEADER_BYTES: usize = 32;
 
 /// Where the WAL record after a snapshot's seq starts: the segment (by its first seq) and the
@@ -117,10 +126,16 @@ pub fn encode_into(engine: &Engine, pos: WalPosition, out: &mut Vec<u8>) {
         out.push(u8::from(r.balance.is_some()));
         out.extend_from_slice(&r.balance.unwrap_or(Decimal::ZERO).serialize());
     }
+    let format = if engine.map_version == 0 {
+        FORMAT_VERSION_NO_MAP
+    } else {
+        put64(out, engine.map_version);
+        FORMAT_VERSION
+    };
     let body_len = (out.len() - HEADER_BYTES) as u64;
     let crc = crc32fast::hash(&out[HEADER_BYTES..]);
     out[0..8].copy_from_slice(MAGIC);
-    out[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out[8..12].copy_from_slice(&format.to_le_bytes());
     out[12..16].copy_from_slice(&crc.to_le_bytes());
     out[16..24].copy_from_slice(&engine.last_seq.to_le_bytes());
     out[24..32].copy_from_slice(&body_len.to_le_bytes());
@@ -158,7 +173,7 @@ pub fn header_seq(bytes: &[u8]) -> Option<u64> {
 
 /// Check and decode a whole snapshot file into an engine with `assets`.
 pub fn decode(bytes: &[u8], assets: Assets) -> anyhow::Result<(Engine, WalPosition)> {
-    let (seq, body) = checked_body(bytes)?;
+    let (format, seq, body) = checked_body(bytes)?;
     let mut r = Reader { bytes: body, at: 0 };
     let mut engine = Engine::new(assets);
     engine.last_seq = r.u64()?;
@@ -175,15 +190,21 @@ pub fn decode(bytes: &[u8], assets: Assets) -> anyhow::Result<(Engine, WalPositi
     let sums = decode_accounts(&mut r, &mut engine, n_assets)?;
     decode_totals(&mut r, &mut engine, n_assets, &sums)?;
     decode_remembered(&mut r, &mut engine, n_assets)?;
+    if format == FORMAT_VERSION {
+        engine.map_version = r.u64()?;
+        if engine.map_version == 0 {
+            bail!("format {FORMAT_VERSION} with map version 0 (written as format {FORMAT_VERSION_NO_MAP})");
+        }
+    }
     if r.at != body.len() {
         bail!("{} unread bytes after the body", body.len() - r.at);
     }
     Ok((engine, pos))
 }
 
-/// The header's checks (length, magic, version, body length, checksum); the seq it claims and
-/// the body.
-fn checked_body(bytes: &[u8]) -> anyhow::Result<(u64, &[u8])> {
+/// The header's checks (length, magic, version, body length, checksum); the format, the seq it
+/// claims and the body.
+fn checked_body(bytes: &[u8]) -> anyhow::Result<(u32, u64, &[u8])> {
     if bytes.len() < HEADER_BYTES {
         bail!("{} bytes is shorter than the header", bytes.len());
     }
@@ -192,8 +213,11 @@ fn checked_body(bytes: &[u8]) -> anyhow::Result<(u64, &[u8])> {
         bail!("bad magic");
     }
     let version = header.u32()?;
-    if version != FORMAT_VERSION {
-        bail!("format version {version}, this spot-core reads {FORMAT_VERSION}");
+    if version != FORMAT_VERSION && version != FORMAT_VERSION_NO_MAP {
+        bail!(
+            "format version {version}, this spot-core reads {FORMAT_VERSION_NO_MAP} and \
+             {FORMAT_VERSION}"
+        );
     }
     let crc = header.u32()?;
     let seq = header.u64()?;
@@ -208,7 +232,7 @@ fn checked_body(bytes: &[u8]) -> anyhow::Result<(u64, &[u8])> {
     if crc32fast::hash(body) != crc {
         bail!("checksum mismatch");
     }
-    Ok((seq, body))
+    Ok((version, seq, body))
 }
 
 /// An asset index within the asset table.
@@ -519,7 +543,7 @@ mod tests {
     /// checksum (or a writer's bug) could produce.
     fn with_header(body: &[u8]) -> Vec<u8> {
         let mut out = MAGIC.to_vec();
-        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&FORMAT_VERSION_NO_MAP.to_le_bytes());
         out.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
         out.extend_from_slice(&body[..8]);
         out.extend_from_slice(&(body.len() as u64).to_le_bytes());
@@ -598,6 +622,46 @@ mod tests {
         let damaged = with_header(&body);
         let err = decode(&damaged, Assets::builtin()).unwrap_err().to_string();
         assert!(err.contains("carries a balance"), "{err}");
+    }
+
+    /// The map version a `hello` named travels in the snapshot (format 2); an engine that has
+    /// seen none writes format 1, the file an older spot-core wrote, which reads as version 0.
+    #[test]
+    fn the_map_version_round_trips_and_an_old_snapshot_reads_as_none() {
+        let pos = WalPosition {
+            segment: 1,
+            offset: 0,
+        };
+        let old = sample();
+        let old_bytes = encode(&old, pos);
+        assert_eq!(old_bytes[8..12], FORMAT_VERSION_NO_MAP.to_le_bytes());
+        let (back, _) = decode(&old_bytes, Assets::builtin()).unwrap();
+        assert_eq!(back.map_version(), 0);
+        assert_eq!(back, old);
+
+        let mut e = sample();
+        let hello = |v| Request::Hello {
+            token: String::new(),
+            cell: None,
+            epoch: None,
+            map_version: Some(v),
+        };
+        assert!(e.apply(&hello(7)).record.is_some());
+        let bytes = encode(&e, pos);
+        assert_eq!(bytes[8..12], FORMAT_VERSION.to_le_bytes());
+        let (back, _) = decode(&bytes, Assets::builtin()).unwrap();
+        assert_eq!(back.map_version(), 7);
+        assert_eq!(back, e);
+        assert_eq!(encode(&back, pos), bytes);
+
+        // Format 2 naming version 0 is a second file for the format 1 state: refused.
+        let mut body = bytes[HEADER_BYTES..].to_vec();
+        let at = body.len() - 8;
+        body[at..].copy_from_slice(&0u64.to_le_bytes());
+        let mut zero = with_header(&body);
+        zero[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        let err = decode(&zero, Assets::builtin()).unwrap_err().to_string();
+        assert!(err.contains("map version 0"), "{err}");
     }
 
     #[test]

@@ -7,6 +7,8 @@
 //!   every acknowledged SPOT movement is there, the wiped replica rebuilds from a live one and
 //!   counts toward acknowledgement again (the next leader kill needs it).
 //! - A replica lost: the cell goes on with two; with a second one lost, nothing is acknowledged.
+//! - The cell map's version a `hello` named survives the leader's SIGKILL: the next leader still
+//!   refuses an older one.
 //!
 //! Its own test binary: it runs etcd and spot-core processes of its own, one test at a time.
 
@@ -27,7 +29,7 @@ use ha::spot::SpotReplicas;
 use helpers::bin;
 use rust_decimal::Decimal;
 use spot_core::protocol::{Request, Response};
-use spot_core::SpotClient;
+use spot_core::{ClientError, SpotClient};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -361,6 +363,33 @@ async fn cra_ha_spot_one_replica_lost_goes_on_two_lost_stops_acknowledging() {
     let (acked, _) = load.stop().await;
     assert!(acked.len() > stalled);
     check_exact(&addrs, &acked).await;
+}
+
+/// The cell map's version (ADR 0023 §1) is a replicated record: a `hello` naming version 2 is
+/// acknowledged (a follower holds it fsynced) before its `ok`, so after the leader's SIGKILL the
+/// replica elected next still refuses version 1 `STALE_MAP` and accepts version 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ha_spot_a_new_leader_still_refuses_an_older_map() {
+    let _one = SERIAL.lock().await;
+    let mut cell = start_cell().await;
+    let addrs = cell.spot.client_addrs();
+    let first = leader(&cell, Duration::from_secs(30)).await;
+    let ping = |version: u64| {
+        let client = client(&addrs).with_map_version(Some(version));
+        async move { client.call(&Request::Ping {}).await }
+    };
+    assert!(matches!(ping(2).await, Ok(Response::Ok { .. })));
+    assert!(matches!(ping(1).await, Err(ClientError::StaleMap(_))));
+
+    cell.spot.kill(first);
+    let second = leader(&cell, Duration::from_secs(30)).await;
+    assert_ne!(second, first, "another replica leads");
+    let err = ping(1).await.unwrap_err();
+    assert!(
+        matches!(&err, ClientError::StaleMap(m) if m.contains("seen version 2")),
+        "{err:?}"
+    );
+    assert!(matches!(ping(2).await, Ok(Response::Ok { .. })));
 }
 
 /// An nftables table cutting one loopback address off from others (both ways), deleted on drop.

@@ -1,5 +1,5 @@
-//! One connection to spot-core: its `hello` (token, cell, epoch, protocol version), the framing
-//! of requests, and one exchange or a pipelined one under a deadline.
+//! One connection to spot-core: its `hello` (token, cell, epoch, map version, protocol version),
+//! the framing of requests, and one exchange or a pipelined one under a deadline.
 
 use std::borrow::Cow;
 
@@ -94,6 +94,15 @@ impl Conn {
                     },
                     _,
                 )) => return Err(ClientError::Connect(format!("no leader here: {message}"))),
+                // This engine has seen a newer cell map: not an engine still starting, nor one
+                // to try again with the same map.
+                Ok((
+                    Response::Error {
+                        code: crate::protocol::ErrorCode::StaleMap,
+                        message,
+                    },
+                    _,
+                )) => return Err(ClientError::StaleMap(message)),
                 Ok((other, _)) => {
                     return Err(ClientError::Connect(format!("{HELLO_REFUSED}: {other:?}")))
                 }

@@ -14,12 +14,17 @@ pub enum ClientError {
     /// The answer could not be understood; outcome unknown.
     #[error("unintelligible answer from spot-core: {0}")]
     Protocol(String),
+    /// spot-core refused the `hello` `STALE_MAP` (ADR 0023 §1): it has seen a newer cell map
+    /// than the one this client routes by. The request was never sent, and retrying cannot
+    /// help: the process must reload the map (a misconfiguration, like another cell's engine).
+    #[error("{HELLO_REFUSED}: STALE_MAP: {0}")]
+    StaleMap(String),
 }
 
 impl ClientError {
     /// True unless the request provably never reached spot-core.
     pub fn outcome_unknown(&self) -> bool {
-        !matches!(self, ClientError::Connect(_))
+        !matches!(self, ClientError::Connect(_) | ClientError::StaleMap(_))
     }
 }
 

@@ -68,9 +68,13 @@ struct Inner {
     cell: Option<u16>,
     timeout: Duration,
     liveness: TcpLiveness,
-    /// The framed `hello` line sent on every new connection, when there is a token or a cell,
-    /// or traces are exported (to learn the engine's protocol version).
-    hello: Option<Vec<u8>>,
+    /// A `hello` is sent on every new connection to a single engine: there is a token or a
+    /// cell, or traces are exported (to learn the engine's protocol version). A replicated
+    /// cell's connections always send one, and so does any once a map version is set.
+    say_hello: bool,
+    /// The cell map version this client routes by (ADR 0023 §1), named in every `hello`; 0: none
+    /// (no map, the `hello` names none). An engine that has seen a newer one refuses it.
+    map_version: AtomicU64,
     /// Traces are exported: movements carry their caller's trace context to engines that speak
     /// protocol version 2 (`docs/adr/0018-traces.md`).
     traced: bool,
@@ -85,7 +89,8 @@ impl std::fmt::Debug for Inner {
             .field("addr", &self.addr)
             .field("timeout", &self.timeout)
             .field("liveness", &self.liveness)
-            .field("token", &self.hello.as_ref().map(|_| "<redacted>"))
+            .field("token", &"<redacted>")
+            .field("map_version", &self.map_version.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
 }
@@ -133,24 +138,12 @@ impl SpotClient {
         cell: Option<u16>,
     ) -> SpotClient {
         let traced = telemetry::enabled();
-        let hello = (token.is_some() || cell.is_some() || traced).then(|| {
-            let token = token.clone().unwrap_or_default();
-            let mut line = serde_json::to_vec(&Request::Hello {
-                token,
-                cell,
-                epoch: None,
-                map_version: None,
-            })
-            .expect("serializing a hello cannot fail");
-            line.push(b'\n');
-            line
-        });
+        let say_hello = token.is_some() || cell.is_some() || traced;
         let addrs: Vec<String> = addr
             .split(',')
             .map(|a| a.trim().to_owned())
             .filter(|a| !a.is_empty())
             .collect();
-        let replicated = addrs.len() > 1;
         SpotClient {
             inner: Arc::new(Inner {
                 addrs,
@@ -158,7 +151,8 @@ impl SpotClient {
                 epoch_seen: AtomicU64::new(0),
                 token: token.clone().unwrap_or_default(),
                 cell,
-                hello: if replicated { None } else { hello },
+                say_hello,
+                map_version: AtomicU64::new(0),
                 addr,
                 timeout,
                 liveness,
@@ -167,6 +161,41 @@ impl SpotClient {
                 observed: Mutex::new(LeaderObserved::default()),
             }),
         }
+    }
+
+    /// This client, routing by the cell map version `map_version` (`None`: no map, the
+    /// default): every new connection's `hello` names it, and an engine that has seen a newer
+    /// one refuses it with [`ClientError::StaleMap`].
+    pub fn with_map_version(self, map_version: Option<u64>) -> SpotClient {
+        self.set_map_version(map_version);
+        self
+    }
+
+    /// Routes by `map_version` from now on (new connections; pooled ones said their hello).
+    /// Version 0 is no map.
+    pub fn set_map_version(&self, map_version: Option<u64>) {
+        self.inner
+            .map_version
+            .store(map_version.unwrap_or(0), Ordering::Release);
+    }
+
+    /// The cell map version this client routes by, if any.
+    pub fn map_version(&self) -> Option<u64> {
+        Some(self.inner.map_version.load(Ordering::Acquire)).filter(|v| *v > 0)
+    }
+
+    /// The framed `hello` line of a new connection, naming `epoch`.
+    fn hello_line(&self, epoch: Option<u64>) -> Vec<u8> {
+        let inner = &self.inner;
+        let mut hello = serde_json::to_vec(&Request::Hello {
+            token: inner.token.clone(),
+            cell: inner.cell,
+            epoch,
+            map_version: self.map_version(),
+        })
+        .expect("serializing a hello cannot fail");
+        hello.push(b'\n');
+        hello
     }
 
     pub fn addr(&self) -> &str {
@@ -198,21 +227,16 @@ impl SpotClient {
     async fn connect_any(&self) -> Result<Conn, ClientError> {
         let inner = &self.inner;
         if inner.addrs.len() <= 1 {
-            return Conn::connect(&inner.addr, inner.hello.as_deref(), &inner.liveness).await;
+            let hello =
+                (inner.say_hello || self.map_version().is_some()).then(|| self.hello_line(None));
+            return Conn::connect(&inner.addr, hello.as_deref(), &inner.liveness).await;
         }
         let first = inner.current.load(Ordering::Relaxed);
         let mut last_error = None;
         for k in 0..inner.addrs.len() {
             let i = (first + k) % inner.addrs.len();
             let seen = inner.epoch_seen.load(Ordering::Acquire);
-            let mut hello = serde_json::to_vec(&Request::Hello {
-                token: inner.token.clone(),
-                cell: inner.cell,
-                epoch: (seen > 0).then_some(seen),
-                map_version: None,
-            })
-            .expect("serializing a hello cannot fail");
-            hello.push(b'\n');
+            let hello = self.hello_line((seen > 0).then_some(seen));
             match Conn::connect(&inner.addrs[i], Some(&hello), &inner.liveness).await {
                 Ok(conn) => {
                     let epoch = conn.epoch.unwrap_or(0);
@@ -228,6 +252,8 @@ impl SpotClient {
                     self.observe_leader(&inner.addrs[i], epoch, before);
                     return Ok(conn);
                 }
+                // The leader has seen a newer map: another replica cannot make this map good.
+                Err(e @ ClientError::StaleMap(_)) => return Err(e),
                 Err(e) => last_error = Some(e),
             }
         }

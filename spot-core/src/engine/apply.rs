@@ -1,6 +1,6 @@
 //! Deciding requests: `Engine::apply` and everything it answers (movements, cancels, status
-//! changes, lookups, the horizon, the retained position), each change made through the record
-//! it returns.
+//! changes, lookups, the horizon, the retained position, a hello's map version), each change
+//! made through the record it returns.
 
 use rust_decimal::Decimal;
 
@@ -10,8 +10,9 @@ use super::{Effect, Engine, Remembered};
 use crate::assets::MAX_PRECISION;
 use crate::invariant;
 use crate::protocol::{
-    AccountStatus, HorizonRecord, JournalRecord, LookupOp, MovementOp, MovementRecord,
-    MovementRequest, Outcome, RefusalCode, Request, Response, RetainRecord, StatusRecord,
+    AccountStatus, ErrorCode, HorizonRecord, JournalRecord, LookupOp, MapVersionRecord, MovementOp,
+    MovementRecord, MovementRequest, Outcome, RefusalCode, Request, Response, RetainRecord,
+    StatusRecord,
 };
 use crate::ulid;
 
@@ -84,8 +85,10 @@ impl Engine {
                 },
                 now_ms,
             ),
-            // The server answers `hello` itself; a token check has no meaning here.
-            Request::Ping {} | Request::Hello { .. } => Effect::reply(Response::ok()),
+            // The server answers `hello` itself (token, cell, epoch); only its map version is
+            // the engine's, and the server asks only when the hello names one.
+            Request::Hello { map_version, .. } => self.hello_map(*map_version),
+            Request::Ping {} => Effect::reply(Response::ok()),
             Request::AdvanceHorizon { before_ms } => self.advance_horizon(*before_ms, now_ms),
             Request::Retain { after_seq } => self.retain(*after_seq),
             Request::Status {} => Effect::reply(self.core_response()),
@@ -122,6 +125,37 @@ impl Engine {
         self.apply_own(record.clone());
         Effect {
             response: self.core_response(),
+            record: Some(record),
+        }
+    }
+
+    /// A `hello` naming the cell map version `version` (ADR 0023 §1): a higher one than any seen
+    /// is recorded (durable before the `ok`), an equal one is `ok`, a lower one is refused
+    /// `STALE_MAP`; none (an old client, no map) is `ok`.
+    fn hello_map(&mut self, version: Option<u64>) -> Effect {
+        let Some(version) = version else {
+            return Effect::reply(Response::ok());
+        };
+        let known = self.map_version;
+        if version < known {
+            return Effect::reply(Response::Error {
+                code: ErrorCode::StaleMap,
+                message: format!(
+                    "this client routes by map version {version}; this spot-core has seen \
+                     version {known}: reload the map"
+                ),
+            });
+        }
+        if version == known {
+            return Effect::reply(Response::ok());
+        }
+        let record = JournalRecord::MapVersion(MapVersionRecord {
+            seq: self.last_seq + 1,
+            version,
+        });
+        self.apply_own(record.clone());
+        Effect {
+            response: Response::ok(),
             record: Some(record),
         }
     }

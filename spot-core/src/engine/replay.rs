@@ -1,6 +1,6 @@
 //! Applying a record: the only way the engine's state changes, live or at start-up. Each record
 //! is checked against the state before it (contiguous seq, balance arithmetic, horizon and
-//! retained position only forward) before anything changes.
+//! retained position and map version only forward) before anything changes.
 
 use rust_decimal::Decimal;
 
@@ -23,6 +23,7 @@ impl Engine {
             match &record {
                 JournalRecord::Horizon(h) => self.replay_horizon(h.before_ms),
                 JournalRecord::Retain(r) => self.replay_retain(r.after_seq, seq),
+                JournalRecord::MapVersion(v) => self.replay_map_version(v.version),
                 JournalRecord::SetStatus(s) => self
                     .intern(&s.asset)
                     .map(|asset| self.account_mut(s.user_id, asset).status = s.status),
@@ -63,6 +64,17 @@ impl Engine {
             ));
         }
         self.retain_after = after_seq;
+        Ok(())
+    }
+
+    fn replay_map_version(&mut self, version: u64) -> Result<(), String> {
+        if version <= self.map_version {
+            return Err(format!(
+                "map version {version} does not move forward from {}",
+                self.map_version
+            ));
+        }
+        self.map_version = version;
         Ok(())
     }
 

@@ -2,7 +2,8 @@
 
 use super::*;
 use crate::protocol::{
-    HorizonRecord, MovementRecord, MovementRequest, Outcome, Request, RetainRecord,
+    HorizonRecord, MapVersionRecord, MovementRecord, MovementRequest, Outcome, Request,
+    RetainRecord,
 };
 use crate::ulid;
 use std::str::FromStr;
@@ -1041,4 +1042,95 @@ fn replay_refuses_a_horizon_or_retain_moving_backwards_and_keys_below_the_horizo
         assert!(probe.apply_record(rec.clone()).is_err(), "{rec:?}");
         assert_eq!(probe, r, "{rec:?} must change nothing");
     }
+}
+
+fn hello(map_version: Option<u64>) -> Request {
+    Request::Hello {
+        token: String::new(),
+        cell: None,
+        epoch: None,
+        map_version,
+    }
+}
+
+/// A hello's map version (ADR 0023 §1): a higher one than any seen is recorded before the `ok`,
+/// an equal one and none are `ok` with nothing recorded, a lower one is refused `STALE_MAP`
+/// naming both versions; `status` reports the highest.
+#[test]
+fn a_hello_records_a_higher_map_version_and_refuses_a_lower_one() {
+    let mut e = engine();
+    assert_eq!(e.map_version(), 0);
+    let absent = e.apply(&hello(None));
+    assert_eq!((absent.response, absent.record), (Response::ok(), None));
+
+    let higher = e.apply(&hello(Some(2)));
+    assert_eq!(higher.response, Response::ok());
+    let record = JournalRecord::MapVersion(MapVersionRecord { seq: 1, version: 2 });
+    assert_eq!(higher.record, Some(record));
+    assert_eq!((e.map_version(), e.last_seq()), (2, 1));
+
+    let equal = e.apply(&hello(Some(2)));
+    assert_eq!((equal.response, equal.record), (Response::ok(), None));
+
+    let lower = e.apply(&hello(Some(1)));
+    assert_eq!(lower.record, None);
+    let Response::Error { code, message } = lower.response else {
+        panic!("a refusal: {:?}", lower.response);
+    };
+    assert_eq!(code, crate::protocol::ErrorCode::StaleMap);
+    assert_eq!(
+        message,
+        "this client routes by map version 1; this spot-core has seen version 2: reload the map"
+    );
+    // A hello without a version stays accepted, whatever the engine has seen.
+    assert_eq!(e.apply(&hello(None)).response, Response::ok());
+    assert_eq!(e.map_version(), 2);
+    assert_eq!(e.last_seq(), 1);
+    let Response::Ok {
+        core: Some(core), ..
+    } = e.apply(&Request::Status {}).response
+    else {
+        panic!("a status");
+    };
+    assert_eq!(core.map_version, 2);
+}
+
+/// The record is replayed like any other (the map version is rebuilt, in seq order with the
+/// movements around it), and a replayed version that does not move forward is refused.
+#[test]
+fn replay_rebuilds_the_map_version_and_refuses_one_going_backwards() {
+    let mut e = engine();
+    let mut records = Vec::new();
+    let mut keep = |effect: Effect| records.extend(effect.record);
+    keep(deposit(&mut e, "a", 1, "USDT", "5"));
+    keep(e.apply(&hello(Some(3))));
+    keep(withdraw(&mut e, "a", 1, "USDT", "2"));
+    keep(e.apply(&hello(Some(4))));
+    assert_eq!(records.len(), 4);
+    assert!(matches!(
+        records[1],
+        JournalRecord::MapVersion(MapVersionRecord { seq: 2, version: 3 })
+    ));
+    let mut r = engine();
+    for rec in records {
+        r.apply_record(rec).unwrap();
+    }
+    assert_eq!(r, e);
+    assert_eq!(r.map_version(), 4);
+    for version in [4, 2] {
+        let backwards = JournalRecord::MapVersion(MapVersionRecord {
+            seq: r.last_seq() + 1,
+            version,
+        });
+        let err = r.apply_record(backwards).unwrap_err();
+        assert!(err.reason.contains("does not move forward"), "{err}");
+    }
+    assert_eq!(r.map_version(), 4);
+    // Its JSON, as the WAL and `journal` carry it.
+    let json = serde_json::to_string(&JournalRecord::MapVersion(MapVersionRecord {
+        seq: 9,
+        version: 7,
+    }))
+    .unwrap();
+    assert_eq!(json, r#"{"op":"map_version","seq":9,"version":7}"#);
 }

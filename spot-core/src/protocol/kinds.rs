@@ -198,4 +198,8 @@ pub enum ErrorCode {
     /// The client has seen a higher epoch than this replica's: it is a deposed leader, or a
     /// follower that has not heard of the new one yet. Nothing was done.
     StaleEpoch,
+    /// The `hello` names a cell map version older than one this spot-core has seen (ADR 0023
+    /// §1): the client routes by a map that may send a moved partition's users here. The
+    /// message names both versions; the connection is closed after this answer.
+    StaleMap,
 }

@@ -19,6 +19,9 @@ pub enum JournalRecord {
     Horizon(HorizonRecord),
     /// `retain` moved the audit's consumed position forward.
     Retain(RetainRecord),
+    /// A `hello` named a cell map version higher than any this engine had seen (ADR 0023 §1):
+    /// from then on a `hello` naming a lower one is refused `STALE_MAP`.
+    MapVersion(MapVersionRecord),
 }
 
 impl JournalRecord {
@@ -30,6 +33,7 @@ impl JournalRecord {
             JournalRecord::SetStatus(s) => s.seq,
             JournalRecord::Horizon(h) => h.seq,
             JournalRecord::Retain(r) => r.seq,
+            JournalRecord::MapVersion(v) => v.seq,
         }
     }
 
@@ -38,9 +42,10 @@ impl JournalRecord {
             JournalRecord::Withdraw(m) => Some((MovementOp::Withdraw, m)),
             JournalRecord::Deposit(m) => Some((MovementOp::Deposit, m)),
             JournalRecord::Refund(m) => Some((MovementOp::Refund, m)),
-            JournalRecord::SetStatus(_) | JournalRecord::Horizon(_) | JournalRecord::Retain(_) => {
-                None
-            }
+            JournalRecord::SetStatus(_)
+            | JournalRecord::Horizon(_)
+            | JournalRecord::Retain(_)
+            | JournalRecord::MapVersion(_) => None,
         }
     }
 
@@ -91,4 +96,11 @@ pub struct HorizonRecord {
 pub struct RetainRecord {
     pub seq: u64,
     pub after_seq: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MapVersionRecord {
+    pub seq: u64,
+    pub version: u64,
 }

@@ -138,6 +138,9 @@ pub struct CoreStatus {
     pub remembered: u64,
     /// Accounts in RAM.
     pub accounts: u64,
+    /// The highest cell map version a `hello` has named (0: none).
+    #[serde(default)]
+    pub map_version: u64,
     /// On the leader of a replicated cell (ADR 0020): its epoch and each follower's
     /// acknowledged seq; absent on a single engine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
