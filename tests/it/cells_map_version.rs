@@ -71,3 +71,48 @@ async fn cells_map_001_an_older_map_is_refused_stale_map_across_a_sigkill() {
     ));
     assert_eq!(core_map_version(&spot).await, 2);
 }
+
+/// A ledger whose cells' databases hold an older map than a cell's spot-core has seen is refused
+/// at start-up, naming the cell and both versions, and writes nothing through it; once the
+/// databases hold the newer version it serves, and the spot-cores that had seen less learn it.
+#[tokio::test]
+async fn cells_map_002_a_ledger_with_an_older_map_than_a_spot_core_is_refused_at_start_up() {
+    let three = crate::cells::ThreeCells::start().await;
+    let two = &three.cells[1];
+    // Cell 2's engine has been told of version 2 (a move's switch, ADR 0023, will do this).
+    let newer = SpotClient::for_cell(
+        two.spot.addr.clone(),
+        Duration::from_secs(5),
+        Some(two.spot.token.clone()),
+        liveness::TcpLiveness::default(),
+        Some(2),
+    )
+    .with_map_version(Some(2));
+    assert!(matches!(
+        newer.call(&Request::Ping {}).await,
+        Ok(Response::Ok { .. })
+    ));
+    let log = crate::procs::LedgerProcess::try_start_cells(&three.map, &[])
+        .err()
+        .expect("refused: its databases say map version 1");
+    assert!(log.contains("cell 2"), "{log}");
+    assert!(
+        log.contains("map version 1") && log.contains("seen version 2"),
+        "{log}"
+    );
+    // The operator's fix (a switch that reached every database): the ledger serves, and every
+    // cell's engine now knows version 2.
+    for cell in &three.cells {
+        sqlx::query("UPDATE cell_identity SET map_version = 2")
+            .execute(&cell.db.pool)
+            .await
+            .unwrap();
+    }
+    let ledger = crate::procs::LedgerProcess::start_cells(&three.map, &[]);
+    let (status, body) =
+        crate::cells::call(&ledger.base, reqwest::Method::GET, "/healthz", "", None).await;
+    assert_eq!(status, 200, "{body}");
+    for cell in &three.cells {
+        assert_eq!(core_map_version(&cell.spot).await, 2, "cell {}", cell.id);
+    }
+}

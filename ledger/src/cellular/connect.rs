@@ -130,6 +130,17 @@ impl Reach {
                 ));
             }
         }
+        // The map version this cell last accepted (ADR 0023 §1): every hello to its spot-core
+        // names it, and an engine that has seen a newer one refuses this process (STALE_MAP).
+        let map_version = match schema::cell_identity::map_version(&pool).await {
+            Ok(version) => version,
+            Err(e) => {
+                pool.close().await;
+                return Err(ConnectError::Unreachable(
+                    anyhow::Error::new(e).context(format!("cell {}: database {database}", spec.id)),
+                ));
+            }
+        };
         let (spot_addr, token) = match (&spec.spot, self.started.get(&spec.id)) {
             (_, Some((addr, token))) => (addr.clone(), token.clone()),
             (SpotAddress::At(addr), None) => (
@@ -150,6 +161,9 @@ impl Reach {
             self.settings.spot_liveness,
             spec.id.get(),
         );
+        if let Some(client) = spot.tcp_client() {
+            client.set_map_version(map_version);
+        }
         check_spot(&spot, spec.id, &spot_addr)
             .await
             .map_err(ConnectError::Refused)?;
@@ -179,8 +193,9 @@ fn cell_token(settings: &Settings, spec: &CellSpec) -> anyhow::Result<Option<Str
     }
 }
 
-/// A spot-core that refuses this cell's `hello` (another cell's engine, or a wrong token) stops
-/// start-up; one that does not answer is a warning.
+/// A spot-core that refuses this cell's `hello` (another cell's engine, a wrong token, or a
+/// newer cell map than this cell's database holds: STALE_MAP) stops start-up; one that does not
+/// answer is a warning.
 async fn check_spot(spot: &SpotAdapter, cell: CellId, addr: &str) -> anyhow::Result<()> {
     match spot.ping().await {
         Ok(()) => Ok(()),
