@@ -36,6 +36,7 @@ pub mod failpoint;
 pub mod halt;
 pub mod horizon;
 pub mod ledger;
+pub mod moves;
 #[cfg(feature = "plant")]
 pub mod plant;
 pub mod ports;

@@ -30,6 +30,7 @@ pub mod exec;
 pub mod faults;
 pub mod hook;
 pub mod kinds;
+pub mod moves;
 pub mod records;
 pub mod rows;
 pub mod scenario;

@@ -11,6 +11,7 @@
 //! - `cid.rs`: client-key repeats; `limits.rs`: the daily limits; `together.rs`: a creation
 //!   written with its claim and its charge (ADR 0022), and the separate steps.
 //! - `external_ids.rs`: the claim on a deposit's external_id across cells.
+//! - `moves.rs`: moving a partition between cells: every step, crash, lost answer and cancel.
 //! - `manual.rs`: manual resolution, the table's ManuallyResolve rows.
 //! - `audit.rs`: the conservation check, the halt and the failover repair over the in-memory records.
 //! - `race.rs`: two processes at once on one transfer.
@@ -24,6 +25,7 @@ mod crash;
 mod external_ids;
 mod limits;
 mod manual;
+mod moves;
 mod race;
 mod resume;
 mod submit;

@@ -1,0 +1,292 @@
+//! `MoveRunner`: starts, cancels and drives moves over the ports. A step's work runs only while
+//! the record is at that step, and the next step is saved only if the record is still there
+//! (compare and set), so a cancel, or a second runner, that records first makes this one stop
+//! and reload: the work it did is idempotent, and the rollback undoes whatever the step it
+//! interrupted may have done.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cells::{CellId, Partition};
+
+use super::ports::{MoveRecords, PartitionHold, PartitionStores, SpotMoves, Started};
+use super::record::{MoveId, MoveRecord, MoveStep};
+use super::verify::{verify, Mismatch};
+use crate::error::StoreError;
+use crate::ports::Clock;
+
+/// How a move copies and retries.
+#[derive(Debug, Clone)]
+pub struct MoveSettings {
+    /// A pass of `CatchingUp` that copies at most this many rows ends the copying while live:
+    /// what is left is copied under the pause (`LEDGER_MOVE_TAIL_MAX`).
+    pub tail_max: u64,
+    /// After this many passes the move pauses whatever the last pass copied: a partition written
+    /// faster than it is copied would otherwise never pause.
+    pub max_passes: u32,
+    /// The wait before a step whose call failed is run again.
+    pub retry: Duration,
+}
+
+impl Default for MoveSettings {
+    fn default() -> Self {
+        Self {
+            tail_max: 1_000,
+            max_passes: 8,
+            retry: Duration::from_secs(1),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MoveError {
+    #[error("partition {0} has a move that has not ended: {1}")]
+    Busy(Partition, MoveId),
+    #[error("a move needs two cells; cell {0} is both")]
+    SameCell(CellId),
+    #[error("no move {0}")]
+    NotFound(MoveId),
+    #[error("move {0} is at {1} and can no longer be cancelled: it goes forward")]
+    NotCancellable(MoveId, &'static str),
+    /// Another runner, or a cancel, recorded a step first: reload and go on from it.
+    #[error("move {0} was moved on by someone else")]
+    Superseded(MoveId),
+    /// A call failed or its answer was lost: the step runs again.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The move process's one driver.
+#[derive(Clone)]
+pub struct MoveRunner {
+    records: Arc<dyn MoveRecords>,
+    stores: Arc<dyn PartitionStores>,
+    spot: Arc<dyn SpotMoves>,
+    hold: Arc<dyn PartitionHold>,
+    clock: Arc<dyn Clock>,
+    settings: MoveSettings,
+}
+
+impl MoveRunner {
+    pub fn new(
+        records: Arc<dyn MoveRecords>,
+        stores: Arc<dyn PartitionStores>,
+        spot: Arc<dyn SpotMoves>,
+        hold: Arc<dyn PartitionHold>,
+        clock: Arc<dyn Clock>,
+        settings: MoveSettings,
+    ) -> Self {
+        Self {
+            records,
+            stores,
+            spot,
+            hold,
+            clock,
+            settings,
+        }
+    }
+
+    /// Records a new move of `partition` from `from` (its owner under map `version`) to `to`.
+    pub async fn start(
+        &self,
+        id: MoveId,
+        partition: Partition,
+        from: CellId,
+        to: CellId,
+        version: u64,
+    ) -> Result<MoveRecord, MoveError> {
+        if from == to {
+            return Err(MoveError::SameCell(from));
+        }
+        let record = MoveRecord::new(id, partition, from, to, version);
+        match self.records.start(&record).await? {
+            Started::Recorded => Ok(record),
+            Started::Busy(other) => Err(MoveError::Busy(partition, other)),
+        }
+    }
+
+    /// Cancels move `id`: records `Cancelling` (naming the step it found) if the move has not
+    /// begun its switch. The runner then rolls it back; a cancelled move answers as it is.
+    pub async fn cancel(&self, id: &MoveId, reason: &str) -> Result<MoveRecord, MoveError> {
+        loop {
+            let mut record = self.load(id).await?;
+            if matches!(record.step, MoveStep::Cancelling | MoveStep::Cancelled) {
+                return Ok(record);
+            }
+            if !record.step.may_cancel() {
+                return Err(MoveError::NotCancellable(id.clone(), record.step.as_str()));
+            }
+            let found = record.step;
+            record.cancelled_at = Some(found);
+            record.reason = Some(reason.to_owned());
+            record.step = MoveStep::Cancelling;
+            if self.records.save(found, &record).await? {
+                return Ok(record);
+            }
+        }
+    }
+
+    /// Drives move `id` to its end (`Done` or `Cancelled`), running a failed step again after
+    /// `MoveSettings::retry`, forever: an unknown outcome is never given up on.
+    pub async fn drive(&self, id: &MoveId) -> Result<MoveRecord, MoveError> {
+        loop {
+            let record = self.load(id).await?;
+            if record.step.is_end() {
+                return Ok(record);
+            }
+            match self.step(record).await {
+                Ok(_) | Err(MoveError::Superseded(_)) => {}
+                Err(MoveError::Store(error)) => {
+                    tracing::warn!(move_id = %id, error = %error, "a move's step failed; it runs again");
+                    self.clock.sleep(self.settings.retry).await;
+                }
+                Err(other) => return Err(other),
+            }
+        }
+    }
+
+    /// Runs the work of `record`'s step and records the next one; answers the record as saved.
+    pub async fn step(&self, mut record: MoveRecord) -> Result<MoveRecord, MoveError> {
+        let at = record.step;
+        let next = match at {
+            MoveStep::Done | MoveStep::Cancelled => return Ok(record),
+            MoveStep::Planned => {
+                let (to, partition) = (record.to, record.partition);
+                self.stores.mark_incoming(to, partition, &record.id).await?;
+                MoveStep::Copying
+            }
+            MoveStep::Copying => {
+                self.copy_pass(&mut record).await?;
+                MoveStep::CatchingUp
+            }
+            MoveStep::CatchingUp => {
+                let rows = self.copy_pass(&mut record).await?;
+                record.passes += 1;
+                record.last_pass = rows;
+                let short = rows <= self.settings.tail_max;
+                if short || record.passes >= self.settings.max_passes {
+                    MoveStep::Pausing
+                } else {
+                    MoveStep::CatchingUp
+                }
+            }
+            MoveStep::Pausing => {
+                self.hold.hold(record.partition).await;
+                self.stores.freeze(&record).await?;
+                self.copy_pass(&mut record).await?;
+                MoveStep::MovingSpot
+            }
+            MoveStep::MovingSpot => {
+                let (id, p) = (record.id.0.clone(), record.partition);
+                let payload = self.spot.move_out(record.from, &id, p).await?;
+                self.spot.move_in(record.to, &id, p, &payload).await?;
+                record.spot = Some(payload.balances);
+                MoveStep::Verifying
+            }
+            MoveStep::Verifying => {
+                let found = self.check(&record).await?;
+                if found.is_empty() {
+                    MoveStep::Switching
+                } else {
+                    let reasons: Vec<String> = found.iter().map(ToString::to_string).collect();
+                    tracing::error!(move_id = %record.id, ?reasons, "a move's check failed; it is rolled back");
+                    record.cancelled_at = Some(MoveStep::Verifying);
+                    record.reason =
+                        Some(format!("check before the switch: {}", reasons.join("; ")));
+                    MoveStep::Cancelling
+                }
+            }
+            MoveStep::Switching => {
+                self.stores.switch(&record).await?;
+                self.hold.release(record.partition).await;
+                MoveStep::Done
+            }
+            MoveStep::Cancelling => {
+                self.roll_back(&record).await?;
+                MoveStep::Cancelled
+            }
+        };
+        domain::invariant!(
+            next == at || at.may_step_to(next),
+            "a move steps only along its table: {} to {}",
+            at.as_str(),
+            next.as_str()
+        );
+        record.step = next;
+        self.save(at, &record).await?;
+        Ok(record)
+    }
+
+    /// Copies batches from the marks to the source's end, saving the marks after each batch;
+    /// answers the rows this pass wrote.
+    async fn copy_pass(&self, record: &mut MoveRecord) -> Result<u64, MoveError> {
+        let mut rows = 0;
+        loop {
+            let copied = self.stores.copy_batch(record).await?;
+            rows += copied.rows;
+            record.copied += copied.rows;
+            let moved_on = copied.marks != record.marks;
+            record.marks = copied.marks;
+            if moved_on {
+                self.save(record.step, record).await?;
+            }
+            if copied.at_end {
+                return Ok(rows);
+            }
+        }
+    }
+
+    /// The check before the switch: the books, the SPOT balances and both conservation checks.
+    async fn check(&self, record: &MoveRecord) -> Result<Vec<Mismatch>, MoveError> {
+        let (from, to, p) = (record.from, record.to, record.partition);
+        let source = self.stores.book(from, p).await?;
+        let target = self.stores.book(to, p).await?;
+        let target_spot = self.spot.balances(to, p).await?;
+        let source_spot = self.spot.balances(from, p).await?;
+        let moved = record.spot.clone().unwrap_or_default();
+        let mut found = verify(&source, &target, &moved, &target_spot, &source_spot);
+        for cell in [from, to] {
+            if !self.stores.conservation_exact(cell).await? {
+                found.push(Mismatch::Conservation { cell });
+            }
+        }
+        Ok(found)
+    }
+
+    /// Undoes what the step the cancel found may have done, every call idempotent. The SPOT
+    /// balances are first moved forward by the move's own id (so a late move-out or move-in of
+    /// the move, still on the wire, finds it done and changes nothing), then back by the
+    /// cancel's id.
+    async fn roll_back(&self, record: &MoveRecord) -> Result<(), MoveError> {
+        let (from, to, p) = (record.from, record.to, record.partition);
+        let at = record.cancelled_at.unwrap_or(MoveStep::Planned);
+        if at.spot_may_have_moved() {
+            let (id, back) = (record.id.0.clone(), record.id.cancel_id());
+            let out = self.spot.move_out(from, &id, p).await?;
+            self.spot.move_in(to, &id, p, &out).await?;
+            let returned = self.spot.move_out(to, &back, p).await?;
+            self.spot.move_in(from, &back, p, &returned).await?;
+        }
+        if at.source_may_be_frozen() {
+            self.stores.unfreeze(from, p).await?;
+        }
+        self.stores.void_incoming(to, p, &record.id).await?;
+        self.hold.release(p).await;
+        Ok(())
+    }
+
+    async fn load(&self, id: &MoveId) -> Result<MoveRecord, MoveError> {
+        self.records
+            .load(id)
+            .await?
+            .ok_or_else(|| MoveError::NotFound(id.clone()))
+    }
+
+    async fn save(&self, expected: MoveStep, record: &MoveRecord) -> Result<(), MoveError> {
+        if self.records.save(expected, record).await? {
+            Ok(())
+        } else {
+            Err(MoveError::Superseded(record.id.clone()))
+        }
+    }
+}

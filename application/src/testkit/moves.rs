@@ -1,0 +1,555 @@
+//! `MemMoves`: the move's ports (`moves::ports`) over cells kept in memory, with the fence, the
+//! copy by marks, the spot-cores' journaled move-out and move-in, and a `Script` of faults per
+//! call: fail before the effect, lose the answer after it, or crash the process before or after.
+//! The fast tests (`application/tests/fast/moves.rs`) drive moves over it; the money that is
+//! exact is checked by `MemMoves::total` and `MemMoves::book`, not by the ports' own answers.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use cells::{partition_of, CellId, Partition};
+use domain::UserId;
+use rust_decimal::Decimal;
+
+use crate::error::StoreError;
+use crate::moves::{
+    Copied, MoveId, MoveRecord, MoveRecords, MoveStep, PartitionBook, PartitionHold,
+    PartitionStores, SpotMoves, SpotPayload, Started,
+};
+use crate::testkit::faults::{crash, Script};
+
+/// A call of the move's ports, where a fault can be armed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoveCall {
+    Save,
+    MarkIncoming,
+    CopyBatch,
+    Freeze,
+    Unfreeze,
+    VoidIncoming,
+    Book,
+    Switch,
+    MoveOut,
+    MoveIn,
+    Balances,
+}
+
+/// What an armed call does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoveFault {
+    /// Fails before any effect.
+    Fail,
+    /// Takes effect, then the answer is lost.
+    LoseAnswer,
+    /// The process crashes before the call reaches the store.
+    CrashBefore,
+    /// The call takes effect, then the process crashes.
+    CrashAfter,
+}
+
+/// A partition's state in one cell's database (ADR 0023 §2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PartState {
+    Owned,
+    Frozen,
+    Moved,
+    Incoming(MoveId),
+}
+
+/// One FUNDING movement of a user's history in a cell, as the move copies it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub pos: u64,
+    /// The event's id, the same in every cell it is copied to.
+    pub key: String,
+    pub user: UserId,
+    pub asset: String,
+    pub amount: Decimal,
+    /// For a copy: the move that wrote it, the source cell and the source's position.
+    pub copied_by: Option<(MoveId, CellId, u64)>,
+}
+
+/// One cell: its database's rows and partition states, and its spot-core.
+#[derive(Debug, Clone, Default)]
+pub struct MemCell {
+    pub rows: Vec<Row>,
+    pub parts: BTreeMap<Partition, PartState>,
+    pub void: BTreeSet<MoveId>,
+    pub map_version: u64,
+    pub moved_logged: Vec<MoveId>,
+    pub spot: BTreeMap<(UserId, String), Decimal>,
+    pub spot_moved_out: BTreeSet<Partition>,
+    pub spot_outs: BTreeMap<String, SpotPayload>,
+    pub spot_ins: BTreeSet<String>,
+}
+
+impl MemCell {
+    /// Whether `row` counts in this cell: its own row of a partition it holds, or a copy of a
+    /// move that is not void into a partition it owns or is receiving.
+    fn live(&self, row: &Row) -> bool {
+        match self.parts.get(&partition_of(row.user)) {
+            Some(PartState::Owned | PartState::Frozen) => match &row.copied_by {
+                None => true,
+                Some((id, _, _)) => !self.void.contains(id),
+            },
+            Some(PartState::Incoming(id)) => {
+                matches!(&row.copied_by, Some((by, _, _)) if by == id && !self.void.contains(id))
+            }
+            Some(PartState::Moved) | None => false,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    cells: BTreeMap<CellId, MemCell>,
+    moves: BTreeMap<MoveId, MoveRecord>,
+    held: BTreeSet<Partition>,
+    hold_log: Vec<(Partition, bool)>,
+}
+
+/// The world a move runs in. Cheap to clone; every clone is the same world.
+#[derive(Debug, Clone)]
+pub struct MemMoves {
+    state: Arc<Mutex<State>>,
+    pub faults: Script<MoveCall, MoveFault>,
+    /// Rows per copy batch.
+    pub batch: usize,
+    /// Planted bug: the fence does not refuse a write to a frozen partition.
+    pub plant_write_after_freeze: bool,
+}
+
+impl MemMoves {
+    /// Cells `1..=cells`, each owning the partitions `owner` gives it.
+    pub fn new(cells: u16, owner: impl Fn(Partition) -> u16) -> Self {
+        let mut state = State::default();
+        for n in 1..=cells {
+            let id = CellId::new(u64::from(n)).expect("a cell id");
+            let mut cell = MemCell {
+                map_version: 1,
+                ..MemCell::default()
+            };
+            for p in Partition::all().filter(|p| owner(*p) == n) {
+                cell.parts.insert(p, PartState::Owned);
+            }
+            state.cells.insert(id, cell);
+        }
+        Self {
+            state: Arc::new(Mutex::new(state)),
+            faults: Script::default(),
+            batch: 3,
+            plant_write_after_freeze: false,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("the world's lock")
+    }
+
+    /// A copy of cell `id` as it is now.
+    pub fn cell(&self, id: CellId) -> MemCell {
+        self.lock().cells[&id].clone()
+    }
+
+    /// The cell that owns `user`'s partition now (the map every cell holds).
+    pub fn owner(&self, user: UserId) -> Option<CellId> {
+        let p = partition_of(user);
+        let state = self.lock();
+        state.cells.iter().find_map(|(id, c)| {
+            matches!(c.parts.get(&p), Some(PartState::Owned | PartState::Frozen)).then_some(*id)
+        })
+    }
+
+    /// A write of `amount` FUNDING to `user` in `cell`, with `key`, through the fence: refused
+    /// (false) unless the cell owns the user's partition.
+    pub fn write(&self, cell: CellId, key: &str, user: UserId, asset: &str, amount: i64) -> bool {
+        let plant = self.plant_write_after_freeze;
+        let mut state = self.lock();
+        let c = state.cells.get_mut(&cell).expect("a cell");
+        let allowed = match c.parts.get(&partition_of(user)) {
+            Some(PartState::Owned) => true,
+            Some(PartState::Frozen) => plant,
+            _ => false,
+        };
+        if allowed {
+            let pos = c.rows.len() as u64 + 1;
+            c.rows.push(Row {
+                pos,
+                key: key.to_owned(),
+                user,
+                asset: asset.to_owned(),
+                amount: Decimal::from(amount),
+                copied_by: None,
+            });
+        }
+        allowed
+    }
+
+    /// SPOT money of `user` in `cell`'s engine (a deposit).
+    pub fn spot_credit(&self, cell: CellId, user: UserId, asset: &str, amount: i64) {
+        let mut state = self.lock();
+        let c = state.cells.get_mut(&cell).expect("a cell");
+        *c.spot.entry((user, asset.to_owned())).or_default() += Decimal::from(amount);
+    }
+
+    /// Every cell's counted money, FUNDING and SPOT, per asset: what no move may change.
+    pub fn total(&self) -> BTreeMap<String, Decimal> {
+        let state = self.lock();
+        let mut total = BTreeMap::<String, Decimal>::new();
+        for cell in state.cells.values() {
+            for row in cell.rows.iter().filter(|r| cell.live(r)) {
+                *total.entry(row.asset.clone()).or_default() += row.amount;
+            }
+            for ((_, asset), amount) in &cell.spot {
+                *total.entry(asset.clone()).or_default() += *amount;
+            }
+        }
+        total
+    }
+
+    /// `cell`'s book of `p` as the move's check reads it.
+    pub fn book(&self, cell: CellId, p: Partition) -> PartitionBook {
+        let state = self.lock();
+        let c = &state.cells[&cell];
+        let mut book = PartitionBook::default();
+        for row in c
+            .rows
+            .iter()
+            .filter(|r| partition_of(r.user) == p && c.live(r))
+        {
+            *book
+                .funding
+                .entry((row.user, row.asset.clone()))
+                .or_default() += row.amount;
+            let history = book.history.entry(row.user).or_default();
+            history.push_str(&row.key);
+            history.push(';');
+        }
+        book
+    }
+
+    /// The front's hold: the partitions held now, and every hold and release in order.
+    pub fn held(&self) -> (BTreeSet<Partition>, Vec<(Partition, bool)>) {
+        let state = self.lock();
+        (state.held.clone(), state.hold_log.clone())
+    }
+
+    /// The record of move `id`.
+    pub fn record(&self, id: &MoveId) -> Option<MoveRecord> {
+        self.lock().moves.get(id).cloned()
+    }
+
+    /// Runs `effect` under `call`'s armed fault, if any.
+    async fn call<T>(
+        &self,
+        call: MoveCall,
+        effect: impl FnOnce(&mut State) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let fault = self.faults.take(call);
+        match fault {
+            Some(MoveFault::Fail) => return Err(lost(call, "failed")),
+            Some(MoveFault::CrashBefore) => return crash().await,
+            _ => {}
+        }
+        let answer = effect(&mut self.lock());
+        match fault {
+            Some(MoveFault::LoseAnswer) => Err(lost(call, "answer lost")),
+            Some(MoveFault::CrashAfter) => crash().await,
+            _ => answer,
+        }
+    }
+}
+
+fn lost(call: MoveCall, what: &str) -> StoreError {
+    StoreError::new(format!("{call:?}: {what}"))
+}
+
+fn cell_of(state: &mut State, id: CellId) -> Result<&mut MemCell, StoreError> {
+    state
+        .cells
+        .get_mut(&id)
+        .ok_or_else(|| StoreError::new(format!("no cell {id}")))
+}
+
+#[async_trait]
+impl MoveRecords for MemMoves {
+    async fn start(&self, record: &MoveRecord) -> Result<Started, StoreError> {
+        let mut state = self.lock();
+        let busy = state
+            .moves
+            .values()
+            .find(|m| m.partition == record.partition && !m.step.is_end());
+        if let Some(other) = busy {
+            return Ok(Started::Busy(other.id.clone()));
+        }
+        state.moves.insert(record.id.clone(), record.clone());
+        Ok(Started::Recorded)
+    }
+
+    async fn load(&self, id: &MoveId) -> Result<Option<MoveRecord>, StoreError> {
+        Ok(self.lock().moves.get(id).cloned())
+    }
+
+    async fn unfinished(&self) -> Result<Vec<MoveRecord>, StoreError> {
+        let state = self.lock();
+        Ok(state
+            .moves
+            .values()
+            .filter(|m| !m.step.is_end())
+            .cloned()
+            .collect())
+    }
+
+    async fn save(&self, expected: MoveStep, record: &MoveRecord) -> Result<bool, StoreError> {
+        self.call(MoveCall::Save, |state| {
+            let slot = state.moves.get_mut(&record.id);
+            Ok(match slot {
+                Some(stored) if stored.step == expected => {
+                    *stored = record.clone();
+                    true
+                }
+                _ => false,
+            })
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl PartitionStores for MemMoves {
+    async fn mark_incoming(
+        &self,
+        cell: CellId,
+        p: Partition,
+        id: &MoveId,
+    ) -> Result<(), StoreError> {
+        self.call(MoveCall::MarkIncoming, |state| {
+            let c = cell_of(state, cell)?;
+            if !c.void.contains(id) && !matches!(c.parts.get(&p), Some(PartState::Owned)) {
+                c.parts.insert(p, PartState::Incoming(id.clone()));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn copy_batch(&self, record: &MoveRecord) -> Result<Copied, StoreError> {
+        let batch = self.batch;
+        self.call(MoveCall::CopyBatch, |state| copy(state, record, batch))
+            .await
+    }
+
+    async fn freeze(&self, record: &MoveRecord) -> Result<(), StoreError> {
+        self.call(MoveCall::Freeze, |state| {
+            let at_pausing = state.moves.get(&record.id).map(|m| m.step) == Some(MoveStep::Pausing);
+            let c = cell_of(state, record.from)?;
+            if at_pausing && c.parts.get(&record.partition) == Some(&PartState::Owned) {
+                c.parts.insert(record.partition, PartState::Frozen);
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn unfreeze(&self, cell: CellId, p: Partition) -> Result<(), StoreError> {
+        self.call(MoveCall::Unfreeze, |state| {
+            let c = cell_of(state, cell)?;
+            if c.parts.get(&p) == Some(&PartState::Frozen) {
+                c.parts.insert(p, PartState::Owned);
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn void_incoming(
+        &self,
+        cell: CellId,
+        p: Partition,
+        id: &MoveId,
+    ) -> Result<(), StoreError> {
+        self.call(MoveCall::VoidIncoming, |state| {
+            let c = cell_of(state, cell)?;
+            c.void.insert(id.clone());
+            if c.parts.get(&p) == Some(&PartState::Incoming(id.clone())) {
+                c.parts.remove(&p);
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn book(&self, cell: CellId, p: Partition) -> Result<PartitionBook, StoreError> {
+        let book = MemMoves::book(self, cell, p);
+        self.call(MoveCall::Book, move |_| Ok(book)).await
+    }
+
+    async fn conservation_exact(&self, _cell: CellId) -> Result<bool, StoreError> {
+        Ok(true)
+    }
+
+    async fn switch(&self, record: &MoveRecord) -> Result<(), StoreError> {
+        self.call(MoveCall::Switch, |state| {
+            let at = state.moves.get(&record.id).map(|m| m.step);
+            if at != Some(MoveStep::Switching) {
+                return Ok(());
+            }
+            let (p, id) = (record.partition, record.id.clone());
+            let order: Vec<CellId> = [record.to, record.from]
+                .into_iter()
+                .chain(
+                    state
+                        .cells
+                        .keys()
+                        .copied()
+                        .filter(|c| *c != record.to && *c != record.from),
+                )
+                .collect();
+            for cell in order {
+                let c = cell_of(state, cell)?;
+                c.map_version = c.map_version.max(record.map_version);
+                if cell == record.to && c.parts.get(&p) == Some(&PartState::Incoming(id.clone())) {
+                    c.parts.insert(p, PartState::Owned);
+                }
+                if cell == record.from && c.parts.get(&p) == Some(&PartState::Frozen) {
+                    c.parts.insert(p, PartState::Moved);
+                }
+                if (cell == record.to || cell == record.from) && !c.moved_logged.contains(&id) {
+                    c.moved_logged.push(id.clone());
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+}
+
+/// One copy batch of `record`'s partition, from its marks.
+fn copy(state: &mut State, record: &MoveRecord, batch: usize) -> Result<Copied, StoreError> {
+    let mark = record.marks.get("events").copied().unwrap_or(0);
+    let source = state.cells[&record.from].clone();
+    let target = cell_of(state, record.to)?;
+    let incoming =
+        target.parts.get(&record.partition) == Some(&PartState::Incoming(record.id.clone()));
+    if !incoming || target.void.contains(&record.id) {
+        return Ok(Copied {
+            rows: 0,
+            marks: record.marks.clone(),
+            at_end: true,
+        });
+    }
+    let todo: Vec<&Row> = source
+        .rows
+        .iter()
+        .filter(|r| {
+            r.pos as i64 > mark && partition_of(r.user) == record.partition && source.live(r)
+        })
+        .collect();
+    let mut rows = 0;
+    let mut last = mark;
+    for row in todo.iter().take(batch) {
+        last = row.pos as i64;
+        let mine = |t: &Row| matches!(&t.copied_by, Some((by, _, _)) if *by == record.id);
+        if target.rows.iter().any(|t| mine(t) && t.key == row.key) {
+            continue;
+        }
+        let pos = target.rows.len() as u64 + 1;
+        target.rows.push(Row {
+            pos,
+            copied_by: Some((record.id.clone(), record.from, row.pos)),
+            ..(*row).clone()
+        });
+        rows += 1;
+    }
+    let mut marks = record.marks.clone();
+    marks.insert("events".to_owned(), last);
+    Ok(Copied {
+        rows,
+        marks,
+        at_end: todo.len() <= batch,
+    })
+}
+
+#[async_trait]
+impl SpotMoves for MemMoves {
+    async fn move_out(
+        &self,
+        cell: CellId,
+        id: &str,
+        p: Partition,
+    ) -> Result<SpotPayload, StoreError> {
+        self.call(MoveCall::MoveOut, |state| {
+            let c = cell_of(state, cell)?;
+            if let Some(done) = c.spot_outs.get(id) {
+                return Ok(done.clone());
+            }
+            let balances: BTreeMap<(UserId, String), Decimal> = c
+                .spot
+                .iter()
+                .filter(|((user, _), _)| partition_of(*user) == p)
+                .map(|(k, v)| (k.clone(), *v))
+                .collect();
+            c.spot.retain(|(user, _), _| partition_of(*user) != p);
+            c.spot_moved_out.insert(p);
+            let payload = SpotPayload {
+                balances,
+                wire: serde_json::Value::Null,
+            };
+            c.spot_outs.insert(id.to_owned(), payload.clone());
+            Ok(payload)
+        })
+        .await
+    }
+
+    async fn move_in(
+        &self,
+        cell: CellId,
+        id: &str,
+        p: Partition,
+        payload: &SpotPayload,
+    ) -> Result<(), StoreError> {
+        self.call(MoveCall::MoveIn, |state| {
+            let c = cell_of(state, cell)?;
+            if c.spot_ins.insert(id.to_owned()) {
+                for (key, amount) in &payload.balances {
+                    *c.spot.entry(key.clone()).or_default() += *amount;
+                }
+                c.spot_moved_out.remove(&p);
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn balances(
+        &self,
+        cell: CellId,
+        p: Partition,
+    ) -> Result<BTreeMap<(UserId, String), Decimal>, StoreError> {
+        self.call(MoveCall::Balances, |state| {
+            let c = cell_of(state, cell)?;
+            Ok(c.spot
+                .iter()
+                .filter(|((u, _), _)| partition_of(*u) == p)
+                .map(|(k, v)| (k.clone(), *v))
+                .collect())
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl PartitionHold for MemMoves {
+    async fn hold(&self, p: Partition) {
+        let mut state = self.lock();
+        state.held.insert(p);
+        state.hold_log.push((p, true));
+    }
+
+    async fn release(&self, p: Partition) {
+        let mut state = self.lock();
+        state.held.remove(&p);
+        state.hold_log.push((p, false));
+    }
+}
