@@ -18,6 +18,7 @@ mod bulk;
 mod cells;
 mod cells_admin;
 mod cells_feed;
+mod cells_fence;
 mod cells_map_version;
 mod cells_plan;
 mod chaos;
