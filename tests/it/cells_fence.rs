@@ -1,17 +1,19 @@
 //! The fence of a partition move (ADR 0023 §2, migration 0029) in a real cell database with a
 //! real spot-core: a write that passed the fence holds the freeze until it commits, every write
 //! of a frozen partition's users is refused whole (events, FUNDING's journal, deposits) and
-//! nothing of it is written, other partitions keep committing, and the moves' records let one
-//! move of a partition run at a time.
+//! nothing of it is written, other partitions keep committing, the moves' records let one
+//! move of a partition run at a time, and the copy appends a partition's history to another
+//! cell's feed densely, once, and only while that cell expects it.
 
 use std::time::Duration;
 
+use adapters::pg::move_copy::copy_events;
 use adapters::pg::moves::{is_fenced, PgMoves};
 use application::moves::{MoveId, MoveRecord, MoveRecords, MoveStep, Started};
 use cells::{partition_of, CellId, Partition};
 use domain::{AccountType, UserId};
 
-use crate::helpers::{dec, Stack};
+use crate::helpers::{dec, Stack, TestDb};
 
 /// Two users of two partitions of cell 1.
 fn users() -> (u64, u64) {
@@ -175,6 +177,7 @@ async fn cells_move_001_a_frozen_partition_takes_no_write_and_the_freeze_waits_f
         .await;
     assert_eq!(again.state, domain::TransferState::Committed);
     assert_eq!(stack.funding_balance(u, "USDT").await, dec("85"));
+    stack.wait_for_projections().await;
     stack.assert_conserved(u, "USDT").await;
     stack.assert_conserved(v, "USDT").await;
 }
@@ -258,4 +261,143 @@ async fn cells_move_002_one_move_of_a_partition_at_a_time_and_a_partition_of_ano
         .await
         .unwrap_err();
     assert!(is_fenced(&other_copy), "outside the copy it stays fenced");
+}
+
+/// Makes `db` cell 2 of the same map as `as_cell_one`.
+async fn as_cell_two(db: &TestDb) {
+    sqlx::query("INSERT INTO cell_identity (cell_id, partitions) VALUES (2, 256)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO cell_partitions (partition, cell_id)
+         SELECT p, CASE WHEN p >= 200 THEN 2 ELSE 1 END FROM generate_series(0, 255) p",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+}
+
+/// The events of `users` in a cell, in feed order: key, type and payload.
+async fn history(pool: &sqlx::PgPool, users: &[i64]) -> Vec<(String, i64, String, String)> {
+    sqlx::query_as(
+        "SELECT aggregate_id, sequence, event_type, payload::text FROM events
+         WHERE user_id = ANY($1) ORDER BY feed_position",
+    )
+    .bind(users)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn cells_move_003_the_copy_appends_a_partitions_history_densely_once_and_only_while_incoming()
+{
+    let stack = Stack::start().await;
+    as_cell_one(&stack).await;
+    let target = TestDb::new().await;
+    as_cell_two(&target).await;
+    let (u, v) = users();
+    let p = partition_of(UserId::new(u).unwrap());
+    let w = (u + 1..)
+        .find(|w| partition_of(UserId::new(*w).unwrap()) == p)
+        .unwrap();
+    for user in [u, v, w] {
+        stack.deposit(user, "USDT", "100").await;
+        for amount in ["1", "2", "3"] {
+            stack
+                .transfer(
+                    user,
+                    AccountType::Funding,
+                    AccountType::Spot,
+                    "USDT",
+                    amount,
+                )
+                .await;
+        }
+    }
+    stack
+        .transfer(w, AccountType::Spot, AccountType::Funding, "USDT", "1")
+        .await;
+    let moved = [i64::try_from(u).unwrap(), i64::try_from(w).unwrap()];
+    let id = MoveId("m-copy".into());
+    let copy = |mark: i64| copy_events(&stack.db.pool, &target.pool, &id, p, CellId::ONE, mark, 4);
+
+    // Nothing is written before the target expects the partition.
+    assert_eq!(copy(0).await.unwrap().rows, 0);
+    let target_moves = PgMoves::new(target.pool.clone());
+    assert_eq!(
+        target_moves.mark_incoming(p, &id).await.unwrap(),
+        "INCOMING"
+    );
+    let mut mark = 0;
+    let mut written = 0;
+    loop {
+        let step = copy(mark).await.unwrap();
+        written += step.rows;
+        assert!(step.mark >= mark);
+        mark = step.mark;
+        if step.at_end {
+            break;
+        }
+    }
+    let source_history = history(&stack.db.pool, &moved).await;
+    assert!(!source_history.is_empty());
+    assert_eq!(written, u64::try_from(source_history.len()).unwrap());
+    assert_eq!(
+        history(&target.pool, &moved).await,
+        source_history,
+        "same events, same order"
+    );
+    assert!(
+        history(&target.pool, &[i64::try_from(v).unwrap()])
+            .await
+            .is_empty(),
+        "only the partition"
+    );
+    let (count, head): (i64, i64) =
+        sqlx::query_as("SELECT count(*), max(feed_position) FROM events")
+            .fetch_one(&target.pool)
+            .await
+            .unwrap();
+    assert_eq!(count, head, "the target's feed stays dense");
+    let origins: Vec<(i32, i64)> = sqlx::query_as(
+        "SELECT (metadata->'origin'->>'cell')::int, e.feed_position - (metadata->'origin'->>'position')::bigint
+         FROM events e ORDER BY feed_position",
+    )
+    .fetch_all(&target.pool)
+    .await
+    .unwrap();
+    assert!(
+        origins.iter().all(|(cell, _)| *cell == 1),
+        "each copy names its source cell"
+    );
+
+    // A copy run again writes nothing; new events are a tail; a void target takes none.
+    assert_eq!(copy(0).await.unwrap().rows, 0, "idempotent");
+    stack
+        .transfer(u, AccountType::Funding, AccountType::Spot, "USDT", "4")
+        .await;
+    let mut tail = 0;
+    loop {
+        let step = copy(mark).await.unwrap();
+        (tail, mark) = (tail + step.rows, step.mark);
+        if step.at_end {
+            break;
+        }
+    }
+    assert_eq!(tail, 5, "the new transfer's five events, and nothing else");
+    assert_eq!(
+        history(&target.pool, &moved).await,
+        history(&stack.db.pool, &moved).await
+    );
+    target_moves.release(p, &id).await.unwrap();
+    stack
+        .transfer(u, AccountType::Funding, AccountType::Spot, "USDT", "5")
+        .await;
+    assert_eq!(
+        copy(mark).await.unwrap().rows,
+        0,
+        "a void move copies nothing more"
+    );
 }

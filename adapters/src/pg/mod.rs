@@ -23,6 +23,7 @@ pub mod halt;
 pub mod lease;
 pub mod limits;
 pub mod maintenance;
+pub mod move_copy;
 pub mod moves;
 pub mod partitions;
 pub mod receipts;
