@@ -258,6 +258,11 @@ fn movement_outcome(
         Err(ClientError::Protocol(e)) => AdapterOutcome::Unknown(e),
         // Never sent (spot-core has seen a newer cell map): not a refusal of the movement.
         Err(e @ ClientError::StaleMap(_)) => AdapterOutcome::Unknown(e.to_string()),
+        // The user's partition moved to another cell (ADR 0023 §4): nothing was done here, and
+        // the movement is to be retried under the new map, never taken for a refusal.
+        Err(e @ (ClientError::Moved(_) | ClientError::MoveRefused(_))) => {
+            AdapterOutcome::Unknown(e.to_string())
+        }
     }
 }
 

@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::bytes::Bytes;
 use tokio_util::codec::{AnyDelimiterCodec, AnyDelimiterCodecError, FramedRead};
 
-use crate::protocol::{Request, Response, MAX_LINE_BYTES};
+use crate::protocol::{Request, Response, MAX_LINE_BYTES, MAX_MOVE_LINE_BYTES};
 use crate::wal::EngineHandle;
 
 /// Requests a single connection may have in flight before its reader stops reading, so a
@@ -217,7 +217,8 @@ async fn read_loop(
     access: Access,
     queue: mpsc::Sender<Pending>,
 ) {
-    let mut lines = request_lines(rd, MAX_LINE_BYTES);
+    // A `move_in` carries a partition's state: its line may be longer than any other.
+    let mut lines = request_lines(rd, MAX_MOVE_LINE_BYTES);
     if access.token.is_some() && !authenticate(&mut lines, &access, &engine, &queue).await {
         drop(queue);
         linger(lines.get_mut()).await;
@@ -228,8 +229,9 @@ async fn read_loop(
             LineRead::Line(line) => line,
             LineRead::Eof => return,
             LineRead::TooLong => {
-                let msg =
-                    format!("request line longer than {MAX_LINE_BYTES} bytes; closing connection");
+                let msg = format!(
+                    "request line longer than {MAX_MOVE_LINE_BYTES} bytes; closing connection"
+                );
                 let _ = queue
                     .send(Pending::Ready(Box::new(Response::bad_request(msg))))
                     .await;
@@ -240,7 +242,16 @@ async fn read_loop(
         if text.is_empty() {
             continue;
         }
-        let pending = match serde_json::from_slice::<Request>(text) {
+        let parsed = serde_json::from_slice::<Request>(text);
+        if text.len() > MAX_LINE_BYTES && !matches!(parsed, Ok(Request::MoveIn { .. })) {
+            let msg =
+                format!("request line longer than {MAX_LINE_BYTES} bytes; closing connection");
+            let _ = queue
+                .send(Pending::Ready(Box::new(Response::bad_request(msg))))
+                .await;
+            return;
+        }
+        let pending = match parsed {
             // A repeated hello (or one sent to a server without a token) is answered here.
             Ok(Request::Hello {
                 token: offered,

@@ -4,7 +4,7 @@
 //! File `snapshot-<seq, 20 digits>.snap`, little endian:
 //!
 //! ```text
-//! header (32 bytes): magic "SPOTSNAP" | u32 format version (1 or 2) | u32 crc32 of the body
+//! header (32 bytes): magic "SPOTSNAP" | u32 format version (1, 2 or 3) | u32 crc32 of the body
 //!                    | u64 seq | u64 body length
 //! body:  u64 last_seq | u64 horizon_ms | u64 retain_after
 //!        | u64 first seq of the WAL segment holding seq + 1 | u64 its byte offset
@@ -14,7 +14,11 @@
 //!        | u64 n, n × ([16] req_id ULID, u8 op, u64 user, u16 asset, u8 outcome, u64 seq,
 //!                      [16] amount, u8 has balance, [16] balance)            remembered, sorted
 //!        | format 2 only: u64 map version (never 0)
+//!        | format 3 only: u64 map version (0: none) | the moves (`snapshot/moves.rs`)
 //! ```
+//!
+//! Format 3 adds the partitions moved out and every move the engine took part in (ADR 0023 §4):
+//! written only when there is a move, so an engine without one writes format 1 or 2 as before.
 //!
 //! Format 2 adds the highest cell map version a `hello` named (ADR 0023 §1). It is written only
 //! when the engine has seen one; an engine that has not writes format 1, byte for byte what an
@@ -40,11 +44,16 @@ use crate::invariant;
 use crate::protocol::{AccountStatus, MovementOp};
 use crate::storage::{parse_seq_name, sync_dir, FailPoints};
 
+mod moves;
+
 pub const MAGIC: &[u8; 8] = b"SPOTSNAP";
 /// The newest format, written when the engine has seen a map version.
 pub const FORMAT_VERSION: u32 = 2;
 /// The format without a map version: written when the engine has seen none, and still read.
 pub const FORMAT_VERSION_NO_MAP: u32 = 1;
+/// The format with the partitions moved out and the moves (ADR 0023 §4, `snapshot/moves.rs`):
+/// written when the engine took part in a move.
+pub const FORMAT_VERSION_MOVES: u32 = 3;
 pub const HEADER_BYTES: usize = 32;
 
 /// Where the WAL record after a snapshot's seq starts: the segment (by its first seq) and the
@@ -126,7 +135,11 @@ pub fn encode_into(engine: &Engine, pos: WalPosition, out: &mut Vec<u8>) {
         out.push(u8::from(r.balance.is_some()));
         out.extend_from_slice(&r.balance.unwrap_or(Decimal::ZERO).serialize());
     }
-    let format = if engine.map_version == 0 {
+    let format = if !engine.moves.is_empty() {
+        put64(out, engine.map_version);
+        moves::encode(engine, out);
+        FORMAT_VERSION_MOVES
+    } else if engine.map_version == 0 {
         FORMAT_VERSION_NO_MAP
     } else {
         put64(out, engine.map_version);
@@ -196,6 +209,10 @@ pub fn decode(bytes: &[u8], assets: Assets) -> anyhow::Result<(Engine, WalPositi
             bail!("format {FORMAT_VERSION} with map version 0 (written as format {FORMAT_VERSION_NO_MAP})");
         }
     }
+    if format == FORMAT_VERSION_MOVES {
+        engine.map_version = r.u64()?;
+        moves::decode(&mut r, &mut engine)?;
+    }
     if r.at != body.len() {
         bail!("{} unread bytes after the body", body.len() - r.at);
     }
@@ -213,10 +230,10 @@ fn checked_body(bytes: &[u8]) -> anyhow::Result<(u32, u64, &[u8])> {
         bail!("bad magic");
     }
     let version = header.u32()?;
-    if version != FORMAT_VERSION && version != FORMAT_VERSION_NO_MAP {
+    if ![FORMAT_VERSION_NO_MAP, FORMAT_VERSION, FORMAT_VERSION_MOVES].contains(&version) {
         bail!(
-            "format version {version}, this spot-core reads {FORMAT_VERSION_NO_MAP} and \
-             {FORMAT_VERSION}"
+            "format version {version}, this spot-core reads {FORMAT_VERSION_NO_MAP} to \
+             {FORMAT_VERSION_MOVES}"
         );
     }
     let crc = header.u32()?;

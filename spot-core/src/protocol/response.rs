@@ -5,6 +5,7 @@ use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
 use super::kinds::{AccountStatus, ErrorCode, MovementOp, Outcome, RefusalCode};
+use super::moves::MoveAnswer;
 use super::record::JournalRecord;
 use super::request::PROTOCOL_VERSION;
 
@@ -53,6 +54,11 @@ pub enum Response {
         /// In the answer to `hello` only: the engine's protocol version (`PROTOCOL_VERSION`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         protocol: Option<u32>,
+        /// In the answer to `move_out`, `move_in` and `move_lookup`. Boxed: every other answer
+        /// goes without, and the response stays within clippy's enum size limit.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[allow(clippy::box_collection)]
+        moves: Option<Box<Vec<MoveAnswer>>>,
     },
 }
 
@@ -66,6 +72,7 @@ impl Response {
             records: None,
             core: None,
             protocol: None,
+            moves: None,
         }
     }
 
@@ -78,6 +85,7 @@ impl Response {
             records: None,
             core: None,
             protocol: Some(PROTOCOL_VERSION),
+            moves: None,
         }
     }
 
