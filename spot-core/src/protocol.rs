@@ -16,8 +16,8 @@ mod response;
 
 pub use kinds::{AccountStatus, ErrorCode, MovementOp, Outcome, RefusalCode, UnknownMovementOp};
 pub use moves::{
-    valid_move_id, MoveAnswer, MoveKind, MovePayload, MoveRecord, MovedAccount, MovedRecord,
-    MAX_MOVE_ID_BYTES, MAX_MOVE_LINE_BYTES,
+    valid_move_id, MoveKind, MovePayload, MoveRecord, MovedAccount, MovedRecord, MAX_MOVE_ID_BYTES,
+    MAX_MOVE_LINE_BYTES,
 };
 pub use record::{
     HorizonRecord, JournalRecord, MapVersionRecord, MovementRecord, RetainRecord, StatusRecord,
@@ -27,8 +27,8 @@ pub use request::{
     MAX_JOURNAL_LIMIT, MAX_LINE_BYTES, PROTOCOL_VERSION, TRACE_SINCE_VERSION,
 };
 pub use response::{
-    BalanceEntry, CoreStatus, FollowerStatus, HelloInfo, LookupOp, ReplicationStatus, Response,
-    TotalEntry,
+    BalanceEntry, CoreStatus, FollowerStatus, HelloInfo, LookupOp, MoveAnswer, ReplicationStatus,
+    Response, TotalEntry,
 };
 
 #[cfg(test)]

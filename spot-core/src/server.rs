@@ -225,32 +225,15 @@ async fn read_loop(
         return;
     }
     loop {
-        let line = match next_line(&mut lines).await {
-            LineRead::Line(line) => line,
-            LineRead::Eof => return,
-            LineRead::TooLong => {
-                let msg = format!(
-                    "request line longer than {MAX_MOVE_LINE_BYTES} bytes; closing connection"
-                );
-                let _ = queue
-                    .send(Pending::Ready(Box::new(Response::bad_request(msg))))
-                    .await;
+        let parsed = match next_request(&mut lines).await {
+            NextRequest::Parsed(parsed) => parsed,
+            NextRequest::Close(answer) => {
+                if let Some(answer) = answer {
+                    let _ = queue.send(answer).await;
+                }
                 return;
             }
         };
-        let text = line.trim_ascii();
-        if text.is_empty() {
-            continue;
-        }
-        let parsed = serde_json::from_slice::<Request>(text);
-        if text.len() > MAX_LINE_BYTES && !matches!(parsed, Ok(Request::MoveIn { .. })) {
-            let msg =
-                format!("request line longer than {MAX_LINE_BYTES} bytes; closing connection");
-            let _ = queue
-                .send(Pending::Ready(Box::new(Response::bad_request(msg))))
-                .await;
-            return;
-        }
         let pending = match parsed {
             // A repeated hello (or one sent to a server without a token) is answered here.
             Ok(Request::Hello {
@@ -288,6 +271,38 @@ async fn read_loop(
         if queue.send(pending).await.is_err() {
             return;
         }
+    }
+}
+
+/// The next request line of a connection, parsed, or the end of the connection.
+enum NextRequest {
+    Parsed(Result<Request, serde_json::Error>),
+    /// The input ended, or a line was too long (answered `BAD_REQUEST`, the last answer).
+    Close(Option<Pending>),
+}
+
+/// The next non-blank line, parsed. Only a `move_in` (a partition's state) may be longer than
+/// [`MAX_LINE_BYTES`], up to [`MAX_MOVE_LINE_BYTES`].
+async fn next_request<R: AsyncRead + Unpin>(lines: &mut RequestLines<R>) -> NextRequest {
+    let too_long = |limit: usize| {
+        let msg = format!("request line longer than {limit} bytes; closing connection");
+        NextRequest::Close(Some(Pending::Ready(Box::new(Response::bad_request(msg)))))
+    };
+    loop {
+        let line = match next_line(lines).await {
+            LineRead::Line(line) => line,
+            LineRead::Eof => return NextRequest::Close(None),
+            LineRead::TooLong => return too_long(MAX_MOVE_LINE_BYTES),
+        };
+        let text = line.trim_ascii();
+        if text.is_empty() {
+            continue;
+        }
+        let parsed = serde_json::from_slice::<Request>(text);
+        if text.len() > MAX_LINE_BYTES && !matches!(parsed, Ok(Request::MoveIn { .. })) {
+            return too_long(MAX_LINE_BYTES);
+        }
+        return NextRequest::Parsed(parsed);
     }
 }
 

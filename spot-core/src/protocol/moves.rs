@@ -1,12 +1,11 @@
 //! A partition's move between two engines (ADR 0023 §4, `SPOT_MOVED`): what `move_out` answers
 //! and `move_in` takes (the partition's accounts and the `(req_id, op)` records of its users),
-//! the WAL record of either, and the answer `move_out`, `move_in` and `move_lookup` give.
+//! and the WAL record of either (their answer, `MoveAnswer`, is `response.rs`').
 
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
 use super::kinds::{AccountStatus, MovementOp, Outcome, RefusalCode};
-use super::response::TotalEntry;
 
 /// Longest `move_id` accepted (bytes); it is printable ASCII.
 pub const MAX_MOVE_ID_BYTES: usize = 128;
@@ -46,20 +45,6 @@ impl MovePayload {
             .iter()
             .try_fold(Decimal::ZERO, |sum, a| sum.checked_add(a.available))
     }
-
-    /// Per asset, the balances moved (sorted by asset; an asset with no account is absent).
-    pub fn totals(&self) -> Vec<TotalEntry> {
-        let mut sums: std::collections::BTreeMap<&str, Decimal> = Default::default();
-        for a in &self.accounts {
-            *sums.entry(&a.asset).or_default() += a.available;
-        }
-        sums.into_iter()
-            .map(|(asset, sum)| TotalEntry {
-                asset: asset.to_owned(),
-                sum: sum.normalize(),
-            })
-            .collect()
-    }
 }
 
 /// One account of a moved partition.
@@ -96,42 +81,6 @@ pub struct MoveRecord {
     pub move_id: String,
     pub partition: u8,
     pub payload: MovePayload,
-}
-
-/// The answer to `move_out`, `move_in` and `move_lookup` (one entry of `moves`): the same for a
-/// move and every retry of it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MoveAnswer {
-    pub move_id: String,
-    pub kind: MoveKind,
-    pub partition: u8,
-    /// The seq of the move's WAL record.
-    pub seq: u64,
-    /// Accounts and records moved.
-    pub accounts: u64,
-    pub records: u64,
-    /// Per asset, the balances moved: what the other engine's answer must show.
-    pub totals: Vec<TotalEntry>,
-    /// The partition's state, in the answer to a `move_out` (and its lookup) only: what the
-    /// target's `move_in` takes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub payload: Option<MovePayload>,
-}
-
-impl MoveAnswer {
-    /// The answer for the move `record` of `kind`.
-    pub fn of(kind: MoveKind, record: &MoveRecord) -> MoveAnswer {
-        MoveAnswer {
-            move_id: record.move_id.clone(),
-            kind,
-            partition: record.partition,
-            seq: record.seq,
-            accounts: record.payload.accounts.len() as u64,
-            records: record.payload.records.len() as u64,
-            totals: record.payload.totals(),
-            payload: (kind == MoveKind::Out).then(|| record.payload.clone()),
-        }
-    }
 }
 
 /// A `move_id`: 1 to [`MAX_MOVE_ID_BYTES`] bytes of printable ASCII.
