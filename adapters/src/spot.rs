@@ -258,6 +258,11 @@ fn movement_outcome(
         Err(ClientError::Protocol(e)) => AdapterOutcome::Unknown(e),
         // Never sent (spot-core has seen a newer cell map): not a refusal of the movement.
         Err(e @ ClientError::StaleMap(_)) => AdapterOutcome::Unknown(e.to_string()),
+        // The user's partition moved to another cell (ADR 0023 §4): nothing was done here, and
+        // the movement is to be retried under the new map, never taken for a refusal.
+        Err(e @ (ClientError::Moved(_) | ClientError::MoveRefused(_))) => {
+            AdapterOutcome::Unknown(e.to_string())
+        }
     }
 }
 
@@ -463,6 +468,42 @@ mod tests {
             asset: AssetSymbol::parse("USDT").unwrap(),
             amount: Amount::parse(amount).unwrap(),
         }
+    }
+
+    /// A user whose partition moved out of spot-core (ADR 0023 §4) is answered `MOVED`: every
+    /// movement is an unknown outcome and every lookup or cancel unavailable, never a refusal
+    /// nor "not seen", so the transfer waits to be sent again under the new map.
+    #[tokio::test]
+    async fn a_moved_users_movements_are_unknown_never_refused() {
+        let spot = Spot::start(None).await;
+        let a = SpotAdapter::new(spot.addr.clone(), Duration::from_secs(5));
+        let user = (1u64..)
+            .find(|u| spot_core::partition::partition_of(*u) == 9)
+            .unwrap();
+        let m = movement(user, "25");
+        assert_eq!(a.deposit(&m).await, AdapterOutcome::Success);
+        let client = spot_core::SpotClient::new(spot.addr.clone(), Duration::from_secs(5));
+        let out = client.move_out("adapter-move", 9).await.unwrap();
+        assert_eq!(out.accounts, 1);
+        let later = movement(user, "1");
+        for outcome in [
+            a.deposit(&later).await,
+            a.withdraw(&m).await,
+            a.refund(&m).await,
+        ] {
+            assert!(
+                matches!(&outcome, AdapterOutcome::Unknown(e) if e.contains("MOVED")),
+                "{outcome:?}"
+            );
+        }
+        assert!(matches!(
+            a.lookup(&m, Operation::Deposit).await,
+            Recorded::Unavailable(_)
+        ));
+        assert!(matches!(
+            a.cancel(&later, Operation::Deposit).await,
+            Recorded::Unavailable(_)
+        ));
     }
 
     #[tokio::test]

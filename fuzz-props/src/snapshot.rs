@@ -5,12 +5,14 @@
 //!
 //! Input: byte 0 the mode. Bit 0 clear: the rest is the whole file. Bit 0 set: the rest is the
 //! body, given a correct header (magic, version, checksum, seq, length) so the fuzzer reaches
-//! the body decoder past the checksum; bit 1 picks the header's format (set: 2, with a map
-//! version; clear: 1).
+//! the body decoder past the checksum; bits 1-2 pick the header's format (0: 1; 1: 2, with a map
+//! version; 2 or 3: 3, with the moves of partitions).
 
 use rust_decimal::Decimal;
 use spot_core::engine::Engine;
-use spot_core::snapshot::{self, FORMAT_VERSION, FORMAT_VERSION_NO_MAP, HEADER_BYTES, MAGIC};
+use spot_core::snapshot::{
+    self, FORMAT_VERSION, FORMAT_VERSION_MOVES, FORMAT_VERSION_NO_MAP, HEADER_BYTES, MAGIC,
+};
 
 use crate::assets::assets;
 
@@ -21,10 +23,10 @@ pub fn check(data: &[u8]) {
     let bytes = if mode & 1 == 0 {
         rest.to_vec()
     } else {
-        let format = if mode & 2 == 0 {
-            FORMAT_VERSION_NO_MAP
-        } else {
-            FORMAT_VERSION
+        let format = match (mode >> 1) & 3 {
+            0 => FORMAT_VERSION_NO_MAP,
+            1 => FORMAT_VERSION,
+            _ => FORMAT_VERSION_MOVES,
         };
         with_header(rest, format)
     };

@@ -194,6 +194,7 @@ impl World {
                     records: Some(records),
                     core: None,
                     protocol: None,
+                    moves: None,
                 },
                 record: None,
             };

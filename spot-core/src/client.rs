@@ -7,10 +7,12 @@
 //!
 //! By job: `error.rs` (`ClientError`), `conn.rs` (one connection: its `hello`, framing, one
 //! exchange or a pipelined one), `pool.rs` (`SpotClient`: the pool, the replicas of a cell and
-//! the leader it follows), `transport.rs` (`SpotTransport`). Everything is re-exported here.
+//! the leader it follows), `moves.rs` (a partition's move: `move_out`, `move_in`,
+//! `move_lookup`), `transport.rs` (`SpotTransport`). Everything is re-exported here.
 
 mod conn;
 mod error;
+mod moves;
 mod pool;
 mod transport;
 

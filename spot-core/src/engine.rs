@@ -13,9 +13,10 @@
 //!
 //! Its parts: this file holds the state and its queries; in `engine/`, `apply.rs` decides
 //! requests, `replay.rs` applies records, `values.rs` checks a request's values and
-//! `outcome.rs` numbers recorded outcomes.
+//! `outcome.rs` numbers recorded outcomes, `moves.rs` moves a partition out and in.
 
 mod apply;
+mod moves;
 mod outcome;
 mod replay;
 mod values;
@@ -26,8 +27,8 @@ use rust_decimal::Decimal;
 
 use crate::assets::Assets;
 use crate::protocol::{
-    AccountStatus, BalanceEntry, CoreStatus, JournalRecord, LookupOp, MovementOp, RefusalCode,
-    Response, TotalEntry,
+    AccountStatus, BalanceEntry, CoreStatus, JournalRecord, LookupOp, MoveKind, MoveRecord,
+    MovementOp, RefusalCode, Response, TotalEntry,
 };
 
 use outcome::decode_outcome;
@@ -107,6 +108,12 @@ pub struct Engine {
     /// lower one is refused `STALE_MAP` (ADR 0023 §1).
     pub(crate) map_version: u64,
     pub(crate) remembered: BTreeMap<Key, Remembered>,
+    /// The partitions moved out of this engine (ADR 0023 §4), each with the `move_id` that moved
+    /// it: their users' movements are answered `MOVED`.
+    pub(crate) moved_out: BTreeMap<u8, String>,
+    /// Every move this engine took part in, by `move_id`: what a retry and `move_lookup` answer.
+    /// Kept for good (moves are rare; each holds its partition's state).
+    pub(crate) moves: BTreeMap<String, (MoveKind, MoveRecord)>,
 }
 
 impl Engine {
@@ -122,6 +129,8 @@ impl Engine {
             retain_after: 0,
             map_version: 0,
             remembered: BTreeMap::new(),
+            moved_out: BTreeMap::new(),
+            moves: BTreeMap::new(),
         }
     }
 
@@ -177,6 +186,7 @@ impl Engine {
             records: None,
             core: Some(self.core_status()),
             protocol: None,
+            moves: None,
         }
     }
 

@@ -150,6 +150,7 @@ pub fn read_journal(catalog: &SharedCatalog, after_seq: u64, limit: u32, upto: u
             records: Some(records),
             core: None,
             protocol: None,
+            moves: None,
         },
         Err(ReadError::Compacted(first)) => Response::Error {
             code: ErrorCode::JournalCompacted,

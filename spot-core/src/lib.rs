@@ -7,6 +7,7 @@ pub mod client;
 pub mod engine;
 pub mod invariant;
 pub mod journal;
+pub mod partition;
 pub mod protocol;
 pub mod replica;
 pub mod server;

@@ -4,15 +4,21 @@
 //! so everything here is plain serde data with no behaviour that depends on engine state. By
 //! job: `request.rs` (the request lines and the protocol's limits and versions), `kinds.rs` (the
 //! names both sides use: movement ops, account statuses, outcomes, refusal and error codes),
-//! `response.rs` (the answer lines), `record.rs` (the WAL's records, which `journal` serves).
+//! `response.rs` (the answer lines), `record.rs` (the WAL's records, which `journal` serves),
+//! `moves.rs` (a partition's state as `move_out` answers it and `move_in` takes it).
 //! Everything is re-exported here: callers name `protocol::X`.
 
 mod kinds;
+mod moves;
 mod record;
 mod request;
 mod response;
 
 pub use kinds::{AccountStatus, ErrorCode, MovementOp, Outcome, RefusalCode, UnknownMovementOp};
+pub use moves::{
+    valid_move_id, MoveKind, MovePayload, MoveRecord, MovedAccount, MovedRecord, MAX_MOVE_ID_BYTES,
+    MAX_MOVE_LINE_BYTES,
+};
 pub use record::{
     HorizonRecord, JournalRecord, MapVersionRecord, MovementRecord, RetainRecord, StatusRecord,
 };
@@ -21,8 +27,8 @@ pub use request::{
     MAX_JOURNAL_LIMIT, MAX_LINE_BYTES, PROTOCOL_VERSION, TRACE_SINCE_VERSION,
 };
 pub use response::{
-    BalanceEntry, CoreStatus, FollowerStatus, HelloInfo, LookupOp, ReplicationStatus, Response,
-    TotalEntry,
+    BalanceEntry, CoreStatus, FollowerStatus, HelloInfo, LookupOp, MoveAnswer, ReplicationStatus,
+    Response, TotalEntry,
 };
 
 #[cfg(test)]

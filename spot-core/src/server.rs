@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::bytes::Bytes;
 use tokio_util::codec::{AnyDelimiterCodec, AnyDelimiterCodecError, FramedRead};
 
-use crate::protocol::{Request, Response, MAX_LINE_BYTES};
+use crate::protocol::{Request, Response, MAX_LINE_BYTES, MAX_MOVE_LINE_BYTES};
 use crate::wal::EngineHandle;
 
 /// Requests a single connection may have in flight before its reader stops reading, so a
@@ -217,30 +217,24 @@ async fn read_loop(
     access: Access,
     queue: mpsc::Sender<Pending>,
 ) {
-    let mut lines = request_lines(rd, MAX_LINE_BYTES);
+    // A `move_in` carries a partition's state: its line may be longer than any other.
+    let mut lines = request_lines(rd, MAX_MOVE_LINE_BYTES);
     if access.token.is_some() && !authenticate(&mut lines, &access, &engine, &queue).await {
         drop(queue);
         linger(lines.get_mut()).await;
         return;
     }
     loop {
-        let line = match next_line(&mut lines).await {
-            LineRead::Line(line) => line,
-            LineRead::Eof => return,
-            LineRead::TooLong => {
-                let msg =
-                    format!("request line longer than {MAX_LINE_BYTES} bytes; closing connection");
-                let _ = queue
-                    .send(Pending::Ready(Box::new(Response::bad_request(msg))))
-                    .await;
+        let parsed = match next_request(&mut lines).await {
+            NextRequest::Parsed(parsed) => parsed,
+            NextRequest::Close(answer) => {
+                if let Some(answer) = answer {
+                    let _ = queue.send(answer).await;
+                }
                 return;
             }
         };
-        let text = line.trim_ascii();
-        if text.is_empty() {
-            continue;
-        }
-        let pending = match serde_json::from_slice::<Request>(text) {
+        let pending = match parsed {
             // A repeated hello (or one sent to a server without a token) is answered here.
             Ok(Request::Hello {
                 token: offered,
@@ -277,6 +271,38 @@ async fn read_loop(
         if queue.send(pending).await.is_err() {
             return;
         }
+    }
+}
+
+/// The next request line of a connection, parsed, or the end of the connection.
+enum NextRequest {
+    Parsed(Result<Request, serde_json::Error>),
+    /// The input ended, or a line was too long (answered `BAD_REQUEST`, the last answer).
+    Close(Option<Pending>),
+}
+
+/// The next non-blank line, parsed. Only a `move_in` (a partition's state) may be longer than
+/// [`MAX_LINE_BYTES`], up to [`MAX_MOVE_LINE_BYTES`].
+async fn next_request<R: AsyncRead + Unpin>(lines: &mut RequestLines<R>) -> NextRequest {
+    let too_long = |limit: usize| {
+        let msg = format!("request line longer than {limit} bytes; closing connection");
+        NextRequest::Close(Some(Pending::Ready(Box::new(Response::bad_request(msg)))))
+    };
+    loop {
+        let line = match next_line(lines).await {
+            LineRead::Line(line) => line,
+            LineRead::Eof => return NextRequest::Close(None),
+            LineRead::TooLong => return too_long(MAX_MOVE_LINE_BYTES),
+        };
+        let text = line.trim_ascii();
+        if text.is_empty() {
+            continue;
+        }
+        let parsed = serde_json::from_slice::<Request>(text);
+        if text.len() > MAX_LINE_BYTES && !matches!(parsed, Ok(Request::MoveIn { .. })) {
+            return too_long(MAX_LINE_BYTES);
+        }
+        return NextRequest::Parsed(parsed);
     }
 }
 

@@ -4,7 +4,7 @@
 //! File `snapshot-<seq, 20 digits>.snap`, little endian:
 //!
 //! ```text
-//! header (32 bytes): magic "SPOTSNAP" | u32 format version (1 or 2) | u32 crc32 of the body
+//! header (32 bytes): magic "SPOTSNAP" | u32 format version (1, 2 or 3) | u32 crc32 of the body
 //!                    | u64 seq | u64 body length
 //! body:  u64 last_seq | u64 horizon_ms | u64 retain_after
 //!        | u64 first seq of the WAL segment holding seq + 1 | u64 its byte offset
@@ -14,7 +14,16 @@
 //!        | u64 n, n × ([16] req_id ULID, u8 op, u64 user, u16 asset, u8 outcome, u64 seq,
 //!                      [16] amount, u8 has balance, [16] balance)            remembered, sorted
 //!        | format 2 only: u64 map version (never 0)
+//!        | format 3 only: u64 map version (0: none)
+//!          | u32 n, n × (u8 partition, u16 len, move_id bytes)   moved-out partitions, ascending
+//!          | u32 n, n × (u8 kind 0 out / 1 in, u32 len, JSON)    moves by move_id (n > 0), each
+//!                                                               its WAL record's `MoveRecord`
 //! ```
+//!
+//! Format 3 adds the partitions moved out and every move the engine took part in (ADR 0023 §4):
+//! written only when there is a move, so an engine without one writes format 1 or 2 as before.
+//! A move's JSON is what `serde_json` writes for it: a decoder refuses any other spelling (one
+//! state, one file), and a moved-out partition whose move is not its `move_out`.
 //!
 //! Format 2 adds the highest cell map version a `hello` named (ADR 0023 §1). It is written only
 //! when the engine has seen one; an engine that has not writes format 1, byte for byte what an
@@ -37,7 +46,7 @@ use rust_decimal::Decimal;
 use crate::assets::Assets;
 use crate::engine::{max_amount, try_decode_outcome, Account, Engine, Key, Remembered};
 use crate::invariant;
-use crate::protocol::{AccountStatus, MovementOp};
+use crate::protocol::{AccountStatus, MoveKind, MoveRecord, MovementOp};
 use crate::storage::{parse_seq_name, sync_dir, FailPoints};
 
 pub const MAGIC: &[u8; 8] = b"SPOTSNAP";
@@ -45,6 +54,9 @@ pub const MAGIC: &[u8; 8] = b"SPOTSNAP";
 pub const FORMAT_VERSION: u32 = 2;
 /// The format without a map version: written when the engine has seen none, and still read.
 pub const FORMAT_VERSION_NO_MAP: u32 = 1;
+/// The format with the partitions moved out and the moves (ADR 0023 §4):
+/// written when the engine took part in a move.
+pub const FORMAT_VERSION_MOVES: u32 = 3;
 pub const HEADER_BYTES: usize = 32;
 
 /// Where the WAL record after a snapshot's seq starts: the segment (by its first seq) and the
@@ -88,6 +100,46 @@ pub fn encode_into(engine: &Engine, pos: WalPosition, out: &mut Vec<u8>) {
         out.extend_from_slice(&(name.len() as u16).to_le_bytes());
         out.extend_from_slice(name.as_bytes());
     }
+    encode_accounts(engine, out);
+    out.extend_from_slice(&(engine.totals.len() as u32).to_le_bytes());
+    for (asset, sum) in &engine.totals {
+        out.extend_from_slice(&asset.to_le_bytes());
+        out.extend_from_slice(&sum.serialize());
+    }
+    put64(out, engine.remembered.len() as u64);
+    for ((id, op), r) in &engine.remembered {
+        out.extend_from_slice(&id.to_le_bytes());
+        out.push(op_byte(*op));
+        put64(out, r.user_id);
+        out.extend_from_slice(&r.asset.to_le_bytes());
+        out.push(r.outcome);
+        put64(out, r.seq);
+        out.extend_from_slice(&r.amount.serialize());
+        out.push(u8::from(r.balance.is_some()));
+        out.extend_from_slice(&r.balance.unwrap_or(Decimal::ZERO).serialize());
+    }
+    let format = if !engine.moves.is_empty() {
+        put64(out, engine.map_version);
+        encode_moves(engine, out);
+        FORMAT_VERSION_MOVES
+    } else if engine.map_version == 0 {
+        FORMAT_VERSION_NO_MAP
+    } else {
+        put64(out, engine.map_version);
+        FORMAT_VERSION
+    };
+    let body_len = (out.len() - HEADER_BYTES) as u64;
+    let crc = crc32fast::hash(&out[HEADER_BYTES..]);
+    out[0..8].copy_from_slice(MAGIC);
+    out[8..12].copy_from_slice(&format.to_le_bytes());
+    out[12..16].copy_from_slice(&crc.to_le_bytes());
+    out[16..24].copy_from_slice(&engine.last_seq.to_le_bytes());
+    out[24..32].copy_from_slice(&body_len.to_le_bytes());
+}
+
+/// The accounts, sorted, and the engine's invariant over them checked as they are written.
+fn encode_accounts(engine: &Engine, out: &mut Vec<u8>) {
+    let put64 = |out: &mut Vec<u8>, v: u64| out.extend_from_slice(&v.to_le_bytes());
     put64(out, engine.accounts.len() as u64);
     // The balances added up per asset as they are written: the engine's invariant that no
     // balance is below zero and every total is the sum of its balances, checked once per
@@ -109,36 +161,6 @@ pub fn encode_into(engine: &Engine, pos: WalPosition, out: &mut Vec<u8>) {
         }
     }
     check_totals(engine, &sums);
-    out.extend_from_slice(&(engine.totals.len() as u32).to_le_bytes());
-    for (asset, sum) in &engine.totals {
-        out.extend_from_slice(&asset.to_le_bytes());
-        out.extend_from_slice(&sum.serialize());
-    }
-    put64(out, engine.remembered.len() as u64);
-    for ((id, op), r) in &engine.remembered {
-        out.extend_from_slice(&id.to_le_bytes());
-        out.push(op_byte(*op));
-        put64(out, r.user_id);
-        out.extend_from_slice(&r.asset.to_le_bytes());
-        out.push(r.outcome);
-        put64(out, r.seq);
-        out.extend_from_slice(&r.amount.serialize());
-        out.push(u8::from(r.balance.is_some()));
-        out.extend_from_slice(&r.balance.unwrap_or(Decimal::ZERO).serialize());
-    }
-    let format = if engine.map_version == 0 {
-        FORMAT_VERSION_NO_MAP
-    } else {
-        put64(out, engine.map_version);
-        FORMAT_VERSION
-    };
-    let body_len = (out.len() - HEADER_BYTES) as u64;
-    let crc = crc32fast::hash(&out[HEADER_BYTES..]);
-    out[0..8].copy_from_slice(MAGIC);
-    out[8..12].copy_from_slice(&format.to_le_bytes());
-    out[12..16].copy_from_slice(&crc.to_le_bytes());
-    out[16..24].copy_from_slice(&engine.last_seq.to_le_bytes());
-    out[24..32].copy_from_slice(&body_len.to_le_bytes());
 }
 
 /// Every asset's total is the sum of its balances (`sums`, per asset index; `None` past
@@ -196,6 +218,10 @@ pub fn decode(bytes: &[u8], assets: Assets) -> anyhow::Result<(Engine, WalPositi
             bail!("format {FORMAT_VERSION} with map version 0 (written as format {FORMAT_VERSION_NO_MAP})");
         }
     }
+    if format == FORMAT_VERSION_MOVES {
+        engine.map_version = r.u64()?;
+        decode_moves(&mut r, &mut engine)?;
+    }
     if r.at != body.len() {
         bail!("{} unread bytes after the body", body.len() - r.at);
     }
@@ -213,10 +239,10 @@ fn checked_body(bytes: &[u8]) -> anyhow::Result<(u32, u64, &[u8])> {
         bail!("bad magic");
     }
     let version = header.u32()?;
-    if version != FORMAT_VERSION && version != FORMAT_VERSION_NO_MAP {
+    if ![FORMAT_VERSION_NO_MAP, FORMAT_VERSION, FORMAT_VERSION_MOVES].contains(&version) {
         bail!(
-            "format version {version}, this spot-core reads {FORMAT_VERSION_NO_MAP} and \
-             {FORMAT_VERSION}"
+            "format version {version}, this spot-core reads {FORMAT_VERSION_NO_MAP} to \
+             {FORMAT_VERSION_MOVES}"
         );
     }
     let crc = header.u32()?;
@@ -440,6 +466,85 @@ impl Reader<'_> {
         }
         Ok(Decimal::deserialize(raw))
     }
+}
+
+/// Appends format 3's tail: the moved-out partitions, then the moves (see the module doc).
+fn encode_moves(engine: &Engine, out: &mut Vec<u8>) {
+    out.extend_from_slice(&(engine.moved_out.len() as u32).to_le_bytes());
+    for (partition, move_id) in &engine.moved_out {
+        out.push(*partition);
+        out.extend_from_slice(&(move_id.len() as u16).to_le_bytes());
+        out.extend_from_slice(move_id.as_bytes());
+    }
+    out.extend_from_slice(&(engine.moves.len() as u32).to_le_bytes());
+    for (kind, record) in engine.moves.values() {
+        out.push(match kind {
+            MoveKind::Out => 0,
+            MoveKind::In => 1,
+        });
+        let json = serde_json::to_vec(record).expect("a move record serializes");
+        out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+        out.extend_from_slice(&json);
+    }
+}
+
+/// Reads the moves' tail into `engine`.
+fn decode_moves(r: &mut Reader<'_>, engine: &mut Engine) -> anyhow::Result<()> {
+    let n = r.u32()?;
+    for _ in 0..n {
+        let partition = r.u8()?;
+        let len = usize::from(r.u16()?);
+        let move_id = std::str::from_utf8(r.take(len)?)
+            .context("move_id is not UTF-8")?
+            .to_owned();
+        if engine
+            .moved_out
+            .last_key_value()
+            .is_some_and(|(p, _)| *p >= partition)
+        {
+            bail!("moved-out partitions are not ascending");
+        }
+        engine.moved_out.insert(partition, move_id);
+    }
+    let n = r.u32()?;
+    if n == 0 {
+        bail!("format 3 without a move");
+    }
+    for _ in 0..n {
+        let kind = match r.u8()? {
+            0 => MoveKind::Out,
+            1 => MoveKind::In,
+            k => bail!("unknown move kind {k}"),
+        };
+        let len = usize::try_from(r.u32()?)?;
+        let json = r.take(len)?;
+        let record: MoveRecord = serde_json::from_slice(json).context("a move record")?;
+        if serde_json::to_vec(&record)? != json {
+            bail!("move {} is not spelled as it is written", record.move_id);
+        }
+        if record.seq > engine.last_seq {
+            bail!(
+                "move {} at seq {} after the snapshot's",
+                record.move_id,
+                record.seq
+            );
+        }
+        if engine
+            .moves
+            .last_key_value()
+            .is_some_and(|(id, _)| *id >= record.move_id)
+        {
+            bail!("moves are not sorted by move_id");
+        }
+        engine.moves.insert(record.move_id.clone(), (kind, record));
+    }
+    for (partition, move_id) in &engine.moved_out {
+        match engine.moves.get(move_id) {
+            Some((MoveKind::Out, m)) if m.partition == *partition => {}
+            _ => bail!("partition {partition} moved out by {move_id}, which is not its move_out"),
+        }
+    }
+    Ok(())
 }
 
 /// Make `bytes` the durable snapshot `<dir>/snapshot-<seq>.snap`: write a `.tmp`, fsync it,

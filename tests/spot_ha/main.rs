@@ -9,6 +9,8 @@
 //! - A replica lost: the cell goes on with two; with a second one lost, nothing is acknowledged.
 //! - The cell map's version a `hello` named survives the leader's SIGKILL: the next leader still
 //!   refuses an older one.
+//! - A partition's `move_out` survives the leader's SIGKILL: the next leader still answers its
+//!   users `MOVED` and the move's retry the same.
 //!
 //! Its own test binary: it runs etcd and spot-core processes of its own, one test at a time.
 
@@ -390,6 +392,59 @@ async fn ha_spot_a_new_leader_still_refuses_an_older_map() {
         "{err:?}"
     );
     assert!(matches!(ping(2).await, Ok(Response::Ok { .. })));
+}
+
+/// A partition's `move_out` (ADR 0023 §4) is a replicated record, acknowledged (a follower holds
+/// it fsynced) before its answer: after the leader's SIGKILL the replica elected next still
+/// answers the partition's users `MOVED`, a retry of the move the same answer, and serves the
+/// other partitions' users, its totals less exactly the moved balances.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ha_spot_a_new_leader_still_answers_a_moved_partitions_users_moved() {
+    let _one = SERIAL.lock().await;
+    let mut cell = start_cell().await;
+    let addrs = cell.spot.client_addrs();
+    let first = leader(&cell, Duration::from_secs(30)).await;
+    let partition = 42;
+    let of = |moved: bool| {
+        (1u64..)
+            .find(|u| (spot_core::partition::partition_of(*u) == partition) == moved)
+            .expect("a user")
+    };
+    let (mover, stayer) = (of(true), of(false));
+    let c = client(&addrs);
+    for (n, user, amount) in [(1, mover, "10.5"), (2, stayer, "5")] {
+        let deposit = Request::deposit(req_id(n), user, "USDT", amount.parse().unwrap());
+        let answer = c.call(&deposit).await.expect("an answer");
+        assert!(matches!(answer, Response::Applied { .. }), "{answer:?}");
+    }
+    let out = c.move_out("ha-move-1", partition).await.expect("moved out");
+    assert_eq!((out.accounts, out.records), (1, 1));
+
+    cell.spot.kill(first);
+    let second = leader(&cell, Duration::from_secs(30)).await;
+    assert_ne!(second, first, "another replica leads");
+    let c = client(&addrs);
+    let late = Request::deposit(req_id(3), mover, "USDT", Decimal::ONE);
+    let moved = c.call(&late).await.unwrap_err();
+    assert!(
+        matches!(&moved, ClientError::Moved(m) if m.contains("ha-move-1")),
+        "{moved:?}"
+    );
+    assert_eq!(
+        c.move_out("ha-move-1", partition).await.expect("the same"),
+        out
+    );
+    let stays = Request::deposit(req_id(4), stayer, "USDT", Decimal::ONE);
+    assert!(matches!(c.call(&stays).await, Ok(Response::Applied { .. })));
+    let Ok(Response::Ok {
+        totals: Some(totals),
+        ..
+    }) = c.call(&Request::Totals {}).await
+    else {
+        panic!("totals");
+    };
+    let usdt = totals.iter().find(|t| t.asset == "USDT").expect("USDT");
+    assert_eq!(usdt.sum, Decimal::from(6));
 }
 
 /// An nftables table cutting one loopback address off from others (both ways), deleted on drop.

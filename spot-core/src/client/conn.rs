@@ -161,7 +161,9 @@ impl Conn {
                 break;
             }
             answers.push(
-                serde_json::from_slice(&answer).map_err(|e| ClientError::Protocol(e.to_string())),
+                serde_json::from_slice(&answer)
+                    .map_err(|e| ClientError::Protocol(e.to_string()))
+                    .and_then(ClientError::surfaced),
             );
         }
         answers
@@ -179,9 +181,12 @@ impl Conn {
         Ok((response, info))
     }
 
+    /// One exchange; a `MOVED` answer is [`ClientError::Moved`].
     pub(super) async fn exchange(&mut self, line: &[u8]) -> Result<Response, ClientError> {
         let answer = self.exchange_line(line).await?;
-        serde_json::from_slice(&answer).map_err(|e| ClientError::Protocol(e.to_string()))
+        serde_json::from_slice(&answer)
+            .map_err(|e| ClientError::Protocol(e.to_string()))
+            .and_then(ClientError::surfaced)
     }
 
     /// Writes one request line and reads its whole answer line.

@@ -19,12 +19,38 @@ pub enum ClientError {
     /// help: the process must reload the map (a misconfiguration, like another cell's engine).
     #[error("{HELLO_REFUSED}: STALE_MAP: {0}")]
     StaleMap(String),
+    /// spot-core answered `MOVED` (ADR 0023 §4): the user's partition moved out of this engine,
+    /// and nothing was done here. Not a refusal of the movement: the caller treats it as an
+    /// unknown outcome and routes it again under the new map.
+    #[error("spot-core: MOVED: {0}")]
+    Moved(String),
+    /// spot-core refused a `move_out` or `move_in` (`MOVE_REFUSED`): nothing was done, and the
+    /// same move is refused again until what the message names changes.
+    #[error("spot-core refused the move: {0}")]
+    MoveRefused(String),
 }
 
 impl ClientError {
     /// True unless the request provably never reached spot-core.
     pub fn outcome_unknown(&self) -> bool {
-        !matches!(self, ClientError::Connect(_) | ClientError::StaleMap(_))
+        !matches!(
+            self,
+            ClientError::Connect(_) | ClientError::StaleMap(_) | ClientError::MoveRefused(_)
+        )
+    }
+
+    /// An answer the caller sees as an error: `MOVED` is [`ClientError::Moved`]; everything else
+    /// is the answer.
+    pub(super) fn surfaced(
+        answer: crate::protocol::Response,
+    ) -> Result<crate::protocol::Response, Self> {
+        match answer {
+            crate::protocol::Response::Error {
+                code: crate::protocol::ErrorCode::Moved,
+                message,
+            } => Err(ClientError::Moved(message)),
+            other => Ok(other),
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! Deciding requests: `Engine::apply` and everything it answers (movements, cancels, status
-//! changes, lookups, the horizon, the retained position, a hello's map version), each change
-//! made through the record it returns.
+//! changes, lookups, the horizon, the retained position, a hello's map version; a partition's
+//! move is `moves.rs`'), each change made through the record it returns.
 
 use rust_decimal::Decimal;
 
@@ -19,7 +19,7 @@ use crate::ulid;
 impl Engine {
     /// Applies a record this engine just made from its own state. Its replay cannot refuse it:
     /// a refusal means the decision and the replay disagree, and the state is not to be trusted.
-    fn apply_own(&mut self, record: JournalRecord) {
+    pub(super) fn apply_own(&mut self, record: JournalRecord) {
         let seq = record.seq();
         let applied = self.apply_record(record);
         invariant!(
@@ -49,13 +49,16 @@ impl Engine {
                 status,
             } => self.set_status(*user_id, asset, *status),
             Request::Lookup { req_id } => self.lookup(req_id, now_ms),
-            Request::Balances { user_id } => Effect::reply(Response::Ok {
-                ops: None,
-                balances: Some(self.balances(*user_id)),
-                totals: None,
-                records: None,
-                core: None,
-                protocol: None,
+            Request::Balances { user_id } => self.moved(*user_id).unwrap_or_else(|| {
+                Effect::reply(Response::Ok {
+                    ops: None,
+                    balances: Some(self.balances(*user_id)),
+                    totals: None,
+                    records: None,
+                    core: None,
+                    protocol: None,
+                    moves: None,
+                })
             }),
             Request::Totals {} => Effect::reply(Response::Ok {
                 ops: None,
@@ -64,6 +67,7 @@ impl Engine {
                 records: None,
                 core: None,
                 protocol: None,
+                moves: None,
             }),
             Request::Journal { .. } => Effect::reply(Response::bad_request(
                 "journal is served from the WAL, not by the engine",
@@ -92,6 +96,13 @@ impl Engine {
             Request::AdvanceHorizon { before_ms } => self.advance_horizon(*before_ms, now_ms),
             Request::Retain { after_seq } => self.retain(*after_seq),
             Request::Status {} => Effect::reply(self.core_response()),
+            Request::MoveOut { move_id, partition } => self.move_out(move_id, *partition),
+            Request::MoveIn {
+                move_id,
+                partition,
+                payload,
+            } => self.move_in(move_id, *partition, payload),
+            Request::MoveLookup { move_id } => self.move_lookup(move_id),
         }
     }
 
@@ -187,6 +198,9 @@ impl Engine {
     /// left for the caller to compare with the movement it meant (like `lookup`, a record with
     /// other details is reported, not refused).
     fn cancel(&mut self, op: MovementOp, m: &MovementRequest, now_ms: u64) -> Effect {
+        if let Some(moved) = self.moved(m.user_id) {
+            return moved;
+        }
         let id = match self.key_of(&m.req_id, now_ms) {
             Ok(id) => id,
             Err(code) => return Effect::refuse(code),
@@ -234,6 +248,10 @@ impl Engine {
     }
 
     fn movement(&mut self, op: MovementOp, m: &MovementRequest, now_ms: u64) -> Effect {
+        // Before the idempotency check: after a move only the target's answer is whole.
+        if let Some(moved) = self.moved(m.user_id) {
+            return moved;
+        }
         let id = match self.key_of(&m.req_id, now_ms) {
             Ok(id) => id,
             Err(code) => return Effect::refuse(code),
@@ -366,6 +384,9 @@ impl Engine {
     }
 
     fn set_status(&mut self, user_id: u64, asset: &str, status: AccountStatus) -> Effect {
+        if let Some(moved) = self.moved(user_id) {
+            return moved;
+        }
         if !valid_user_id(user_id) {
             return Effect::refuse(RefusalCode::InvalidUserId);
         }
@@ -392,11 +413,16 @@ impl Engine {
             Ok(id) => id,
             Err(code) => return Effect::refuse(code),
         };
-        let ops = self
+        let ops: Vec<LookupOp> = self
             .remembered
             .range((id, MovementOp::Withdraw)..=(id, MovementOp::Refund))
             .map(|((_, op), r)| self.lookup_op(*op, r))
             .collect();
+        // The records of a moved-out partition's user are the target's to answer: it holds them
+        // and any made since.
+        if let Some(moved) = ops.first().and_then(|o| self.moved(o.user_id)) {
+            return moved;
+        }
         Effect::reply(ops_response(ops))
     }
 }
@@ -409,6 +435,7 @@ fn ops_response(ops: Vec<LookupOp>) -> Response {
         records: None,
         core: None,
         protocol: None,
+        moves: None,
     }
 }
 

@@ -1,6 +1,7 @@
 //! Applying a record: the only way the engine's state changes, live or at start-up. Each record
 //! is checked against the state before it (contiguous seq, balance arithmetic, horizon and
-//! retained position and map version only forward) before anything changes.
+//! retained position and map version only forward, a move whole: `moves.rs`) before anything
+//! changes.
 
 use rust_decimal::Decimal;
 
@@ -24,6 +25,8 @@ impl Engine {
                 JournalRecord::Horizon(h) => self.replay_horizon(h.before_ms),
                 JournalRecord::Retain(r) => self.replay_retain(r.after_seq, seq),
                 JournalRecord::MapVersion(v) => self.replay_map_version(v.version),
+                JournalRecord::MoveOut(m) => self.replay_move_out(m),
+                JournalRecord::MoveIn(m) => self.replay_move_in(m),
                 JournalRecord::SetStatus(s) => self
                     .intern(&s.asset)
                     .map(|asset| self.account_mut(s.user_id, asset).status = s.status),

@@ -202,4 +202,12 @@ pub enum ErrorCode {
     /// §1): the client routes by a map that may send a moved partition's users here. The
     /// message names both versions; the connection is closed after this answer.
     StaleMap,
+    /// The user's partition moved out of this engine (`move_out`, ADR 0023 §4): nothing was
+    /// done. Not a refusal of the movement: the caller routes it again under the new map, where
+    /// the partition's engine answers it (and knows its earlier records).
+    Moved,
+    /// A `move_out` or `move_in` this engine will not apply (the message says why: a payload
+    /// user of another partition, a balance past 10^20, a `move_id` used for another move, a
+    /// partition too big for one record); nothing was done.
+    MoveRefused,
 }

@@ -5,6 +5,7 @@ use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
 use super::kinds::{AccountStatus, MovementOp, Outcome, RefusalCode};
+use super::moves::MoveRecord;
 
 /// One WAL record; also what `journal` returns. Its JSON is the WAL payload, so changing
 /// it means keeping old records readable.
@@ -22,6 +23,12 @@ pub enum JournalRecord {
     /// A `hello` named a cell map version higher than any this engine had seen (ADR 0023 §1):
     /// from then on a `hello` naming a lower one is refused `STALE_MAP`.
     MapVersion(MapVersionRecord),
+    /// `move_out` took a partition's accounts out of this engine and marked the partition moved
+    /// out (ADR 0023 §4): its users' movements are answered `MOVED` from then on.
+    MoveOut(MoveRecord),
+    /// `move_in` credited a partition's accounts and installed its users' records, and cleared
+    /// the partition's moved-out mark if it had one.
+    MoveIn(MoveRecord),
 }
 
 impl JournalRecord {
@@ -34,6 +41,7 @@ impl JournalRecord {
             JournalRecord::Horizon(h) => h.seq,
             JournalRecord::Retain(r) => r.seq,
             JournalRecord::MapVersion(v) => v.seq,
+            JournalRecord::MoveOut(m) | JournalRecord::MoveIn(m) => m.seq,
         }
     }
 
@@ -45,7 +53,26 @@ impl JournalRecord {
             JournalRecord::SetStatus(_)
             | JournalRecord::Horizon(_)
             | JournalRecord::Retain(_)
-            | JournalRecord::MapVersion(_) => None,
+            | JournalRecord::MapVersion(_)
+            | JournalRecord::MoveOut(_)
+            | JournalRecord::MoveIn(_) => None,
+        }
+    }
+
+    /// The money this record takes out of the engine's totals (negative) or brings in: an
+    /// applied movement's amount, a move's balances; zero for the rest. `None` past `Decimal`'s
+    /// range.
+    pub fn money_moved(&self) -> Option<Decimal> {
+        match self {
+            JournalRecord::Withdraw(m) if m.outcome == Outcome::Applied => Some(-m.amount),
+            JournalRecord::Deposit(m) | JournalRecord::Refund(m)
+                if m.outcome == Outcome::Applied =>
+            {
+                Some(m.amount)
+            }
+            JournalRecord::MoveOut(m) => m.payload.money().map(|v| -v),
+            JournalRecord::MoveIn(m) => m.payload.money(),
+            _ => Some(Decimal::ZERO),
         }
     }
 

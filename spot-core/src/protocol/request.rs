@@ -4,6 +4,7 @@ use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
 use super::kinds::{AccountStatus, MovementOp};
+use super::moves::MovePayload;
 
 /// Largest `limit` a `journal` request may ask for; bigger values are capped.
 pub const MAX_JOURNAL_LIMIT: u32 = 10_000;
@@ -95,6 +96,26 @@ pub enum Request {
     },
     /// Counters for operators and the growth benchmark. Answered `ok` with `status`.
     Status {},
+    /// Take partition `partition`'s accounts out of this engine and answer them with its users'
+    /// `(req_id, op)` records (ADR 0023 §4, `SPOT_MOVED`); from then on a movement, cancel or
+    /// status change of its users is answered `MOVED`. Journaled before the answer; a retry
+    /// with the same `move_id` gets the same answer. Answered `ok` with `moves` (one entry).
+    MoveOut {
+        move_id: String,
+        partition: u8,
+    },
+    /// Credit a partition's accounts and install its users' records, taken from another
+    /// engine's `move_out` answer; clears this engine's moved-out mark of the partition if it
+    /// has one (a move back). Journaled; idempotent by `move_id`. Answered `ok` with `moves`.
+    MoveIn {
+        move_id: String,
+        partition: u8,
+        payload: MovePayload,
+    },
+    /// The move recorded under `move_id`, if any: `ok` with `moves`, empty or one entry.
+    MoveLookup {
+        move_id: String,
+    },
 }
 
 fn default_journal_limit() -> u32 {

@@ -5,6 +5,8 @@ use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
 use super::kinds::{AccountStatus, ErrorCode, MovementOp, Outcome, RefusalCode};
+use super::moves::MoveKind;
+use super::moves::{MovePayload, MoveRecord};
 use super::record::JournalRecord;
 use super::request::PROTOCOL_VERSION;
 
@@ -53,6 +55,11 @@ pub enum Response {
         /// In the answer to `hello` only: the engine's protocol version (`PROTOCOL_VERSION`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         protocol: Option<u32>,
+        /// In the answer to `move_out`, `move_in` and `move_lookup`. Boxed: every other answer
+        /// goes without, and the response stays within clippy's enum size limit.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[allow(clippy::box_collection)]
+        moves: Option<Box<Vec<MoveAnswer>>>,
     },
 }
 
@@ -66,6 +73,7 @@ impl Response {
             records: None,
             core: None,
             protocol: None,
+            moves: None,
         }
     }
 
@@ -78,6 +86,7 @@ impl Response {
             records: None,
             core: None,
             protocol: Some(PROTOCOL_VERSION),
+            moves: None,
         }
     }
 
@@ -191,4 +200,54 @@ pub struct BalanceEntry {
 pub struct TotalEntry {
     pub asset: String,
     pub sum: Decimal,
+}
+
+/// The answer to `move_out`, `move_in` and `move_lookup` (one entry of `moves`): the same for a
+/// move and every retry of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveAnswer {
+    pub move_id: String,
+    pub kind: MoveKind,
+    pub partition: u8,
+    /// The seq of the move's WAL record.
+    pub seq: u64,
+    /// Accounts and records moved.
+    pub accounts: u64,
+    pub records: u64,
+    /// Per asset, the balances moved: what the other engine's answer must show.
+    pub totals: Vec<TotalEntry>,
+    /// The partition's state, in the answer to a `move_out` (and its lookup) only: what the
+    /// target's `move_in` takes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<MovePayload>,
+}
+
+impl MoveAnswer {
+    /// The answer for the move `record` of `kind`.
+    pub fn of(kind: MoveKind, record: &MoveRecord) -> MoveAnswer {
+        MoveAnswer {
+            move_id: record.move_id.clone(),
+            kind,
+            partition: record.partition,
+            seq: record.seq,
+            accounts: record.payload.accounts.len() as u64,
+            records: record.payload.records.len() as u64,
+            totals: moved_totals(&record.payload),
+            payload: (kind == MoveKind::Out).then(|| record.payload.clone()),
+        }
+    }
+}
+
+/// Per asset, the balances `payload` moves (sorted by asset; an asset with no account is absent).
+fn moved_totals(payload: &MovePayload) -> Vec<TotalEntry> {
+    let mut sums: std::collections::BTreeMap<&str, Decimal> = Default::default();
+    for a in &payload.accounts {
+        *sums.entry(&a.asset).or_default() += a.available;
+    }
+    sums.into_iter()
+        .map(|(asset, sum)| TotalEntry {
+            asset: asset.to_owned(),
+            sum: sum.normalize(),
+        })
+        .collect()
 }

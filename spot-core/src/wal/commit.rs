@@ -16,7 +16,7 @@ use super::writer::Wal;
 use crate::engine::Engine;
 use crate::invariant;
 use crate::journal::{self, JournalJob};
-use crate::protocol::{JournalRecord, MovementOp, Outcome, Request, Response};
+use crate::protocol::{JournalRecord, Request, Response};
 use crate::snapshot::{self, WalPosition};
 use crate::storage::{encode_record, FailPoints};
 
@@ -284,7 +284,7 @@ fn decide(engine: &mut Engine, batch: &mut Batch) {
 
 /// The checks of one batch's decisions: its records' seqs dense from the batch's first, and the
 /// engine's money (the sum of every asset's total) moved by exactly the batch's applied
-/// movements, before anything of it is written. O(assets) per batch, O(1) per record.
+/// movements and moves, before anything of it is written. O(assets) per batch, O(1) per record.
 struct BatchSums {
     next_seq: u64,
     money: Option<Decimal>,
@@ -313,14 +313,12 @@ impl BatchSums {
             self.next_seq
         );
         self.next_seq += 1;
-        if let Some((op, m)) = record.as_movement() {
-            if m.outcome == Outcome::Applied {
-                self.moved = self.moved.and_then(|moved| match op {
-                    MovementOp::Withdraw => moved.checked_sub(m.amount),
-                    MovementOp::Deposit | MovementOp::Refund => moved.checked_add(m.amount),
-                });
-            }
-        }
+        // An applied withdraw takes its amount out, a deposit or refund brings it in; a move out
+        // takes the partition's balances out, a move in brings them in (ADR 0023 §4).
+        self.moved = self
+            .moved
+            .zip(record.money_moved())
+            .and_then(|(moved, by)| moved.checked_add(by));
     }
 
     fn after(&self, engine: &Engine) {
