@@ -19,6 +19,7 @@ use tracing::Instrument;
 
 mod audit;
 mod horizon;
+pub mod moves;
 pub mod repair;
 
 pub use application::books::{SpotBalance, SpotError};

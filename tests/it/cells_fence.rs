@@ -13,7 +13,10 @@ use application::moves::{MoveId, MoveRecord, MoveRecords, MoveStep, Started};
 use cells::{partition_of, CellId, Partition};
 use domain::{AccountType, UserId};
 
-use crate::helpers::{dec, Stack, TestDb};
+use adapters::spot::moves::EngineMoves;
+use application::moves::SpotMoves;
+
+use crate::helpers::{dec, SpotProcess, Stack, TestDb};
 
 /// Two users of two partitions of cell 1.
 fn users() -> (u64, u64) {
@@ -399,5 +402,73 @@ async fn cells_move_003_the_copy_appends_a_partitions_history_densely_once_and_o
         copy(mark).await.unwrap().rows,
         0,
         "a void move copies nothing more"
+    );
+}
+
+fn client(spot: &SpotProcess) -> spot_core::SpotClient {
+    spot_core::SpotClient::with_token(
+        spot.addr.clone(),
+        Duration::from_secs(3),
+        Some(spot.token.clone()),
+    )
+}
+
+#[tokio::test]
+async fn cells_move_004_spot_balances_move_between_two_real_engines_once() {
+    let stack = Stack::start().await;
+    let (u, v) = users();
+    let p = partition_of(UserId::new(u).unwrap());
+    for user in [u, v] {
+        stack.deposit(user, "USDT", "100").await;
+        stack
+            .transfer(user, AccountType::Funding, AccountType::Spot, "USDT", "30")
+            .await;
+    }
+    let target = SpotProcess::start();
+    let two = CellId::new(2).unwrap();
+    let engines =
+        EngineMoves::new([(CellId::ONE, client(&stack.spot)), (two, client(&target))].into());
+    let out = engines.move_out(CellId::ONE, "m-spot", p).await.unwrap();
+    let key = (UserId::new(u).unwrap(), "USDT".to_owned());
+    assert_eq!(out.balances, [(key.clone(), dec("30"))].into());
+    assert_eq!(
+        engines.move_out(CellId::ONE, "m-spot", p).await.unwrap(),
+        out,
+        "a repeat answers the same"
+    );
+    engines.move_in(two, "m-spot", p, &out).await.unwrap();
+    engines.move_in(two, "m-spot", p, &out).await.unwrap();
+    let users = [UserId::new(u).unwrap(), UserId::new(v).unwrap()];
+    let there = engines.balances(two, p, &users[..1]).await.unwrap();
+    assert_eq!(there, [(key, dec("30"))].into(), "moved in once");
+    assert!(
+        engines
+            .balances(CellId::ONE, p, &users[..1])
+            .await
+            .unwrap()
+            .is_empty(),
+        "MOVED in the source"
+    );
+    assert_eq!(
+        stack.spot_balance(v, "USDT").await,
+        dec("30"),
+        "another partition stays"
+    );
+    // The source's engine refuses the moved user's movements, as an unknown outcome to retry
+    // under the new map, never as a refusal.
+    let moved = stack
+        .coordinator
+        .submit(application::NewTransfer {
+            user_id: UserId::new(u).unwrap(),
+            from: AccountType::Funding,
+            to: AccountType::Spot,
+            asset: domain::AssetSymbol::parse("USDT").unwrap(),
+            amount: domain::Amount::parse("1").unwrap(),
+            cid: None,
+        })
+        .await;
+    assert!(
+        !matches!(moved, Ok(ref t) if t.state == domain::TransferState::Committed || t.state == domain::TransferState::Failed),
+        "neither committed nor refused in the old cell: {moved:?}"
     );
 }

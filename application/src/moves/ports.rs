@@ -139,11 +139,13 @@ pub trait SpotMoves: Send + Sync {
         payload: &SpotPayload,
     ) -> Result<(), StoreError>;
 
-    /// `cell`'s engine's balances of `partition`'s users, per user and asset.
+    /// `cell`'s engine's balances of `users` (of `partition`), per user and asset. A user the
+    /// engine answers `MOVED` for holds nothing there.
     async fn balances(
         &self,
         cell: CellId,
         partition: Partition,
+        users: &[UserId],
     ) -> Result<BTreeMap<(UserId, String), Decimal>, StoreError>;
 }
 

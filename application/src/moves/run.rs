@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cells::{CellId, Partition};
+use domain::UserId;
 
 use super::ports::{MoveRecords, PartitionHold, PartitionStores, SpotMoves, Started};
 use super::record::{MoveId, MoveRecord, MoveStep};
@@ -241,9 +242,13 @@ impl MoveRunner {
         let (from, to, p) = (record.from, record.to, record.partition);
         let source = self.stores.book(from, p).await?;
         let target = self.stores.book(to, p).await?;
-        let target_spot = self.spot.balances(to, p).await?;
-        let source_spot = self.spot.balances(from, p).await?;
         let moved = record.spot.clone().unwrap_or_default();
+        let mut users: Vec<UserId> = moved.keys().map(|(user, _)| *user).collect();
+        users.extend(source.funding.keys().map(|(user, _)| *user));
+        users.sort_unstable();
+        users.dedup();
+        let target_spot = self.spot.balances(to, p, &users).await?;
+        let source_spot = self.spot.balances(from, p, &users).await?;
         let mut found = verify(&source, &target, &moved, &target_spot, &source_spot);
         for cell in [from, to] {
             if !self.stores.conservation_exact(cell).await? {

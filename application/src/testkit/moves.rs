@@ -526,12 +526,14 @@ impl SpotMoves for MemMoves {
         &self,
         cell: CellId,
         p: Partition,
+        users: &[UserId],
     ) -> Result<BTreeMap<(UserId, String), Decimal>, StoreError> {
         self.call(MoveCall::Balances, |state| {
             let c = cell_of(state, cell)?;
+            let asked = |u: &UserId| partition_of(*u) == p && users.contains(u);
             Ok(c.spot
                 .iter()
-                .filter(|((u, _), _)| partition_of(*u) == p)
+                .filter(|((u, _), _)| asked(u))
                 .map(|(k, v)| (k.clone(), *v))
                 .collect())
         })
