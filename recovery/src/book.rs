@@ -53,7 +53,9 @@ pub trait AttemptPolicy: Send + Sync {
 #[async_trait]
 pub trait RetryBook: Send + Sync {
     /// Open transfers unchanged for `stale_ms`, due for a retry and not leased: (req_id, state),
-    /// the longest waiting first, at most `limit`.
+    /// the longest waiting first, at most `limit`. Under a cell map, only those of partitions
+    /// this cell owns and has not frozen (ADR 0023): a transfer copied in by a move is driven
+    /// by its target only after the switch, and one of a partition moved away never again here.
     async fn due(
         &self,
         stale_ms: i64,
@@ -134,6 +136,11 @@ impl RetryBook for PgRetryBook {
              WHERE o.recorded_at <= now() - $1 * interval '1 millisecond'
                AND (r.req_id IS NULL OR (r.next_retry_at <= now()
                     AND (r.lease_until IS NULL OR r.lease_until < now())))
+               AND NOT EXISTS (
+                   SELECT 1 FROM events c, cell_partitions cp, cell_identity ci
+                   WHERE c.aggregate_type = 'Transfer' AND c.aggregate_id = o.req_id
+                     AND c.sequence = 1 AND cp.partition = user_partition(c.user_id)
+                     AND NOT (cp.cell_id = ci.cell_id AND cp.state = 'STEADY'))
              ORDER BY COALESCE(r.next_retry_at, o.recorded_at) LIMIT $2",
         )
         .bind(stale_ms)

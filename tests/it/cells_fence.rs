@@ -472,3 +472,61 @@ async fn cells_move_004_spot_balances_move_between_two_real_engines_once() {
         "neither committed nor refused in the old cell: {moved:?}"
     );
 }
+
+#[tokio::test]
+async fn cells_move_005_the_recovery_worker_drives_only_open_transfers_of_partitions_it_owns() {
+    let mut stack = Stack::start().await;
+    as_cell_one(&stack).await;
+    let (u, _) = users();
+    let p = partition_of(UserId::new(u).unwrap());
+    stack.deposit(u, "USDT", "100").await;
+    // spot-core down: the transfer stays open, its deposit's outcome unknown.
+    stack.spot.kill();
+    let open = stack
+        .coordinator
+        .submit(application::NewTransfer {
+            user_id: UserId::new(u).unwrap(),
+            from: AccountType::Funding,
+            to: AccountType::Spot,
+            asset: domain::AssetSymbol::parse("USDT").unwrap(),
+            amount: domain::Amount::parse("10").unwrap(),
+            cid: None,
+        })
+        .await;
+    assert!(
+        !matches!(open, Ok(ref t) if t.state.is_terminal()),
+        "{open:?}"
+    );
+    let book = recovery::book::PgRetryBook::new(stack.db.pool.clone());
+    let due = || async {
+        recovery::book::RetryBook::due(&book, 0, 10)
+            .await
+            .unwrap()
+            .len()
+    };
+    assert_eq!(due().await, 1, "its own partition's open transfer is due");
+    let moves = PgMoves::new(stack.db.pool.clone());
+    let mut m = record("m-open", p);
+    moves.start(&m).await.unwrap();
+    m.step = MoveStep::Pausing;
+    assert!(moves.save(MoveStep::Planned, &m).await.unwrap());
+    assert_eq!(moves.freeze(p, &m.id).await.unwrap(), "FROZEN");
+    assert_eq!(
+        due().await,
+        0,
+        "a frozen partition's transfer waits for the move"
+    );
+    moves.release(p, &m.id).await.unwrap();
+    assert_eq!(due().await, 1);
+    sqlx::query("UPDATE cell_partitions SET cell_id = 2 WHERE partition = $1")
+        .bind(i16::from(p.get()))
+        .execute(&stack.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        due().await,
+        0,
+        "a partition moved away is never driven here again"
+    );
+    stack.spot.restart();
+}
