@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use adapters::pg::move_copy::copy_events;
+use adapters::pg::move_copy::{copy_events, copy_state};
 use adapters::pg::moves::{is_fenced, PgMoves};
 use application::moves::{MoveId, MoveRecord, MoveRecords, MoveStep, Started};
 use cells::{partition_of, CellId, Partition};
@@ -529,4 +529,110 @@ async fn cells_move_005_the_recovery_worker_drives_only_open_transfers_of_partit
         "a partition moved away is never driven here again"
     );
     stack.spot.restart();
+}
+
+/// A table's rows of `users` in a cell, as text, in a fixed order, without the columns a cell
+/// numbers itself (ids, transaction ids).
+async fn rows_of(pool: &sqlx::PgPool, table: &str, users: &[i64]) -> Vec<String> {
+    let sql = format!(
+        "SELECT (to_jsonb(t) - 'id' - 'tx_id')::text AS r FROM {table} t
+         WHERE user_id = ANY($1) ORDER BY 1"
+    );
+    sqlx::query_scalar(&sql)
+        .bind(users)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+const STATE_TABLES: [&str; 6] = [
+    "funding_accounts",
+    "funding_journal",
+    "external_deposits",
+    "transfer_cids",
+    "daily_transfer_counts",
+    "daily_transfer_amounts",
+];
+
+#[tokio::test]
+async fn cells_move_006_the_copy_brings_a_partitions_state_rows_once_and_keeps_them_current() {
+    let stack = Stack::start().await;
+    as_cell_one(&stack).await;
+    let target = TestDb::new().await;
+    as_cell_two(&target).await;
+    let (u, v) = users();
+    let p = partition_of(UserId::new(u).unwrap());
+    for user in [u, v] {
+        stack.deposit(user, "USDT", "100").await;
+        stack
+            .transfer(user, AccountType::Funding, AccountType::Spot, "USDT", "10")
+            .await;
+        let with_cid = application::NewTransfer {
+            user_id: UserId::new(user).unwrap(),
+            from: AccountType::Spot,
+            to: AccountType::Funding,
+            asset: domain::AssetSymbol::parse("USDT").unwrap(),
+            amount: domain::Amount::parse("4").unwrap(),
+            cid: Some("cid-1".into()),
+        };
+        stack.coordinator.submit(with_cid).await.unwrap();
+    }
+    let id = MoveId("m-state".into());
+    let ours = [i64::try_from(u).unwrap()];
+    let copy = |mark: i64| copy_state(&stack.db.pool, &target.pool, &id, p, mark);
+    assert_eq!(
+        copy(0).await.unwrap().rows,
+        0,
+        "nothing before the target expects it"
+    );
+    PgMoves::new(target.pool.clone())
+        .mark_incoming(p, &id)
+        .await
+        .unwrap();
+    let first = copy(0).await.unwrap();
+    assert!(first.rows > 0 && first.journal_mark > 0, "{first:?}");
+    for table in STATE_TABLES {
+        let source = rows_of(&stack.db.pool, table, &ours).await;
+        assert!(
+            !source.is_empty() || table.starts_with("daily"),
+            "{table} has rows"
+        );
+        assert_eq!(rows_of(&target.pool, table, &ours).await, source, "{table}");
+        let theirs = [i64::try_from(v).unwrap()];
+        assert!(
+            rows_of(&target.pool, table, &theirs).await.is_empty(),
+            "{table}: only the partition"
+        );
+    }
+    assert_eq!(
+        copy(first.journal_mark).await.unwrap().rows,
+        0,
+        "a repeat changes nothing"
+    );
+    assert_eq!(copy(0).await.unwrap().rows, 0, "even from the start");
+
+    // The source moves on: the next copy brings the new records and the current balances.
+    stack
+        .transfer(u, AccountType::Funding, AccountType::Spot, "USDT", "7")
+        .await;
+    let second = copy(first.journal_mark).await.unwrap();
+    assert!(second.journal_mark > first.journal_mark, "{second:?}");
+    for table in STATE_TABLES {
+        let source = rows_of(&stack.db.pool, table, &ours).await;
+        assert_eq!(
+            rows_of(&target.pool, table, &ours).await,
+            source,
+            "{table} after a tail"
+        );
+    }
+    PgMoves::new(target.pool.clone())
+        .release(p, &id)
+        .await
+        .unwrap();
+    stack.deposit(u, "USDT", "1").await;
+    assert_eq!(
+        copy(second.journal_mark).await.unwrap().rows,
+        0,
+        "a void move copies nothing"
+    );
 }
