@@ -25,11 +25,13 @@ use application::CoordinatorError;
 use super::claims::claim_in;
 use super::claims_reader;
 use super::driver::unknown;
+use super::funded;
 use super::{lease, limits};
 use crate::group_commit::GroupCommit;
+use crate::FundingLedger;
 use application::ports::{
     CidClaim, ClientKey, ClientKeys, Commit, Context, Creation, CreationOutcome, DailyReservations,
-    LeaseRequest, Leases, Rekeyed, TransferLog,
+    Funded, FundedOutcome, LeaseRequest, Leases, Rekeyed, TransferLog,
 };
 
 /// The event log in PostgreSQL.
@@ -41,6 +43,9 @@ pub struct PgTransferLog {
     /// Whether `create_many` writes a creation with its claim and charge (ADR 0022); without,
     /// the coordinator takes the separate steps.
     together: bool,
+    /// FUNDING, when it lives in this log's database and its movements are made in the
+    /// appender's transaction with the events announcing and recording them (ADR 0024).
+    funding: Option<FundingLedger>,
 }
 
 impl PgTransferLog {
@@ -52,13 +57,23 @@ impl PgTransferLog {
             store: Arc::new(PersistedEventStore::new_event_store(repo.clone())),
             repo,
             together: true,
+            funding: None,
         }
     }
 
-    /// This log with `create_many` answering `None`: the coordinator claims, charges and
-    /// creates in separate steps, as before ADR 0022 (the tests of that path use it).
+    /// This log with `commit_funded` writing: `funding` is over this log's own database, and
+    /// a commit announcing one of its movements makes it in the same transaction (ADR 0024).
+    pub fn with_funding(mut self, funding: FundingLedger) -> Self {
+        self.funding = Some(funding);
+        self
+    }
+
+    /// This log with `create_many` and `commit_funded` answering `None`: the coordinator
+    /// claims, charges, creates and calls FUNDING in separate steps, as before ADRs 0022 and
+    /// 0024 (the tests of those paths use it).
     pub fn apart(mut self) -> Self {
         self.together = false;
+        self.funding = None;
         self
     }
 }
@@ -72,7 +87,7 @@ fn owner_metadata(owner: Option<UserId>) -> HashMap<String, String> {
 
 /// A commit's events as the repository stores them: sequences after the expected one, the
 /// owner in every event's metadata (what postgres-es's `commit` makes of them).
-fn serialize(commit: &Commit) -> Result<Vec<SerializedEvent>, CoordinatorError> {
+pub(super) fn serialize(commit: &Commit) -> Result<Vec<SerializedEvent>, CoordinatorError> {
     let metadata = owner_metadata(commit.owner);
     commit
         .events
@@ -92,7 +107,7 @@ fn serialize(commit: &Commit) -> Result<Vec<SerializedEvent>, CoordinatorError> 
 
 /// A repository's refusal as the log's contract names it: a version check lost is a conflict,
 /// anything else an unknown outcome.
-fn persistence(e: PersistenceError) -> CoordinatorError {
+pub(super) fn persistence(e: PersistenceError) -> CoordinatorError {
     match e {
         PersistenceError::OptimisticLockError => CoordinatorError::Conflict,
         other => CoordinatorError::outcome_unknown(other),
@@ -161,6 +176,20 @@ impl TransferLog for PgTransferLog {
             false => None,
         }
     }
+
+    async fn commit_funded(
+        &self,
+        items: &[Funded],
+        limits: &DailyLimits,
+        day: NaiveDate,
+    ) -> Option<Vec<Result<FundedOutcome, CoordinatorError>>> {
+        let funding = self.funding.as_ref()?;
+        Some(funded::commit(&self.repo, funding, items, limits, day).await)
+    }
+
+    fn funds_together(&self) -> bool {
+        self.funding.is_some()
+    }
 }
 
 impl PgTransferLog {
@@ -193,6 +222,7 @@ impl PgTransferLog {
             charges,
             limits: Arc::new(limits.clone()),
             day,
+            calls: Vec::new(),
         };
         let mut written = self
             .repo
@@ -207,6 +237,10 @@ impl PgTransferLog {
                     Some(Ok(Written::Appended)) => Ok(CreationOutcome::Appended(sequence)),
                     Some(Ok(Written::KeyTaken)) => Ok(CreationOutcome::KeyTaken),
                     Some(Ok(Written::Refused(code))) => Ok(CreationOutcome::Refused(code)),
+                    // No call was sent with these creations.
+                    Some(Ok(Written::Funded(_))) => Err(CoordinatorError::invariant(
+                        "a creation without a call answered as funded",
+                    )),
                     Some(Err(e)) => Err(persistence(e)),
                     None => Err(CoordinatorError::invariant("the appender lost an answer")),
                 }
