@@ -5,8 +5,14 @@
 //! batch's other commits. A creation is then all or nothing with its claim and its charge, and
 //! a request with a cid and limits on waits for one durable commit instead of three.
 //!
+//! The same transaction makes the FUNDING movement a commit announces, when it carries one
+//! (ADR 0024, `Call`): after the claims and counters, FUNDING's own function decides and applies
+//! it (`funding::together`), and the events recording its decision follow the commit's own in
+//! the INSERT. The movement and its events are then durable together or not at all.
+//!
 //! Locks are taken in one order by every writer: claims in key order, then counters in user
-//! (and asset) order, then the feed's advisory lock in the INSERT. The separate steps' writers
+//! (and asset) order, then FUNDING's accounts in (user, asset) order, then the feed's advisory
+//! lock in the INSERT. The separate steps' writers
 //! (`PgClientKeys::claim_many`, `limits::reserve_many`) each take only one kind, in the same
 //! order, so no two transactions ever wait on each other in a circle.
 
@@ -99,59 +105,9 @@ pub(super) async fn write(
             written[i] = Written::KeyTaken;
         }
     }
-    // The charges of the items still standing, in order, one reservation per (limits, day).
-    let mut groups: Vec<((&DailyLimits, NaiveDate), Vec<usize>)> = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        let Some((_, limits, day)) = item.charge else {
-            continue;
-        };
-        if written[i] != Written::Appended {
-            continue;
-        }
-        match groups
-            .iter_mut()
-            .find(|((l, d), _)| *l == limits && *d == day)
-        {
-            Some((_, members)) => members.push(i),
-            None => groups.push(((limits, day), vec![i])),
-        }
-    }
-    let mut unclaim = Vec::new();
-    for ((limits, day), members) in groups {
-        let charges: Vec<Charge> = members
-            .iter()
-            .filter_map(|&i| Some(items[i].charge?.0.clone()))
-            .collect();
-        let answers = reserve_in(&mut tx, limits, &charges, day).await?;
-        for (&i, answer) in members.iter().zip(answers) {
-            if let Err(code) = answer {
-                written[i] = Written::Refused(code);
-                unclaim.extend(items[i].claim);
-            }
-        }
-    }
+    let unclaim = charge(&mut tx, items, &mut written).await?;
     unclaim_in(&mut tx, &unclaim).await?;
-    // The FUNDING movements of the items still standing, after the claims and counters and
-    // before the feed's lock (the INSERT), in one call; each decision's events follow its
-    // item's own.
-    let (at, calls): (Vec<usize>, Vec<(Operation, &Movement)>) = items
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| written[*i] == Written::Appended)
-        .filter_map(|(i, item)| Some((i, item.call.map(|c| (c.op, &c.movement))?)))
-        .unzip();
-    let mut recorded: Vec<Option<Vec<SerializedEvent>>> = items.iter().map(|_| None).collect();
-    if !calls.is_empty() {
-        let decided = decide_in(&mut tx, &calls).await?;
-        for (&i, decision) in at.iter().zip(decided) {
-            let (Some(decision), Some(call)) = (decision, items[i].call) else {
-                continue;
-            };
-            let events = (call.record)(&decision).map_err(sqlx::Error::Protocol)?;
-            recorded[i] = Some(events);
-            written[i] = Written::Funded(decision);
-        }
-    }
+    let recorded = fund(&mut tx, items, &mut written).await?;
     let whole: Vec<Option<Vec<SerializedEvent>>> = items
         .iter()
         .zip(&recorded)
@@ -175,4 +131,74 @@ pub(super) async fn write(
     }
     tx.commit().await?;
     Ok(written)
+}
+
+/// The FUNDING movements of the items still standing (`Written::Appended`), after the claims
+/// and counters and before the feed's lock (the INSERT), in one call on `conn`: each decided
+/// one marked `Funded`, with the events recording its decision (to follow its own).
+async fn fund(
+    conn: &mut PgConnection,
+    items: &[Item<'_>],
+    written: &mut [Written],
+) -> Result<Vec<Option<Vec<SerializedEvent>>>, sqlx::Error> {
+    let (at, calls): (Vec<usize>, Vec<(Operation, &Movement)>) = items
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| written[*i] == Written::Appended)
+        .filter_map(|(i, item)| Some((i, item.call.map(|c| (c.op, &c.movement))?)))
+        .unzip();
+    let mut recorded: Vec<Option<Vec<SerializedEvent>>> = items.iter().map(|_| None).collect();
+    if calls.is_empty() {
+        return Ok(recorded);
+    }
+    let decided = decide_in(conn, &calls).await?;
+    for (&i, decision) in at.iter().zip(decided) {
+        let (Some(decision), Some(call)) = (decision, items[i].call) else {
+            continue;
+        };
+        let events = (call.record)(&decision).map_err(sqlx::Error::Protocol)?;
+        recorded[i] = Some(events);
+        written[i] = Written::Funded(decision);
+    }
+    Ok(recorded)
+}
+
+/// The charges of the items still standing, in order, one reservation per (limits, day): each
+/// refused one marked `Refused`; the claims to take back (the refused items').
+async fn charge<'a>(
+    conn: &mut PgConnection,
+    items: &[Item<'a>],
+    written: &mut [Written],
+) -> Result<Vec<&'a CidClaim>, sqlx::Error> {
+    let mut groups: Vec<((&DailyLimits, NaiveDate), Vec<usize>)> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let Some((_, limits, day)) = item.charge else {
+            continue;
+        };
+        if written[i] != Written::Appended {
+            continue;
+        }
+        match groups
+            .iter_mut()
+            .find(|((l, d), _)| *l == limits && *d == day)
+        {
+            Some((_, members)) => members.push(i),
+            None => groups.push(((limits, day), vec![i])),
+        }
+    }
+    let mut unclaim = Vec::new();
+    for ((limits, day), members) in groups {
+        let charges: Vec<Charge> = members
+            .iter()
+            .filter_map(|&i| Some(items[i].charge?.0.clone()))
+            .collect();
+        let answers = reserve_in(conn, limits, &charges, day).await?;
+        for (&i, answer) in members.iter().zip(answers) {
+            if let Err(code) = answer {
+                written[i] = Written::Refused(code);
+                unclaim.extend(items[i].claim);
+            }
+        }
+    }
+    Ok(unclaim)
 }

@@ -13,7 +13,7 @@ use application::CoordinatorError;
 use chrono::NaiveDate;
 use domain::Transfer;
 
-use super::transfers::{persistence, serialize};
+use super::serialized::{persistence, serialize};
 use crate::event_store::{BatchingEventRepository, Call, Extras, Record, Written};
 use crate::FundingLedger;
 

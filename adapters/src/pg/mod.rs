@@ -27,6 +27,7 @@ pub mod maintenance;
 pub mod partitions;
 pub mod receipts;
 pub mod repairs;
+mod serialized;
 pub mod traces;
 pub mod transfers;
 

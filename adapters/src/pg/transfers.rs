@@ -3,19 +3,14 @@
 //! claims (`transfer_cids`), the leases (`transfer_retries`) and the daily counters
 //! (`daily_transfer_counts`, `daily_transfer_amounts`).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::event_store::{
-    BatchingEventRepository, Extras, TransferStore, Written, OWNER_METADATA_KEY,
-};
+use crate::event_store::{BatchingEventRepository, Extras, TransferStore, Written};
 use async_trait::async_trait;
 use chrono::NaiveDate;
-use cqrs_es::persist::{
-    EventStoreAggregateContext, PersistedEventStore, PersistenceError, SerializedEvent,
-};
-use cqrs_es::{EventEnvelope, EventStore};
+use cqrs_es::persist::{EventStoreAggregateContext, PersistedEventStore};
+use cqrs_es::EventStore;
 use domain::{ErrorCode, ReqId, Transfer, UserId};
 use sqlx::PgPool;
 
@@ -26,6 +21,7 @@ use super::claims::claim_in;
 use super::claims_reader;
 use super::driver::unknown;
 use super::funded;
+use super::serialized::{owner_metadata, persistence, serialize};
 use super::{lease, limits};
 use crate::group_commit::GroupCommit;
 use crate::FundingLedger;
@@ -75,42 +71,6 @@ impl PgTransferLog {
         self.together = false;
         self.funding = None;
         self
-    }
-}
-
-/// The owner travels with every event, so the feed can serve one user's stream.
-fn owner_metadata(owner: Option<UserId>) -> HashMap<String, String> {
-    owner
-        .map(|owner| HashMap::from([(OWNER_METADATA_KEY.to_owned(), owner.to_string())]))
-        .unwrap_or_default()
-}
-
-/// A commit's events as the repository stores them: sequences after the expected one, the
-/// owner in every event's metadata (what postgres-es's `commit` makes of them).
-pub(super) fn serialize(commit: &Commit) -> Result<Vec<SerializedEvent>, CoordinatorError> {
-    let metadata = owner_metadata(commit.owner);
-    commit
-        .events
-        .iter()
-        .zip(commit.expected_sequence + 1..)
-        .map(|(event, sequence)| {
-            let envelope = EventEnvelope::<Transfer> {
-                aggregate_id: commit.aggregate_id.clone(),
-                sequence,
-                payload: event.clone(),
-                metadata: metadata.clone(),
-            };
-            SerializedEvent::try_from(&envelope).map_err(persistence)
-        })
-        .collect()
-}
-
-/// A repository's refusal as the log's contract names it: a version check lost is a conflict,
-/// anything else an unknown outcome.
-pub(super) fn persistence(e: PersistenceError) -> CoordinatorError {
-    match e {
-        PersistenceError::OptimisticLockError => CoordinatorError::Conflict,
-        other => CoordinatorError::outcome_unknown(other),
     }
 }
 
