@@ -19,6 +19,12 @@ use domain::{
 use crate::coordinator::{Context, Coordinator, CoordinatorError};
 use crate::ports::{Commit, Creation, Funded, FundedOutcome, FundingDecision, RecordOf};
 
+/// Where a staged commit goes: with the FUNDING call it announces, or as it is.
+pub(crate) enum Routed {
+    Funded(Funded),
+    Plain(Creation),
+}
+
 /// The FUNDING call a staged transfer waits on, if it waits on one: its operation and
 /// movement.
 pub(crate) fn funding_call(staged: &Context) -> Option<(Operation, Movement)> {
@@ -79,21 +85,23 @@ fn record_decision(
 }
 
 impl Coordinator {
-    /// `commit` as an item of `commit_funded` when its staged transfer waits on a FUNDING call
-    /// and the log can make it with the commit; the commit back otherwise.
-    pub(crate) fn funded(&self, staged: &Context, creation: Creation) -> Result<Funded, Creation> {
-        if !self.log.funds_together() {
-            return Err(creation);
-        }
-        let Some((operation, movement)) = funding_call(staged) else {
-            return Err(creation);
+    /// `creation` as an item of `commit_funded` when its staged transfer waits on a FUNDING
+    /// call and the log can make it with the commit; the creation back otherwise.
+    pub(crate) fn funded(&self, staged: &Context, creation: Creation) -> Routed {
+        let call = self
+            .log
+            .funds_together()
+            .then(|| funding_call(staged))
+            .flatten();
+        let Some((operation, movement)) = call else {
+            return Routed::Plain(creation);
         };
         let at = self.clock.now();
         let waiting = staged.aggregate.clone();
         let record: RecordOf = Arc::new(move |decision: &FundingDecision| {
             record_decision(&mut waiting.clone(), operation, decision, at)
         });
-        Ok(Funded {
+        Routed::Funded(Funded {
             creation,
             operation,
             movement,
@@ -160,11 +168,11 @@ impl Coordinator {
                 charge: None,
             };
             match self.funded(&ctx, creation) {
-                Ok(item) => {
+                Routed::Funded(item) => {
                     route.push(true);
                     funded.push((ctx, item));
                 }
-                Err(creation) => {
+                Routed::Plain(creation) => {
                     route.push(false);
                     plain.push((ctx, creation.commit));
                 }

@@ -261,9 +261,10 @@ async fn a_deposit_funding_refuses_compensates_the_spot_source_exactly() {
     s.assert_invariant_exact().await;
 }
 
-/// The transaction cut after FUNDING's withdraw, while it waits for the events table: the
-/// claim, the charge, the movement and the events go together, so none of them stays; the
-/// answer is an unknown outcome, and the retry moves the money exactly once.
+/// CRA-002 on the fast path (ADR 0024): the state between the announcement and the call is
+/// never durable. The transaction cut after FUNDING's withdraw, while it waits for the events
+/// table: the claim, the charge, the movement and the events go together, so none of them
+/// stays; the answer is an unknown outcome, and the retry moves the money exactly once.
 #[tokio::test]
 async fn a_funded_write_cut_mid_transaction_leaves_neither_movement_nor_events() {
     let s = Stack::start().await;
@@ -305,7 +306,8 @@ async fn a_funded_write_cut_mid_transaction_leaves_neither_movement_nor_events()
     s.assert_invariant_exact().await;
 }
 
-/// SPOT→FUNDING's write cut while FUNDING's deposit waits for its account: spot-core's
+/// CRA-003 for a SPOT source on the fast path (ADR 0024). SPOT→FUNDING's write cut while
+/// FUNDING's deposit waits for its account: spot-core's
 /// withdraw is made, its outcome is not recorded and FUNDING has nothing; the transfer stays
 /// where its durable events say (SOURCE_PENDING), and the recovery worker's resumption (a
 /// lookup first, the separate steps) finishes it exactly once.

@@ -7,6 +7,7 @@ use domain::invariant;
 
 use super::{Lane, Slot};
 use crate::coordinator::{Context, Coordinator, CoordinatorError, NewTransfer};
+use crate::funded::Routed;
 use crate::ports::{CidClaim, Creation, CreationOutcome, FundedOutcome};
 use crate::submit::{CidKey, Created};
 use domain::TransferData;
@@ -106,11 +107,11 @@ impl Coordinator {
         let mut items = Vec::new();
         for (at, creation) in staged.into_iter().zip(creations) {
             match self.funded(&at.2, creation) {
-                Ok(item) => {
+                Routed::Funded(item) => {
                     funded.push(at);
                     items.push(item);
                 }
-                Err(creation) => {
+                Routed::Plain(creation) => {
                     plain.push(at);
                     plain_creations.push(creation);
                 }
