@@ -263,6 +263,9 @@ impl Coordinator {
         &self,
         staged: Vec<(Context, Commit)>,
     ) -> Vec<Result<Context, CoordinatorError>> {
+        if staged.is_empty() {
+            return Vec::new();
+        }
         let (contexts, commits): (Vec<Context>, Vec<Commit>) = staged.into_iter().unzip();
         let sent = commits.len();
         let expected: Vec<usize> = commits

@@ -180,10 +180,12 @@ impl Coordinator {
         }
         let items: Vec<Funded> = funded.iter().map(|(_, item)| item.clone()).collect();
         let day = crate::daily::day_of(self.clock.now());
-        let (plain, made) = futures_util::future::join(
-            self.append_staged(plain),
-            self.log.commit_funded(&items, &self.daily, day),
-        )
+        let (plain, made) = futures_util::future::join(self.append_staged(plain), async {
+            match items.is_empty() {
+                true => Some(Vec::new()),
+                false => self.log.commit_funded(&items, &self.daily, day).await,
+            }
+        })
         .await;
         let made = made.unwrap_or_default();
         invariant!(
