@@ -30,7 +30,7 @@ mod traces;
 
 use eventlog::append::is_conflict;
 use insert::{insert, Pending};
-pub use together::{Extras, Written};
+pub use together::{Call, Extras, Record, Written};
 pub use traces::first_trace;
 
 /// The event store in plain event-store mode (postgres-es's snapshot modes double-apply events),
@@ -277,6 +277,7 @@ impl Appender {
                         charge: extras.and_then(|x| {
                             Some((x.charges.get(k)?.as_ref()?, x.limits.as_ref(), x.day))
                         }),
+                        call: extras.and_then(|x| x.calls.get(k)?.as_ref()),
                     }
                 })
             })

@@ -20,6 +20,7 @@ use crate::traced;
 mod accounts;
 mod audit;
 mod batch;
+pub(crate) mod together;
 
 pub use application::books::{AccountStatus, DepositReceipt, FundingBalance, JournalEntry};
 

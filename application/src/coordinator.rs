@@ -214,19 +214,64 @@ impl Coordinator {
         &self,
         steps: Vec<(Context, TransferCommand, bool)>,
     ) -> Vec<Result<Context, CoordinatorError>> {
+        self.commit_staged(steps, false).await
+    }
+
+    /// `commit_many`, but a step announcing a FUNDING call carries the call when the log can
+    /// make it with its commit (ADR 0024, `funded.rs`).
+    pub(crate) async fn commit_many_funded(
+        &self,
+        steps: Vec<(Context, TransferCommand, bool)>,
+    ) -> Vec<Result<Context, CoordinatorError>> {
+        self.commit_staged(steps, true).await
+    }
+
+    async fn commit_staged(
+        &self,
+        steps: Vec<(Context, TransferCommand, bool)>,
+        funded: bool,
+    ) -> Vec<Result<Context, CoordinatorError>> {
         let mut staged = Vec::with_capacity(steps.len());
-        let mut commits = Vec::with_capacity(steps.len());
+        let mut refused = Vec::with_capacity(steps.len());
         for (ctx, command, through) in steps {
             match self.stage_steps(ctx, command, through).await {
-                Ok((ctx, commit)) => {
-                    let expected = commit.expected_sequence + commit.events.len();
-                    commits.push(commit);
-                    staged.push(Ok((ctx, expected)));
+                Ok(step) => {
+                    staged.push(step);
+                    refused.push(None);
                 }
-                Err(e) => staged.push(Err(e)),
+                Err(e) => refused.push(Some(e)),
             }
         }
+        let mut committed = match funded {
+            true => self.append_staged_funded(staged).await,
+            false => self.append_staged(staged).await,
+        }
+        .into_iter();
+        refused
+            .into_iter()
+            .map(|refused| match refused {
+                Some(e) => Err(e),
+                None => committed
+                    .next()
+                    .unwrap_or_else(|| Err(CoordinatorError::invariant("the log lost an answer"))),
+            })
+            .collect()
+    }
+
+    /// Appends staged steps (`stage_steps`' answers) in one `append_many`: one answer per step.
+    pub(crate) async fn append_staged(
+        &self,
+        staged: Vec<(Context, Commit)>,
+    ) -> Vec<Result<Context, CoordinatorError>> {
+        if staged.is_empty() {
+            return Vec::new();
+        }
+        let (contexts, commits): (Vec<Context>, Vec<Commit>) = staged.into_iter().unzip();
         let sent = commits.len();
+        let expected: Vec<usize> = commits
+            .iter()
+            .map(|c| c.expected_sequence + c.events.len())
+            .collect();
         let appended = self.log.append_many(commits).await;
         // `append_many`'s contract: one answer per commit, in order. A missing one would pair
         // every later step with another transfer's sequence.
@@ -235,14 +280,12 @@ impl Coordinator {
             "the log answered {} of {sent} commits",
             appended.len()
         );
-        let mut appended = appended.into_iter();
-        staged
+        contexts
             .into_iter()
-            .map(|staged| {
-                let (ctx, expected) = staged?;
-                let current_sequence = appended.next().unwrap_or_else(|| {
-                    Err(CoordinatorError::invariant("the log lost an answer"))
-                })?;
+            .zip(expected)
+            .zip(appended)
+            .map(|((ctx, expected), appended)| {
+                let current_sequence = appended?;
                 appended_where_decided(&ctx, expected, current_sequence);
                 Ok(Context {
                     current_sequence,

@@ -124,6 +124,10 @@ impl FailPoints {
 
     /// Whether `point` is the armed fail point (for a point that changes how a step is made
     /// before it aborts, such as the bulk path's half-batch points).
+    pub fn any_armed(&self) -> bool {
+        self.armed.is_some()
+    }
+
     pub fn is_armed(&self, point: FailPoint) -> bool {
         self.armed == Some(point)
     }

@@ -33,6 +33,7 @@ pub mod drive;
 pub mod error;
 pub mod external_ids;
 pub mod failpoint;
+pub(crate) mod funded;
 pub mod halt;
 pub mod horizon;
 pub mod ledger;

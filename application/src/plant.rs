@@ -28,10 +28,13 @@ pub enum Bug {
     /// A creation written together with its daily charge (ADR 0022) leaves the charge out (the
     /// simulation's log).
     ChargeApart,
+    /// A FUNDING movement written with its events (ADR 0024) is made in one transaction and
+    /// its events in another (the simulation's log): the movement before its announcement.
+    FundedApart,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 8] = [
+    pub const ALL: [Bug; 9] = [
         Bug::CompensateOnUnknown,
         Bug::RefundNotIdempotent,
         Bug::PersistAfterCall,
@@ -40,6 +43,7 @@ impl Bug {
         Bug::NotSeenAsRefusal,
         Bug::EventsApart,
         Bug::ChargeApart,
+        Bug::FundedApart,
     ];
 
     /// The name `--plant` takes.
@@ -53,6 +57,7 @@ impl Bug {
             Bug::NotSeenAsRefusal => "not-seen-as-refusal",
             Bug::EventsApart => "events-apart",
             Bug::ChargeApart => "charge-apart",
+            Bug::FundedApart => "funded-apart",
         }
     }
 

@@ -8,12 +8,15 @@
 //! The traits are `async_trait` objects: cqrs-es 0.5's `EventStore` uses async functions in
 //! traits and is not object-safe, so the log is its own narrower trait.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
 use cqrs_es::persist::EventStoreAggregateContext;
-use domain::{ErrorCode, ReqId, Transfer, TransferEvent, TransferState, UserId};
+use domain::{
+    ErrorCode, Movement, Operation, ReqId, Transfer, TransferEvent, TransferState, UserId,
+};
 
 use crate::daily::{Charge, DailyLimits};
 use crate::error::CoordinatorError;
@@ -79,6 +82,81 @@ pub trait TransferLog: Send + Sync {
         let _ = (creations, limits, day);
         None
     }
+
+    /// Writes each item's commit together with the FUNDING movement it announces and the events
+    /// recording FUNDING's decision, all or nothing per item, in one durable write (ADR 0024):
+    /// the claim and charge of a creation as `create_many` writes them, then the movement
+    /// (FUNDING's own checks and journal key), then the events (the announcement, then
+    /// `record`'s events for the decision). `Announced` when only the announcement was written
+    /// (the movement was not fresh, or FUNDING refused to decide it here): the caller then
+    /// makes the call the generic way. One answer per item, in order; an error has `append`'s
+    /// meaning (the item's movement and its events are durable both or neither).
+    ///
+    /// `None`: FUNDING is not in this log's database, and the caller takes the separate steps
+    /// (announce, call, record). That is the default.
+    async fn commit_funded(
+        &self,
+        items: &[Funded],
+        limits: &DailyLimits,
+        day: NaiveDate,
+    ) -> Option<Vec<Result<FundedOutcome, CoordinatorError>>> {
+        let _ = (items, limits, day);
+        None
+    }
+
+    /// Whether `commit_funded` writes (the coordinator asks before staging its items).
+    fn funds_together(&self) -> bool {
+        false
+    }
+}
+
+/// FUNDING's decision of a movement made in the same transaction as its record (ADR 0024).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FundingDecision {
+    Applied,
+    Refused { code: String, message: String },
+}
+
+/// The events recording a FUNDING decision, after an item's announcement: pure (the aggregate's
+/// own table on a copy), so a store may ask it inside its transaction, more than once.
+pub type RecordOf =
+    Arc<dyn Fn(&FundingDecision) -> Result<Vec<TransferEvent>, CoordinatorError> + Send + Sync>;
+
+/// One item of `TransferLog::commit_funded`: a commit announcing a FUNDING call (with, for a
+/// creation, its claim and its charge), the call, and what records its decision.
+#[derive(Clone)]
+pub struct Funded {
+    pub creation: Creation,
+    pub operation: Operation,
+    pub movement: Movement,
+    pub record: RecordOf,
+}
+
+impl std::fmt::Debug for Funded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Funded")
+            .field("creation", &self.creation)
+            .field("operation", &self.operation)
+            .field("movement", &self.movement)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one item of `TransferLog::commit_funded` came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FundedOutcome {
+    /// The announcement, the movement and the events recording `decision`, all durable: the
+    /// sequence of the last event.
+    Made {
+        sequence: usize,
+        decision: FundingDecision,
+    },
+    /// Only the announcement is durable (its sequence): the call is still to make.
+    Announced(usize),
+    /// A creation whose key was claimed first: nothing was written for it.
+    KeyTaken,
+    /// A creation a daily limit refused: nothing was written for it.
+    Refused(ErrorCode),
 }
 
 /// A transfer's creation with what becomes durable together with it (ADR 0022): its commit

@@ -164,7 +164,9 @@ impl Coordinator {
             Ok(ctx) => {
                 // Postcondition of a creation: the transfer is this request's, under the req_id
                 // it was claimed and charged for, and its withdraw is announced (the create's
-                // commit carries `SourceWithdrawStarted`) before anything calls it.
+                // commit carries `SourceWithdrawStarted`) before anything calls it, or, for a
+                // FUNDING source in the log's own database, made and recorded in the same
+                // write (ADR 0024: withdrawn and the deposit announced, or failed).
                 let created = ctx.aggregate.data.as_ref();
                 invariant!(
                     created.is_some_and(|d| d.req_id == req_id
@@ -173,7 +175,12 @@ impl Coordinator {
                         && d.amount == request.amount
                         && d.from == request.from
                         && d.to == request.to
-                        && d.state == TransferState::SourcePending),
+                        && matches!(
+                            d.state,
+                            TransferState::SourcePending
+                                | TransferState::TargetPending
+                                | TransferState::Failed
+                        )),
                     "created {req_id} for {} {} {}: {:?}",
                     request.user_id,
                     request.amount,

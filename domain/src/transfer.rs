@@ -294,6 +294,41 @@ impl Transfer {
         self.data.as_ref().map(|d| d.state)
     }
 
+    /// `handle` of a created transfer without a sink: the events `command` produces, already
+    /// folded into `self`. Pure and synchronous, so a store can decide a step's events inside
+    /// its own transaction (ADR 0024: the events recording a FUNDING movement made with them).
+    pub fn step(&mut self, command: TransferCommand) -> Result<Vec<TransferEvent>, TransferError> {
+        let Some(data) = &self.data else {
+            return Err(TransferError::NotCreated);
+        };
+        let events = Self::decided(data, command)?;
+        for event in &events {
+            self.apply(event.clone());
+        }
+        Ok(events)
+    }
+
+    /// The table's events for `command` on a created transfer, with its postcondition checked.
+    fn decided(
+        data: &TransferData,
+        command: TransferCommand,
+    ) -> Result<Vec<TransferEvent>, TransferError> {
+        let events = Self::decide(data.state, command)?;
+        // Postcondition of the table: one event per accepted command, along an edge of the
+        // table, never out of a terminal state.
+        crate::invariant!(
+            events.len() == 1 && data.state.may_step_to(events[0].resulting_state()),
+            "the transition table moved {} {} -> {:?}",
+            data.req_id,
+            data.state,
+            events
+                .iter()
+                .map(TransferEvent::resulting_state)
+                .collect::<Vec<_>>()
+        );
+        Ok(events)
+    }
+
     /// The transition table. Returns the events a command produces in `state`, or the refusal.
     // long: the transition table, one arm per (state, command), kept whole so it reads as the table.
     fn decide(
@@ -431,22 +466,7 @@ impl Aggregate for Transfer {
                 }]
             }
             (None, _) => return Err(TransferError::NotCreated),
-            (Some(data), command) => {
-                let events = Self::decide(data.state, command)?;
-                // Postcondition of the table: one event per accepted command, along an edge of
-                // the table, never out of a terminal state.
-                crate::invariant!(
-                    events.len() == 1 && data.state.may_step_to(events[0].resulting_state()),
-                    "the transition table moved {} {} -> {:?}",
-                    data.req_id,
-                    data.state,
-                    events
-                        .iter()
-                        .map(TransferEvent::resulting_state)
-                        .collect::<Vec<_>>()
-                );
-                events
-            }
+            (Some(data), command) => Self::decided(data, command)?,
         };
         for event in events {
             sink.write(event, self).await;

@@ -103,6 +103,7 @@ pub(crate) fn configured(
         .with_bulk_max(limits.bulk_max)
         .with_watched_limits(limits.limits.clone(), limits.frequency)
         .with_failpoints(settings.failpoints)
+        .with_funding_apart(settings.funding_apart)
         .assemble()
         .with_cluster(database_url);
     let log = crate::log_cli::follower_config(settings)?;

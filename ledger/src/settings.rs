@@ -63,6 +63,9 @@ pub struct Settings {
     pub traces: Option<telemetry::Export>,
     /// The crash tests' armed fail point, if any.
     pub failpoints: FailPoints,
+    /// FUNDING's calls in transactions of their own, apart from their events (ADR 0024's
+    /// "before", for measuring).
+    pub funding_apart: bool,
 }
 
 /// `service.name` of the ledger's spans unless `OTEL_SERVICE_NAME` says otherwise.
@@ -209,6 +212,7 @@ impl Settings {
                 .export(TRACES_SERVICE_NAME)
                 .map_err(anyhow::Error::msg)?,
             failpoints: flags.failpoints()?,
+            funding_apart: flags.server.funding_apart,
         })
     }
 }

@@ -29,6 +29,7 @@ pub struct Wiring {
     failpoints: Option<FailPoints>,
     retention: Option<Duration>,
     bulk_max: usize,
+    funding_apart: bool,
 }
 
 /// What the background tasks run over: the same pool, adapter, coordinator and front door the
@@ -63,6 +64,7 @@ impl Wiring {
             failpoints: None,
             retention: None,
             bulk_max: application::bulk::TRANSFERS_PER_REQUEST_MAX_DEFAULT,
+            funding_apart: false,
         }
     }
 
@@ -91,6 +93,14 @@ impl Wiring {
         self
     }
 
+    /// FUNDING's calls in transactions of their own, apart from their events (ADR 0024's
+    /// "before"). With a fail point armed they are apart anyway: the crash tests' points are
+    /// the separate steps' (CRA-002/003 for a FUNDING source).
+    pub fn with_funding_apart(mut self, apart: bool) -> Self {
+        self.funding_apart = apart;
+        self
+    }
+
     /// The most transfers one bulk request may carry.
     pub fn with_bulk_max(mut self, transfers_max: usize) -> Self {
         self.bulk_max = transfers_max;
@@ -105,8 +115,14 @@ impl Wiring {
         let funding = Arc::new(FundingLedger::new(pool.clone()).with_assets(registry.clone()));
         let spot = Arc::new(self.spot.clone());
         let stores = adapters::pg::stores(pool.clone());
+        let armed = self.failpoints.as_ref().is_some_and(FailPoints::any_armed);
+        let ports = match self.funding_apart || armed {
+            true => adapters::pg::ports(pool.clone()),
+            // FUNDING is this cell's database: its calls are made with their events (ADR 0024).
+            false => adapters::pg::ports_with_funding(pool.clone(), FundingLedger::clone(&funding)),
+        };
         let mut coordinator = Coordinator::with_ports(
-            adapters::pg::ports(pool.clone()),
+            ports,
             funding.clone() as Arc<dyn AccountPort>,
             spot.clone() as Arc<dyn AccountPort>,
             registry.clone(),

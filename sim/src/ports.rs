@@ -22,6 +22,7 @@ use crate::ports::hook::{locked, roll};
 use crate::world::World;
 
 pub mod clock;
+pub mod funded;
 pub mod funding;
 pub mod hook;
 pub mod spot;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use adapters::SpotAdapter;
 use application::plant::Bug;
 use application::testkit::{
-    Account, MemClientKeys, MemDailyReservations, MemLeases, MemLog, MemLogApart, Status,
+    Account, MemClientKeys, MemDailyReservations, MemLeases, MemLogApart, Status,
 };
 use application::{Coordinator, DailyLimits, Ports};
 use domain::{AccountPort, AssetRegistry, AssetSymbol, ReqId, TransferState, UserId};
@@ -24,6 +24,7 @@ use spot_core::protocol::{AccountStatus, Request};
 use crate::actors::{spawn_admin, spawn_operator, spawn_users};
 use crate::cast::{Ledger, ASSETS, LEDGERS, OUTSIDE, USERS};
 use crate::exec::{Executor, ProcId, Role, Rt, Step};
+use crate::ports::funded::SimFundedLog;
 use crate::ports::funding::SimFunding;
 use crate::ports::spot::SimSpot;
 use crate::ports::Sim;
@@ -188,10 +189,11 @@ fn run_seed(seed: u64, config: &Config) -> Report {
     seed_balances(&sim);
 
     let ports = Ports {
-        // Half the seeds write each creation with its claim and its charge (ADR 0022), half
-        // claim, charge and create in separate steps (a log without claims of its own).
+        // Half the seeds write each creation with its claim and its charge (ADR 0022) and each
+        // FUNDING movement with its events (ADR 0024: a co-located FUNDING), half claim,
+        // charge, create and call FUNDING in separate steps (a log without either).
         log: match seed % 2 {
-            0 => Arc::new(MemLog(sim.store.clone())),
+            0 => Arc::new(SimFundedLog { sim: sim.clone() }),
             _ => Arc::new(MemLogApart(sim.store.clone())),
         },
         claims: Arc::new(MemClientKeys(sim.store.clone())),

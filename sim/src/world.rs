@@ -336,11 +336,16 @@ impl World {
     /// A movement issued to, or arriving at, an account system: its announcing event must be
     /// durable.
     pub fn check_arrival(&mut self, system: System, id: &str, op: Operation) {
+        let rows = self.rows.clone();
+        self.check_arrival_in(&rows.lock(), system, id, op);
+    }
+
+    /// `check_arrival` against rows the caller holds (a movement decided inside the log's own
+    /// write, ADR 0024: its announcement must be in the rows of that write, before it).
+    pub fn check_arrival_in(&mut self, rows: &Durable, system: System, id: &str, op: Operation) {
         let announcing = announced_by(op);
         let announced = ReqId::parse(id).is_ok_and(|req_id| {
-            self.rows
-                .lock()
-                .streams
+            rows.streams
                 .get(&req_id)
                 .is_some_and(|s| s.events.iter().any(|e| e.resulting_state() == announcing))
         });

@@ -77,8 +77,9 @@ fn single_requests_share_rounds_in_the_simulation() {
 
 /// Seeds within which each planted bug must be found (from seed 0); found at, when written:
 /// compensate-on-unknown 3, refund-not-idempotent 67, persist-after-call 0,
-/// resume-without-lookup 1, no-cas 3, not-seen-as-refusal 1, events-apart 0, charge-apart 0
-/// (both on the even seeds, whose log writes a creation with its claim and charge). Since the
+/// resume-without-lookup 1, no-cas 3, not-seen-as-refusal 1, events-apart 0, charge-apart 0,
+/// funded-apart 0 (all three on the even seeds, whose log writes a creation with its claim and
+/// charge and a FUNDING movement with its events, ADR 0024). Since the
 /// product's invariants (issue 50): compensate-on-unknown 3 and no-cas 1 are found at their
 /// cause (`INVARIANT`: a refusal recorded without the account system's answer; an append not
 /// where it was decided), refund-not-idempotent 95.

@@ -357,6 +357,18 @@ impl Stack {
         )
     }
 
+    /// `another_coordinator` whose log makes FUNDING's movements in the transaction of the
+    /// events announcing and recording them (ADR 0024), as the ledger is wired.
+    pub fn another_coordinator_funded(&self) -> Coordinator {
+        let pool = self.db.pool.clone();
+        Coordinator::with_ports(
+            adapters::pg::ports_with_funding(pool, self.funding.clone()),
+            Arc::new(self.funding.clone()),
+            Arc::new(self.spot.adapter()),
+            self.assets.clone(),
+        )
+    }
+
     /// Money from outside into FUNDING.
     pub async fn deposit(&self, user: u64, asset: &str, amount: &str) {
         self.funding

@@ -29,6 +29,7 @@ mod crash;
 mod defense;
 mod feed;
 mod fsm;
+mod funded;
 mod graphql;
 mod graphql_introspection;
 mod horizon;

@@ -19,7 +19,7 @@ const QUEUE_LENGTH_MAX: usize = 4096;
 
 /// What the journal says was decided for a movement claimed by this call.
 #[derive(Debug)]
-pub(super) struct Decided {
+pub(crate) struct Decided {
     pub outcome: String,
     pub code: Option<String>,
     pub moved: i64,
@@ -178,6 +178,18 @@ impl FundingCommitter {
             }
         }
     }
+}
+
+/// Decides `movements` in one call of `funding_fresh_movements` on `conn`, inside whatever
+/// transaction it is in (ADR 0024: the event appender's), in their order: the caller sorts them
+/// into the one lock order (by account). `None` for a movement whose key was claimed before.
+pub(crate) async fn decide_in(
+    conn: &mut PgConnection,
+    movements: &[(Operation, &Movement)],
+) -> Result<Vec<Option<Decided>>, sqlx::Error> {
+    let items: Vec<Item> = movements.iter().map(|(op, m)| Item::of(*op, m)).collect();
+    let refs: Vec<&Item> = items.iter().collect();
+    decide(conn, &refs).await
 }
 
 /// One autocommit call for every job: atomic, and durable when it returns. Answers in job order.

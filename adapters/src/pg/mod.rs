@@ -19,6 +19,7 @@ mod driver;
 pub mod events;
 pub mod external_claims;
 pub mod failovers;
+mod funded;
 pub mod halt;
 pub mod lease;
 pub mod limits;
@@ -28,6 +29,7 @@ pub mod moves;
 pub mod partitions;
 pub mod receipts;
 pub mod repairs;
+mod serialized;
 pub mod traces;
 pub mod transfers;
 
@@ -53,6 +55,15 @@ pub fn ports(pool: PgPool) -> Ports {
         leases: Arc::new(PgLeases::new(pool.clone())),
         limits: Arc::new(PgDailyReservations::new(pool)),
         clock: Arc::new(SystemClock),
+    }
+}
+
+/// `ports` with the event log making `funding`'s movements in its own transactions, with the
+/// events announcing and recording them (ADR 0024): `funding` must be over `pool`'s database.
+pub fn ports_with_funding(pool: PgPool, funding: FundingLedger) -> Ports {
+    Ports {
+        log: Arc::new(PgTransferLog::new(pool.clone()).with_funding(funding)),
+        ..ports(pool)
     }
 }
 

@@ -3,19 +3,14 @@
 //! claims (`transfer_cids`), the leases (`transfer_retries`) and the daily counters
 //! (`daily_transfer_counts`, `daily_transfer_amounts`).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::event_store::{
-    BatchingEventRepository, Extras, TransferStore, Written, OWNER_METADATA_KEY,
-};
+use crate::event_store::{BatchingEventRepository, Extras, TransferStore, Written};
 use async_trait::async_trait;
 use chrono::NaiveDate;
-use cqrs_es::persist::{
-    EventStoreAggregateContext, PersistedEventStore, PersistenceError, SerializedEvent,
-};
-use cqrs_es::{EventEnvelope, EventStore};
+use cqrs_es::persist::{EventStoreAggregateContext, PersistedEventStore};
+use cqrs_es::EventStore;
 use domain::{ErrorCode, ReqId, Transfer, UserId};
 use sqlx::PgPool;
 
@@ -25,11 +20,14 @@ use application::CoordinatorError;
 use super::claims::claim_in;
 use super::claims_reader;
 use super::driver::unknown;
+use super::funded;
+use super::serialized::{owner_metadata, persistence, serialize};
 use super::{lease, limits};
 use crate::group_commit::GroupCommit;
+use crate::FundingLedger;
 use application::ports::{
     CidClaim, ClientKey, ClientKeys, Commit, Context, Creation, CreationOutcome, DailyReservations,
-    LeaseRequest, Leases, Rekeyed, TransferLog,
+    Funded, FundedOutcome, LeaseRequest, Leases, Rekeyed, TransferLog,
 };
 
 /// The event log in PostgreSQL.
@@ -41,6 +39,9 @@ pub struct PgTransferLog {
     /// Whether `create_many` writes a creation with its claim and charge (ADR 0022); without,
     /// the coordinator takes the separate steps.
     together: bool,
+    /// FUNDING, when it lives in this log's database and its movements are made in the
+    /// appender's transaction with the events announcing and recording them (ADR 0024).
+    funding: Option<FundingLedger>,
 }
 
 impl PgTransferLog {
@@ -52,50 +53,24 @@ impl PgTransferLog {
             store: Arc::new(PersistedEventStore::new_event_store(repo.clone())),
             repo,
             together: true,
+            funding: None,
         }
     }
 
-    /// This log with `create_many` answering `None`: the coordinator claims, charges and
-    /// creates in separate steps, as before ADR 0022 (the tests of that path use it).
-    pub fn apart(mut self) -> Self {
-        self.together = false;
+    /// This log with `commit_funded` writing: `funding` is over this log's own database, and
+    /// a commit announcing one of its movements makes it in the same transaction (ADR 0024).
+    pub fn with_funding(mut self, funding: FundingLedger) -> Self {
+        self.funding = Some(funding);
         self
     }
-}
 
-/// The owner travels with every event, so the feed can serve one user's stream.
-fn owner_metadata(owner: Option<UserId>) -> HashMap<String, String> {
-    owner
-        .map(|owner| HashMap::from([(OWNER_METADATA_KEY.to_owned(), owner.to_string())]))
-        .unwrap_or_default()
-}
-
-/// A commit's events as the repository stores them: sequences after the expected one, the
-/// owner in every event's metadata (what postgres-es's `commit` makes of them).
-fn serialize(commit: &Commit) -> Result<Vec<SerializedEvent>, CoordinatorError> {
-    let metadata = owner_metadata(commit.owner);
-    commit
-        .events
-        .iter()
-        .zip(commit.expected_sequence + 1..)
-        .map(|(event, sequence)| {
-            let envelope = EventEnvelope::<Transfer> {
-                aggregate_id: commit.aggregate_id.clone(),
-                sequence,
-                payload: event.clone(),
-                metadata: metadata.clone(),
-            };
-            SerializedEvent::try_from(&envelope).map_err(persistence)
-        })
-        .collect()
-}
-
-/// A repository's refusal as the log's contract names it: a version check lost is a conflict,
-/// anything else an unknown outcome.
-fn persistence(e: PersistenceError) -> CoordinatorError {
-    match e {
-        PersistenceError::OptimisticLockError => CoordinatorError::Conflict,
-        other => CoordinatorError::outcome_unknown(other),
+    /// This log with `create_many` and `commit_funded` answering `None`: the coordinator
+    /// claims, charges, creates and calls FUNDING in separate steps, as before ADRs 0022 and
+    /// 0024 (the tests of those paths use it).
+    pub fn apart(mut self) -> Self {
+        self.together = false;
+        self.funding = None;
+        self
     }
 }
 
@@ -161,6 +136,20 @@ impl TransferLog for PgTransferLog {
             false => None,
         }
     }
+
+    async fn commit_funded(
+        &self,
+        items: &[Funded],
+        limits: &DailyLimits,
+        day: NaiveDate,
+    ) -> Option<Vec<Result<FundedOutcome, CoordinatorError>>> {
+        let funding = self.funding.as_ref()?;
+        Some(funded::commit(&self.repo, funding, items, limits, day).await)
+    }
+
+    fn funds_together(&self) -> bool {
+        self.funding.is_some()
+    }
 }
 
 impl PgTransferLog {
@@ -193,6 +182,7 @@ impl PgTransferLog {
             charges,
             limits: Arc::new(limits.clone()),
             day,
+            calls: Vec::new(),
         };
         let mut written = self
             .repo
@@ -207,6 +197,10 @@ impl PgTransferLog {
                     Some(Ok(Written::Appended)) => Ok(CreationOutcome::Appended(sequence)),
                     Some(Ok(Written::KeyTaken)) => Ok(CreationOutcome::KeyTaken),
                     Some(Ok(Written::Refused(code))) => Ok(CreationOutcome::Refused(code)),
+                    // No call was sent with these creations.
+                    Some(Ok(Written::Funded(_))) => Err(CoordinatorError::invariant(
+                        "a creation without a call answered as funded",
+                    )),
                     Some(Err(e)) => Err(persistence(e)),
                     None => Err(CoordinatorError::invariant("the appender lost an answer")),
                 }

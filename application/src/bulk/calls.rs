@@ -47,7 +47,7 @@ impl Coordinator {
                 None => moved.push(Moved::Stop(lane.index, data)),
             }
         }
-        let committed = self.commit_many(steps).await;
+        let committed = self.commit_many_funded(steps).await;
         invariant!(
             committed.len() == stepping.len(),
             "{} steps committed, {} answered",

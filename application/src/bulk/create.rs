@@ -7,9 +7,26 @@ use domain::invariant;
 
 use super::{Lane, Slot};
 use crate::coordinator::{Context, Coordinator, CoordinatorError, NewTransfer};
-use crate::ports::{CidClaim, Creation, CreationOutcome};
+use crate::funded::Routed;
+use crate::ports::{CidClaim, Creation, CreationOutcome, FundedOutcome};
 use crate::submit::{CidKey, Created};
 use domain::TransferData;
+
+/// A copy of a context (it holds no snapshot).
+fn copy(ctx: &Context) -> Context {
+    Context {
+        aggregate_id: ctx.aggregate_id.clone(),
+        aggregate: ctx.aggregate.clone(),
+        current_sequence: ctx.current_sequence,
+        current_snapshot: None,
+    }
+}
+
+/// A staged creation (its item's index, its req_id, its context) with what its write came to.
+type Staged = (
+    (usize, domain::ReqId, Context),
+    Result<CreationOutcome, CoordinatorError>,
+);
 
 impl Coordinator {
     /// Creates the own items of a batch, each in the same durable write as its cid's claim and
@@ -31,19 +48,16 @@ impl Coordinator {
             creations.len(),
             staged.len()
         );
-        let outcomes = match creations.is_empty() {
-            true => Vec::new(),
-            false => self.log.create_many(creations, &self.daily, day).await?,
-        };
-        if outcomes.len() != staged.len() {
-            for (i, _, _) in &staged {
-                answers[*i] = Some(Err(CoordinatorError::invariant("the log lost an answer")));
+        let indices: Vec<usize> = staged.iter().map(|(i, _, _)| *i).collect();
+        let Some(written) = self.write_creations(staged, creations, day).await? else {
+            for i in indices {
+                answers[i] = Some(Err(CoordinatorError::invariant("the log lost an answer")));
             }
             return Some(Vec::new());
-        }
-        let mut lanes = Vec::with_capacity(staged.len());
+        };
+        let mut lanes = Vec::with_capacity(written.len());
         let mut alone = Vec::new();
-        for ((i, req_id, ctx), outcome) in staged.into_iter().zip(outcomes) {
+        for ((i, req_id, ctx), outcome) in written {
             let created = match outcome {
                 Ok(CreationOutcome::Appended(current_sequence)) => Ok(Context {
                     current_sequence,
@@ -74,6 +88,81 @@ impl Coordinator {
             answers[i] = Some(self.create_and_drive_alone(requests[i].clone()).await);
         }
         Some(lanes)
+    }
+
+    /// Writes the staged creations with their claims and charges (`create_many`), a FUNDING
+    /// source's with its withdraw and its outcome too (`commit_funded`, ADR 0024), both at
+    /// once: each staged creation with what it came to (a funded one's context advanced past
+    /// its recorded outcome). `None` when the log cannot create that way (nothing written);
+    /// `Some(None)` when it answered short.
+    async fn write_creations(
+        &self,
+        staged: Vec<(usize, domain::ReqId, Context)>,
+        creations: Vec<Creation>,
+        day: chrono::NaiveDate,
+    ) -> Option<Option<Vec<Staged>>> {
+        let mut plain = Vec::new();
+        let mut plain_creations = Vec::new();
+        let mut funded = Vec::new();
+        let mut items = Vec::new();
+        for (at, creation) in staged.into_iter().zip(creations) {
+            match self.funded(&at.2, creation) {
+                Routed::Funded(item) => {
+                    funded.push(at);
+                    items.push(item);
+                }
+                Routed::Plain(creation) => {
+                    plain.push(at);
+                    plain_creations.push(creation);
+                }
+            }
+        }
+        let (written, made) = futures_util::future::join(
+            async {
+                match plain_creations.is_empty() {
+                    true => Some(Vec::new()),
+                    false => {
+                        self.log
+                            .create_many(plain_creations, &self.daily, day)
+                            .await
+                    }
+                }
+            },
+            async {
+                match items.is_empty() {
+                    true => Some(Vec::new()),
+                    false => self.log.commit_funded(&items, &self.daily, day).await,
+                }
+            },
+        )
+        .await;
+        let (written, made) = (written?, made?);
+        if written.len() != plain.len() || made.len() != funded.len() {
+            return Some(None);
+        }
+        let mut all: Vec<Staged> = plain.into_iter().zip(written).collect();
+        for (((i, req_id, ctx), item), outcome) in funded.into_iter().zip(&items).zip(made) {
+            let outcome = match outcome {
+                Ok(FundedOutcome::KeyTaken) => Ok(CreationOutcome::KeyTaken),
+                Ok(FundedOutcome::Refused(code)) => Ok(CreationOutcome::Refused(code)),
+                Ok(outcome) => match Self::settle_funded(copy(&ctx), item, &outcome) {
+                    Some(Ok(settled)) => {
+                        let sequence = settled.current_sequence;
+                        all.push((
+                            (i, req_id, settled),
+                            Ok(CreationOutcome::Appended(sequence)),
+                        ));
+                        continue;
+                    }
+                    Some(Err(e)) => Err(e),
+                    None => Err(CoordinatorError::invariant("a funded creation unanswered")),
+                },
+                Err(e) => Err(e),
+            };
+            all.push(((i, req_id, ctx), outcome));
+        }
+        all.sort_by_key(|((i, _, _), _)| *i);
+        Some(Some(all))
     }
 
     /// Each own item's creation staged on the empty aggregate, with its claim and its charge:

@@ -156,10 +156,21 @@ impl TransferLog for MemLog {
 }
 
 impl MemLog {
+    /// `TransferLog::append`'s contract on rows the caller holds (the simulation's log that
+    /// writes a FUNDING movement with its events, ADR 0024).
+    pub fn append_in(
+        store: &Store,
+        rows: &mut Durable,
+        now_ms: u64,
+        commit: Commit,
+    ) -> Result<usize, CoordinatorError> {
+        append(store, rows, now_ms, commit)
+    }
+
     /// `TransferLog::create_many`'s contract on the rows (ADR 0022): per creation, all or
     /// nothing, its key's claim, its charge (decided by the product's one rule, in order) and
     /// its events; a claimed key or a refused charge leaves nothing behind.
-    fn create_together(
+    pub fn create_together(
         store: &Store,
         rows: &mut Durable,
         now_ms: u64,

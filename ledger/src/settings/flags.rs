@@ -199,6 +199,16 @@ pub struct ServerFlags {
         value_parser = clap::builder::FalseyValueParser::new()
     )]
     pub allow_failpoints: bool,
+    /// Calls FUNDING in its own transactions, apart from the events announcing and recording
+    /// each call, as before ADR 0024 (for measuring the two side by side); by default a call
+    /// of this cell's FUNDING is made in the transaction of its events.
+    #[arg(
+        long,
+        env = "LEDGER_FUNDING_APART",
+        hide = true,
+        value_parser = clap::builder::FalseyValueParser::new()
+    )]
+    pub funding_apart: bool,
     /// A signed checkpoint of the log at least every this many events (10,000 by default)...
     #[arg(long, env = "LEDGER_LOG_CHECKPOINT_EVENTS")]
     pub log_checkpoint_events: Option<u64>,

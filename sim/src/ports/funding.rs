@@ -35,8 +35,14 @@ pub struct SimFunding {
 /// (`application::testkit::account::decide`), with the arrival checks: its announcement is
 /// durable, a fresh movement is applied at most once, a refund is never refused.
 pub fn funding_apply(w: &mut World, op: Operation, m: &Movement) -> AdapterOutcome {
+    w.check_arrival(System::Funding, &m.req_id.to_string(), op);
+    funding_decide(w, op, m)
+}
+
+/// `funding_apply` without the arrival check: the caller made it (a movement decided in the
+/// log's own write, ADR 0024, checks its announcement in the rows it holds).
+pub fn funding_decide(w: &mut World, op: Operation, m: &Movement) -> AdapterOutcome {
     let id = m.req_id.to_string();
-    w.check_arrival(System::Funding, &id, op);
     let before = account::record(&w.funding, op, m);
     if before == Recorded::Applied
         && op == Operation::Refund
