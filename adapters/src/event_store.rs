@@ -28,7 +28,7 @@ mod insert;
 mod together;
 mod traces;
 
-use eventlog::append::is_conflict;
+use eventlog::append::{is_conflict, is_fenced, refused_alone};
 use insert::{insert, Pending};
 pub use together::{Call, Extras, Record, Written};
 pub use traces::first_trace;
@@ -294,12 +294,12 @@ impl Appender {
         };
         let (answers, healthy) = match together::write(&mut held, &items).await {
             Ok(written) => (written.into_iter().map(Ok).collect(), true),
-            Err(e) if items.len() > 1 && is_conflict(&e) => {
+            Err(e) if items.len() > 1 && refused_alone(&e) => {
                 let mut healthy = true;
                 let mut answers = Vec::with_capacity(items.len());
                 for item in &items {
                     let alone = together::write(&mut held, std::slice::from_ref(item)).await;
-                    healthy &= alone.as_ref().map_or_else(is_conflict, |_| true);
+                    healthy &= alone.as_ref().map_or_else(refused_alone, |_| true);
                     answers.push(match alone {
                         Ok(mut written) => written
                             .pop()
@@ -310,18 +310,8 @@ impl Appender {
                 (answers, healthy)
             }
             Err(e) => {
-                let conflict = is_conflict(&e);
-                let message = e.to_string();
-                let answers = items
-                    .iter()
-                    .map(|_| {
-                        Err(match conflict {
-                            true => PersistenceError::OptimisticLockError,
-                            false => PersistenceError::UnknownError(message.clone().into()),
-                        })
-                    })
-                    .collect();
-                (answers, conflict)
+                let answers = items.iter().map(|_| Err(answer_of(&e))).collect();
+                (answers, refused_alone(&e))
             }
         };
         if healthy {
@@ -339,14 +329,14 @@ async fn append_batch(
 ) -> (Vec<Result<(), PersistenceError>>, bool) {
     match insert(conn, commits).await {
         Ok(()) => (commits.iter().map(|_| Ok(())).collect(), true),
-        Err(e) if commits.len() > 1 && is_conflict(&e) => {
+        Err(e) if commits.len() > 1 && refused_alone(&e) => {
             // Someone's sequence number was taken: find out whose, one commit per transaction.
             // A refused statement leaves the connection usable.
             let mut healthy = true;
             let mut answers = Vec::with_capacity(commits.len());
             for commit in commits {
                 let result = insert(conn, std::slice::from_ref(commit)).await;
-                healthy &= result.as_ref().map_or_else(is_conflict, |()| true);
+                healthy &= result.as_ref().map_or_else(refused_alone, |()| true);
                 answers.push(result.map_err(to_persistence));
             }
             (answers, healthy)
@@ -354,19 +344,8 @@ async fn append_batch(
         Err(e) => {
             // The outcome of a failed commit may be unknown (connection lost during COMMIT);
             // every caller hears the error and reloads before acting again.
-            let message = e.to_string();
-            let conflict = is_conflict(&e);
-            let answers = commits
-                .iter()
-                .map(|_| {
-                    Err(if conflict {
-                        PersistenceError::OptimisticLockError
-                    } else {
-                        PersistenceError::UnknownError(message.clone().into())
-                    })
-                })
-                .collect();
-            (answers, conflict)
+            let answers = commits.iter().map(|_| Err(answer_of(&e))).collect();
+            (answers, refused_alone(&e))
         }
     }
 }
@@ -375,9 +354,24 @@ async fn append_batch(
 /// form: `eventlog` copies it to the event's `user_id`).
 pub use eventlog::OWNER_METADATA_KEY;
 
+/// What every commit of a batch whose statement failed with `e` hears: a conflict, the fence's
+/// refusal (typed, so the edge can answer 503 and the front route again), or an unknown outcome.
+fn answer_of(e: &sqlx::Error) -> PersistenceError {
+    if is_conflict(e) {
+        PersistenceError::OptimisticLockError
+    } else if is_fenced(e) {
+        PersistenceError::UnknownError(Box::new(application::error::Fenced(e.to_string())))
+    } else {
+        PersistenceError::UnknownError(e.to_string().into())
+    }
+}
+
 fn to_persistence(e: sqlx::Error) -> PersistenceError {
     if is_conflict(&e) {
         return PersistenceError::OptimisticLockError;
+    }
+    if is_fenced(&e) {
+        return PersistenceError::UnknownError(Box::new(application::error::Fenced(e.to_string())));
     }
     match e {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => {

@@ -33,7 +33,20 @@ pub enum CoordinatorError {
     Invariant(String),
 }
 
+/// A write the cell's partition fence refused (ADR 0023 §2): the user's partition is frozen
+/// for a move, or another cell's now. Nothing of the write was applied; the request is to be
+/// routed again under the current map, after a short wait. Carried as the cause of an
+/// `OutcomeUnknown` (the coordinator reloads before acting again, as after any failed write).
+#[derive(Debug, thiserror::Error)]
+#[error("the user's partition is not this cell's to write now (frozen for a move, or moved): {0}")]
+pub struct Fenced(pub String);
+
 impl CoordinatorError {
+    /// Whether the store refused the write at the partition fence ([`Fenced`]).
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Self::OutcomeUnknown(cause) if cause.downcast_ref::<Fenced>().is_some())
+    }
+
     /// A store failure with `cause`: the outcome is unknown.
     pub fn outcome_unknown(
         cause: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,

@@ -295,6 +295,11 @@ pub fn coordinator_error(e: CoordinatorError) -> ApiError {
             ApiError::Internal("transfer not found right after it was created".into())
         }
         CoordinatorError::Transition(e) => ApiError::Internal(format!("transition refused: {e}")),
+        // The user's partition is frozen for a move or moved (ADR 0023 §2): nothing was
+        // written; the client retries shortly, and the front routes it under the new map.
+        e @ CoordinatorError::OutcomeUnknown(_) if e.is_fenced() => {
+            ApiError::Unavailable(format!("partition fence: {}", application::error_chain(&e)))
+        }
         e @ CoordinatorError::OutcomeUnknown(_) => {
             ApiError::Internal(format!("event store: {}", application::error_chain(&e)))
         }
@@ -322,6 +327,8 @@ impl IntoResponse for ApiError {
             Self::Refused(ErrorCode::DailyLimitExceeded | ErrorCode::DailyAmountExceeded) => {
                 Some(application::daily::secs_until_next_day(chrono::Utc::now()))
             }
+            // A backing service or a partition's move: worth trying again in a second.
+            Self::Unavailable(_) => Some(1),
             _ => None,
         };
         let mut response = (self.status(), Json(self.body())).into_response();
@@ -360,6 +367,19 @@ mod tests {
         assert_eq!(content_type, "application/json");
         let bytes = to_bytes(response.into_body(), 1 << 16).await.unwrap();
         (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_write_refused_at_the_partition_fence_is_a_503_to_retry_in_a_second() {
+        let fenced = CoordinatorError::OutcomeUnknown(std::sync::Arc::new(
+            application::error::Fenced("partition 7 is FROZEN".into()),
+        ));
+        let response = coordinator_error(fenced).into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()["retry-after"], "1");
+        let lost = CoordinatorError::outcome_unknown("connection reset");
+        let (status, body) = rendered(coordinator_error(lost)).await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
     }
 
     #[tokio::test]

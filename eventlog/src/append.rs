@@ -74,3 +74,21 @@ pub fn is_conflict(e: &sqlx::Error) -> bool {
         .and_then(|d| d.code())
         .is_some_and(|c| c == "23505" || c == CLAIM_MOVED)
 }
+
+/// The SQLSTATE the partition fence raises (migration 0029): the statement wrote for a user of
+/// a partition this cell does not own or has frozen for a move, and nothing of it was applied.
+const FENCED: &str = "LC002";
+
+/// Whether `e` is the partition fence's refusal.
+pub fn is_fenced(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|c| c == FENCED)
+}
+
+/// Whether a batch's statement was refused for what one of its commits wrote ([`is_conflict`],
+/// or the fence): nothing was applied, the connection stays usable, and the batch's commits are
+/// tried alone so that one refusal does not fail the others.
+pub fn refused_alone(e: &sqlx::Error) -> bool {
+    is_conflict(e) || is_fenced(e)
+}

@@ -27,6 +27,7 @@
 
 pub mod append;
 pub mod batches;
+pub mod copies;
 pub mod entries;
 pub mod feed;
 pub mod lag;

@@ -136,11 +136,7 @@ impl RetryBook for PgRetryBook {
              WHERE o.recorded_at <= now() - $1 * interval '1 millisecond'
                AND (r.req_id IS NULL OR (r.next_retry_at <= now()
                     AND (r.lease_until IS NULL OR r.lease_until < now())))
-               AND NOT EXISTS (
-                   SELECT 1 FROM events c, cell_partitions cp, cell_identity ci
-                   WHERE c.aggregate_type = 'Transfer' AND c.aggregate_id = o.req_id
-                     AND c.sequence = 1 AND cp.partition = user_partition(c.user_id)
-                     AND NOT (cp.cell_id = ci.cell_id AND cp.state = 'STEADY'))
+               AND transfer_is_ours(o.req_id)
              ORDER BY COALESCE(r.next_retry_at, o.recorded_at) LIMIT $2",
         )
         .bind(stale_ms)

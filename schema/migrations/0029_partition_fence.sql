@@ -117,3 +117,17 @@ BEGIN
     RETURN found_state;
 END
 $$;
+
+-- Whether an open transfer is this cell's to drive: always without a map; under one, when its
+-- owner's partition is this cell's and STEADY (recovery's due list skips the others, so a
+-- transfer copied in by a move is not driven by its target before the switch, nor by its
+-- source after it).
+CREATE FUNCTION transfer_is_ours(req_id text) RETURNS boolean
+    LANGUAGE sql STABLE
+AS $$
+    SELECT NOT EXISTS (
+        SELECT 1 FROM events c, cell_partitions cp, cell_identity ci
+        WHERE c.aggregate_type = 'Transfer' AND c.aggregate_id = transfer_is_ours.req_id
+          AND c.sequence = 1 AND cp.partition = user_partition(c.user_id)
+          AND NOT (cp.cell_id = ci.cell_id AND cp.state = 'STEADY'))
+$$;

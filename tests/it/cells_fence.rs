@@ -133,8 +133,10 @@ async fn cells_move_001_a_frozen_partition_takes_no_write_and_the_freeze_waits_f
         })
         .await;
     assert!(
-        refused.is_err(),
-        "a frozen partition's transfer is not created: {refused:?}"
+        refused
+            .as_ref()
+            .is_err_and(application::CoordinatorError::is_fenced),
+        "a frozen partition's transfer is refused at the fence: {refused:?}"
     );
     assert_eq!(
         events_of(&stack, u).await,
@@ -163,8 +165,39 @@ async fn cells_move_001_a_frozen_partition_takes_no_write_and_the_freeze_waits_f
     .await
     .unwrap_err();
     assert!(is_fenced(&deposit), "{deposit}");
+    // Refused alone: in a group commit shared with other partitions' transfers, only the
+    // frozen partition's commits fail.
+    let mixed: Vec<_> = (0..12)
+        .map(|k| {
+            let coordinator = stack.coordinator.clone();
+            let user = if k % 4 == 0 { u } else { v };
+            tokio::spawn(async move {
+                let request = application::NewTransfer {
+                    user_id: UserId::new(user).unwrap(),
+                    from: AccountType::Funding,
+                    to: AccountType::Spot,
+                    asset: domain::AssetSymbol::parse("USDT").unwrap(),
+                    amount: domain::Amount::parse("1").unwrap(),
+                    cid: None,
+                };
+                (user, coordinator.submit(request).await)
+            })
+        })
+        .collect();
+    for answer in mixed {
+        let (user, answer) = answer.await.unwrap();
+        if user == u {
+            assert!(answer.is_err_and(|e| e.is_fenced()), "u's is fenced");
+        } else {
+            assert_eq!(
+                answer.unwrap().state,
+                domain::TransferState::Committed,
+                "v's commits"
+            );
+        }
+    }
     let done = stack
-        .transfer(v, AccountType::Funding, AccountType::Spot, "USDT", "10")
+        .transfer(v, AccountType::Funding, AccountType::Spot, "USDT", "1")
         .await;
     assert_eq!(
         done.state,

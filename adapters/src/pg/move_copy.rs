@@ -16,7 +16,6 @@
 use application::moves::MoveId;
 use application::StoreError;
 use cells::{CellId, Partition};
-use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 use super::driver::store;
@@ -32,21 +31,6 @@ pub struct CopiedEvents {
     pub at_end: bool,
 }
 
-/// An event as read from the source; its payload as stored, text for text (a `json` column
-/// keeps its text, and a copy must not reformat what the source's log hashed).
-type Row = (
-    String,
-    String,
-    i64,
-    String,
-    String,
-    String,
-    serde_json::Value,
-    i64,
-    DateTime<Utc>,
-    i64,
-);
-
 /// Copies the events of partition `p`'s users from `source` (cell `from`) after feed position
 /// `mark`, up to `window` positions, into `target` for move `id`.
 pub async fn copy_events(
@@ -58,85 +42,28 @@ pub async fn copy_events(
     mark: i64,
     window: i64,
 ) -> Result<CopiedEvents, StoreError> {
-    let head: i64 = sqlx::query_scalar("SELECT position FROM feed_head")
-        .fetch_one(source)
+    let head = eventlog::feed::head(source).await.map_err(store)?;
+    let upto = head.min(mark.saturating_add(window));
+    let rows = eventlog::copies::partition_window(source, mark, upto, i32::from(p.get()))
         .await
         .map_err(store)?;
-    let upto = head.min(mark.saturating_add(window));
-    let rows: Vec<Row> = sqlx::query_as(
-        "SELECT aggregate_type, aggregate_id, sequence, event_type, event_version,
-                payload::text, metadata::jsonb, user_id, occurred_at, feed_position
-         FROM events
-         WHERE feed_position > $1 AND feed_position <= $2
-           AND user_id IS NOT NULL AND user_partition(user_id) = $3
-         ORDER BY feed_position",
-    )
-    .bind(mark)
-    .bind(upto)
-    .bind(i32::from(p.get()))
-    .fetch_all(source)
-    .await
-    .map_err(store)?;
-    let written = append(target, id, p, from, &rows).await?;
+    let mut written = 0;
+    if !rows.is_empty() {
+        let mut tx = target.begin().await.map_err(store)?;
+        if incoming(&mut tx, id, p).await? {
+            written = eventlog::copies::append_copies(&mut tx, &rows, i32::from(from.get()), &id.0)
+                .await
+                .map_err(store)?;
+            tx.commit().await.map_err(store)?;
+        } else {
+            tx.rollback().await.map_err(store)?;
+        }
+    }
     Ok(CopiedEvents {
         rows: written,
         mark: upto.max(mark),
         at_end: upto >= head,
     })
-}
-
-/// Appends `rows` to the target's feed for move `id`, skipping keys it holds; nothing when the
-/// partition is not INCOMING for this move there.
-async fn append(
-    target: &PgPool,
-    id: &MoveId,
-    p: Partition,
-    from: CellId,
-    rows: &[Row],
-) -> Result<u64, StoreError> {
-    let mut tx = target.begin().await.map_err(store)?;
-    if rows.is_empty() || !incoming(&mut tx, id, p).await? {
-        tx.rollback().await.map_err(store)?;
-        return Ok(0);
-    }
-    let column = |f: fn(&Row) -> String| rows.iter().map(f).collect::<Vec<_>>();
-    let written = sqlx::query(
-        "WITH src AS (
-             SELECT * FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[],
-                                  $6::text[], $7::jsonb[], $8::bigint[], $9::timestamptz[],
-                                  $10::bigint[])
-                 WITH ORDINALITY AS u(t, id, seq, et, v, p, m, owner, at, origin, n)),
-              fresh AS MATERIALIZED (
-             SELECT src.*, row_number() OVER (ORDER BY n) AS k FROM src
-             WHERE NOT EXISTS (SELECT 1 FROM events e WHERE e.aggregate_type = src.t
-                                  AND e.aggregate_id = src.id AND e.sequence = src.seq)),
-              head AS MATERIALIZED (SELECT feed_take() AS before WHERE EXISTS (SELECT 1 FROM fresh))
-         INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version,
-                             payload, metadata, user_id, occurred_at, feed_position)
-         SELECT f.t, f.id, f.seq, f.et, f.v, f.p::json,
-                (f.m || jsonb_build_object('origin', jsonb_build_object(
-                    'cell', $11::int, 'position', f.origin, 'move', $12::text)))::json,
-                f.owner, f.at, head.before + f.k
-         FROM fresh f, head ORDER BY f.k",
-    )
-    .bind(column(|r| r.0.clone()))
-    .bind(column(|r| r.1.clone()))
-    .bind(rows.iter().map(|r| r.2).collect::<Vec<_>>())
-    .bind(column(|r| r.3.clone()))
-    .bind(column(|r| r.4.clone()))
-    .bind(column(|r| r.5.clone()))
-    .bind(rows.iter().map(|r| r.6.clone()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.7).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.8).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.9).collect::<Vec<_>>())
-    .bind(i32::from(from.get()))
-    .bind(&id.0)
-    .execute(&mut *tx)
-    .await
-    .map_err(store)?
-    .rows_affected();
-    tx.commit().await.map_err(store)?;
-    Ok(written)
 }
 
 /// What one copy of a partition's state rows did.

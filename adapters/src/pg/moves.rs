@@ -18,16 +18,9 @@ use sqlx::PgPool;
 
 use super::driver::store;
 
-/// The SQLSTATE of the fence's refusal: the partition is not this cell's to write now.
-pub const FENCED: &str = "LC002";
-
 /// Whether `e` is the fence's refusal: nothing of the statement was written; the request is
 /// routed again under the current map.
-pub fn is_fenced(e: &sqlx::Error) -> bool {
-    e.as_database_error()
-        .and_then(|d| d.code())
-        .is_some_and(|c| c == FENCED)
-}
+pub use eventlog::append::is_fenced;
 
 /// The moves' records and the partition states of one cell's PostgreSQL.
 #[derive(Clone)]

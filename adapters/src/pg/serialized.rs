@@ -44,6 +44,10 @@ pub(super) fn serialize(commit: &Commit) -> Result<Vec<SerializedEvent>, Coordin
 pub(super) fn persistence(e: PersistenceError) -> CoordinatorError {
     match e {
         PersistenceError::OptimisticLockError => CoordinatorError::Conflict,
+        // The fence's refusal keeps its type (`application::error::Fenced`) as the cause.
+        PersistenceError::UnknownError(cause) if cause.is::<application::error::Fenced>() => {
+            CoordinatorError::OutcomeUnknown(std::sync::Arc::from(cause))
+        }
         other => CoordinatorError::outcome_unknown(other),
     }
 }

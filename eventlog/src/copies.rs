@@ -1,0 +1,94 @@
+//! A partition move's copy of events (ADR 0023 §5): the source's events of one partition's
+//! users, read window by window of feed positions, and their append to the target's feed with
+//! the target's next dense positions under the feed's lock, each keeping its key and its
+//! payload's text and carrying its origin in its metadata (never part of the log's leaf). The
+//! caller (`adapters::pg::move_copy`) holds the target's transaction and its INCOMING check.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool};
+
+/// An event as the copy reads it: key, type, version, payload text, metadata, owner, domain
+/// time and its position in the source's feed.
+pub type Copied = (
+    String,
+    String,
+    i64,
+    String,
+    String,
+    String,
+    serde_json::Value,
+    i64,
+    DateTime<Utc>,
+    i64,
+);
+
+/// The events of partition `partition`'s users at source feed positions in `(mark, upto]`, in
+/// feed order.
+pub async fn partition_window(
+    pool: &PgPool,
+    mark: i64,
+    upto: i64,
+    partition: i32,
+) -> Result<Vec<Copied>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT aggregate_type, aggregate_id, sequence, event_type, event_version,
+                payload::text, metadata::jsonb, user_id, occurred_at, feed_position
+         FROM events
+         WHERE feed_position > $1 AND feed_position <= $2
+           AND user_id IS NOT NULL AND user_partition(user_id) = $3
+         ORDER BY feed_position",
+    )
+    .bind(mark)
+    .bind(upto)
+    .bind(partition)
+    .fetch_all(pool)
+    .await
+}
+
+/// Appends `rows` to the target's feed in their order, skipping keys it holds, each with
+/// `origin {cell: from_cell, position, move: move_id}` in its metadata; answers how many it
+/// wrote.
+pub async fn append_copies(
+    conn: &mut PgConnection,
+    rows: &[Copied],
+    from_cell: i32,
+    move_id: &str,
+) -> Result<u64, sqlx::Error> {
+    fn column<T>(rows: &[Copied], f: impl Fn(&Copied) -> T) -> Vec<T> {
+        rows.iter().map(f).collect()
+    }
+    Ok(sqlx::query(
+        "WITH src AS (
+             SELECT * FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[],
+                                  $6::text[], $7::jsonb[], $8::bigint[], $9::timestamptz[],
+                                  $10::bigint[])
+                 WITH ORDINALITY AS u(t, id, seq, et, v, p, m, owner, at, origin, n)),
+              fresh AS MATERIALIZED (
+             SELECT src.*, row_number() OVER (ORDER BY n) AS k FROM src
+             WHERE NOT EXISTS (SELECT 1 FROM events e WHERE e.aggregate_type = src.t
+                                  AND e.aggregate_id = src.id AND e.sequence = src.seq)),
+              head AS MATERIALIZED (SELECT feed_take() AS before WHERE EXISTS (SELECT 1 FROM fresh))
+         INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version,
+                             payload, metadata, user_id, occurred_at, feed_position)
+         SELECT f.t, f.id, f.seq, f.et, f.v, f.p::json,
+                (f.m || jsonb_build_object('origin', jsonb_build_object(
+                    'cell', $11::int, 'position', f.origin, 'move', $12::text)))::json,
+                f.owner, f.at, head.before + f.k
+         FROM fresh f, head ORDER BY f.k",
+    )
+    .bind(column(rows, |r| r.0.clone()))
+    .bind(column(rows, |r| r.1.clone()))
+    .bind(column(rows, |r| r.2))
+    .bind(column(rows, |r| r.3.clone()))
+    .bind(column(rows, |r| r.4.clone()))
+    .bind(column(rows, |r| r.5.clone()))
+    .bind(column(rows, |r| r.6.clone()))
+    .bind(column(rows, |r| r.7))
+    .bind(column(rows, |r| r.8))
+    .bind(column(rows, |r| r.9))
+    .bind(from_cell)
+    .bind(move_id)
+    .execute(conn)
+    .await?
+    .rows_affected())
+}
