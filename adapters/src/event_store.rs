@@ -157,6 +157,13 @@ impl BatchingEventRepository {
     ) -> Vec<Answer> {
         let count = commits.len();
         let span = traces::append_span(commits.iter().flatten());
+        // A FUNDING movement made in this write (ADR 0024) keeps its call span, a sibling of
+        // the append's under the caller's, open while the write is: the trace still shows
+        // FUNDING's part, decided by the group commit instead of the funding batch.
+        let funding = extras
+            .as_ref()
+            .and_then(|x| x.calls.iter().flatten().next())
+            .map(|c| crate::traced::funding_call(c.op, std::slice::from_ref(&c.movement)));
         let asked = async {
             let trace = traces::creation_trace(commits.iter().flatten());
             self.queue
@@ -171,6 +178,7 @@ impl BatchingEventRepository {
         }
         .instrument(span)
         .await;
+        drop(funding);
         match asked {
             Ok(answers) if answers.len() == count => answers,
             Ok(_) | Err(_) => (0..count)
