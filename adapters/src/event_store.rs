@@ -375,11 +375,8 @@ fn answer_of(e: &sqlx::Error) -> PersistenceError {
 }
 
 fn to_persistence(e: sqlx::Error) -> PersistenceError {
-    if is_conflict(&e) {
-        return PersistenceError::OptimisticLockError;
-    }
-    if is_fenced(&e) {
-        return PersistenceError::UnknownError(Box::new(application::error::Fenced(e.to_string())));
+    if refused_alone(&e) {
+        return answer_of(&e);
     }
     match e {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => {

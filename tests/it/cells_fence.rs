@@ -33,6 +33,18 @@ fn users() -> (u64, u64) {
     (u, v)
 }
 
+/// A FUNDING→SPOT transfer of `amount` USDT for `user`, with no cid.
+fn funding_to_spot(user: u64, amount: &str) -> application::NewTransfer {
+    application::NewTransfer {
+        user_id: UserId::new(user).unwrap(),
+        from: AccountType::Funding,
+        to: AccountType::Spot,
+        asset: domain::AssetSymbol::parse("USDT").unwrap(),
+        amount: domain::Amount::parse(amount).unwrap(),
+        cid: None,
+    }
+}
+
 /// Makes the stack's database cell 1 of a map in which partitions 200 and above are cell 2's.
 async fn as_cell_one(stack: &Stack) {
     sqlx::query("INSERT INTO cell_identity (cell_id, partitions) VALUES (1, 256)")
@@ -121,17 +133,7 @@ async fn cells_move_001_a_frozen_partition_takes_no_write_and_the_freeze_waits_f
         stack.spot_balance(u, "USDT").await,
     );
     let events = events_of(&stack, u).await;
-    let refused = stack
-        .coordinator
-        .submit(application::NewTransfer {
-            user_id: UserId::new(u).unwrap(),
-            from: AccountType::Funding,
-            to: AccountType::Spot,
-            asset: domain::AssetSymbol::parse("USDT").unwrap(),
-            amount: domain::Amount::parse("5").unwrap(),
-            cid: None,
-        })
-        .await;
+    let refused = stack.coordinator.submit(funding_to_spot(u, "5")).await;
     assert!(
         refused
             .as_ref()
@@ -172,14 +174,7 @@ async fn cells_move_001_a_frozen_partition_takes_no_write_and_the_freeze_waits_f
             let coordinator = stack.coordinator.clone();
             let user = if k % 4 == 0 { u } else { v };
             tokio::spawn(async move {
-                let request = application::NewTransfer {
-                    user_id: UserId::new(user).unwrap(),
-                    from: AccountType::Funding,
-                    to: AccountType::Spot,
-                    asset: domain::AssetSymbol::parse("USDT").unwrap(),
-                    amount: domain::Amount::parse("1").unwrap(),
-                    cid: None,
-                };
+                let request = funding_to_spot(user, "1");
                 (user, coordinator.submit(request).await)
             })
         })
@@ -489,17 +484,7 @@ async fn cells_move_004_spot_balances_move_between_two_real_engines_once() {
     );
     // The source's engine refuses the moved user's movements, as an unknown outcome to retry
     // under the new map, never as a refusal.
-    let moved = stack
-        .coordinator
-        .submit(application::NewTransfer {
-            user_id: UserId::new(u).unwrap(),
-            from: AccountType::Funding,
-            to: AccountType::Spot,
-            asset: domain::AssetSymbol::parse("USDT").unwrap(),
-            amount: domain::Amount::parse("1").unwrap(),
-            cid: None,
-        })
-        .await;
+    let moved = stack.coordinator.submit(funding_to_spot(u, "1")).await;
     assert!(
         !matches!(moved, Ok(ref t) if t.state == domain::TransferState::Committed || t.state == domain::TransferState::Failed),
         "neither committed nor refused in the old cell: {moved:?}"
@@ -515,17 +500,7 @@ async fn cells_move_005_the_recovery_worker_drives_only_open_transfers_of_partit
     stack.deposit(u, "USDT", "100").await;
     // spot-core down: the transfer stays open, its deposit's outcome unknown.
     stack.spot.kill();
-    let open = stack
-        .coordinator
-        .submit(application::NewTransfer {
-            user_id: UserId::new(u).unwrap(),
-            from: AccountType::Funding,
-            to: AccountType::Spot,
-            asset: domain::AssetSymbol::parse("USDT").unwrap(),
-            amount: domain::Amount::parse("10").unwrap(),
-            cid: None,
-        })
-        .await;
+    let open = stack.coordinator.submit(funding_to_spot(u, "10")).await;
     assert!(
         !matches!(open, Ok(ref t) if t.state.is_terminal()),
         "{open:?}"

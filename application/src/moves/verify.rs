@@ -1,7 +1,7 @@
 //! The check before the switch (ADR 0023 §4, `Verifying`): the switch may name the target only
 //! when the target holds exactly what the source held. Pure: the books are read by the runner.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use cells::CellId;
 use domain::UserId;
@@ -140,10 +140,9 @@ pub fn verify(
             });
         }
     }
-    let users = source.history.keys().chain(target.history.keys());
-    let mut seen = std::collections::BTreeSet::new();
+    let users: BTreeSet<&UserId> = source.history.keys().chain(target.history.keys()).collect();
     for user in users {
-        if seen.insert(*user) && source.history.get(user) != target.history.get(user) {
+        if source.history.get(user) != target.history.get(user) {
             found.push(Mismatch::History { user: *user });
         }
     }
@@ -152,7 +151,7 @@ pub fn verify(
 
 /// The keys where `a` and `b` differ, with both amounts (absent is zero).
 fn pairs(a: &Amounts, b: &Amounts) -> Vec<((UserId, String), (Decimal, Decimal))> {
-    let keys: std::collections::BTreeSet<_> = a.keys().chain(b.keys()).collect();
+    let keys: BTreeSet<_> = a.keys().chain(b.keys()).collect();
     keys.into_iter()
         .filter_map(|key| {
             let x = a.get(key).copied().unwrap_or_default();

@@ -92,6 +92,19 @@ fn start(world: &MemMoves) -> MoveId {
     id
 }
 
+/// Every call of the move's ports that a forward move makes, where a fault is armed.
+const SITES: [MoveCall; 9] = [
+    MoveCall::Save,
+    MoveCall::MarkIncoming,
+    MoveCall::CopyBatch,
+    MoveCall::Freeze,
+    MoveCall::MoveOut,
+    MoveCall::MoveIn,
+    MoveCall::Book,
+    MoveCall::Balances,
+    MoveCall::Switch,
+];
+
 /// Drives `id` to its end, a new process after each crash; answers the end and the crashes.
 fn drive_through_crashes(world: &MemMoves, id: &MoveId) -> (MoveRecord, usize) {
     for crashes in 0..50 {
@@ -216,18 +229,7 @@ fn a_move_copies_the_history_moves_spot_and_switches_the_map() {
 
 #[test]
 fn a_crash_before_or_after_any_call_of_any_step_resumes_to_the_same_end() {
-    let sites = [
-        MoveCall::Save,
-        MoveCall::MarkIncoming,
-        MoveCall::CopyBatch,
-        MoveCall::Freeze,
-        MoveCall::MoveOut,
-        MoveCall::MoveIn,
-        MoveCall::Book,
-        MoveCall::Balances,
-        MoveCall::Switch,
-    ];
-    for site in sites {
+    for site in SITES {
         for fault in [MoveFault::CrashBefore, MoveFault::CrashAfter] {
             for skip in 0..4 {
                 let world = world();
@@ -244,18 +246,7 @@ fn a_crash_before_or_after_any_call_of_any_step_resumes_to_the_same_end() {
 
 #[test]
 fn a_failed_call_or_a_lost_answer_at_any_step_is_retried_until_it_answers() {
-    let sites = [
-        MoveCall::Save,
-        MoveCall::MarkIncoming,
-        MoveCall::CopyBatch,
-        MoveCall::Freeze,
-        MoveCall::MoveOut,
-        MoveCall::MoveIn,
-        MoveCall::Book,
-        MoveCall::Balances,
-        MoveCall::Switch,
-    ];
-    for site in sites {
+    for site in SITES {
         for fault in [MoveFault::Fail, MoveFault::LoseAnswer] {
             let world = world();
             let was = before(&world);
