@@ -61,7 +61,12 @@ pub struct AssetReport {
     /// comparison; it differs from `in_flight` only for transfers caught mid-step.
     #[serde(with = "rust_decimal::serde::str")]
     pub in_flight_by_state: Decimal,
-    /// funding + spot + in_flight - deposits: zero when money is conserved.
+    /// Moved in with partitions minus moved out (ADR 0023 §5): the FUNDING totals each switch
+    /// recorded, and the SPOT balances of the engine's `move_in`/`move_out` records. Zero in a
+    /// cell no partition ever left or entered.
+    #[serde(with = "rust_decimal::serde::str")]
+    pub moved: Decimal,
+    /// funding + spot + in_flight - deposits - moved: zero when money is conserved.
     #[serde(with = "rust_decimal::serde::str")]
     pub difference: Decimal,
     pub ok: bool,
@@ -257,6 +262,7 @@ async fn run(
         spot_seq: reads.spot.last_seq,
         transfers: start.transfers,
         assets: start.assets.clone(),
+        moved: start.moved.clone(),
         open: BTreeMap::new(),
     };
     let (mut assets, transfers_checked) = sum_assets(start, &reads, &mut next);
@@ -374,6 +380,14 @@ fn sum_assets(
     for (asset, sum) in &reads.spot.totals {
         entry(&mut assets, asset).spot += *sum;
     }
+    // Moves: the engine's consumed for good (stored), the switches' FUNDING totals live.
+    for (asset, sum) in start.moved.iter().chain(&reads.funding.moved) {
+        entry(&mut assets, asset).moved += *sum;
+    }
+    for (asset, sum) in &reads.spot.moved {
+        entry(&mut assets, asset).moved += *sum;
+        *next.moved.entry(asset.clone()).or_default() += *sum;
+    }
     let mut transfers_checked = start.transfers;
     for t in reads.known.values() {
         if t.state.is_in_flight() {
@@ -446,13 +460,14 @@ fn reconcile_req_ids(
 fn finish_assets(assets: BTreeMap<String, AssetReport>) -> Vec<AssetReport> {
     let mut assets: Vec<AssetReport> = assets.into_values().collect();
     for a in &mut assets {
-        a.difference = a.funding + a.spot + a.in_flight - a.deposits;
+        a.difference = a.funding + a.spot + a.in_flight - a.deposits - a.moved;
         a.ok = a.difference.is_zero();
         a.deposits = a.deposits.normalize();
         a.funding = a.funding.normalize();
         a.spot = a.spot.normalize();
         a.in_flight = a.in_flight.normalize();
         a.in_flight_by_state = a.in_flight_by_state.normalize();
+        a.moved = a.moved.normalize();
         a.difference = a.difference.normalize();
     }
     assets

@@ -158,6 +158,10 @@ pub struct FundingRead {
     pub journal_rows: u64,
     /// External deposit rows read after the position.
     pub deposit_rows: u64,
+    /// FUNDING moved in with partitions minus moved out, per asset (ADR 0023 §5: the totals
+    /// each switch recorded; live, read in the same snapshot as `balances`, whose partitions
+    /// they account for).
+    pub moved: BTreeMap<String, Decimal>,
 }
 
 /// SPOT's side of one read: totals per asset and the last journal seq that produced exactly
@@ -169,6 +173,9 @@ pub struct SpotRead {
     /// Journal records read after the position (all kinds but the conservation check's own
     /// `retain` marks).
     pub records: u64,
+    /// SPOT balances moved in with partitions minus moved out, per asset, from the `move_in`
+    /// and `move_out` records read after the position (ADR 0023 §5): consumed like the rest.
+    pub moved: BTreeMap<String, Decimal>,
 }
 
 /// Why spot-core's side could not be read.

@@ -92,3 +92,70 @@ pub async fn append_copies(
     .await?
     .rows_affected())
 }
+
+/// Per user of `users`, a fingerprint of their history: every event's key and type, in feed
+/// order (md5 of the list). Equal fingerprints in two cells mean the same events in the same
+/// order (ADR 0023 §4: the check before the switch).
+pub async fn history_fingerprints(
+    pool: &PgPool,
+    users: &[i64],
+) -> Result<Vec<(i64, String)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT user_id, md5(string_agg(aggregate_type || ':' || aggregate_id || ':' || sequence
+                                        || ':' || event_type, ';' ORDER BY feed_position))
+         FROM events WHERE user_id = ANY($1) GROUP BY user_id",
+    )
+    .bind(users)
+    .fetch_all(pool)
+    .await
+}
+
+/// Money in flight per user and asset of `partition`'s open transfers (the sum as decimal
+/// text): the amount of each transfer whose state holds it between the two systems.
+pub async fn partition_in_flight(
+    pool: &PgPool,
+    partition: i32,
+) -> Result<Vec<(i64, String, String)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT c.user_id, c.payload -> 'TransferCreated' ->> 'asset',
+                sum((c.payload -> 'TransferCreated' ->> 'amount')::numeric)::text
+         FROM open_transfers o
+         JOIN events c ON c.aggregate_type = 'Transfer' AND c.aggregate_id = o.req_id
+                      AND c.sequence = 1
+         WHERE user_partition(c.user_id) = $1
+           AND o.state IN ('SOURCE_DONE', 'TARGET_PENDING', 'COMPENSATING')
+         GROUP BY 1, 2",
+    )
+    .bind(partition)
+    .fetch_all(pool)
+    .await
+}
+
+/// Appends `PartitionMoved` (aggregate `Partition`, id the move's, sequence 1) with `payload` to
+/// the feed at the next position, once: a second call finds it and writes nothing. Answers its
+/// feed position.
+pub async fn append_partition_moved(
+    conn: &mut PgConnection,
+    move_id: &str,
+    payload: &serde_json::Value,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version,
+                             payload, metadata, user_id, occurred_at, feed_position)
+         SELECT 'Partition', $1, 1, 'PartitionMoved', '1', $2::json, '{}'::json, NULL, now(),
+                feed_take() + 1
+         WHERE NOT EXISTS (SELECT 1 FROM events WHERE aggregate_type = 'Partition'
+                              AND aggregate_id = $1 AND sequence = 1)",
+    )
+    .bind(move_id)
+    .bind(payload)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query_scalar(
+        "SELECT feed_position FROM events
+         WHERE aggregate_type = 'Partition' AND aggregate_id = $1 AND sequence = 1",
+    )
+    .bind(move_id)
+    .fetch_one(conn)
+    .await
+}

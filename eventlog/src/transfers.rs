@@ -90,6 +90,8 @@ pub struct AuditRow {
 
 /// Every transfer with an event whose transaction id is at or above `since` (0: every transfer)
 /// or whose req_id is in `ids`, each read by key, streamed on `conn` (the caller's snapshot).
+/// Events a partition move copied in (an `origin` in their metadata) are not this cell's work:
+/// the move brings their partition's totals in at its switch (ADR 0023 §5).
 /// Its cost follows the events after `since` plus `ids`, not the log's length.
 pub fn audit_transfers<'c>(
     conn: &'c mut PgConnection,
@@ -104,7 +106,8 @@ pub fn audit_transfers<'c>(
     // at 100k transfers).
     let rows = sqlx::query_as::<_, (String, Value, String, i64, Value, String)>(
         "WITH ids AS (
-             SELECT aggregate_id FROM events WHERE tx_id >= $1::text::xid8
+             SELECT aggregate_id FROM events
+             WHERE tx_id >= $1::text::xid8 AND NOT (metadata::jsonb ? 'origin')
              UNION
              SELECT unnest($2::text[])
          )

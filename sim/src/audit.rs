@@ -58,6 +58,7 @@ pub fn open_books(w: &World, records: &MemRecords) {
         spot_seq: w.engine.last_seq(),
         transfers: 0,
         assets,
+        moved: BTreeMap::new(),
         open: BTreeMap::new(),
     });
 }

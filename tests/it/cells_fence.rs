@@ -125,7 +125,7 @@ async fn cells_move_001_a_frozen_partition_takes_no_write_and_the_freeze_waits_f
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(state.unwrap(), "FROZEN");
+    assert_eq!(state.unwrap(), ("FROZEN".to_owned(), 0));
 
     // Every write of u's is refused whole now; v's go on.
     let before = (
@@ -492,7 +492,8 @@ async fn cells_move_004_spot_balances_move_between_two_real_engines_once() {
 }
 
 #[tokio::test]
-async fn cells_move_005_the_recovery_worker_drives_only_open_transfers_of_partitions_it_owns() {
+async fn cells_move_005_a_partition_drains_its_open_transfers_before_it_freezes_and_recovery_drives_only_its_own(
+) {
     let mut stack = Stack::start().await;
     as_cell_one(&stack).await;
     let (u, _) = users();
@@ -500,11 +501,12 @@ async fn cells_move_005_the_recovery_worker_drives_only_open_transfers_of_partit
     stack.deposit(u, "USDT", "100").await;
     // spot-core down: the transfer stays open, its deposit's outcome unknown.
     stack.spot.kill();
-    let open = stack.coordinator.submit(funding_to_spot(u, "10")).await;
-    assert!(
-        !matches!(open, Ok(ref t) if t.state.is_terminal()),
-        "{open:?}"
-    );
+    let open = stack
+        .coordinator
+        .submit(funding_to_spot(u, "10"))
+        .await
+        .unwrap();
+    assert!(!open.state.is_terminal(), "{open:?}");
     let book = recovery::book::PgRetryBook::new(stack.db.pool.clone());
     let due = || async {
         recovery::book::RetryBook::due(&book, 0, 10)
@@ -518,32 +520,55 @@ async fn cells_move_005_the_recovery_worker_drives_only_open_transfers_of_partit
     moves.start(&m).await.unwrap();
     m.step = MoveStep::Pausing;
     assert!(moves.save(MoveStep::Planned, &m).await.unwrap());
-    assert_eq!(moves.freeze(p, &m.id).await.unwrap(), "FROZEN");
+
+    // The drain: nothing new starts, the open transfer is still driven.
+    assert_eq!(
+        moves.freeze(p, &m.id).await.unwrap(),
+        ("DRAINING".to_owned(), 1)
+    );
+    assert_eq!(due().await, 1, "a draining partition's transfer is driven");
+    let refused = stack.coordinator.submit(funding_to_spot(u, "5")).await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(application::CoordinatorError::is_fenced),
+        "no new transfer while draining: {refused:?}"
+    );
+    stack.spot.restart();
+    let ended = stack.coordinator.resume(&open.req_id).await.unwrap();
+    assert!(ended.data.state.is_terminal(), "{ended:?}");
+    assert_eq!(
+        moves.freeze(p, &m.id).await.unwrap(),
+        ("FROZEN".to_owned(), 0),
+        "frozen once no transfer is open"
+    );
     assert_eq!(
         due().await,
         0,
         "a frozen partition's transfer waits for the move"
     );
+    stack.assert_invariant_exact().await;
     moves.release(p, &m.id).await.unwrap();
-    assert_eq!(due().await, 1);
     sqlx::query("UPDATE cell_partitions SET cell_id = 2 WHERE partition = $1")
         .bind(i16::from(p.get()))
         .execute(&stack.db.pool)
         .await
         .unwrap();
-    assert_eq!(
-        due().await,
-        0,
-        "a partition moved away is never driven here again"
+    let mut again = stack.coordinator.submit(funding_to_spot(u, "1")).await;
+    assert!(
+        again
+            .as_mut()
+            .is_err_and(|e| application::CoordinatorError::is_fenced(e)),
+        "a partition moved away takes no write here: {again:?}"
     );
-    stack.spot.restart();
+    assert_eq!(due().await, 0, "and is never driven here again");
 }
 
 /// A table's rows of `users` in a cell, as text, in a fixed order, without the columns a cell
-/// numbers itself (ids, transaction ids).
+/// numbers itself (ids, transaction ids) and the move a copy names.
 async fn rows_of(pool: &sqlx::PgPool, table: &str, users: &[i64]) -> Vec<String> {
     let sql = format!(
-        "SELECT (to_jsonb(t) - 'id' - 'tx_id')::text AS r FROM {table} t
+        "SELECT (to_jsonb(t) - 'id' - 'tx_id' - 'move_id')::text AS r FROM {table} t
          WHERE user_id = ANY($1) ORDER BY 1"
     );
     sqlx::query_scalar(&sql)
@@ -611,6 +636,15 @@ async fn cells_move_006_the_copy_brings_a_partitions_state_rows_once_and_keeps_t
             rows_of(&target.pool, table, &theirs).await.is_empty(),
             "{table}: only the partition"
         );
+    }
+    for table in ["funding_journal", "external_deposits"] {
+        let unnamed: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {table} WHERE move_id IS DISTINCT FROM 'm-state'"
+        ))
+        .fetch_one(&target.pool)
+        .await
+        .unwrap();
+        assert_eq!(unnamed, 0, "{table}: every copy names its move, so no check counts it");
     }
     assert_eq!(
         copy(first.journal_mark).await.unwrap().rows,

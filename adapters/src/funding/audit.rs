@@ -1,6 +1,8 @@
 //! The funding ledger's side of the conservation check: balances (whole, live), and the
 //! external deposits and applied journal movements written after a snapshot watermark, all read
-//! in one REPEATABLE READ snapshot so that balances and rows agree with each other.
+//! in one REPEATABLE READ snapshot so that balances and rows agree with each other. Under a cell
+//! map (ADR 0023 §5) the balances are the owned partitions', the rows a move copied in are left
+//! out, and what the switches moved is read live beside the balances.
 
 use domain::AccountType;
 use futures_util::TryStreamExt;
@@ -23,13 +25,26 @@ impl FundingLedger {
         sink: &mut (dyn FnMut(FundingItem) + Send),
     ) -> Result<FundingRead, FundingError> {
         let (mut tx, watermark) = crate::audit::begin_snapshot(&self.pool, since).await?;
-        let balances: Vec<(String, Decimal)> =
-            sqlx::query_as("SELECT asset, SUM(balance) FROM funding_accounts GROUP BY asset")
-                .fetch_all(&mut *tx)
-                .await?;
+        // Under a cell map, only the partitions this cell owns (ADR 0023 §5): not another cell's
+        // (a partition moved out, its rows kept), nor one being copied in.
+        let balances: Vec<(String, Decimal)> = sqlx::query_as(
+            "SELECT asset, SUM(balance) FROM funding_accounts
+             WHERE partition <> ALL (ARRAY(
+                 SELECT cp.partition FROM cell_partitions cp, cell_identity ci
+                 WHERE cp.cell_id <> ci.cell_id OR cp.state = 'INCOMING'))
+             GROUP BY asset",
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        let moved: Vec<(String, Decimal)> = sqlx::query_as(
+            "SELECT asset, SUM(CASE direction WHEN 'IN' THEN funding ELSE -funding END)
+             FROM partition_switches GROUP BY asset",
+        )
+        .fetch_all(&mut *tx)
+        .await?;
         let deposits: Vec<(String, bool, Decimal, i64)> = sqlx::query_as(
             "SELECT asset, tx_id < $2::text::xid8, SUM(amount), COUNT(*) FROM external_deposits
-             WHERE tx_id >= $1::text::xid8 GROUP BY 1, 2 ORDER BY 1, 2",
+             WHERE tx_id >= $1::text::xid8 AND move_id IS NULL GROUP BY 1, 2 ORDER BY 1, 2",
         )
         .bind(since.to_string())
         .bind(watermark.to_string())
@@ -50,7 +65,8 @@ impl FundingLedger {
         {
             let mut rows = sqlx::query_as::<_, (String, String, i64, String, Decimal, bool)>(
                 "SELECT req_id, operation, user_id, asset, amount, tx_id < $2::text::xid8
-                 FROM funding_journal WHERE tx_id >= $1::text::xid8 AND outcome = 'APPLIED'",
+                 FROM funding_journal
+                 WHERE tx_id >= $1::text::xid8 AND outcome = 'APPLIED' AND move_id IS NULL",
             )
             .bind(since.to_string())
             .bind(watermark.to_string())
@@ -78,6 +94,7 @@ impl FundingLedger {
             watermark,
             journal_rows,
             deposit_rows,
+            moved: moved.into_iter().collect(),
         })
     }
 }

@@ -8,7 +8,7 @@
 //! - the periodic check's health (`audit_status`, migration 0010), cluster-wide so every
 //!   instance's `/metrics` reports the same figures.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use application::audit::history::{AssetResult, AuditHistory, Run, RUNS_KEPT, RUNS_READ_MAX};
@@ -162,8 +162,8 @@ async fn load_in(tx: &mut sqlx::PgConnection) -> Result<Checkpoint, CheckpointEr
     let Some((version, events, funding, spot, transfers)) = row else {
         return Ok(Checkpoint::default());
     };
-    let assets: Vec<(String, Decimal, Decimal)> =
-        sqlx::query_as("SELECT asset, deposits, in_flight FROM audit_checkpoint_assets")
+    let assets: Vec<(String, Decimal, Decimal, Decimal)> =
+        sqlx::query_as("SELECT asset, deposits, in_flight, moved FROM audit_checkpoint_assets")
             .fetch_all(&mut *tx)
             .await
             .map_err(db)?;
@@ -179,8 +179,13 @@ async fn load_in(tx: &mut sqlx::PgConnection) -> Result<Checkpoint, CheckpointEr
         spot_seq: position(spot, "spot_seq")?,
         transfers: position(transfers, "transfers")?,
         assets: assets
+            .iter()
+            .map(|(asset, deposits, in_flight, _)| (asset.clone(), (*deposits, *in_flight)))
+            .collect(),
+        moved: assets
             .into_iter()
-            .map(|(asset, deposits, in_flight)| (asset, (deposits, in_flight)))
+            .filter(|(_, _, _, moved)| !moved.is_zero())
+            .map(|(asset, _, _, moved)| (asset, moved))
             .collect(),
         open: BTreeMap::new(),
     };
@@ -264,19 +269,28 @@ async fn store_assets(
         .execute(&mut **tx)
         .await
         .map_err(db)?;
-    let (names, sums): (Vec<&str>, Vec<(Decimal, Decimal)>) = next
+    let names: BTreeSet<&str> = next
         .assets
+        .keys()
+        .chain(next.moved.keys())
+        .map(String::as_str)
+        .collect();
+    let names: Vec<&str> = names.into_iter().collect();
+    let sums = |asset: &str| next.assets.get(asset).copied().unwrap_or_default();
+    let deposits: Vec<Decimal> = names.iter().map(|a| sums(a).0).collect();
+    let in_flight: Vec<Decimal> = names.iter().map(|a| sums(a).1).collect();
+    let moved: Vec<Decimal> = names
         .iter()
-        .map(|(asset, sums)| (asset.as_str(), *sums))
-        .unzip();
-    let (deposits, in_flight): (Vec<Decimal>, Vec<Decimal>) = sums.into_iter().unzip();
+        .map(|a| next.moved.get(*a).copied().unwrap_or_default())
+        .collect();
     sqlx::query(
-        "INSERT INTO audit_checkpoint_assets (asset, deposits, in_flight)
-         SELECT * FROM UNNEST($1::text[], $2::numeric[], $3::numeric[])",
+        "INSERT INTO audit_checkpoint_assets (asset, deposits, in_flight, moved)
+         SELECT * FROM UNNEST($1::text[], $2::numeric[], $3::numeric[], $4::numeric[])",
     )
     .bind(&names)
     .bind(&deposits)
     .bind(&in_flight)
+    .bind(&moved)
     .execute(&mut **tx)
     .await
     .map_err(db)?;

@@ -25,6 +25,7 @@ pub mod lease;
 pub mod limits;
 pub mod maintenance;
 pub mod move_copy;
+pub mod move_stores;
 pub mod moves;
 pub mod partitions;
 pub mod receipts;

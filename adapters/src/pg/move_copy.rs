@@ -79,10 +79,11 @@ pub struct CopiedState {
 /// mark where the table has one), and the target's statement taking them (`$1` the array).
 /// FUNDING balances, statuses and the daily counters are state, copied as they are now (the
 /// last copy, under the freeze, is exact); the journal, deposits and client keys are records,
-/// written once by their own keys.
+/// written once by their own keys. The journal's and deposits' copies name the move
+/// (`move_id`): the target's conservation check never counts them row by row (ADR 0023 §5).
 const STATE: [(&str, &str); 6] = [
     (
-        "SELECT coalesce(json_agg(t), '[]') FROM funding_accounts t WHERE user_partition(user_id) = $1",
+        "SELECT coalesce(json_agg(t), '[]') FROM funding_accounts t WHERE partition = $1",
         "INSERT INTO funding_accounts (user_id, asset, balance, status, created_at, updated_at)
          SELECT user_id, asset, balance, status, created_at, updated_at
          FROM jsonb_populate_recordset(NULL::funding_accounts, $1)
@@ -95,15 +96,17 @@ const STATE: [(&str, &str); 6] = [
         "SELECT coalesce(json_agg(t ORDER BY id), '[]') FROM (SELECT * FROM funding_journal
          WHERE id > $2 AND user_partition(user_id) = $1 ORDER BY id LIMIT 20000) t",
         "INSERT INTO funding_journal (req_id, operation, user_id, asset, amount, outcome, code,
-                                      created_at)
-         SELECT req_id, operation, user_id, asset, amount, outcome, code, created_at
+                                      created_at, move_id)
+         SELECT req_id, operation, user_id, asset, amount, outcome, code, created_at,
+                current_setting('ledger.move_copy')
          FROM jsonb_populate_recordset(NULL::funding_journal, $1) ORDER BY id
          ON CONFLICT (req_id, operation) DO NOTHING",
     ),
     (
         "SELECT coalesce(json_agg(t), '[]') FROM external_deposits t WHERE user_partition(user_id) = $1",
-        "INSERT INTO external_deposits (external_id, user_id, asset, amount, created_at)
-         SELECT external_id, user_id, asset, amount, created_at
+        "INSERT INTO external_deposits (external_id, user_id, asset, amount, created_at, move_id)
+         SELECT external_id, user_id, asset, amount, created_at,
+                current_setting('ledger.move_copy')
          FROM jsonb_populate_recordset(NULL::external_deposits, $1)
          ON CONFLICT (external_id) DO NOTHING",
     ),

@@ -65,29 +65,43 @@ impl PgMoves {
         self.state(partition).await
     }
 
-    /// Freezes `partition` for move `id` in this (the source) cell under the fence's exclusive
-    /// lock, only while the move's record here is at `PAUSING`. Answers the state it leaves.
-    pub async fn freeze(&self, partition: Partition, id: &MoveId) -> Result<String, StoreError> {
-        let mut tx = self.pool.begin().await.map_err(store)?;
-        let step: Option<String> =
-            sqlx::query_scalar("SELECT step FROM partition_moves WHERE id = $1 FOR UPDATE")
-                .bind(&id.0)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(store)?;
-        if step.as_deref() == Some(MoveStep::Pausing.as_str()) {
-            sqlx::query("SELECT partition_freeze($1, $2)")
-                .bind(i32::from(partition.get()))
-                .bind(&id.0)
-                .execute(&mut *tx)
-                .await
-                .map_err(store)?;
+    /// Drains, then freezes, `partition` for move `id` in this (the source) cell, each under
+    /// the fence's exclusive lock, only while the move's record here is at `PAUSING`: DRAINING
+    /// refuses anything new of the partition's users, FROZEN (once none of its transfers is
+    /// open) every write. Answers the state it leaves and the partition's open transfers.
+    pub async fn freeze(
+        &self,
+        partition: Partition,
+        id: &MoveId,
+    ) -> Result<(String, u64), StoreError> {
+        for step_sql in ["SELECT partition_drain($1, $2)", "SELECT partition_freeze($1, $2)"] {
+            let mut tx = self.pool.begin().await.map_err(store)?;
+            let step: Option<String> =
+                sqlx::query_scalar("SELECT step FROM partition_moves WHERE id = $1 FOR UPDATE")
+                    .bind(&id.0)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(store)?;
+            if step.as_deref() == Some(MoveStep::Pausing.as_str()) {
+                sqlx::query(step_sql)
+                    .bind(i32::from(partition.get()))
+                    .bind(&id.0)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(store)?;
+            }
+            tx.commit().await.map_err(store)?;
         }
-        tx.commit().await.map_err(store)?;
-        self.state(partition).await
+        let open: i64 = sqlx::query_scalar("SELECT partition_open_transfers($1)")
+            .bind(i32::from(partition.get()))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(store)?;
+        Ok((self.state(partition).await?, u64::try_from(open).unwrap_or(0)))
     }
 
-    /// This cell's partition is STEADY again if move `id` froze or marked it (a cancel).
+    /// This cell's partition is STEADY again if move `id` drained, froze or marked it (a
+    /// cancel).
     pub async fn release(&self, partition: Partition, id: &MoveId) -> Result<(), StoreError> {
         sqlx::query(
             "UPDATE cell_partitions SET state = 'STEADY', move_id = NULL
@@ -101,7 +115,23 @@ impl PgMoves {
         Ok(())
     }
 
-    /// The partition's state here: STEADY, FROZEN or INCOMING, and `MOVED` when another cell
+    /// This cell's partition is STEADY again if a move drained or froze it here (a cancel of
+    /// the move that did: only one move of a partition is ever open).
+    pub async fn unfreeze(&self, partition: Partition) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE cell_partitions cp SET state = 'STEADY', move_id = NULL
+             FROM cell_identity ci
+             WHERE cp.partition = $1 AND cp.cell_id = ci.cell_id
+               AND cp.state IN ('DRAINING', 'FROZEN')",
+        )
+        .bind(i16::from(partition.get()))
+        .execute(&self.pool)
+        .await
+        .map_err(store)?;
+        Ok(())
+    }
+
+    /// The partition's state here: STEADY, DRAINING, FROZEN or INCOMING, and `MOVED` when another cell
     /// owns it and this one is not receiving it.
     pub async fn state(&self, partition: Partition) -> Result<String, StoreError> {
         let (owner, state, me): (i32, String, i32) = sqlx::query_as(

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use domain::AccountType;
+use rust_decimal::Decimal;
 use spot_core::protocol::{
     CoreStatus, ErrorCode, JournalRecord, Outcome, Request, Response, MAX_JOURNAL_LIMIT,
 };
@@ -28,7 +29,10 @@ impl SpotAdapter {
         sink: &mut (dyn FnMut(AppliedMovement) + Send),
     ) -> Result<SpotRead, SpotReadError> {
         let mut records = 0;
-        let mut seq = self.journal_after(after_seq, sink, &mut records).await?;
+        let mut moved = BTreeMap::new();
+        let mut seq = self
+            .journal_after(after_seq, sink, &mut records, &mut moved)
+            .await?;
         for _ in 0..SNAPSHOT_ATTEMPTS_MAX {
             let totals = match self
                 .client
@@ -43,7 +47,9 @@ impl SpotAdapter {
                 other => return Err(SpotError::Unexpected(format!("{other:?}")).into()),
             };
             let before = records;
-            seq = self.journal_after(seq, sink, &mut records).await?;
+            seq = self
+                .journal_after(seq, sink, &mut records, &mut moved)
+                .await?;
             if records == before {
                 return Ok(SpotRead {
                     totals: totals
@@ -52,6 +58,7 @@ impl SpotAdapter {
                         .collect::<BTreeMap<_, _>>(),
                     last_seq: seq,
                     records,
+                    moved,
                 });
             }
         }
@@ -70,13 +77,15 @@ impl SpotAdapter {
         }
     }
 
-    /// Streams the journal after `after_seq` into `sink`, counting records; returns the last
-    /// sequence read.
+    /// Streams the journal after `after_seq` into `sink`, counting records and adding up the
+    /// balances partition moves brought in (positive) or took out (negative) per asset; returns
+    /// the last sequence read.
     async fn journal_after(
         &self,
         mut after_seq: u64,
         sink: &mut (dyn FnMut(AppliedMovement) + Send),
         count: &mut u64,
+        moved: &mut BTreeMap<String, Decimal>,
     ) -> Result<u64, SpotReadError> {
         loop {
             let request = Request::Journal {
@@ -107,7 +116,22 @@ impl SpotAdapter {
             for movement in records.iter().filter_map(applied) {
                 sink(movement);
             }
+            for record in &records {
+                add_moved(record, moved);
+            }
         }
+    }
+}
+
+/// A partition move's balances, per asset: a `move_in` adds them, a `move_out` takes them away.
+fn add_moved(record: &JournalRecord, moved: &mut BTreeMap<String, Decimal>) {
+    let (record, sign) = match record {
+        JournalRecord::MoveIn(m) => (m, Decimal::ONE),
+        JournalRecord::MoveOut(m) => (m, Decimal::NEGATIVE_ONE),
+        _ => return,
+    };
+    for account in &record.payload.accounts {
+        *moved.entry(account.asset.clone()).or_default() += sign * account.available;
     }
 }
 

@@ -29,6 +29,9 @@ pub struct Checkpoint {
     pub transfers: u64,
     /// Per asset: (external deposits, in-flight reconciled from applied movements).
     pub assets: BTreeMap<String, (Decimal, Decimal)>,
+    /// Per asset: SPOT balances moved in with partitions minus moved out, from spot-core's
+    /// `move_in`/`move_out` records consumed (ADR 0023 §5).
+    pub moved: BTreeMap<String, Decimal>,
     /// The consumed applied movements of every req_id not settled (possibly none yet).
     pub open: BTreeMap<String, Vec<AppliedMovement>>,
 }

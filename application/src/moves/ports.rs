@@ -51,6 +51,15 @@ pub struct Copied {
     pub at_end: bool,
 }
 
+/// Where a freeze left the partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Freeze {
+    /// Nothing of the partition is written in its source from now on.
+    Frozen,
+    /// Nothing new starts; `open` transfers of the partition have not ended yet.
+    Draining { open: u64 },
+}
+
 /// One cell's book of one partition, as the check before the switch compares it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PartitionBook {
@@ -81,10 +90,13 @@ pub trait PartitionStores: Send + Sync {
     /// batch of a superseded runner cannot revive a cancelled move.
     async fn copy_batch(&self, record: &MoveRecord) -> Result<Copied, StoreError>;
 
-    /// Freezes the move's partition in its source under the fence: waits for every write that
-    /// already passed the fence, and refuses every write after it. Only while the move's record
-    /// is at `Pausing`: a late freeze of a cancelled move does nothing.
-    async fn freeze(&self, record: &MoveRecord) -> Result<(), StoreError>;
+    /// Drains, then freezes, the move's partition in its source under the fence. The drain
+    /// refuses anything new of the partition's users (a transfer, a deposit) while the
+    /// transfers already open go on to their end; once none is open the freeze refuses every
+    /// write. Each waits for every write that already passed the fence. Answers `Draining`
+    /// while transfers are open (call again). Only while the move's record is at `Pausing`: a
+    /// late freeze of a cancelled move does nothing.
+    async fn freeze(&self, record: &MoveRecord) -> Result<Freeze, StoreError>;
 
     /// `cell` owns `partition` again (a cancel), if it was frozen.
     async fn unfreeze(&self, cell: CellId, partition: Partition) -> Result<(), StoreError>;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use cells::{CellId, Partition};
 use domain::UserId;
 
-use super::ports::{MoveRecords, PartitionHold, PartitionStores, SpotMoves, Started};
+use super::ports::{Freeze, MoveRecords, PartitionHold, PartitionStores, SpotMoves, Started};
 use super::record::{MoveId, MoveRecord, MoveStep};
 use super::verify::{verify, Mismatch};
 use crate::error::StoreError;
@@ -27,6 +27,12 @@ pub struct MoveSettings {
     pub max_passes: u32,
     /// The wait before a step whose call failed is run again.
     pub retry: Duration,
+    /// How long the pause waits for the partition's open transfers to end before the freeze
+    /// (`LEDGER_MOVE_DRAIN_MAX_MS`); past it the move is cancelled, so a transfer stuck on a
+    /// spot-core that does not answer never holds its partition's users up.
+    pub drain_max: Duration,
+    /// The wait between two looks at the open transfers while draining.
+    pub drain_poll: Duration,
 }
 
 impl Default for MoveSettings {
@@ -35,6 +41,8 @@ impl Default for MoveSettings {
             tail_max: 1_000,
             max_passes: 8,
             retry: Duration::from_secs(1),
+            drain_max: Duration::from_secs(5),
+            drain_poll: Duration::from_millis(20),
         }
     }
 }
@@ -173,9 +181,18 @@ impl MoveRunner {
             }
             MoveStep::Pausing => {
                 self.hold.hold(record.partition).await;
-                self.stores.freeze(&record).await?;
-                self.copy_pass(&mut record).await?;
-                MoveStep::MovingSpot
+                if let Some(open) = self.drain(&record).await? {
+                    tracing::warn!(move_id = %record.id, open, "a move's partition did not drain; it is rolled back");
+                    record.cancelled_at = Some(MoveStep::Pausing);
+                    record.reason = Some(format!(
+                        "{open} transfer(s) of the partition were still open after the drain's {} ms",
+                        self.settings.drain_max.as_millis()
+                    ));
+                    MoveStep::Cancelling
+                } else {
+                    self.copy_pass(&mut record).await?;
+                    MoveStep::MovingSpot
+                }
             }
             MoveStep::MovingSpot => {
                 let (id, p) = (record.id.0.clone(), record.partition);
@@ -216,6 +233,21 @@ impl MoveRunner {
         record.step = next;
         self.save(at, &record).await?;
         Ok(record)
+    }
+
+    /// Drains and freezes the source's partition: `None` once frozen, or the number of
+    /// transfers still open when `drain_max` has passed.
+    async fn drain(&self, record: &MoveRecord) -> Result<Option<u64>, MoveError> {
+        let deadline = self.clock.now_ms() + duration_ms(self.settings.drain_max);
+        loop {
+            match self.stores.freeze(record).await? {
+                Freeze::Frozen => return Ok(None),
+                Freeze::Draining { open } if self.clock.now_ms() >= deadline => {
+                    return Ok(Some(open))
+                }
+                Freeze::Draining { .. } => self.clock.sleep(self.settings.drain_poll).await,
+            }
+        }
     }
 
     /// Copies batches from the marks to the source's end, saving the marks after each batch;
@@ -294,4 +326,8 @@ impl MoveRunner {
             Err(MoveError::Superseded(record.id.clone()))
         }
     }
+}
+
+fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

@@ -114,6 +114,7 @@ pub fn spot_read(
         totals: totals(books),
         last_seq: books.last_tx,
         records,
+        moved: BTreeMap::new(),
     }
 }
 

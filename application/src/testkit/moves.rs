@@ -14,7 +14,7 @@ use rust_decimal::Decimal;
 
 use crate::error::StoreError;
 use crate::moves::{
-    Copied, MoveId, MoveRecord, MoveRecords, MoveStep, PartitionBook, PartitionHold,
+    Copied, Freeze, MoveId, MoveRecord, MoveRecords, MoveStep, PartitionBook, PartitionHold,
     PartitionStores, SpotMoves, SpotPayload, Started,
 };
 use crate::testkit::faults::{crash, Script};
@@ -52,6 +52,8 @@ pub enum MoveFault {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PartState {
     Owned,
+    /// Nothing new starts; open transfers go on.
+    Draining,
     Frozen,
     Moved,
     Incoming(MoveId),
@@ -82,6 +84,8 @@ pub struct MemCell {
     pub spot_moved_out: BTreeSet<Partition>,
     pub spot_outs: BTreeMap<String, SpotPayload>,
     pub spot_ins: BTreeSet<String>,
+    /// Open transfers per partition: the drain waits for them.
+    pub open: BTreeMap<Partition, u64>,
 }
 
 impl MemCell {
@@ -89,7 +93,7 @@ impl MemCell {
     /// move that is not void into a partition it owns or is receiving.
     fn live(&self, row: &Row) -> bool {
         match self.parts.get(&partition_of(row.user)) {
-            Some(PartState::Owned | PartState::Frozen) => match &row.copied_by {
+            Some(PartState::Owned | PartState::Draining | PartState::Frozen) => match &row.copied_by {
                 None => true,
                 Some((id, _, _)) => !self.void.contains(id),
             },
@@ -157,7 +161,11 @@ impl MemMoves {
         let p = partition_of(user);
         let state = self.lock();
         state.cells.iter().find_map(|(id, c)| {
-            matches!(c.parts.get(&p), Some(PartState::Owned | PartState::Frozen)).then_some(*id)
+            matches!(
+                c.parts.get(&p),
+                Some(PartState::Owned | PartState::Draining | PartState::Frozen)
+            )
+            .then_some(*id)
         })
     }
 
@@ -169,7 +177,7 @@ impl MemMoves {
         let c = state.cells.get_mut(&cell).expect("a cell");
         let allowed = match c.parts.get(&partition_of(user)) {
             Some(PartState::Owned) => true,
-            Some(PartState::Frozen) => plant,
+            Some(PartState::Draining | PartState::Frozen) => plant,
             _ => false,
         };
         if allowed {
@@ -184,6 +192,15 @@ impl MemMoves {
             });
         }
         allowed
+    }
+
+    /// Opens (`delta` 1) or ends (-1) a transfer of `user` in `cell`: the drain waits while
+    /// any of its partition's is open.
+    pub fn open_transfers(&self, cell: CellId, user: UserId, delta: i64) {
+        let mut state = self.lock();
+        let c = state.cells.get_mut(&cell).expect("a cell");
+        let open = c.open.entry(partition_of(user)).or_default();
+        *open = open.saturating_add_signed(delta);
     }
 
     /// SPOT money of `user` in `cell`'s engine (a deposit).
@@ -340,14 +357,22 @@ impl PartitionStores for MemMoves {
             .await
     }
 
-    async fn freeze(&self, record: &MoveRecord) -> Result<(), StoreError> {
+    async fn freeze(&self, record: &MoveRecord) -> Result<Freeze, StoreError> {
         self.call(MoveCall::Freeze, |state| {
             let at_pausing = state.moves.get(&record.id).map(|m| m.step) == Some(MoveStep::Pausing);
             let c = cell_of(state, record.from)?;
-            if at_pausing && c.parts.get(&record.partition) == Some(&PartState::Owned) {
-                c.parts.insert(record.partition, PartState::Frozen);
+            let p = record.partition;
+            if at_pausing && c.parts.get(&p) == Some(&PartState::Owned) {
+                c.parts.insert(p, PartState::Draining);
             }
-            Ok(())
+            let open = c.open.get(&p).copied().unwrap_or(0);
+            if at_pausing && open == 0 && c.parts.get(&p) == Some(&PartState::Draining) {
+                c.parts.insert(p, PartState::Frozen);
+            }
+            Ok(match c.parts.get(&p) {
+                Some(PartState::Draining) => Freeze::Draining { open },
+                _ => Freeze::Frozen,
+            })
         })
         .await
     }
@@ -355,7 +380,10 @@ impl PartitionStores for MemMoves {
     async fn unfreeze(&self, cell: CellId, p: Partition) -> Result<(), StoreError> {
         self.call(MoveCall::Unfreeze, |state| {
             let c = cell_of(state, cell)?;
-            if c.parts.get(&p) == Some(&PartState::Frozen) {
+            if matches!(
+                c.parts.get(&p),
+                Some(PartState::Frozen | PartState::Draining)
+            ) {
                 c.parts.insert(p, PartState::Owned);
             }
             Ok(())

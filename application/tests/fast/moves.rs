@@ -427,3 +427,56 @@ fn the_check_before_the_switch_finds_a_write_the_source_accepted_after_the_pause
         "the late write is counted once, in the source"
     );
 }
+
+#[test]
+fn the_pause_drains_the_partitions_open_transfers_before_it_freezes() {
+    use application::moves::{Freeze, PartitionStores};
+    let world = world();
+    let was = before(&world);
+    let u = users_of(moving(), 1)[0];
+    world.open_transfers(SOURCE, u, 1);
+    let id = start(&world);
+    step_until(&world, &id, MoveStep::Pausing);
+    let record = world.record(&id).unwrap();
+    assert_eq!(
+        run(PartitionStores::freeze(&world, &record)).unwrap().unwrap(),
+        Freeze::Draining { open: 1 },
+        "an open transfer keeps the partition draining"
+    );
+    assert!(
+        !world.write(SOURCE, "new", u, "USDT", 1),
+        "nothing new starts while draining"
+    );
+    assert!(
+        world.write(SOURCE, "y", bystander(), "USDT", 0),
+        "other partitions write on"
+    );
+    world.open_transfers(SOURCE, u, -1);
+    let end = run(runner(&world, MoveSettings::default()).drive(&id))
+        .unwrap()
+        .unwrap();
+    assert_eq!(end.step, MoveStep::Done, "{:?}", end.reason);
+    moved(&world, &was);
+}
+
+#[test]
+fn a_partition_whose_transfers_do_not_end_within_the_drain_is_rolled_back_whole() {
+    let world = world();
+    let was = before(&world);
+    let u = users_of(moving(), 1)[0];
+    world.open_transfers(SOURCE, u, 1);
+    let id = start(&world);
+    let settings = MoveSettings {
+        drain_max: std::time::Duration::from_millis(200),
+        ..MoveSettings::default()
+    };
+    let end = run(runner(&world, settings).drive(&id)).unwrap().unwrap();
+    assert_eq!(end.step, MoveStep::Cancelled);
+    assert_eq!(end.cancelled_at, Some(MoveStep::Pausing));
+    assert!(
+        end.reason.as_deref().unwrap_or("").contains("still open"),
+        "{:?}",
+        end.reason
+    );
+    stayed(&world, &was);
+}

@@ -1,0 +1,267 @@
+//! `application::moves::PartitionStores` over the cells' PostgreSQL databases (ADR 0023 §4-§6):
+//! the partition states (`PgMoves`), the copies (`move_copy`), the books the check before the
+//! switch compares, each cell's conservation check, and the switch itself, which flips every
+//! cell's map row in one transaction per cell (`partition_switch`, migration 0030: the target
+//! first, then the source, then the others) and appends `PartitionMoved` to the target's and the
+//! source's logs.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+
+use application::moves::{
+    Copied, Freeze, MoveId, MoveRecord, PartitionBook, PartitionStores,
+};
+use application::StoreError;
+use async_trait::async_trait;
+use cells::{CellId, Partition};
+use domain::UserId;
+use rust_decimal::Decimal;
+use serde_json::json;
+use sqlx::PgPool;
+
+use super::driver::store;
+use super::move_copy::{copy_events, copy_state};
+use super::moves::PgMoves;
+use crate::funding::FundingLedger;
+use crate::spot::SpotAdapter;
+
+/// Source feed positions one copy batch reads at most.
+const EVENTS_WINDOW: i64 = 20_000;
+
+/// One cell as a move reaches it: its database (through its FUNDING ledger) and its
+/// spot-core's adapter, for the cell's conservation check.
+#[derive(Clone)]
+pub struct MoveCell {
+    pub funding: FundingLedger,
+    pub spot: SpotAdapter,
+}
+
+impl MoveCell {
+    fn pool(&self) -> &PgPool {
+        self.funding.pool()
+    }
+}
+
+/// The cells of a map, as a move's stores.
+#[derive(Clone)]
+pub struct PgPartitionStores {
+    cells: BTreeMap<CellId, MoveCell>,
+}
+
+impl PgPartitionStores {
+    pub fn new(cells: BTreeMap<CellId, MoveCell>) -> Self {
+        Self { cells }
+    }
+
+    fn cell(&self, id: CellId) -> Result<&MoveCell, StoreError> {
+        self.cells
+            .get(&id)
+            .ok_or_else(|| StoreError::new(format!("cell {id} is not in this process's map")))
+    }
+
+    fn moves(&self, id: CellId) -> Result<PgMoves, StoreError> {
+        Ok(PgMoves::new(self.cell(id)?.pool().clone()))
+    }
+
+    /// The latest signed checkpoint of `cell`'s log (size and base64 root), if it has one.
+    async fn checkpoint(&self, cell: CellId) -> Result<serde_json::Value, StoreError> {
+        let row: Option<(i64, String)> = sqlx::query_as(
+            "SELECT size, encode(root, 'base64') FROM tlog_checkpoints ORDER BY size DESC LIMIT 1",
+        )
+        .fetch_optional(self.cell(cell)?.pool())
+        .await
+        .map_err(store)?;
+        Ok(row.map_or(serde_json::Value::Null, |(size, root)| {
+            json!({"size": size, "root": root})
+        }))
+    }
+}
+
+/// The marks' names in a move's record.
+const EVENTS_MARK: &str = "events";
+const JOURNAL_MARK: &str = "funding_journal";
+
+#[async_trait]
+impl PartitionStores for PgPartitionStores {
+    async fn mark_incoming(
+        &self,
+        cell: CellId,
+        partition: Partition,
+        id: &MoveId,
+    ) -> Result<(), StoreError> {
+        let state = self.moves(cell)?.mark_incoming(partition, id).await?;
+        let marked: Option<String> =
+            sqlx::query_scalar("SELECT move_id FROM cell_partitions WHERE partition = $1")
+                .bind(i16::from(partition.get()))
+                .fetch_one(self.cell(cell)?.pool())
+                .await
+                .map_err(store)?;
+        if state == "INCOMING" && marked.as_deref() == Some(id.0.as_str()) {
+            Ok(())
+        } else {
+            Err(StoreError::new(format!(
+                "cell {cell} cannot take partition {partition} for move {id}: it is {state} there"
+            )))
+        }
+    }
+
+    async fn copy_batch(&self, record: &MoveRecord) -> Result<Copied, StoreError> {
+        let (source, target) = (self.cell(record.from)?, self.cell(record.to)?);
+        let mark = |name: &str| record.marks.get(name).copied().unwrap_or(0);
+        let events = copy_events(
+            source.pool(),
+            target.pool(),
+            &record.id,
+            record.partition,
+            record.from,
+            mark(EVENTS_MARK),
+            EVENTS_WINDOW,
+        )
+        .await?;
+        let mut marks = record.marks.clone();
+        marks.insert(EVENTS_MARK.to_owned(), events.mark);
+        let mut rows = events.rows;
+        let mut at_end = events.at_end;
+        if at_end {
+            // The state rows once the events reached the head: each pass copies them as they
+            // are then (the one under the freeze is exact).
+            let state = copy_state(
+                source.pool(),
+                target.pool(),
+                &record.id,
+                record.partition,
+                mark(JOURNAL_MARK),
+            )
+            .await?;
+            rows += state.rows;
+            marks.insert(JOURNAL_MARK.to_owned(), state.journal_mark);
+            at_end = state.journal_mark == mark(JOURNAL_MARK);
+        }
+        Ok(Copied {
+            rows,
+            marks,
+            at_end,
+        })
+    }
+
+    async fn freeze(&self, record: &MoveRecord) -> Result<Freeze, StoreError> {
+        let (state, open) = self
+            .moves(record.from)?
+            .freeze(record.partition, &record.id)
+            .await?;
+        match state.as_str() {
+            "FROZEN" => Ok(Freeze::Frozen),
+            "DRAINING" => Ok(Freeze::Draining { open }),
+            other => Err(StoreError::new(format!(
+                "partition {} is {other} in cell {}: not this move's to freeze",
+                record.partition, record.from
+            ))),
+        }
+    }
+
+    async fn unfreeze(&self, cell: CellId, partition: Partition) -> Result<(), StoreError> {
+        self.moves(cell)?.unfreeze(partition).await
+    }
+
+    async fn void_incoming(
+        &self,
+        cell: CellId,
+        partition: Partition,
+        id: &MoveId,
+    ) -> Result<(), StoreError> {
+        self.moves(cell)?.release(partition, id).await
+    }
+
+    async fn book(&self, cell: CellId, partition: Partition) -> Result<PartitionBook, StoreError> {
+        let pool = self.cell(cell)?.pool();
+        let p = i16::from(partition.get());
+        let funding: Vec<(i64, String, Decimal)> = sqlx::query_as(
+            "SELECT user_id, asset, balance FROM funding_accounts WHERE partition = $1",
+        )
+        .bind(p)
+        .fetch_all(pool)
+        .await
+        .map_err(store)?;
+        let user = |n: i64| {
+            u64::try_from(n)
+                .ok()
+                .and_then(|n| UserId::new(n).ok())
+                .ok_or_else(|| StoreError::new(format!("user id {n}")))
+        };
+        let mut book = PartitionBook::default();
+        let mut users: Vec<i64> = Vec::new();
+        for (u, asset, balance) in funding {
+            users.push(u);
+            book.funding.insert((user(u)?, asset), balance);
+        }
+        users.sort_unstable();
+        users.dedup();
+        for (u, asset, amount) in eventlog::copies::partition_in_flight(pool, i32::from(p))
+            .await
+            .map_err(store)?
+        {
+            let amount = Decimal::from_str(&amount).map_err(StoreError::new)?;
+            book.in_flight.insert((user(u)?, asset), amount);
+        }
+        for (u, print) in eventlog::copies::history_fingerprints(pool, &users)
+            .await
+            .map_err(store)?
+        {
+            book.history.insert(user(u)?, print);
+        }
+        Ok(book)
+    }
+
+    async fn conservation_exact(&self, cell: CellId) -> Result<bool, StoreError> {
+        let c = self.cell(cell)?;
+        let report = super::check_incremental(&c.funding, &c.spot)
+            .await
+            .map_err(|e| StoreError::new(format!("cell {cell}'s conservation check: {e}")))?;
+        if !report.ok {
+            tracing::error!(cell = %cell, ?report, "a cell's conservation check is not exact during a move");
+        }
+        Ok(report.ok)
+    }
+
+    async fn switch(&self, record: &MoveRecord) -> Result<(), StoreError> {
+        let mut order = vec![record.to, record.from];
+        order.extend(
+            self.cells
+                .keys()
+                .filter(|c| **c != record.to && **c != record.from),
+        );
+        let to = i32::from(record.to.get());
+        let version = i64::try_from(record.map_version).map_err(StoreError::new)?;
+        let source_checkpoint = self.checkpoint(record.from).await?;
+        for cell in order {
+            let mut tx = self.cell(cell)?.pool().begin().await.map_err(store)?;
+            sqlx::query("SELECT partition_switch($1, $2, $3, $4)")
+                .bind(i32::from(record.partition.get()))
+                .bind(&record.id.0)
+                .bind(to)
+                .bind(version)
+                .execute(&mut *tx)
+                .await
+                .map_err(store)?;
+            if cell == record.to || cell == record.from {
+                let payload = json!({"PartitionMoved": {
+                    "partition": record.partition.get(),
+                    "from_cell": record.from.get(),
+                    "to_cell": record.to.get(),
+                    "map_version": record.map_version,
+                    "move_id": record.id.0,
+                    "source_checkpoint": source_checkpoint,
+                    "events": {
+                        "through": record.marks.get(EVENTS_MARK).copied().unwrap_or(0),
+                        "copied": record.copied,
+                    },
+                }});
+                eventlog::copies::append_partition_moved(&mut tx, &record.id.0, &payload)
+                    .await
+                    .map_err(store)?;
+            }
+            tx.commit().await.map_err(store)?;
+        }
+        Ok(())
+    }
+}
