@@ -21,7 +21,7 @@ mod run;
 mod verify;
 
 pub use ports::{
-    Copied, Freeze, MoveRecords, PartitionBook, PartitionHold, PartitionStores, SpotMoves, SpotPayload,
+    Copied, Freeze, MoveRecords, NoHold, PartitionBook, PartitionHold, PartitionStores, SpotMoves, SpotPayload,
     Started,
 };
 pub use record::{Marks, MoveId, MoveRecord, MoveStep};

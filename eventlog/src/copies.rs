@@ -1,7 +1,7 @@
 //! A partition move's copy of events (ADR 0023 §5): the source's events of one partition's
 //! users, read window by window of feed positions, and their append to the target's feed with
 //! the target's next dense positions under the feed's lock, each keeping its key and its
-//! payload's text and carrying its origin in its metadata (never part of the log's leaf). The
+//! payload's text and carrying its origin in its metadata (`origin_cell`, `origin_position`, `origin_move`; never part of the log's leaf). The
 //! caller (`adapters::pg::move_copy`) holds the target's transaction and its INCOMING check.
 
 use chrono::{DateTime, Utc};
@@ -45,8 +45,9 @@ pub async fn partition_window(
     .await
 }
 
-/// Appends `rows` to the target's feed in their order, skipping keys it holds, each with
-/// `origin {cell: from_cell, position, move: move_id}` in its metadata; answers how many it
+/// Appends `rows` to the target's feed in their order, skipping keys it holds, each with its
+/// origin in its metadata: `origin_cell`, `origin_position` and `origin_move`, as strings (an
+/// event's metadata is a flat map of strings to the aggregate's store); answers how many it
 /// wrote.
 pub async fn append_copies(
     conn: &mut PgConnection,
@@ -71,8 +72,8 @@ pub async fn append_copies(
          INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version,
                              payload, metadata, user_id, occurred_at, feed_position)
          SELECT f.t, f.id, f.seq, f.et, f.v, f.p::json,
-                (f.m || jsonb_build_object('origin', jsonb_build_object(
-                    'cell', $11::int, 'position', f.origin, 'move', $12::text)))::json,
+                (f.m || jsonb_build_object('origin_cell', $11::int::text,
+                    'origin_position', f.origin::text, 'origin_move', $12::text))::json,
                 f.owner, f.at, head.before + f.k
          FROM fresh f, head ORDER BY f.k",
     )

@@ -90,7 +90,7 @@ pub struct AuditRow {
 
 /// Every transfer with an event whose transaction id is at or above `since` (0: every transfer)
 /// or whose req_id is in `ids`, each read by key, streamed on `conn` (the caller's snapshot).
-/// Events a partition move copied in (an `origin` in their metadata) are not this cell's work:
+/// Events a partition move copied in (an `origin_move` in their metadata) are not this cell's work:
 /// the move brings their partition's totals in at its switch (ADR 0023 §5).
 /// Its cost follows the events after `since` plus `ids`, not the log's length.
 pub fn audit_transfers<'c>(
@@ -107,7 +107,7 @@ pub fn audit_transfers<'c>(
     let rows = sqlx::query_as::<_, (String, Value, String, i64, Value, String)>(
         "WITH ids AS (
              SELECT aggregate_id FROM events
-             WHERE tx_id >= $1::text::xid8 AND NOT (metadata::jsonb ? 'origin')
+             WHERE tx_id >= $1::text::xid8 AND NOT (metadata::jsonb ? 'origin_move')
              UNION
              SELECT unnest($2::text[])
          )

@@ -393,7 +393,7 @@ async fn cells_move_003_the_copy_appends_a_partitions_history_densely_once_and_o
             .unwrap();
     assert_eq!(count, head, "the target's feed stays dense");
     let origins: Vec<(i32, i64)> = sqlx::query_as(
-        "SELECT (metadata->'origin'->>'cell')::int, e.feed_position - (metadata->'origin'->>'position')::bigint
+        "SELECT (metadata->>'origin_cell')::int, e.feed_position - (metadata->>'origin_position')::bigint
          FROM events e ORDER BY feed_position",
     )
     .fetch_all(&target.pool)

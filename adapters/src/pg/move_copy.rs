@@ -3,7 +3,7 @@
 //! by window, appended to the target's feed in their order with the target's next positions
 //! (dense, under the feed's lock, as every appender takes it), each keeping its key
 //! (`aggregate_type`, `aggregate_id`, `sequence`: the event id is the same in both cells) and
-//! carrying its origin in its metadata (`origin: {cell, position, move}`).
+//! carrying its origin in its metadata (`origin_cell`, `origin_position`, `origin_move`).
 //!
 //! The mark is a source feed position: each call reads the positions after it, up to a window,
 //! so the whole history is read once while the partition is live and each later pass reads only
@@ -73,7 +73,12 @@ pub struct CopiedState {
     pub rows: u64,
     /// The last FUNDING journal id of the source copied: the next copy starts after it.
     pub journal_mark: i64,
+    /// Whether the journal's read was a full page: more rows may follow the mark.
+    pub journal_more: bool,
 }
+
+/// FUNDING journal rows one copy reads at most.
+const JOURNAL_PAGE: usize = 20_000;
 
 /// Per table: the source's rows of the partition (as a JSON array; `$1` the partition, `$2` a
 /// mark where the table has one), and the target's statement taking them (`$1` the array).
@@ -155,6 +160,9 @@ pub async fn copy_state(
         };
         rows.push(query.fetch_one(source).await.map_err(store)?);
     }
+    let journal_more = rows[1]
+        .as_array()
+        .is_some_and(|journal| journal.len() >= JOURNAL_PAGE);
     let next_mark = rows[1]
         .as_array()
         .and_then(|journal| journal.last())
@@ -167,6 +175,7 @@ pub async fn copy_state(
         return Ok(CopiedState {
             rows: 0,
             journal_mark,
+            journal_more: false,
         });
     }
     let mut written = 0;
@@ -182,6 +191,7 @@ pub async fn copy_state(
     Ok(CopiedState {
         rows: written,
         journal_mark: next_mark,
+        journal_more,
     })
 }
 

@@ -135,7 +135,9 @@ impl PartitionStores for PgPartitionStores {
             .await?;
             rows += state.rows;
             marks.insert(JOURNAL_MARK.to_owned(), state.journal_mark);
-            at_end = state.journal_mark == mark(JOURNAL_MARK);
+            // At the end as of this batch's reads: a pass under steady writes ends too, and the
+            // next pass (or the one under the freeze) takes what came meanwhile.
+            at_end = !state.journal_more;
         }
         Ok(Copied {
             rows,

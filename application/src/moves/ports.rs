@@ -169,3 +169,14 @@ pub trait PartitionHold: Send + Sync {
     async fn hold(&self, partition: Partition);
     async fn release(&self, partition: Partition);
 }
+
+/// No hold (ADR 0023 §3 as built): a write of the moving partition's users meets the fence and
+/// is answered 503 with `Retry-After: 1`; nothing waits in the front.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoHold;
+
+#[async_trait]
+impl PartitionHold for NoHold {
+    async fn hold(&self, _partition: Partition) {}
+    async fn release(&self, _partition: Partition) {}
+}
