@@ -25,6 +25,10 @@
 //!
 //! A cell that is down, or whose share of the requests in flight is taken (its bulkhead,
 //! `slot.rs`), is answered at once: 503 SYSTEM_ERROR naming the cell.
+//!
+//! The placement is the map held now (`map.rs`): reloaded when a cell's stored map is newer, and
+//! a user's write (its body buffered) that a cell refuses at the partition fence is sent once
+//! more to the user's cell under the reloaded map.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -36,7 +40,7 @@ use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH};
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
-use cells::{CellId, Placement};
+use cells::CellId;
 use domain::UserId;
 use edge::auth::{bearer_token, Identity, JwtKeys};
 use edge::config::BODY_BYTES_MAX;
@@ -46,6 +50,7 @@ use serde_json::{json, Value};
 use tower::ServiceExt;
 
 use crate::claims::Claims;
+use crate::map::LiveMap;
 use crate::slot::{self, Refusal, Slots};
 
 /// The bulk route (`command_api`'s), which an admin's token may fill with users of many cells.
@@ -54,7 +59,8 @@ const BULK_PATH: &str = "/api/v1/internal_transfers";
 /// The routers of every cell and how users are placed in them. Cheap to clone.
 #[derive(Clone)]
 pub struct Front {
-    placement: Placement,
+    /// The cell map routed by, reloadable (`map.rs`).
+    pub(crate) map: Arc<LiveMap>,
     pub(crate) slots: Slots,
     home: CellId,
     pub(crate) keys: Arc<JwtKeys>,
@@ -74,10 +80,10 @@ struct NamedUser {
 }
 
 impl Front {
-    /// The front over `slots` (one per cell the placement names), verifying tokens with
-    /// `jwt_secret` as every cell's router does.
+    /// The front over `slots` (one per cell the map names), routing by `map`, verifying tokens
+    /// with `jwt_secret` as every cell's router does.
     pub fn new(
-        placement: Placement,
+        map: Arc<LiveMap>,
         slots: Slots,
         jwt_secret: &[u8],
         bulk_max: usize,
@@ -89,7 +95,7 @@ impl Front {
             .next()
             .expect("a cell map names at least one cell");
         Self {
-            placement,
+            map,
             slots,
             home,
             keys: Arc::new(JwtKeys::new(jwt_secret)),
@@ -122,9 +128,9 @@ impl Front {
         )
     }
 
-    /// The cell of `user`.
+    /// The cell of `user`, under the map held now.
     pub(crate) fn cell_of(&self, user: UserId) -> CellId {
-        self.placement.cell_of(user)
+        self.map.cell_of(user)
     }
 
     /// Hands `req` to `cell`'s router and returns its answer; a cell that is down or saturated
@@ -214,8 +220,7 @@ impl Front {
             Err(refused) => return refused,
         };
         let (user, _) = named(&bytes, admin);
-        let req = Request::from_parts(parts, Body::from(bytes));
-        self.forward(self.cell_of(user), req).await
+        self.to_user(user, parts, bytes).await
     }
 
     /// An external deposit: its external_id is claimed across cells first (`claims.rs`), then it
@@ -250,8 +255,26 @@ impl Front {
                 }
             }
         }
-        let req = Request::from_parts(parts, Body::from(bytes));
-        self.forward(self.cell_of(user), req).await
+        self.to_user(user, parts, bytes).await
+    }
+
+    /// A user's own request: to the user's cell; a write's body is buffered first (up to its
+    /// route's limit), so that a write fenced in the user's old cell can be sent to its new one
+    /// (`map.rs`).
+    async fn own(&self, user: UserId, req: Request) -> Response {
+        if matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
+            return self.forward(self.cell_of(user), req).await;
+        }
+        let limit = if req.uri().path() == BULK_PATH {
+            application::bulk::body_bytes_max(self.bulk_max)
+        } else {
+            BODY_BYTES_MAX
+        };
+        let (parts, body) = req.into_parts();
+        match buffered(body, limit).await {
+            Ok(bytes) => self.to_user(user, parts, bytes).await,
+            Err(refused) => refused,
+        }
     }
 
     /// A route that names only a req_id: asked of each cell in turn (ADR 0017 §5). The first
@@ -329,7 +352,7 @@ async fn route(State(front): State<Front>, req: Request) -> Response {
     }
     match identity {
         Some(id) if id.admin => front.admin(id, req).await,
-        Some(id) => front.forward(front.cell_of(id.user_id), req).await,
+        Some(id) => front.own(id.user_id, req).await,
         None => front.forward(front.any_cell(), req).await,
     }
 }
