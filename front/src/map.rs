@@ -6,7 +6,8 @@
 //!
 //! - when a cell answers a write with the partition fence's refusal (a 503 carrying
 //!   `edge::error::ROUTE_AGAIN`: nothing was written): the map is reloaded and, if the request's
-//!   user now lives in another cell, the request is sent there once more ([`Front::to_user`]);
+//!   user now lives in another cell, the request is sent there once more (`Front::to_user`,
+//!   `route.rs`);
 //! - when a cell's watcher (`ledger/src/cellular/watch.rs`) reads a higher version than the
 //!   one held (every `LEDGER_MAP_RELOAD_PROBES` probes).
 //!
@@ -29,7 +30,6 @@ use domain::UserId;
 use edge::error::{ROUTE_AGAIN, ROUTE_AGAIN_MAP};
 
 use crate::slot::Slots;
-use crate::Front;
 
 /// The longest one cell's stored map may take to be read during a reload.
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
@@ -188,32 +188,6 @@ pub(crate) fn rebuilt(parts: &Parts, bytes: Bytes) -> Request {
         .expect("a copy of a valid request is valid");
     *req.headers_mut() = parts.headers.clone();
     req
-}
-
-impl Front {
-    /// Sends a write of `user`'s (its body buffered) to the user's cell; when that cell refuses
-    /// it at the partition fence, reloads the map and, if the user lives in another cell under
-    /// it, sends it once more there (the refused write wrote nothing). Otherwise the cell's
-    /// answer stands, the 503 to retry included.
-    pub(crate) async fn to_user(&self, user: UserId, parts: Parts, bytes: Bytes) -> Response {
-        let cell = self.cell_of(user);
-        let answer = self.forward(cell, rebuilt(&parts, bytes.clone())).await;
-        if !routes_again(&answer) {
-            return answer;
-        }
-        self.map.reload_from(&self.slots).await;
-        let now = self.cell_of(user);
-        if now == cell {
-            return answer;
-        }
-        tracing::info!(
-            user = user.get(),
-            from = %cell,
-            to = %now,
-            "a write fenced in its user's old cell is sent to its new one"
-        );
-        self.forward(now, rebuilt(&parts, bytes)).await
-    }
 }
 
 #[cfg(test)]

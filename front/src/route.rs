@@ -37,6 +37,7 @@ use application::external_ids::Claim;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH};
+use axum::http::request::Parts;
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
@@ -50,7 +51,7 @@ use serde_json::{json, Value};
 use tower::ServiceExt;
 
 use crate::claims::Claims;
-use crate::map::LiveMap;
+use crate::map::{rebuilt, routes_again, LiveMap};
 use crate::slot::{self, Refusal, Slots};
 
 /// The bulk route (`command_api`'s), which an admin's token may fill with users of many cells.
@@ -256,6 +257,30 @@ impl Front {
             }
         }
         self.to_user(user, parts, bytes).await
+    }
+
+    /// Sends a write of `user`'s (its body buffered) to the user's cell; when that cell refuses
+    /// it at the partition fence, reloads the map and, if the user lives in another cell under
+    /// it, sends it once more there (the refused write wrote nothing). Otherwise the cell's
+    /// answer stands, the 503 to retry included.
+    pub(crate) async fn to_user(&self, user: UserId, parts: Parts, bytes: Bytes) -> Response {
+        let cell = self.cell_of(user);
+        let answer = self.forward(cell, rebuilt(&parts, bytes.clone())).await;
+        if !routes_again(&answer) {
+            return answer;
+        }
+        self.map.reload_from(&self.slots).await;
+        let now = self.cell_of(user);
+        if now == cell {
+            return answer;
+        }
+        tracing::info!(
+            user = user.get(),
+            from = %cell,
+            to = %now,
+            "a write fenced in its user's old cell is sent to its new one"
+        );
+        self.forward(now, rebuilt(&parts, bytes)).await
     }
 
     /// A user's own request: to the user's cell; a write's body is buffered first (up to its

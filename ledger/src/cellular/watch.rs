@@ -12,7 +12,8 @@
 //! process that stopped between the home cell's write and the fan-out leaves no cell behind for
 //! longer). Every `LEDGER_MAP_RELOAD_PROBES` probes (default every one; 0: never) the probe
 //! reads the cell's stored map version instead of `SELECT 1`, and a version higher than the
-//! front's makes the front reload the map (`front::map`, ADR 0023 §1). The watcher owns the
+//! front's makes the front reload the map (`front::map`, ADR 0023 §1) and the cell's spot-core
+//! client name it in its next `hello`s. The watcher owns the
 //! cell's background tasks: it stops them when the process stops and reports one that ends.
 
 use std::sync::Arc;
@@ -70,6 +71,8 @@ pub struct Reached {
     probe: sqlx::PgPool,
     /// The cell's stored map read over the probe's connection.
     probe_map: PgCellMap,
+    /// The cell's spot-core client, whose `hello` names the cell's stored map version.
+    spot: adapters::SpotAdapter,
     /// The pool its requests use (sifted before the cell serves again).
     pool: sqlx::PgPool,
 }
@@ -79,6 +82,7 @@ pub struct Reached {
 /// [`CellSlot::install`] has the answer.
 pub async fn reach(shared: &Shared, spec: &CellSpec) -> Result<(Served, Reached), ConnectError> {
     let link = shared.reach.connect(spec).await?;
+    let spot = link.spot.clone();
     let settings = &shared.reach.settings;
     let (mut assembled, mut serving) = configured(
         settings,
@@ -135,6 +139,7 @@ pub async fn reach(shared: &Shared, spec: &CellSpec) -> Result<(Served, Reached)
             tasks,
             probe,
             probe_map,
+            spot,
             pool,
         },
     ))
@@ -251,8 +256,17 @@ async fn watch_reached(shared: &Shared, slot: &CellSlot, parts: &Reached, probes
         }
         return;
     };
-    if version.is_some_and(|v| v > shared.map.version()) {
-        shared.map.reload_from(&shared.slots).await;
+    if let Some(version) = version {
+        // The engine's hello names the version the cell holds now, as at start-up
+        // (`connect.rs`), so an engine a switch has told of it does not refuse this process.
+        if let Some(client) = parts.spot.tcp_client() {
+            if client.map_version().is_none_or(|held| version > held) {
+                client.set_map_version(Some(version));
+            }
+        }
+        if version > shared.map.version() {
+            shared.map.reload_from(&shared.slots).await;
+        }
     }
     let due = !slot.is_up() || probes.is_multiple_of(ASSET_SYNC_EVERY);
     if !due {
