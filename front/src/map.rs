@@ -166,7 +166,7 @@ impl LiveMap {
 }
 
 fn refused(why: String) -> Reload {
-    tracing::warn!(why, "a newer cell map was found but not installed");
+    tracing::warn!(%why, "a newer cell map was found but not installed");
     Reload::Refused(why)
 }
 

@@ -59,8 +59,8 @@ fn stores(of: &[&Arc<Stored>]) -> Vec<(CellId, Arc<dyn CellMapStore>)> {
     of.iter()
         .enumerate()
         .map(|(i, s)| {
-            let s: Arc<dyn CellMapStore> = Arc::clone(s) as Arc<dyn CellMapStore>;
-            (cell(i as u64 + 1), s)
+            let s: Arc<dyn CellMapStore> = (*s).clone();
+            (cell(u64::try_from(i).unwrap() + 1), s)
         })
         .collect()
 }
