@@ -187,10 +187,7 @@ mod tests {
     fn a_stored_map_is_a_placement_only_when_it_names_each_partition_once() {
         let map = three_cells();
         let mut stored: Vec<_> = map.assignments().collect();
-        assert_eq!(
-            Placement::of_stored(&stored),
-            Some(Placement::of_map(&map))
-        );
+        assert_eq!(Placement::of_stored(&stored), Some(Placement::of_map(&map)));
         stored[17].1 = CellId::new(2).unwrap();
         let moved = Placement::of_stored(&stored).unwrap();
         assert_eq!(moved.owner(Partition::new(17).unwrap()).get(), 2);

@@ -402,7 +402,10 @@ mod tests {
         assert_eq!(response.headers()["retry-after"], "1");
         assert_eq!(response.headers()[ROUTE_AGAIN], ROUTE_AGAIN_MAP);
         let other = ApiError::Unavailable("spot-core".into()).into_response();
-        assert!(other.headers().get(ROUTE_AGAIN).is_none(), "only the fence's");
+        assert!(
+            other.headers().get(ROUTE_AGAIN).is_none(),
+            "only the fence's"
+        );
         let lost = CoordinatorError::outcome_unknown("connection reset");
         let (status, body) = rendered(coordinator_error(lost)).await;
         assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");

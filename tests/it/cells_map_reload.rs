@@ -123,7 +123,11 @@ async fn cells_map_003_a_write_fenced_in_the_old_cell_reloads_the_map_and_reache
     assert_eq!(answer.status(), 503);
     assert_eq!(answer.headers()["retry-after"], "1");
     assert_eq!(answer.headers()[edge::error::ROUTE_AGAIN], "map");
-    assert_eq!(written_in(one, p).await, before, "the older map was not installed");
+    assert_eq!(
+        written_in(one, p).await,
+        before,
+        "the older map was not installed"
+    );
     assert!(!ledger.log().contains("map version 2 -> 1"));
     let (status, balances) = call(
         base,
@@ -134,7 +138,11 @@ async fn cells_map_003_a_write_fenced_in_the_old_cell_reloads_the_map_and_reache
     )
     .await;
     assert_eq!(status, 200, "{balances}");
-    assert_eq!(usdt_funding(&balances), "30", "b's balance is read from cell 2");
+    assert_eq!(
+        usdt_funding(&balances),
+        "30",
+        "b's balance is read from cell 2"
+    );
 }
 
 #[tokio::test]

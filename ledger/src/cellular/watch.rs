@@ -241,9 +241,10 @@ async fn probe(parts: &Reached, version: bool) -> Option<Option<u64>> {
         let read = tokio::time::timeout(PROBE_TIMEOUT, parts.probe_map.map_version()).await;
         return read.ok()?.ok().map(Some);
     }
-    let answered = tokio::time::timeout(PROBE_TIMEOUT, sqlx::query("SELECT 1").execute(&parts.probe))
-        .await
-        .is_ok_and(|r| r.is_ok());
+    let answered =
+        tokio::time::timeout(PROBE_TIMEOUT, sqlx::query("SELECT 1").execute(&parts.probe))
+            .await
+            .is_ok_and(|r| r.is_ok());
     answered.then_some(None)
 }
 
