@@ -48,6 +48,7 @@ use edge::config::BODY_BYTES_MAX;
 use edge::error::ApiError;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use tokio::sync::OwnedSemaphorePermit;
 use tower::ServiceExt;
 
 use crate::claims::Claims;
@@ -137,19 +138,21 @@ impl Front {
     /// Hands `req` to `cell`'s router and returns its answer; a cell that is down or saturated
     /// is answered here at once (503 naming it), so its requests never wait on its pool.
     pub(crate) async fn forward(&self, cell: CellId, req: Request) -> Response {
-        let Some(slot) = self.slots.get(&cell) else {
-            return ApiError::Internal(format!("no router for cell {cell}")).into_response();
-        };
-        let (app, permit) = match slot.admit() {
+        let (app, permit) = match self.admitted(cell) {
             Ok(admitted) => admitted,
-            Err(why) => return slot::refused(cell, &why),
+            Err(refused) => return refused,
         };
-        let answer = match app.oneshot(req).await {
-            Ok(response) => response,
-            Err(never) => match never {},
-        };
+        let answer = answered(app, req).await;
         drop(permit);
         answer
+    }
+
+    /// `cell`'s router and a permit of its bulkhead, or the answer refusing the request.
+    fn admitted(&self, cell: CellId) -> Result<(Router, OwnedSemaphorePermit), Response> {
+        let Some(slot) = self.slots.get(&cell) else {
+            return Err(ApiError::Internal(format!("no router for cell {cell}")).into_response());
+        };
+        slot.admit().map_err(|why| slot::refused(cell, &why))
     }
 
     /// The cells, ascending.
@@ -266,6 +269,20 @@ impl Front {
     pub(crate) async fn to_user(&self, user: UserId, parts: Parts, bytes: Bytes) -> Response {
         let cell = self.cell_of(user);
         let answer = self.forward(cell, rebuilt(&parts, bytes.clone())).await;
+        self.again_if_fenced(user, cell, answer, &parts, bytes)
+            .await
+    }
+
+    /// `answer`, `cell`'s to a write of `user`'s, unless it is the partition fence's refusal and
+    /// the user lives in another cell under the reloaded map: then that cell's answer.
+    async fn again_if_fenced(
+        &self,
+        user: UserId,
+        cell: CellId,
+        answer: Response,
+        parts: &Parts,
+        bytes: Bytes,
+    ) -> Response {
         if !routes_again(&answer) {
             return answer;
         }
@@ -280,26 +297,35 @@ impl Front {
             to = %now,
             "a write fenced in its user's old cell is sent to its new one"
         );
-        self.forward(now, rebuilt(&parts, bytes)).await
+        self.forward(now, rebuilt(parts, bytes)).await
     }
 
-    /// A user's own request: to the user's cell; a write's body is buffered first (up to its
-    /// route's limit), so that a write fenced in the user's old cell can be sent to its new one
-    /// (`map.rs`).
+    /// A user's own request: to the user's cell. A write's body is read whole (up to its
+    /// route's limit) once the cell's bulkhead has admitted it, as the cell would read it, so
+    /// that a write fenced in the user's old cell can be sent to its new one (`map.rs`).
     async fn own(&self, user: UserId, req: Request) -> Response {
+        let cell = self.cell_of(user);
         if matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
-            return self.forward(self.cell_of(user), req).await;
+            return self.forward(cell, req).await;
         }
         let limit = if req.uri().path() == BULK_PATH {
             application::bulk::body_bytes_max(self.bulk_max)
         } else {
             BODY_BYTES_MAX
         };
+        let (app, permit) = match self.admitted(cell) {
+            Ok(admitted) => admitted,
+            Err(refused) => return refused,
+        };
         let (parts, body) = req.into_parts();
-        match buffered(body, limit).await {
-            Ok(bytes) => self.to_user(user, parts, bytes).await,
-            Err(refused) => refused,
-        }
+        let bytes = match buffered(body, limit).await {
+            Ok(bytes) => bytes,
+            Err(refused) => return refused,
+        };
+        let answer = answered(app, rebuilt(&parts, bytes.clone())).await;
+        drop(permit);
+        self.again_if_fenced(user, cell, answer, &parts, bytes)
+            .await
     }
 
     /// A route that names only a req_id: asked of each cell in turn (ADR 0017 §5). The first
@@ -379,6 +405,14 @@ async fn route(State(front): State<Front>, req: Request) -> Response {
         Some(id) if id.admin => front.admin(id, req).await,
         Some(id) => front.own(id.user_id, req).await,
         None => front.forward(front.any_cell(), req).await,
+    }
+}
+
+/// `app`'s answer to `req`.
+async fn answered(app: Router, req: Request) -> Response {
+    match app.oneshot(req).await {
+        Ok(response) => response,
+        Err(never) => match never {},
     }
 }
 
