@@ -140,19 +140,17 @@ impl Front {
     pub(crate) async fn forward(&self, cell: CellId, req: Request) -> Response {
         let (app, permit) = match self.admitted(cell) {
             Ok(admitted) => admitted,
-            Err(refused) => return refused,
+            Err(why) => return not_admitted(cell, why),
         };
         let answer = answered(app, req).await;
         drop(permit);
         answer
     }
 
-    /// `cell`'s router and a permit of its bulkhead, or the answer refusing the request.
-    fn admitted(&self, cell: CellId) -> Result<(Router, OwnedSemaphorePermit), Response> {
-        let Some(slot) = self.slots.get(&cell) else {
-            return Err(ApiError::Internal(format!("no router for cell {cell}")).into_response());
-        };
-        slot.admit().map_err(|why| slot::refused(cell, &why))
+    /// `cell`'s router and a permit of its bulkhead, or why not (`None`: no such cell here).
+    fn admitted(&self, cell: CellId) -> Result<(Router, OwnedSemaphorePermit), Option<Refusal>> {
+        let slot = self.slots.get(&cell).ok_or(None)?;
+        slot.admit().map_err(Some)
     }
 
     /// The cells, ascending.
@@ -315,7 +313,7 @@ impl Front {
         };
         let (app, permit) = match self.admitted(cell) {
             Ok(admitted) => admitted,
-            Err(refused) => return refused,
+            Err(why) => return not_admitted(cell, why),
         };
         let (parts, body) = req.into_parts();
         let bytes = match buffered(body, limit).await {
@@ -405,6 +403,15 @@ async fn route(State(front): State<Front>, req: Request) -> Response {
         Some(id) if id.admin => front.admin(id, req).await,
         Some(id) => front.own(id.user_id, req).await,
         None => front.forward(front.any_cell(), req).await,
+    }
+}
+
+/// The answer to a request `cell` did not admit: 503 naming it (down or saturated), or 500
+/// for a cell this process does not serve.
+fn not_admitted(cell: CellId, why: Option<Refusal>) -> Response {
+    match why {
+        Some(why) => slot::refused(cell, &why),
+        None => ApiError::Internal(format!("no router for cell {cell}")).into_response(),
     }
 }
 
