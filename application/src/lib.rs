@@ -27,6 +27,7 @@ pub mod assets;
 pub mod audit;
 pub mod books;
 pub mod bulk;
+pub mod cell_map;
 pub mod coordinator;
 pub mod daily;
 pub mod drive;

@@ -55,6 +55,22 @@ impl Placement {
         }
     }
 
+    /// The placement a cell's stored map gives (ADR 0023 §1): `None` unless it names every
+    /// partition exactly once.
+    pub fn of_stored(stored: &[(Partition, CellId)]) -> Option<Self> {
+        let mut owners: Vec<Option<CellId>> = vec![None; usize::from(PARTITIONS)];
+        for (partition, cell) in stored {
+            let slot = &mut owners[usize::from(partition.get())];
+            if slot.replace(*cell).is_some() {
+                return None;
+            }
+        }
+        let owners: Option<Vec<CellId>> = owners.into_iter().collect();
+        owners.map(|owners| Self {
+            owners: owners.into(),
+        })
+    }
+
     /// The cell `user` lives in.
     pub fn cell_of(&self, user: UserId) -> CellId {
         self.owner(partition_of(user))
@@ -165,6 +181,20 @@ mod tests {
             mismatch.to_string(),
             "partition 17: the cell's database says cell 2, the cell map says cell 1"
         );
+    }
+
+    #[test]
+    fn a_stored_map_is_a_placement_only_when_it_names_each_partition_once() {
+        let map = three_cells();
+        let mut stored: Vec<_> = map.assignments().collect();
+        assert_eq!(Placement::of_stored(&stored), Some(Placement::of_map(&map)));
+        stored[17].1 = CellId::new(2).unwrap();
+        let moved = Placement::of_stored(&stored).unwrap();
+        assert_eq!(moved.owner(Partition::new(17).unwrap()).get(), 2);
+        stored.push(stored[3]);
+        assert_eq!(Placement::of_stored(&stored), None, "a partition twice");
+        stored.truncate(255);
+        assert_eq!(Placement::of_stored(&stored), None, "a partition missing");
     }
 
     #[test]

@@ -180,7 +180,7 @@ fn item_request(item: Value, caller: &AuthUser) -> Result<TransferRequest, ApiEr
 fn refused(e: ApiError) -> BulkResult {
     match &e {
         ApiError::Internal(detail) => tracing::error!(%detail, "bulk item failed inside"),
-        ApiError::Unavailable(detail) => {
+        ApiError::Unavailable(detail) | ApiError::Fenced(detail) => {
             tracing::warn!(%detail, "bulk item: backing service unavailable")
         }
         _ => {}

@@ -12,6 +12,13 @@ use axum::Json;
 use domain::{ErrorCode, ReqId, TransferState};
 use serde_json::json;
 
+/// The header on a write's 503 that the partition fence refused (value [`ROUTE_AGAIN_MAP`]):
+/// the cell map the request was routed by is older than the cell's, so routing it again under
+/// the newer map may reach the user's cell (ADR 0023 §1; `front::map`). `docs/contract.md`.
+pub const ROUTE_AGAIN: &str = "ledger-route-again";
+/// [`ROUTE_AGAIN`]'s one value.
+pub const ROUTE_AGAIN_MAP: &str = "map";
+
 /// Everything a request can end in other than success.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ApiError {
@@ -51,6 +58,11 @@ pub enum ApiError {
     TransferFailed { code: String, req_id: ReqId },
     /// 503 SYSTEM_ERROR: a dependency (spot-core) cannot answer now. The detail is logged only.
     Unavailable(String),
+    /// 503 SYSTEM_ERROR, as [`ApiError::Unavailable`], for a write the cell's partition fence
+    /// refused (ADR 0023 §2): nothing was written, and the answer also carries
+    /// [`ROUTE_AGAIN`]` = map`, so that the front reloads the cell map and sends the request
+    /// once more to the user's cell under it. The detail is logged only.
+    Fenced(String),
     /// 500 SYSTEM_ERROR: anything else that went wrong inside. The detail is logged only.
     Internal(String),
 }
@@ -225,7 +237,7 @@ impl ApiError {
             Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::Refused(code) | Self::RefusedBecause { code, .. } => status_of(*code),
             Self::TransferFailed { .. } => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable(_) | Self::Fenced(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -243,7 +255,7 @@ impl ApiError {
             | Self::RequestTimeout => ErrorCode::BadRequest,
             Self::Refused(code) | Self::RefusedBecause { code, .. } => *code,
             Self::TransferFailed { code, .. } => return code.clone(),
-            Self::Unavailable(_) | Self::Internal(_) => ErrorCode::SystemError,
+            Self::Unavailable(_) | Self::Fenced(_) | Self::Internal(_) => ErrorCode::SystemError,
         };
         code.as_str().to_owned()
     }
@@ -266,7 +278,9 @@ impl ApiError {
                 Some(code) => format!("transfer failed: {}", describe(code)),
                 None => "transfer failed: the source account refused it".to_owned(),
             },
-            Self::Unavailable(_) => "a backing service is unavailable; retry later".to_owned(),
+            Self::Unavailable(_) | Self::Fenced(_) => {
+                "a backing service is unavailable; retry later".to_owned()
+            }
             Self::Unauthorized => describe(ErrorCode::Unauthorized).to_owned(),
             Self::Forbidden => describe(ErrorCode::Forbidden).to_owned(),
             Self::NotFound => describe(ErrorCode::NotFound).to_owned(),
@@ -298,7 +312,7 @@ pub fn coordinator_error(e: CoordinatorError) -> ApiError {
         // The user's partition is frozen for a move or moved (ADR 0023 §2): nothing was
         // written; the client retries shortly, and the front routes it under the new map.
         e @ CoordinatorError::OutcomeUnknown(_) if e.is_fenced() => {
-            ApiError::Unavailable(format!("partition fence: {}", application::error_chain(&e)))
+            ApiError::Fenced(format!("partition fence: {}", application::error_chain(&e)))
         }
         e @ CoordinatorError::OutcomeUnknown(_) => {
             ApiError::Internal(format!("event store: {}", application::error_chain(&e)))
@@ -318,7 +332,9 @@ impl IntoResponse for ApiError {
         // The detail of an internal failure is for operators; the client gets a generic message.
         match &self {
             Self::Internal(detail) => tracing::error!(%detail, "request failed inside"),
-            Self::Unavailable(detail) => tracing::warn!(%detail, "backing service unavailable"),
+            Self::Unavailable(detail) | Self::Fenced(detail) => {
+                tracing::warn!(%detail, "backing service unavailable")
+            }
             _ => {}
         }
         // A limit refusal says when to come back: the next second, or the next UTC day.
@@ -328,14 +344,21 @@ impl IntoResponse for ApiError {
                 Some(application::daily::secs_until_next_day(chrono::Utc::now()))
             }
             // A backing service or a partition's move: worth trying again in a second.
-            Self::Unavailable(_) => Some(1),
+            Self::Unavailable(_) | Self::Fenced(_) => Some(1),
             _ => None,
         };
+        let fenced = matches!(self, Self::Fenced(_));
         let mut response = (self.status(), Json(self.body())).into_response();
         if let Some(secs) = retry_after {
             response
                 .headers_mut()
                 .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        if fenced {
+            response.headers_mut().insert(
+                ROUTE_AGAIN,
+                axum::http::HeaderValue::from_static(ROUTE_AGAIN_MAP),
+            );
         }
         response
     }
@@ -377,6 +400,12 @@ mod tests {
         let response = coordinator_error(fenced).into_response();
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.headers()["retry-after"], "1");
+        assert_eq!(response.headers()[ROUTE_AGAIN], ROUTE_AGAIN_MAP);
+        let other = ApiError::Unavailable("spot-core".into()).into_response();
+        assert!(
+            other.headers().get(ROUTE_AGAIN).is_none(),
+            "only the fence's"
+        );
         let lost = CoordinatorError::outcome_unknown("connection reset");
         let (status, body) = rendered(coordinator_error(lost)).await;
         assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");

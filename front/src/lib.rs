@@ -8,6 +8,8 @@
 //!
 //! - `route.rs`: [`Front`], the router: by the token's user, by what an admin's request names,
 //!   a bulk request split per cell, a req_id looked up in each cell in turn.
+//! - `map.rs`: the cell map routed by, reloaded from the cells' stored maps when one is newer
+//!   (a write refused at the partition fence is sent once more under it).
 //! - `slot.rs`: each cell's place: whether it serves, what it serves with, its bulkhead.
 //! - `claims.rs`: where a deposit's external_id is claimed (its claim cell).
 //! - `views.rs`, `fanout.rs`: the admin views fanned out to every cell and merged (transfers,
@@ -20,6 +22,7 @@ pub mod checks;
 pub mod claims;
 pub mod fanout;
 pub mod feed;
+pub mod map;
 pub mod route;
 pub mod slot;
 pub mod views;

@@ -25,6 +25,10 @@
 //!
 //! A cell that is down, or whose share of the requests in flight is taken (its bulkhead,
 //! `slot.rs`), is answered at once: 503 SYSTEM_ERROR naming the cell.
+//!
+//! The placement is the map held now (`map.rs`): reloaded when a cell's stored map is newer, and
+//! a user's write (its body buffered) that a cell refuses at the partition fence is sent once
+//! more to the user's cell under the reloaded map.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -33,19 +37,22 @@ use application::external_ids::Claim;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH};
+use axum::http::request::Parts;
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
-use cells::{CellId, Placement};
+use cells::CellId;
 use domain::UserId;
 use edge::auth::{bearer_token, Identity, JwtKeys};
 use edge::config::BODY_BYTES_MAX;
 use edge::error::ApiError;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use tokio::sync::OwnedSemaphorePermit;
 use tower::ServiceExt;
 
 use crate::claims::Claims;
+use crate::map::{rebuilt, routes_again, LiveMap};
 use crate::slot::{self, Refusal, Slots};
 
 /// The bulk route (`command_api`'s), which an admin's token may fill with users of many cells.
@@ -54,7 +61,8 @@ const BULK_PATH: &str = "/api/v1/internal_transfers";
 /// The routers of every cell and how users are placed in them. Cheap to clone.
 #[derive(Clone)]
 pub struct Front {
-    placement: Placement,
+    /// The cell map routed by, reloadable (`map.rs`).
+    pub(crate) map: Arc<LiveMap>,
     pub(crate) slots: Slots,
     home: CellId,
     pub(crate) keys: Arc<JwtKeys>,
@@ -74,10 +82,10 @@ struct NamedUser {
 }
 
 impl Front {
-    /// The front over `slots` (one per cell the placement names), verifying tokens with
-    /// `jwt_secret` as every cell's router does.
+    /// The front over `slots` (one per cell the map names), routing by `map`, verifying tokens
+    /// with `jwt_secret` as every cell's router does.
     pub fn new(
-        placement: Placement,
+        map: Arc<LiveMap>,
         slots: Slots,
         jwt_secret: &[u8],
         bulk_max: usize,
@@ -89,7 +97,7 @@ impl Front {
             .next()
             .expect("a cell map names at least one cell");
         Self {
-            placement,
+            map,
             slots,
             home,
             keys: Arc::new(JwtKeys::new(jwt_secret)),
@@ -122,27 +130,27 @@ impl Front {
         )
     }
 
-    /// The cell of `user`.
+    /// The cell of `user`, under the map held now.
     pub(crate) fn cell_of(&self, user: UserId) -> CellId {
-        self.placement.cell_of(user)
+        self.map.cell_of(user)
     }
 
     /// Hands `req` to `cell`'s router and returns its answer; a cell that is down or saturated
     /// is answered here at once (503 naming it), so its requests never wait on its pool.
     pub(crate) async fn forward(&self, cell: CellId, req: Request) -> Response {
-        let Some(slot) = self.slots.get(&cell) else {
-            return ApiError::Internal(format!("no router for cell {cell}")).into_response();
-        };
-        let (app, permit) = match slot.admit() {
+        let (app, permit) = match self.admitted(cell) {
             Ok(admitted) => admitted,
-            Err(why) => return slot::refused(cell, &why),
+            Err(why) => return not_admitted(cell, why),
         };
-        let answer = match app.oneshot(req).await {
-            Ok(response) => response,
-            Err(never) => match never {},
-        };
+        let answer = answered(app, req).await;
         drop(permit);
         answer
+    }
+
+    /// `cell`'s router and a permit of its bulkhead, or why not (`None`: no such cell here).
+    fn admitted(&self, cell: CellId) -> Result<(Router, OwnedSemaphorePermit), Option<Refusal>> {
+        let slot = self.slots.get(&cell).ok_or(None)?;
+        slot.admit().map_err(Some)
     }
 
     /// The cells, ascending.
@@ -214,8 +222,7 @@ impl Front {
             Err(refused) => return refused,
         };
         let (user, _) = named(&bytes, admin);
-        let req = Request::from_parts(parts, Body::from(bytes));
-        self.forward(self.cell_of(user), req).await
+        self.to_user(user, parts, bytes).await
     }
 
     /// An external deposit: its external_id is claimed across cells first (`claims.rs`), then it
@@ -250,8 +257,73 @@ impl Front {
                 }
             }
         }
-        let req = Request::from_parts(parts, Body::from(bytes));
-        self.forward(self.cell_of(user), req).await
+        self.to_user(user, parts, bytes).await
+    }
+
+    /// Sends a write of `user`'s (its body buffered) to the user's cell; when that cell refuses
+    /// it at the partition fence, reloads the map and, if the user lives in another cell under
+    /// it, sends it once more there (the refused write wrote nothing). Otherwise the cell's
+    /// answer stands, the 503 to retry included.
+    pub(crate) async fn to_user(&self, user: UserId, parts: Parts, bytes: Bytes) -> Response {
+        let cell = self.cell_of(user);
+        let answer = self.forward(cell, rebuilt(&parts, bytes.clone())).await;
+        self.again_if_fenced(user, cell, answer, &parts, bytes)
+            .await
+    }
+
+    /// `answer`, `cell`'s to a write of `user`'s, unless it is the partition fence's refusal and
+    /// the user lives in another cell under the reloaded map: then that cell's answer.
+    async fn again_if_fenced(
+        &self,
+        user: UserId,
+        cell: CellId,
+        answer: Response,
+        parts: &Parts,
+        bytes: Bytes,
+    ) -> Response {
+        if !routes_again(&answer) {
+            return answer;
+        }
+        self.map.reload_from(&self.slots).await;
+        let now = self.cell_of(user);
+        if now == cell {
+            return answer;
+        }
+        tracing::info!(
+            user = user.get(),
+            from = %cell,
+            to = %now,
+            "a write fenced in its user's old cell is sent to its new one"
+        );
+        self.forward(now, rebuilt(parts, bytes)).await
+    }
+
+    /// A user's own request: to the user's cell. A write's body is read whole (up to its
+    /// route's limit) once the cell's bulkhead has admitted it, as the cell would read it, so
+    /// that a write fenced in the user's old cell can be sent to its new one (`map.rs`).
+    async fn own(&self, user: UserId, req: Request) -> Response {
+        let cell = self.cell_of(user);
+        if matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
+            return self.forward(cell, req).await;
+        }
+        let limit = if req.uri().path() == BULK_PATH {
+            application::bulk::body_bytes_max(self.bulk_max)
+        } else {
+            BODY_BYTES_MAX
+        };
+        let (app, permit) = match self.admitted(cell) {
+            Ok(admitted) => admitted,
+            Err(why) => return not_admitted(cell, why),
+        };
+        let (parts, body) = req.into_parts();
+        let bytes = match buffered(body, limit).await {
+            Ok(bytes) => bytes,
+            Err(refused) => return refused,
+        };
+        let answer = answered(app, rebuilt(&parts, bytes.clone())).await;
+        drop(permit);
+        self.again_if_fenced(user, cell, answer, &parts, bytes)
+            .await
     }
 
     /// A route that names only a req_id: asked of each cell in turn (ADR 0017 §5). The first
@@ -329,8 +401,25 @@ async fn route(State(front): State<Front>, req: Request) -> Response {
     }
     match identity {
         Some(id) if id.admin => front.admin(id, req).await,
-        Some(id) => front.forward(front.cell_of(id.user_id), req).await,
+        Some(id) => front.own(id.user_id, req).await,
         None => front.forward(front.any_cell(), req).await,
+    }
+}
+
+/// The answer to a request `cell` did not admit: 503 naming it (down or saturated), or 500
+/// for a cell this process does not serve.
+fn not_admitted(cell: CellId, why: Option<Refusal>) -> Response {
+    match why {
+        Some(why) => slot::refused(cell, &why),
+        None => ApiError::Internal(format!("no router for cell {cell}")).into_response(),
+    }
+}
+
+/// `app`'s answer to `req`.
+async fn answered(app: Router, req: Request) -> Response {
+    match app.oneshot(req).await {
+        Ok(response) => response,
+        Err(never) => match never {},
     }
 }
 

@@ -32,6 +32,8 @@ pub struct Served {
     pub claims: Arc<dyn ExternalClaims>,
     /// The cell's asset settings (reloaded after a catch-up).
     pub assets: application::AssetSettings,
+    /// The cell map the cell stores, and its version (`map.rs` reloads from it).
+    pub map: Arc<dyn application::cell_map::CellMapStore>,
 }
 
 /// Whether a cell serves, and since when it does not.

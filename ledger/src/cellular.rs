@@ -35,6 +35,7 @@ use crate::settings::{MetricsListen, Settings};
 use crate::spot_child::{child_exit, stored_or_generated_spot_token, SpotChild};
 use crate::startup::shutdown_signal;
 use connect::{ConnectError, Reach};
+use front::map::LiveMap;
 use front::slot::{CellSlot, Slots};
 use front::{claims, feed, Front};
 use watch::{Reached, Shared};
@@ -219,6 +220,9 @@ async fn start_cells(
         assets,
         secret,
         slots,
+        // The file's map is version 1 (ADR 0023 §1); a newer stored one is loaded by the first
+        // probe that reads it, or by the first write a cell's fence refuses.
+        map: Arc::new(LiveMap::new(Placement::of_map(map), 1)),
         relay,
     });
     let home = shared.home();
@@ -261,10 +265,10 @@ async fn run(
         reached,
         map,
     } = started;
-    let placement = Placement::of_map(&map);
-    let claims = claims::Claims::new(placement.clone(), Arc::clone(&shared.slots));
+    // The claims stay where the file puts them: a move does not carry an external_id's claim.
+    let claims = claims::Claims::new(Placement::of_map(&map), Arc::clone(&shared.slots));
     let front = Front::new(
-        placement,
+        Arc::clone(&shared.map),
         Arc::clone(&shared.slots),
         &shared.secret.bytes,
         settings.limits.bulk_max,
@@ -428,7 +432,10 @@ mod tests {
                 registry,
             ),
             halt: Arc::new(adapters::pg::halt::PgHalt::new(pool.clone())),
-            claims: Arc::new(adapters::pg::external_claims::PgExternalClaims::new(pool)),
+            claims: Arc::new(adapters::pg::external_claims::PgExternalClaims::new(
+                pool.clone(),
+            )),
+            map: Arc::new(adapters::pg::cell_map::PgCellMap::new(pool)),
         }
     }
 

@@ -131,6 +131,9 @@ pub struct BackgroundSettings {
     pub recovery: RecoveryConfig,
     pub audit_interval: Duration,
     pub horizon: HorizonConfig,
+    /// Under a cell map, probes of a cell between two reads of its stored map version
+    /// (`LEDGER_MAP_RELOAD_PROBES`; 0: only a write refused at the partition fence reloads).
+    pub map_reload_probes: u32,
 }
 
 /// The HTTP server's timeouts and caps, and where `/metrics` is served.
@@ -183,6 +186,7 @@ impl Settings {
                 recovery: flags.recovery()?,
                 audit_interval: flags.audit_interval()?,
                 horizon: flags.horizon()?,
+                map_reload_probes: flags.server.map_reload_probes.unwrap_or(1),
             },
             http: HttpSettings {
                 limits: flags.http_limits()?,

@@ -19,6 +19,7 @@ mod cells;
 mod cells_admin;
 mod cells_feed;
 mod cells_fence;
+mod cells_map_reload;
 mod cells_moves;
 mod cells_map_version;
 mod cells_plan;

@@ -2,7 +2,8 @@
 //! a database (`application::ports`: the event log, client keys, leases, daily counters;
 //! `application::stores`: the halt flag, alerts, asset settings, the conservation check's
 //! records and event-log reads, the open transfers, the failover repairs; of
-//! `application::external_ids`: a claim cell's external_id claims (`external_claims`); of the read side's
+//! `application::external_ids`: a claim cell's external_id claims (`external_claims`); of
+//! `application::cell_map`: the cell's stored map (`cell_map`); of the read side's
 //! `application::reads`: the receipts' batched reader (`receipts`), the first trace (`traces`),
 //! a cell's failovers and its database's role (`failovers`)) is implemented here over one pool, and [`ports`], [`stores`] and [`ledger`] wire them. The account systems'
 //! ports (`application::books`) are `FundingLedger` and `SpotAdapter` themselves.
@@ -13,6 +14,7 @@
 pub mod alerts;
 pub mod assets;
 pub mod audit;
+pub mod cell_map;
 pub(crate) mod claims;
 mod claims_reader;
 mod driver;

@@ -10,13 +10,18 @@
 //! pool; a probe that answers again brings it back, after the assets have caught up. Every
 //! [`ASSET_SYNC_EVERY`] probes the watcher also lays the home cell's assets over the cell's (a
 //! process that stopped between the home cell's write and the fan-out leaves no cell behind for
-//! longer). The watcher owns the cell's background tasks: it stops them when the process stops
-//! and reports one that ends.
+//! longer). Every `LEDGER_MAP_RELOAD_PROBES` probes (default every one; 0: never) the probe
+//! reads the cell's stored map version instead of `SELECT 1`, and a version higher than the
+//! front's makes the front reload the map (`front::map`, ADR 0023 §1) and the cell's spot-core
+//! client name it in its next `hello`s. The watcher owns the
+//! cell's background tasks: it stops them when the process stops and reports one that ends.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use adapters::pg::cell_map::PgCellMap;
 use anyhow::Context;
+use application::cell_map::CellMapStore;
 use cells::{CellId, CellSpec};
 use tokio::sync::{mpsc, watch};
 
@@ -25,6 +30,7 @@ use crate::config::JwtSecret;
 use crate::router::build_app;
 use crate::serve::configured;
 use crate::startup::Tasks;
+use front::map::LiveMap;
 use front::slot::{CellSlot, Served, Slots};
 
 /// Time between two attempts to reach a cell not reached yet.
@@ -45,6 +51,8 @@ pub struct Shared {
     pub assets: domain::AssetRegistry,
     pub secret: JwtSecret,
     pub slots: Slots,
+    /// The cell map the front routes by, reloaded when a probe finds a newer one.
+    pub map: Arc<LiveMap>,
     /// `--nats`: each cell's feed is relayed to a stream of its own (`<stream>_<cell>`).
     pub relay: Option<relay::RelayConfig>,
 }
@@ -61,6 +69,10 @@ pub struct Reached {
     tasks: Tasks,
     /// One connection of its own to the cell's database, for the probe.
     probe: sqlx::PgPool,
+    /// The cell's stored map read over the probe's connection.
+    probe_map: PgCellMap,
+    /// The cell's spot-core client, whose `hello` names the cell's stored map version.
+    spot: adapters::SpotAdapter,
     /// The pool its requests use (sifted before the cell serves again).
     pool: sqlx::PgPool,
 }
@@ -70,6 +82,7 @@ pub struct Reached {
 /// [`CellSlot::install`] has the answer.
 pub async fn reach(shared: &Shared, spec: &CellSpec) -> Result<(Served, Reached), ConnectError> {
     let link = shared.reach.connect(spec).await?;
+    let spot = link.spot.clone();
     let settings = &shared.reach.settings;
     let (mut assembled, mut serving) = configured(
         settings,
@@ -116,9 +129,20 @@ pub async fn reach(shared: &Shared, spec: &CellSpec) -> Result<(Served, Reached)
             link.pool.clone(),
         )),
         assets,
+        map: Arc::new(PgCellMap::new(link.pool.clone())),
     };
     let pool = link.pool;
-    Ok((served, Reached { tasks, probe, pool }))
+    let probe_map = PgCellMap::new(probe.clone());
+    Ok((
+        served,
+        Reached {
+            tasks,
+            probe,
+            probe_map,
+            spot,
+            pool,
+        },
+    ))
 }
 
 /// Lays the home cell's stored assets over `cell`'s, when `cell` is not the home cell and the
@@ -205,17 +229,45 @@ pub async fn run(
     }
 }
 
+/// Whether the `probes`-th probe reads the stored map version (every `every`; 0: never).
+fn reads_version(probes: u32, every: u32) -> bool {
+    every != 0 && probes.is_multiple_of(every)
+}
+
+/// The probe: the cell's stored map version when `version` asks for it, else `SELECT 1`.
+/// `None`: no answer in time; `Some(None)`: answered, the version not read.
+async fn probe(parts: &Reached, version: bool) -> Option<Option<u64>> {
+    if version {
+        let read = tokio::time::timeout(PROBE_TIMEOUT, parts.probe_map.map_version()).await;
+        return read.ok()?.ok().map(Some);
+    }
+    let answered =
+        tokio::time::timeout(PROBE_TIMEOUT, sqlx::query("SELECT 1").execute(&parts.probe))
+            .await
+            .is_ok_and(|r| r.is_ok());
+    answered.then_some(None)
+}
+
 /// One probe of a reached cell, and what follows from it.
 async fn watch_reached(shared: &Shared, slot: &CellSlot, parts: &Reached, probes: u32) {
-    let probe = sqlx::query("SELECT 1").execute(&parts.probe);
-    let answered = tokio::time::timeout(PROBE_TIMEOUT, probe)
-        .await
-        .is_ok_and(|r| r.is_ok());
-    if !answered {
+    let every = shared.reach.settings.background.map_reload_probes;
+    let Some(version) = probe(parts, reads_version(probes, every)).await else {
         if slot.set_down() {
             tracing::error!(cell = %slot.id, "cell's database does not answer: its users are refused (503) until it does");
         }
         return;
+    };
+    if let Some(version) = version {
+        // The engine's hello names the version the cell holds now, as at start-up
+        // (`connect.rs`), so an engine a switch has told of it does not refuse this process.
+        if let Some(client) = parts.spot.tcp_client() {
+            if client.map_version().is_none_or(|held| version > held) {
+                client.set_map_version(Some(version));
+            }
+        }
+        if version > shared.map.version() {
+            shared.map.reload_from(&shared.slots).await;
+        }
     }
     let due = !slot.is_up() || probes.is_multiple_of(ASSET_SYNC_EVERY);
     if !due {

@@ -174,6 +174,11 @@ pub struct ServerFlags {
     /// divided by the number of cells).
     #[arg(long, env = CELL_IN_FLIGHT_MAX_ENV)]
     pub cell_in_flight_max: Option<usize>,
+    /// Under a cell map, probes of each cell (one a second) between two reads of its stored map
+    /// version; a version higher than the one routed by reloads the map (ADR 0023 §1; default
+    /// 1: every probe; 0: only when a cell refuses a write at the partition fence).
+    #[arg(long, env = "LEDGER_MAP_RELOAD_PROBES")]
+    pub map_reload_probes: Option<u32>,
     /// Where `/metrics` is served: HOST:PORT (not on the API's address then), or `api` for the
     /// API's address (default 127.0.0.1:9464).
     #[arg(long, env = "LEDGER_METRICS_LISTEN")]
