@@ -19,11 +19,13 @@ mod ports;
 mod record;
 mod run;
 mod verify;
+mod worker;
 
 pub use ports::{
-    Copied, Freeze, MoveRecords, NoHold, PartitionBook, PartitionHold, PartitionStores, SpotMoves, SpotPayload,
-    Started,
+    Copied, Freeze, MoveRecords, NoHold, PartitionBook, PartitionHold, PartitionStores, SpotMoves,
+    SpotPayload, Started,
 };
 pub use record::{Marks, MoveId, MoveRecord, MoveStep};
 pub use run::{MoveError, MoveRunner, MoveSettings};
 pub use verify::{verify, Mismatch};
+pub use worker::{run_worker, MoveDesk};

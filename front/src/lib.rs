@@ -17,12 +17,14 @@
 //!   history, its reports and clearing a halt, by `?cell=N`.
 //! - `feed.rs`: every cell's feed merged, with a cursor naming each cell's position.
 //! - `ws.rs`: GraphQL over a websocket relayed to the caller's cell, or to every cell, merged.
+//! - `moves.rs`: the partition moves' admin routes (start, list, cancel) over the move runner.
 
 pub mod checks;
 pub mod claims;
 pub mod fanout;
 pub mod feed;
 pub mod map;
+pub mod moves;
 pub mod route;
 pub mod slot;
 pub mod views;

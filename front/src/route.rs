@@ -72,6 +72,8 @@ pub struct Front {
     metrics_on_api: bool,
     /// The merged feed of every cell (`feed.rs`): an admin's GET of the feed's paths.
     feed: Option<Router>,
+    /// The partition moves' routes (`moves.rs`), when the process drives moves.
+    pub(crate) moves: Option<application::moves::MoveDesk>,
 }
 
 /// The user a JSON body names, if it names one (`user_id`).
@@ -105,6 +107,7 @@ impl Front {
             claims,
             metrics_on_api,
             feed: None,
+            moves: None,
         }
     }
 
@@ -400,6 +403,7 @@ async fn route(State(front): State<Front>, req: Request) -> Response {
         };
     }
     match identity {
+        Some(id) if id.admin && Front::is_moves_path(req.uri().path()) => front.moves(req).await,
         Some(id) if id.admin => front.admin(id, req).await,
         Some(id) => front.own(id.user_id, req).await,
         None => front.forward(front.any_cell(), req).await,

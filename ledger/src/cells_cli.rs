@@ -1,7 +1,7 @@
-//! `ledger cells`: the operator's commands over a cell map (ADR 0023). Today `plan`: reads what
-//! each partition weighs in its cell's database (`adapters::pg::partitions`), asks
-//! `cells::plan` for the moves that would even the cells out, and prints them. It executes
-//! nothing: moving a partition is not built yet.
+//! `ledger cells`: the operator's commands over a cell map (ADR 0023). `plan` reads what each
+//! partition weighs in its cell's database (`adapters::pg::partitions`), asks `cells::plan` for
+//! the moves that would even the cells out, and prints them, executing nothing; `move`,
+//! `moves` and `cancel` ask the running ledger (`cells_moves_cli.rs`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -11,19 +11,38 @@ use cells::{CellMap, Partition, Plan};
 use clap::{Args, Subcommand, ValueEnum};
 
 use crate::settings::Settings;
-use crate::settings::{CellFlags, DatabaseFlags};
+use crate::settings::{CellFlags, DatabaseFlags, Flags};
 
 #[derive(Debug, Subcommand)]
 pub enum CellsCommand {
     /// Print the partition moves that would even out users (or recent transfers) across the
     /// cells of the map; executes nothing.
     Plan(PlanArgs),
+    /// Move a partition's users to another cell while every other user keeps trading: asks the
+    /// running ledger (`--api`) to start the move, then prints each step until it ends.
+    Move(crate::cells_moves_cli::MoveArgs),
+    /// List the latest partition moves and where each stands.
+    Moves(crate::cells_moves_cli::MovesArgs),
+    /// Cancel a move that has not begun its switch: the partition stays whole in its source.
+    Cancel(crate::cells_moves_cli::CancelArgs),
 }
 
 impl CellsCommand {
-    pub fn cell_flags(&self) -> (&CellFlags, &DatabaseFlags) {
+    /// The settings this command declared.
+    pub fn flags(&self, flags: Flags) -> Flags {
+        let secrets = |api: &crate::cells_moves_cli::ApiArgs| Flags {
+            secrets: api.secrets.clone(),
+            ..flags.clone()
+        };
         match self {
-            CellsCommand::Plan(args) => (&args.cell_map, &args.database),
+            CellsCommand::Plan(args) => Flags {
+                cells: args.cell_map.clone(),
+                database: args.database.clone(),
+                ..flags.clone()
+            },
+            CellsCommand::Move(args) => secrets(&args.api),
+            CellsCommand::Moves(args) => secrets(&args.api),
+            CellsCommand::Cancel(args) => secrets(&args.api),
         }
     }
 }
@@ -62,6 +81,9 @@ pub enum Weight {
 pub async fn run(command: CellsCommand, settings: &Settings) -> anyhow::Result<()> {
     match command {
         CellsCommand::Plan(args) => plan(args, settings).await,
+        CellsCommand::Move(args) => crate::cells_moves_cli::start(args, &settings.secrets).await,
+        CellsCommand::Moves(args) => crate::cells_moves_cli::list(args, &settings.secrets).await,
+        CellsCommand::Cancel(args) => crate::cells_moves_cli::cancel(args, &settings.secrets).await,
     }
 }
 

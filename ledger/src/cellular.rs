@@ -5,6 +5,8 @@
 //!
 //! - `connect.rs`: reaching a cell (its pool and spot-core, its identity checked); a cell
 //!   refused for what it is stops start-up, one that does not answer is served later.
+//! - `moving.rs`: the partition moves' runner over every reached cell, the front's move routes
+//!   and the worker that drives every move not ended.
 //! - `watch.rs`: per cell, the whole of today's core and router over its own pool and
 //!   spot-core with its own background tasks (the projector, the recovery worker, the
 //!   conservation check and its halt, the asset reloader, the vacuum, the idempotency horizon,
@@ -18,6 +20,7 @@
 //!   database).
 
 pub mod connect;
+pub mod moving;
 pub mod watch;
 
 use std::collections::BTreeMap;
@@ -244,6 +247,9 @@ async fn start_cells(
             }
         }
     }
+    // A map that moves changed is stored in the cells with a higher version than the file's:
+    // route by it from the first request.
+    shared.map.reload_from(&shared.slots).await;
     Ok(Started {
         shared,
         reached,
@@ -279,6 +285,7 @@ async fn run(
         feed::CellFeeds::new(Arc::clone(&shared.slots), &shared.secret.bytes),
         settings.http.limits,
     ));
+    let front = front.with_moves(moving::start(&reached));
     let (stop_watchers, stopping) = tokio::sync::watch::channel(false);
     let (exits_tx, mut exits) = tokio::sync::mpsc::unbounded_channel::<String>();
     let watchers = spawn_watchers(&shared, &map, reached, &stopping, &exits_tx);

@@ -64,7 +64,7 @@ pub enum Command {
     #[command(flatten)]
     Log(crate::log_cli::LogCommand),
     /// The operator's commands over a cell map (ADR 0023): `plan` prints the partition moves
-    /// that would even the cells out.
+    /// that would even the cells out; `move`, `moves` and `cancel` run them.
     #[command(subcommand)]
     Cells(crate::cells_cli::CellsCommand),
     /// Run the spot-core engine in this process.
@@ -113,14 +113,7 @@ impl Command {
                 ..flags
             },
             Command::Log(command) => command.flags(otel),
-            Command::Cells(command) => {
-                let (cells, database) = command.cell_flags();
-                Flags {
-                    cells: cells.clone(),
-                    database: database.clone(),
-                    ..flags
-                }
-            }
+            Command::Cells(command) => command.flags(flags),
             Command::SpotCore(_) => flags,
         }
     }

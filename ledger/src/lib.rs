@@ -8,6 +8,7 @@
 
 pub(crate) mod api_doc;
 pub(crate) mod cells_cli;
+pub(crate) mod cells_moves_cli;
 pub mod cellular;
 pub mod cli;
 pub mod config;

@@ -153,6 +153,12 @@ async fn check(
     }
     match placement.first_difference(&kept) {
         None => Ok(()),
+        // A map that moves changed (ADR 0023 §1): the cells' stored map is the truth once its
+        // version passed the file's, and the front loads it; the file is only the seed.
+        Some(mismatch) if map_version(pool).await?.is_some_and(|v| v > 1) => {
+            tracing::warn!(%cell, database, ?mismatch, "the map file lags the cells' stored map (a partition moved); the stored map is routed by");
+            Ok(())
+        }
         Some(mismatch) => Err(IdentityError::Partition {
             cell,
             database: database.to_owned(),

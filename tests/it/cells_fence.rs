@@ -644,7 +644,10 @@ async fn cells_move_006_the_copy_brings_a_partitions_state_rows_once_and_keeps_t
         .fetch_one(&target.pool)
         .await
         .unwrap();
-        assert_eq!(unnamed, 0, "{table}: every copy names its move, so no check counts it");
+        assert_eq!(
+            unnamed, 0,
+            "{table}: every copy names its move, so no check counts it"
+        );
     }
     assert_eq!(
         copy(first.journal_mark).await.unwrap().rows,

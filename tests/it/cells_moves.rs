@@ -199,7 +199,10 @@ async fn keep_trading(
                     load.committed.fetch_add(1, Ordering::Relaxed);
                 }
                 if mover {
-                    load.answered.lock().unwrap().insert(t.req_id.to_string(), at);
+                    load.answered
+                        .lock()
+                        .unwrap()
+                        .insert(t.req_id.to_string(), at);
                 }
             }
             Err(e) if e.is_fenced() => {
@@ -239,7 +242,12 @@ async fn cells_move_010_a_partition_moves_under_load_and_both_cells_stay_exact()
             cells
                 .one
                 .coordinator
-                .submit(transfer(*u, AccountType::Funding, "3", Some(format!("h{u}-{k}"))))
+                .submit(transfer(
+                    *u,
+                    AccountType::Funding,
+                    "3",
+                    Some(format!("h{u}-{k}")),
+                ))
                 .await
                 .unwrap();
         }
@@ -250,7 +258,12 @@ async fn cells_move_010_a_partition_moves_under_load_and_both_cells_stay_exact()
     let first = cells
         .one
         .coordinator
-        .submit(transfer(movers[0], AccountType::Funding, "7", Some("across".into())))
+        .submit(transfer(
+            movers[0],
+            AccountType::Funding,
+            "7",
+            Some("across".into()),
+        ))
         .await
         .unwrap();
 
@@ -324,14 +337,23 @@ async fn cells_move_010_a_partition_moves_under_load_and_both_cells_stay_exact()
         .fetch_one(&cells.two.db.pool)
         .await
         .unwrap();
-        assert!(n > 0, "{req_id}, answered by cell {}, is in cell 2", answered[req_id]);
+        assert!(
+            n > 0,
+            "{req_id}, answered by cell {}, is in cell 2",
+            answered[req_id]
+        );
     }
 
     // A cid sent before the move and retried after it: the first answer, from the new cell.
     let again = cells
         .two
         .coordinator
-        .submit(transfer(movers[0], AccountType::Funding, "7", Some("across".into())))
+        .submit(transfer(
+            movers[0],
+            AccountType::Funding,
+            "7",
+            Some("across".into()),
+        ))
         .await
         .unwrap();
     assert_eq!(again.req_id, first.req_id, "the original answer");
@@ -369,7 +391,10 @@ async fn cells_move_011_a_cancel_after_spot_moved_leaves_the_partition_whole_in_
     while record.step != MoveStep::Verifying {
         record = runner.step(record).await.unwrap();
     }
-    runner.cancel(&id, "the operator changed their mind").await.unwrap();
+    runner
+        .cancel(&id, "the operator changed their mind")
+        .await
+        .unwrap();
     let end = runner.drive(&id).await.unwrap();
     assert_eq!(end.step, MoveStep::Cancelled);
     for u in &movers {

@@ -25,23 +25,7 @@ impl FundingLedger {
         sink: &mut (dyn FnMut(FundingItem) + Send),
     ) -> Result<FundingRead, FundingError> {
         let (mut tx, watermark) = crate::audit::begin_snapshot(&self.pool, since).await?;
-        // Under a cell map, only the partitions this cell owns (ADR 0023 §5): not another cell's
-        // (a partition moved out, its rows kept), nor one being copied in.
-        let balances: Vec<(String, Decimal)> = sqlx::query_as(
-            "SELECT asset, SUM(balance) FROM funding_accounts
-             WHERE partition <> ALL (ARRAY(
-                 SELECT cp.partition FROM cell_partitions cp, cell_identity ci
-                 WHERE cp.cell_id <> ci.cell_id OR cp.state = 'INCOMING'))
-             GROUP BY asset",
-        )
-        .fetch_all(&mut *tx)
-        .await?;
-        let moved: Vec<(String, Decimal)> = sqlx::query_as(
-            "SELECT asset, SUM(CASE direction WHEN 'IN' THEN funding ELSE -funding END)
-             FROM partition_switches GROUP BY asset",
-        )
-        .fetch_all(&mut *tx)
-        .await?;
+        let (balances, moved) = owned_balances(&mut tx).await?;
         let deposits: Vec<(String, bool, Decimal, i64)> = sqlx::query_as(
             "SELECT asset, tx_id < $2::text::xid8, SUM(amount), COUNT(*) FROM external_deposits
              WHERE tx_id >= $1::text::xid8 AND move_id IS NULL GROUP BY 1, 2 ORDER BY 1, 2",
@@ -97,4 +81,28 @@ impl FundingLedger {
             moved: moved.into_iter().collect(),
         })
     }
+}
+
+/// Per asset, the FUNDING balances of the partitions this cell owns (ADR 0023 §5: under a cell
+/// map, not another cell's, a partition moved out and its rows kept, nor one being copied in),
+/// and what the switches moved in minus out, in the caller's snapshot.
+async fn owned_balances(
+    tx: &mut sqlx::PgConnection,
+) -> Result<(Vec<(String, Decimal)>, Vec<(String, Decimal)>), sqlx::Error> {
+    let balances = sqlx::query_as(
+        "SELECT asset, SUM(balance) FROM funding_accounts
+         WHERE partition <> ALL (ARRAY(
+             SELECT cp.partition FROM cell_partitions cp, cell_identity ci
+             WHERE cp.cell_id <> ci.cell_id OR cp.state = 'INCOMING'))
+         GROUP BY asset",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    let moved = sqlx::query_as(
+        "SELECT asset, SUM(CASE direction WHEN 'IN' THEN funding ELSE -funding END)
+         FROM partition_switches GROUP BY asset",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok((balances, moved))
 }

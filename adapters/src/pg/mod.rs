@@ -26,6 +26,7 @@ pub mod halt;
 pub mod lease;
 pub mod limits;
 pub mod maintenance;
+pub mod map_moves;
 pub mod move_copy;
 pub mod move_stores;
 pub mod moves;

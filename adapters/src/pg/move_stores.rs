@@ -8,9 +8,7 @@
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
-use application::moves::{
-    Copied, Freeze, MoveId, MoveRecord, PartitionBook, PartitionStores,
-};
+use application::moves::{Copied, Freeze, MoveId, MoveRecord, PartitionBook, PartitionStores};
 use application::StoreError;
 use async_trait::async_trait;
 use cells::{CellId, Partition};
@@ -71,9 +69,10 @@ impl PgPartitionStores {
         .fetch_optional(self.cell(cell)?.pool())
         .await
         .map_err(store)?;
-        Ok(row.map_or(serde_json::Value::Null, |(size, root)| {
-            json!({"size": size, "root": root})
-        }))
+        Ok(row.map_or(
+            serde_json::Value::Null,
+            |(size, root)| json!({"size": size, "root": root}),
+        ))
     }
 }
 

@@ -45,6 +45,10 @@ impl PgMoves {
         Self { pool }
     }
 
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
     /// Marks `partition` INCOMING for move `id` in this (the target) cell, unless it is already
     /// this cell's or marked for this move. Answers the state it leaves.
     pub async fn mark_incoming(
@@ -74,7 +78,10 @@ impl PgMoves {
         partition: Partition,
         id: &MoveId,
     ) -> Result<(String, u64), StoreError> {
-        for step_sql in ["SELECT partition_drain($1, $2)", "SELECT partition_freeze($1, $2)"] {
+        for step_sql in [
+            "SELECT partition_drain($1, $2)",
+            "SELECT partition_freeze($1, $2)",
+        ] {
             let mut tx = self.pool.begin().await.map_err(store)?;
             let step: Option<String> =
                 sqlx::query_scalar("SELECT step FROM partition_moves WHERE id = $1 FOR UPDATE")
@@ -97,7 +104,10 @@ impl PgMoves {
             .fetch_one(&self.pool)
             .await
             .map_err(store)?;
-        Ok((self.state(partition).await?, u64::try_from(open).unwrap_or(0)))
+        Ok((
+            self.state(partition).await?,
+            u64::try_from(open).unwrap_or(0),
+        ))
     }
 
     /// This cell's partition is STEADY again if move `id` drained, froze or marked it (a
@@ -270,6 +280,17 @@ impl MoveRecords for PgMoves {
             "SELECT {COLUMNS} FROM partition_moves WHERE step NOT IN ('DONE', 'CANCELLED') ORDER BY created_at"
         );
         let rows = sqlx::query_as(&sql)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(store)?;
+        rows.into_iter().map(record_of).collect()
+    }
+
+    async fn recent(&self, limit: usize) -> Result<Vec<MoveRecord>, StoreError> {
+        let sql =
+            format!("SELECT {COLUMNS} FROM partition_moves ORDER BY created_at DESC LIMIT $1");
+        let rows = sqlx::query_as(&sql)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .fetch_all(&self.pool)
             .await
             .map_err(store)?;

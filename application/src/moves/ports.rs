@@ -20,6 +20,9 @@ pub enum Started {
     Recorded,
     /// The partition has a move that has not ended: this one is not recorded.
     Busy(MoveId),
+    /// The source does not own the partition under the map the move was planned on (why):
+    /// nothing is recorded.
+    NotOwned(String),
 }
 
 /// The moves' records, kept in the source cell (`partition_moves`).
@@ -34,6 +37,9 @@ pub trait MoveRecords: Send + Sync {
 
     /// Every move that has not ended (what a runner resumes at start).
     async fn unfinished(&self) -> Result<Vec<MoveRecord>, StoreError>;
+
+    /// The latest moves, ended or not, newest first, at most `limit`.
+    async fn recent(&self, limit: usize) -> Result<Vec<MoveRecord>, StoreError>;
 
     /// Replaces the record of `record.id` if it is still at `expected`, and answers whether it
     /// did: `false` when another runner (or a cancel) recorded another step first.

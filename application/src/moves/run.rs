@@ -28,7 +28,7 @@ pub struct MoveSettings {
     /// The wait before a step whose call failed is run again.
     pub retry: Duration,
     /// How long the pause waits for the partition's open transfers to end before the freeze
-    /// (`LEDGER_MOVE_DRAIN_MAX_MS`); past it the move is cancelled, so a transfer stuck on a
+    /// (5 s by default); past it the move is cancelled, so a transfer stuck on a
     /// spot-core that does not answer never holds its partition's users up.
     pub drain_max: Duration,
     /// The wait between two looks at the open transfers while draining.
@@ -51,6 +51,8 @@ impl Default for MoveSettings {
 pub enum MoveError {
     #[error("partition {0} has a move that has not ended: {1}")]
     Busy(Partition, MoveId),
+    #[error("{0}")]
+    NotOwned(String),
     #[error("a move needs two cells; cell {0} is both")]
     SameCell(CellId),
     #[error("no move {0}")]
@@ -111,6 +113,7 @@ impl MoveRunner {
         match self.records.start(&record).await? {
             Started::Recorded => Ok(record),
             Started::Busy(other) => Err(MoveError::Busy(partition, other)),
+            Started::NotOwned(why) => Err(MoveError::NotOwned(why)),
         }
     }
 
@@ -179,21 +182,7 @@ impl MoveRunner {
                     MoveStep::CatchingUp
                 }
             }
-            MoveStep::Pausing => {
-                self.hold.hold(record.partition).await;
-                if let Some(open) = self.drain(&record).await? {
-                    tracing::warn!(move_id = %record.id, open, "a move's partition did not drain; it is rolled back");
-                    record.cancelled_at = Some(MoveStep::Pausing);
-                    record.reason = Some(format!(
-                        "{open} transfer(s) of the partition were still open after the drain's {} ms",
-                        self.settings.drain_max.as_millis()
-                    ));
-                    MoveStep::Cancelling
-                } else {
-                    self.copy_pass(&mut record).await?;
-                    MoveStep::MovingSpot
-                }
-            }
+            MoveStep::Pausing => self.pause(&mut record).await?,
             MoveStep::MovingSpot => {
                 let (id, p) = (record.id.0.clone(), record.partition);
                 let payload = self.spot.move_out(record.from, &id, p).await?;
@@ -233,6 +222,23 @@ impl MoveRunner {
         record.step = next;
         self.save(at, &record).await?;
         Ok(record)
+    }
+
+    /// The pause: the front holds, the source drains and freezes, the last tail is copied;
+    /// a partition that does not drain in time is rolled back instead.
+    async fn pause(&self, record: &mut MoveRecord) -> Result<MoveStep, MoveError> {
+        self.hold.hold(record.partition).await;
+        if let Some(open) = self.drain(record).await? {
+            tracing::warn!(move_id = %record.id, open, "a move's partition did not drain; it is rolled back");
+            record.cancelled_at = Some(MoveStep::Pausing);
+            record.reason = Some(format!(
+                "{open} transfer(s) of the partition were still open after the drain's {} ms",
+                self.settings.drain_max.as_millis()
+            ));
+            return Ok(MoveStep::Cancelling);
+        }
+        self.copy_pass(record).await?;
+        Ok(MoveStep::MovingSpot)
     }
 
     /// Drains and freezes the source's partition: `None` once frozen, or the number of

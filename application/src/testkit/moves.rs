@@ -93,10 +93,12 @@ impl MemCell {
     /// move that is not void into a partition it owns or is receiving.
     fn live(&self, row: &Row) -> bool {
         match self.parts.get(&partition_of(row.user)) {
-            Some(PartState::Owned | PartState::Draining | PartState::Frozen) => match &row.copied_by {
-                None => true,
-                Some((id, _, _)) => !self.void.contains(id),
-            },
+            Some(PartState::Owned | PartState::Draining | PartState::Frozen) => {
+                match &row.copied_by {
+                    None => true,
+                    Some((id, _, _)) => !self.void.contains(id),
+                }
+            }
             Some(PartState::Incoming(id)) => {
                 matches!(&row.copied_by, Some((by, _, _)) if by == id && !self.void.contains(id))
             }
@@ -316,6 +318,11 @@ impl MoveRecords for MemMoves {
             .filter(|m| !m.step.is_end())
             .cloned()
             .collect())
+    }
+
+    async fn recent(&self, limit: usize) -> Result<Vec<MoveRecord>, StoreError> {
+        let state = self.lock();
+        Ok(state.moves.values().rev().take(limit).cloned().collect())
     }
 
     async fn save(&self, expected: MoveStep, record: &MoveRecord) -> Result<bool, StoreError> {

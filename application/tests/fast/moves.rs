@@ -439,7 +439,9 @@ fn the_pause_drains_the_partitions_open_transfers_before_it_freezes() {
     step_until(&world, &id, MoveStep::Pausing);
     let record = world.record(&id).unwrap();
     assert_eq!(
-        run(PartitionStores::freeze(&world, &record)).unwrap().unwrap(),
+        run(PartitionStores::freeze(&world, &record))
+            .unwrap()
+            .unwrap(),
         Freeze::Draining { open: 1 },
         "an open transfer keeps the partition draining"
     );

@@ -77,6 +77,13 @@ pub struct Reached {
     pool: sqlx::PgPool,
 }
 
+impl Reached {
+    /// What a partition move reaches the cell by: its requests' pool and its spot-core.
+    pub fn move_parts(&self) -> (sqlx::PgPool, adapters::SpotAdapter) {
+        (self.pool.clone(), self.spot.clone())
+    }
+}
+
 /// Reaches `spec`'s cell: connected and checked, its assets caught up with the home cell's,
 /// its core wired and its background tasks started. The front may send it requests once
 /// [`CellSlot::install`] has the answer.

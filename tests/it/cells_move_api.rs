@@ -1,0 +1,128 @@
+//! A partition move asked of a running `ledger serve` over three real cells (ADR 0023 §4):
+//! `ledger cells move` starts it through the admin route, the process's move worker drives it,
+//! the front routes the moved user to their new cell, `ledger cells moves` lists it, every cell
+//! stays exact, and a restarted process (its map file now older than the cells' stored map)
+//! serves the moved user from the new cell.
+
+use std::process::Command;
+
+use cells::partition_of;
+use domain::UserId;
+use reqwest::Method;
+
+use crate::cells::{call, deposit, transfer, ThreeCells};
+use crate::helpers::{bin, token, JWT_SECRET};
+use crate::procs::LedgerProcess;
+
+/// `ledger cells <args>` against the ledger at `base`; its exit status and stdout.
+fn cells_cli(base: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new(bin("ledger"))
+        .arg("cells")
+        .args(args)
+        .args(["--api", base])
+        .env(
+            "LEDGER_JWT_SECRET",
+            std::str::from_utf8(JWT_SECRET).unwrap(),
+        )
+        .output()
+        .expect("ledger cells runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), format!("{stdout}{stderr}"))
+}
+
+async fn events_of(three: &ThreeCells, cell: usize, user: u64) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM events WHERE user_id = $1")
+        .bind(i64::try_from(user).unwrap())
+        .fetch_one(&three.cells[cell].db.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn cells_move_013_the_command_line_moves_a_partition_of_a_running_ledger_and_users_follow() {
+    let three = ThreeCells::start().await;
+    let ledger = LedgerProcess::start_cells(&three.map, &[]);
+    let base = ledger.base.clone();
+    let a = three.one_user_per_cell()[0];
+    let p = partition_of(UserId::new(a).unwrap()).get();
+    deposit(&base, a, "100").await;
+    let (status, body) = transfer(&base, a, "FUNDING", "SPOT", "30").await;
+    assert_eq!(
+        (status, &body["state"]),
+        (200, &"COMMITTED".into()),
+        "{body}"
+    );
+    assert!(events_of(&three, 0, a).await > 0 && events_of(&three, 2, a).await == 0);
+
+    let (ok, out) = cells_cli(&base, &["move", "--partition", &p.to_string(), "--to", "3"]);
+    assert!(ok, "{out}\n{}", ledger.log());
+    assert!(
+        out.contains(&format!("partition {p} from cell 1 to cell 3")) && out.contains("DONE"),
+        "{out}"
+    );
+    let (ok, out) = cells_cli(&base, &["moves"]);
+    assert!(
+        ok && out.contains("DONE") && out.contains("cell 1 → 3"),
+        "{out}"
+    );
+
+    // The moved user trades on, in cell 3, and reads their balances from there.
+    let (status, body) = transfer(&base, a, "SPOT", "FUNDING", "10").await;
+    assert_eq!(
+        (status, &body["state"]),
+        (200, &"COMMITTED".into()),
+        "{body}"
+    );
+    let in_three = events_of(&three, 2, a).await;
+    assert!(
+        in_three > events_of(&three, 0, a).await,
+        "history and the new transfer in cell 3"
+    );
+    let (status, balances) = call(
+        &base,
+        Method::GET,
+        "/api/v1/balances",
+        &token(a, false),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{balances}");
+    let usdt = balances["balances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["asset"] == "USDT")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        (usdt["funding"].as_str(), usdt["spot"].as_str()),
+        (Some("80"), Some("20")),
+        "{balances}"
+    );
+    for cell in &three.cells {
+        let version: i64 = sqlx::query_scalar("SELECT map_version FROM cell_identity")
+            .fetch_one(&cell.db.pool)
+            .await
+            .unwrap();
+        assert_eq!(version, 2, "cell {}", cell.id);
+    }
+    three.assert_every_cell_exact().await;
+
+    // A second move of the same partition from the wrong cell, or to its own cell, is refused.
+    let (ok, out) = cells_cli(&base, &["move", "--partition", &p.to_string(), "--to", "3"]);
+    assert!(!ok && out.contains("400"), "{out}");
+
+    // Restarted with the same (now older) map file: the stored map is routed by.
+    drop(ledger);
+    let ledger = LedgerProcess::start_cells(&three.map, &[]);
+    let (status, body) = transfer(&ledger.base, a, "FUNDING", "SPOT", "5").await;
+    assert_eq!(
+        (status, &body["state"]),
+        (200, &"COMMITTED".into()),
+        "{body}\n{}",
+        ledger.log()
+    );
+    assert!(events_of(&three, 2, a).await > in_three, "{}", ledger.log());
+    three.assert_every_cell_exact().await;
+}
