@@ -191,12 +191,25 @@ pub struct FeedEvent {
     pub user_id: Option<i64>,
     pub occurred_at: DateTime<Utc>,
     pub recorded_at: DateTime<Utc>,
+    /// For a partition move's copy (ADR 0023 §5): where it came from; `None` for an event this
+    /// cell appended itself.
+    pub origin: Option<EventOrigin>,
+}
+
+/// Where a partition move's copy of an event came from: the source cell, its feed position
+/// there, and the move.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventOrigin {
+    pub cell: i64,
+    pub position: i64,
+    pub move_id: String,
 }
 
 /// One event in the wire shape consumers get: the HTTP feed (`GET /api/v1/events`, its SSE twin)
-/// and the JetStream relay send exactly this JSON, so a consumer can switch between them.
+/// and the JetStream relay send exactly this JSON, so a consumer can switch between them. A
+/// partition move's copy also carries `origin` (`{cell, position, move}`).
 pub fn event_json(e: &FeedEvent) -> Value {
-    json!({
+    let mut v = json!({
         "position": e.position,
         "event_id": e.event_id,
         "aggregate_type": e.aggregate_type,
@@ -207,7 +220,11 @@ pub fn event_json(e: &FeedEvent) -> Value {
         "payload": e.payload,
         "user_id": e.user_id,
         "occurred_at": e.occurred_at.to_rfc3339_opts(SecondsFormat::Micros, true),
-    })
+    });
+    if let Some(o) = &e.origin {
+        v["origin"] = json!({"cell": o.cell, "position": o.position, "move": o.move_id});
+    }
+    v
 }
 
 /// The consumer feed's reads.

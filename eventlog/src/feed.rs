@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 
-pub use application::reads::{FeedEvent, FEED_PAGE_SIZE_MAX};
+pub use application::reads::{EventOrigin, FeedEvent, FEED_PAGE_SIZE_MAX};
 
 /// A `feed` row (`SELECT *`) read by hand into the core's [`FeedEvent`], which names no driver.
 struct FeedRow(FeedEvent);
@@ -28,6 +28,18 @@ impl<'r> sqlx::FromRow<'r, PgRow> for FeedRow {
             user_id: row.try_get("user_id")?,
             occurred_at: row.try_get("occurred_at")?,
             recorded_at: row.try_get("recorded_at")?,
+            origin: match (
+                row.try_get::<Option<i64>, _>("origin_cell")?,
+                row.try_get::<Option<i64>, _>("origin_position")?,
+                row.try_get::<Option<String>, _>("origin_move")?,
+            ) {
+                (Some(cell), Some(position), Some(move_id)) => Some(EventOrigin {
+                    cell,
+                    position,
+                    move_id,
+                }),
+                _ => None,
+            },
         }))
     }
 }

@@ -6,7 +6,10 @@
 //! head event was recorded first (ties: the lower cell id), so each cell's events keep their
 //! feed order, and the cells are interleaved by their recording time. Only the per-cell order is
 //! a promise: no engine gives a dense order across cells without one sequencer. Each event names
-//! its `cell`; `next_after` and `head` are cursors. A cell that cannot be read leaves its
+//! its `cell`; `next_after` and `head` are cursors. A partition move's copy of an event (one
+//! with an `origin`, ADR 0023 §5) is passed over, its cell's position advancing past it: the
+//! merged feed gave that event from the cell it was appended in, so each event of a moved user
+//! reaches a merged reader once. A cell that cannot be read leaves its
 //! position where it was (so nothing of it is ever skipped) and the page says `partial` and
 //! names it in `cells_down`; the stream goes on with the other cells and asks that one again.
 //!
@@ -211,7 +214,11 @@ async fn events(
     }
     down.sort();
     let mut body = json!({
-        "events": merged.iter().map(|(c, e)| cell_event_json(*c, e)).collect::<Vec<_>>(),
+        "events": merged
+            .iter()
+            .filter(|(_, e)| e.origin.is_none())
+            .map(|(c, e)| cell_event_json(*c, e))
+            .collect::<Vec<_>>(),
         "next_after": next.to_string(),
         "head": head.to_string(),
     });
@@ -292,15 +299,17 @@ impl StreamSource for Merged {
                     "event stream: a cell cannot be read; asked again at the next look"),
             }
         }
+        // A partition move's copy is passed over (its cursor advances): the merged feed gave
+        // the event once already, from the cell it was appended in.
         let sent = merge(read, usize::MAX)
             .into_iter()
-            .map(|(cell, e)| {
+            .filter_map(|(cell, e)| {
                 self.cursor.set(cell, e.position);
-                Sent {
+                e.origin.is_none().then(|| Sent {
                     id: self.cursor.to_string(),
                     event: e.event_type.clone(),
                     data: cell_event_json(cell, &e),
-                }
+                })
             })
             .collect();
         Ok(Some(sent))
@@ -327,6 +336,7 @@ mod tests {
             user_id: Some(1),
             occurred_at: at,
             recorded_at: at,
+            origin: None,
         }
     }
 

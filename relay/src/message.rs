@@ -268,6 +268,7 @@ mod tests {
             user_id,
             occurred_at: at,
             recorded_at: at,
+            origin: None,
         }
     }
 

@@ -194,6 +194,11 @@ impl Write for LineWriter {
         if self.line.is_empty() {
             return Ok(());
         }
+        if is_copy(&self.line) {
+            // A partition move's copy: the tail of its source cell gave this event already.
+            self.line.clear();
+            return Ok(());
+        }
         let mut guard = self
             .shared
             .out
@@ -214,9 +219,24 @@ impl Write for LineWriter {
     }
 }
 
+/// Whether a tail's `line` carries a partition move's copy of an event (`event.origin`, ADR
+/// 0023 §5).
+fn is_copy(line: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(line)
+        .is_ok_and(|v| v["event"]["origin"].is_object())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_moves_copy_is_told_apart() {
+        assert!(is_copy(
+            br#"{"event":{"position":3,"origin":{"cell":1,"position":9,"move":"m"}}}"#
+        ));
+        assert!(!is_copy(br#"{"event":{"position":3}}"#));
+    }
 
     #[test]
     fn a_line_wraps_the_body_with_its_sequence_and_subject() {

@@ -109,6 +109,35 @@ async fn cells_move_013_the_command_line_moves_a_partition_of_a_running_ledger_a
     }
     three.assert_every_cell_exact().await;
 
+    // The merged feed gives each event once: the copies in cell 3 are passed over.
+    let (status, feed) = call(
+        &base,
+        Method::GET,
+        "/api/v1/events?limit=1000",
+        &token(1, true),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{feed}");
+    let events = feed["events"].as_array().unwrap();
+    let mut ids: Vec<&str> = events
+        .iter()
+        .map(|e| e["event_id"].as_str().unwrap())
+        .collect();
+    let all = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), all, "no event twice: {feed}");
+    assert!(events.iter().all(|e| e.get("origin").is_none()), "{feed}");
+    let copies: i64 = sqlx::query_scalar("SELECT count(*) FROM feed WHERE origin_cell = 1")
+        .fetch_one(&three.cells[2].db.pool)
+        .await
+        .unwrap();
+    assert!(
+        copies > 0,
+        "cell 3's own feed shows the copies with their origin"
+    );
+
     // A second move of the same partition from the wrong cell, or to its own cell, is refused.
     let (ok, out) = cells_cli(&base, &["move", "--partition", &p.to_string(), "--to", "3"]);
     assert!(!ok && out.contains("400"), "{out}");

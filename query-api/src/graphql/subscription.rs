@@ -204,6 +204,7 @@ mod tests {
             user_id: Some(7),
             occurred_at: chrono::Utc::now(),
             recorded_at: chrono::Utc::now(),
+            origin: None,
         }
     }
 
