@@ -120,8 +120,10 @@ async fn cells_move_013_the_command_line_moves_a_partition_of_a_running_ledger_a
     .await;
     assert_eq!(status, 200, "{feed}");
     let events = feed["events"].as_array().unwrap();
+    // (`PartitionMoved` stands in both cells' feeds: one fact, one event id, named twice.)
     let mut ids: Vec<&str> = events
         .iter()
+        .filter(|e| e["aggregate_type"] != "Partition")
         .map(|e| e["event_id"].as_str().unwrap())
         .collect();
     let all = ids.len();
