@@ -20,7 +20,7 @@ use crate::ports::Clock;
 #[derive(Debug, Clone)]
 pub struct MoveSettings {
     /// A pass of `CatchingUp` that copies at most this many rows ends the copying while live:
-    /// what is left is copied under the pause (`LEDGER_MOVE_TAIL_MAX`).
+    /// what is left is copied under the pause (1,000 rows by default).
     pub tail_max: u64,
     /// After this many passes the move pauses whatever the last pass copied: a partition written
     /// faster than it is copied would otherwise never pause.
