@@ -304,6 +304,8 @@
     var stuckBox = h("div");
     var recentBox = h("div");
     var haBox = h("div", { id: "cells-ha" });
+    var movesBox = h("div", { id: "cells-moves" });
+    var moveForm = moveControls(function () { refresh(); });
     var thresholdSel = h("select", { id: "stuck-threshold", onchange: function () { refresh(); } },
       [["5000", "5 s"], ["30000", "30 s"], ["60000", "1 min"], ["300000", "5 min"], ["3600000", "1 h"]].map(function (o) {
         return h("option", { value: o[0], selected: o[0] === (parseHash().params.get("stuck_ms") || "60000") }, o[1]);
@@ -312,6 +314,7 @@
       h("h1", {}, "Overview ", indicator.el),
       statsBox,
       card("Cells: members, roles and failovers", haBox),
+      card("Partition moves", movesBox, moveForm.el),
       card("Transfers by state", stateBox),
       card("Alerts (MON-004: abnormal request frequency)", alertsBox),
       card("Stuck transfers", stuckBox, h("span", { class: "muted small" }, "  open and unchanged for at least ", thresholdSel)),
@@ -325,8 +328,12 @@
         settled(api("/api/v1/admin/transfers/stuck?older_than_ms=" + encodeURIComponent(stuckMs) + "&limit=50")),
         settled(api("/api/v1/admin/alerts?limit=10")),
         settled(api("/api/v1/admin/cells")),
+        settled(api("/api/v1/admin/cells/moves")),
       ]).then(function (r) {
         replace(haBox, cellsHaView(r[4]));
+        moveForm.cells(r[4]);
+        moveForm.el.hidden = !r[5].ok && r[5].error.status === 404;
+        replace(movesBox, movesView(r[5], function () { refresh(); }));
         renderOverview(r[0], stateBox, statsBox);
         replace(recentBox, r[1].ok ? transferTable(r[1].value.transfers) : errorBox(r[1].error));
         replace(stuckBox, r[2].ok ? stuckTable(r[2].value.transfers) : errorBox(r[2].error));
@@ -338,6 +345,62 @@
     }
     every(POLL_MS, refresh);
   };
+
+  // ---------- partition moves (ADR 0023) ----------
+
+  // The form that starts a move: a partition and a target cell; answered in place.
+  function moveControls(done) {
+    var partition = h("input", { id: "move-partition", type: "number", min: "0", max: "255", placeholder: "partition", class: "narrow" });
+    var to = h("select", { id: "move-to" });
+    var out = h("span", { id: "move-out", class: "small" });
+    var go = h("button", { id: "move-start", type: "button", onclick: function () {
+      if (partition.value === "" || !to.value) { replace(out, h("span", { class: "pill warn" }, "choose a partition and a cell")); return; }
+      go.disabled = true;
+      api("/api/v1/admin/cells/moves", { method: "POST", body: { partition: Number(partition.value), to: Number(to.value) } })
+        .then(function (m) { replace(out, h("span", { class: "pill good" }, "move " + m.id + " started: partition " + m.partition + ", cell " + m.from + " → " + m.to)); done(); },
+          function (e) { replace(out, errorBox(e)); })
+        .then(function () { go.disabled = false; });
+    } }, "Move");
+    var el = h("span", { class: "muted small" }, "  move partition ", partition, " to cell ", to, " ", go, " ", out);
+    var known = "";
+    return {
+      el: el,
+      cells: function (result) {
+        if (!result.ok || !result.value.cells) { return; }
+        var ids = result.value.cells.map(function (c) { return String(c.cell); });
+        if (ids.join(",") === known) { return; }
+        known = ids.join(",");
+        replace(to, ids.map(function (id) { return h("option", { value: id }, "cell " + id); }));
+      },
+    };
+  }
+
+  var STEP_PILL = { DONE: "good", CANCELLED: "warn", CANCELLING: "warn", PAUSING: "warn", MOVING_SPOT: "warn", VERIFYING: "warn", SWITCHING: "warn" };
+
+  function movesView(result, done) {
+    if (!result.ok && result.error.status === 404) {
+      return h("div", { class: "muted" }, "Moves run under a cell map (ledger up --cells N).");
+    }
+    if (!result.ok) { return errorBox(result.error); }
+    var moves = result.value.moves || [];
+    if (!moves.length) { return h("div", { class: "empty" }, "No partition has moved yet."); }
+    return h("table", { id: "moves-table" },
+      h("thead", {}, h("tr", {}, ["move", "partition", "from → to", "step", "copied", "reason", ""].map(function (t) { return h("th", {}, t); }))),
+      h("tbody", {}, moves.slice(0, 10).map(function (m) {
+        var ended = m.step === "DONE" || m.step === "CANCELLED";
+        var cancel = ended || m.step === "SWITCHING" ? null : h("button", { type: "button", class: "small", onclick: function () {
+          api("/api/v1/admin/cells/moves/" + encodeURIComponent(m.id) + "/cancel", { method: "POST" }).then(done, function (e) { alert(e.toString()); });
+        } }, "Cancel");
+        return h("tr", {},
+          h("td", { class: "mono small" }, m.id),
+          h("td", { class: "num" }, String(m.partition)),
+          h("td", {}, "cell " + m.from + " → " + m.to),
+          h("td", {}, h("span", { class: "pill " + (STEP_PILL[m.step] || "") }, m.step)),
+          h("td", { class: "num" }, String(m.copied)),
+          h("td", { class: "small" }, m.reason || ""),
+          h("td", {}, cancel));
+      })));
+  }
 
   function stat(title, value, note) {
     return h("section", { class: "card" }, h("h2", {}, title), h("div", { class: "big" }, value),
