@@ -17,7 +17,8 @@ use std::str::FromStr;
 /// `BulkHalf*` are the bulk path's (`bulk.rs`): with one armed, a batch's withdraws (deposits)
 /// are made for its first half only, and the process aborts before the second half's.
 /// `RoundHalf*` are the same inside a shared round of single requests (`round.rs`), met only by
-/// a round carrying more than one request.
+/// a round carrying more than one request. `Move*Done` are a partition move's
+/// (`moves/run.rs`): after a step's work, before the next step is recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FailPoint {
     AfterInit,
@@ -35,11 +36,19 @@ pub enum FailPoint {
     BulkHalfDeposited,
     RoundHalfWithdrawn,
     RoundHalfDeposited,
+    MovePlannedDone,
+    MoveCopyingDone,
+    MoveCatchingUpDone,
+    MovePausingDone,
+    MoveMovingSpotDone,
+    MoveVerifyingDone,
+    MoveSwitchingDone,
+    MoveCancellingDone,
 }
 
 impl FailPoint {
     /// Every fail point, in the order a transfer meets them.
-    pub const ALL: [FailPoint; 15] = [
+    pub const ALL: [FailPoint; 23] = [
         FailPoint::AfterInit,
         FailPoint::AfterCreatedWithdrawStarted,
         FailPoint::SourcePendingBeforeCall,
@@ -55,7 +64,32 @@ impl FailPoint {
         FailPoint::BulkHalfDeposited,
         FailPoint::RoundHalfWithdrawn,
         FailPoint::RoundHalfDeposited,
+        FailPoint::MovePlannedDone,
+        FailPoint::MoveCopyingDone,
+        FailPoint::MoveCatchingUpDone,
+        FailPoint::MovePausingDone,
+        FailPoint::MoveMovingSpotDone,
+        FailPoint::MoveVerifyingDone,
+        FailPoint::MoveSwitchingDone,
+        FailPoint::MoveCancellingDone,
     ];
+
+    /// A partition move's point after the work of step `at`, before its next step is recorded
+    /// (ADR 0023 §4: the work is done and the record does not say so yet). `None` for an end.
+    pub fn move_step_done(at: crate::moves::MoveStep) -> Option<FailPoint> {
+        use crate::moves::MoveStep;
+        Some(match at {
+            MoveStep::Planned => FailPoint::MovePlannedDone,
+            MoveStep::Copying => FailPoint::MoveCopyingDone,
+            MoveStep::CatchingUp => FailPoint::MoveCatchingUpDone,
+            MoveStep::Pausing => FailPoint::MovePausingDone,
+            MoveStep::MovingSpot => FailPoint::MoveMovingSpotDone,
+            MoveStep::Verifying => FailPoint::MoveVerifyingDone,
+            MoveStep::Switching => FailPoint::MoveSwitchingDone,
+            MoveStep::Cancelling => FailPoint::MoveCancellingDone,
+            MoveStep::Done | MoveStep::Cancelled => return None,
+        })
+    }
 
     /// The name `LEDGER_FAILPOINT` gives it.
     pub fn as_str(self) -> &'static str {
@@ -75,6 +109,14 @@ impl FailPoint {
             FailPoint::BulkHalfDeposited => "bulk_half_deposited",
             FailPoint::RoundHalfWithdrawn => "round_half_withdrawn",
             FailPoint::RoundHalfDeposited => "round_half_deposited",
+            FailPoint::MovePlannedDone => "move_planned_done",
+            FailPoint::MoveCopyingDone => "move_copying_done",
+            FailPoint::MoveCatchingUpDone => "move_catching_up_done",
+            FailPoint::MovePausingDone => "move_pausing_done",
+            FailPoint::MoveMovingSpotDone => "move_moving_spot_done",
+            FailPoint::MoveVerifyingDone => "move_verifying_done",
+            FailPoint::MoveSwitchingDone => "move_switching_done",
+            FailPoint::MoveCancellingDone => "move_cancelling_done",
         }
     }
 }

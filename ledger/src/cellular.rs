@@ -285,7 +285,7 @@ async fn run(
         feed::CellFeeds::new(Arc::clone(&shared.slots), &shared.secret.bytes),
         settings.http.limits,
     ));
-    let front = front.with_moves(moving::start(&reached));
+    let front = front.with_moves(moving::start(&reached, settings.failpoints));
     let (stop_watchers, stopping) = tokio::sync::watch::channel(false);
     let (exits_tx, mut exits) = tokio::sync::mpsc::unbounded_channel::<String>();
     let watchers = spawn_watchers(&shared, &map, reached, &stopping, &exits_tx);

@@ -157,3 +157,118 @@ async fn cells_move_013_the_command_line_moves_a_partition_of_a_running_ledger_a
     assert!(events_of(&three, 2, a).await > in_three, "{}", ledger.log());
     three.assert_every_cell_exact().await;
 }
+
+/// The move routes' answer for move `id`.
+async fn move_of(base: &str, id: &str) -> serde_json::Value {
+    let (status, body) = call(
+        base,
+        Method::GET,
+        &format!("/api/v1/admin/cells/moves/{id}"),
+        &token(1, true),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+#[tokio::test]
+async fn cells_move_014_the_ledger_killed_after_every_steps_work_resumes_the_move_and_money_stays_exact(
+) {
+    let three = ThreeCells::start().await;
+    let points = [
+        "move_planned_done",
+        "move_copying_done",
+        "move_catching_up_done",
+        "move_pausing_done",
+        "move_moving_spot_done",
+        "move_verifying_done",
+        "move_switching_done",
+    ];
+    // Partitions of cell 1 with a user each, one per fail point, moved to cell 2 in turn.
+    let mut users = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for u in 1.. {
+        let p = partition_of(UserId::new(u).unwrap()).get();
+        if p < 85 && seen.insert(p) {
+            users.push((u, p));
+        }
+        if users.len() == points.len() {
+            break;
+        }
+    }
+    let ledger = LedgerProcess::start_cells(&three.map, &[]);
+    for (u, _) in &users {
+        deposit(&ledger.base, *u, "50").await;
+        let (status, body) = transfer(&ledger.base, *u, "FUNDING", "SPOT", "20").await;
+        assert_eq!(status, 200, "{body}");
+    }
+    drop(ledger);
+    for (point, (u, p)) in points.iter().zip(&users) {
+        let env = [
+            ("LEDGER_FAILPOINT", *point),
+            ("LEDGER_ALLOW_FAILPOINTS", "1"),
+        ];
+        let mut doomed = LedgerProcess::start_cells(&three.map, &env);
+        let (status, started) = call(
+            &doomed.base,
+            Method::POST,
+            "/api/v1/admin/cells/moves",
+            &token(1, true),
+            Some(serde_json::json!({"partition": p, "to": 2})),
+        )
+        .await;
+        assert_eq!(status, 202, "{started}");
+        let id = started["id"].as_str().unwrap().to_owned();
+        let exit = doomed.wait_exit(std::time::Duration::from_secs(30));
+        assert!(
+            !exit.success(),
+            "{point}: the process aborted: {}",
+            doomed.log()
+        );
+        assert!(
+            doomed.log().contains(&format!("fail point {point}")),
+            "{}",
+            doomed.log()
+        );
+        drop(doomed);
+
+        // A new process resumes the move from its record.
+        let ledger = LedgerProcess::start_cells(&three.map, &[]);
+        let mut end = move_of(&ledger.base, &id).await;
+        for _ in 0..300 {
+            if end["step"] == "DONE" || end["step"] == "CANCELLED" {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            end = move_of(&ledger.base, &id).await;
+        }
+        assert_eq!(end["step"], "DONE", "{point}: {end}\n{}", ledger.log());
+        three.assert_every_cell_exact().await;
+        let (status, body) = transfer(&ledger.base, *u, "SPOT", "FUNDING", "5").await;
+        assert_eq!(
+            (status, &body["state"]),
+            (200, &"COMMITTED".into()),
+            "{point}: {body}"
+        );
+        assert!(
+            events_of(&three, 1, *u).await > 0,
+            "{point}: user {u} trades in cell 2"
+        );
+        let (_, balances) = call(
+            &ledger.base,
+            Method::GET,
+            "/api/v1/balances",
+            &token(*u, false),
+            None,
+        )
+        .await;
+        let usdt = &balances["balances"][0];
+        assert_eq!(
+            (usdt["funding"].as_str(), usdt["spot"].as_str()),
+            (Some("35"), Some("15")),
+            "{point}: nothing created, lost or applied twice: {balances}"
+        );
+        three.assert_every_cell_exact().await;
+    }
+}

@@ -14,6 +14,7 @@ use super::ports::{Freeze, MoveRecords, PartitionHold, PartitionStores, SpotMove
 use super::record::{MoveId, MoveRecord, MoveStep};
 use super::verify::{verify, Mismatch};
 use crate::error::StoreError;
+use crate::failpoint::{FailPoint, FailPoints};
 use crate::ports::Clock;
 
 /// How a move copies and retries.
@@ -76,6 +77,7 @@ pub struct MoveRunner {
     hold: Arc<dyn PartitionHold>,
     clock: Arc<dyn Clock>,
     settings: MoveSettings,
+    failpoints: FailPoints,
 }
 
 impl MoveRunner {
@@ -94,7 +96,14 @@ impl MoveRunner {
             hold,
             clock,
             settings,
+            failpoints: FailPoints::default(),
         }
+    }
+
+    /// Aborts the process at the armed `Move*Done` fail point (crash tests).
+    pub fn with_failpoints(mut self, failpoints: FailPoints) -> Self {
+        self.failpoints = failpoints;
+        self
     }
 
     /// Records a new move of `partition` from `from` (its owner under map `version`) to `to`.
@@ -219,6 +228,9 @@ impl MoveRunner {
             at.as_str(),
             next.as_str()
         );
+        if let Some(point) = FailPoint::move_step_done(at) {
+            self.failpoints.hit(point);
+        }
         record.step = next;
         self.save(at, &record).await?;
         Ok(record)

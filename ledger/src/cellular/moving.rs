@@ -15,6 +15,7 @@ use adapters::pg::moves::PgMoves;
 use adapters::spot::moves::EngineMoves;
 use application::moves::{run_worker, MoveDesk, MoveRecords, MoveRunner, MoveSettings, NoHold};
 use application::ports::SystemClock;
+use application::FailPoints;
 use cells::CellId;
 use tokio::sync::Notify;
 
@@ -24,7 +25,7 @@ use super::watch::Reached;
 const WORKER_POLL: Duration = Duration::from_secs(2);
 
 /// The runner and records over every cell in `reached`, and the worker started over them.
-pub fn start(reached: &BTreeMap<CellId, Reached>) -> MoveDesk {
+pub fn start(reached: &BTreeMap<CellId, Reached>, failpoints: FailPoints) -> MoveDesk {
     let mut cells = BTreeMap::new();
     let mut records = BTreeMap::new();
     let mut engines = BTreeMap::new();
@@ -50,7 +51,8 @@ pub fn start(reached: &BTreeMap<CellId, Reached>) -> MoveDesk {
         Arc::new(NoHold),
         Arc::new(SystemClock),
         MoveSettings::default(),
-    );
+    )
+    .with_failpoints(failpoints);
     let wake = Arc::new(Notify::new());
     tokio::spawn(run_worker(
         runner.clone(),
