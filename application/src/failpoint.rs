@@ -74,23 +74,6 @@ impl FailPoint {
         FailPoint::MoveCancellingDone,
     ];
 
-    /// A partition move's point after the work of step `at`, before its next step is recorded
-    /// (ADR 0023 §4: the work is done and the record does not say so yet). `None` for an end.
-    pub fn move_step_done(at: crate::moves::MoveStep) -> Option<FailPoint> {
-        use crate::moves::MoveStep;
-        Some(match at {
-            MoveStep::Planned => FailPoint::MovePlannedDone,
-            MoveStep::Copying => FailPoint::MoveCopyingDone,
-            MoveStep::CatchingUp => FailPoint::MoveCatchingUpDone,
-            MoveStep::Pausing => FailPoint::MovePausingDone,
-            MoveStep::MovingSpot => FailPoint::MoveMovingSpotDone,
-            MoveStep::Verifying => FailPoint::MoveVerifyingDone,
-            MoveStep::Switching => FailPoint::MoveSwitchingDone,
-            MoveStep::Cancelling => FailPoint::MoveCancellingDone,
-            MoveStep::Done | MoveStep::Cancelled => return None,
-        })
-    }
-
     /// The name `LEDGER_FAILPOINT` gives it.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -228,7 +228,7 @@ impl MoveRunner {
             at.as_str(),
             next.as_str()
         );
-        if let Some(point) = FailPoint::move_step_done(at) {
+        if let Some(point) = step_done(at) {
             self.failpoints.hit(point);
         }
         record.step = next;
@@ -348,4 +348,20 @@ impl MoveRunner {
 
 fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A partition move's fail point after the work of step `at`, before its next step is recorded
+/// (ADR 0023 §4: the work is done and the record does not say so yet). `None` for an end.
+fn step_done(at: MoveStep) -> Option<FailPoint> {
+    Some(match at {
+        MoveStep::Planned => FailPoint::MovePlannedDone,
+        MoveStep::Copying => FailPoint::MoveCopyingDone,
+        MoveStep::CatchingUp => FailPoint::MoveCatchingUpDone,
+        MoveStep::Pausing => FailPoint::MovePausingDone,
+        MoveStep::MovingSpot => FailPoint::MoveMovingSpotDone,
+        MoveStep::Verifying => FailPoint::MoveVerifyingDone,
+        MoveStep::Switching => FailPoint::MoveSwitchingDone,
+        MoveStep::Cancelling => FailPoint::MoveCancellingDone,
+        MoveStep::Done | MoveStep::Cancelled => return None,
+    })
 }
