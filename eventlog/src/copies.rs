@@ -160,3 +160,20 @@ pub async fn append_partition_moved(
     .fetch_one(conn)
     .await
 }
+
+/// Forgets the open transfers that move `move_id` copied in (a void move's leftovers): the
+/// cell's recovery never drives them (not its partition), and an open transfer left behind
+/// would hold its idempotency horizon back for good. A later move of the partition copies their
+/// later events again. Answers how many it forgot.
+pub async fn forget_open_copies(pool: &PgPool, move_id: &str) -> Result<u64, sqlx::Error> {
+    Ok(sqlx::query(
+        "DELETE FROM open_transfers o
+         WHERE EXISTS (SELECT 1 FROM events c
+                       WHERE c.aggregate_type = 'Transfer' AND c.aggregate_id = o.req_id
+                         AND c.sequence = 1 AND c.metadata::jsonb ->> 'origin_move' = $1)",
+    )
+    .bind(move_id)
+    .execute(pool)
+    .await?
+    .rows_affected())
+}

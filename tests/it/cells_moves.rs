@@ -461,3 +461,46 @@ async fn cells_move_012_a_move_resumed_by_a_new_runner_after_every_step_and_a_sp
     }
     cells.assert_exact().await;
 }
+
+#[tokio::test]
+async fn cells_move_015_a_move_cancelled_mid_copy_leaves_no_open_copy_behind_in_its_target() {
+    let mut cells = Cells::start().await;
+    let p = moving();
+    let u = users_of(p, 1)[0];
+    cells.one.deposit(u, "USDT", "100").await;
+    // The source's engine down: the transfer stays open, copied as it is.
+    cells.one.spot.kill();
+    let open = cells
+        .one
+        .coordinator
+        .submit(transfer(u, AccountType::Funding, "10", None))
+        .await
+        .unwrap();
+    assert!(!open.state.is_terminal(), "{open:?}");
+    let runner = cells.runner();
+    let id = MoveId("m-void".into());
+    let mut record = runner
+        .start(id.clone(), p, CellId::ONE, two(), 1)
+        .await
+        .unwrap();
+    while record.step != MoveStep::CatchingUp {
+        record = runner.step(record).await.unwrap();
+    }
+    let copied: i64 = sqlx::query_scalar("SELECT count(*) FROM open_transfers")
+        .fetch_one(&cells.two.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(copied, 1, "the open transfer was copied as it is");
+    runner.cancel(&id, "test").await.unwrap();
+    assert_eq!(runner.drive(&id).await.unwrap().step, MoveStep::Cancelled);
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM open_transfers")
+        .fetch_one(&cells.two.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "no open copy holds the target's horizon");
+    cells.one.spot.restart();
+    let ended = cells.one.coordinator.resume(&open.req_id).await.unwrap();
+    assert!(ended.data.state.is_terminal(), "{ended:?}");
+    assert_eq!(held(&cells.one, u).await, dec("100"));
+    cells.assert_exact().await;
+}

@@ -170,7 +170,14 @@ impl PartitionStores for PgPartitionStores {
         partition: Partition,
         id: &MoveId,
     ) -> Result<(), StoreError> {
-        self.moves(cell)?.release(partition, id).await
+        self.moves(cell)?.release(partition, id).await?;
+        let forgot = eventlog::copies::forget_open_copies(self.cell(cell)?.pool(), &id.0)
+            .await
+            .map_err(store)?;
+        if forgot > 0 {
+            tracing::info!(cell = %cell, move_id = %id, forgot, "a void move's open copies are no longer tracked");
+        }
+        Ok(())
     }
 
     async fn book(&self, cell: CellId, partition: Partition) -> Result<PartitionBook, StoreError> {
