@@ -272,3 +272,52 @@ async fn cells_move_014_the_ledger_killed_after_every_steps_work_resumes_the_mov
         three.assert_every_cell_exact().await;
     }
 }
+
+#[tokio::test]
+async fn cells_move_016_after_a_move_ledger_verify_passes_in_both_cells_and_names_the_sources_checkpoint(
+) {
+    use crate::tlog::key_file;
+    use crate::tlog_cells::{checkpointed, verify_cell, TwoCells};
+    let two = TwoCells::start().await;
+    let key = key_file(two.dir.path());
+    let key_text = key.to_str().unwrap().to_owned();
+    let env = [
+        ("LEDGER_LOG_SIGNING_KEY_FILE", key_text.as_str()),
+        ("LEDGER_LOG_CHECKPOINT_EVENTS", "1"),
+        ("LEDGER_LOG_CHECKPOINT_MS", "100"),
+    ];
+    let ledger = LedgerProcess::start_cells(&two.map, &env);
+    let base = ledger.base.clone();
+    let u = (1..)
+        .find(|&u| partition_of(UserId::new(u).unwrap()).get() < 128)
+        .unwrap();
+    let p = partition_of(UserId::new(u).unwrap()).get();
+    deposit(&base, u, "40").await;
+    let (status, body) = transfer(&base, u, "FUNDING", "SPOT", "15").await;
+    assert_eq!(status, 200, "{body}");
+    checkpointed(&two.cells[0].0).await;
+    let (ok, out) = cells_cli(&base, &["move", "--partition", &p.to_string(), "--to", "2"]);
+    assert!(ok, "{out}");
+    let (status, body) = transfer(&base, u, "SPOT", "FUNDING", "5").await;
+    assert_eq!(
+        (status, &body["state"]),
+        (200, &"COMMITTED".into()),
+        "{body}"
+    );
+    for (cell, (db, _)) in two.cells.iter().enumerate() {
+        checkpointed(db).await;
+        let moved: serde_json::Value = sqlx::query_scalar(
+            "SELECT payload::jsonb FROM events WHERE event_type = 'PartitionMoved'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert!(
+            moved["PartitionMoved"]["source_checkpoint"]["size"].as_i64() > Some(0),
+            "cell {}: {moved}",
+            cell + 1
+        );
+        let (ok, out) = verify_cell(&two.map, &key, u16::try_from(cell + 1).unwrap(), &[]);
+        assert!(ok, "cell {}: {out}", cell + 1);
+    }
+}
