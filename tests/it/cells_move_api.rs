@@ -321,3 +321,71 @@ async fn cells_move_016_after_a_move_ledger_verify_passes_in_both_cells_and_name
         assert!(ok, "cell {}: {out}", cell + 1);
     }
 }
+
+#[tokio::test]
+async fn cells_move_017_two_moves_planned_on_one_map_both_reach_their_users() {
+    let three = ThreeCells::start().await;
+    let ledger = LedgerProcess::start_cells(&three.map, &[]);
+    let base = ledger.base.clone();
+    // Two users of two partitions of cell 1, moved at once to cells 2 and 3.
+    let mut users: Vec<(u64, u8)> = Vec::new();
+    for u in 1.. {
+        let p = partition_of(UserId::new(u).unwrap()).get();
+        if p < 85 && users.iter().all(|(_, q)| *q != p) {
+            users.push((u, p));
+        }
+        if users.len() == 2 {
+            break;
+        }
+    }
+    for (u, _) in &users {
+        deposit(&base, *u, "20").await;
+    }
+    let mut ids = Vec::new();
+    for ((_, p), to) in users.iter().zip([2, 3]) {
+        let (status, body) = call(
+            &base,
+            Method::POST,
+            "/api/v1/admin/cells/moves",
+            &token(1, true),
+            Some(serde_json::json!({"partition": p, "to": to})),
+        )
+        .await;
+        assert_eq!(status, 202, "{body}");
+        ids.push(body["id"].as_str().unwrap().to_owned());
+    }
+    for id in &ids {
+        let mut end = move_of(&base, id).await;
+        for _ in 0..300 {
+            if end["step"] == "DONE" || end["step"] == "CANCELLED" {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            end = move_of(&base, id).await;
+        }
+        assert_eq!(end["step"], "DONE", "{end}");
+    }
+    // Each switch took a version of its own (a front that reloaded after the first switch takes
+    // the second as newer), and each user is served by their new cell.
+    for cell in &three.cells {
+        let version: i64 = sqlx::query_scalar("SELECT map_version FROM cell_identity")
+            .fetch_one(&cell.db.pool)
+            .await
+            .unwrap();
+        assert_eq!(version, 3, "cell {}: two switches, two versions", cell.id);
+    }
+    for ((u, _), cell) in users.iter().zip([1usize, 2]) {
+        let (status, body) = transfer(&base, *u, "FUNDING", "SPOT", "5").await;
+        assert_eq!(
+            (status, &body["state"]),
+            (200, &"COMMITTED".into()),
+            "{body}"
+        );
+        assert!(
+            events_of(&three, cell, *u).await > 0,
+            "user {u} in cell {}",
+            cell + 1
+        );
+    }
+    three.assert_every_cell_exact().await;
+}

@@ -44,11 +44,31 @@ impl MoveCell {
 #[derive(Clone)]
 pub struct PgPartitionStores {
     cells: BTreeMap<CellId, MoveCell>,
+    /// One switch at a time in this process: each takes a map version above every cell's.
+    switching: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 impl PgPartitionStores {
     pub fn new(cells: BTreeMap<CellId, MoveCell>) -> Self {
-        Self { cells }
+        Self {
+            cells,
+            switching: std::sync::Arc::default(),
+        }
+    }
+
+    /// The version a switch writes: above every cell's, and at least the one the move planned.
+    /// Two moves planned on one map would otherwise switch to the same version, and a process
+    /// that reloaded after the first would never take the second (ADR 0023 §1).
+    async fn next_version(&self, planned: u64) -> Result<i64, StoreError> {
+        let mut version = i64::try_from(planned).map_err(StoreError::new)?;
+        for cell in self.cells.values() {
+            let held: i64 = sqlx::query_scalar("SELECT map_version FROM cell_identity")
+                .fetch_one(cell.pool())
+                .await
+                .map_err(store)?;
+            version = version.max(held + 1);
+        }
+        Ok(version)
     }
 
     fn cell(&self, id: CellId) -> Result<&MoveCell, StoreError> {
@@ -238,8 +258,9 @@ impl PartitionStores for PgPartitionStores {
                 .keys()
                 .filter(|c| **c != record.to && **c != record.from),
         );
+        let _one = self.switching.lock().await;
         let to = i32::from(record.to.get());
-        let version = i64::try_from(record.map_version).map_err(StoreError::new)?;
+        let version = self.next_version(record.map_version).await?;
         let source_checkpoint = self.checkpoint(record.from).await?;
         for cell in order {
             let mut tx = self.cell(cell)?.pool().begin().await.map_err(store)?;
@@ -256,7 +277,7 @@ impl PartitionStores for PgPartitionStores {
                     "partition": record.partition.get(),
                     "from_cell": record.from.get(),
                     "to_cell": record.to.get(),
-                    "map_version": record.map_version,
+                    "map_version": version,
                     "move_id": record.id.0,
                     "source_checkpoint": source_checkpoint,
                     "events": {
