@@ -77,6 +77,12 @@ impl StoreError {
     pub fn msg(what: impl Into<String>) -> Self {
         Self::new(what.into())
     }
+
+    /// Whether the store refused the write at the partition fence ([`Fenced`]): nothing was
+    /// written.
+    pub fn is_fenced(&self) -> bool {
+        self.0.downcast_ref::<Fenced>().is_some()
+    }
 }
 
 impl From<StoreError> for CoordinatorError {

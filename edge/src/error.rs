@@ -192,13 +192,15 @@ impl ApiError {
     }
 
     /// A funding ledger's refusal or failure: a reused external id and an overflow are the
-    /// contract's codes, a missing account NOT_FOUND, a store failure a 500 whose detail (the
-    /// whole cause chain) goes to the log.
+    /// contract's codes, a missing account NOT_FOUND, a write the partition fence refused the
+    /// 503 to route again, a store failure a 500 whose detail (the whole cause chain) goes to
+    /// the log.
     pub fn funding(e: FundingError) -> Self {
         match e {
             FundingError::ExternalIdReused => Self::Refused(ErrorCode::IdempotencyKeyReused),
             FundingError::AccountNotFound => Self::NotFound,
             FundingError::Overflow => Self::Refused(ErrorCode::Overflow),
+            FundingError::Store(e) if e.is_fenced() => Self::Fenced(e.to_string()),
             FundingError::Store(e) => {
                 Self::Internal(format!("funding ledger: {}", application::error_chain(&e)))
             }

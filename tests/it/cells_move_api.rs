@@ -389,3 +389,55 @@ async fn cells_move_017_two_moves_planned_on_one_map_both_reach_their_users() {
     }
     three.assert_every_cell_exact().await;
 }
+
+#[tokio::test]
+async fn cells_move_018_a_deposit_or_transfer_of_a_paused_partition_is_a_503_to_retry_never_a_500()
+{
+    let three = ThreeCells::start().await;
+    let ledger = LedgerProcess::start_cells(&three.map, &[]);
+    let base = ledger.base.clone();
+    let u = three.one_user_per_cell()[0];
+    let p = partition_of(UserId::new(u).unwrap()).get();
+    deposit(&base, u, "10").await;
+    let pause = |state: &'static str| {
+        let pool = three.cells[0].db.pool.clone();
+        async move {
+            sqlx::query(
+                "UPDATE cell_partitions SET state = $2, move_id = CASE WHEN $2 = 'STEADY' THEN NULL ELSE 'm-test' END
+                 WHERE partition = $1",
+            )
+            .bind(i16::from(p))
+            .bind(state)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    let http = reqwest::Client::new();
+    for state in ["DRAINING", "FROZEN"] {
+        pause(state).await;
+        let deposit = http
+            .post(format!("{base}/api/v1/admin/deposits"))
+            .bearer_auth(token(1, true))
+            .json(
+                &serde_json::json!({"user_id": u, "asset": "USDT", "amount": "1",
+                                      "external_id": format!("paused-{state}")}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(deposit.status(), 503, "{state}: a deposit");
+        assert_eq!(deposit.headers()["retry-after"], "1");
+        assert_eq!(deposit.headers()[edge::error::ROUTE_AGAIN], "map");
+        let (status, body) = transfer(&base, u, "FUNDING", "SPOT", "1").await;
+        assert_eq!(status, 503, "{state}: a new transfer: {body}");
+    }
+    pause("STEADY").await;
+    let (status, body) = transfer(&base, u, "FUNDING", "SPOT", "1").await;
+    assert_eq!(
+        (status, &body["state"]),
+        (200, &"COMMITTED".into()),
+        "{body}"
+    );
+    three.assert_every_cell_exact().await;
+}

@@ -5,6 +5,11 @@ use application::{CoordinatorError, StoreError};
 
 /// A driver error as the core's store error.
 pub fn store(e: sqlx::Error) -> StoreError {
+    if eventlog::append::is_fenced(&e) {
+        // The partition fence's refusal (ADR 0023 §2), typed so the edge answers 503 with
+        // `Ledger-Route-Again` (the front routes the request again) and never a 500.
+        return StoreError::new(application::error::Fenced(e.to_string()));
+    }
     StoreError::new(e)
 }
 
