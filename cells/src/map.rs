@@ -184,6 +184,24 @@ impl CellMap {
         self.owners[usize::from(partition.get())]
     }
 
+    /// This map's cells with the owners `stored` names instead (the cells' stored map, newer
+    /// than the file once a partition moved: ADR 0023 §1); `None` when `stored` does not name
+    /// every partition once, each to a cell of this map.
+    pub fn with_owners(&self, stored: &[(Partition, CellId)]) -> Option<Self> {
+        let mut owners = vec![None; usize::from(PARTITIONS)];
+        for (p, cell) in stored {
+            let slot = owners.get_mut(usize::from(p.get()))?;
+            if slot.is_some() || self.cell(*cell).is_none() {
+                return None;
+            }
+            *slot = Some(*cell);
+        }
+        Some(Self {
+            cells: self.cells.clone(),
+            owners: owners.into_iter().collect::<Option<Vec<_>>>()?,
+        })
+    }
+
     /// Every partition with its cell, in partition order.
     pub fn assignments(&self) -> impl Iterator<Item = (Partition, CellId)> + '_ {
         Partition::all().map(|p| (p, self.owner(p)))

@@ -94,6 +94,7 @@ async fn plan(args: PlanArgs, settings: &Settings) -> anyhow::Result<()> {
         (None, Some(map)) => map.clone(),
         (None, None) => bail!("`ledger cells plan` needs a cell map (--cell-map or --up-cells N)"),
     };
+    let map = newest(&map).await?;
     let weights = weights(&map, args.by, Duration::from_secs(args.window_secs)).await?;
     let plan = cells::plan(&map, &weights, args.max_moves);
     if args.json {
@@ -105,6 +106,36 @@ async fn plan(args: PlanArgs, settings: &Settings) -> anyhow::Result<()> {
         print!("{}", describe(&plan, args.by));
     }
     Ok(())
+}
+
+/// The map with the owners of the newest map the cells store (ADR 0023 §1: after a move the
+/// file is only the seed); the file's when no cell stores a newer one.
+async fn newest(map: &CellMap) -> anyhow::Result<CellMap> {
+    use application::cell_map::CellMapStore;
+    let mut best: Option<application::cell_map::StoredMap> = None;
+    for spec in map.cells() {
+        let pool = schema::connect(&spec.database_url, 1)
+            .await
+            .with_context(|| format!("cell {}: its database", spec.id))?;
+        let stored = adapters::pg::cell_map::PgCellMap::new(pool.clone())
+            .stored_map()
+            .await;
+        pool.close().await;
+        if let Ok(stored) = stored {
+            if best.as_ref().is_none_or(|b| stored.version > b.version) {
+                best = Some(stored);
+            }
+        }
+    }
+    match best {
+        Some(stored) if stored.version > 1 => map.with_owners(&stored.owners).with_context(|| {
+            format!(
+                "the cells' stored map (version {}) names a cell the file does not",
+                stored.version
+            )
+        }),
+        _ => Ok(map.clone()),
+    }
 }
 
 /// Each partition's weight, read from the cell that owns it.
