@@ -36,11 +36,10 @@ pub fn after_seed(
             world.held().0.iter().map(|p| p.get()).collect::<Vec<_>>()
         ));
     }
-    if world.total() != *total {
+    let now = scene.total();
+    if now != *total {
         found.push(format!(
-            "totals across the cells changed: {:?} became {:?}",
-            total,
-            world.total()
+            "totals across the cells changed: {total:?} became {now:?}"
         ));
     }
     let cells: Vec<CellId> = (1..=u64::from(scene.cells)).map(cell_id).collect();
@@ -112,7 +111,7 @@ fn partition_whole(scene: &Scene, world: &MemMoves, cells: &[CellId], p: Partiti
                 p.get()
             ));
         }
-        found.extend(spot_whole(scene, world, cells, owner, *user));
+        found.extend(spot_whole(scene, cells, owner, *user));
     }
     for cell in cells.iter().filter(|c| **c != owner) {
         if world.book(*cell, p) != Default::default() {
@@ -132,21 +131,11 @@ fn partition_whole(scene: &Scene, world: &MemMoves, cells: &[CellId], p: Partiti
 
 /// `user`'s SPOT balances are in `owner`'s engine, as expected, and nothing of theirs anywhere
 /// else.
-fn spot_whole(
-    scene: &Scene,
-    world: &MemMoves,
-    cells: &[CellId],
-    owner: CellId,
-    user: UserId,
-) -> Vec<String> {
+fn spot_whole(scene: &Scene, cells: &[CellId], owner: CellId, user: UserId) -> Vec<String> {
     let mut found = Vec::new();
     for cell in cells {
-        let spot = world.cell(*cell).spot;
         for asset in ASSETS {
-            let held = spot
-                .get(&(user, asset.to_owned()))
-                .copied()
-                .unwrap_or_default();
+            let held = scene.engines.available(*cell, user, asset);
             let want = if *cell == owner {
                 Decimal::from(scene.spot.get(&(user, asset)).copied().unwrap_or(0))
             } else {

@@ -1,7 +1,8 @@
 //! `ledger-sim --moves`: partition moves (ADR 0023 §4) among faults, seed by seed. The real
 //! `application::moves::MoveRunner` drives moves of random partitions back and forth between
 //! `cells` in-memory cells (`application::testkit::moves::MemMoves`: the fence, the drain, the
-//! copy by marks, the spot-cores' journaled move-out and move-in, the switch), while the seed's
+//! copy by marks, the switch) and their spot-cores (spot-core's real `Engine`, one per cell, its
+//! journaled `move_out` and `move_in`, `MOVED` for a partition moved out), while the seed's
 //! schedule interleaves, before any call of the move's ports, users' writes through the fence
 //! (sometimes to a stale cell), transfers that open and end (the drain waits for them, some stay
 //! open until the faults stop), operators' cancels, and faults on the move's calls (a failed
@@ -15,6 +16,7 @@
 
 mod check;
 mod config;
+mod engines;
 mod ports;
 mod scene;
 mod schedule;

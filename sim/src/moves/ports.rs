@@ -2,7 +2,8 @@
 //! spot-cores and faults) behind a hook that the seed's schedule runs before every call of the
 //! move's ports, so users' writes, transfers that open and end, and cancels land between any two
 //! calls of a step (between two copy batches, between the freeze and the last copy, between the
-//! move-out and the move-in, between the two books of the check).
+//! move-out and the move-in, between the two books of the check). The spot-cores are the cells'
+//! real engines (`engines.rs`), their calls faulted by the same script as `MemMoves`'s.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,11 +13,14 @@ use application::moves::{
     Copied, Freeze, MoveId, MoveRecord, MoveRecords, MoveStep, PartitionBook, PartitionHold,
     PartitionStores, SpotMoves, SpotPayload, Started,
 };
-use application::testkit::moves::{MemMoves, MoveCall};
+use application::testkit::faults::crash;
+use application::testkit::moves::{MemMoves, MoveCall, MoveFault};
 use async_trait::async_trait;
 use cells::{CellId, Partition};
 use domain::UserId;
 use rust_decimal::Decimal;
+
+use super::engines::Engines;
 
 /// What runs before a call of the move's ports.
 pub type Hook = Arc<dyn Fn(MoveCall) + Send + Sync>;
@@ -25,12 +29,34 @@ pub type Hook = Arc<dyn Fn(MoveCall) + Send + Sync>;
 #[derive(Clone)]
 pub struct Interleaved {
     pub inner: MemMoves,
+    pub engines: Engines,
     pub hook: Hook,
 }
 
 impl Interleaved {
     fn before(&self, call: MoveCall) {
         (self.hook)(call);
+    }
+
+    /// An engine's call under `call`'s armed fault, as `MemMoves` runs its own.
+    async fn engine<T>(
+        &self,
+        call: MoveCall,
+        effect: impl FnOnce(&Engines) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.before(call);
+        let fault = self.inner.faults.take(call);
+        match fault {
+            Some(MoveFault::Fail) => return Err(StoreError::new(format!("{call:?}: failed"))),
+            Some(MoveFault::CrashBefore) => return crash().await,
+            _ => {}
+        }
+        let answer = effect(&self.engines);
+        match fault {
+            Some(MoveFault::LoseAnswer) => Err(StoreError::new(format!("{call:?}: answer lost"))),
+            Some(MoveFault::CrashAfter) => crash().await,
+            _ => answer,
+        }
     }
 }
 
@@ -118,8 +144,8 @@ impl SpotMoves for Interleaved {
         id: &str,
         partition: Partition,
     ) -> Result<SpotPayload, StoreError> {
-        self.before(MoveCall::MoveOut);
-        self.inner.move_out(cell, id, partition).await
+        self.engine(MoveCall::MoveOut, |e| e.move_out(cell, id, partition))
+            .await
     }
 
     async fn move_in(
@@ -129,8 +155,10 @@ impl SpotMoves for Interleaved {
         partition: Partition,
         payload: &SpotPayload,
     ) -> Result<(), StoreError> {
-        self.before(MoveCall::MoveIn);
-        self.inner.move_in(cell, id, partition, payload).await
+        self.engine(MoveCall::MoveIn, |e| {
+            e.move_in(cell, id, partition, payload)
+        })
+        .await
     }
 
     async fn balances(
@@ -139,8 +167,13 @@ impl SpotMoves for Interleaved {
         partition: Partition,
         users: &[UserId],
     ) -> Result<BTreeMap<(UserId, String), Decimal>, StoreError> {
-        self.before(MoveCall::Balances);
-        self.inner.balances(cell, partition, users).await
+        let asked: Vec<UserId> = users
+            .iter()
+            .copied()
+            .filter(|u| cells::partition_of(*u) == partition)
+            .collect();
+        self.engine(MoveCall::Balances, |e| e.balances(cell, &asked))
+            .await
     }
 }
 

@@ -9,9 +9,14 @@ use application::moves::{MoveId, MoveRunner};
 use application::testkit::moves::{MemMoves, MoveCall};
 use application::testkit::run;
 use cells::{partition_of, CellId};
-use domain::UserId;
+use domain::{ReqId, UserId};
+use rust_decimal::Decimal;
 
+use super::engines::{Engines, Leg};
 use crate::rng::Rng;
+
+/// Where a moves seed's time starts (the req_ids of its writes carry it).
+pub const START_MS: u64 = 1_767_225_600_000;
 
 /// The assets users move.
 pub const ASSETS: [&str; 2] = ["USDT", "BTC"];
@@ -42,9 +47,12 @@ pub struct Scene {
     /// Moves started and not yet seen ended.
     pub active: Vec<MoveId>,
     /// A runner over the same cells without faults or hook: the operator's cancels that land
-    /// in the middle of another call's step.
+    /// in the middle of another runner's step.
     pub operator: Option<MoveRunner>,
+    pub engines: Engines,
     pub faults_on: bool,
+    /// What went wrong while it ran (the checks after the seed add theirs).
+    pub violations: Vec<String>,
     pub counts: BTreeMap<&'static str, u64>,
     pub trace: Option<Vec<String>>,
 }
@@ -56,26 +64,40 @@ impl Scene {
         }
     }
 
+    /// Every asset's total across the cells: FUNDING as the cells count it, SPOT in the
+    /// engines.
+    pub fn total(&self) -> BTreeMap<String, Decimal> {
+        let mut total = self.world.total();
+        for (asset, amount) in self.engines.total(&self.users, &ASSETS) {
+            *total.entry(asset).or_default() += amount;
+        }
+        total
+    }
+
     pub fn count(&mut self, what: &'static str) {
         *self.counts.entry(what).or_insert(0) += 1;
     }
 
     /// A user's transfer between FUNDING and SPOT of `amount` (FUNDING's side), sent to its
     /// cell under the map (or, now and then, to a random cell: a stale map): through the fence,
-    /// and on SPOT in the same cell only if the fence let it in. Sometimes it stays open.
+    /// then its SPOT leg in the same cell's engine if the fence let it in. A leg the engine does
+    /// not apply after the fence took the write is a violation (money in one system only).
+    /// Sometimes the transfer stays open.
     pub fn user_op(&mut self) {
         let i = self.rng.index(self.users.len());
         let user = self.users[i];
         let asset = ASSETS[self.rng.index(ASSETS.len())];
         let size = i64::try_from(self.rng.between(1, 50)).unwrap_or(1);
         let amount = if self.rng.chance(500) { size } else { -size };
-        let owner = self.world.owner(user);
-        let cell = match owner {
+        let cell = match self.world.owner(user) {
             Some(cell) if !self.rng.chance(100) => cell,
             _ => cell_id(self.rng.between(1, u64::from(self.cells))),
         };
+        if amount > 0 && self.engines.available(cell, user, asset) < Decimal::from(amount) {
+            return;
+        }
         self.keys += 1;
-        let key = format!("w{}", self.keys);
+        let key = ReqId::from_parts(START_MS, u128::from(self.keys)).to_string();
         let accepted = self.world.write(cell, &key, user, asset, amount);
         self.note(|| {
             let verdict = if accepted { "accepted" } else { "refused" };
@@ -86,7 +108,13 @@ impl Scene {
             return;
         }
         self.count("writes-accepted");
-        self.world.spot_credit(cell, user, asset, -amount);
+        let leg = self.engines.leg(cell, &key, user, asset, -amount);
+        if leg != Leg::Applied {
+            let p = partition_of(user).get();
+            self.violations.push(format!(
+                "cell {cell} took write {key} of user {user} (p{p}) but its engine answered {leg:?}"
+            ));
+        }
         self.expected
             .entry(user)
             .or_default()
@@ -126,7 +154,7 @@ impl Scene {
         if self.rng.chance(300) {
             self.user_op();
         }
-        if self.faults_on && !self.active.is_empty() && self.rng.chance(8) {
+        if self.faults_on && !self.active.is_empty() && self.rng.chance(3) {
             let id = self.active[self.rng.index(self.active.len())].clone();
             let Some(operator) = self.operator.clone() else {
                 return;

@@ -12,12 +12,13 @@ use application::testkit::faults::Script;
 use application::testkit::moves::{MemMoves, MoveCall, MoveFault};
 use application::testkit::{run, TestClock};
 use cells::partition_of;
-use domain::UserId;
+use domain::{ReqId, UserId};
 
 use super::check::after_seed;
 use super::config::{Config, Report};
-use super::ports::Interleaved;
-use super::scene::{cell_id, Scene, ASSETS};
+use super::engines::{Engines, Leg};
+use super::ports::{Hook, Interleaved};
+use super::scene::{cell_id, Scene, ASSETS, START_MS};
 use crate::rng::Rng;
 
 /// Users per seed (their partitions are the ones that move).
@@ -69,6 +70,8 @@ pub fn run_seed(seed: u64, config: &Config) -> Report {
         drain_max: Duration::from_millis(rng.between(200, 1_500)),
         drain_poll: Duration::from_millis(20),
     };
+    let clock = TestClock::default();
+    let engines = Engines::new((1..=u64::from(cells)).map(cell_id), clock.clone());
     let scene: Shared = Arc::new(Mutex::new(Scene {
         rng,
         world: world.clone(),
@@ -80,19 +83,24 @@ pub fn run_seed(seed: u64, config: &Config) -> Report {
         keys: 0,
         active: Vec::new(),
         operator: None,
+        engines: engines.clone(),
         faults_on: true,
+        violations: Vec::new(),
         counts: BTreeMap::new(),
         trace: config
             .trace
             .then(|| vec![format!("seed {seed}: {settings:?}")]),
     }));
     seed_users(&mut lock(&scene));
-    let total = world.total();
-    let clock = TestClock::default();
-    let runner = runner_over(&world, &scene, &clock, &settings);
+    let total = lock(&scene).total();
+    let hooked = scene.clone();
+    let hook: Hook = Arc::new(move |call| lock(&hooked).interleave(call));
+    let runner = runner_over(&world, &engines, hook, &clock, &settings);
+    // The operator's cancels mid-step: no faults, no hook (they run inside it).
     let mut clean = world.clone();
     clean.faults = Script::default();
-    lock(&scene).operator = Some(plain_runner(clean, &clock, &settings));
+    let operator = runner_over(&clean, &engines, Arc::new(|_| {}), &clock, &settings);
+    lock(&scene).operator = Some(operator);
     let mut moves = Vec::new();
     for _ in 0..ROUNDS {
         act(&scene, &runner, &mut moves);
@@ -101,6 +109,7 @@ pub fn run_seed(seed: u64, config: &Config) -> Report {
     let mut s = lock(&scene);
     let violations = after_seed(&mut s, &moves, &total);
     let mut report = tally(&world, &moves, seed);
+    report.violations.append(&mut s.violations);
     report.violations.extend(violations);
     for v in &report.violations {
         s.note(|| format!("VIOLATION {v}"));
@@ -124,37 +133,28 @@ fn seed_users(s: &mut Scene) {
                     .or_default()
                     .push((key, asset, 1_000));
             }
-            s.world.spot_credit(cell, user, asset, 500);
-            *s.spot.entry((user, asset)).or_default() += 500;
+            s.keys += 1;
+            let id = ReqId::from_parts(START_MS - 1, u128::from(s.keys)).to_string();
+            if s.engines.leg(cell, &id, user, asset, 500) == Leg::Applied {
+                *s.spot.entry((user, asset)).or_default() += 500;
+            }
         }
     }
 }
 
-/// The runner of the seed's processes: the cells behind the schedule's hook.
+/// A runner over `world`'s cells and their `engines`, `hook` before each call.
 fn runner_over(
     world: &MemMoves,
-    scene: &Shared,
+    engines: &Engines,
+    hook: Hook,
     clock: &TestClock,
     settings: &MoveSettings,
 ) -> MoveRunner {
-    let hooked = scene.clone();
     let ports = Arc::new(Interleaved {
         inner: world.clone(),
-        hook: Arc::new(move |call| lock(&hooked).interleave(call)),
+        engines: engines.clone(),
+        hook,
     });
-    MoveRunner::new(
-        ports.clone(),
-        ports.clone(),
-        ports.clone(),
-        ports,
-        Arc::new(clock.clone()),
-        settings.clone(),
-    )
-}
-
-/// A runner straight over `world`.
-fn plain_runner(world: MemMoves, clock: &TestClock, settings: &MoveSettings) -> MoveRunner {
-    let ports = Arc::new(world);
     MoveRunner::new(
         ports.clone(),
         ports.clone(),
@@ -183,7 +183,7 @@ fn act(scene: &Shared, runner: &MoveRunner, moves: &mut Vec<MoveId>) {
             }
         }
         (58..=67, _) => start(scene, runner, moves),
-        (68..=71, Some(id)) => {
+        (68..=69, Some(id)) => {
             let answer = run(runner.cancel(&id, "operator"));
             let took = matches!(answer, Some(Ok(_)));
             lock(scene).note(|| format!("operator cancels {id}: {}", ended_as(took)));
