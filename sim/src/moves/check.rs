@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use application::moves::MoveId;
+use application::moves::{MoveId, PartitionBook};
 use application::testkit::moves::{MemMoves, PartState};
 use cells::{partition_of, CellId, Partition};
 use domain::UserId;
@@ -84,33 +84,7 @@ fn partition_whole(scene: &Scene, world: &MemMoves, cells: &[CellId], p: Partiti
         .collect();
     let book = world.book(owner, p);
     for user in &users {
-        let writes = scene.expected.get(user).cloned().unwrap_or_default();
-        let mut funding: BTreeMap<(UserId, String), Decimal> = BTreeMap::new();
-        let mut history = String::new();
-        for (key, asset, amount) in &writes {
-            *funding.entry((*user, (*asset).to_owned())).or_default() += Decimal::from(*amount);
-            history.push_str(key);
-            history.push(';');
-        }
-        let held: BTreeMap<_, _> = book
-            .funding
-            .iter()
-            .filter(|((u, _), v)| u == user && !v.is_zero())
-            .map(|(k, v)| (k.clone(), *v))
-            .collect();
-        funding.retain(|_, v| !v.is_zero());
-        if held != funding {
-            found.push(format!(
-                "user {user} (p{}) in cell {owner}: FUNDING {held:?}, expected {funding:?}",
-                p.get()
-            ));
-        }
-        if book.history.get(user).cloned().unwrap_or_default() != history {
-            found.push(format!(
-                "user {user} (p{}) in cell {owner}: history differs from the writes accepted",
-                p.get()
-            ));
-        }
+        found.extend(book_whole(scene, &book, owner, *user));
         found.extend(spot_whole(scene, cells, owner, *user));
     }
     for cell in cells.iter().filter(|c| **c != owner) {
@@ -125,6 +99,40 @@ fn partition_whole(scene: &Scene, world: &MemMoves, cells: &[CellId], p: Partiti
                 ));
             }
         }
+    }
+    found
+}
+
+/// `owner`'s book holds every write of `user` the fence accepted, in order, and nothing else.
+fn book_whole(scene: &Scene, book: &PartitionBook, owner: CellId, user: UserId) -> Vec<String> {
+    let mut found = Vec::new();
+    let p = partition_of(user);
+    let writes = scene.expected.get(&user).cloned().unwrap_or_default();
+    let mut funding: BTreeMap<(UserId, String), Decimal> = BTreeMap::new();
+    let mut history = String::new();
+    for (key, asset, amount) in &writes {
+        *funding.entry((user, (*asset).to_owned())).or_default() += Decimal::from(*amount);
+        history.push_str(key);
+        history.push(';');
+    }
+    let held: BTreeMap<_, _> = book
+        .funding
+        .iter()
+        .filter(|((u, _), v)| *u == user && !v.is_zero())
+        .map(|(k, v)| (k.clone(), *v))
+        .collect();
+    funding.retain(|_, v| !v.is_zero());
+    if held != funding {
+        found.push(format!(
+            "user {user} (p{}) in cell {owner}: FUNDING {held:?}, expected {funding:?}",
+            p.get()
+        ));
+    }
+    if book.history.get(&user).cloned().unwrap_or_default() != history {
+        found.push(format!(
+            "user {user} (p{}) in cell {owner}: history differs from the writes accepted",
+            p.get()
+        ));
     }
     found
 }
