@@ -31,10 +31,14 @@ pub enum Bug {
     /// A FUNDING movement written with its events (ADR 0024) is made in one transaction and
     /// its events in another (the simulation's log): the movement before its announcement.
     FundedApart,
+    /// The source of a partition move accepts a write of the moving partition after the pause
+    /// began (the fence lets a write into a draining or frozen partition: `testkit::moves`), so
+    /// the write may land after the last copy (`ledger-sim --moves`).
+    WriteAfterPause,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 9] = [
+    pub const ALL: [Bug; 10] = [
         Bug::CompensateOnUnknown,
         Bug::RefundNotIdempotent,
         Bug::PersistAfterCall,
@@ -44,6 +48,7 @@ impl Bug {
         Bug::EventsApart,
         Bug::ChargeApart,
         Bug::FundedApart,
+        Bug::WriteAfterPause,
     ];
 
     /// The name `--plant` takes.
@@ -58,6 +63,7 @@ impl Bug {
             Bug::EventsApart => "events-apart",
             Bug::ChargeApart => "charge-apart",
             Bug::FundedApart => "funded-apart",
+            Bug::WriteAfterPause => "write-after-pause",
         }
     }
 

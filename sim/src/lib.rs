@@ -10,6 +10,7 @@ pub mod audit;
 mod cast;
 pub mod check;
 pub mod exec;
+pub mod moves;
 pub mod ports;
 pub mod replication;
 pub mod rng;

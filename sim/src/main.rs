@@ -6,7 +6,15 @@
 //! ledger-sim --seeds N --cells C [--from S] [--transfers T] [--plant BUG] [--tight] [--bulk] [--tamper]
 //! ledger-sim --replication --seeds N [--from S] [--plant BUG] [--wiped-ends-at-adopt]
 //! ledger-sim --replication --seed S [--trace] [--plant BUG] [--wiped-ends-at-adopt]
+//! ledger-sim --moves --seeds N [--cells C] [--from S] [--plant write-after-pause]
+//! ledger-sim --moves --seed S [--cells C] [--trace] [--plant write-after-pause]
 //! ```
+//!
+//! `--moves`: partition moves (ADR 0023) among faults instead of the transfer protocol
+//! (`sim::moves`): the real `MoveRunner` moving random partitions back and forth between C
+//! in-memory cells (default 3), users writing through the fence and opening transfers, cancels,
+//! crashes and lost answers on the move's calls; its planted bug is `write-after-pause` (the
+//! source accepts a write after the pause began), which only this mode can find.
 //!
 //! `--replication`: spot-core's replication (ADR 0020 §3) instead of the transfer protocol
 //! (`sim::replication`), any one disk lost at any time among its faults (`--any-disk-loss` is
@@ -72,7 +80,7 @@ fn focused_trace(trace: &[String], violation: &str) -> Vec<String> {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: ledger-sim --seeds N [--from S] [--cells C] [--transfers T] [--plant BUG] [--tight] [--bulk] [--tamper]\n       ledger-sim --seed S [--trace] [--transfers T] [--plant BUG] [--tight] [--bulk] [--tamper]\nbugs: {}",
+        "usage: ledger-sim --seeds N [--from S] [--cells C] [--transfers T] [--plant BUG] [--tight] [--bulk] [--tamper]\n       ledger-sim --seed S [--trace] [--transfers T] [--plant BUG] [--tight] [--bulk] [--tamper]\n       ledger-sim --moves --seeds N [--cells C] [--from S] [--plant write-after-pause]\n       ledger-sim --moves --seed S [--cells C] [--trace] [--plant write-after-pause]\nbugs: {} (write-after-pause with --moves only)",
         Bug::ALL.map(Bug::name).join(", ")
     );
     ExitCode::from(2)
@@ -83,6 +91,9 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--replication") {
         return replication(&args);
+    }
+    if args.iter().any(|a| a == "--moves") {
+        return moves(&args);
     }
     let mut seeds: Option<u64> = None;
     let mut from = 0u64;
@@ -122,8 +133,9 @@ fn main() -> ExitCode {
             },
             ("--transfers", Some(n)) => config.transfers = usize::try_from(n).unwrap_or(12),
             ("--plant", _) => match Bug::parse(&value) {
+                // A move's bug: only `--moves` runs moves.
+                Some(Bug::WriteAfterPause) | None => return usage(),
                 Some(bug) => config.plant = Some(bug),
-                None => return usage(),
             },
             _ => return usage(),
         }
@@ -376,6 +388,114 @@ fn replication(args: &[String]) -> ExitCode {
         say!("event {kind}: {count}");
     }
     say!("{n} seeds, {failing} violations");
+    if failing == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// `--moves`'s flags: the config, and the seeds to run (`Err` for a bad command line).
+fn moves_args(args: &[String]) -> Result<(sim::moves::Config, Option<u64>, u64, Option<u64>), ()> {
+    let mut config = sim::moves::Config {
+        cells: 3,
+        plant: None,
+        trace: false,
+    };
+    let (mut seeds, mut from, mut one) = (None, 0u64, None);
+    let mut i = 0;
+    while i < args.len() {
+        match args[i].as_str() {
+            "--moves" => {}
+            "--trace" => config.trace = true,
+            flag => {
+                let value = args.get(i + 1).cloned().unwrap_or_default();
+                let number = value.parse::<u64>().ok();
+                match (flag, number) {
+                    ("--seeds", Some(n)) => seeds = Some(n),
+                    ("--from", Some(n)) => from = n,
+                    ("--seed", Some(n)) => one = Some(n),
+                    ("--cells", Some(n @ 2..=16)) => {
+                        config.cells = u16::try_from(n).map_err(|_| ())?
+                    }
+                    ("--plant", _) if value == Bug::WriteAfterPause.name() => {
+                        config.plant = Some(Bug::WriteAfterPause);
+                    }
+                    _ => return Err(()),
+                }
+                i += 1;
+            }
+        }
+        i += 1;
+    }
+    Ok((config, seeds, from, one))
+}
+
+/// `--moves`: one seed's whole trace, or many seeds (the moves run and how they ended, the
+/// faults, each failing seed with its replay command and the first one's trace, the count).
+// long: the command line of one mode read top to bottom (one seed or many, the report); a test tool.
+fn moves(args: &[String]) -> ExitCode {
+    let Ok((config, seeds, from, one)) = moves_args(args) else {
+        return usage();
+    };
+    let mut flags = format!(" --cells {}", config.cells);
+    if let Some(bug) = config.plant {
+        flags.push_str(&format!(" --plant {}", bug.name()));
+    }
+    let (from, n) = match (one, seeds) {
+        (Some(seed), _) => (seed, 1),
+        (None, Some(n)) => (from, n),
+        (None, None) => return usage(),
+    };
+    let started = Instant::now();
+    let mut total = sim::moves::Report::default();
+    let mut failing = 0u64;
+    for seed in from..from.saturating_add(n) {
+        let report = sim::moves::run(seed, &config);
+        if one.is_some() {
+            for line in &report.trace {
+                say!("{line}");
+            }
+        }
+        total.moves += report.moves;
+        total.done += report.done;
+        total.cancelled += report.cancelled;
+        total.cancelled_by_check += report.cancelled_by_check;
+        total.cancelled_by_drain += report.cancelled_by_drain;
+        for (k, v) in &report.counts {
+            *total.counts.entry(k).or_insert(0) += v;
+        }
+        let Some(first) = report.violations.first() else {
+            continue;
+        };
+        failing += 1;
+        say!("seed {seed}: VIOLATION {first} (replay: ledger-sim --moves --seed {seed} --trace{flags})");
+        if failing == 1 && one.is_none() {
+            let traced = sim::moves::run(
+                seed,
+                &sim::moves::Config {
+                    trace: true,
+                    ..config.clone()
+                },
+            );
+            let skip = traced.trace.len().saturating_sub(30);
+            for line in &traced.trace[skip..] {
+                say!("  | {line}");
+            }
+        }
+    }
+    for (kind, count) in &total.counts {
+        say!("{kind}: {count}");
+    }
+    say!(
+        "moves: {} started, {} DONE, {} CANCELLED ({} by the check before the switch, {} by a drain that did not end, the rest by operators)",
+        total.moves, total.done, total.cancelled, total.cancelled_by_check, total.cancelled_by_drain
+    );
+    say!(
+        "{n} seeds x {} cells in {:.1} s, {failing} violations",
+        config.cells,
+        started.elapsed().as_secs_f64()
+    );
     if failing == 0 {
         ExitCode::SUCCESS
     } else {

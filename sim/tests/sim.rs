@@ -128,9 +128,10 @@ fn the_real_code_passes_with_batches() {
     assert!((0..100).any(|seed| !run(seed, &planted).violations.is_empty()));
 }
 
+/// `write-after-pause` is a move's bug, found by `ledger-sim --moves` (`tests/moves.rs`).
 #[test]
 fn every_planted_bug_is_found_within_its_budget() {
-    for bug in Bug::ALL {
+    for bug in Bug::ALL.into_iter().filter(|b| *b != Bug::WriteAfterPause) {
         let planted = config(Some(bug), false);
         let found = (0..budget(bug)).find(|seed| !run(*seed, &planted).violations.is_empty());
         assert!(

@@ -186,7 +186,7 @@ impl<S: PartialEq + Copy, F: Clone> Script<S, F> {
 
 /// A call that never answers: it marks this thread's process as crashed, and the manual
 /// executor (`testkit::run`) drops the process at its next yield.
-pub(crate) async fn crash<T>() -> T {
+pub async fn crash<T>() -> T {
     crate::testkit::exec::mark_crashed();
     std::future::pending().await
 }

@@ -86,6 +86,9 @@ pub struct MemCell {
     pub spot_ins: BTreeSet<String>,
     /// Open transfers per partition: the drain waits for them.
     pub open: BTreeMap<Partition, u64>,
+    /// Positions of the rows of partitions switched away: never counted again, also once the
+    /// partition moves back (that move's copy brings them anew).
+    pub retired: BTreeSet<u64>,
 }
 
 impl MemCell {
@@ -93,6 +96,7 @@ impl MemCell {
     /// move that is not void into a partition it owns or is receiving.
     fn live(&self, row: &Row) -> bool {
         match self.parts.get(&partition_of(row.user)) {
+            _ if self.retired.contains(&row.pos) => false,
             Some(PartState::Owned | PartState::Draining | PartState::Frozen) => {
                 match &row.copied_by {
                     None => true,
@@ -122,7 +126,8 @@ pub struct MemMoves {
     pub faults: Script<MoveCall, MoveFault>,
     /// Rows per copy batch.
     pub batch: usize,
-    /// Planted bug: the fence does not refuse a write to a frozen partition.
+    /// Planted bug: the fence does not refuse a write to a frozen partition (also when the
+    /// thread's planted bug is `write-after-pause`, `ledger-sim --moves`).
     pub plant_write_after_freeze: bool,
 }
 
@@ -174,7 +179,7 @@ impl MemMoves {
     /// A write of `amount` FUNDING to `user` in `cell`, with `key`, through the fence: refused
     /// (false) unless the cell owns the user's partition.
     pub fn write(&self, cell: CellId, key: &str, user: UserId, asset: &str, amount: i64) -> bool {
-        let plant = self.plant_write_after_freeze;
+        let plant = self.plant_write_after_freeze || planted!(WriteAfterPause);
         let mut state = self.lock();
         let c = state.cells.get_mut(&cell).expect("a cell");
         let allowed = match c.parts.get(&partition_of(user)) {
@@ -449,6 +454,8 @@ impl PartitionStores for MemMoves {
                 }
                 if cell == record.from && c.parts.get(&p) == Some(&PartState::Frozen) {
                     c.parts.insert(p, PartState::Moved);
+                    let gone = c.rows.iter().filter(|r| partition_of(r.user) == p);
+                    c.retired.extend(gone.map(|r| r.pos));
                 }
                 if (cell == record.to || cell == record.from) && !c.moved_logged.contains(&id) {
                     c.moved_logged.push(id.clone());
