@@ -81,7 +81,12 @@ impl StoreError {
     /// Whether the store refused the write at the partition fence ([`Fenced`]): nothing was
     /// written.
     pub fn is_fenced(&self) -> bool {
-        self.0.downcast_ref::<Fenced>().is_some()
+        self.cause::<Fenced>().is_some()
+    }
+
+    /// The failure's cause, when it is a `T` (a typed refusal a port reports through it).
+    pub fn cause<T: std::error::Error + 'static>(&self) -> Option<&T> {
+        self.0.downcast_ref::<T>()
     }
 }
 

@@ -22,8 +22,8 @@ mod verify;
 mod worker;
 
 pub use ports::{
-    Copied, Freeze, MoveRecords, NoHold, PartitionBook, PartitionHold, PartitionStores, SpotMoves,
-    SpotPayload, Started,
+    Copied, Freeze, MoveOutRefused, MoveRecords, NoHold, PartitionBook, PartitionHold,
+    PartitionStores, SpotMoves, SpotPayload, Started,
 };
 pub use record::{Marks, MoveId, MoveRecord, MoveStep};
 pub use run::{MoveError, MoveRunner, MoveSettings};

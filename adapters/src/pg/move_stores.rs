@@ -264,14 +264,9 @@ impl PartitionStores for PgPartitionStores {
         let source_checkpoint = self.checkpoint(record.from).await?;
         for cell in order {
             let mut tx = self.cell(cell)?.pool().begin().await.map_err(store)?;
-            sqlx::query("SELECT partition_switch($1, $2, $3, $4)")
-                .bind(i32::from(record.partition.get()))
-                .bind(&record.id.0)
-                .bind(to)
-                .bind(version)
-                .execute(&mut *tx)
-                .await
-                .map_err(store)?;
+            // `PartitionMoved` first: its append takes the feed's lock, and every appender takes
+            // the feed's lock before the fence's (its events' trigger); the flip takes the
+            // fence's lock, so taking them in the appenders' order cannot deadlock with them.
             if cell == record.to || cell == record.from {
                 let payload = json!({"PartitionMoved": {
                     "partition": record.partition.get(),
@@ -289,6 +284,14 @@ impl PartitionStores for PgPartitionStores {
                     .await
                     .map_err(store)?;
             }
+            sqlx::query("SELECT partition_switch($1, $2, $3, $4)")
+                .bind(i32::from(record.partition.get()))
+                .bind(&record.id.0)
+                .bind(to)
+                .bind(version)
+                .execute(&mut *tx)
+                .await
+                .map_err(store)?;
             tx.commit().await.map_err(store)?;
         }
         Ok(())

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use application::moves::{SpotMoves, SpotPayload};
+use application::moves::{MoveOutRefused, SpotMoves, SpotPayload};
 use application::StoreError;
 use async_trait::async_trait;
 use cells::{CellId, Partition};
@@ -55,7 +55,10 @@ impl SpotMoves for EngineMoves {
             .engine(cell)?
             .move_out(id, p.get())
             .await
-            .map_err(StoreError::new)?;
+            .map_err(|e| match e {
+                ClientError::MoveRefused(why) => StoreError::new(MoveOutRefused(why)),
+                other => StoreError::new(other),
+            })?;
         let payload = answer
             .payload
             .ok_or_else(|| StoreError::new("a move_out answered without its payload"))?;

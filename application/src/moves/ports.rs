@@ -135,6 +135,15 @@ pub struct SpotPayload {
     pub wire: serde_json::Value,
 }
 
+/// A spot-core's explicit refusal of a move-out (`MOVE_REFUSED`: the partition's state does not
+/// fit one journal record, say), reported as a [`StoreError`]'s cause: nothing left the engine,
+/// and a repeat under the same id is refused again until the engine's state changes (a move-out
+/// that was applied answers its payload to every repeat), so the move is rolled back, never
+/// retried while its partition is frozen.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("spot-core refused the move-out: {0}")]
+pub struct MoveOutRefused(pub String);
+
 /// The cells' spot-cores, as a move sees them. Both calls are journaled by the engine under the
 /// id they name, so each takes effect once; a move-out answers the same payload every time.
 #[async_trait]

@@ -10,7 +10,9 @@ use std::time::Duration;
 use cells::{CellId, Partition};
 use domain::UserId;
 
-use super::ports::{Freeze, MoveRecords, PartitionHold, PartitionStores, SpotMoves, Started};
+use super::ports::{
+    Freeze, MoveOutRefused, MoveRecords, PartitionHold, PartitionStores, SpotMoves, Started,
+};
 use super::record::{MoveId, MoveRecord, MoveStep};
 use super::verify::{verify, Mismatch};
 use crate::error::StoreError;
@@ -192,13 +194,7 @@ impl MoveRunner {
                 }
             }
             MoveStep::Pausing => self.pause(&mut record).await?,
-            MoveStep::MovingSpot => {
-                let (id, p) = (record.id.0.clone(), record.partition);
-                let payload = self.spot.move_out(record.from, &id, p).await?;
-                self.spot.move_in(record.to, &id, p, &payload).await?;
-                record.spot = Some(payload.balances);
-                MoveStep::Verifying
-            }
+            MoveStep::MovingSpot => self.move_spot(&mut record).await?,
             MoveStep::Verifying => {
                 let found = self.check(&record).await?;
                 if found.is_empty() {
@@ -251,6 +247,29 @@ impl MoveRunner {
         }
         self.copy_pass(record).await?;
         Ok(MoveStep::MovingSpot)
+    }
+
+    /// The SPOT balances out of the source's engine and into the target's; a move-out the
+    /// engine refuses rolls the move back (nothing left the source).
+    async fn move_spot(&self, record: &mut MoveRecord) -> Result<MoveStep, MoveError> {
+        let (id, p) = (record.id.0.clone(), record.partition);
+        let payload = match self.spot.move_out(record.from, &id, p).await {
+            Ok(payload) => payload,
+            Err(e) if e.cause::<MoveOutRefused>().is_some() => {
+                tracing::warn!(move_id = %record.id, error = %e, "spot-core refused a move-out; the move is rolled back");
+                record.cancelled_at = Some(MoveStep::MovingSpot);
+                record.reason = Some(
+                    e.cause::<MoveOutRefused>()
+                        .map(ToString::to_string)
+                        .unwrap_or_default(),
+                );
+                return Ok(MoveStep::Cancelling);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        self.spot.move_in(record.to, &id, p, &payload).await?;
+        record.spot = Some(payload.balances);
+        Ok(MoveStep::Verifying)
     }
 
     /// Drains and freezes the source's partition: `None` once frozen, or the number of
@@ -317,10 +336,16 @@ impl MoveRunner {
         let at = record.cancelled_at.unwrap_or(MoveStep::Planned);
         if at.spot_may_have_moved() {
             let (id, back) = (record.id.0.clone(), record.id.cancel_id());
-            let out = self.spot.move_out(from, &id, p).await?;
-            self.spot.move_in(to, &id, p, &out).await?;
-            let returned = self.spot.move_out(to, &back, p).await?;
-            self.spot.move_in(from, &back, p, &returned).await?;
+            match self.spot.move_out(from, &id, p).await {
+                // Refused: it never took effect (an applied one answers its payload again).
+                Err(e) if e.cause::<MoveOutRefused>().is_some() => {}
+                Err(e) => return Err(e.into()),
+                Ok(out) => {
+                    self.spot.move_in(to, &id, p, &out).await?;
+                    let returned = self.spot.move_out(to, &back, p).await?;
+                    self.spot.move_in(from, &back, p, &returned).await?;
+                }
+            }
         }
         if at.source_may_be_frozen() {
             self.stores.unfreeze(from, p).await?;

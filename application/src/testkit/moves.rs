@@ -129,6 +129,8 @@ pub struct MemMoves {
     /// Planted bug: the fence does not refuse a write to a frozen partition (also when the
     /// thread's planted bug is `write-after-pause`, `ledger-sim --moves`).
     pub plant_write_after_freeze: bool,
+    /// The engines refuse every move-out not yet applied (`MOVE_REFUSED`: too large a state).
+    pub refuse_move_out: bool,
 }
 
 impl MemMoves {
@@ -151,6 +153,7 @@ impl MemMoves {
             faults: Script::default(),
             batch: 3,
             plant_write_after_freeze: false,
+            refuse_move_out: false,
         }
     }
 
@@ -521,10 +524,16 @@ impl SpotMoves for MemMoves {
         id: &str,
         p: Partition,
     ) -> Result<SpotPayload, StoreError> {
+        let refuse = self.refuse_move_out;
         self.call(MoveCall::MoveOut, |state| {
             let c = cell_of(state, cell)?;
             if let Some(done) = c.spot_outs.get(id) {
                 return Ok(done.clone());
+            }
+            if refuse {
+                return Err(StoreError::new(crate::moves::MoveOutRefused(
+                    "the partition's state does not fit one record".into(),
+                )));
             }
             let balances: BTreeMap<(UserId, String), Decimal> = c
                 .spot

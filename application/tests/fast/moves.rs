@@ -482,3 +482,25 @@ fn a_partition_whose_transfers_do_not_end_within_the_drain_is_rolled_back_whole(
     );
     stayed(&world, &was);
 }
+
+#[test]
+fn a_move_out_the_engine_refuses_rolls_the_move_back_instead_of_retrying_it_frozen() {
+    let mut world = world();
+    world.refuse_move_out = true;
+    let was = before(&world);
+    let id = start(&world);
+    let end = run(runner(&world, MoveSettings::default()).drive(&id))
+        .unwrap()
+        .unwrap();
+    assert_eq!(end.step, MoveStep::Cancelled);
+    assert_eq!(end.cancelled_at, Some(MoveStep::MovingSpot));
+    assert!(
+        end.reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("refused the move-out"),
+        "{:?}",
+        end.reason
+    );
+    stayed(&world, &was);
+}
