@@ -239,11 +239,7 @@ pub async fn client(two: Arc<Two>, user: u64, mover: bool, load: Arc<Load>) {
         } else {
             AccountType::Spot
         };
-        let answer = two
-            .cell(at)
-            .coordinator
-            .submit(transfer(user, from))
-            .await;
+        let answer = two.cell(at).coordinator.submit(transfer(user, from)).await;
         let fenced = answer.as_ref().is_err_and(|e| e.is_fenced());
         if mover && (answer.is_ok() || fenced) {
             let mut log = load.log.lock().expect("the log");
@@ -255,12 +251,10 @@ pub async fn client(two: Arc<Two>, user: u64, mover: bool, load: Arc<Load>) {
                 counter.fetch_add(1, Ordering::Relaxed);
                 to_spot = !to_spot;
             }
-            Err(_) if fenced && mover => {
-                match owner(&two.cell(at).pool, partition_of(uid)).await {
-                    Some(cell) if cell != at => at = cell,
-                    _ => tokio::time::sleep(Duration::from_millis(20)).await,
-                }
-            }
+            Err(_) if fenced && mover => match owner(&two.cell(at).pool, partition_of(uid)).await {
+                Some(cell) if cell != at => at = cell,
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            },
             other => {
                 if load.errors.fetch_add(1, Ordering::Relaxed) < 5 {
                     eprintln!("user {user}: {other:?}");

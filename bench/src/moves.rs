@@ -49,6 +49,13 @@ pub struct Args {
     /// Other partitions' history in the source cell, as a share of the moving partition's.
     #[arg(long, default_value_t = 0.25)]
     others_history: f64,
+    /// Before each move, both engines forget the `(req_id, op)` records older than this many
+    /// milliseconds (spot-core's idempotency horizon; the ledger's default retention is 7
+    /// days). A move-out carries the partition's records in one WAL record of at most 1 MiB
+    /// (about 4,500 records), so a partition that traded more than that within the horizon
+    /// cannot move: `0` keeps every record, as production would, and such a move is cancelled.
+    #[arg(long, default_value_t = 2_000)]
+    spot_retention_ms: u64,
     /// Concurrent bulk batches (of 500) while building the history.
     #[arg(long, default_value_t = 4)]
     builders: usize,
@@ -261,11 +268,7 @@ async fn run_moves(two: &Two, args: &Args, load: &Load) -> anyhow::Result<(Vec<M
         .map(|c| (c.id, PgMoves::new(c.pool.clone())))
         .collect();
     let records = Arc::new(PgMapMoves::new(records));
-    let engines = two
-        .cells
-        .iter()
-        .map(|c| (c.id, c.engine.clone()))
-        .collect();
+    let engines = two.cells.iter().map(|c| (c.id, c.engine.clone())).collect();
     let runner = MoveRunner::new(
         records.clone(),
         Arc::new(stores.clone()),
@@ -286,6 +289,9 @@ async fn run_moves(two: &Two, args: &Args, load: &Load) -> anyhow::Result<(Vec<M
             CellId::ONE
         };
         let version = map_version(&two.cell(from).pool).await?;
+        if args.spot_retention_ms > 0 {
+            forget_records(two, args.spot_retention_ms).await?;
+        }
         stores.take();
         let c0 = load.others.load(Ordering::Relaxed);
         let mut moved = drive_timed(&runner, records.as_ref(), from, to, version).await?;
@@ -297,6 +303,17 @@ async fn run_moves(two: &Two, args: &Args, load: &Load) -> anyhow::Result<(Vec<M
     }
     let movers = load.movers.load(Ordering::Relaxed) - m0;
     Ok((moves, per_second(movers, t0.elapsed())))
+}
+
+/// Both engines' idempotency horizon advanced to `retention_ms` ago.
+async fn forget_records(two: &Two, retention_ms: u64) -> anyhow::Result<()> {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    let before_ms = u64::try_from(now.as_millis())?.saturating_sub(retention_ms);
+    for c in &two.cells {
+        let request = spot_core::protocol::Request::AdvanceHorizon { before_ms };
+        c.engine.call(&request).await?;
+    }
+    Ok(())
 }
 
 async fn map_version(pool: &sqlx::PgPool) -> anyhow::Result<u64> {
@@ -317,9 +334,12 @@ async fn drive_timed(
 ) -> anyhow::Result<Moved> {
     let id = MoveId(ulid::Ulid::new().to_string());
     let start = Instant::now();
-    let mut record = runner.start(id.clone(), moving(), from, to, version).await?;
+    let mut record = runner
+        .start(id.clone(), moving(), from, to, version)
+        .await?;
     let mut steps: BTreeMap<&'static str, Duration> = BTreeMap::new();
     let mut pausing: Option<Instant> = None;
+    let mut failed = 0;
     while !record.step.is_end() {
         let (at, t) = (record.step, Instant::now());
         if at == MoveStep::Pausing {
@@ -328,7 +348,13 @@ async fn drive_timed(
         match runner.step(record.clone()).await {
             Ok(next) => record = next,
             Err(e @ (MoveError::Store(_) | MoveError::Superseded(_))) => {
-                eprintln!("move {id} at {}: {e}; again", at.as_str());
+                failed += 1;
+                eprintln!("move {id} at {}: {e}; again ({failed})", at.as_str());
+                if failed == 10 && record.step.may_cancel() {
+                    // The runner retries a failed step forever (its partition frozen from
+                    // PAUSING on): the bench cancels it, as an operator would.
+                    runner.cancel(&id, &format!("bench: {e}")).await?;
+                }
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 record = reload(records, &id).await?;
             }
@@ -336,7 +362,10 @@ async fn drive_timed(
         }
         *steps.entry(at.as_str()).or_default() += t.elapsed();
         if start.elapsed() > Duration::from_secs(900) {
-            bail!("move {id} did not end in 15 minutes: at {}", record.step.as_str());
+            bail!(
+                "move {id} did not end in 15 minutes: at {}",
+                record.step.as_str()
+            );
         }
     }
     Ok(Moved {
@@ -504,7 +533,13 @@ fn print_size(s: &Size) {
 fn pause_cell(xs: &[Option<Duration>]) -> String {
     let known: Vec<Duration> = xs.iter().flatten().copied().collect();
     let (median, max) = median_max(known.clone());
-    format!("{}/{} ({} of {})", secs(median), secs(max), known.len(), xs.len())
+    format!(
+        "{}/{} ({} of {})",
+        secs(median),
+        secs(max),
+        known.len(),
+        xs.len()
+    )
 }
 
 fn summary(command: &str, args: &Args, sizes: &[Size]) -> Vec<String> {
