@@ -225,7 +225,7 @@ pub struct Load {
 /// Transfers back and forth for `user` until `load.stop`, to the cell that owns its partition;
 /// a fenced refusal sends it to the owner the refusing cell's map names (at once if it moved,
 /// after 20 ms if it is still paused there), as a front that reloads its map would.
-pub async fn client(two: Arc<Two>, user: u64, mover: bool, load: Arc<Load>) {
+pub async fn client(two: Arc<Two>, user: u64, mover: bool, pause: Duration, load: Arc<Load>) {
     let uid = UserId::new(user).expect("a user id");
     let mut at = if partition_of(uid).get() >= 128 {
         CellId::new(2).expect("cell 2")
@@ -250,6 +250,9 @@ pub async fn client(two: Arc<Two>, user: u64, mover: bool, load: Arc<Load>) {
                 let counter = if mover { &load.movers } else { &load.others };
                 counter.fetch_add(1, Ordering::Relaxed);
                 to_spot = !to_spot;
+                if !pause.is_zero() {
+                    tokio::time::sleep(pause).await;
+                }
             }
             Err(_) if fenced && mover => match owner(&two.cell(at).pool, partition_of(uid)).await {
                 Some(cell) if cell != at => at = cell,

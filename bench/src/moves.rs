@@ -39,6 +39,10 @@ pub struct Args {
     /// Users of the moving partition, each a client under load.
     #[arg(long, default_value_t = 20)]
     movers: usize,
+    /// Milliseconds each moving user's client waits between two transfers: the load must not
+    /// grow the partition's history much beyond `--history` while the moves run.
+    #[arg(long, default_value_t = 200)]
+    mover_pause_ms: u64,
     /// Clients of other partitions' users in each cell.
     #[arg(long, default_value_t = 6)]
     others: usize,
@@ -92,6 +96,8 @@ struct Moved {
 struct Size {
     history: u64,
     events: i64,
+    /// The partition's events in its owner after the last move (the load's included).
+    events_after: i64,
     build: Duration,
     first_check: Duration,
     moves: Vec<Moved>,
@@ -155,6 +161,13 @@ async fn one_size(args: &Args, history: u64) -> anyhow::Result<Size> {
     println!("first conservation checks (both cells, the whole history): {first_check:.1?}");
     let mut size = under_load(&two, args, &users).await?;
     size.exact = check_both(&two).await?;
+    let owner = owner(&two.cells[0].pool, p).await.context("the owner")?;
+    let at_end = eventlog::copies::partition_event_count(&two.cell(owner).pool, i32::from(p.get()));
+    size.events_after = at_end.await?;
+    println!(
+        "partition {p}'s events in cell {owner} after the moves: {}",
+        size.events_after
+    );
     size.history = history;
     size.events = events;
     size.build = build;
@@ -172,7 +185,9 @@ async fn under_load(two: &Arc<Two>, args: &Args, users: &Users) -> anyhow::Resul
         (&users.others2, false),
     ] {
         for &u in list {
-            tasks.push(tokio::spawn(client(two.clone(), u, mover, load.clone())));
+            let pause = Duration::from_millis(if mover { args.mover_pause_ms } else { 0 });
+            let task = client(two.clone(), u, mover, pause, load.clone());
+            tasks.push(tokio::spawn(task));
         }
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -193,6 +208,7 @@ async fn under_load(two: &Arc<Two>, args: &Args, users: &Users) -> anyhow::Resul
     Ok(Size {
         history: 0,
         events: 0,
+        events_after: 0,
         build: Duration::ZERO,
         first_check: Duration::ZERO,
         moves,
@@ -510,13 +526,14 @@ fn print_size(s: &Size) {
         m.len()
     );
     println!("| part | median/max s |\n|---|---|");
-    let rows: [(&str, fn(&Moved) -> Duration); 13] = [
+    let rows: [(&str, fn(&Moved) -> Duration); 14] = [
         ("whole move", |m| m.total),
         ("PLANNED (mark incoming)", |m| step(m, "PLANNED")),
         ("COPYING (first pass)", |m| step(m, "COPYING")),
         ("CATCHING_UP (all passes)", |m| step(m, "CATCHING_UP")),
         ("PAUSING", |m| step(m, "PAUSING")),
         ("  drain + freeze", |m| m.stores.drain),
+        ("  of which freeze calls", |m| call(m, "freeze calls")),
         ("  last tail copy", |m| call(m, "tail")),
         ("MOVING_SPOT", |m| step(m, "MOVING_SPOT")),
         ("VERIFYING", |m| step(m, "VERIFYING")),
@@ -557,9 +574,10 @@ fn summary(command: &str, args: &Args, sizes: &[Size]) -> Vec<String> {
         let paused: Vec<Option<Duration>> = s.moves.iter().map(|m| m.paused).collect();
         let (tm, tx) = median_max(s.moves.iter().map(|m| m.total).collect());
         out.push(format!(
-            "| {} ({} counted) | {:.1} | {:.1} | {done}/{} | {}/{} | {} | {} | {:.0} -> {:.0} ({:.2}) | {:.0} | {} | cell 1 {}, cell 2 {} | {:.1} |",
+            "| {} ({} built, {} after) | {:.1} | {:.1} | {done}/{} | {}/{} | {} | {} | {:.0} -> {:.0} ({:.2}) | {:.0} | {} | cell 1 {}, cell 2 {} | {:.1} |",
             s.history,
             s.events,
+            s.events_after,
             s.build.as_secs_f64(),
             s.first_check.as_secs_f64(),
             s.moves.len(),
