@@ -517,6 +517,9 @@ fn call(m: &Moved, name: &str) -> Duration {
     m.stores.calls.get(name).copied().unwrap_or_default()
 }
 
+/// One row of the breakdown: what it reads of a move.
+type Part = fn(&Moved) -> Duration;
+
 fn print_size(s: &Size) {
     let m = &s.moves;
     println!();
@@ -526,7 +529,7 @@ fn print_size(s: &Size) {
         m.len()
     );
     println!("| part | median/max s |\n|---|---|");
-    let rows: [(&str, fn(&Moved) -> Duration); 14] = [
+    let rows: [(&str, Part); 14] = [
         ("whole move", |m| m.total),
         ("PLANNED (mark incoming)", |m| step(m, "PLANNED")),
         ("COPYING (first pass)", |m| step(m, "COPYING")),
