@@ -21,7 +21,7 @@ pub struct Spot {
 }
 
 impl Spot {
-    fn start(data: &Path, listen: &str, cell: Option<u16>) -> anyhow::Result<Self> {
+    pub(crate) fn start(data: &Path, listen: &str, cell: Option<u16>) -> anyhow::Result<Self> {
         let (proc, addr) = start_spot(data, listen, cell)?;
         Ok(Self {
             proc: Some(proc),
@@ -192,7 +192,7 @@ fn map_json(databases: &[String], spots: &[Spot], n: u16) -> String {
 }
 
 /// Drops `db` on `server` if it exists and makes it again, migrated.
-async fn fresh_database(server: &str, db: &str, sslmode: &str) -> anyhow::Result<()> {
+pub(crate) async fn fresh_database(server: &str, db: &str, sslmode: &str) -> anyhow::Result<()> {
     use sqlx::ConnectOptions;
     let admin = format!("{server}/postgres?sslmode={sslmode}")
         .parse::<sqlx::postgres::PgConnectOptions>()

@@ -24,6 +24,10 @@
 //!   (a signing key: tree and checkpoints) and off, in alternating runs, the medians and how much
 //!   slower "on" is; and `ledger verify` in entries/s over a generated log of about a million
 //!   events with its tree and checkpoints. Not part of `all`.
+//! - `move`: a partition moved back and forth between two real cells under load, the move
+//!   runner in the bench process (`moves.rs`, `movecells.rs`), at 10k and 100k events of the
+//!   partition's history (1M with `--history`); the moved users' pause, the others' rate, the
+//!   move's time step by step, conservation after. Not part of `all`.
 //! - `all`: transfers (at 8, 32 and 128 clients, with `--wrk` and `--relay`), spot, replay and
 //!   relay, one after the other, and a closing summary of every figure against its target.
 
@@ -36,6 +40,8 @@ mod cellstack;
 mod clients;
 mod failover;
 mod growth;
+mod movecells;
+mod moves;
 mod pgledger;
 mod pgstat;
 mod procstat;
@@ -87,6 +93,10 @@ enum Command {
     /// HA's price: the single and bulk routes on a plain stack, with three spot-core replicas,
     /// and with a synchronous PostgreSQL pair, driven in turn; the medians and ratios.
     HaPrice(failover::PriceArgs),
+    /// A partition moved back and forth between two real cells under load (ADR 0023), per
+    /// history size: the moved users' pause, the others' rate during the moves against before,
+    /// the move's time and where it goes, and both cells' conservation after the last move.
+    Move(moves::Args),
     /// All three with their defaults, then a summary against the targets.
     All,
 }
@@ -114,6 +124,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Tlog(args) => tlog::run(args).await?,
         Command::Failover(args) => failover::run(args).await?,
         Command::HaPrice(args) => failover::price(args).await?,
+        Command::Move(args) => moves::run(args).await?,
         Command::All => {
             let mut summary = transfers::run(transfers::Args::for_all()?).await?;
             println!();

@@ -177,3 +177,14 @@ pub async fn forget_open_copies(pool: &PgPool, move_id: &str) -> Result<u64, sql
     .await?
     .rows_affected())
 }
+
+/// How many events of partition `partition`'s users this cell's feed holds (copies included):
+/// a full read of the feed, for tools that size a partition's history (`ledger-bench move`).
+pub async fn partition_event_count(pool: &PgPool, partition: i32) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM events WHERE user_id IS NOT NULL AND user_partition(user_id) = $1",
+    )
+    .bind(partition)
+    .fetch_one(pool)
+    .await
+}
