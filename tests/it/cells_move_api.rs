@@ -172,6 +172,19 @@ async fn move_of(base: &str, id: &str) -> serde_json::Value {
     body
 }
 
+/// Move `id` once it has ended, or as it stands after 30 s.
+async fn move_ended(base: &str, id: &str) -> serde_json::Value {
+    let mut end = move_of(base, id).await;
+    for _ in 0..300 {
+        if end["step"] == "DONE" || end["step"] == "CANCELLED" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        end = move_of(base, id).await;
+    }
+    end
+}
+
 #[tokio::test]
 async fn cells_move_014_the_ledger_killed_after_every_steps_work_resumes_the_move_and_money_stays_exact(
 ) {
@@ -235,14 +248,7 @@ async fn cells_move_014_the_ledger_killed_after_every_steps_work_resumes_the_mov
 
         // A new process resumes the move from its record.
         let ledger = LedgerProcess::start_cells(&three.map, &[]);
-        let mut end = move_of(&ledger.base, &id).await;
-        for _ in 0..300 {
-            if end["step"] == "DONE" || end["step"] == "CANCELLED" {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            end = move_of(&ledger.base, &id).await;
-        }
+        let end = move_ended(&ledger.base, &id).await;
         assert_eq!(end["step"], "DONE", "{point}: {end}\n{}", ledger.log());
         three.assert_every_cell_exact().await;
         let (status, body) = transfer(&ledger.base, *u, "SPOT", "FUNDING", "5").await;
@@ -355,14 +361,7 @@ async fn cells_move_017_two_moves_planned_on_one_map_both_reach_their_users() {
         ids.push(body["id"].as_str().unwrap().to_owned());
     }
     for id in &ids {
-        let mut end = move_of(&base, id).await;
-        for _ in 0..300 {
-            if end["step"] == "DONE" || end["step"] == "CANCELLED" {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            end = move_of(&base, id).await;
-        }
+        let end = move_ended(&base, id).await;
         assert_eq!(end["step"], "DONE", "{end}");
     }
     // Each switch took a version of its own (a front that reloaded after the first switch takes

@@ -32,15 +32,24 @@ impl EngineMoves {
     }
 }
 
-/// The balances of a move-out's payload, per user and asset.
-fn balances_of(payload: &MovePayload) -> Result<BTreeMap<(UserId, String), Decimal>, StoreError> {
+/// A move-out's payload as the core keeps it: its balances per user and asset, and the
+/// engine's own form to hand to the target's `move_in` (the sim's engines use it too).
+pub fn spot_payload(payload: &MovePayload) -> Result<SpotPayload, StoreError> {
     let mut balances = BTreeMap::new();
     for account in &payload.accounts {
         let user = UserId::new(account.user_id)
             .map_err(|_| StoreError::new(format!("a moved account of user {}", account.user_id)))?;
         balances.insert((user, account.asset.clone()), account.available);
     }
-    Ok(balances)
+    Ok(SpotPayload {
+        balances,
+        wire: serde_json::to_value(payload).map_err(StoreError::new)?,
+    })
+}
+
+/// The engine's form of a payload [`spot_payload`] made.
+pub fn engine_payload(payload: &SpotPayload) -> Result<MovePayload, StoreError> {
+    serde_json::from_value(payload.wire.clone()).map_err(StoreError::new)
 }
 
 #[async_trait]
@@ -62,10 +71,7 @@ impl SpotMoves for EngineMoves {
         let payload = answer
             .payload
             .ok_or_else(|| StoreError::new("a move_out answered without its payload"))?;
-        Ok(SpotPayload {
-            balances: balances_of(&payload)?,
-            wire: serde_json::to_value(&payload).map_err(StoreError::new)?,
-        })
+        spot_payload(&payload)
     }
 
     async fn move_in(
@@ -75,8 +81,7 @@ impl SpotMoves for EngineMoves {
         p: Partition,
         payload: &SpotPayload,
     ) -> Result<(), StoreError> {
-        let wire: MovePayload =
-            serde_json::from_value(payload.wire.clone()).map_err(StoreError::new)?;
+        let wire = engine_payload(payload)?;
         self.engine(cell)?
             .move_in(id, p.get(), &wire)
             .await

@@ -16,7 +16,7 @@ use domain::UserId;
 use rust_decimal::Decimal;
 use spot_core::assets::{Assets, DEFAULT_ASSETS_JSON};
 use spot_core::engine::Engine;
-use spot_core::protocol::{ErrorCode, MovePayload, Request, Response};
+use spot_core::protocol::{ErrorCode, Request, Response};
 
 /// What an engine answered a user's SPOT leg.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,16 +124,7 @@ impl Engines {
         };
         let payload =
             payload.ok_or_else(|| StoreError::new("a move_out answered without its payload"))?;
-        let mut balances = BTreeMap::new();
-        for account in &payload.accounts {
-            let user = UserId::new(account.user_id)
-                .map_err(|_| StoreError::new(format!("a moved account of {}", account.user_id)))?;
-            balances.insert((user, account.asset.clone()), account.available);
-        }
-        Ok(SpotPayload {
-            balances,
-            wire: serde_json::to_value(&payload).map_err(StoreError::new)?,
-        })
+        adapters::spot::moves::spot_payload(&payload)
     }
 
     /// `move_in` in `cell` of what a `move_out` answered.
@@ -144,12 +135,10 @@ impl Engines {
         p: Partition,
         payload: &SpotPayload,
     ) -> Result<(), StoreError> {
-        let wire: MovePayload =
-            serde_json::from_value(payload.wire.clone()).map_err(StoreError::new)?;
         let request = Request::MoveIn {
             move_id: id.to_owned(),
             partition: p.get(),
-            payload: wire,
+            payload: adapters::spot::moves::engine_payload(payload)?,
         };
         match self.apply(cell, &request)? {
             Response::Ok { .. } => Ok(()),
