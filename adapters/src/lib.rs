@@ -8,6 +8,7 @@
 pub mod applied;
 pub mod audit;
 mod books;
+pub mod cell_set;
 pub mod event_store;
 pub mod funding;
 pub mod group_commit;

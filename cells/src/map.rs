@@ -202,6 +202,36 @@ impl CellMap {
         })
     }
 
+    /// This map with `added` beside its cells (cells added while a deployment served, as
+    /// the cells store them: ADR 0023 §1). Each is checked as a file's cell is, against the
+    /// cells before it; an id the map already has is left as the map says. The owners stay
+    /// the file's: an added cell gets partitions only by moves, which the stored map names.
+    pub fn with_added(&self, added: &[CellSpec]) -> Result<Self, MapError> {
+        let mut cells = self.cells.clone();
+        for spec in added {
+            if self.cell(spec.id).is_some() {
+                continue;
+            }
+            let raw = RawCell {
+                id: u64::from(spec.id.get()),
+                database_url: spec.database_url.clone(),
+                spot: match &spec.spot {
+                    SpotAddress::Start => "start".to_owned(),
+                    SpotAddress::At(addr) => addr.clone(),
+                },
+                spot_token_file: spec.spot_token_file.clone(),
+                partitions: Vec::new(),
+                members: spec.members.clone(),
+            };
+            cells.push(checked_cell(&raw, &cells)?);
+        }
+        cells.sort_by_key(|c| c.id);
+        Ok(Self {
+            cells,
+            owners: self.owners.clone(),
+        })
+    }
+
     /// Every partition with its cell, in partition order.
     pub fn assignments(&self) -> impl Iterator<Item = (Partition, CellId)> + '_ {
         Partition::all().map(|p| (p, self.owner(p)))

@@ -140,23 +140,45 @@ pub async fn append_partition_moved(
     move_id: &str,
     payload: &serde_json::Value,
 ) -> Result<i64, sqlx::Error> {
+    append_map_fact(conn, ("Partition", move_id, "PartitionMoved"), payload).await
+}
+
+/// Appends `CellAdded` (aggregate `Cell`, id the added cell's, sequence 1; ADR 0023 §6) with
+/// `payload` to the feed at the next position, once. Answers its feed position.
+pub async fn append_cell_added(
+    conn: &mut PgConnection,
+    cell: u16,
+    payload: &serde_json::Value,
+) -> Result<i64, sqlx::Error> {
+    append_map_fact(conn, ("Cell", &cell.to_string(), "CellAdded"), payload).await
+}
+
+/// One fact of the map (`(aggregate type, aggregate id, event type)`, sequence 1, no user),
+/// appended once.
+async fn append_map_fact(
+    conn: &mut PgConnection,
+    (aggregate_type, aggregate_id, event_type): (&str, &str, &str),
+    payload: &serde_json::Value,
+) -> Result<i64, sqlx::Error> {
     sqlx::query(
         "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version,
                              payload, metadata, user_id, occurred_at, feed_position)
-         SELECT 'Partition', $1, 1, 'PartitionMoved', '1', $2::json, '{}'::json, NULL, now(),
-                feed_take() + 1
-         WHERE NOT EXISTS (SELECT 1 FROM events WHERE aggregate_type = 'Partition'
-                              AND aggregate_id = $1 AND sequence = 1)",
+         SELECT $1, $2, 1, $3, '1', $4::json, '{}'::json, NULL, now(), feed_take() + 1
+         WHERE NOT EXISTS (SELECT 1 FROM events WHERE aggregate_type = $1
+                              AND aggregate_id = $2 AND sequence = 1)",
     )
-    .bind(move_id)
+    .bind(aggregate_type)
+    .bind(aggregate_id)
+    .bind(event_type)
     .bind(payload)
     .execute(&mut *conn)
     .await?;
     sqlx::query_scalar(
         "SELECT feed_position FROM events
-         WHERE aggregate_type = 'Partition' AND aggregate_id = $1 AND sequence = 1",
+         WHERE aggregate_type = $1 AND aggregate_id = $2 AND sequence = 1",
     )
-    .bind(move_id)
+    .bind(aggregate_type)
+    .bind(aggregate_id)
     .fetch_one(conn)
     .await
 }

@@ -102,7 +102,8 @@ pub(crate) fn named_cell(front: &Front, uri: &Uri) -> Result<Option<CellId>, Api
 /// A clear that names no cell: 400 BAD_REQUEST, naming the cells halted now (`halted_cells`)
 /// and those whose flag could not be read (`down_cells`), so the operator can name one.
 async fn unnamed_clear(front: &Front) -> Response {
-    let reads = front.slots.iter().map(|(cell, slot)| async move {
+    let slots = front.slots.all();
+    let reads = slots.iter().map(|(cell, slot)| async move {
         let halted = match slot.serving() {
             Some(served) => tokio::time::timeout(HALT_READ_MAX, served.halt.is_halted())
                 .await

@@ -73,7 +73,7 @@ impl CellFeeds {
     }
 
     fn ids(&self) -> Vec<CellId> {
-        self.slots.keys().copied().collect()
+        self.slots.ids()
     }
 
     fn cursor(&self, text: Option<&String>) -> Result<FeedCursor, ApiError> {
@@ -85,6 +85,7 @@ impl CellFeeds {
     /// marked down by its watcher).
     fn reads(&self) -> Vec<(CellId, Option<ReadSide>)> {
         self.slots
+            .all()
             .iter()
             .map(|(&cell, slot)| (cell, slot.serving().map(|s| s.reads)))
             .collect()

@@ -18,7 +18,11 @@
 //! - `feed.rs`: every cell's feed merged, with a cursor naming each cell's position.
 //! - `ws.rs`: GraphQL over a websocket relayed to the caller's cell, or to every cell, merged.
 //! - `moves.rs`: the partition moves' admin routes (start, list, cancel) over the move runner.
+//! - `adding.rs`: adding a cell while the process serves (`POST /api/v1/admin/cells`), through
+//!   the port in `adder.rs`.
 
+pub mod adder;
+pub mod adding;
 pub mod checks;
 pub mod claims;
 pub mod fanout;

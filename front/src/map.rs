@@ -97,6 +97,7 @@ impl LiveMap {
 
     /// Reloads from every cell that serves in `slots`.
     pub async fn reload_from(&self, slots: &Slots) -> Reload {
+        let slots = slots.all();
         let stores: Vec<(CellId, Arc<dyn CellMapStore>)> = slots
             .values()
             .filter_map(|slot| slot.serving().map(|served| (slot.id, served.map)))

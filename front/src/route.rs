@@ -74,6 +74,8 @@ pub struct Front {
     feed: Option<Router>,
     /// The partition moves' routes (`moves.rs`), when the process drives moves.
     pub(crate) moves: Option<application::moves::MoveDesk>,
+    /// What adds a cell (`adding.rs`), when the process can.
+    pub(crate) adder: Option<Arc<dyn crate::adder::CellAdder>>,
 }
 
 /// The user a JSON body names, if it names one (`user_id`).
@@ -94,10 +96,7 @@ impl Front {
         claims: Claims,
         metrics_on_api: bool,
     ) -> Self {
-        let home = *slots
-            .keys()
-            .next()
-            .expect("a cell map names at least one cell");
+        let home = slots.home();
         Self {
             map,
             slots,
@@ -108,6 +107,7 @@ impl Front {
             metrics_on_api,
             feed: None,
             moves: None,
+            adder: None,
         }
     }
 
@@ -158,16 +158,17 @@ impl Front {
 
     /// The cells, ascending.
     pub(crate) fn cells(&self) -> impl Iterator<Item = CellId> + '_ {
-        self.slots.keys().copied()
+        self.slots.ids().into_iter()
     }
 
     /// The home cell, or the first cell up while it is down (for the routes any cell answers
     /// alike: the public ones, the asset list).
     pub(crate) fn any_cell(&self) -> CellId {
-        if self.slots[&self.home].is_up() {
+        let slots = self.slots.all();
+        if slots[&self.home].is_up() {
             return self.home;
         }
-        self.slots
+        slots
             .values()
             .find(|s| s.is_up())
             .map_or(self.home, |s| s.id)
@@ -404,6 +405,9 @@ async fn route(State(front): State<Front>, req: Request) -> Response {
     }
     match identity {
         Some(id) if id.admin && Front::is_moves_path(req.uri().path()) => front.moves(req).await,
+        Some(id) if id.admin && Front::is_add_cell(req.method(), req.uri().path()) => {
+            front.add_cell(req).await
+        }
         Some(id) if id.admin => front.admin(id, req).await,
         Some(id) => front.own(id.user_id, req).await,
         None => front.forward(front.any_cell(), req).await,

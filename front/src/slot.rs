@@ -156,8 +156,61 @@ impl CellSlot {
     }
 }
 
-/// Every cell of the process, by id (ascending: the first is the home cell).
-pub type Slots = Arc<BTreeMap<CellId, Arc<CellSlot>>>;
+/// Every cell of the process, by id (ascending: the first is the home cell). A cell added
+/// while the process serves (`ledger cells add`, ADR 0023 §1) joins with [`Slots::add`]; a
+/// cell is never removed. Cheap to clone: every clone sees the cells added since.
+#[derive(Clone)]
+pub struct Slots(Arc<RwLock<SlotMap>>);
+
+/// The cells' slots at one moment.
+pub type SlotMap = Arc<BTreeMap<CellId, Arc<CellSlot>>>;
+
+impl Slots {
+    /// The slots of the cells a process starts with (at least one).
+    pub fn new(slots: impl IntoIterator<Item = Arc<CellSlot>>) -> Self {
+        let all = slots.into_iter().map(|s| (s.id, s)).collect();
+        Self(Arc::new(RwLock::new(Arc::new(all))))
+    }
+
+    /// Every cell now, by id: a snapshot that a later addition does not change.
+    pub fn all(&self) -> SlotMap {
+        Arc::clone(&self.0.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    pub fn get(&self, cell: &CellId) -> Option<Arc<CellSlot>> {
+        self.all().get(cell).cloned()
+    }
+
+    pub fn contains_key(&self, cell: &CellId) -> bool {
+        self.all().contains_key(cell)
+    }
+
+    /// The cells' ids, ascending.
+    pub fn ids(&self) -> Vec<CellId> {
+        self.all().keys().copied().collect()
+    }
+
+    /// The home cell: the lowest id (additions take higher ones).
+    pub fn home(&self) -> CellId {
+        *self
+            .all()
+            .keys()
+            .next()
+            .expect("a process serves at least one cell")
+    }
+
+    /// Adds `slot`; `false` (and nothing changed) when its cell is already there.
+    pub fn add(&self, slot: Arc<CellSlot>) -> bool {
+        let mut held = self.0.write().unwrap_or_else(|e| e.into_inner());
+        if held.contains_key(&slot.id) {
+            return false;
+        }
+        let mut next = BTreeMap::clone(&held);
+        next.insert(slot.id, slot);
+        *held = Arc::new(next);
+        true
+    }
+}
 
 /// The answer for a request whose cell cannot take it: 503 SYSTEM_ERROR naming the cell, with
 /// `Retry-After`.
@@ -182,6 +235,7 @@ pub fn refused(cell: CellId, why: &Refusal) -> Response {
 /// `GET /healthz` under a cell map: the process is alive (200); `status` is `ok` when every
 /// cell serves, `degraded` otherwise, and `cells` says which.
 pub fn healthz(slots: &Slots) -> Response {
+    let slots = slots.all();
     let cells: Vec<Value> = slots.values().map(|s| s.describe()).collect();
     let all_up = slots.values().all(|s| s.is_up());
     let status = if all_up { "ok" } else { "degraded" };

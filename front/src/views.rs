@@ -95,7 +95,7 @@ impl Front {
     pub(crate) async fn metrics(&self) -> Response {
         let mut families = Vec::new();
         let mut up = Vec::new();
-        for (cell, slot) in self.slots.iter() {
+        for (cell, slot) in self.slots.all().iter() {
             let text = match slot.serving() {
                 Some(served) => cell_metrics(served.metrics).await,
                 None => None,
@@ -147,7 +147,7 @@ impl View {
                 let merged = match self {
                     Self::Overview => {
                         let states: Vec<Value> =
-                            front.slots.values().map(|s| s.describe()).collect();
+                            front.slots.all().values().map(|s| s.describe()).collect();
                         fanout::overview(&answers, &states)
                     }
                     Self::Cells => fanout::cells(&answers),
@@ -333,7 +333,7 @@ async fn put_asset(front: &Front, req: Request) -> Response {
     let Some(home_store) = home_slot.serving().map(|s| s.assets.store().clone()) else {
         return answer;
     };
-    for (cell, slot) in front.slots.iter().filter(|(c, _)| **c != home) {
+    for (cell, slot) in front.slots.all().iter().filter(|(c, _)| **c != home) {
         let Some(served) = slot.serving() else {
             tracing::warn!(%cell, "asset change not applied to a cell that is down; it catches up before it serves again");
             continue;

@@ -25,6 +25,9 @@ pub enum CellsCommand {
     Moves(crate::cells_moves_cli::MovesArgs),
     /// Cancel a move that has not begun its switch: the partition stays whole in its source.
     Cancel(crate::cells_moves_cli::CancelArgs),
+    /// Add a cell to the running ledger (`--api`): it takes the next id, is written into every
+    /// cell's map and serves at once, owning no partition until moves give it some.
+    Add(crate::cells_moves_cli::AddArgs),
 }
 
 impl CellsCommand {
@@ -43,6 +46,7 @@ impl CellsCommand {
             CellsCommand::Move(args) => secrets(&args.api),
             CellsCommand::Moves(args) => secrets(&args.api),
             CellsCommand::Cancel(args) => secrets(&args.api),
+            CellsCommand::Add(args) => secrets(&args.api),
         }
     }
 }
@@ -84,6 +88,7 @@ pub async fn run(command: CellsCommand, settings: &Settings) -> anyhow::Result<(
         CellsCommand::Move(args) => crate::cells_moves_cli::start(args, &settings.secrets).await,
         CellsCommand::Moves(args) => crate::cells_moves_cli::list(args, &settings.secrets).await,
         CellsCommand::Cancel(args) => crate::cells_moves_cli::cancel(args, &settings.secrets).await,
+        CellsCommand::Add(args) => crate::cells_moves_cli::add(args, &settings.secrets).await,
     }
 }
 

@@ -1,5 +1,5 @@
-//! `ledger cells move`, `ledger cells moves` and `ledger cells cancel` (ADR 0023 §4): the
-//! partition moves, asked of the running ledger's admin routes (`front::moves`) with an admin
+//! `ledger cells move`, `ledger cells moves`, `ledger cells cancel` and `ledger cells add`
+//! (ADR 0023 §1, §4): the partition moves and a cell's addition, asked of the running ledger's admin routes (`front::moves`) with an admin
 //! token this command mints from the same secret `ledger token` uses. The process that serves
 //! the cells runs the move: it holds every cell's database and spot-core, and its move worker
 //! resumes a move after any restart. `move` waits and prints each step until the move ends
@@ -63,6 +63,22 @@ pub struct CancelArgs {
     pub api: ApiArgs,
 }
 
+#[derive(Debug, Args)]
+pub struct AddArgs {
+    /// The new cell's database (`ledger up --cells N` makes one beside the others' when left
+    /// out).
+    #[arg(long)]
+    pub database_url: Option<String>,
+    /// Its spot-core, `HOST:PORT` (`ledger up --cells N` starts a child when left out).
+    #[arg(long)]
+    pub spot: Option<String>,
+    /// The file holding its spot-core's token.
+    #[arg(long)]
+    pub spot_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub api: ApiArgs,
+}
+
 /// An admin's client of the running ledger.
 struct Admin {
     http: reqwest::Client,
@@ -84,10 +100,7 @@ impl Admin {
         let admin = UserId::new(1).expect("1 is a user id");
         Ok(Self {
             http: reqwest::Client::new(),
-            base: format!(
-                "{}/api/v1/admin/cells/moves",
-                args.api.trim_end_matches('/')
-            ),
+            base: format!("{}/api/v1/admin/cells", args.api.trim_end_matches('/')),
             token: mint(&secret.bytes, admin, true, Duration::from_secs(600)),
         })
     }
@@ -121,7 +134,7 @@ pub async fn start(args: MoveArgs, secrets: &SecretSettings) -> anyhow::Result<(
     let started = admin
         .call(
             Some(json!({"partition": args.partition, "to": args.to})),
-            "",
+            "/moves",
         )
         .await?;
     let id = started["id"]
@@ -138,7 +151,7 @@ pub async fn start(args: MoveArgs, secrets: &SecretSettings) -> anyhow::Result<(
     let began = Instant::now();
     let mut last = String::new();
     loop {
-        let record = admin.call(None, &format!("/{id}")).await?;
+        let record = admin.call(None, &format!("/moves/{id}")).await?;
         let step = record["step"].as_str().unwrap_or("?").to_owned();
         if step != last {
             println!(
@@ -162,7 +175,7 @@ pub async fn start(args: MoveArgs, secrets: &SecretSettings) -> anyhow::Result<(
 
 /// `ledger cells moves`.
 pub async fn list(args: MovesArgs, secrets: &SecretSettings) -> anyhow::Result<()> {
-    let moves = Admin::new(&args.api, secrets)?.call(None, "").await?;
+    let moves = Admin::new(&args.api, secrets)?.call(None, "/moves").await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&moves)?);
         return Ok(());
@@ -192,12 +205,38 @@ pub async fn list(args: MovesArgs, secrets: &SecretSettings) -> anyhow::Result<(
 /// `ledger cells cancel`.
 pub async fn cancel(args: CancelArgs, secrets: &SecretSettings) -> anyhow::Result<()> {
     let record = Admin::new(&args.api, secrets)?
-        .call(Some(json!({})), &format!("/{}/cancel", args.id))
+        .call(Some(json!({})), &format!("/moves/{}/cancel", args.id))
         .await?;
     println!(
         "move {}: {} (the ledger rolls it back)",
         args.id,
         record["step"].as_str().unwrap_or("?")
+    );
+    Ok(())
+}
+
+/// `ledger cells add`.
+pub async fn add(args: AddArgs, secrets: &SecretSettings) -> anyhow::Result<()> {
+    let admin = Admin::new(&args.api, secrets)?;
+    let mut body = serde_json::Map::new();
+    if let Some(url) = &args.database_url {
+        body.insert("database_url".into(), json!(url));
+    }
+    if let Some(spot) = &args.spot {
+        body.insert("spot".into(), json!(spot));
+    }
+    if let Some(file) = &args.spot_token_file {
+        body.insert("spot_token_file".into(), json!(file.display().to_string()));
+    }
+    let added = admin.call(Some(Value::Object(body)), "").await?;
+    println!(
+        "cell {} added (map version {}): database {}, spot-core {}; it owns no partition: \
+         move some to it with `ledger cells move --partition P --to {}`",
+        added["cell"],
+        added["map_version"],
+        added["database"].as_str().unwrap_or("?"),
+        added["spot"].as_str().unwrap_or("?"),
+        added["cell"],
     );
     Ok(())
 }

@@ -19,6 +19,7 @@
 //!   to a stream of its own (`<stream>_<cell>`, its checkpoint and leader lock in that cell's
 //!   database).
 
+pub mod adding;
 pub mod connect;
 pub mod moving;
 pub mod watch;
@@ -43,8 +44,7 @@ use front::slot::{CellSlot, Slots};
 use front::{claims, feed, Front};
 use watch::{Reached, Shared};
 
-/// The most cells `ledger up --cells` starts on one machine.
-pub const UP_CELLS_MAX: u16 = 16;
+pub use connect::{cell_database_url, UP_CELLS_MAX};
 
 /// `ledger serve` under a cell map.
 pub(crate) async fn serve(
@@ -59,6 +59,7 @@ pub(crate) async fn serve(
         )
     })?;
     let assets = config::load_assets(args.assets.as_deref())?;
+    let map = &adding::with_added_cells(settings, map.clone()).await?;
     let reach = Reach::new(settings, map, args.spot_timeout.0, BTreeMap::new());
     let started = start_cells(map, reach, assets, secret, args.relay.config()).await?;
     let listener = TcpListener::bind(&args.listen)
@@ -71,7 +72,7 @@ pub(crate) async fn serve(
         map.cells().len(),
         describe_cells(map, &started.shared.slots)
     );
-    run(listener, metrics, started, settings, Vec::new()).await
+    run(listener, metrics, started, settings, Vec::new(), None).await
 }
 
 /// `ledger up` with cells: `--cells N` on the local PostgreSQL, or `--cell-map FILE`; every
@@ -83,6 +84,8 @@ pub(crate) async fn up(args: UpArgs, settings: &Settings, map: CellMap) -> anyho
     let secret = config::secret_for_data_dir(settings.secrets.jwt.clone(), &args.data_dir)?;
     // One key in the data dir; each cell signs with its own identity derived from it.
     let settings = &crate::log_cli::with_data_dir_key(settings, &args.data_dir)?;
+    // The cells added while an earlier run served are started and served as the file's are.
+    let map = adding::with_added_cells(settings, map).await?;
     let mut children = Vec::new();
     let mut started = BTreeMap::new();
     for spec in map.cells().iter().filter(|c| c.spot == SpotAddress::Start) {
@@ -114,7 +117,12 @@ pub(crate) async fn up(args: UpArgs, settings: &Settings, map: CellMap) -> anyho
         &started.shared.slots,
         &banner_secret,
     );
-    run(listener, metrics, started, settings, children).await
+    let up = adding::UpPlace {
+        data_dir: args.data_dir.clone(),
+        assets: args.assets.clone(),
+        storage: args.spot_storage.clone(),
+    };
+    run(listener, metrics, started, settings, children, Some(up)).await
 }
 
 /// The cell map `ledger up` runs, if any: `--cells N`'s ([`local_map`]) or the settings' own.
@@ -147,37 +155,13 @@ pub fn local_map(database_url: &str, count: u16) -> anyhow::Result<CellMap> {
     CellMap::parse(&text, MapFormat::Json).context("the generated cell map")
 }
 
-/// `postgres://…/ledger?x` → `postgres://…/ledger_cell2?x`.
-fn cell_database_url(url: &str, cell: usize) -> anyhow::Result<String> {
-    let (base, query) = url
-        .split_once('?')
-        .map_or((url, None), |(b, q)| (b, Some(q)));
-    let (server, name) = base
-        .rsplit_once('/')
-        .filter(|(server, name)| {
-            server.contains("://") && !name.is_empty() && !server.ends_with('/')
-        })
-        .ok_or_else(|| {
-            anyhow!(
-                "DATABASE_URL names no database: {}",
-                config::redact_url(url)
-            )
-        })?;
-    let mut out = format!("{server}/{name}_cell{cell}");
-    if let Some(query) = query {
-        out.push('?');
-        out.push_str(query);
-    }
-    Ok(out)
-}
-
 /// Each cell's id and whether it serves now, for the banner.
 fn describe_cells(map: &CellMap, slots: &Slots) -> String {
     let each: Vec<String> = map
         .cells()
         .iter()
         .map(|c| {
-            let state = if slots[&c.id].is_up() {
+            let state = if slots.get(&c.id).is_some_and(|s| s.is_up()) {
                 "up"
             } else {
                 "down, retried in the background"
@@ -212,11 +196,10 @@ async fn start_cells(
     relay: Option<relay::RelayConfig>,
 ) -> anyhow::Result<Started> {
     let in_flight_max = reach.settings.http.cell_in_flight_max(map.cells().len());
-    let slots: Slots = Arc::new(
+    let slots = Slots::new(
         map.cells()
             .iter()
-            .map(|c| (c.id, Arc::new(CellSlot::new(c.id, in_flight_max))))
-            .collect(),
+            .map(|c| Arc::new(CellSlot::new(c.id, in_flight_max))),
     );
     let shared = Arc::new(Shared {
         reach,
@@ -237,7 +220,11 @@ async fn start_cells(
         for (spec, result) in batch.iter().zip(results) {
             match result {
                 Ok((served, parts)) => {
-                    shared.slots[&spec.id].install(served);
+                    shared
+                        .slots
+                        .get(&spec.id)
+                        .expect("a slot per cell")
+                        .install(served);
                     reached.insert(spec.id, parts);
                 }
                 Err(ConnectError::Refused(e)) => return Err(e),
@@ -258,36 +245,25 @@ async fn start_cells(
 }
 
 /// Serves every cell behind the front router until ctrl-c or SIGTERM (or a background task or
-/// a spot-core child ends), then stops in order, as one cell's `run_until_stopped` does.
+/// a spot-core child ends), then stops in order, as one cell's `run_until_stopped` does. `up`:
+/// where `ledger up` starts a cell added meanwhile (`adding.rs`).
 async fn run(
     listener: TcpListener,
     metrics: Option<TcpListener>,
     started: Started,
     settings: &Settings,
     children: Vec<SpotChild>,
+    up: Option<adding::UpPlace>,
 ) -> anyhow::Result<()> {
+    let (stop_watchers, stopping) = tokio::sync::watch::channel(false);
+    let (exits_tx, mut exits) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let added = adding::AddedTasks::default();
+    let front = serving_front(&started, settings, up, (&stopping, &exits_tx, &added));
     let Started {
         shared,
         reached,
         map,
     } = started;
-    // The claims stay where the file puts them: a move does not carry an external_id's claim.
-    let claims = claims::Claims::new(Placement::of_map(&map), Arc::clone(&shared.slots));
-    let front = Front::new(
-        Arc::clone(&shared.map),
-        Arc::clone(&shared.slots),
-        &shared.secret.bytes,
-        settings.limits.bulk_max,
-        claims,
-        settings.http.metrics == MetricsListen::Api,
-    )
-    .with_feed(feed::router(
-        feed::CellFeeds::new(Arc::clone(&shared.slots), &shared.secret.bytes),
-        settings.http.limits,
-    ));
-    let front = front.with_moves(moving::start(&reached, settings.failpoints));
-    let (stop_watchers, stopping) = tokio::sync::watch::channel(false);
-    let (exits_tx, mut exits) = tokio::sync::mpsc::unbounded_channel::<String>();
     let watchers = spawn_watchers(&shared, &map, reached, &stopping, &exits_tx);
     let http = settings.http.limits;
     let metrics = metrics.map(|l| serve_metrics(l, front.clone(), http));
@@ -320,13 +296,55 @@ async fn run(
         metrics.abort();
     }
     let _ = stop_watchers.send(true);
-    for watcher in watchers {
+    let added: Vec<_> = std::mem::take(&mut *added.lock().unwrap_or_else(|e| e.into_inner()));
+    for watcher in watchers.into_iter().chain(added) {
         let _ = watcher.await;
     }
     for child in children.into_iter().flatten() {
         child.stop().await;
     }
     outcome
+}
+
+/// The front over every cell of `started`: the merged feed, the external_id claims, the move
+/// routes and worker (`moving.rs`) and the addition of a cell (`adding.rs`, its watcher and
+/// child told to stop by `stopping`, reporting on `exits`, awaited from `added`).
+fn serving_front(
+    started: &Started,
+    settings: &Settings,
+    up: Option<adding::UpPlace>,
+    (stopping, exits, added): (
+        &tokio::sync::watch::Receiver<bool>,
+        &tokio::sync::mpsc::UnboundedSender<String>,
+        &adding::AddedTasks,
+    ),
+) -> Front {
+    let shared = &started.shared;
+    // The claims stay where the file puts them: a move does not carry an external_id's claim.
+    let claims = claims::Claims::new(Placement::of_map(&started.map), shared.slots.clone());
+    let front = Front::new(
+        Arc::clone(&shared.map),
+        shared.slots.clone(),
+        &shared.secret.bytes,
+        settings.limits.bulk_max,
+        claims,
+        settings.http.metrics == MetricsListen::Api,
+    )
+    .with_feed(feed::router(
+        feed::CellFeeds::new(shared.slots.clone(), &shared.secret.bytes),
+        settings.http.limits,
+    ));
+    let (desk, move_cells) = moving::start(&started.reached, settings.failpoints);
+    let adder = adding::Adder {
+        shared: Arc::clone(shared),
+        up,
+        moves: move_cells,
+        map: tokio::sync::Mutex::new(started.map.clone()),
+        stopping: stopping.clone(),
+        exits: exits.clone(),
+        tasks: Arc::clone(added),
+    };
+    front.with_moves(desk).with_adder(Arc::new(adder))
 }
 
 /// A watcher per cell of `map` (`watch.rs`), each given the parts of its cell reached at

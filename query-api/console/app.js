@@ -361,7 +361,17 @@
           function (e) { replace(out, errorBox(e)); })
         .then(function () { go.disabled = false; });
     } }, "Move");
-    var el = h("span", { class: "muted small" }, "  move partition ", partition, " to cell ", to, " ", go, " ", out);
+    // A cell added to the running deployment (`POST /api/v1/admin/cells`): it owns nothing
+    // until a move gives it a partition, so it joins the "to cell" choice at once.
+    var add = h("button", { id: "cell-add", type: "button", onclick: function () {
+      if (!window.confirm("Add a new cell to the running deployment? It owns no partition until you move some to it.")) { return; }
+      add.disabled = true;
+      api("/api/v1/admin/cells", { method: "POST", body: {} })
+        .then(function (c) { replace(out, h("span", { class: "pill good" }, "cell " + c.cell + " added (map version " + c.map_version + "): move partitions to it")); done(); },
+          function (e) { replace(out, errorBox(e)); })
+        .then(function () { add.disabled = false; });
+    } }, "Add a cell");
+    var el = h("span", { class: "muted small" }, "  move partition ", partition, " to cell ", to, " ", go, " ", add, " ", out);
     var known = "";
     return {
       el: el,

@@ -69,6 +69,41 @@ pub async fn map_version(pool: &PgPool) -> Result<Option<u64>, IdentityError> {
     .transpose()
 }
 
+/// A cell added while the deployment served, as a cell stores it (`cell_cells`, migration 0032).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredAddition {
+    pub id: CellId,
+    /// `None`: `ledger up`'s database beside the others'.
+    pub database_url: Option<String>,
+    /// `HOST:PORT` or `start`.
+    pub spot: String,
+    pub spot_token_file: Option<String>,
+}
+
+/// The cells added to the map this database is a cell of, ascending by id (none for a database
+/// that is no cell, or that has not been migrated that far).
+pub async fn additions(pool: &PgPool) -> Result<Vec<StoredAddition>, IdentityError> {
+    let rows: Vec<(i32, Option<String>, String, Option<String>)> = sqlx::query_as(
+        "SELECT id, database_url, spot, spot_token_file FROM cell_cells ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|(id, database_url, spot, spot_token_file)| {
+            let id = u64::try_from(id)
+                .ok()
+                .and_then(CellId::new)
+                .ok_or_else(|| IdentityError::Corrupt(format!("added cell id {id}")))?;
+            Ok(StoredAddition {
+                id,
+                database_url,
+                spot,
+                spot_token_file,
+            })
+        })
+        .collect()
+}
+
 /// Without a cell map: the database must not be a cell of one.
 pub async fn check_no_map(pool: &PgPool) -> Result<(), IdentityError> {
     match stored(pool).await? {

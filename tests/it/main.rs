@@ -16,6 +16,7 @@ mod audit_incremental;
 mod balance;
 mod bulk;
 mod cells;
+mod cells_add;
 mod cells_admin;
 mod cells_feed;
 mod cells_fence;

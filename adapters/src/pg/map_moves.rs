@@ -13,11 +13,12 @@ use cells::CellId;
 
 use super::driver::store;
 use super::moves::PgMoves;
+use crate::cell_set::CellSet;
 
 /// Every cell's moves' records.
 #[derive(Clone)]
 pub struct PgMapMoves {
-    cells: BTreeMap<CellId, PgMoves>,
+    cells: CellSet<PgMoves>,
 }
 
 /// Why a move cannot start from the map it was planned on.
@@ -32,12 +33,19 @@ pub struct NotOwned {
 
 impl PgMapMoves {
     pub fn new(cells: BTreeMap<CellId, PgMoves>) -> Self {
-        Self { cells }
+        Self {
+            cells: CellSet::new(cells),
+        }
     }
 
-    fn cell(&self, id: CellId) -> Result<&PgMoves, StoreError> {
+    /// Cell `id`'s records too, from now on (a cell added while the process serves).
+    pub fn add_cell(&self, id: CellId, moves: PgMoves) {
+        self.cells.insert(id, moves);
+    }
+
+    fn cell(&self, id: CellId) -> Result<PgMoves, StoreError> {
         self.cells
-            .get(&id)
+            .get(id)
             .ok_or_else(|| StoreError::new(format!("cell {id} is not in this process's map")))
     }
 
@@ -88,7 +96,7 @@ impl MoveRecords for PgMapMoves {
     }
 
     async fn load(&self, id: &MoveId) -> Result<Option<MoveRecord>, StoreError> {
-        for moves in self.cells.values() {
+        for (_, moves) in self.cells.all() {
             if let Some(record) = moves.load(id).await? {
                 return Ok(Some(record));
             }
@@ -98,7 +106,7 @@ impl MoveRecords for PgMapMoves {
 
     async fn unfinished(&self) -> Result<Vec<MoveRecord>, StoreError> {
         let mut all = Vec::new();
-        for moves in self.cells.values() {
+        for (_, moves) in self.cells.all() {
             all.extend(moves.unfinished().await?);
         }
         Ok(all)
@@ -106,7 +114,7 @@ impl MoveRecords for PgMapMoves {
 
     async fn recent(&self, limit: usize) -> Result<Vec<MoveRecord>, StoreError> {
         let mut all = Vec::new();
-        for moves in self.cells.values() {
+        for (_, moves) in self.cells.all() {
             all.extend(moves.recent(limit).await?);
         }
         all.sort_by(|a, b| b.id.cmp(&a.id));

@@ -14,6 +14,7 @@
 pub mod alerts;
 pub mod assets;
 pub mod audit;
+pub mod cell_add;
 pub mod cell_map;
 pub(crate) mod claims;
 mod claims_reader;

@@ -20,6 +20,7 @@ use sqlx::PgPool;
 use super::driver::store;
 use super::move_copy::{copy_events, copy_state};
 use super::moves::PgMoves;
+use crate::cell_set::CellSet;
 use crate::funding::FundingLedger;
 use crate::spot::SpotAdapter;
 
@@ -35,7 +36,7 @@ pub struct MoveCell {
 }
 
 impl MoveCell {
-    fn pool(&self) -> &PgPool {
+    pub(super) fn pool(&self) -> &PgPool {
         self.funding.pool()
     }
 }
@@ -43,15 +44,15 @@ impl MoveCell {
 /// The cells of a map, as a move's stores.
 #[derive(Clone)]
 pub struct PgPartitionStores {
-    cells: BTreeMap<CellId, MoveCell>,
+    pub(super) cells: CellSet<MoveCell>,
     /// One switch at a time in this process: each takes a map version above every cell's.
-    switching: std::sync::Arc<tokio::sync::Mutex<()>>,
+    pub(super) switching: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 impl PgPartitionStores {
     pub fn new(cells: BTreeMap<CellId, MoveCell>) -> Self {
         Self {
-            cells,
+            cells: CellSet::new(cells),
             switching: std::sync::Arc::default(),
         }
     }
@@ -59,9 +60,9 @@ impl PgPartitionStores {
     /// The version a switch writes: above every cell's, and at least the one the move planned.
     /// Two moves planned on one map would otherwise switch to the same version, and a process
     /// that reloaded after the first would never take the second (ADR 0023 §1).
-    async fn next_version(&self, planned: u64) -> Result<i64, StoreError> {
+    pub(super) async fn next_version(&self, planned: u64) -> Result<i64, StoreError> {
         let mut version = i64::try_from(planned).map_err(StoreError::new)?;
-        for cell in self.cells.values() {
+        for (_, cell) in self.cells.all() {
             let held: i64 = sqlx::query_scalar("SELECT map_version FROM cell_identity")
                 .fetch_one(cell.pool())
                 .await
@@ -71,9 +72,9 @@ impl PgPartitionStores {
         Ok(version)
     }
 
-    fn cell(&self, id: CellId) -> Result<&MoveCell, StoreError> {
+    fn cell(&self, id: CellId) -> Result<MoveCell, StoreError> {
         self.cells
-            .get(&id)
+            .get(id)
             .ok_or_else(|| StoreError::new(format!("cell {id} is not in this process's map")))
     }
 
@@ -201,7 +202,8 @@ impl PartitionStores for PgPartitionStores {
     }
 
     async fn book(&self, cell: CellId, partition: Partition) -> Result<PartitionBook, StoreError> {
-        let pool = self.cell(cell)?.pool();
+        let reached = self.cell(cell)?;
+        let pool = reached.pool();
         let p = i16::from(partition.get());
         let funding: Vec<(i64, String, Decimal)> = sqlx::query_as(
             "SELECT user_id, asset, balance FROM funding_accounts WHERE partition = $1",
@@ -252,13 +254,15 @@ impl PartitionStores for PgPartitionStores {
     }
 
     async fn switch(&self, record: &MoveRecord) -> Result<(), StoreError> {
+        // The lock first: a cell added meanwhile (`cell_add.rs`) is in the order below.
+        let _one = self.switching.lock().await;
         let mut order = vec![record.to, record.from];
         order.extend(
             self.cells
-                .keys()
-                .filter(|c| **c != record.to && **c != record.from),
+                .ids()
+                .into_iter()
+                .filter(|c| *c != record.to && *c != record.from),
         );
-        let _one = self.switching.lock().await;
         let to = i32::from(record.to.get());
         let version = self.next_version(record.map_version).await?;
         let source_checkpoint = self.checkpoint(record.from).await?;

@@ -14,20 +14,29 @@ use rust_decimal::Decimal;
 use spot_core::protocol::{MovePayload, Request, Response};
 use spot_core::{ClientError, SpotClient};
 
+use crate::cell_set::CellSet;
+
 /// Each cell's spot-core, as a move reaches it.
 #[derive(Clone)]
 pub struct EngineMoves {
-    engines: BTreeMap<CellId, SpotClient>,
+    engines: CellSet<SpotClient>,
 }
 
 impl EngineMoves {
     pub fn new(engines: BTreeMap<CellId, SpotClient>) -> Self {
-        Self { engines }
+        Self {
+            engines: CellSet::new(engines),
+        }
     }
 
-    fn engine(&self, cell: CellId) -> Result<&SpotClient, StoreError> {
+    /// Cell `id`'s spot-core too, from now on (a cell added while the process serves).
+    pub fn add_cell(&self, id: CellId, engine: SpotClient) {
+        self.engines.insert(id, engine);
+    }
+
+    fn engine(&self, cell: CellId) -> Result<SpotClient, StoreError> {
         self.engines
-            .get(&cell)
+            .get(cell)
             .ok_or_else(|| StoreError::new(format!("no spot-core for cell {cell}")))
     }
 }

@@ -21,6 +21,33 @@ const SERVER_CONNECTIONS_FOR_LEDGERS: u32 = 90;
 /// Ledger processes one server's budget leaves room for.
 const PROCESSES_PER_SERVER: u32 = 2;
 
+/// The most cells `ledger up --cells` starts on one machine.
+pub const UP_CELLS_MAX: u16 = 16;
+
+/// `postgres://…/ledger?x` → `postgres://…/ledger_cell2?x`.
+pub fn cell_database_url(url: &str, cell: usize) -> anyhow::Result<String> {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let (server, name) = base
+        .rsplit_once('/')
+        .filter(|(server, name)| {
+            server.contains("://") && !name.is_empty() && !server.ends_with('/')
+        })
+        .ok_or_else(|| {
+            anyhow!(
+                "DATABASE_URL names no database: {}",
+                config::redact_url(url)
+            )
+        })?;
+    let mut out = format!("{server}/{name}_cell{cell}");
+    if let Some(query) = query {
+        out.push('?');
+        out.push_str(query);
+    }
+    Ok(out)
+}
+
 /// One reachable cell: its id, its pool and its spot-core.
 #[derive(Clone)]
 pub struct CellLink {
@@ -98,6 +125,22 @@ impl Reach {
             spot_timeout,
             started,
         }
+    }
+
+    /// This reach with cell `id` too (a cell added while the process serves): its pool of
+    /// `size` connections, and the spot-core child started for it, if any.
+    pub fn with_cell(
+        &self,
+        id: CellId,
+        size: u32,
+        started: Option<(String, Option<String>)>,
+    ) -> Self {
+        let mut reach = self.clone();
+        reach.sizes.insert(id, size);
+        if let Some(started) = started {
+            reach.started.insert(id, started);
+        }
+        reach
     }
 
     /// One cell of the map, connected and checked: a database that is another cell's, or whose

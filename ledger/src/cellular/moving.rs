@@ -3,12 +3,14 @@
 //! `adapters::pg::map_moves`, `adapters::spot::moves`), handed to the front's move routes, and
 //! the move worker that drives every move that has not ended, resumed after any restart.
 //! A cell not reached at start-up is not in the runner: a move that names it waits (its steps
-//! fail and are retried) until the process is restarted with the cell up.
+//! fail and are retried) until the process is restarted with the cell up. A cell added while
+//! the process serves joins the runner's ports through [`MoveCells`] (`adding.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use adapters::pg::cell_add::AddedCell;
 use adapters::pg::map_moves::PgMapMoves;
 use adapters::pg::move_stores::{MoveCell, PgPartitionStores};
 use adapters::pg::moves::PgMoves;
@@ -24,8 +26,43 @@ use super::watch::Reached;
 /// How often the worker looks for moves besides being woken.
 const WORKER_POLL: Duration = Duration::from_secs(2);
 
+/// The move ports over the cells, kept to add a cell to them while the process serves.
+#[derive(Clone)]
+pub struct MoveCells {
+    pub stores: Arc<PgPartitionStores>,
+    pub records: Arc<PgMapMoves>,
+    pub engines: Arc<EngineMoves>,
+}
+
+impl MoveCells {
+    /// Adds `cell`, reached as `parts`, to the map every cell keeps (the map's next version:
+    /// `adapters::pg::cell_add`) and to the runner's ports; answers that version.
+    pub async fn add(
+        &self,
+        added: &AddedCell,
+        parts: &Reached,
+    ) -> Result<u64, application::StoreError> {
+        let (pool, spot) = parts.move_parts();
+        let version = self
+            .stores
+            .add_cell(
+                added,
+                MoveCell {
+                    funding: adapters::FundingLedger::new(pool.clone()),
+                    spot: spot.clone(),
+                },
+            )
+            .await?;
+        self.records.add_cell(added.id, PgMoves::new(pool));
+        if let Some(client) = spot.tcp_client() {
+            self.engines.add_cell(added.id, client.clone());
+        }
+        Ok(version)
+    }
+}
+
 /// The runner and records over every cell in `reached`, and the worker started over them.
-pub fn start(reached: &BTreeMap<CellId, Reached>, failpoints: FailPoints) -> MoveDesk {
+pub fn start(reached: &BTreeMap<CellId, Reached>, failpoints: FailPoints) -> (MoveDesk, MoveCells) {
     let mut cells = BTreeMap::new();
     let mut records = BTreeMap::new();
     let mut engines = BTreeMap::new();
@@ -43,11 +80,16 @@ pub fn start(reached: &BTreeMap<CellId, Reached>, failpoints: FailPoints) -> Mov
             },
         );
     }
-    let records: Arc<dyn MoveRecords> = Arc::new(PgMapMoves::new(records));
+    let handles = MoveCells {
+        stores: Arc::new(PgPartitionStores::new(cells)),
+        records: Arc::new(PgMapMoves::new(records)),
+        engines: Arc::new(EngineMoves::new(engines)),
+    };
+    let records: Arc<dyn MoveRecords> = handles.records.clone();
     let runner = MoveRunner::new(
         Arc::clone(&records),
-        Arc::new(PgPartitionStores::new(cells)),
-        Arc::new(EngineMoves::new(engines)),
+        handles.stores.clone(),
+        handles.engines.clone(),
         Arc::new(NoHold),
         Arc::new(SystemClock),
         MoveSettings::default(),
@@ -60,9 +102,10 @@ pub fn start(reached: &BTreeMap<CellId, Reached>, failpoints: FailPoints) -> Mov
         Arc::clone(&wake),
         WORKER_POLL,
     ));
-    MoveDesk {
+    let desk = MoveDesk {
         runner,
         records,
         wake,
-    }
+    };
+    (desk, handles)
 }

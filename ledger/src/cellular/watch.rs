@@ -60,7 +60,7 @@ pub struct Shared {
 impl Shared {
     /// The home cell (the lowest id): where assets are authoritative.
     pub fn home(&self) -> CellId {
-        *self.slots.keys().next().expect("a cell map names a cell")
+        self.slots.home()
     }
 }
 
@@ -78,6 +78,11 @@ pub struct Reached {
 }
 
 impl Reached {
+    /// Stops the cell's background tasks (an addition that did not complete).
+    pub async fn stop(self) {
+        self.tasks.stop().await;
+    }
+
     /// What a partition move reaches the cell by: its requests' pool and its spot-core.
     pub fn move_parts(&self) -> (sqlx::PgPool, adapters::SpotAdapter) {
         (self.pool.clone(), self.spot.clone())
@@ -88,7 +93,16 @@ impl Reached {
 /// its core wired and its background tasks started. The front may send it requests once
 /// [`CellSlot::install`] has the answer.
 pub async fn reach(shared: &Shared, spec: &CellSpec) -> Result<(Served, Reached), ConnectError> {
-    let link = shared.reach.connect(spec).await?;
+    reach_with(shared, &shared.reach, spec).await
+}
+
+/// [`reach`] through `with` (a cell added while the process serves: `adding.rs`).
+pub async fn reach_with(
+    shared: &Shared,
+    with: &Reach,
+    spec: &CellSpec,
+) -> Result<(Served, Reached), ConnectError> {
+    let link = with.connect(spec).await?;
     let spot = link.spot.clone();
     let settings = &shared.reach.settings;
     let (mut assembled, mut serving) = configured(
@@ -165,7 +179,7 @@ pub async fn catch_up(
     if cell == home {
         return Ok(());
     }
-    let Some(home_served) = shared.slots[&home].serving() else {
+    let Some(home_served) = shared.slots.get(&home).and_then(|s| s.serving()) else {
         tracing::warn!(%cell, %home, "the home cell is down: this cell keeps its stored assets until it is back");
         return Ok(());
     };
@@ -188,7 +202,10 @@ pub async fn run(
     mut stop: watch::Receiver<bool>,
     exits: mpsc::UnboundedSender<String>,
 ) {
-    let slot = Arc::clone(&shared.slots[&spec.id]);
+    let Some(slot) = shared.slots.get(&spec.id) else {
+        tracing::error!(cell = %spec.id, "no slot for the cell: it is not watched");
+        return;
+    };
     let mut probes = 0u32;
     let mut told = None;
     loop {
