@@ -389,12 +389,13 @@ async fn verify_command(args: VerifyArgs, settings: &Settings) -> anyhow::Result
     bar.finish_and_clear();
     println!(
         "read {} entries; tree of {}; {} stored and {} outside checkpoints; deposits held to \
-         their entries: {}; key {}",
+         their entries: {}; moves and added cells held to their entries: {}; key {}",
         report.entries,
         report.tree_size,
         report.stored_checkpoints,
         report.outside_checkpoints,
         report.deposits,
+        report.map_facts,
         verifier.to_vkey()
     );
     match report.finding {

@@ -325,7 +325,26 @@ async fn cells_move_016_after_a_move_ledger_verify_passes_in_both_cells_and_name
         );
         let (ok, out) = verify_cell(&two.map, &key, u16::try_from(cell + 1).unwrap(), &[]);
         assert!(ok, "cell {}: {out}", cell + 1);
+        assert!(
+            out.contains("moves and added cells held to their entries: 1"),
+            "cell {}: {out}",
+            cell + 1
+        );
     }
+    // FUNDING moved in with no move's entry (a forged switch total, which the conservation
+    // check would count as moved money) is named by `ledger verify`.
+    sqlx::query(
+        "INSERT INTO partition_switches (move_id, direction, asset, partition, funding)
+         VALUES ('forged', 'IN', 'USDT', 9, 1000)",
+    )
+    .execute(&two.cells[1].0.pool)
+    .await
+    .unwrap();
+    let (ok, out) = verify_cell(&two.map, &key, 2, &[]);
+    assert!(
+        !ok && out.contains("move forged") && out.contains("behind the log's back"),
+        "{out}"
+    );
 }
 
 #[tokio::test]

@@ -6,7 +6,8 @@
 //!
 //! By job: `entries` (the one query of an entry's fields, shared by all) → `store` (the tree's
 //! tables) → `follower` (the writer), `proofs` (the routes' reads, behind `reads::LogReads`) and
-//! `verify` (with `deposits`, which holds every external deposit to its entry, and `finding`,
+//! `verify` (with `deposits`, which holds every external deposit to its entry, `map_facts`, which
+//! holds every partition move and added cell to its entry, and `finding`,
 //! what both name). The follower and `verify` read the log as COPY lines (`copy`: COPY's text
 //! format, an entry's fields borrowed from the line). It reads the event table (and
 //! `external_deposits` beside it) through `eventlog`, which holds that SQL, and writes only its
@@ -19,6 +20,7 @@ pub mod entries;
 mod finding;
 pub mod follower;
 mod leaf_time;
+mod map_facts;
 mod ports;
 pub mod proofs;
 mod reads;

@@ -16,6 +16,7 @@ use tlog::{leaf_hash, Checkpoint, Hash, RightEdge, Subtree, Verifier, TILE_WIDTH
 use crate::copy::{fields, for_each_line, next_field, CopyEntry};
 use crate::finding::finding;
 pub use crate::finding::Finding;
+use crate::map_facts::MapFacts;
 use crate::{deposits, store, LogError};
 
 /// The tile levels `verify` holds to the recomputed tree: 0 (leaf hashes) to 6, whose tiles
@@ -40,6 +41,8 @@ pub struct Report {
     /// External deposits each found with its entry (0 when a difference stopped the check
     /// before them).
     pub deposits: u64,
+    /// Partition moves and added cells each found with its entry (ADR 0023 §6).
+    pub map_facts: u64,
     /// The first difference, if any: `None` means everything holds.
     pub finding: Option<Finding>,
 }
@@ -121,6 +124,8 @@ struct Checker {
     leaf: Vec<u8>,
     /// The first interior hash that differs, found while pushing a leaf.
     interior: Option<Finding>,
+    /// The map's entries met so far (`map_facts`).
+    facts: MapFacts,
 }
 
 impl Checker {
@@ -167,6 +172,7 @@ impl Checker {
         // An entry the tree already holds was caught above if edited; this names one that was
         // never a deposit's as the ledger writes it (appended before the tree took it).
         deposits::check_shape(&entry).map_err(|why| finding(at(), why))?;
+        self.facts.see(&entry).map_err(|why| finding(at(), why))?;
         let (tiles, tree_size, interior) = (&self.tiles, self.tree_size, &mut self.interior);
         self.edge.push(hash, |subtree, hash| {
             if interior.is_none() {
@@ -357,6 +363,7 @@ pub async fn verify(
         stored_checkpoints: stored.len(),
         outside_checkpoints: outside.len(),
         deposits: 0,
+        map_facts: 0,
         finding: None,
     };
     let expected = match expectations(verifier, &stored, outside) {
@@ -373,6 +380,7 @@ pub async fn verify(
         tiles: Default::default(),
         leaf: Vec::new(),
         interior: None,
+        facts: MapFacts::default(),
     };
     // Checkpoints of the empty tree are checked before the first entry.
     if let Err(f) = checker.check_roots() {
@@ -388,6 +396,12 @@ pub async fn verify(
     if report.finding.is_none() {
         match deposits::check(&mut tx).await? {
             Ok(matched) => report.deposits = matched,
+            Err(f) => report.finding = Some(f),
+        }
+    }
+    if report.finding.is_none() {
+        match checker.facts.check(&mut tx).await? {
+            Ok(held) => report.map_facts = held,
             Err(f) => report.finding = Some(f),
         }
     }
