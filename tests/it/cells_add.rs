@@ -66,9 +66,39 @@ impl Up {
         Self { child, base }
     }
 
-    fn stop(mut self) {
-        self.child.kill().expect("SIGKILL ledger up");
-        self.child.wait().expect("reap ledger up");
+    /// Waits (bounded) until `/healthz` says every cell serves: on a busy machine a cell may
+    /// be reached in the background after the banner.
+    async fn all_up(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let health: Value = reqwest::get(format!("{}/healthz", self.base))
+                .await
+                .expect("healthz")
+                .json()
+                .await
+                .expect("healthz JSON");
+            if health["status"] == "ok" {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "cells not up: {health}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+
+    /// SIGKILL and reap (as `Drop` does; named for the reader).
+    fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Up {
+    /// SIGKILL, also when the test failed: a process left behind would hold its connections.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -114,6 +144,7 @@ async fn cells_add_001_a_fourth_cell_joins_ledger_up_takes_a_partition_and_survi
     let name = format!("it_add_{}", ulid::Ulid::new().to_string().to_lowercase());
     let data = tempfile::tempdir().expect("tempdir");
     let up = Up::start(&name, data.path());
+    up.all_up().await;
     let base = up.base.clone();
     // User 1 lives in cell 3 (partition 225); their walk runs before, during and after.
     deposit(&base, 1, "100").await;
@@ -195,6 +226,7 @@ async fn cells_add_001_a_fourth_cell_joins_ledger_up_takes_a_partition_and_survi
     assert!(ok && out.contains("cell 5 added"), "{out}");
     up.stop();
     let up = Up::start(&name, data.path());
+    up.all_up().await;
     let (_, health) = admin(&up.base, Method::GET, "/healthz", None).await;
     let cells: Vec<u64> = health["cells"]
         .as_array()
@@ -211,6 +243,20 @@ async fn cells_add_001_a_fourth_cell_joins_ledger_up_takes_a_partition_and_survi
         "{body}"
     );
     assert_exact(&up.base).await;
+    // `ledger cells plan` plans over the added cells too, user 1 in cell 4.
+    let plan = Command::new(bin("ledger"))
+        .args(["cells", "plan", "--up-cells", "3"])
+        .env("DATABASE_URL", format!("{}/{name}", server_url()))
+        .output()
+        .expect("ledger cells plan runs");
+    let text = String::from_utf8_lossy(&plan.stdout);
+    assert!(
+        plan.status.success()
+            && text.contains("cell 4: 1 user")
+            && text.contains("cell 5: 0 users"),
+        "{text}{}",
+        String::from_utf8_lossy(&plan.stderr)
+    );
     up.stop();
     for cell in 1..=5 {
         tests::pg_ctl::drop_database(&server_url(), &format!("{name}_cell{cell}"))
