@@ -18,7 +18,9 @@ use std::str::FromStr;
 /// are made for its first half only, and the process aborts before the second half's.
 /// `RoundHalf*` are the same inside a shared round of single requests (`round.rs`), met only by
 /// a round carrying more than one request. `Move*Done` are a partition move's
-/// (`moves/run.rs`): after a step's work, before the next step is recorded.
+/// (`moves/run.rs`): after a step's work, before the next step is recorded. `CellAdd*` are a
+/// cell's addition's (`ledger cells add`): once the new cell is reached, before any cell stores
+/// the map naming it, and once the first cell has stored it, before the others.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FailPoint {
     AfterInit,
@@ -44,11 +46,13 @@ pub enum FailPoint {
     MoveVerifyingDone,
     MoveSwitchingDone,
     MoveCancellingDone,
+    CellAddReached,
+    CellAddOneStored,
 }
 
 impl FailPoint {
     /// Every fail point, in the order a transfer meets them.
-    pub const ALL: [FailPoint; 23] = [
+    pub const ALL: [FailPoint; 25] = [
         FailPoint::AfterInit,
         FailPoint::AfterCreatedWithdrawStarted,
         FailPoint::SourcePendingBeforeCall,
@@ -72,6 +76,8 @@ impl FailPoint {
         FailPoint::MoveVerifyingDone,
         FailPoint::MoveSwitchingDone,
         FailPoint::MoveCancellingDone,
+        FailPoint::CellAddReached,
+        FailPoint::CellAddOneStored,
     ];
 
     /// The name `LEDGER_FAILPOINT` gives it.
@@ -100,6 +106,8 @@ impl FailPoint {
             FailPoint::MoveVerifyingDone => "move_verifying_done",
             FailPoint::MoveSwitchingDone => "move_switching_done",
             FailPoint::MoveCancellingDone => "move_cancelling_done",
+            FailPoint::CellAddReached => "cell_add_reached",
+            FailPoint::CellAddOneStored => "cell_add_one_stored",
         }
     }
 }

@@ -100,7 +100,7 @@ async fn plan(args: PlanArgs, settings: &Settings) -> anyhow::Result<()> {
         (None, None) => bail!("`ledger cells plan` needs a cell map (--cell-map or --up-cells N)"),
     };
     // The cells added while the deployment served are planned over too (ADR 0023 §1).
-    let map = crate::cellular::adding::with_added_cells(settings, map).await?;
+    let (map, _) = crate::cellular::adding::with_added_cells(settings, map).await?;
     let map = newest(&map).await?;
     let weights = weights(&map, args.by, Duration::from_secs(args.window_secs)).await?;
     let plan = cells::plan(&map, &weights, args.max_moves);

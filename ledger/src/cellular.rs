@@ -59,9 +59,11 @@ pub(crate) async fn serve(
         )
     })?;
     let assets = config::load_assets(args.assets.as_deref())?;
-    let map = &adding::with_added_cells(settings, map.clone()).await?;
+    let (map, additions) = adding::with_added_cells(settings, map.clone()).await?;
+    let map = &map;
     let reach = Reach::new(settings, map, args.spot_timeout.0, BTreeMap::new());
-    let started = start_cells(map, reach, assets, secret, args.relay.config()).await?;
+    let mut started = start_cells(map, reach, assets, secret, args.relay.config()).await?;
+    started.additions = additions;
     let listener = TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("listen on {}", args.listen))?;
@@ -85,7 +87,7 @@ pub(crate) async fn up(args: UpArgs, settings: &Settings, map: CellMap) -> anyho
     // One key in the data dir; each cell signs with its own identity derived from it.
     let settings = &crate::log_cli::with_data_dir_key(settings, &args.data_dir)?;
     // The cells added while an earlier run served are started and served as the file's are.
-    let map = adding::with_added_cells(settings, map).await?;
+    let (map, additions) = adding::with_added_cells(settings, map).await?;
     let mut children = Vec::new();
     let mut started = BTreeMap::new();
     for spec in map.cells().iter().filter(|c| c.spot == SpotAddress::Start) {
@@ -105,7 +107,8 @@ pub(crate) async fn up(args: UpArgs, settings: &Settings, map: CellMap) -> anyho
     }
     let reach = Reach::new(settings, &map, args.spot_timeout.0, started);
     let banner_secret = secret.clone();
-    let started = start_cells(&map, reach, assets, secret, args.relay.config()).await?;
+    let mut started = start_cells(&map, reach, assets, secret, args.relay.config()).await?;
+    started.additions = additions;
     let listener = TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("listen on {}", args.listen))?;
@@ -181,6 +184,8 @@ struct Started {
     shared: Arc<Shared>,
     reached: BTreeMap<CellId, Reached>,
     map: CellMap,
+    /// The additions found at start-up, finished in every cell that lacks one.
+    additions: adding::Additions,
 }
 
 /// Reaches every cell it can (ADR 0017 §11): the home cell first (where assets are
@@ -241,6 +246,7 @@ async fn start_cells(
         shared,
         reached,
         map: map.clone(),
+        additions: Vec::new(),
     })
 }
 
@@ -263,6 +269,7 @@ async fn run(
         shared,
         reached,
         map,
+        ..
     } = started;
     let watchers = spawn_watchers(&shared, &map, reached, &stopping, &exits_tx);
     let http = settings.http.limits;
@@ -335,6 +342,7 @@ fn serving_front(
         settings.http.limits,
     ));
     let (desk, move_cells) = moving::start(&started.reached, settings.failpoints);
+    move_cells.complete(started.additions.clone());
     let adder = adding::Adder {
         shared: Arc::clone(shared),
         up,
@@ -343,6 +351,7 @@ fn serving_front(
         stopping: stopping.clone(),
         exits: exits.clone(),
         tasks: Arc::clone(added),
+        failpoints: settings.failpoints,
     };
     front.with_moves(desk).with_adder(Arc::new(adder))
 }

@@ -78,27 +78,36 @@ pub struct StoredAddition {
     /// `HOST:PORT` or `start`.
     pub spot: String,
     pub spot_token_file: Option<String>,
+    /// The version of the map that first named it.
+    pub map_version: u64,
 }
 
 /// The cells added to the map this database is a cell of, ascending by id (none for a database
 /// that is no cell, or that has not been migrated that far).
 pub async fn additions(pool: &PgPool) -> Result<Vec<StoredAddition>, IdentityError> {
-    let rows: Vec<(i32, Option<String>, String, Option<String>)> = sqlx::query_as(
-        "SELECT id, database_url, spot, spot_token_file FROM cell_cells ORDER BY id",
+    let rows: Vec<(i32, Option<String>, String, Option<String>, i64)> = sqlx::query_as(
+        "SELECT id, database_url, spot, spot_token_file, map_version FROM cell_cells ORDER BY id",
     )
     .fetch_all(pool)
     .await?;
     rows.into_iter()
-        .map(|(id, database_url, spot, spot_token_file)| {
+        .map(|(id, database_url, spot, spot_token_file, version)| {
             let id = u64::try_from(id)
                 .ok()
                 .and_then(CellId::new)
                 .ok_or_else(|| IdentityError::Corrupt(format!("added cell id {id}")))?;
+            let map_version = u64::try_from(version)
+                .ok()
+                .filter(|v| *v >= 1)
+                .ok_or_else(|| {
+                    IdentityError::Corrupt(format!("added cell map_version {version}"))
+                })?;
             Ok(StoredAddition {
                 id,
                 database_url,
                 spot,
                 spot_token_file,
+                map_version,
             })
         })
         .collect()

@@ -24,7 +24,14 @@ struct Up {
 impl Up {
     /// `ledger up --cells 3` over databases named after `name`, its data in `data`.
     fn start(name: &str, data: &Path) -> Self {
-        let mut child = Command::new(bin("ledger"))
+        Self::start_with(name, data, &[])
+    }
+
+    /// [`Up::start`] with `env` added (a fail point).
+    fn start_with(name: &str, data: &Path, env: &[(&str, &str)]) -> Self {
+        let mut command = Command::new(bin("ledger"));
+        command.envs(env.iter().copied());
+        let mut child = command
             .args([
                 "up",
                 "--cells",
@@ -259,6 +266,91 @@ async fn cells_add_001_a_fourth_cell_joins_ledger_up_takes_a_partition_and_survi
     );
     up.stop();
     for cell in 1..=5 {
+        tests::pg_ctl::drop_database(&server_url(), &format!("{name}_cell{cell}"))
+            .await
+            .unwrap();
+    }
+}
+
+/// Each of cells `1..=cells`: (map version, CellAdded entries, cell_cells rows).
+async fn stored_additions(name: &str, cells: u16) -> Vec<(i64, i64, i64)> {
+    let mut out = Vec::new();
+    for cell in 1..=cells {
+        let pool = cell_pool(name, cell).await;
+        out.push(
+            sqlx::query_as(
+                "SELECT (SELECT map_version FROM cell_identity),
+                        (SELECT count(*) FROM events WHERE event_type = 'CellAdded'),
+                        (SELECT count(*) FROM cell_cells)",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap(),
+        );
+        pool.close().await;
+    }
+    out
+}
+
+/// An addition cut short by a crash, before any cell stored the map naming the new cell and
+/// then after only the first did: the first leaves nothing routed to it and is asked again
+/// over the database it left; the second is found at the next start (from the one cell that
+/// stored it) and finished in every other cell, and the new cell serves.
+#[tokio::test]
+async fn cells_add_002_an_addition_cut_short_by_a_crash_is_asked_again_or_finished_at_start() {
+    let name = format!("it_add_{}", ulid::Ulid::new().to_string().to_lowercase());
+    let data = tempfile::tempdir().expect("tempdir");
+    let crash = |point: &'static str| {
+        [
+            ("LEDGER_FAILPOINT", point),
+            ("LEDGER_ALLOW_FAILPOINTS", "1"),
+        ]
+    };
+    for point in ["cell_add_reached", "cell_add_one_stored"] {
+        let mut up = Up::start_with(&name, data.path(), &crash(point));
+        up.all_up().await;
+        deposit(&up.base, 1, "10").await;
+        let (ok, out) = cells_cli(&up.base, &["add"]);
+        assert!(!ok, "the addition crashed at {point}: {out}");
+        let status = up.child.wait().expect("the ledger ended");
+        assert!(!status.success(), "{point}: aborted, {status}");
+        let found = stored_additions(&name, 3).await;
+        let expected = if point == "cell_add_reached" {
+            vec![(1, 0, 0); 3]
+        } else {
+            vec![(2, 1, 1), (1, 0, 0), (1, 0, 0)]
+        };
+        assert_eq!(found, expected, "after the crash at {point}");
+    }
+    let up = Up::start(&name, data.path());
+    up.all_up().await;
+    let (_, health) = admin(&up.base, Method::GET, "/healthz", None).await;
+    assert_eq!(
+        health["cells"].as_array().map(Vec::len),
+        Some(4),
+        "{health}"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while stored_additions(&name, 4).await != vec![(2, 1, 1); 4] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not finished: {:?}",
+            stored_additions(&name, 4).await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let (ok, out) = cells_cli(&up.base, &["move", "--partition", "225", "--to", "4"]);
+    assert!(ok && out.contains("DONE"), "{out}");
+    let (status, body) = transfer(&up.base, 1, "FUNDING", "SPOT", "4").await;
+    assert_eq!(
+        (status, &body["state"]),
+        (200, &json!("COMMITTED")),
+        "{body}"
+    );
+    assert_eq!(usdt(&up.base, 1).await, ("16".to_owned(), "4".to_owned()));
+    assert_exact(&up.base).await;
+    up.stop();
+    for cell in 1..=4 {
         tests::pg_ctl::drop_database(&server_url(), &format!("{name}_cell{cell}"))
             .await
             .unwrap();

@@ -9,7 +9,7 @@ use cells::{CellId, Partition};
 use serde_json::json;
 use sqlx::PgPool;
 
-use application::StoreError;
+use application::{FailPoint, FailPoints, StoreError};
 
 use super::driver::store;
 use super::move_stores::{MoveCell, PgPartitionStores};
@@ -29,7 +29,12 @@ impl PgPartitionStores {
     /// Adds `added` (reached as `cell`) to the map every cell of these stores keeps, and to the
     /// stores; answers the map version that names it. Idempotent: an addition cut short is
     /// finished by the next call, which takes a version above every cell's again.
-    pub async fn add_cell(&self, added: &AddedCell, cell: MoveCell) -> Result<u64, StoreError> {
+    pub async fn add_cell(
+        &self,
+        added: &AddedCell,
+        cell: MoveCell,
+        failpoints: FailPoints,
+    ) -> Result<u64, StoreError> {
         let _one = self.switching.lock().await;
         if self.cells.get(added.id).is_some() {
             return Err(StoreError::new(format!(
@@ -47,10 +52,32 @@ impl PgPartitionStores {
             store_added(each.pool(), added, version)
                 .await
                 .map_err(|e| StoreError::new(format!("cell {id}: store cell {}: {e}", added.id)))?;
+            failpoints.hit(FailPoint::CellAddOneStored);
         }
         // From now on every switch flips the new cell's map row too (it takes this lock first).
         self.cells.insert(added.id, cell);
         u64::try_from(version).map_err(StoreError::new)
+    }
+
+    /// Finishes additions a crash cut short (ADR 0023 §1): every cell of these stores gets each
+    /// of `stored` (an added cell with the map version that named it, as some cell stored it):
+    /// its row, its `CellAdded` entry and at least that version; what a cell has is left as it
+    /// is. Answers how many (cell, addition) pairs were written.
+    pub async fn complete_additions(&self, stored: &[(AddedCell, u64)]) -> Result<u64, StoreError> {
+        let _one = self.switching.lock().await;
+        let mut written = 0;
+        for (id, cell) in self.cells.all() {
+            for (added, version) in stored {
+                let version = i64::try_from(*version).map_err(StoreError::new)?;
+                let new = store_added(cell.pool(), added, version)
+                    .await
+                    .map_err(|e| {
+                        StoreError::new(format!("cell {id}: store cell {}: {e}", added.id))
+                    })?;
+                written += u64::from(new);
+            }
+        }
+        Ok(written)
     }
 
     /// The assignments of the cell whose stored map is the newest (the cells', under the lock
@@ -140,14 +167,15 @@ async fn give_assignments(
     tx.commit().await.map_err(store)
 }
 
-/// In one cell: the added cell's row, its `CellAdded` entry and the map's `version`.
-async fn store_added(pool: &PgPool, added: &AddedCell, version: i64) -> Result<(), StoreError> {
+/// In one cell: the added cell's row, its `CellAdded` entry and the map's `version`; whether
+/// the row was new there.
+async fn store_added(pool: &PgPool, added: &AddedCell, version: i64) -> Result<bool, StoreError> {
     let mut tx = pool.begin().await.map_err(store)?;
     let payload = json!({"CellAdded": {"cell": added.id.get(), "map_version": version}});
     eventlog::copies::append_cell_added(&mut tx, added.id.get(), &payload)
         .await
         .map_err(store)?;
-    sqlx::query(
+    let new = sqlx::query(
         "INSERT INTO cell_cells (id, database_url, spot, spot_token_file, map_version)
          VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING",
     )
@@ -158,11 +186,14 @@ async fn store_added(pool: &PgPool, added: &AddedCell, version: i64) -> Result<(
     .bind(version)
     .execute(&mut *tx)
     .await
-    .map_err(store)?;
+    .map_err(store)?
+    .rows_affected()
+        == 1;
     sqlx::query("UPDATE cell_identity SET map_version = greatest(map_version, $1)")
         .bind(version)
         .execute(&mut *tx)
         .await
         .map_err(store)?;
-    tx.commit().await.map_err(store)
+    tx.commit().await.map_err(store)?;
+    Ok(new)
 }

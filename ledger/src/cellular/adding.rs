@@ -56,6 +56,7 @@ pub struct Adder {
     pub stopping: watch::Receiver<bool>,
     pub exits: mpsc::UnboundedSender<String>,
     pub tasks: AddedTasks,
+    pub failpoints: application::FailPoints,
 }
 
 #[async_trait]
@@ -80,7 +81,8 @@ impl CellAdder for Adder {
                 ConnectError::Refused(e) => AddRefusal::Conflict(format!("{e:#}")),
                 ConnectError::Unreachable(e) => AddRefusal::Unavailable(format!("{e:#}")),
             })?;
-        let version = match self.moves.add(&added, &parts).await {
+        self.failpoints.hit(application::FailPoint::CellAddReached);
+        let version = match self.moves.add(&added, &parts, self.failpoints).await {
             Ok(version) => version,
             Err(e) => {
                 parts.stop().await;
@@ -246,59 +248,79 @@ fn describe_spot(spot: &SpotAddress) -> String {
 /// The longest start-up waits for one file cell's stored additions.
 const ADDED_READ_MAX: Duration = Duration::from_secs(5);
 
+/// The cells additions stored, as found at start-up: each with the map version that named it
+/// (`MoveCells::complete` writes them into every cell that lacks one).
+pub type Additions = Vec<(AddedCell, u64)>;
+
 /// `map` with the cells that additions stored in its cells (`cell_cells`): read from every file
 /// cell that answers (a cell that does not, or has no such table yet, adds nothing), their
-/// union joined to the map. A cell stored without a database URL is `ledger up`'s, beside the
-/// others on `settings`' server.
-pub async fn with_added_cells(settings: &Settings, map: CellMap) -> anyhow::Result<CellMap> {
+/// union joined to the map, and the additions themselves. A cell stored without a database
+/// URL is `ledger up`'s, beside the others on `settings`' server.
+pub async fn with_added_cells(
+    settings: &Settings,
+    map: CellMap,
+) -> anyhow::Result<(CellMap, Additions)> {
     let reads = map
         .cells()
         .iter()
         .map(|spec| tokio::time::timeout(ADDED_READ_MAX, stored_additions(settings, spec)));
-    let mut added: Vec<CellSpec> = Vec::new();
+    let mut added: Vec<(CellSpec, (AddedCell, u64))> = Vec::new();
     for read in futures_util::future::join_all(reads).await {
         let Ok(Ok(rows)) = read else { continue };
-        for spec in rows {
-            if !added.iter().any(|a| a.id == spec.id) {
-                added.push(spec);
+        for (spec, addition) in rows {
+            if !added.iter().any(|(a, _)| a.id == spec.id) {
+                added.push((spec, addition));
             }
         }
     }
     if added.is_empty() {
-        return Ok(map);
+        return Ok((map, Vec::new()));
     }
-    added.sort_by_key(|c| c.id);
-    let ids: Vec<u16> = added.iter().map(|c| c.id.get()).collect();
+    added.sort_by_key(|(c, _)| c.id);
+    let ids: Vec<u16> = added.iter().map(|(c, _)| c.id.get()).collect();
     tracing::warn!(
         ?ids,
         "cells added while the deployment served join the map file's"
     );
-    map.with_added(&added)
-        .context("the cells stored as added do not fit the cell map")
+    let (specs, additions): (Vec<CellSpec>, Additions) = added.into_iter().unzip();
+    let map = map
+        .with_added(&specs)
+        .context("the cells stored as added do not fit the cell map")?;
+    Ok((map, additions))
 }
 
 /// One file cell's stored additions.
-async fn stored_additions(settings: &Settings, spec: &CellSpec) -> anyhow::Result<Vec<CellSpec>> {
+async fn stored_additions(
+    settings: &Settings,
+    spec: &CellSpec,
+) -> anyhow::Result<Vec<(CellSpec, (AddedCell, u64))>> {
     let pool = schema::connect_with(&spec.database_url, 1, settings.database.liveness).await?;
     let rows = schema::cell_identity::additions(&pool).await;
     pool.close().await;
     let mut out = Vec::new();
     for row in rows? {
-        let database_url = match row.database_url {
-            Some(url) => url,
+        let database_url = match &row.database_url {
+            Some(url) => url.clone(),
             None => cell_database_url(&settings.database.url, usize::from(row.id.get()))?,
         };
-        out.push(CellSpec {
+        let spec = CellSpec {
             id: row.id,
             database_url,
             spot: if row.spot == "start" {
                 SpotAddress::Start
             } else {
-                SpotAddress::At(row.spot)
+                SpotAddress::At(row.spot.clone())
             },
-            spot_token_file: row.spot_token_file.map(PathBuf::from),
+            spot_token_file: row.spot_token_file.clone().map(PathBuf::from),
             members: Vec::new(),
-        });
+        };
+        let added = AddedCell {
+            id: row.id,
+            database_url: row.database_url,
+            spot: row.spot,
+            spot_token_file: row.spot_token_file,
+        };
+        out.push((spec, (added, row.map_version)));
     }
     Ok(out)
 }

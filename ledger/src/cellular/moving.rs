@@ -41,6 +41,7 @@ impl MoveCells {
         &self,
         added: &AddedCell,
         parts: &Reached,
+        failpoints: FailPoints,
     ) -> Result<u64, application::StoreError> {
         let (pool, spot) = parts.move_parts();
         let version = self
@@ -51,6 +52,7 @@ impl MoveCells {
                     funding: adapters::FundingLedger::new(pool.clone()),
                     spot: spot.clone(),
                 },
+                failpoints,
             )
             .await?;
         self.records.add_cell(added.id, PgMoves::new(pool));
@@ -58,6 +60,24 @@ impl MoveCells {
             self.engines.add_cell(added.id, client.clone());
         }
         Ok(version)
+    }
+}
+
+impl MoveCells {
+    /// Writes `additions` into every cell that lacks one (an addition a crash cut short), in
+    /// the background; logged, and tried again at the next start if it fails.
+    pub fn complete(&self, additions: super::adding::Additions) {
+        if additions.is_empty() {
+            return;
+        }
+        let stores = Arc::clone(&self.stores);
+        tokio::spawn(async move {
+            match stores.complete_additions(&additions).await {
+                Ok(0) => {}
+                Ok(written) => tracing::warn!(written, "added cells written into the cells that lacked them (an addition had been cut short)"),
+                Err(e) => tracing::error!(error = %e, "could not finish an addition in every cell; the next start tries again"),
+            }
+        });
     }
 }
 
