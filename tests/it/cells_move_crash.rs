@@ -189,7 +189,7 @@ async fn crash_at_every_step(victim: Victim) {
         };
 
         // One owner, in both maps, STEADY; the other cell refuses the partition's users.
-        let expected = (i32::try_from(ended.get()).unwrap(), "STEADY".to_owned());
+        let expected = (i32::from(ended.get()), "STEADY".to_owned());
         for s in [&cells.one, &cells.two] {
             assert_eq!(row(s, p).await, expected, "{victim:?} at {at:?}");
             assert_eq!(owner(s, u).await, ended);
