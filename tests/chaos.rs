@@ -1198,8 +1198,9 @@ async fn run_cells(
 
 /// With cells, the map every cell holds at the end (`None` without cells) and the cell index each
 /// answered transfer was created in (the one holding its own events; a transfer created in none
-/// is put in its user's cell under that map, whose check then counts it lost). A client key that
-/// created transfers in two cells, or a map the cells disagree on, is a problem.
+/// is put in its user's cell under that map, whose check then counts it lost). A transfer
+/// created in two cells, a client key that created two transfers, or a map the cells disagree
+/// on, is a problem.
 async fn placed(
     pools: &[sqlx::PgPool],
     sent: &HashMap<String, Sent>,
@@ -1213,7 +1214,13 @@ async fn placed(
     let mut cids: HashMap<(String, String), usize> = HashMap::new();
     for (index, pool) in pools.iter().enumerate() {
         for id in check::own_transfers(pool).await? {
-            home.insert(id, index);
+            if let Some(other) = home.insert(id.clone(), index) {
+                problems.push(format!(
+                    "transfer {id} was created in cell {} and in cell {}",
+                    other + 1,
+                    index + 1
+                ));
+            }
         }
         for key in check::own_cids(pool).await? {
             *cids.entry(key).or_insert(0) += 1;

@@ -268,3 +268,60 @@ async fn cells_move_022_the_sources_postgresql_killed_at_every_step_of_a_move() 
 async fn cells_move_023_the_targets_postgresql_killed_at_every_step_of_a_move() {
     crash_at_every_step(Victim::TargetPg).await;
 }
+
+/// Containment during a move (DESIGN §16, ADR 0023 §1): a third cell's PostgreSQL, no part of
+/// a move of cell 1's partition to cell 2, is down when the move reaches its switch. The switch
+/// writes the target and the source first ("a cell that is down gets it before it serves
+/// again"), so the partition's users are the target's, and trade there, while the third cell
+/// is down; the move ends DONE once it is back.
+///
+/// Ignored because it fails today: `PgPartitionStores::switch` reads every cell's map version
+/// (`next_version`) before it writes any, so the third cell's outage keeps the partition
+/// FROZEN in its source, and its users refused (503), for as long as that cell is down.
+#[tokio::test]
+#[ignore = "known containment bug: the switch reads every cell's map version first (next_version)"]
+async fn cells_move_024_a_third_cells_postgresql_down_at_the_switch_holds_no_user_of_the_move() {
+    let cluster = tokio::task::spawn_blocking(PgSolo::start)
+        .await
+        .unwrap()
+        .expect("a private PostgreSQL cluster");
+    let cells = Cells::over(Stack::start().await, Stack::start().await).await;
+    let three = Stack::over(TestDb::on_cluster(&cluster).await, SpotProcess::start());
+    crate::cells_moves::as_cell(&three, 3).await;
+    let three_id = CellId::new(3).unwrap();
+    let runner = cells.runner_with(&[(three_id, &three)]);
+    let p = Partition::new(40).unwrap();
+    let u = users_of(p, 1)[0];
+    cells.one.deposit(u, "USDT", "100").await;
+    let id = MoveId("m-third-down".into());
+    let record = runner
+        .start(id.clone(), p, CellId::ONE, two(), 1)
+        .await
+        .unwrap();
+    run_up_to(&runner, record, MoveStep::Switching).await;
+    cluster.stop_immediate().unwrap();
+    let driving = tokio::spawn(drive_to_end(runner.clone(), id.clone()));
+    // The target and the source switched while the third cell is down.
+    let mut switched = false;
+    for _ in 0..50 {
+        if row(&cells.one, p).await == (2, "STEADY".to_owned())
+            && row(&cells.two, p).await == (2, "STEADY".to_owned())
+        {
+            switched = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let source_row = row(&cells.one, p).await;
+    cluster.start_again().unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(60), driving)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(end.step, MoveStep::Done);
+    assert!(
+        switched,
+        "5 s into the third cell's outage the partition is still {source_row:?} in its source"
+    );
+    cells.assert_exact().await;
+}

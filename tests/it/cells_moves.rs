@@ -61,20 +61,21 @@ impl Cells {
     }
 
     pub(crate) fn runner(&self) -> MoveRunner {
+        self.runner_with(&[])
+    }
+
+    /// The runner over both cells and `more` (cells a test adds, each a stack of its own).
+    pub(crate) fn runner_with(&self, more: &[(CellId, &Stack)]) -> MoveRunner {
         let cell = |s: &Stack| MoveCell {
             funding: s.funding.clone(),
             spot: s.spot_adapter.clone(),
         };
-        let stores = PgPartitionStores::new(
-            [(CellId::ONE, cell(&self.one)), (two(), cell(&self.two))].into(),
-        );
-        let engines = EngineMoves::new(
-            [
-                (CellId::ONE, client(&self.one.spot)),
-                (two(), client(&self.two.spot)),
-            ]
-            .into(),
-        );
+        let all: Vec<(CellId, &Stack)> = [(CellId::ONE, &self.one), (two(), &self.two)]
+            .into_iter()
+            .chain(more.iter().copied())
+            .collect();
+        let stores = PgPartitionStores::new(all.iter().map(|(id, s)| (*id, cell(s))).collect());
+        let engines = EngineMoves::new(all.iter().map(|(id, s)| (*id, client(&s.spot))).collect());
         MoveRunner::new(
             Arc::new(PgMoves::new(self.one.db.pool.clone())),
             Arc::new(stores),

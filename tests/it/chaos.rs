@@ -249,6 +249,7 @@ async fn chaos_cells_3_kills_and_each_cells_pg_restart_money_exact_per_cell_and_
 /// connections reset, in a random order. Each fault met live connections of its cell and the
 /// ledgers noticed every one dead within the bound; every end check is exact per cell and in
 /// total. What every cell committed while one cell's path was cut is printed with each fault.
+/// The run's partition moves (issue 51) go on among these faults as above.
 #[tokio::test]
 async fn chaos_cells_3_kills_net_faults_and_pg_restarts_each_fault_noticed_money_exact_per_cell_and_in_total(
 ) {
@@ -320,6 +321,10 @@ async fn chaos_cells_3_kills_net_faults_and_pg_restarts_each_fault_noticed_money
     assert_eq!(transfers, report.transfers);
     assert_eq!(faults, report.net_faults.len());
     assert_eq!(report.pg_restarts, 3);
+    // The partition moves of the run above ran among these faults too, and every one ended.
+    let moves = report.moves.clone().expect("the run's moves");
+    assert!(moves.done >= 1, "{report}");
+    assert!(moves.done + moves.cancelled >= moves.started, "{report}");
     assert!(report.clean(), "{report}");
 }
 
