@@ -1037,7 +1037,7 @@ async fn run_cells(
 
     // Every move the ledgers recorded ends, DONE or CANCELLED, before the end check.
     if let Some(m) = moves_report.as_mut() {
-        let (done, cancelled, open) = moves::all_ended(&cluster, cfg.settle_max).await?;
+        let (done, cancelled, open) = moves::all_ended(&pools, cfg.settle_max).await?;
         (m.done, m.cancelled) = (done, cancelled);
         move_problems.extend(open.into_iter().map(|o| format!("move {o} never ended")));
         if m.started == 0 || done == 0 {

@@ -276,31 +276,39 @@ pub(super) async fn run(
     )
 }
 
-/// Waits until every move the ledgers recorded has ended, up to `max`: how many ended DONE and
-/// CANCELLED, and the moves still open at the deadline (id and step).
+/// Waits until every move recorded in any cell (`partition_moves`, read from each cell's
+/// database: a ledger that did not reach a cell would list only part of them) has ended, up to
+/// `max`: how many ended DONE and CANCELLED, and the moves still open at the deadline.
 pub(super) async fn all_ended(
-    cluster: &Cluster,
+    pools: &[sqlx::PgPool],
     max: Duration,
 ) -> anyhow::Result<(usize, usize, Vec<String>)> {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()?;
     let deadline = Instant::now() + max;
     loop {
-        if let Some((200, list)) = call(&http, cluster, false, "", None).await {
-            let moves = list["moves"].as_array().cloned().unwrap_or_default();
-            let count = |step: &str| moves.iter().filter(|m| m["step"] == step).count();
-            let open: Vec<String> = moves
-                .iter()
-                .filter(|m| m["step"] != "DONE" && m["step"] != "CANCELLED")
-                .map(|m| format!("{} at {}", m["id"], m["step"]))
-                .collect();
-            if open.is_empty() || Instant::now() > deadline {
-                return Ok((count("DONE"), count("CANCELLED"), open));
+        let mut moves: Vec<(String, String)> = Vec::new();
+        let mut failed = None;
+        for pool in pools {
+            match sqlx::query_as("SELECT id, step FROM partition_moves")
+                .fetch_all(pool)
+                .await
+            {
+                Ok(rows) => moves.extend(rows),
+                Err(e) => failed = Some(e),
             }
-        } else if Instant::now() > deadline {
-            anyhow::bail!("no ledger answered the list of moves");
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        let count = |step: &str| moves.iter().filter(|(_, s)| s == step).count();
+        let open: Vec<String> = moves
+            .iter()
+            .filter(|(_, s)| s != "DONE" && s != "CANCELLED")
+            .map(|(id, s)| format!("{id} at {s}"))
+            .collect();
+        match failed {
+            None if open.is_empty() => return Ok((count("DONE"), count("CANCELLED"), open)),
+            Some(e) if Instant::now() > deadline => return Err(e.into()),
+            None if Instant::now() > deadline => {
+                return Ok((count("DONE"), count("CANCELLED"), open))
+            }
+            _ => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
     }
 }

@@ -325,3 +325,48 @@ async fn cells_move_024_a_third_cells_postgresql_down_at_the_switch_holds_no_use
     );
     cells.assert_exact().await;
 }
+
+/// A process that did not reach every cell of the map (a cell's database down when it started)
+/// neither pauses nor switches a move: it would write the new map version into the cells it
+/// has and leave the others on the old map, under a version it computed without them (found
+/// by the chaos run with network faults: two maps under one version). The step fails and is
+/// retried, the partition stays live; a process that reaches every cell ends the move.
+#[tokio::test]
+async fn cells_move_025_a_process_missing_a_cell_of_the_map_neither_pauses_nor_switches_a_move() {
+    let cells = Cells::over(Stack::start().await, Stack::start().await).await;
+    let three = Stack::start().await;
+    crate::cells_moves::as_cell(&three, 3).await;
+    // The map names cell 3 too: partition 255 is its own, in every cell's map.
+    for s in [&cells.one, &cells.two, &three] {
+        sqlx::query("UPDATE cell_partitions SET cell_id = 3 WHERE partition = 255")
+            .execute(&s.db.pool)
+            .await
+            .unwrap();
+    }
+    let p = Partition::new(41).unwrap();
+    let u = users_of(p, 1)[0];
+    cells.one.deposit(u, "USDT", "100").await;
+    let id = MoveId("m-missing-cell".into());
+    let partial = cells.runner();
+    let record = partial
+        .start(id.clone(), p, CellId::ONE, two(), 1)
+        .await
+        .unwrap();
+    let record = run_up_to(&partial, record, MoveStep::Pausing).await;
+    let refused = partial.step(record).await;
+    assert!(
+        matches!(&refused, Err(MoveError::Store(e)) if e.to_string().contains("not reached")),
+        "{refused:?}"
+    );
+    assert_eq!(row(&cells.one, p).await, (1, "STEADY".to_owned()));
+    let whole = cells.runner_with(&[(CellId::new(3).unwrap(), &three)]);
+    let end = tokio::time::timeout(Duration::from_secs(60), drive_to_end(whole, id))
+        .await
+        .unwrap();
+    assert_eq!(end.step, MoveStep::Done, "{:?}", end.reason);
+    for s in [&cells.one, &cells.two, &three] {
+        assert_eq!(row(s, p).await, (2, "STEADY".to_owned()));
+    }
+    assert_eq!(held(&cells.two, u).await, dec("100"));
+    cells.assert_exact().await;
+}
