@@ -16,6 +16,7 @@ mod cluster;
 mod failover;
 pub mod ha;
 pub mod log;
+mod moves;
 pub mod netfaults;
 
 use std::collections::{BTreeMap, HashMap};
@@ -37,6 +38,7 @@ use crate::pg_pair::{PgPair, Replication};
 pub use check::spot_journal;
 use cluster::{Cluster, Settings};
 pub use failover::FailoverTimes;
+pub use moves::MovesReport;
 
 /// The shared secret of the chaos run's ledger processes.
 const SECRET: &str = "chaos-run-secret-of-at-least-32-bytes-long";
@@ -100,6 +102,11 @@ pub struct Config {
     /// over the transfers and round the cells; spot-core kills hit a random replica and
     /// `pg_restarts` become SIGKILLs of the Patroni leader's postmaster. `None`: no HA.
     pub ha: Option<usize>,
+    /// Partition moves (ADR 0023) with cells, not under HA: this many started through the
+    /// ledgers' admin route while the load and the faults run, back and forth between the
+    /// cells, every third cancelled a moment after it starts (`chaos/moves.rs`); the end check
+    /// then counts each cell's money by the final map. Ignored for one cell.
+    pub moves: usize,
 }
 
 impl Config {
@@ -127,6 +134,7 @@ impl Config {
             bulk: 1,
             cells: 1,
             ha: None,
+            moves: 6,
         }
     }
 }
@@ -199,6 +207,11 @@ pub struct Report {
     /// With several cells: each cell's own end check, by cell id (the figures above are their
     /// sums); empty for one cell.
     pub cells: Vec<(u16, Report)>,
+    /// The external deposits counted by the conservation check (each cell's: those of the
+    /// partitions it owns at the end).
+    pub deposits: Decimal,
+    /// With cells: the partition moves run among the faults, and how they ended.
+    pub moves: Option<MovesReport>,
     /// Under HA: every fault of one machine injected, in order, with its times.
     pub ha_faults: Vec<ha::Injected>,
     /// Under HA: what the supervisor's pass started again (a leader that stepped down, a
@@ -265,6 +278,14 @@ impl fmt::Display for Report {
                 "supervisor restarts:  {} ({})",
                 self.supervisor_started.len(),
                 self.supervisor_started.join(", ")
+            )?;
+        }
+        if let Some(m) = &self.moves {
+            writeln!(
+                f,
+                "partition moves:      {} started ({} cancels accepted): {} DONE, {} CANCELLED; \
+                 map version {} at the end",
+                m.started, m.cancels, m.done, m.cancelled, m.map_version
             )?;
         }
         writeln!(f, "answers lost:         {}", self.answered_lost)?;
@@ -776,6 +797,27 @@ async fn run_cells(
     // are done and enough crashes were injected. It also notices a process that died by itself
     // (none may: a PostgreSQL restart is not a reason to exit) and starts it again.
     let clients_done = Arc::new(AtomicBool::new(false));
+    // Partition moves back and forth among the faults (with cells, not under HA).
+    let n_moves = if n_cells > 1 && ha_cells.is_none() {
+        cfg.moves
+    } else {
+        0
+    };
+    let mover = (n_moves > 0).then(|| {
+        let progress = moves::Progress {
+            next: next.clone(),
+            done: clients_done.clone(),
+            transfers: cfg.transfers,
+        };
+        tokio::spawn(moves::run(
+            cluster.clone(),
+            pools.clone(),
+            cfg.users,
+            n_moves,
+            progress,
+        ))
+    });
+
     let exited: Arc<Mutex<Vec<String>>> = Arc::default();
     let killer = {
         let (cluster, done, cfg, exited) = (
@@ -936,6 +978,16 @@ async fn run_cells(
     let (ledger_crashes, spot_crashes) = killer.await??;
     let mut pg_restarts = restarter.await??;
     let net_faults = faulter.await??;
+    let mut moves_report = None;
+    let mut move_problems = Vec::new();
+    if let Some(mover) = mover {
+        let (started, cancels) = mover.await?;
+        moves_report = Some(MovesReport {
+            started,
+            cancels,
+            ..MovesReport::default()
+        });
+    }
     let mut failovers = Vec::new();
     if let Some(faults) = pair_faults {
         let pair_restarts;
@@ -983,6 +1035,19 @@ async fn run_cells(
         }
     }
 
+    // Every move the ledgers recorded ends, DONE or CANCELLED, before the end check.
+    if let Some(m) = moves_report.as_mut() {
+        let (done, cancelled, open) = moves::all_ended(&pools, cfg.settle_max).await?;
+        (m.done, m.cancelled) = (done, cancelled);
+        move_problems.extend(open.into_iter().map(|o| format!("move {o} never ended")));
+        if m.started == 0 || done == 0 {
+            move_problems.push(format!(
+                "the run's moves did not happen: {} started, {done} DONE",
+                m.started
+            ));
+        }
+    }
+
     // Settle: every transfer must reach a terminal state on its own (the recovery workers), in
     // every cell. The database may still be coming back from its last restart: an error is
     // retried.
@@ -1016,15 +1081,27 @@ async fn run_cells(
         problems.extend(check::ledger_invariant(&base, full).await?);
     }
     let all_sent = sent.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    // Where each partition lives at the end (after the moves), and where each answered transfer
+    // was created (its cell then): each cell's check counts the money of what it owns and the
+    // transfers created in it.
+    let (owned, home) = placed(&pools, &all_sent, &mut problems).await?;
+    if let (Some(m), Some(map)) = (moves_report.as_mut(), &owned) {
+        m.map_version = map.version;
+    }
+    problems.extend(move_problems);
     let mut per_cell = Vec::new();
     for (index, pool) in pools.iter().enumerate() {
         let mine: HashMap<String, Sent> = all_sent
             .iter()
-            .filter(|(_, s)| cells::cell_index(s.user, n_cells) == index)
+            .filter(|(k, _)| home.get(k.as_str()) == Some(&index))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let spot_client = cluster.spot_client(index, Duration::from_secs(30));
-        let mut r = check::check(pool, &spot_client, &Mutex::new(mine)).await?;
+        let partitions: Vec<i32> = match &owned {
+            Some(map) => map.owned(u16::try_from(index + 1)?),
+            None => (0..i32::from(::cells::PARTITIONS)).collect(),
+        };
+        let mut r = check::check(pool, &spot_client, &Mutex::new(mine), &partitions).await?;
         let settings = &cluster.settings;
         let (db_url, cell) = match n_cells {
             1 => (settings.db_url.clone(), None),
@@ -1077,6 +1154,15 @@ async fn run_cells(
         _ => cells::total(per_cell),
     };
     report.problems.extend(problems);
+    let seeded = Decimal::from(DEPOSIT_PER_USER) * Decimal::from(cfg.users);
+    if report.deposits != seeded {
+        report.problems.push(format!(
+            "the cells count {} of deposits by the partitions they own, {seeded} were made: a \
+             partition owned twice or by none",
+            report.deposits
+        ));
+    }
+    report.moves = moves_report;
     let spot_crashes: usize = spot_crashes.iter().sum();
     report.crashes = ledger_crashes + spot_crashes;
     report.ledger_crashes = ledger_crashes;
@@ -1108,6 +1194,52 @@ async fn run_cells(
         report.database = Some(on_server.join(", "));
     }
     Ok(report)
+}
+
+/// With cells, the map every cell holds at the end (`None` without cells) and the cell index each
+/// answered transfer was created in (the one holding its own events; a transfer created in none
+/// is put in its user's cell under that map, whose check then counts it lost). A transfer
+/// created in two cells, a client key that created two transfers, or a map the cells disagree
+/// on, is a problem.
+async fn placed(
+    pools: &[sqlx::PgPool],
+    sent: &HashMap<String, Sent>,
+    problems: &mut Vec<String>,
+) -> anyhow::Result<(Option<moves::StoredMap>, HashMap<String, usize>)> {
+    let map = match pools.len() {
+        1 => None,
+        _ => Some(moves::stored_map(pools).await?),
+    };
+    let mut home = HashMap::new();
+    let mut cids: HashMap<(String, String), usize> = HashMap::new();
+    for (index, pool) in pools.iter().enumerate() {
+        for id in check::own_transfers(pool).await? {
+            if let Some(other) = home.insert(id.clone(), index) {
+                problems.push(format!(
+                    "transfer {id} was created in cell {} and in cell {}",
+                    other + 1,
+                    index + 1
+                ));
+            }
+        }
+        for key in check::own_cids(pool).await? {
+            *cids.entry(key).or_insert(0) += 1;
+        }
+    }
+    for (id, s) in sent {
+        home.entry(id.clone())
+            .or_insert_with(|| map.as_ref().map_or(0, |m| m.index_of(s.user)));
+    }
+    if let Some(map) = &map {
+        problems.extend(map.problems.iter().cloned());
+        let twice = cids.values().filter(|n| **n > 1).count();
+        if twice > 0 {
+            problems.push(format!(
+                "{twice} client keys (cid) created more than one transfer across the cells"
+            ));
+        }
+    }
+    Ok((map, home))
 }
 
 /// What spot-core's `status` at the end says the run did not exercise: no snapshot taken, the

@@ -1,5 +1,5 @@
 //! `cargo run --release -p tests --bin chaos -- [TRANSFERS] [CRASHES] [--pg-restarts N]
-//! [--pg-failovers N] [--net-faults N] [--net-paths spot|postgres] [--bulk N] [--cells N] [--no-horizon] [--no-snapshots | --snapshot-every-records N --segment-bytes B]`: the chaos run against the machine's PostgreSQL
+//! [--pg-failovers N] [--net-faults N] [--net-paths spot|postgres] [--bulk N] [--cells N] [--moves N] [--no-horizon] [--no-snapshots | --snapshot-every-records N --segment-bytes B]`: the chaos run against the machine's PostgreSQL
 //! (`TEST_DATABASE_SERVER`, default postgres://postgres@127.0.0.1:5432) with the `ledger` and
 //! `spot-core` binaries built beside this one. `--pg-restarts N` restarts that server's cluster
 //! N times with `-m immediate` during the run (it needs the rights of `pg_ctlcluster`, and takes
@@ -18,7 +18,11 @@
 //! `--net-faults` too (each cell's database then reached through a forwarder of its own), the
 //! faults going round the cells, each on one cell's spot-core or database path and naming its
 //! cell; with `--pg-failovers` the last cell's database is the private synchronous pair, failed
-//! over while the other cells commit. `--ha` runs each cell under HA (`tests::chaos::ha`:
+//! over while the other cells commit. `--moves N` (default 6; cells only, not under `--ha`)
+//! moves partitions of the run's first users back and forth between the cells through the
+//! ledgers' admin route while the load and the faults run, every third move cancelled a moment
+//! after it starts; the run waits for every move to end and checks each cell by the map the
+//! cells hold then. `--ha` runs each cell under HA (`tests::chaos::ha`:
 //! etcd x3, a Patroni pair, three spot-core replicas on 127.0.0.<10c+1..10c+3>, on /dev/shm
 //! with PostgreSQL's fsync off; root, for nftables) and adds, `--ha-faults N` times each
 //! (default 1), a PostgreSQL machine lost, the spot-core leader killed with its disk wiped and
@@ -32,7 +36,7 @@ use tests::chaos::Snapshots;
 use tests::netns::{Fault, PathTo};
 
 const USAGE: &str = "usage: chaos [TRANSFERS] [CRASHES] [--pg-restarts N] [--pg-failovers N] \
-                     [--net-faults N] [--net-paths spot|postgres] [--bulk N] [--cells N] \
+                     [--net-faults N] [--net-paths spot|postgres] [--bulk N] [--cells N] [--moves N] \
                      [--ha [--ha-faults N]] [--no-horizon] \
                      [--no-snapshots | --snapshot-every-records N --segment-bytes B]";
 
@@ -75,6 +79,10 @@ async fn main() -> anyhow::Result<()> {
             "--cells" => {
                 let n = args.next().context(USAGE)?;
                 config.cells = n.parse().with_context(|| format!("--cells {n}"))?;
+            }
+            "--moves" => {
+                let n = args.next().context(USAGE)?;
+                config.moves = n.parse().with_context(|| format!("--moves {n}"))?;
             }
             "--bulk" => {
                 let n = args.next().context(USAGE)?;
@@ -130,13 +138,14 @@ async fn main() -> anyhow::Result<()> {
     if config.cells > 1 {
         println!(
             "chaos: {} cells (a database and a spot-core each, the ledgers under a cell map; \
-             crashes drawn over the ledgers and every cell's spot-core{})",
+             crashes drawn over the ledgers and every cell's spot-core{}); {} partition moves",
             config.cells,
             if config.net_faults > 0 {
                 "; network faults round the cells, each on one cell's spot-core or database path"
             } else {
                 ""
-            }
+            },
+            if config.ha.is_some() { 0 } else { config.moves }
         );
     }
     if let Some(n) = config.ha {

@@ -1,5 +1,6 @@
 //! The chaos run over several cells (`--cells N`, ADR 0017): the map naming each cell's database
-//! and spot-core (the 256 partitions cut into N even ranges), the cell a user lands in, and the
+//! and spot-core (the 256 partitions cut into N even ranges), the cell a user lands in under it
+//! (before any move), and the
 //! total of the per-cell end checks. Each cell's figures are checked on their own (its database,
 //! its spot-core, the transfers of its users); the total adds them, so a cell that created money
 //! and another that lost as much both show, never cancelling out.
@@ -31,7 +32,9 @@ pub(super) fn map_json(dbs: &[String], spots: &[&str]) -> String {
     json!({"partitions": cells::PARTITIONS, "cells": cells}).to_string()
 }
 
-/// The index (0-based, cell id minus one) of the cell `user` lands in among `cells`.
+/// The index (0-based, cell id minus one) of the cell `user` lands in among `cells` under the
+/// map file (version 1): where the run seeds it. The end check places users by the map the
+/// cells hold at the end instead (`moves::StoredMap`), after the run's partition moves.
 pub(super) fn cell_index(user: u64, cells: usize) -> usize {
     if cells <= 1 {
         return 0;
@@ -67,6 +70,7 @@ pub(super) fn total(cells: Vec<(u16, Report)>) -> Report {
         t.journal_records += r.journal_records;
         t.feed_events += r.feed_events;
         t.feed_dense &= r.feed_dense;
+        t.deposits += r.deposits;
         t.archived_segments += r.archived_segments;
         t.problems
             .extend(r.problems.iter().map(|p| format!("cell {cell}: {p}")));

@@ -17,17 +17,25 @@ use spot_core::protocol::{
 
 use super::{Report, Sent, SECRET};
 
-/// Transfers whose last event is not terminal, straight from the event log.
+/// A cell's own events: not the copies a partition move brought in (ADR 0023 §5, `origin_move`
+/// in their metadata). A transfer runs all its steps in the cell it was created in (a move
+/// drains the partition's open transfers first), so its own events there are its whole story;
+/// the copies in another cell (of a move done, or void after a cancel) are read by the ledger's
+/// own check, never here.
+pub(super) const OWN_EVENTS: &str = "(metadata::jsonb ->> 'origin_move') IS NULL";
+
+/// Transfers whose last event is not terminal, straight from the event log (the cell's own).
 pub(super) async fn open_transfers(pool: &sqlx::PgPool) -> anyhow::Result<usize> {
-    let n: i64 = sqlx::query_scalar(
+    let n: i64 = sqlx::query_scalar(&format!(
         "SELECT COUNT(*) FROM (
             SELECT DISTINCT ON (aggregate_id) aggregate_id, event_type, payload FROM events
-            WHERE aggregate_type = 'Transfer' ORDER BY aggregate_id, sequence DESC) last
+            WHERE aggregate_type = 'Transfer' AND {OWN_EVENTS}
+            ORDER BY aggregate_id, sequence DESC) last
          WHERE event_type NOT IN ('TransferCommitted', 'TransferFailed', 'TransferRolledBack')
            AND NOT (event_type = 'TransferManuallyResolved'
                     AND payload->'TransferManuallyResolved'->>'to_state'
-                        IN ('COMMITTED', 'FAILED', 'ROLLED_BACK'))",
-    )
+                        IN ('COMMITTED', 'FAILED', 'ROLLED_BACK'))"
+    ))
     .fetch_one(pool)
     .await?;
     Ok(usize::try_from(n).unwrap_or(usize::MAX))
@@ -108,6 +116,18 @@ fn journal_problems(
                 MovementOp::Withdraw => *sum -= m.amount,
                 MovementOp::Deposit | MovementOp::Refund => *sum += m.amount,
             }
+        }
+    }
+    // A partition move's records (ADR 0023 §4): a move-out took its accounts' balances out of
+    // this engine, a move-in credited them.
+    for record in records {
+        let (sign, m) = match record {
+            JournalRecord::MoveOut(m) => (Decimal::NEGATIVE_ONE, m),
+            JournalRecord::MoveIn(m) => (Decimal::ONE, m),
+            _ => continue,
+        };
+        for a in &m.payload.accounts {
+            *replayed.entry(a.asset.clone()).or_default() += sign * a.available;
         }
     }
     let assets: std::collections::BTreeSet<&String> =
@@ -215,20 +235,45 @@ fn answered_lost(finals: &[(String, String, String)], sent: &HashMap<String, Sen
     lost
 }
 
-/// Everything but the counts of the run itself.
+/// The req_ids of the transfers created in this cell (their own events, not copies).
+pub(super) async fn own_transfers(pool: &sqlx::PgPool) -> anyhow::Result<Vec<String>> {
+    Ok(sqlx::query_scalar(&format!(
+        "SELECT aggregate_id FROM events
+         WHERE event_type = 'TransferCreated' AND {OWN_EVENTS}"
+    ))
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Each client key (user, cid) of a transfer created in this cell, once per transfer.
+pub(super) async fn own_cids(pool: &sqlx::PgPool) -> anyhow::Result<Vec<(String, String)>> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT payload->'TransferCreated'->>'user_id', payload->'TransferCreated'->>'cid'
+         FROM events WHERE event_type = 'TransferCreated'
+           AND payload->'TransferCreated'->>'cid' IS NOT NULL AND {OWN_EVENTS}"
+    ))
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Everything but the counts of the run itself. `sent` holds the answered transfers created in
+/// this cell; `owned` the partitions the cell owns under the final map (after the run's moves;
+/// every partition without a map): its money is what it owns.
 pub(super) async fn check(
     pool: &sqlx::PgPool,
     spot: &SpotClient,
     sent: &Mutex<HashMap<String, Sent>>,
+    owned: &[i32],
 ) -> anyhow::Result<Report> {
     let mut report = Report::default();
-    // The final state of each transfer, from its events.
-    let finals: Vec<(String, String, String)> = sqlx::query_as(
+    // The final state of each transfer created here, from its own events.
+    let finals: Vec<(String, String, String)> = sqlx::query_as(&format!(
         "SELECT aggregate_id, event_type,
                 COALESCE(payload->'TransferManuallyResolved'->>'to_state', '') FROM (
             SELECT DISTINCT ON (aggregate_id) aggregate_id, event_type, payload FROM events
-            WHERE aggregate_type = 'Transfer' ORDER BY aggregate_id, sequence DESC) last",
-    )
+            WHERE aggregate_type = 'Transfer' AND {OWN_EVENTS}
+            ORDER BY aggregate_id, sequence DESC) last"
+    ))
     .fetch_all(pool)
     .await?;
     report.transfers = finals.len();
@@ -236,7 +281,8 @@ pub(super) async fn check(
     // (req_id, op) → applied, in each system; a second record of one key is a duplicate.
     let mut applied: HashMap<(String, String, &'static str), usize> = HashMap::new();
     let journal: Vec<(String, String, String)> =
-        sqlx::query_as("SELECT req_id, operation, outcome FROM funding_journal")
+        // The cell's own movements: a move's copies name it (`move_id`).
+        sqlx::query_as("SELECT req_id, operation, outcome FROM funding_journal WHERE move_id IS NULL")
             .fetch_all(pool)
             .await?;
     for (req_id, op, outcome) in journal {
@@ -328,19 +374,26 @@ pub(super) async fn check(
         }
     }
 
-    // Conservation, system-wide for USDT: FUNDING + SPOT + in-flight = external deposits. With
-    // every transfer terminal, in-flight is zero; any open one is counted at its amount if money
-    // has left its source.
+    // Conservation, cell-wide for USDT: FUNDING + SPOT + in-flight = external deposits, each of
+    // the partitions the cell owns (a partition moved out leaves its rows behind, one moved in
+    // brings its deposits along; the engine holds only the accounts moved in and never out).
+    // With every transfer terminal, in-flight is zero; any open one is counted at its amount if
+    // money has left its source.
     let funding_total: Decimal = sqlx::query_scalar(
-        "SELECT COALESCE(SUM(balance), 0) FROM funding_accounts WHERE asset = 'USDT'",
+        "SELECT COALESCE(SUM(balance), 0) FROM funding_accounts
+         WHERE asset = 'USDT' AND partition = ANY($1)",
     )
+    .bind(owned)
     .fetch_one(pool)
     .await?;
     let external: Decimal = sqlx::query_scalar(
-        "SELECT COALESCE(SUM(amount), 0) FROM external_deposits WHERE asset = 'USDT'",
+        "SELECT COALESCE(SUM(amount), 0) FROM external_deposits
+         WHERE asset = 'USDT' AND user_partition(user_id) = ANY($1)",
     )
+    .bind(owned)
     .fetch_one(pool)
     .await?;
+    report.deposits = external;
     let totals: BTreeMap<String, Decimal> = match spot.call(&Request::Totals {}).await? {
         Response::Ok {
             totals: Some(t), ..
@@ -356,13 +409,14 @@ pub(super) async fn check(
     }
 
     // One client request (a cid, retried until answered) must create one transfer.
-    let (twice, extra): (i64, i64) = sqlx::query_as(
+    // (Across cells too: `run_cells` counts each cell's `cids`.)
+    let (twice, extra): (i64, i64) = sqlx::query_as(&format!(
         "SELECT count(*), COALESCE(sum(n - 1), 0)::bigint FROM (
             SELECT count(*) AS n FROM events WHERE event_type = 'TransferCreated'
-              AND payload->'TransferCreated'->>'cid' IS NOT NULL
+              AND payload->'TransferCreated'->>'cid' IS NOT NULL AND {OWN_EVENTS}
             GROUP BY payload->'TransferCreated'->>'user_id', payload->'TransferCreated'->>'cid'
-            HAVING count(*) > 1) repeated",
-    )
+            HAVING count(*) > 1) repeated"
+    ))
     .fetch_one(pool)
     .await?;
     if twice > 0 {

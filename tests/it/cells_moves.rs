@@ -23,12 +23,12 @@ use rust_decimal::Decimal;
 
 use crate::helpers::{dec, SpotProcess, Stack};
 
-fn two() -> CellId {
+pub(crate) fn two() -> CellId {
     CellId::new(2).unwrap()
 }
 
 /// Partitions below 128 are cell 1's, the rest cell 2's, in both cells' maps.
-async fn as_cell(stack: &Stack, cell: u16) {
+pub(crate) async fn as_cell(stack: &Stack, cell: u16) {
     sqlx::query("INSERT INTO cell_identity (cell_id, partitions) VALUES ($1, 256)")
         .bind(i32::from(cell))
         .execute(&stack.db.pool)
@@ -43,35 +43,39 @@ async fn as_cell(stack: &Stack, cell: u16) {
     .unwrap();
 }
 
-struct Cells {
-    one: Stack,
-    two: Stack,
+pub(crate) struct Cells {
+    pub(crate) one: Stack,
+    pub(crate) two: Stack,
 }
 
 impl Cells {
     async fn start() -> Self {
-        let one = Stack::start().await;
-        let two = Stack::start().await;
+        Self::over(Stack::start().await, Stack::start().await).await
+    }
+
+    /// Cells 1 and 2 over stacks the test started (one of them on a private cluster).
+    pub(crate) async fn over(one: Stack, two: Stack) -> Self {
         as_cell(&one, 1).await;
         as_cell(&two, 2).await;
         Self { one, two }
     }
 
-    fn runner(&self) -> MoveRunner {
+    pub(crate) fn runner(&self) -> MoveRunner {
+        self.runner_with(&[])
+    }
+
+    /// The runner over both cells and `more` (cells a test adds, each a stack of its own).
+    pub(crate) fn runner_with(&self, more: &[(CellId, &Stack)]) -> MoveRunner {
         let cell = |s: &Stack| MoveCell {
             funding: s.funding.clone(),
             spot: s.spot_adapter.clone(),
         };
-        let stores = PgPartitionStores::new(
-            [(CellId::ONE, cell(&self.one)), (two(), cell(&self.two))].into(),
-        );
-        let engines = EngineMoves::new(
-            [
-                (CellId::ONE, client(&self.one.spot)),
-                (two(), client(&self.two.spot)),
-            ]
-            .into(),
-        );
+        let all: Vec<(CellId, &Stack)> = [(CellId::ONE, &self.one), (two(), &self.two)]
+            .into_iter()
+            .chain(more.iter().copied())
+            .collect();
+        let stores = PgPartitionStores::new(all.iter().map(|(id, s)| (*id, cell(s))).collect());
+        let engines = EngineMoves::new(all.iter().map(|(id, s)| (*id, client(&s.spot))).collect());
         MoveRunner::new(
             Arc::new(PgMoves::new(self.one.db.pool.clone())),
             Arc::new(stores),
@@ -86,7 +90,7 @@ impl Cells {
         )
     }
 
-    fn stack(&self, cell: CellId) -> &Stack {
+    pub(crate) fn stack(&self, cell: CellId) -> &Stack {
         if cell == CellId::ONE {
             &self.one
         } else {
@@ -94,7 +98,7 @@ impl Cells {
         }
     }
 
-    async fn assert_exact(&self) {
+    pub(crate) async fn assert_exact(&self) {
         self.one.assert_invariant_exact().await;
         self.two.assert_invariant_exact().await;
         for s in [&self.one, &self.two] {
@@ -117,7 +121,7 @@ fn client(spot: &SpotProcess) -> spot_core::SpotClient {
 }
 
 /// `n` users of partition `p`.
-fn users_of(p: Partition, n: usize) -> Vec<u64> {
+pub(crate) fn users_of(p: Partition, n: usize) -> Vec<u64> {
     (1..)
         .filter(|u| partition_of(UserId::new(*u).unwrap()) == p)
         .take(n)
@@ -137,7 +141,12 @@ fn moving() -> Partition {
     Partition::new(5).unwrap()
 }
 
-fn transfer(user: u64, from: AccountType, amount: &str, cid: Option<String>) -> NewTransfer {
+pub(crate) fn transfer(
+    user: u64,
+    from: AccountType,
+    amount: &str,
+    cid: Option<String>,
+) -> NewTransfer {
     NewTransfer {
         user_id: UserId::new(user).unwrap(),
         from,
@@ -153,7 +162,7 @@ fn transfer(user: u64, from: AccountType, amount: &str, cid: Option<String>) -> 
 }
 
 /// A user's FUNDING + SPOT in `stack`.
-async fn held(stack: &Stack, user: u64) -> Decimal {
+pub(crate) async fn held(stack: &Stack, user: u64) -> Decimal {
     stack.funding_balance(user, "USDT").await + stack.spot_balance(user, "USDT").await
 }
 
@@ -219,7 +228,7 @@ async fn keep_trading(
 }
 
 /// The cell that owns `user`'s partition in `stack`'s map.
-async fn owner(stack: &Stack, user: u64) -> CellId {
+pub(crate) async fn owner(stack: &Stack, user: u64) -> CellId {
     let p = partition_of(UserId::new(user).unwrap());
     let cell: i32 = sqlx::query_scalar("SELECT cell_id FROM cell_partitions WHERE partition = $1")
         .bind(i16::from(p.get()))

@@ -174,8 +174,11 @@ impl Drop for KillOnDrop {
 
 /// Issue 34, `chaos --cells 3`: the chaos run over three cells (three databases, three
 /// spot-cores each started as its cell, two ledgers serving every cell under a cell map), the
-/// ledgers and every cell's spot-core killed with SIGKILL again and again, and each cell's
-/// PostgreSQL (a private cluster per cell) restarted with `-m immediate` once. Each cell's end check
+/// ledgers and every cell's spot-core killed with SIGKILL again and again, each cell's
+/// PostgreSQL (a private cluster per cell) restarted with `-m immediate` once, and (issue 51)
+/// six partition moves of trading users back and forth between the cells through the ledgers'
+/// admin route, every third cancelled a moment after it starts; each ends DONE or CANCELLED and
+/// every check below counts a cell's money by the partitions it owns at the end. Each cell's end check
 /// runs on its own database, its own spot-core and its own users' transfers: nothing stuck,
 /// nothing applied twice, every record as its transfer's final state says, no money created or
 /// lost, the feed dense, the journal read back from seq 1; and in total, as well as the ledger's
@@ -227,6 +230,13 @@ async fn chaos_cells_3_kills_and_each_cells_pg_restart_money_exact_per_cell_and_
     assert_eq!(transfers, report.transfers);
     assert_eq!(spot_crashes, report.spot_crashes);
     assert_eq!(report.pg_restarts, 3);
+    // Partitions moved back and forth among the faults (issue 51): every move ended, some
+    // DONE, the cells' map moved on, and each cell was checked by the partitions it owns now.
+    let moves = report.moves.clone().expect("the run's moves");
+    assert!(moves.started >= 4, "{report}");
+    assert!(moves.done >= 1, "{report}");
+    assert!(moves.done + moves.cancelled >= moves.started, "{report}");
+    assert!(moves.map_version > 1, "{report}");
     assert!(report.clean(), "{report}");
 }
 
@@ -239,6 +249,7 @@ async fn chaos_cells_3_kills_and_each_cells_pg_restart_money_exact_per_cell_and_
 /// connections reset, in a random order. Each fault met live connections of its cell and the
 /// ledgers noticed every one dead within the bound; every end check is exact per cell and in
 /// total. What every cell committed while one cell's path was cut is printed with each fault.
+/// The run's partition moves (issue 51) go on among these faults as above.
 #[tokio::test]
 async fn chaos_cells_3_kills_net_faults_and_pg_restarts_each_fault_noticed_money_exact_per_cell_and_in_total(
 ) {
@@ -310,6 +321,10 @@ async fn chaos_cells_3_kills_net_faults_and_pg_restarts_each_fault_noticed_money
     assert_eq!(transfers, report.transfers);
     assert_eq!(faults, report.net_faults.len());
     assert_eq!(report.pg_restarts, 3);
+    // The partition moves of the run above ran among these faults too, and every one ended.
+    let moves = report.moves.clone().expect("the run's moves");
+    assert!(moves.done >= 1, "{report}");
+    assert!(moves.done + moves.cancelled >= moves.started, "{report}");
     assert!(report.clean(), "{report}");
 }
 

@@ -25,7 +25,9 @@ pub struct TestDb {
     /// The connection string, for child processes that need the same database.
     pub url: String,
     pub pool: PgPool,
-    name: String,
+    /// The database's name on the shared server; `None` for one on a private cluster, which
+    /// goes with its cluster.
+    name: Option<String>,
 }
 
 impl TestDb {
@@ -35,7 +37,24 @@ impl TestDb {
         let pool = schema::prepare(&url, 20)
             .await
             .expect("prepare test database");
-        Self { url, pool, name }
+        Self {
+            url,
+            pool,
+            name: Some(name),
+        }
+    }
+
+    /// A database of its own on a private cluster the test may stop (`tests::pg_solo`).
+    pub async fn on_cluster(cluster: &tests::pg_solo::PgSolo) -> Self {
+        let url = cluster.url("ledger_it");
+        let pool = schema::prepare(&url, 20)
+            .await
+            .expect("prepare the private cluster's database");
+        Self {
+            url,
+            pool,
+            name: None,
+        }
     }
 
     /// A database of its own migrated only up to (not including) `version`: an older ledger's
@@ -64,7 +83,11 @@ impl TestDb {
             .run(&pool)
             .await
             .unwrap_or_else(|e| panic!("migrations before {version}: {e}"));
-        Self { url, pool, name }
+        Self {
+            url,
+            pool,
+            name: Some(name),
+        }
     }
 }
 
@@ -75,23 +98,26 @@ impl TestDb {
 /// drops leftovers before the next run.
 impl Drop for TestDb {
     fn drop(&mut self) {
+        let Some(name) = self.name.clone() else {
+            return;
+        };
         if std::thread::panicking() {
             return;
         }
-        let name = self.name.clone();
         // Its own thread and runtime: this may run inside the test's runtime, which cannot be
         // blocked on from within. `WITH (FORCE)` ends the connections of this pool and of any
         // child process still holding one.
+        let dropping = name.clone();
         let dropped = std::thread::spawn(move || {
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("runtime")
-                .block_on(tests::pg_ctl::drop_database(&server_url(), &name))
+                .block_on(tests::pg_ctl::drop_database(&server_url(), &dropping))
         })
         .join();
         if let Ok(Err(e)) = dropped {
-            eprintln!("test database {} not dropped: {e:#}", self.name);
+            eprintln!("test database {name} not dropped: {e:#}");
         }
     }
 }

@@ -23,6 +23,7 @@ mod cells_fence;
 mod cells_map_reload;
 mod cells_map_version;
 mod cells_move_api;
+mod cells_move_crash;
 mod cells_moves;
 mod cells_plan;
 mod chaos;

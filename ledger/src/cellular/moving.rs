@@ -3,8 +3,11 @@
 //! `adapters::pg::map_moves`, `adapters::spot::moves`), handed to the front's move routes, and
 //! the move worker that drives every move that has not ended, resumed after any restart.
 //! A cell not reached at start-up is not in the runner: a move that names it waits (its steps
-//! fail and are retried) until the process is restarted with the cell up. A cell added while
-//! the process serves joins the runner's ports through [`MoveCells`] (`adding.rs`).
+//! fail and are retried) until the process is restarted with the cell up, and so does every
+//! other move at its pause and switch (`PgPartitionStores` refuses both in a process that does
+//! not reach every cell of the map, whose switch would leave that cell on an older map); a
+//! process that reaches every cell drives them meanwhile. A cell added while the process serves
+//! joins the runner's ports through [`MoveCells`] (`adding.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
