@@ -82,10 +82,13 @@ pub struct StoredAddition {
     pub map_version: u64,
 }
 
+/// `cell_cells`' columns: id, database_url, spot, spot_token_file, map_version.
+type AdditionRow = (i32, Option<String>, String, Option<String>, i64);
+
 /// The cells added to the map this database is a cell of, ascending by id (none for a database
 /// that is no cell, or that has not been migrated that far).
 pub async fn additions(pool: &PgPool) -> Result<Vec<StoredAddition>, IdentityError> {
-    let rows: Vec<(i32, Option<String>, String, Option<String>, i64)> = sqlx::query_as(
+    let rows: Vec<AdditionRow> = sqlx::query_as(
         "SELECT id, database_url, spot, spot_token_file, map_version FROM cell_cells ORDER BY id",
     )
     .fetch_all(pool)

@@ -69,7 +69,7 @@ impl MoveCells {
 impl MoveCells {
     /// Writes `additions` into every cell that lacks one (an addition a crash cut short), in
     /// the background; logged, and tried again at the next start if it fails.
-    pub fn complete(&self, additions: super::adding::Additions) {
+    pub fn complete(&self, additions: Vec<(AddedCell, u64)>) {
         if additions.is_empty() {
             return;
         }
