@@ -506,7 +506,7 @@ async fn cells_move_015_a_move_cancelled_mid_copy_leaves_no_open_copy_behind_in_
 }
 
 #[tokio::test]
-async fn cells_move_016_a_copied_event_that_differs_is_found_before_the_pause_and_nothing_switches()
+async fn cells_move_019_a_copied_event_that_differs_is_found_before_the_pause_and_nothing_switches()
 {
     let cells = Cells::start().await;
     let p = moving();
