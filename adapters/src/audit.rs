@@ -49,8 +49,16 @@ pub(crate) const SNAPSHOT_WATERMARK_SQL: &str = "
 /// sequential scans priced out, the only plans left are the indexed ones (a table with no usable
 /// index, like the per-account balances summed in full, is still read whole). Not used by the
 /// full check, which reads everything anyway.
+///
+/// JIT is turned off with it: a plan that must still read a table whole (the balances) carries
+/// the priced-out scan's cost (10^10), far above `jit_above_cost`, so PostgreSQL compiled every
+/// such read before running it: 0.6-1.2 s for a sum over 26 rows (`ledger-bench move`, 2026-12-07),
+/// the fixed part of each incremental check. Nothing these reads do is worth compiling.
 pub async fn prefer_indexes(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
     sqlx::query("SET LOCAL enable_seqscan = off")
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query("SET LOCAL jit = off")
         .execute(conn)
         .await
         .map(|_| ())

@@ -525,6 +525,7 @@ pub async fn audit_transfers(
     since: u64,
     ids: &[String],
 ) -> Result<(u64, Vec<AuditTransfer>), LogError> {
+    let started = std::time::Instant::now();
     let (mut tx, watermark) = crate::audit::begin_snapshot(pool, since).await?;
     // Streamed and decoded row by row: the JSON trees of every transfer's two payloads, held
     // whole, were most of a full check's memory (about 4 KB per transfer, measured by
@@ -557,5 +558,11 @@ pub async fn audit_transfers(
     }
     drop(rows);
     tx.commit().await?;
+    tracing::debug!(
+        ids = ids.len(),
+        transfers = transfers.len(),
+        took_ms = started.elapsed().as_millis(),
+        "the conservation check's read of the log"
+    );
     Ok((watermark, transfers))
 }

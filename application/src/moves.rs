@@ -22,10 +22,10 @@ mod verify;
 mod worker;
 
 pub use ports::{
-    Copied, Freeze, MoveOutRefused, MoveRecords, NoHold, PartitionBook, PartitionHold,
-    PartitionStores, SpotMoves, SpotPayload, Started,
+    Copied, Freeze, HistoryPrefix, MoveOutRefused, MoveRecords, NoHold, PartitionBook,
+    PartitionHold, PartitionStores, SpotMoves, SpotPayload, Started,
 };
-pub use record::{Marks, MoveId, MoveRecord, MoveStep};
+pub use record::{HistoryCut, Marks, MoveId, MoveRecord, MoveStep};
 pub use run::{MoveError, MoveRunner, MoveSettings};
 pub use verify::{verify, Mismatch};
 pub use worker::{run_worker, MoveDesk};

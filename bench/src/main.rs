@@ -110,6 +110,13 @@ fn defaults<T: clap::Args>() -> anyhow::Result<T> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // Opt-in logs on stderr (`RUST_LOG=adapters=debug`, say): the figures stay on stdout.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let summary = match Cli::parse().command {
         Command::Transfers(args) => match args.cells {
             Some(cells) => cells::transfers(&args, cells).await?,

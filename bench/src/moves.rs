@@ -529,19 +529,30 @@ fn print_size(s: &Size) {
         m.len()
     );
     println!("| part | median/max s |\n|---|---|");
-    let rows: [(&str, Part); 14] = [
+    let rows: [(&str, Part); 17] = [
         ("whole move", |m| m.total),
         ("PLANNED (mark incoming)", |m| step(m, "PLANNED")),
         ("COPYING (first pass)", |m| step(m, "COPYING")),
         ("CATCHING_UP (all passes)", |m| step(m, "CATCHING_UP")),
         ("PAUSING", |m| step(m, "PAUSING")),
+        ("  history prefixes (live, both cells)", |m| {
+            call(m, "history prefixes")
+        }),
+        ("  checks' warm-up (live, sum of 2)", |m| {
+            call(m, "conservation warm-up")
+        }),
+        ("  copy before the hold (live)", |m| {
+            call(m, "copy before the hold")
+        }),
         ("  drain + freeze", |m| m.stores.drain),
         ("  of which freeze calls", |m| call(m, "freeze calls")),
         ("  last tail copy", |m| call(m, "tail")),
         ("MOVING_SPOT", |m| step(m, "MOVING_SPOT")),
         ("VERIFYING", |m| step(m, "VERIFYING")),
-        ("  both books", |m| call(m, "books")),
-        ("  both conservation checks", |m| call(m, "conservation")),
+        ("  both books (sum of 2)", |m| call(m, "books")),
+        ("  both conservation checks (sum of 2)", |m| {
+            call(m, "conservation")
+        }),
         ("SWITCHING", |m| step(m, "SWITCHING")),
         ("PAUSING..DONE", |m| m.paused.unwrap_or_default()),
     ];

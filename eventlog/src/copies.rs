@@ -94,19 +94,26 @@ pub async fn append_copies(
     .rows_affected())
 }
 
-/// Per user of `users`, a fingerprint of their history: every event's key and type, in feed
-/// order (md5 of the list). Equal fingerprints in two cells mean the same events in the same
-/// order (ADR 0023 §4: the check before the switch).
+/// Per user of `users`, a fingerprint of their history at feed positions in `(after, upto]`:
+/// every event's key and type, in feed order (md5 of the list). Equal fingerprints in two cells
+/// mean the same events in the same order (ADR 0023 §4: the check before the switch). A user
+/// with no event in the range is not answered. Read down `events_user_feed_position`, so a
+/// range after a cut reads only the events after it.
 pub async fn history_fingerprints(
     pool: &PgPool,
     users: &[i64],
+    after: i64,
+    upto: i64,
 ) -> Result<Vec<(i64, String)>, sqlx::Error> {
     sqlx::query_as(
         "SELECT user_id, md5(string_agg(aggregate_type || ':' || aggregate_id || ':' || sequence
                                         || ':' || event_type, ';' ORDER BY feed_position))
-         FROM events WHERE user_id = ANY($1) GROUP BY user_id",
+         FROM events WHERE user_id = ANY($1) AND feed_position > $2 AND feed_position <= $3
+         GROUP BY user_id",
     )
     .bind(users)
+    .bind(after)
+    .bind(upto)
     .fetch_all(pool)
     .await
 }

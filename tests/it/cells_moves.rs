@@ -513,3 +513,52 @@ async fn cells_move_015_a_move_cancelled_mid_copy_leaves_no_open_copy_behind_in_
     assert_eq!(held(&cells.one, u).await, dec("100"));
     cells.assert_exact().await;
 }
+
+#[tokio::test]
+async fn cells_move_019_a_copied_event_that_differs_is_found_before_the_pause_and_nothing_switches()
+{
+    let cells = Cells::start().await;
+    let p = moving();
+    let movers = users_of(p, 2);
+    for u in &movers {
+        cells.one.deposit(*u, "USDT", "100").await;
+        cells
+            .one
+            .transfer(*u, AccountType::Funding, AccountType::Spot, "USDT", "40")
+            .await;
+    }
+    let runner = cells.runner();
+    let id = MoveId("m-forged".into());
+    let mut record = runner
+        .start(id.clone(), p, CellId::ONE, two(), 1)
+        .await
+        .unwrap();
+    while record.step != MoveStep::Pausing {
+        record = runner.step(record).await.unwrap();
+    }
+    // One event of the history the copy carried, as the target holds it, is not the source's:
+    // its key's sequence differs. The pause compares the copied prefix before it freezes.
+    let forged = sqlx::query(
+        "UPDATE events SET sequence = sequence + 100 WHERE feed_position =
+             (SELECT min(feed_position) FROM events WHERE user_id = $1)",
+    )
+    .bind(i64::try_from(movers[0]).unwrap())
+    .execute(&cells.two.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(forged.rows_affected(), 1);
+    let end = runner.drive(&id).await.unwrap();
+    assert_eq!(end.step, MoveStep::Cancelled, "{end:?}");
+    assert_eq!(end.cancelled_at, Some(MoveStep::Pausing));
+    let reason = end.reason.unwrap();
+    assert!(
+        reason.contains(&format!("history of {} differs", movers[0])),
+        "{reason}"
+    );
+    assert_eq!(owner(&cells.one, movers[0]).await, CellId::ONE);
+    for u in &movers {
+        assert_eq!(cells.one.funding_balance(*u, "USDT").await, dec("60"));
+        assert_eq!(cells.one.spot_balance(*u, "USDT").await, dec("40"));
+    }
+    cells.one.assert_invariant_exact().await;
+}

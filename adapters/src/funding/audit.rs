@@ -24,8 +24,10 @@ impl FundingLedger {
         since: u64,
         sink: &mut (dyn FnMut(FundingItem) + Send),
     ) -> Result<FundingRead, FundingError> {
+        let started = std::time::Instant::now();
         let (mut tx, watermark) = crate::audit::begin_snapshot(&self.pool, since).await?;
         let (balances, moved) = owned_balances(&mut tx).await?;
+        let balances_ms = started.elapsed().as_millis();
         let deposits: Vec<(String, bool, Decimal, i64)> = sqlx::query_as(
             "SELECT asset, tx_id < $2::text::xid8, SUM(amount), COUNT(*) FROM external_deposits
              WHERE tx_id >= $1::text::xid8 AND move_id IS NULL GROUP BY 1, 2 ORDER BY 1, 2",
@@ -73,6 +75,12 @@ impl FundingLedger {
             }
         }
         tx.commit().await?;
+        tracing::debug!(
+            balances_ms,
+            took_ms = started.elapsed().as_millis(),
+            journal_rows,
+            "the conservation check's FUNDING read"
+        );
         Ok(FundingRead {
             balances: balances.into_iter().collect(),
             watermark,

@@ -223,6 +223,7 @@ async fn store_checkpoint(
     read: i64,
     next: &Checkpoint,
 ) -> Result<bool, CheckpointError> {
+    let started = std::time::Instant::now();
     let mut tx = pool.begin().await.map_err(db)?;
     let claimed = if read == 0 {
         sqlx::query(
@@ -257,6 +258,11 @@ async fn store_checkpoint(
     store_assets(&mut tx, next).await?;
     store_open(&mut tx, next).await?;
     tx.commit().await.map_err(db)?;
+    tracing::debug!(
+        open = next.open.len(),
+        took_ms = started.elapsed().as_millis(),
+        "the conservation check's checkpoint stored"
+    );
     Ok(true)
 }
 

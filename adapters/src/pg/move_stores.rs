@@ -8,7 +8,9 @@
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
-use application::moves::{Copied, Freeze, MoveId, MoveRecord, PartitionBook, PartitionStores};
+use application::moves::{
+    Copied, Freeze, HistoryPrefix, MoveId, MoveRecord, PartitionBook, PartitionStores,
+};
 use application::StoreError;
 use async_trait::async_trait;
 use cells::{CellId, Partition};
@@ -120,6 +122,55 @@ impl PgPartitionStores {
     }
 }
 
+/// A partition's FUNDING accounts in one cell: (user, asset, balance).
+async fn funding_rows(pool: &PgPool, p: i16) -> Result<Vec<(i64, String, Decimal)>, StoreError> {
+    sqlx::query_as("SELECT user_id, asset, balance FROM funding_accounts WHERE partition = $1")
+        .bind(p)
+        .fetch_all(pool)
+        .await
+        .map_err(store)
+}
+
+fn user_of(n: i64) -> Result<UserId, StoreError> {
+    u64::try_from(n)
+        .ok()
+        .and_then(|n| UserId::new(n).ok())
+        .ok_or_else(|| StoreError::new(format!("user id {n}")))
+}
+
+/// A cell's history of partition `p`'s users (those with FUNDING accounts, as `book` reads
+/// them) up to position `upto`.
+async fn prefix(pool: &PgPool, p: i16, upto: i64) -> Result<HistoryPrefix, StoreError> {
+    let mut users: Vec<i64> = funding_rows(pool, p)
+        .await?
+        .into_iter()
+        .map(|r| r.0)
+        .collect();
+    users.sort_unstable();
+    users.dedup();
+    Ok(HistoryPrefix {
+        upto,
+        history: fingerprints(pool, &users, 0, upto).await?,
+    })
+}
+
+/// Per user of `users`, the fingerprint of their events at positions in `(after, upto]`.
+async fn fingerprints(
+    pool: &PgPool,
+    users: &[i64],
+    after: i64,
+    upto: i64,
+) -> Result<BTreeMap<UserId, String>, StoreError> {
+    let mut history = BTreeMap::new();
+    for (u, print) in eventlog::copies::history_fingerprints(pool, users, after, upto)
+        .await
+        .map_err(store)?
+    {
+        history.insert(user_of(u)?, print);
+    }
+    Ok(history)
+}
+
 /// The marks' names in a move's record.
 const EVENTS_MARK: &str = "events";
 const JOURNAL_MARK: &str = "funding_journal";
@@ -225,28 +276,20 @@ impl PartitionStores for PgPartitionStores {
         Ok(())
     }
 
-    async fn book(&self, cell: CellId, partition: Partition) -> Result<PartitionBook, StoreError> {
+    async fn book(
+        &self,
+        cell: CellId,
+        partition: Partition,
+        after: i64,
+    ) -> Result<PartitionBook, StoreError> {
         let reached = self.cell(cell)?;
         let pool = reached.pool();
         let p = i16::from(partition.get());
-        let funding: Vec<(i64, String, Decimal)> = sqlx::query_as(
-            "SELECT user_id, asset, balance FROM funding_accounts WHERE partition = $1",
-        )
-        .bind(p)
-        .fetch_all(pool)
-        .await
-        .map_err(store)?;
-        let user = |n: i64| {
-            u64::try_from(n)
-                .ok()
-                .and_then(|n| UserId::new(n).ok())
-                .ok_or_else(|| StoreError::new(format!("user id {n}")))
-        };
         let mut book = PartitionBook::default();
         let mut users: Vec<i64> = Vec::new();
-        for (u, asset, balance) in funding {
+        for (u, asset, balance) in funding_rows(pool, p).await? {
             users.push(u);
-            book.funding.insert((user(u)?, asset), balance);
+            book.funding.insert((user_of(u)?, asset), balance);
         }
         users.sort_unstable();
         users.dedup();
@@ -255,22 +298,38 @@ impl PartitionStores for PgPartitionStores {
             .map_err(store)?
         {
             let amount = Decimal::from_str(&amount).map_err(StoreError::new)?;
-            book.in_flight.insert((user(u)?, asset), amount);
+            book.in_flight.insert((user_of(u)?, asset), amount);
         }
-        for (u, print) in eventlog::copies::history_fingerprints(pool, &users)
-            .await
-            .map_err(store)?
-        {
-            book.history.insert(user(u)?, print);
-        }
+        book.history = fingerprints(pool, &users, after, i64::MAX).await?;
         Ok(book)
+    }
+
+    async fn history_prefixes(
+        &self,
+        record: &MoveRecord,
+    ) -> Result<(HistoryPrefix, HistoryPrefix), StoreError> {
+        let p = i16::from(record.partition.get());
+        let source_upto = record.marks.get(EVENTS_MARK).copied().unwrap_or(0);
+        let (source, target) = (self.cell(record.from)?, self.cell(record.to)?);
+        let (source, target) = (source.pool(), target.pool());
+        let target_upto = eventlog::feed::head(target).await.map_err(store)?;
+        // The two cells' reads are independent: side by side.
+        let (source, target) = futures_util::future::join(
+            prefix(source, p, source_upto),
+            prefix(target, p, target_upto),
+        )
+        .await;
+        let (source, target) = (source?, target?);
+        Ok((source, target))
     }
 
     async fn conservation_exact(&self, cell: CellId) -> Result<bool, StoreError> {
         let c = self.cell(cell)?;
+        let started = std::time::Instant::now();
         let report = super::check_incremental(&c.funding, &c.spot)
             .await
             .map_err(|e| StoreError::new(format!("cell {cell}'s conservation check: {e}")))?;
+        tracing::debug!(cell = %cell, took_ms = started.elapsed().as_millis(), "a cell's conservation check for a move");
         if !report.ok {
             tracing::error!(cell = %cell, ?report, "a cell's conservation check is not exact during a move");
         }

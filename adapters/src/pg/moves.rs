@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use application::moves::{MoveId, MoveRecord, MoveRecords, MoveStep, Started};
+use application::moves::{HistoryCut, MoveId, MoveRecord, MoveRecords, MoveStep, Started};
 use application::StoreError;
 use async_trait::async_trait;
 use cells::{CellId, Partition};
@@ -36,6 +36,9 @@ struct Progress {
     last_pass: u64,
     passes: u32,
     spot: Option<Vec<(u64, String, Decimal)>>,
+    /// The pause's history cut: (source position, target position).
+    #[serde(default)]
+    history_cut: Option<(i64, i64)>,
     cancelled_at: Option<String>,
     reason: Option<String>,
 }
@@ -196,6 +199,9 @@ fn record_of(
         last_pass: progress.last_pass,
         passes: progress.passes,
         spot,
+        history_cut: progress
+            .history_cut
+            .map(|(source, target)| HistoryCut { source, target }),
         cancelled_at: match progress.cancelled_at {
             None => None,
             Some(s) => Some(MoveStep::parse(&s).ok_or_else(|| bad("cancelled_at"))?),
@@ -216,6 +222,7 @@ fn progress_of(record: &MoveRecord) -> serde_json::Value {
                 .map(|((u, a), v)| (u.get(), a.clone(), *v))
                 .collect()
         }),
+        history_cut: record.history_cut.map(|c| (c.source, c.target)),
         cancelled_at: record.cancelled_at.map(|s| s.as_str().to_owned()),
         reason: record.reason.clone(),
     };

@@ -28,12 +28,13 @@ impl SpotAdapter {
         after_seq: u64,
         sink: &mut (dyn FnMut(AppliedMovement) + Send),
     ) -> Result<SpotRead, SpotReadError> {
+        let started = std::time::Instant::now();
         let mut records = 0;
         let mut moved = BTreeMap::new();
         let mut seq = self
             .journal_after(after_seq, sink, &mut records, &mut moved)
             .await?;
-        for _ in 0..SNAPSHOT_ATTEMPTS_MAX {
+        for attempt in 0..SNAPSHOT_ATTEMPTS_MAX {
             let totals = match self
                 .client
                 .call(&Request::Totals {})
@@ -51,6 +52,12 @@ impl SpotAdapter {
                 .journal_after(seq, sink, &mut records, &mut moved)
                 .await?;
             if records == before {
+                tracing::debug!(
+                    attempts = attempt + 1,
+                    records,
+                    took_ms = started.elapsed().as_millis(),
+                    "the conservation check's spot-core read"
+                );
                 return Ok(SpotRead {
                     totals: totals
                         .into_iter()

@@ -75,6 +75,20 @@ pub struct PartitionBook {
     pub in_flight: BTreeMap<(UserId, String), Decimal>,
     /// Per user, a fingerprint of their history read in feed order (each transfer's req_id and
     /// state): equal fingerprints mean the same transfers, in the same states, in the same order.
+    /// Only the events after the position `book` was asked for (all of them after 0).
+    pub history: BTreeMap<UserId, String>,
+}
+
+/// One cell's history of one partition's users up to a feed position, as fingerprints: what the
+/// pause compares while the partition is still live, so that the check before the switch
+/// fingerprints only the events after `upto` (events are immutable and a position at or below
+/// the head is never handed out again, so nothing at or below `upto` changes).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HistoryPrefix {
+    /// The feed position the prefix ends at (included).
+    pub upto: i64,
+    /// Per user, a fingerprint of their events at positions up to `upto`, as in
+    /// [`PartitionBook::history`].
     pub history: BTreeMap<UserId, String>,
 }
 
@@ -115,8 +129,23 @@ pub trait PartitionStores: Send + Sync {
         id: &MoveId,
     ) -> Result<(), StoreError>;
 
-    /// `cell`'s book of `partition`: its own rows in the source, the move's copies in the target.
-    async fn book(&self, cell: CellId, partition: Partition) -> Result<PartitionBook, StoreError>;
+    /// `cell`'s book of `partition`: its own rows in the source, the move's copies in the target;
+    /// its history covers the events at feed positions after `after` (0: the whole history).
+    async fn book(
+        &self,
+        cell: CellId,
+        partition: Partition,
+        after: i64,
+    ) -> Result<PartitionBook, StoreError>;
+
+    /// Both cells' histories of the move's partition's users (the users `book` reads) so far:
+    /// the source's up to the position the copy has read to (`record.marks`), the target's up
+    /// to its head (the copy is the target's only writer of the partition, and the runner runs
+    /// no copy meanwhile). Answers (source, target).
+    async fn history_prefixes(
+        &self,
+        record: &MoveRecord,
+    ) -> Result<(HistoryPrefix, HistoryPrefix), StoreError>;
 
     /// Whether `cell`'s conservation check is exact now (`Err` when it could not be run).
     async fn conservation_exact(&self, cell: CellId) -> Result<bool, StoreError>;

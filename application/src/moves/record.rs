@@ -149,6 +149,14 @@ impl MoveStep {
 /// starts where the last durable batch ended (and the copy is idempotent besides).
 pub type Marks = BTreeMap<String, i64>;
 
+/// The feed positions up to which both cells' histories of the partition were found equal at
+/// the start of the pause (the source's: the copy's mark; the target's: its head then).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistoryCut {
+    pub source: i64,
+    pub target: i64,
+}
+
 /// One move, as recorded in the source cell (`partition_moves`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct MoveRecord {
@@ -169,6 +177,9 @@ pub struct MoveRecord {
     /// must hold after its move-in. Kept with the record so the check after a crash needs no
     /// second move-out.
     pub spot: Option<BTreeMap<(UserId, String), Decimal>>,
+    /// Where the pause split the history: the prefixes up to these positions were compared
+    /// while the partition was live, and the check before the switch compares what follows.
+    pub history_cut: Option<HistoryCut>,
     /// When cancelling: the step the cancel found, which says what there is to roll back.
     pub cancelled_at: Option<MoveStep>,
     /// Why the move was cancelled, when the runner cancelled it (a failed check).
@@ -190,6 +201,7 @@ impl MoveRecord {
             last_pass: 0,
             passes: 0,
             spot: None,
+            history_cut: None,
             cancelled_at: None,
             reason: None,
         }

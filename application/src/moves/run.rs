@@ -4,16 +4,19 @@
 //! and reload: the work it did is idempotent, and the rollback undoes whatever the step it
 //! interrupted may have done.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use cells::{CellId, Partition};
 use domain::UserId;
+use futures_util::future::join;
 
 use super::ports::{
-    Freeze, MoveOutRefused, MoveRecords, PartitionHold, PartitionStores, SpotMoves, Started,
+    Freeze, MoveOutRefused, MoveRecords, PartitionBook, PartitionHold, PartitionStores, SpotMoves,
+    Started,
 };
-use super::record::{MoveId, MoveRecord, MoveStep};
+use super::record::{HistoryCut, MoveId, MoveRecord, MoveStep};
 use super::verify::{verify, Mismatch};
 use crate::error::StoreError;
 use crate::failpoint::{FailPoint, FailPoints};
@@ -235,12 +238,33 @@ impl MoveRunner {
     /// The pause: the front holds, the source drains and freezes, the last tail is copied;
     /// a partition that does not drain in time is rolled back instead.
     async fn pause(&self, record: &mut MoveRecord) -> Result<MoveStep, MoveError> {
+        // The histories the copy has carried, compared while the partition is live: the check
+        // before the switch then fingerprints only the events after the cut (measured by
+        // `ledger-bench move`: hashing the whole history grew the pause with it).
+        let differs = self.compare_prefixes(record).await?;
+        if !differs.is_empty() {
+            let reasons: Vec<String> = differs.iter().map(ToString::to_string).collect();
+            tracing::error!(move_id = %record.id, ?reasons, "a move's history check failed before the pause; it is rolled back");
+            record.cancelled_at = Some(MoveStep::Pausing);
+            record.reason = Some(format!(
+                "check of the history before the pause: {}",
+                reasons.join("; ")
+            ));
+            return Ok(MoveStep::Cancelling);
+        }
         // Both cells' conservation checks brought up to now while the partition is live: the
         // check before the switch then reads only what came during the pause (measured by
         // `ledger-bench move`: it was most of the pause). Its answer is the check's to give.
-        for cell in [record.from, record.to] {
-            self.stores.conservation_exact(cell).await?;
-        }
+        let (a, b) = join(
+            self.stores.conservation_exact(record.from),
+            self.stores.conservation_exact(record.to),
+        )
+        .await;
+        a?;
+        b?;
+        // What the partition's users wrote during the two reads above, copied while they are
+        // still live, so that the copy under the pause is only the drain's tail.
+        self.copy_pass(record).await?;
         self.hold.hold(record.partition).await;
         if let Some(open) = self.drain(record).await? {
             tracing::warn!(move_id = %record.id, open, "a move's partition did not drain; it is rolled back");
@@ -312,21 +336,64 @@ impl MoveRunner {
         }
     }
 
-    /// The check before the switch: the books, the SPOT balances and both conservation checks.
+    /// Both cells' histories up to the copy's mark, compared (the pause's first work): the cut
+    /// is kept in the record for the check before the switch. Answers the users whose
+    /// histories differ.
+    async fn compare_prefixes(&self, record: &mut MoveRecord) -> Result<Vec<Mismatch>, MoveError> {
+        let (source, target) = self.stores.history_prefixes(record).await?;
+        let found = verify(
+            &PartitionBook {
+                history: source.history,
+                ..PartitionBook::default()
+            },
+            &PartitionBook {
+                history: target.history,
+                ..PartitionBook::default()
+            },
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+        );
+        record.history_cut = Some(HistoryCut {
+            source: source.upto,
+            target: target.upto,
+        });
+        Ok(found)
+    }
+
+    /// The check before the switch: the books (their histories after the pause's cut, whose
+    /// prefixes the pause found equal; the whole histories for a record without a cut), the
+    /// SPOT balances and both conservation checks. The two cells' reads run side by side.
     async fn check(&self, record: &MoveRecord) -> Result<Vec<Mismatch>, MoveError> {
         let (from, to, p) = (record.from, record.to, record.partition);
-        let source = self.stores.book(from, p).await?;
-        let target = self.stores.book(to, p).await?;
+        let cut = record.history_cut.unwrap_or(HistoryCut {
+            source: 0,
+            target: 0,
+        });
+        // The books and the cells' checks do not depend on one another: they run side by side.
+        let books = join(
+            self.stores.book(from, p, cut.source),
+            self.stores.book(to, p, cut.target),
+        );
+        let checks = join(
+            self.stores.conservation_exact(from),
+            self.stores.conservation_exact(to),
+        );
+        let ((source, target), (a, b)) = join(books, checks).await;
+        let (source, target) = (source?, target?);
         let moved = record.spot.clone().unwrap_or_default();
         let mut users: Vec<UserId> = moved.keys().map(|(user, _)| *user).collect();
         users.extend(source.funding.keys().map(|(user, _)| *user));
         users.sort_unstable();
         users.dedup();
-        let target_spot = self.spot.balances(to, p, &users).await?;
-        let source_spot = self.spot.balances(from, p, &users).await?;
-        let mut found = verify(&source, &target, &moved, &target_spot, &source_spot);
-        for cell in [from, to] {
-            if !self.stores.conservation_exact(cell).await? {
+        let (target_spot, source_spot) = join(
+            self.spot.balances(to, p, &users),
+            self.spot.balances(from, p, &users),
+        )
+        .await;
+        let mut found = verify(&source, &target, &moved, &target_spot?, &source_spot?);
+        for (cell, exact) in [(from, a?), (to, b?)] {
+            if !exact {
                 found.push(Mismatch::Conservation { cell });
             }
         }

@@ -14,8 +14,8 @@ use rust_decimal::Decimal;
 
 use crate::error::StoreError;
 use crate::moves::{
-    Copied, Freeze, MoveId, MoveRecord, MoveRecords, MoveStep, PartitionBook, PartitionStores,
-    SpotPayload, Started,
+    Copied, Freeze, HistoryPrefix, MoveId, MoveRecord, MoveRecords, MoveStep, PartitionBook,
+    PartitionStores, SpotPayload, Started,
 };
 use crate::testkit::faults::{crash, Script};
 
@@ -235,8 +235,13 @@ impl MemMoves {
         total
     }
 
-    /// `cell`'s book of `p` as the move's check reads it.
+    /// `cell`'s book of `p` as the move's check reads it, with the whole history.
     pub fn book(&self, cell: CellId, p: Partition) -> PartitionBook {
+        self.book_after(cell, p, 0)
+    }
+
+    /// `cell`'s book of `p`, its history only of the rows at positions after `after`.
+    pub fn book_after(&self, cell: CellId, p: Partition, after: i64) -> PartitionBook {
         let state = self.lock();
         let c = &state.cells[&cell];
         let mut book = PartitionBook::default();
@@ -249,11 +254,18 @@ impl MemMoves {
                 .funding
                 .entry((row.user, row.asset.clone()))
                 .or_default() += row.amount;
-            let history = book.history.entry(row.user).or_default();
-            history.push_str(&row.key);
-            history.push(';');
         }
+        book.history = history(c, p, after, i64::MAX);
         book
+    }
+
+    /// Rewrites the key of the row at `pos` in `cell`: a planted difference, for the tests of
+    /// the check before the switch (a copy that went wrong, say).
+    pub fn rewrite_key(&self, cell: CellId, pos: u64, key: &str) {
+        let mut state = self.lock();
+        let c = state.cells.get_mut(&cell).expect("a cell");
+        let row = c.rows.iter_mut().find(|r| r.pos == pos).expect("a row");
+        row.key = key.to_owned();
     }
 
     /// The front's hold: the partitions held now, and every hold and release in order.
@@ -423,9 +435,38 @@ impl PartitionStores for MemMoves {
         .await
     }
 
-    async fn book(&self, cell: CellId, p: Partition) -> Result<PartitionBook, StoreError> {
-        let book = MemMoves::book(self, cell, p);
+    async fn book(
+        &self,
+        cell: CellId,
+        p: Partition,
+        after: i64,
+    ) -> Result<PartitionBook, StoreError> {
+        let book = self.book_after(cell, p, after);
         self.call(MoveCall::Book, move |_| Ok(book)).await
+    }
+
+    async fn history_prefixes(
+        &self,
+        record: &MoveRecord,
+    ) -> Result<(HistoryPrefix, HistoryPrefix), StoreError> {
+        self.call(MoveCall::Book, |state| {
+            let p = record.partition;
+            let source = &state.cells[&record.from];
+            let target = &state.cells[&record.to];
+            let upto = record.marks.get("events").copied().unwrap_or(0);
+            let head = target.rows.len() as i64;
+            Ok((
+                HistoryPrefix {
+                    upto,
+                    history: history(source, p, 0, upto),
+                },
+                HistoryPrefix {
+                    upto: head,
+                    history: history(target, p, 0, head),
+                },
+            ))
+        })
+        .await
     }
 
     async fn conservation_exact(&self, _cell: CellId) -> Result<bool, StoreError> {
@@ -468,6 +509,20 @@ impl PartitionStores for MemMoves {
         })
         .await
     }
+}
+
+/// Per user of `p`, the keys of their rows counted in `c` at positions in `(after, upto]`.
+fn history(c: &MemCell, p: Partition, after: i64, upto: i64) -> BTreeMap<UserId, String> {
+    let mut found: BTreeMap<UserId, String> = BTreeMap::new();
+    for row in c.rows.iter().filter(|r| {
+        let pos = r.pos as i64;
+        partition_of(r.user) == p && c.live(r) && pos > after && pos <= upto
+    }) {
+        let history = found.entry(row.user).or_default();
+        history.push_str(&row.key);
+        history.push(';');
+    }
+    found
 }
 
 /// One copy batch of `record`'s partition, from its marks.

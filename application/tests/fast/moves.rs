@@ -504,3 +504,94 @@ fn a_move_out_the_engine_refuses_rolls_the_move_back_instead_of_retrying_it_froz
     );
     stayed(&world, &was);
 }
+
+/// The position of the target's copy of `user`'s row keyed `key`.
+fn copy_of(world: &MemMoves, key: &str) -> u64 {
+    world
+        .cell(target())
+        .rows
+        .iter()
+        .find(|r| r.key == key && r.copied_by.is_some())
+        .map(|r| r.pos)
+        .expect("the row was copied")
+}
+
+#[test]
+fn a_copied_event_that_differs_before_the_cut_is_found_before_the_pause() {
+    let world = world();
+    let was = before(&world);
+    let id = start(&world);
+    step_until(&world, &id, MoveStep::Pausing);
+    // The first event of the history, as the target holds it, is not the source's.
+    world.rewrite_key(target(), copy_of(&world, "t0-0"), "forged");
+    let end = run(runner(&world, MoveSettings::default()).drive(&id))
+        .unwrap()
+        .unwrap();
+    assert_eq!(end.step, MoveStep::Cancelled, "the switch never happens");
+    assert_eq!(
+        end.cancelled_at,
+        Some(MoveStep::Pausing),
+        "found before the freeze"
+    );
+    let reason = end.reason.unwrap();
+    assert!(
+        reason.contains("before the pause") && reason.contains("history of"),
+        "{reason}"
+    );
+    stayed(&world, &was);
+}
+
+#[test]
+fn a_copied_event_that_differs_after_the_cut_is_found_by_the_check_before_the_switch() {
+    let world = world();
+    let id = start(&world);
+    step_until(&world, &id, MoveStep::Pausing);
+    // Written while the pause compares the prefixes: after the cut, copied under the pause.
+    let mover = users_of(moving(), 1)[0];
+    assert!(world.write(SOURCE, "late", mover, "USDT", 1));
+    step_until(&world, &id, MoveStep::Verifying);
+    let cut = world
+        .record(&id)
+        .unwrap()
+        .history_cut
+        .expect("the pause cut");
+    let forged = copy_of(&world, "late");
+    assert!(
+        i64::try_from(forged).unwrap() > cut.target,
+        "the late event is in the tail"
+    );
+    world.rewrite_key(target(), forged, "forged");
+    let end = run(runner(&world, MoveSettings::default()).drive(&id))
+        .unwrap()
+        .unwrap();
+    assert_eq!(end.step, MoveStep::Cancelled, "the switch never happens");
+    assert_eq!(end.cancelled_at, Some(MoveStep::Verifying));
+    let reason = end.reason.unwrap();
+    assert!(
+        reason.contains(&format!("history of {mover} differs")),
+        "{reason}"
+    );
+}
+
+#[test]
+fn a_record_without_a_cut_is_checked_over_the_whole_history() {
+    let world = world();
+    let id = start(&world);
+    step_until(&world, &id, MoveStep::Verifying);
+    // A record written before the cut existed: the check reads every event again, and so
+    // finds a difference in the prefix too.
+    let mut record = world.record(&id).unwrap();
+    record.history_cut = None;
+    let r = runner(&world, MoveSettings::default());
+    assert!(run(application::moves::MoveRecords::save(
+        &world,
+        MoveStep::Verifying,
+        &record
+    ))
+    .unwrap()
+    .unwrap());
+    world.rewrite_key(target(), copy_of(&world, "t1-2"), "forged");
+    let end = run(r.drive(&id)).unwrap().unwrap();
+    assert_eq!(end.step, MoveStep::Cancelled);
+    assert!(end.reason.unwrap().contains("history of"));
+}

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use application::error::StoreError;
 use application::moves::{
-    Copied, Freeze, MoveId, MoveRecord, MoveRecords, MoveStep, PartitionBook, PartitionHold,
-    PartitionStores, SpotMoves, SpotPayload, Started,
+    Copied, Freeze, HistoryPrefix, MoveId, MoveRecord, MoveRecords, MoveStep, PartitionBook,
+    PartitionHold, PartitionStores, SpotMoves, SpotPayload, Started,
 };
 use application::testkit::faults::crash;
 use application::testkit::moves::{MemMoves, MoveCall, MoveFault};
@@ -121,9 +121,22 @@ impl PartitionStores for Interleaved {
         self.inner.void_incoming(cell, partition, id).await
     }
 
-    async fn book(&self, cell: CellId, partition: Partition) -> Result<PartitionBook, StoreError> {
+    async fn book(
+        &self,
+        cell: CellId,
+        partition: Partition,
+        after: i64,
+    ) -> Result<PartitionBook, StoreError> {
         self.before(MoveCall::Book);
-        PartitionStores::book(&self.inner, cell, partition).await
+        PartitionStores::book(&self.inner, cell, partition, after).await
+    }
+
+    async fn history_prefixes(
+        &self,
+        record: &MoveRecord,
+    ) -> Result<(HistoryPrefix, HistoryPrefix), StoreError> {
+        self.before(MoveCall::Book);
+        self.inner.history_prefixes(record).await
     }
 
     async fn conservation_exact(&self, cell: CellId) -> Result<bool, StoreError> {
