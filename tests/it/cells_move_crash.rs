@@ -206,11 +206,22 @@ async fn crash_at_every_step(victim: Victim) {
         } else {
             CellId::ONE
         };
-        let stale = cells
-            .stack(other)
-            .coordinator
-            .submit(transfer(u, AccountType::Funding, "1", None))
-            .await;
+        // The first tries may meet a pooled connection that the restarted PostgreSQL closed
+        // (an unknown outcome that wrote nothing): tried again, bounded, until the cell answers.
+        let mut tries = 0;
+        let stale = loop {
+            let answer = cells
+                .stack(other)
+                .coordinator
+                .submit(transfer(u, AccountType::Funding, "1", None))
+                .await;
+            let dead_connection = matches!(&answer, Err(e) if format!("{e:?}").contains("communicating with database"));
+            tries += 1;
+            if !dead_connection || tries == 10 {
+                break answer;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        };
         assert!(
             stale
                 .as_ref()
