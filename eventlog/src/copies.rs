@@ -105,11 +105,20 @@ pub async fn history_fingerprints(
     after: i64,
     upto: i64,
 ) -> Result<Vec<(i64, String)>, sqlx::Error> {
+    // One index range per user (`events_user_feed_position`), whatever the planner's statistics
+    // say: with `user_id = ANY(..)` a database without them read far more than the tail (a
+    // move's pause at 1M events, docs/perf-log.md). A user with no event in the range has no row.
     sqlx::query_as(
-        "SELECT user_id, md5(string_agg(aggregate_type || ':' || aggregate_id || ':' || sequence
-                                        || ':' || event_type, ';' ORDER BY feed_position))
-         FROM events WHERE user_id = ANY($1) AND feed_position > $2 AND feed_position <= $3
-         GROUP BY user_id",
+        "SELECT u.user_id, f.fingerprint
+         FROM unnest($1::bigint[]) AS u(user_id)
+         CROSS JOIN LATERAL (
+             SELECT md5(string_agg(e.aggregate_type || ':' || e.aggregate_id || ':' || e.sequence
+                                   || ':' || e.event_type, ';' ORDER BY e.feed_position))
+                        AS fingerprint
+             FROM events e
+             WHERE e.user_id = u.user_id AND e.feed_position > $2 AND e.feed_position <= $3
+         ) f
+         WHERE f.fingerprint IS NOT NULL",
     )
     .bind(users)
     .bind(after)
