@@ -44,7 +44,16 @@ impl Wake for Woken {
 /// is dropped at that point. Panics when the process waits on something that never comes
 /// without a crash, or spins.
 pub fn run<F: Future>(process: F) -> Option<F::Output> {
-    CRASHED.with(|c| c.set(false));
+    // A process run inside another's call (the sim's hook runs an operator's cancel there) has
+    // its own crash flag: the outer one's, set by a crash in one branch of a `join` before the
+    // inner ran, is given back afterwards, so the outer process is still dropped at its yield.
+    let outer = CRASHED.with(|c| c.replace(false));
+    let answer = run_alone(process);
+    CRASHED.with(|c| c.set(outer));
+    answer
+}
+
+fn run_alone<F: Future>(process: F) -> Option<F::Output> {
     let woken = Arc::new(Woken::default());
     let waker = Waker::from(Arc::clone(&woken));
     let mut cx = Context::from_waker(&waker);
