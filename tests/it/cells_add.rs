@@ -13,6 +13,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 use crate::cells::{call, deposit, transfer, usdt};
+use crate::cells_move_api::cells_cli;
 use crate::helpers::{bin, server_url, token, JWT_SECRET};
 
 /// A running `ledger up --cells 3` and the API it printed.
@@ -107,26 +108,6 @@ impl Drop for Up {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// `ledger cells <args>` against `base`, the secret from the environment; status and output.
-fn cells_cli(base: &str, args: &[&str]) -> (bool, String) {
-    let out = Command::new(bin("ledger"))
-        .arg("cells")
-        .args(args)
-        .args(["--api", base])
-        .env(
-            "LEDGER_JWT_SECRET",
-            std::str::from_utf8(JWT_SECRET).unwrap(),
-        )
-        .output()
-        .expect("ledger cells runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
 }
 
 async fn admin(base: &str, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {

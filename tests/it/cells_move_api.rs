@@ -15,7 +15,7 @@ use crate::helpers::{bin, token, JWT_SECRET};
 use crate::procs::LedgerProcess;
 
 /// `ledger cells <args>` against the ledger at `base`; its exit status and stdout.
-fn cells_cli(base: &str, args: &[&str]) -> (bool, String) {
+pub(crate) fn cells_cli(base: &str, args: &[&str]) -> (bool, String) {
     let out = Command::new(bin("ledger"))
         .arg("cells")
         .args(args)
